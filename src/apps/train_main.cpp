@@ -1,0 +1,70 @@
+// llmpi-train: the SPMD training program. Every rank runs this main:
+//   mpiexec -n 8 llmpi-train --config run.json [--set key.path=value]...
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "runtime/config.h"
+#include "runtime/mpi_env.h"
+#include "train/trainer.h"
+
+using namespace llmpi;
+
+static std::string keys_help() {
+  std::string s = "\nConfiguration keys (JSON sections and keys; --set section.key=value overrides):\n";
+  for (auto& [sec, obj] : config_defaults().items())
+    for (auto& [k, v] : obj.items()) {
+      std::string line = "  " + sec + "." + k;
+      line.resize(std::max<size_t>(line.size() + 1, 28), ' ');
+      s += line + "default " + v.dump() + "\n";
+    }
+  s += "\nmodel.vocab_size 0 takes the vocabulary from data.train. runtime.threads 0 = cores / ranks on the node.\n"
+       "parallel.sync: \"allreduce\". runtime.device: \"auto\" | \"cpu\" | \"cuda\".\n"
+       "Writes run.dir/config.json (resolved), metrics.jsonl (per logged step) and eval.jsonl.\n";
+  return s;
+}
+
+int main(int argc, char** argv) {
+  set_program_name("llmpi-train");
+  MpiEnv env(&argc, &argv);
+
+  CLI::App app{"llmpi-train: train a GPT-2 family transformer on HDF5 token shards across MPI ranks.\n"
+               "Usage: mpiexec -n N llmpi-train --config run.json [--set key.path=value]..."};
+  std::string config_path;
+  std::vector<std::string> sets;
+  app.add_option("--config", config_path, "JSON configuration file")->required();
+  app.add_option("--set", sets, "override one key, e.g. --set train.lr=1e-3 (repeatable)");
+  app.footer(keys_help());
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = 0;
+    if (env.rank == 0) code = app.exit(e);
+    else code = e.get_exit_code();
+    return code;  // --help: 0 on every rank; a bad command line: non-zero on every rank
+  }
+
+  try {
+    std::string err;
+    Config cfg;
+    try {
+      cfg = load_config(config_path, sets);
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    err = agree_on_error(MPI_COMM_WORLD, err);
+    if (!err.empty()) throw StartupError(err);
+    train(cfg, MPI_COMM_WORLD);
+  } catch (const StartupError& e) {
+    // Every rank knows the same error: rank 0 says it once, every rank exits non-zero.
+    if (env.rank == 0) std::fprintf(stderr, "llmpi-train: error: %s\n", e.what());
+    std::fflush(stderr);
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Finalize();
+    return 2;
+  } catch (const Error& e) {
+    fatal(e.what());  // one rank mid-run: abort the whole job
+  }
+  return 0;
+}

@@ -1,0 +1,230 @@
+#include "runtime/config.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/error.h"
+
+namespace llmpi {
+
+using nlohmann::json;
+
+const json& config_defaults() {
+  static const json d = json::parse(R"({
+    "model":    {"family": "gpt2", "n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 256,
+                 "vocab_size": 0, "init_std": 0.02},
+    "data":     {"train": "", "val": ""},
+    "train":    {"steps": 1000, "global_batch": 16, "lr": 3e-4, "min_lr_ratio": 0.1,
+                 "warmup_steps": 0, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
+                 "eps": 1e-8, "grad_clip": 1.0, "seed": 1337, "log_every": 10,
+                 "eval_every": 100, "eval_batches": 8},
+    "parallel": {"sync": "allreduce"},
+    "runtime":  {"device": "auto", "threads": 0},
+    "run":      {"dir": "runs/default"}
+  })");
+  return d;
+}
+
+// Edit distance with adjacent transpositions counted as one edit (optimal string alignment), for
+// "did you mean" suggestions: "setps" is one edit from "steps".
+static size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); i++) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); j++) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); i++)
+    for (size_t j = 1; j <= b.size(); j++) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// The closest of `candidates` to `word`, as " (did you mean 'x'?)", or a pointer to --help.
+static std::string suggestion_among(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = 1000;
+  for (auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  if (best_d <= std::max<size_t>(2, word.size() / 3)) return " (did you mean '" + best + "'?)";
+  return " (valid keys: see `llmpi-train --help`)";
+}
+
+// For an unknown "section.key": the nearest key of that section when the section exists, else the
+// nearest full key path.
+static std::string suggestion(const std::string& path) {
+  auto dot = path.find('.');
+  std::string sec = path.substr(0, dot);
+  std::vector<std::string> keys;
+  if (dot != std::string::npos && config_defaults().contains(sec)) {
+    for (auto& [k, v] : config_defaults()[sec].items()) keys.push_back(sec + "." + k);
+  } else {
+    for (auto& [s, obj] : config_defaults().items())
+      for (auto& [k, v] : obj.items()) keys.push_back(s + "." + k);
+  }
+  return suggestion_among(path, keys);
+}
+
+static std::string section_suggestion(const std::string& sec) {
+  std::vector<std::string> secs;
+  for (auto& [s, obj] : config_defaults().items()) secs.push_back(s);
+  return suggestion_among(sec, secs);
+}
+
+static const char* type_name(const json& v) {
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer() || v.is_number_unsigned()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_object()) return "an object";
+  if (v.is_array()) return "an array";
+  return "null";
+}
+
+// Check that `value` may stand where the default `def` stands: integers for integers, any number
+// for floating-point values, strings for strings.
+static void check_type(const std::string& path, const json& value, const json& def,
+                       const std::string& source) {
+  bool ok = false;
+  if (def.is_number_integer() || def.is_number_unsigned()) {
+    ok = value.is_number_integer() || value.is_number_unsigned();
+    if (!ok && value.is_number_float()) {  // 1e3 and 4.0 are fine where they are whole numbers
+      double d = value.get<double>();
+      ok = d == (double)(int64_t)d;
+    }
+  } else if (def.is_number_float()) {
+    ok = value.is_number();
+  } else if (def.is_string()) {
+    ok = value.is_string();
+  } else if (def.is_boolean()) {
+    ok = value.is_boolean();
+  }
+  if (!ok)
+    fail(source, ": '", path, "' must be ", type_name(def), " (like ", def.dump(), "), got ",
+         type_name(value), " ", value.dump());
+}
+
+static void merge_user(json& resolved, const json& user, const std::string& source) {
+  if (!user.is_object()) fail(source, ": the configuration must be a JSON object {...}");
+  for (auto& [sec, obj] : user.items()) {
+    if (!config_defaults().contains(sec))
+      fail(source, ": unknown section '", sec, "'", section_suggestion(sec));
+    if (!obj.is_object())
+      fail(source, ": '", sec, "' must be an object of keys, like ", config_defaults()[sec].dump());
+    for (auto& [k, v] : obj.items()) {
+      std::string path = sec + "." + k;
+      if (!config_defaults()[sec].contains(k)) fail(source, ": unknown key '", path, "'", suggestion(path));
+      check_type(path, v, config_defaults()[sec][k], source);
+      resolved[sec][k] = v;
+    }
+  }
+}
+
+static void apply_override(json& resolved, const std::string& assignment) {
+  auto eq = assignment.find('=');
+  auto dot = assignment.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq)
+    fail("--set '", assignment, "': expected key.path=value, e.g. --set train.lr=1e-3");
+  std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  std::string sec = path.substr(0, dot), key = path.substr(dot + 1);
+  if (!config_defaults().contains(sec) || !config_defaults()[sec].contains(key))
+    fail("--set: unknown key '", path, "'", suggestion(path));
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) value = text;  // a bare string: --set run.dir=out/x
+  check_type(path, value, config_defaults()[sec][key], "--set");
+  resolved[sec][key] = value;
+}
+
+static void require(bool ok, const std::string& path, const std::string& why) {
+  if (!ok) fail("config: '", path, "' ", why);
+}
+
+static Config extract(const json& r) {
+  Config c;
+  c.resolved = r;
+  auto& m = r["model"];
+  c.model = {m["family"], m["n_layer"].get<int>(), m["n_head"].get<int>(), m["d_model"].get<int>(),
+             m["seq_len"].get<int>(), m["vocab_size"].get<int>(), m["init_std"].get<double>()};
+  c.data = {r["data"]["train"], r["data"]["val"]};
+  auto& t = r["train"];
+  c.train.steps = t["steps"].get<int64_t>();
+  c.train.global_batch = t["global_batch"].get<int>();
+  c.train.lr = t["lr"];
+  c.train.min_lr_ratio = t["min_lr_ratio"];
+  c.train.warmup_steps = t["warmup_steps"].get<int64_t>();
+  c.train.weight_decay = t["weight_decay"];
+  c.train.beta1 = t["beta1"];
+  c.train.beta2 = t["beta2"];
+  c.train.eps = t["eps"];
+  c.train.grad_clip = t["grad_clip"];
+  c.train.seed = t["seed"].get<uint64_t>();
+  c.train.log_every = t["log_every"].get<int64_t>();
+  c.train.eval_every = t["eval_every"].get<int64_t>();
+  c.train.eval_batches = t["eval_batches"].get<int>();
+  c.parallel.sync = r["parallel"]["sync"];
+  c.runtime.device = r["runtime"]["device"];
+  c.runtime.threads = r["runtime"]["threads"].get<int>();
+  c.run.dir = r["run"]["dir"];
+
+  require(c.model.family == "gpt2", "model.family", "must be \"gpt2\" (the only family so far)");
+  require(c.model.n_layer >= 1, "model.n_layer", "must be >= 1");
+  require(c.model.n_head >= 1, "model.n_head", "must be >= 1");
+  require(c.model.d_model >= 1 && c.model.d_model % c.model.n_head == 0, "model.d_model",
+          "must be a positive multiple of model.n_head (" + std::to_string(c.model.n_head) + "), got " +
+              std::to_string(c.model.d_model));
+  require(c.model.seq_len >= 1, "model.seq_len", "must be >= 1");
+  require(c.model.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = from the training file)");
+  require(c.model.init_std > 0, "model.init_std", "must be > 0");
+  require(!c.data.train.empty(), "data.train",
+          "is required: the path of a token file made by llmpi-prep (e.g. --set data.train=out/train.h5)");
+  require(c.train.steps >= 0, "train.steps", "must be >= 0");
+  require(c.train.global_batch >= 1, "train.global_batch", "must be >= 1");
+  require(c.train.lr >= 0, "train.lr", "must be >= 0");
+  require(c.train.min_lr_ratio >= 0 && c.train.min_lr_ratio <= 1, "train.min_lr_ratio", "must be in [0, 1]");
+  require(c.train.warmup_steps >= 0, "train.warmup_steps", "must be >= 0");
+  require(c.train.weight_decay >= 0, "train.weight_decay", "must be >= 0");
+  require(c.train.beta1 >= 0 && c.train.beta1 < 1, "train.beta1", "must be in [0, 1)");
+  require(c.train.beta2 >= 0 && c.train.beta2 < 1, "train.beta2", "must be in [0, 1)");
+  require(c.train.eps > 0, "train.eps", "must be > 0");
+  require(c.train.grad_clip >= 0, "train.grad_clip", "must be >= 0 (0 = no clipping)");
+  require(c.train.log_every >= 1, "train.log_every", "must be >= 1");
+  require(c.train.eval_every >= 0, "train.eval_every", "must be >= 0 (0 = evaluate only at the end)");
+  require(c.train.eval_batches >= 1, "train.eval_batches", "must be >= 1");
+  require(c.parallel.sync == "allreduce", "parallel.sync",
+          "must be \"allreduce\" (got \"" + c.parallel.sync + "\"; other backends are not built yet)");
+  require(c.runtime.device == "auto" || c.runtime.device == "cpu" || c.runtime.device == "cuda",
+          "runtime.device", "must be \"auto\", \"cpu\" or \"cuda\", got \"" + c.runtime.device + "\"");
+  require(c.runtime.threads >= 0, "runtime.threads", "must be >= 0 (0 = cores / ranks per node)");
+  require(!c.run.dir.empty(), "run.dir", "must name a directory");
+  return c;
+}
+
+Config parse_config(const std::string& text, const std::string& source,
+                    const std::vector<std::string>& overrides) {
+  json user;
+  try {
+    user = json::parse(text, nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    // e.what() is "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
+    std::string what = e.what();
+    auto p = what.find("] ");
+    fail(source, ": malformed JSON: ", p == std::string::npos ? what : what.substr(p + 2));
+  }
+  json resolved = config_defaults();
+  merge_user(resolved, user, source);
+  for (auto& o : overrides) apply_override(resolved, o);
+  return extract(resolved);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) fail("cannot read config file '", path, "': check the path given to --config");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides);
+}
+
+}  // namespace llmpi

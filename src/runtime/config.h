@@ -1,0 +1,62 @@
+// The run configuration: a JSON file (nlohmann/json) plus `--set key.path=value` overrides,
+// validated against the defaults document in config.cpp, which is also the list of every key.
+// Unknown keys, wrong types and impossible values are Errors that name the key and the fix.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace llmpi {
+
+struct ModelConfig {
+  std::string family;   // "gpt2"
+  int n_layer, n_head, d_model, seq_len;
+  int vocab_size;       // 0 = take it from the training file
+  double init_std;
+};
+struct DataConfig {
+  std::string train, val;  // HDF5 token files from llmpi-prep; val may be ""
+};
+struct TrainConfig {
+  int64_t steps;
+  int global_batch;        // sequences per step, summed over ranks
+  double lr, min_lr_ratio; // peak LR; cosine decays to lr * min_lr_ratio at `steps`
+  int64_t warmup_steps;    // linear warm-up from lr/warmup to lr
+  double weight_decay, beta1, beta2, eps;
+  double grad_clip;        // global-norm clip; 0 = off
+  uint64_t seed;
+  int64_t log_every, eval_every;  // eval_every 0 = only at the end
+  int eval_batches;        // global batches of the val file per evaluation
+};
+struct ParallelConfig {
+  std::string sync;        // "allreduce"
+};
+struct RuntimeConfig {
+  std::string device;      // "auto" | "cpu" | "cuda"
+  int threads;             // OpenMP/OpenBLAS threads per rank; 0 = cores on the node / ranks on it
+};
+struct RunConfig {
+  std::string dir;
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  ParallelConfig parallel;
+  RuntimeConfig runtime;
+  RunConfig run;
+  nlohmann::json resolved;  // every key with its final value, as written to run_dir/config.json
+};
+
+// The defaults document: every valid key with its default value and type.
+const nlohmann::json& config_defaults();
+
+// Parse JSON text (source names it in messages), apply `key.path=value` overrides (value parsed as
+// JSON when it parses, else taken as a string), validate, and fill the structs.
+Config parse_config(const std::string& json_text, const std::string& source,
+                    const std::vector<std::string>& overrides = {});
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+}  // namespace llmpi

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# llmpi-train on bad input, under mpiexec -n 2: one clear message (printed once), non-zero exit;
+# --help tells the truth and exits 0.
+set -u
+BUILD=${BUILD:-build}
+TRAIN=$(realpath "$BUILD/llmpi-train")
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+status=0
+
+# expect_error NAME NEEDLE ARGS... : run, require exit != 0 and NEEDLE exactly once in stderr.
+expect_error() {
+  local name=$1 needle=$2; shift 2
+  timeout 60 mpiexec -n 2 "$TRAIN" "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+  local n; n=$(grep -cF -- "$needle" "$tmp/err")
+  if [ $rc = 0 ] || [ $rc = 124 ] || [ "$n" != 1 ]; then
+    echo "FAIL $name: exit $rc, '$needle' found $n times in stderr:"; cat "$tmp/err"; status=1
+  else echo "ok   $name: exit $rc: $(grep -F -- "$needle" "$tmp/err")"; fi
+}
+
+printf '{"data": {"train": "x.h5"},, }' >"$tmp/malformed.json"
+printf '{"data": {"train": "x.h5"}, "train": {"stpes": 3}}' >"$tmp/unknown.json"
+printf '{"data": {"train": "x.h5"}, "model": {"n_layer": "four"}}' >"$tmp/type.json"
+printf '{"data": {"train": "%s/missing.h5"}}' "$tmp" >"$tmp/missing.json"
+printf 'not hdf5 at all\n' >"$tmp/fake.h5"
+printf '{"data": {"train": "%s/fake.h5"}}' "$tmp" >"$tmp/fake.json"
+
+expect_error malformed-json "malformed JSON" --config "$tmp/malformed.json"
+expect_error unknown-key "did you mean 'train.steps'" --config "$tmp/unknown.json"
+expect_error wrong-type "'model.n_layer' must be an integer" --config "$tmp/type.json"
+expect_error missing-config "cannot read config file" --config "$tmp/none.json"
+expect_error missing-data "missing.h5" --config "$tmp/missing.json"
+expect_error not-hdf5 "fake.h5" --config "$tmp/fake.json"
+expect_error bad-set "unknown key 'train.lrr'" --config "$tmp/missing.json" --set train.lrr=1
+expect_error no-config "--config is required"
+
+timeout 60 mpiexec -n 1 "$TRAIN" --help >"$tmp/help" 2>&1; rc=$?
+if [ $rc != 0 ] || ! grep -q "train.global_batch" "$tmp/help" || ! grep -q "parallel.sync" "$tmp/help"; then
+  echo "FAIL --help: exit $rc"; cat "$tmp/help"; status=1
+else echo "ok   --help lists the configuration keys"; fi
+exit $status

@@ -1,0 +1,48 @@
+// Shared by the MPI tests: a temporary directory every rank agrees on, and a small token file
+// with learnable structure (a noisy repeating pattern), written by rank 0.
+#pragma once
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "data/token_file.h"
+#include "runtime/rng.h"
+
+namespace llmpi::testing_support {
+
+// mkdtemp on rank 0, broadcast to all ranks.
+inline std::string shared_temp_dir(MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  char buf[256] = "/tmp/llmpi-test-XXXXXX";
+  if (rank == 0 && !mkdtemp(buf)) buf[0] = 0;
+  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, comm);
+  return buf;
+}
+
+// n tokens over vocab V: mostly (prev * 7 + 3) % V, 10% random — a model can learn it.
+inline void write_pattern_tokens(const std::string& path, int64_t n, int V, uint64_t seed) {
+  std::vector<uint32_t> toks(n);
+  Rng rng(seed);
+  uint32_t prev = 0;
+  for (auto& t : toks) {
+    t = rng.below(10) == 0 ? (uint32_t)rng.below(V) : (prev * 7 + 3) % V;
+    prev = t;
+  }
+  write_token_file(path, toks, TokenFileAttrs{V, V - 1, "test-pattern", "llmpi-tests"});
+}
+
+inline std::string make_pattern_file(MPI_Comm comm, const std::string& dir, const std::string& name,
+                                     int64_t n, int V, uint64_t seed) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  std::string path = dir + "/" + name;
+  if (rank == 0) write_pattern_tokens(path, n, V, seed);
+  MPI_Barrier(comm);
+  return path;
+}
+
+}  // namespace llmpi::testing_support

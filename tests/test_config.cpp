@@ -1,0 +1,88 @@
+// Config parsing and validation: every error names the key and says what to do.
+#include <gtest/gtest.h>
+
+#include "runtime/config.h"
+#include "runtime/error.h"
+
+using namespace llmpi;
+
+static const char* kMinimal = R"({"data": {"train": "t.h5"}})";
+
+static std::string error_of(const std::string& text, std::vector<std::string> sets = {}) {
+  try {
+    parse_config(text, "run.json", sets);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, DefaultsFillMissingKeys) {
+  Config c = parse_config(kMinimal, "run.json");
+  EXPECT_EQ(c.data.train, "t.h5");
+  EXPECT_EQ(c.model.n_layer, 4);
+  EXPECT_EQ(c.parallel.sync, "allreduce");
+  EXPECT_EQ(c.resolved["train"]["lr"].get<double>(), 3e-4);
+}
+
+TEST(Config, OverridesApplyWithTypes) {
+  Config c = parse_config(kMinimal, "run.json", {"train.lr=1e-3", "model.n_layer=2", "run.dir=out/x"});
+  EXPECT_DOUBLE_EQ(c.train.lr, 1e-3);
+  EXPECT_EQ(c.model.n_layer, 2);
+  EXPECT_EQ(c.run.dir, "out/x");
+  EXPECT_EQ(c.resolved["run"]["dir"], "out/x");
+}
+
+TEST(Config, UnknownKeySuggestsNearest) {
+  std::string e = error_of(R"({"data": {"train": "t.h5"}, "train": {"learning_rate": 1}})");
+  EXPECT_NE(e.find("unknown key 'train.learning_rate'"), std::string::npos) << e;
+  e = error_of(R"({"data": {"train": "t.h5"}, "train": {"stpes": 10}})");
+  EXPECT_NE(e.find("did you mean 'train.steps'"), std::string::npos) << e;
+  e = error_of(R"({"data": {"train": "t.h5"}, "modle": {}})");
+  EXPECT_NE(e.find("unknown section 'modle'"), std::string::npos) << e;
+  EXPECT_NE(e.find("'model"), std::string::npos) << e;
+  e = error_of(kMinimal, {"train.setps=3"});
+  EXPECT_NE(e.find("did you mean 'train.steps'"), std::string::npos) << e;
+}
+
+TEST(Config, WrongTypeNamesKey) {
+  std::string e = error_of(R"({"data": {"train": "t.h5"}, "model": {"n_layer": "four"}})");
+  EXPECT_NE(e.find("'model.n_layer' must be an integer"), std::string::npos) << e;
+  e = error_of(R"({"data": {"train": "t.h5"}, "model": {"n_layer": 2.5}})");
+  EXPECT_NE(e.find("'model.n_layer' must be an integer"), std::string::npos) << e;
+  e = error_of(R"({"data": {"train": 5}})");
+  EXPECT_NE(e.find("'data.train' must be a string"), std::string::npos) << e;
+  EXPECT_EQ(error_of(R"({"data": {"train": "t.h5"}, "train": {"lr": 1}})"), "");  // int for float: fine
+}
+
+TEST(Config, MalformedJsonSaysWhere) {
+  std::string e = error_of("{\"data\": {\"train\": \"t.h5\",}}");
+  EXPECT_NE(e.find("run.json: malformed JSON"), std::string::npos) << e;
+  EXPECT_NE(e.find("line 1"), std::string::npos) << e;
+}
+
+TEST(Config, SemanticChecks) {
+  EXPECT_NE(error_of("{}").find("'data.train' is required"), std::string::npos);
+  std::string e = error_of(R"({"data": {"train": "t.h5"}, "model": {"n_head": 3, "d_model": 8}})");
+  EXPECT_NE(e.find("'model.d_model' must be a positive multiple of model.n_head (3)"), std::string::npos) << e;
+  e = error_of(kMinimal, {"parallel.sync=ring"});
+  EXPECT_NE(e.find("'parallel.sync'"), std::string::npos) << e;
+  e = error_of(kMinimal, {"runtime.device=tpu"});
+  EXPECT_NE(e.find("'runtime.device'"), std::string::npos) << e;
+  e = error_of(kMinimal, {"train.global_batch=0"});
+  EXPECT_NE(e.find("'train.global_batch' must be >= 1"), std::string::npos) << e;
+}
+
+TEST(Config, BadOverrideSyntax) {
+  std::string e = error_of(kMinimal, {"lr"});
+  EXPECT_NE(e.find("expected key.path=value"), std::string::npos) << e;
+}
+
+TEST(Config, MissingFileNamesPath) {
+  try {
+    load_config("/nonexistent/run.json");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/run.json"), std::string::npos);
+  }
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The whole test suite (what `make test` and .ci/run run):
+#   1. serial unit tests:   llmpi-tests --gtest_filter=-Mpi*
+#   2. MPI tests, each in its own `mpiexec` with its own time limit, so a deadlock fails that test
+#      instead of hanging the suite: Mpi* under -n 2, MpiN4* under -n 4
+#   3. command-line checks: tests/cli/*.sh (exit codes and messages of the real programs)
+# Logs go to $BUILD/test-logs/. The last line is "llmpi tests: N passed, N failed".
+set -u
+BUILD=${BUILD:-build}
+MPI_TIMEOUT=${MPI_TIMEOUT:-180}   # seconds per MPI test
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+LOGS=$BUILD/test-logs
+mkdir -p "$LOGS"
+BIN=$BUILD/llmpi-tests
+pass=0; fail=0; failed_names=()
+
+record() {  # name status log
+  if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "  ok    $1"
+  else fail=$((fail + 1)); failed_names+=("$1"); echo "  FAIL  $1 (exit $2; log $3)"; tail -n 30 "$3" | sed 's/^/        | /'; fi
+}
+
+echo "== unit tests (serial)"
+log=$LOGS/unit.log
+timeout 1200 "$BIN" --gtest_filter='-Mpi*' --gtest_brief=1 >"$log" 2>&1; rc=$?
+n_ok=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$log" | tail -1); n_ok=${n_ok:-0}
+n_bad=$(grep -oP '^\[  FAILED  \] \K[0-9]+(?= test)' "$log" | tail -1); n_bad=${n_bad:-0}
+n_skip=$(grep -oP '^\[  SKIPPED \] \K[0-9]+' "$log" | tail -1); n_skip=${n_skip:-0}
+pass=$((pass + n_ok)); fail=$((fail + n_bad))
+grep -E '^\[  (FAILED|SKIPPED) \] [A-Za-z]' "$log" | sed 's/^/  /'
+grep -E '^\[  SKIPPED \]' -A1 "$log" | grep -v '^\[' | grep -v '^--' | sed 's/^/        skip: /' | sort -u | head -5
+echo "  unit: $n_ok passed, $n_bad failed, $n_skip skipped (log $log)"
+if [ $rc != 0 ] && [ "$n_bad" = 0 ]; then record "unit test binary (crashed or timed out)" $rc "$log"; fi
+
+echo "== MPI tests (each under its own time limit of ${MPI_TIMEOUT}s)"
+tests=$("$BIN" --gtest_filter='Mpi*' --gtest_list_tests | awk '/^[^ ]/{suite=$1} /^  /{print suite $1}')
+for t in $tests; do
+  np=2; case "$t" in MpiN4*) np=4 ;; esac
+  log=$LOGS/$t.log
+  timeout --kill-after=10 "$MPI_TIMEOUT" mpiexec -n $np "$BIN" --gtest_filter="$t" >"$log" 2>&1
+  record "$t (-n $np)" $? "$log"
+done
+
+echo "== command-line checks"
+for s in tests/cli/*.sh; do
+  [ -e "$s" ] || continue
+  name=$(basename "$s" .sh); log=$LOGS/cli-$name.log
+  BUILD=$BUILD timeout --kill-after=10 300 bash "$s" >"$log" 2>&1
+  record "cli/$name" $? "$log"
+done
+
+echo
+[ $fail = 0 ] || printf 'failed: %s\n' "${failed_names[@]}"
+echo "llmpi tests: $pass passed, $fail failed"
+[ $fail = 0 ]
