@@ -202,9 +202,13 @@ TEST(Gpt2Model, GradsReadyReportsGrowingPrefixes) {
   m.forward(in.data(), tg.data(), 1, 4, true);
   std::vector<size_t> seen;
   m.backward([&](size_t k) { seen.push_back(k); });
-  ASSERT_EQ(seen.size(), (size_t)s.n_layer + 2);
+  ASSERT_EQ(seen.size(), (size_t)6 * s.n_layer + 2);
   for (size_t i = 1; i < seen.size(); i++) EXPECT_GT(seen[i], seen[i - 1]);
-  EXPECT_EQ(seen.front(), m.table.at("h.2.mlp.c_proj.weight").offset);
-  EXPECT_EQ(seen[1], m.table.at("h.1.mlp.c_proj.weight").offset);
+  // ln_f first, then layer 2's groups in backward order, ..., then everything.
+  EXPECT_EQ(seen[0], m.table.at("h.2.mlp.c_proj.weight").offset);
+  EXPECT_EQ(seen[1], m.table.at("h.2.mlp.c_fc.weight").offset);
+  EXPECT_EQ(seen[2], m.table.at("h.2.ln_2.weight").offset);
+  EXPECT_EQ(seen[6], m.table.at("h.1.mlp.c_proj.weight").offset);
+  EXPECT_EQ(seen[6 * s.n_layer], m.table.at("wpe.weight").offset);
   EXPECT_EQ(seen.back(), m.table.numel);
 }

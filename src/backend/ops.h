@@ -76,6 +76,8 @@ struct Ops {
   //   p -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * p)
   void (*adamw_update)(float* params, const float* grads, float* m, float* v, size_t n, float lr,
                        float beta1, float beta2, float eps, float weight_decay, int t);
+  // Plain SGD with decoupled weight decay: p -= lr * (g + weight_decay * p).
+  void (*sgd_update)(float* params, const float* grads, size_t n, float lr, float weight_decay);
   double (*sum_squares)(const float* x, size_t n);  // Σ x², accumulated in double
   void (*scale)(float* x, float s, size_t n);       // x *= s
 };

@@ -3,56 +3,237 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 
+#include "metrics/metrics.h"
+#include "metrics/trace.h"
 #include "runtime/error.h"
 
 namespace llmpi {
 
 SyncMethod parse_sync_method(const std::string& name) {
+  if (name == "gather_scatter") return SyncMethod::gather_scatter;
   if (name == "allreduce") return SyncMethod::allreduce;
-  fail("parallel.sync: unknown method '", name, "'; valid: \"allreduce\"");
+  if (name == "weights") return SyncMethod::weights;
+  if (name == "nccl") return SyncMethod::nccl;
+  fail("parallel.sync: unknown method '", name, "'; valid: \"gather_scatter\", \"allreduce\", \"weights\", \"nccl\"");
 }
 
 const char* sync_method_name(SyncMethod m) {
   switch (m) {
+    case SyncMethod::gather_scatter: return "gather_scatter";
     case SyncMethod::allreduce: return "allreduce";
+    case SyncMethod::weights: return "weights";
+    case SyncMethod::nccl: return "nccl";
   }
   return "?";
 }
 
-GradSync::GradSync(SyncMethod m, MPI_Comm c, float* g, size_t n_) : method(m), comm(c), grads(g), n(n_) {
+std::vector<Bucket> make_buckets(const ParamTable& t, double bucket_mb, double first_bucket_mb) {
+  // Counts stay far below INT_MAX, even multiplied by the world size for the gather buffer.
+  const size_t max_floats = (size_t)1 << 28;
+  std::vector<Bucket> out;
+  size_t i = 0;
+  while (i < t.slices.size()) {
+    Bucket b{t.slices[i].offset, t.slices[i].offset + t.slices[i].numel, i, i};
+    if (bucket_mb > 0) {
+      const double mb = out.empty() ? std::min(first_bucket_mb, bucket_mb) : bucket_mb;
+      const size_t cap = (size_t)std::min(mb * 1e6 / sizeof(float), (double)max_floats);
+      // Whole tensors are added until the bucket reaches its size; a tensor is never split.
+      while (b.end - b.begin < cap && b.last_slice + 1 < t.slices.size() &&
+             b.end - b.begin + t.slices[b.last_slice + 1].numel <= max_floats) {
+        b.last_slice++;
+        b.end += t.slices[b.last_slice].numel;
+      }
+    }
+    out.push_back(b);
+    i = b.last_slice + 1;
+  }
+  return out;
+}
+
+GradSync::GradSync(const SyncOptions& o, MPI_Comm c, float* g, const ParamTable& t, Tracer* tr)
+    : opt(o), comm(c), grads(g), table(&t), tracer(tr) {
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
-}
-
-void GradSync::on_ready(size_t) {
-  // allreduce waits for the whole gradient (finish); overlapping methods start buckets here.
-}
-
-void allreduce_average(MPI_Comm comm, float* data, size_t n) {
-  int world = 1;
-  MPI_Comm_size(comm, &world);
-  if (world == 1) return;
-  for (size_t off = 0; off < n; off += (size_t)INT_MAX / 2) {
-    int len = (int)std::min(n - off, (size_t)INT_MAX / 2);
-    MPI_Allreduce(MPI_IN_PLACE, data + off, len, MPI_FLOAT, MPI_SUM, comm);
+  if (opt.method == SyncMethod::nccl)
+    fail("parallel.sync \"nccl\" needs the CUDA backend (runtime.device \"cuda\"), which this build does not "
+         "have yet; use \"allreduce\"");
+  buckets = make_buckets(t, opt.bucket_mb, opt.first_bucket_mb);
+  if (opt.overlap && world > 1) {
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE)
+      fail("parallel.overlap needs MPI_THREAD_MULTIPLE, but this MPI library provides level ", provided,
+           ": set parallel.overlap=false or use an MPI built with thread support");
+    thread_ = std::thread([this] { comm_loop(); });
   }
-  const float inv = 1.0f / (float)world;
-  for (size_t i = 0; i < n; i++) data[i] *= inv;
+}
+
+GradSync::~GradSync() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_work_.notify_all();
+    thread_.join();
+  }
+}
+
+double GradSync::expected_bytes_per_pass(size_t n) const {
+  const double bytes = (double)n * sizeof(float);
+  if (world == 1) return 0;
+  switch (opt.method) {
+    case SyncMethod::gather_scatter:  // root: (W-1)·B in by gather, out by scatter; others B each way
+      return rank == 0 ? (world - 1) * bytes : bytes;
+    default:  // all-reduce (bandwidth-optimal algorithms): 2(W-1)/W · B each way
+      return 2.0 * (world - 1) / world * bytes;
+  }
+}
+
+void GradSync::begin_step() {
+  step = SyncStats{};
+  next_launch_ = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  completed_ = 0;
+}
+
+void GradSync::wait_request(MPI_Request* req) {
+  int done = 0;
+  MPI_Test(req, &done, MPI_STATUS_IGNORE);
+  while (!done) {
+    std::this_thread::sleep_for(std::chrono::microseconds(opt.poll_us));
+    MPI_Test(req, &done, MPI_STATUS_IGNORE);
+  }
+}
+
+// One collective pass over data[0, n): afterwards data holds the mean over ranks.
+void GradSync::reduce(float* data, size_t n, const std::string& label) {
+  const double t0 = now_ms();
+  const bool poll = opt.overlap && opt.poll_us > 0;
+  const int count = (int)n;
+  int collectives = 0;
+  if (opt.method == SyncMethod::gather_scatter) {
+    // Gather every rank's slice at the root, average there, scatter W copies of the mean back.
+    if (rank == 0) {
+      gather_buf_.resize(n * world);
+      scatter_buf_.resize(n * world);
+    }
+    float* gbuf = rank == 0 ? gather_buf_.data() : nullptr;
+    if (poll) {
+      MPI_Request req;
+      MPI_Igather(data, count, MPI_FLOAT, gbuf, count, MPI_FLOAT, 0, comm, &req);
+      wait_request(&req);
+    } else {
+      MPI_Gather(data, count, MPI_FLOAT, gbuf, count, MPI_FLOAT, 0, comm);
+    }
+    if (rank == 0) {
+      const float inv = 1.0f / (float)world;
+      for (size_t i = 0; i < n; i++) {
+        float s = 0;
+        for (int r = 0; r < world; r++) s += gather_buf_[(size_t)r * n + i];
+        scatter_buf_[i] = s * inv;
+      }
+      for (int r = 1; r < world; r++) std::copy(scatter_buf_.begin(), scatter_buf_.begin() + n, scatter_buf_.begin() + (size_t)r * n);
+    }
+    float* sbuf = rank == 0 ? scatter_buf_.data() : nullptr;
+    if (poll) {
+      MPI_Request req;
+      MPI_Iscatter(sbuf, count, MPI_FLOAT, data, count, MPI_FLOAT, 0, comm, &req);
+      wait_request(&req);
+    } else {
+      MPI_Scatter(sbuf, count, MPI_FLOAT, data, count, MPI_FLOAT, 0, comm);
+    }
+    collectives = 2;
+  } else {
+    if (poll) {
+      MPI_Request req;
+      MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm, &req);
+      wait_request(&req);
+    } else {
+      MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm);
+    }
+    const float inv = 1.0f / (float)world;
+    for (size_t i = 0; i < n; i++) data[i] *= inv;
+    collectives = 1;
+  }
+  const double t1 = now_ms();
+  const double bytes = expected_bytes_per_pass(n);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step.comm_ms += t1 - t0;
+    step.bytes_sent += bytes;
+    step.bytes_received += bytes;
+    step.collectives += collectives;
+  }
+  if (tracer && tracer->enabled) {
+    char args[96];
+    std::snprintf(args, sizeof args, "{\"floats\":%zu,\"MB\":%.3f}", n, n * 4 / 1e6);
+    tracer->span(label, opt.overlap ? 1 : 0, t0, t1, args);
+  }
+}
+
+void GradSync::comm_loop() {
+  for (;;) {
+    size_t b;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_
+      b = queue_.front();
+      queue_.pop_front();
+    }
+    const Bucket& bk = buckets[b];
+    reduce(grads + bk.begin, bk.end - bk.begin,
+           std::string(sync_method_name(opt.method)) + " bucket " + std::to_string(b));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      completed_++;
+    }
+    cv_done_.notify_all();
+  }
+}
+
+void GradSync::launch(size_t b) {
+  if (!thread_.joinable()) return;  // no overlap: finish() reduces every bucket in order
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(b);
+  }
+  cv_work_.notify_one();
+}
+
+void GradSync::on_ready(size_t k) {
+  if (!averages_gradients() || world == 1) return;
+  while (next_launch_ < buckets.size() && buckets[next_launch_].end <= k) launch(next_launch_++);
 }
 
 void GradSync::finish() {
-  if (world == 1) return;
-  auto t0 = std::chrono::steady_clock::now();
-  allreduce_average(comm, grads, n);
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  // A ring/recursive all-reduce moves 2(W-1)/W of the buffer out of, and into, every rank.
-  double bytes = 2.0 * (world - 1) / world * (double)n * sizeof(float);
-  step.comm_ms += ms;
-  step.exposed_comm_ms += ms;  // nothing overlaps it
-  step.bytes_sent += bytes;
-  step.bytes_received += bytes;
-  step.collectives += (int)((n + INT_MAX / 2 - 1) / (INT_MAX / 2));
+  if (!averages_gradients() || world == 1) return;
+  const double t0 = now_ms();
+  if (thread_.joinable()) {
+    while (next_launch_ < buckets.size()) launch(next_launch_++);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_done_.wait(lock, [&] { return completed_ == buckets.size(); });
+  } else {
+    for (size_t b = 0; b < buckets.size(); b++)
+      reduce(grads + buckets[b].begin, buckets[b].end - buckets[b].begin,
+             std::string(sync_method_name(opt.method)) + " bucket " + std::to_string(b));
+  }
+  const double t1 = now_ms();
+  step.exposed_comm_ms += t1 - t0;
+  if (tracer && tracer->enabled && thread_.joinable()) tracer->span("wait for gradients", 0, t0, t1);
+}
+
+bool GradSync::average_params(float* params, int64_t s) {
+  if (opt.method != SyncMethod::weights || world == 1) return false;
+  if ((s + 1) % opt.average_every != 0) return false;
+  const double t0 = now_ms();
+  for (size_t b = 0; b < buckets.size(); b++)
+    reduce(params + buckets[b].begin, buckets[b].end - buckets[b].begin, "average parameters bucket " + std::to_string(b));
+  step.exposed_comm_ms += now_ms() - t0;
+  return true;
 }
 
 }  // namespace llmpi

@@ -1,48 +1,112 @@
-// Gradient synchronisation: after backward, every rank holds the average of all ranks' gradients.
+// Gradient synchronisation: how ranks agree on an update. Chosen at run time (parallel.*).
 //
-// The method is chosen at run time (config parallel.sync). The trainer talks to it through two
-// calls, so methods that overlap communication with backward plug in without touching the model:
-//   on_ready(k)  called by backward whenever the flat gradient prefix [0, k) is final
-//   finish()     called after backward; returns when grads hold the average on every rank
-// Accounting per step (comm_ms, bytes, collectives) is kept in `step`.
+//   gather_scatter  rank 0 MPI_Gathers every rank's gradient, averages element-wise, and
+//                   MPI_Scatters the mean back (the textbook baseline)
+//   allreduce       MPI_Allreduce(SUM), then divide by the world size
+//   weights         no gradient exchange: every rank steps its own optimizer and the parameters
+//                   are averaged (MPI_Allreduce) every parallel.average_every steps
+//   (nccl belongs to the CUDA backend and plugs in here.)
+//
+// Buckets (parallel.bucket_mb): the flat gradient is cut, at tensor boundaries and in the order
+// backward finishes it, into contiguous buckets of about bucket_mb MB; the first is at most
+// first_bucket_mb (DDP's trick: the first collective starts early). bucket_mb 0 = one collective
+// per parameter tensor; a huge bucket_mb = one collective for the whole gradient.
+//
+// Overlap (parallel.overlap): a communication thread owns the collectives. Backward reports
+// finished gradient prefixes (on_ready); every bucket that is complete is queued at once and
+// reduced by that thread while backward goes on with earlier layers; finish() waits for the
+// queue to drain. MPICH (ch4) makes progress only inside MPI calls, so a nonblocking collective
+// started on the compute thread would sit idle until the next MPI call; the thread drives it.
+// With parallel.poll_us > 0 the thread starts a nonblocking collective and polls it with
+// MPI_Test, sleeping poll_us between polls, so it leaves the core to the compute thread while
+// the network works; poll_us 0 calls the blocking collective (lowest latency, but it spins).
 #pragma once
 #include <mpi.h>
 
+#include <condition_variable>
 #include <cstddef>
+#include <deque>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include "model/gpt2.h"
 
 namespace llmpi {
 
-enum class SyncMethod {
-  allreduce,  // MPI_Allreduce(SUM) of the whole flat gradient, then divide by the world size
-};
+struct Tracer;
+
+enum class SyncMethod { gather_scatter, allreduce, weights, nccl };
 
 SyncMethod parse_sync_method(const std::string& name);  // throws Error naming the valid ones
 const char* sync_method_name(SyncMethod m);
 
+struct SyncOptions {
+  SyncMethod method = SyncMethod::allreduce;
+  double bucket_mb = 25;
+  double first_bucket_mb = 1;
+  bool overlap = false;
+  int poll_us = 50;
+  int average_every = 1;
+};
+
+struct Bucket {
+  size_t begin, end;                 // float offsets into the flat buffer, [begin, end)
+  size_t first_slice, last_slice;    // table slices it holds, inclusive
+};
+
+// Contiguous buckets over the table's slices (see above). Every slice is in exactly one bucket.
+std::vector<Bucket> make_buckets(const ParamTable& table, double bucket_mb, double first_bucket_mb);
+
 struct SyncStats {
-  double comm_ms = 0;          // wall time inside collectives
-  double exposed_comm_ms = 0;  // part of it not hidden behind compute
+  double comm_ms = 0;          // wall time inside collectives (summed over buckets)
+  double exposed_comm_ms = 0;  // time the compute thread waited for communication
   double bytes_sent = 0;       // per rank, as the algorithm moves them
   double bytes_received = 0;
   int collectives = 0;
 };
 
 struct GradSync {
-  SyncMethod method;
+  SyncOptions opt;
   MPI_Comm comm;
   int rank = 0, world = 1;
   float* grads;  // host memory
-  size_t n;
-  SyncStats step;
+  const ParamTable* table;
+  std::vector<Bucket> buckets;
+  SyncStats step;        // this step's accounting (valid after finish / average_params)
+  Tracer* tracer = nullptr;
 
-  GradSync(SyncMethod method, MPI_Comm comm, float* grads, size_t n);
-  void begin_step() { step = SyncStats{}; }
-  void on_ready(size_t k);
-  void finish();
+  GradSync(const SyncOptions& opt, MPI_Comm comm, float* grads, const ParamTable& table, Tracer* tracer);
+  ~GradSync();
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  bool averages_gradients() const { return opt.method != SyncMethod::weights; }
+  void begin_step();
+  void on_ready(size_t k);  // backward: the gradient prefix [0, k) is final
+  void finish();            // gradients averaged on every rank (no-op for weights)
+  // weights: average `params` over ranks when (step + 1) % average_every == 0. Returns whether it did.
+  bool average_params(float* params, int64_t step);
+
+  // Expected bytes one rank sends (and receives) for one collective pass over n floats.
+  double expected_bytes_per_pass(size_t n_floats) const;
+
+ private:
+  size_t next_launch_ = 0;        // buckets [0, next_launch_) have been started this step
+  std::vector<float> gather_buf_, scatter_buf_;
+  // communication thread (overlap)
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_work_, cv_done_;
+  std::deque<size_t> queue_;
+  size_t completed_ = 0;
+  bool stop_ = false;
+
+  void launch(size_t b);
+  void reduce(float* data, size_t n, const std::string& label);  // one collective pass, averaged
+  void comm_loop();
+  void wait_request(MPI_Request* req);
 };
-
-// Average a float buffer in place across comm with MPI_Allreduce (chunked below INT_MAX elements).
-void allreduce_average(MPI_Comm comm, float* data, size_t n);
 
 }  // namespace llmpi

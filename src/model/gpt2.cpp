@@ -72,6 +72,13 @@ Gpt2::Gpt2(const ModelShape& s, const Ops& o) : shape(s), ops(&o), table(gpt2_pa
   grads = (float*)ops->alloc(table.numel * sizeof(float));
   p = bind(table, params, s.n_layer);
   g = bind(table, grads, s.n_layer);
+  // Each group's slices end where the next group's begin (layout order = backward order).
+  for (int l = 0; l < s.n_layer; l++) {
+    std::string h = "h." + std::to_string(l) + ".";
+    auto end_of = [&](const std::string& n) { return table.at(h + n).offset + table.at(h + n).numel; };
+    ready_.push_back({end_of("mlp.c_proj.bias"), end_of("mlp.c_fc.bias"), end_of("ln_2.bias"),
+                      end_of("attn.c_proj.bias"), end_of("attn.c_attn.bias"), end_of("ln_1.bias")});
+  }
 }
 
 Gpt2::~Gpt2() {
@@ -198,21 +205,26 @@ void Gpt2::backward(const std::function<void(size_t)>& grads_ready) {
     // dresidual holds d(res3). MLP branch: res3 = res2 + fc_proj(gelu(fc(LN2(res2)))).
     o.zero(dfch_gelu_, 4 * NC * sizeof(float));
     o.matmul_backward(dfch_gelu_, dw.fcprojw, dw.fcprojb, dresidual_, a.fch_gelu, w.fcprojw, N, 4 * C, C);
+    ready(ready_[l][0]);
     o.zero(dfch_, 4 * NC * sizeof(float));
     o.gelu_backward(dfch_, a.fch, dfch_gelu_, 4 * NC);
     o.zero(dln_, NC * sizeof(float));
     o.matmul_backward(dln_, dw.fcw, dw.fcb, dfch_, a.ln2, w.fcw, N, C, 4 * C);
+    ready(ready_[l][1]);
     o.layernorm_backward(dresidual_, dw.ln2w, dw.ln2b, dln_, a.res2, w.ln2w, a.ln2_mean, a.ln2_rstd, N, C);
+    ready(ready_[l][2]);
     // dresidual now holds d(res2). Attention branch: res2 = x + attn_proj(attention(qkv(LN1(x)))).
     o.zero(datty_, NC * sizeof(float));
     o.matmul_backward(datty_, dw.attprojw, dw.attprojb, dresidual_, a.atty, w.attprojw, N, C, C);
+    ready(ready_[l][3]);
     o.zero(dqkv_, 3 * NC * sizeof(float));
     o.attention_backward(dqkv_, datt_scratch_, datty_, a.qkv, a.att, B, T, C, NH);
     o.zero(dln_, NC * sizeof(float));
     o.matmul_backward(dln_, dw.qkvw, dw.qkvb, dqkv_, a.ln1, w.qkvw, N, C, 3 * C);
+    ready(ready_[l][4]);
     o.layernorm_backward(dresidual_, dw.ln1w, dw.ln1b, dln_, x_in, w.ln1w, a.ln1_mean, a.ln1_rstd, N, C);
     // dresidual now holds d(x), the gradient at this layer's input.
-    ready(table.at("h." + std::to_string(l) + ".ln_1.bias").offset + C);
+    ready(ready_[l][5]);
   }
   o.embedding_backward(g.wte, g.wpe, dresidual_, tokens_, B, T, C);
   ready(table.numel);

@@ -11,6 +11,7 @@
 // down to the first, then wpe and wte — so the gradients finished so far are always a prefix
 // [0, k) of the flat gradient buffer, and a bucket of them is one contiguous range.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -77,7 +78,8 @@ struct Gpt2 {
 
   // Backward for the last forward(need_grad). ADDS into grads (zero them first with zero_grads).
   // grads_ready(k) is called whenever the gradient prefix [0, k) of the flat buffer is final:
-  // after ln_f, after each layer, and at the end with k = table.numel.
+  // after ln_f, after each of a layer's six parameter groups (mlp.c_proj, mlp.c_fc, ln_2,
+  // attn.c_proj, attn.c_attn, ln_1), and at the end with k = table.numel.
   void backward(const std::function<void(size_t)>& grads_ready = {});
   void zero_grads();
 
@@ -97,6 +99,8 @@ struct Gpt2 {
   // backward scratch
   float *dresidual_, *dln_, *datty_, *dqkv_, *dfch_, *dfch_gelu_, *datt_scratch_;
   std::vector<float> losses_host_;
+  // ready_[l][i]: the gradient prefix that is final after group i of layer l's backward.
+  std::vector<std::array<size_t, 6>> ready_;
   void ensure_activations(int B, int T);
 };
 

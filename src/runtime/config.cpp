@@ -17,10 +17,11 @@ const json& config_defaults() {
     "data":     {"train": "", "val": ""},
     "train":    {"steps": 1000, "global_batch": 16, "lr": 3e-4, "min_lr_ratio": 0.1,
                  "warmup_steps": 0, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
-                 "eps": 1e-8, "grad_clip": 1.0, "seed": 1337, "log_every": 10,
+                 "eps": 1e-8, "optimizer": "adamw", "grad_clip": 1.0, "seed": 1337, "log_every": 10,
                  "eval_every": 100, "eval_batches": 8},
-    "parallel": {"sync": "allreduce"},
-    "runtime":  {"device": "auto", "threads": 0},
+    "parallel": {"sync": "allreduce", "bucket_mb": 25.0, "first_bucket_mb": 1.0, "overlap": false,
+                 "poll_us": 50, "average_every": 1},
+    "runtime":  {"device": "auto", "threads": 0, "trace_steps": 20},
     "run":      {"dir": "runs/default"}
   })");
   return d;
@@ -164,7 +165,15 @@ static Config extract(const json& r) {
   c.train.log_every = t["log_every"].get<int64_t>();
   c.train.eval_every = t["eval_every"].get<int64_t>();
   c.train.eval_batches = t["eval_batches"].get<int>();
-  c.parallel.sync = r["parallel"]["sync"];
+  c.train.optimizer = t["optimizer"];
+  auto& p = r["parallel"];
+  c.parallel.sync = p["sync"];
+  c.parallel.bucket_mb = p["bucket_mb"];
+  c.parallel.first_bucket_mb = p["first_bucket_mb"];
+  c.parallel.overlap = p["overlap"];
+  c.parallel.poll_us = p["poll_us"].get<int>();
+  c.parallel.average_every = p["average_every"].get<int>();
+  c.runtime.trace_steps = r["runtime"]["trace_steps"].get<int>();
   c.runtime.device = r["runtime"]["device"];
   c.runtime.threads = r["runtime"]["threads"].get<int>();
   c.run.dir = r["run"]["dir"];
@@ -193,11 +202,22 @@ static Config extract(const json& r) {
   require(c.train.log_every >= 1, "train.log_every", "must be >= 1");
   require(c.train.eval_every >= 0, "train.eval_every", "must be >= 0 (0 = evaluate only at the end)");
   require(c.train.eval_batches >= 1, "train.eval_batches", "must be >= 1");
-  require(c.parallel.sync == "allreduce", "parallel.sync",
-          "must be \"allreduce\" (got \"" + c.parallel.sync + "\"; other backends are not built yet)");
+  require(c.train.optimizer == "adamw" || c.train.optimizer == "sgd", "train.optimizer",
+          "must be \"adamw\" or \"sgd\", got \"" + c.train.optimizer + "\"");
+  require(c.parallel.sync == "gather_scatter" || c.parallel.sync == "allreduce" || c.parallel.sync == "weights" ||
+              c.parallel.sync == "nccl",
+          "parallel.sync", "must be \"gather_scatter\", \"allreduce\", \"weights\" or \"nccl\", got \"" +
+                               c.parallel.sync + "\"");
+  require(c.parallel.bucket_mb >= 0, "parallel.bucket_mb", "must be >= 0 (0 = one collective per tensor)");
+  require(c.parallel.first_bucket_mb > 0, "parallel.first_bucket_mb", "must be > 0");
+  require(c.parallel.poll_us >= 0, "parallel.poll_us", "must be >= 0 (0 = blocking collectives)");
+  require(c.parallel.average_every >= 1, "parallel.average_every", "must be >= 1");
+  require(!(c.parallel.overlap && c.parallel.sync == "weights"), "parallel.overlap",
+          "applies to gradient averaging; \"weights\" averages parameters after the step: set it to false");
   require(c.runtime.device == "auto" || c.runtime.device == "cpu" || c.runtime.device == "cuda",
           "runtime.device", "must be \"auto\", \"cpu\" or \"cuda\", got \"" + c.runtime.device + "\"");
   require(c.runtime.threads >= 0, "runtime.threads", "must be >= 0 (0 = cores / ranks per node)");
+  require(c.runtime.trace_steps >= 0, "runtime.trace_steps", "must be >= 0 (0 = no trace)");
   require(!c.run.dir.empty(), "run.dir", "must name a directory");
   return c;
 }

@@ -24,17 +24,24 @@ struct TrainConfig {
   double lr, min_lr_ratio; // peak LR; cosine decays to lr * min_lr_ratio at `steps`
   int64_t warmup_steps;    // linear warm-up from lr/warmup to lr
   double weight_decay, beta1, beta2, eps;
+  std::string optimizer;   // "adamw" | "sgd"
   double grad_clip;        // global-norm clip; 0 = off
   uint64_t seed;
   int64_t log_every, eval_every;  // eval_every 0 = only at the end
   int eval_batches;        // global batches of the val file per evaluation
 };
 struct ParallelConfig {
-  std::string sync;        // "allreduce"
+  std::string sync;        // "gather_scatter" | "allreduce" | "weights" | "nccl"
+  double bucket_mb;        // 0 = one collective per tensor; else buckets of about this size
+  double first_bucket_mb;  // the first bucket's size limit (DDP-style small first bucket)
+  bool overlap;            // reduce buckets on a communication thread during backward
+  int poll_us;             // overlap: poll the nonblocking collective every poll_us (0 = blocking call)
+  int average_every;       // weights: average parameters every k steps
 };
 struct RuntimeConfig {
   std::string device;      // "auto" | "cpu" | "cuda"
   int threads;             // OpenMP/OpenBLAS threads per rank; 0 = cores on the node / ranks on it
+  int trace_steps;         // record trace-rank{N}.json for the first trace_steps steps (0 = off)
 };
 struct RunConfig {
   std::string dir;

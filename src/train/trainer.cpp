@@ -16,8 +16,9 @@
 #include "data/sampler.h"
 #include "data/token_file.h"
 #include "metrics/metrics.h"
+#include "metrics/trace.h"
 #include "model/gpt2.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "runtime/mpi_env.h"
 
 namespace llmpi {
@@ -73,10 +74,29 @@ struct Run {
   int64_t train_windows = 0, val_windows = 0;
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<Gpt2> model;
-  std::unique_ptr<AdamW> opt;
+  std::unique_ptr<Optimizer> opt;
+  Tracer tracer;
   std::unique_ptr<GradSync> sync;
   std::unique_ptr<JsonlWriter> metrics, evals;
 };
+
+// What the sync method exchanges, bucket by bucket: written once to run_dir/comm_plan.json.
+nlohmann::json comm_plan(const Run& r) {
+  const GradSync& g = *r.sync;
+  const ParamTable& t = r.model->table;
+  nlohmann::json buckets = nlohmann::json::array();
+  for (const Bucket& b : g.buckets) {
+    nlohmann::json tensors = nlohmann::json::array();
+    for (size_t i = b.first_slice; i <= b.last_slice; i++)
+      tensors.push_back({{"name", t.slices[i].name}, {"shape", t.slices[i].shape}, {"dtype", "float32"}});
+    buckets.push_back({{"offset", b.begin}, {"floats", b.end - b.begin}, {"bytes", (b.end - b.begin) * 4},
+                       {"tensors", tensors}});
+  }
+  return {{"method", sync_method_name(g.opt.method)}, {"world_size", r.world}, {"bucket_mb", g.opt.bucket_mb},
+          {"first_bucket_mb", g.opt.first_bucket_mb}, {"overlap", g.opt.overlap}, {"poll_us", g.opt.poll_us},
+          {"average_every", g.opt.average_every}, {"dtype", "float32"}, {"total_floats", t.numel},
+          {"expected_bytes_sent_per_pass_rank0", g.expected_bytes_per_pass(t.numel)}, {"buckets", buckets}};
+}
 
 void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   r.cfg = cfg;
@@ -130,9 +150,16 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   ModelShape shape{cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model, T, vocab};
   r.model = std::make_unique<Gpt2>(shape, *r.ops);
   r.model->init_params(cfg.train.seed, cfg.model.init_std);
-  r.opt = std::make_unique<AdamW>(*r.ops, r.model->table.numel);
-  r.sync = std::make_unique<GradSync>(parse_sync_method(cfg.parallel.sync), comm, r.model->grads,
-                                      r.model->table.numel);
+  r.opt = std::make_unique<Optimizer>(*r.ops, r.model->table.numel, cfg.train.optimizer);
+  SyncOptions so;
+  so.method = parse_sync_method(cfg.parallel.sync);
+  so.bucket_mb = cfg.parallel.bucket_mb;
+  so.first_bucket_mb = cfg.parallel.first_bucket_mb;
+  so.overlap = cfg.parallel.overlap;
+  so.poll_us = cfg.parallel.poll_us;
+  so.average_every = cfg.parallel.average_every;
+  r.tracer.rank = r.rank;
+  r.sync = std::make_unique<GradSync>(so, comm, r.model->grads, r.model->table, &r.tracer);
 
   // Run directory (rank 0 writes).
   if (r.rank == 0 && o.write_run_dir) {
@@ -142,6 +169,7 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
     write_file_atomic(cfg.run.dir + "/config.json", resolved.dump(2) + "\n");
     r.metrics = std::make_unique<JsonlWriter>(cfg.run.dir + "/metrics.jsonl");
     r.evals = std::make_unique<JsonlWriter>(cfg.run.dir + "/eval.jsonl");
+    write_file_atomic(cfg.run.dir + "/comm_plan.json", comm_plan(r).dump(1) + "\n");
   }
 }
 
@@ -184,8 +212,8 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
   const double tokens_per_step = (double)tc.global_batch * T;
 
   if (print) {
-    std::printf("llmpi-train: %d rank%s × %d thread%s, device cpu, sync %s\n", r.world, r.world > 1 ? "s" : "",
-                r.threads, r.threads > 1 ? "s" : "", sync_method_name(r.sync->method));
+    std::printf("llmpi-train: %d rank%s × %d thread%s, device cpu\n", r.world, r.world > 1 ? "s" : "",
+                r.threads, r.threads > 1 ? "s" : "");
     std::printf("model gpt2: %d layers, %d heads, d_model %d, seq_len %d, vocab %d: %.2fM parameters, "
                 "%.1f MFLOP/token (training)\n",
                 cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model, T, model.shape.vocab_size,
@@ -193,8 +221,16 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     std::printf("data: %s: %lld windows (%lld steps/epoch at global batch %d = %d per rank)%s%s\n",
                 cfg.data.train.c_str(), (long long)r.train_windows, (long long)r.sampler->steps_per_epoch(),
                 tc.global_batch, lb, r.has_val ? "; val " : "", r.has_val ? cfg.data.val.c_str() : "");
-    std::printf("gradient: %zu floats (%.1f MB fp32) averaged per step\n", model.table.numel,
-                model.table.numel * 4 / 1e6);
+    const GradSync& g = *r.sync;
+    std::printf("sync: %s of %zu fp32 values (%.1f MB) in %zu bucket%s (bucket_mb %g, first %g), overlap %s%s; "
+                "rank 0 sends ~%.1f MB per %s (tensors per bucket: comm_plan.json)\n",
+                sync_method_name(g.opt.method), model.table.numel, model.table.numel * 4 / 1e6, g.buckets.size(),
+                g.buckets.size() == 1 ? "" : "s", g.opt.bucket_mb, g.opt.first_bucket_mb,
+                g.opt.overlap ? "on" : "off",
+                g.opt.method == SyncMethod::weights ? (", parameters every " + std::to_string(g.opt.average_every) +
+                                                       " step(s)").c_str() : "",
+                g.expected_bytes_per_pass(model.table.numel) / 1e6,
+                g.opt.method == SyncMethod::weights ? "average" : "step");
     if (o.write_run_dir) std::printf("run dir: %s\n", cfg.run.dir.c_str());
     std::fflush(stdout);
   }
@@ -212,29 +248,41 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
   };
   do_eval(0);
 
+  r.tracer.origin_ms = now_ms();
   for (int64_t step = 0; step < tc.steps; step++) {
-    double t0 = now_ms();
+    r.tracer.enabled = o.write_run_dir && step < cfg.runtime.trace_steps;
+    const double t0 = now_ms();
     r.train_data.read(r.sampler->windows(step));
-    double t1 = now_ms();
+    const double t1 = now_ms();
     model.zero_grads();
     float local_loss = model.forward(r.train_data.inputs.data(), r.train_data.targets.data(), lb, T, true);
-    double t2 = now_ms();
+    const double t2 = now_ms();
     r.sync->begin_step();
     model.backward([&](size_t k) { r.sync->on_ready(k); });
-    double t3 = now_ms();
-    r.sync->finish();
+    const double t3 = now_ms();
+    r.sync->finish();  // gradient methods: every rank now holds the averaged gradient
+    const double t4 = now_ms();
     float loss = local_loss;
     if (r.world > 1) {
       MPI_Allreduce(&local_loss, &loss, 1, MPI_FLOAT, MPI_SUM, comm);
       loss /= (float)r.world;
     }
-    double t4 = now_ms();
-    double grad_norm = clip_grad_norm(*r.ops, model.grads, model.table.numel, tc.grad_clip);
-    double lr = lr_at(tc, step);
+    // With "weights" the gradient (and so its norm and clipping) is this rank's own.
+    const double grad_norm = clip_grad_norm(*r.ops, model.grads, model.table.numel, tc.grad_clip);
+    const double lr = lr_at(tc, step);
     r.opt->step(model.params, model.grads, model.table, lr, tc);
-    double t5 = now_ms();
+    const double t5 = now_ms();
+    r.sync->average_params(model.params, step);  // "weights" only, every average_every steps
+    const double t6 = now_ms();
 
-    double step_ms = t5 - t0;
+    if (r.tracer.enabled) {
+      const std::string args = "{\"step\":" + std::to_string(step) + "}";
+      r.tracer.span("data", 0, t0, t1, args);
+      r.tracer.span("forward", 0, t1, t2, args);
+      r.tracer.span("backward", 0, t2, t3, args);
+      r.tracer.span("optimizer", 0, t4, t5, args);
+    }
+    const double step_ms = t6 - t0;
     res.losses.push_back(loss);
     res.step_ms.push_back(step_ms);
     if (!std::isfinite(loss)) fail("training loss became ", loss, " at step ", step, ": lower train.lr or check the data");
@@ -251,6 +299,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
                           {"forward_ms", t2 - t1}, {"backward_ms", t3 - t2}, {"comm_ms", s.comm_ms},
                           {"exposed_comm_ms", s.exposed_comm_ms}, {"optim_ms", t5 - t4},
                           {"bytes_communicated", s.bytes_sent + s.bytes_received},
+                          {"bytes_sent", s.bytes_sent}, {"bytes_received", s.bytes_received},
                           {"collectives", s.collectives}, {"grad_norm", grad_norm}});
       if (print) {
         std::printf("step %6lld/%lld | loss %.4f | lr %.2e | %7.0f tok/s | %6.1f ms/step | ETA %s\n",
@@ -274,6 +323,8 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     std::printf("\n");
     std::fflush(stdout);
   }
+  if (o.write_run_dir && cfg.runtime.trace_steps > 0)
+    r.tracer.write(cfg.run.dir + "/trace-rank" + std::to_string(r.rank) + ".json");
   if (return_params) {
     res.final_params.resize(model.table.numel);
     r.ops->copy_to_host(res.final_params.data(), model.params, model.table.numel * sizeof(float));

@@ -35,6 +35,13 @@ void adamw_update(float* params, const float* grads, float* m, float* v, size_t 
   }
 }
 
+// For each i: p -= lr * (g + wd * p)   (plain SGD, decoupled weight decay; no momentum)
+void sgd_update(float* params, const float* grads, size_t n, float lr, float weight_decay) {
+  const long long nn = static_cast<long long>(n);
+#pragma omp parallel for simd schedule(static) if (nn > kParMin)
+  for (long long i = 0; i < nn; i++) params[i] -= lr * (grads[i] + weight_decay * params[i]);
+}
+
 // Σ x², each term widened to double.
 double sum_squares(const float* x, size_t n) {
   const size_t nchunks = (n + kSumChunk - 1) / kSumChunk;

@@ -27,6 +27,7 @@ const Ops& cpu_ops() {
     o.residual_forward = cpu::residual_forward;
     o.softmax_xent = cpu::softmax_xent;
     o.adamw_update = cpu::adamw_update;
+    o.sgd_update = cpu::sgd_update;
     o.sum_squares = cpu::sum_squares;
     o.scale = cpu::scale;
     return o;

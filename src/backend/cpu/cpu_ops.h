@@ -57,7 +57,8 @@ void residual_forward(float* out, const float* a, const float* b, size_t n);
 void softmax_xent(float* logits, float* losses, const int32_t* targets, int N, int V,
                   float grad_scale);
 
-// adamw.cpp
+// adamw.cpp (optimizer updates and gradient utilities)
+void sgd_update(float* params, const float* grads, size_t n, float lr, float weight_decay);
 void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int t);
 double sum_squares(const float* x, size_t n);

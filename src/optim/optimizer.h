@@ -1,5 +1,6 @@
-// AdamW with decoupled weight decay, the learning-rate schedule, and global-norm clipping.
-// Moments m and v use the parameters' flat layout (one buffer each, backend memory).
+// The optimizer (AdamW with decoupled weight decay, or plain SGD), the learning-rate schedule,
+// and global-norm clipping. AdamW's moments m and v use the parameters' flat layout (one buffer
+// each, backend memory); SGD keeps no state.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -10,17 +11,18 @@
 
 namespace llmpi {
 
-struct AdamW {
+struct Optimizer {
   const Ops* ops;
+  bool sgd;  // train.optimizer == "sgd"
   size_t n;
   float* m = nullptr;
   float* v = nullptr;
   int64_t t = 0;  // steps taken (bias correction uses t+1 on the next step)
 
-  AdamW(const Ops& ops, size_t n);
-  ~AdamW();
-  AdamW(const AdamW&) = delete;
-  AdamW& operator=(const AdamW&) = delete;
+  Optimizer(const Ops& ops, size_t n, const std::string& kind);
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
 
   // One update of every slice of the table; weight decay only where slice.decay.
   void step(float* params, const float* grads, const ParamTable& table, double lr, const TrainConfig& tc);

@@ -1,20 +1,22 @@
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 
 #include <cmath>
 
 namespace llmpi {
 
-AdamW::AdamW(const Ops& o, size_t n_) : ops(&o), n(n_) {
-  m = (float*)ops->alloc(n * sizeof(float));
-  v = (float*)ops->alloc(n * sizeof(float));
+Optimizer::Optimizer(const Ops& o, size_t n_, const std::string& kind) : ops(&o), sgd(kind == "sgd"), n(n_) {
+  if (!sgd) {
+    m = (float*)ops->alloc(n * sizeof(float));
+    v = (float*)ops->alloc(n * sizeof(float));
+  }
 }
 
-AdamW::~AdamW() {
+Optimizer::~Optimizer() {
   ops->free(m);
   ops->free(v);
 }
 
-void AdamW::step(float* params, const float* grads, const ParamTable& table, double lr,
+void Optimizer::step(float* params, const float* grads, const ParamTable& table, double lr,
                  const TrainConfig& tc) {
   t++;
   // Neighbouring slices with the same decay flag are updated in one call.
@@ -24,9 +26,12 @@ void AdamW::step(float* params, const float* grads, const ParamTable& table, dou
     while (j + 1 < table.slices.size() && table.slices[j + 1].decay == table.slices[i].decay) j++;
     size_t off = table.slices[i].offset;
     size_t len = table.slices[j].offset + table.slices[j].numel - off;
-    ops->adamw_update(params + off, grads + off, m + off, v + off, len, (float)lr, (float)tc.beta1,
-                      (float)tc.beta2, (float)tc.eps, table.slices[i].decay ? (float)tc.weight_decay : 0.0f,
-                      (int)t);
+    const float wd = table.slices[i].decay ? (float)tc.weight_decay : 0.0f;
+    if (sgd)
+      ops->sgd_update(params + off, grads + off, len, (float)lr, wd);
+    else
+      ops->adamw_update(params + off, grads + off, m + off, v + off, len, (float)lr, (float)tc.beta1,
+                        (float)tc.beta2, (float)tc.eps, wd, (int)t);
     i = j + 1;
   }
 }
