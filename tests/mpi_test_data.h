@@ -10,6 +10,7 @@
 
 #include "data/token_file.h"
 #include "runtime/rng.h"
+#include "train/trainer.h"
 
 namespace llmpi::testing_support {
 
@@ -33,6 +34,14 @@ inline void write_pattern_tokens(const std::string& path, int64_t n, int V, uint
     prev = t;
   }
   write_token_file(path, toks, TokenFileAttrs{V, V - 1, "test-pattern", "llmpi-tests"});
+}
+
+// Options for in-process training in tests: no progress lines; run directory only when asked.
+inline TrainOptions quiet_options(bool write_run_dir) {
+  TrainOptions o;
+  o.print = false;
+  o.write_run_dir = write_run_dir;
+  return o;
 }
 
 inline std::string make_pattern_file(MPI_Comm comm, const std::string& dir, const std::string& name,

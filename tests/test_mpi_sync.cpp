@@ -51,7 +51,7 @@ double spread_across_ranks(const std::vector<float>& p) {
   return most;
 }
 
-const TrainOptions kQuiet{false, false};
+const TrainOptions kQuiet = quiet_options(false);
 
 }  // namespace
 
@@ -147,7 +147,7 @@ TEST(MpiSync, AccountingAndTraceFiles) {
     std::string run = dir + "/run-" + method;
     Config c = sync_config(tr, {"parallel.sync=" + method, "parallel.bucket_mb=0.02", "parallel.overlap=true",
                                 "run.dir=" + run, "train.steps=3", "runtime.trace_steps=2"});
-    TrainResult res = train(c, MPI_COMM_WORLD, TrainOptions{false, true});
+    TrainResult res = train(c, MPI_COMM_WORLD, quiet_options(true));
     MPI_Barrier(MPI_COMM_WORLD);
     if (world_rank() != 0) continue;
     std::ifstream pf(run + "/comm_plan.json");

@@ -41,7 +41,7 @@ TEST(MpiTraining, TwoRanksEqualOneRankForTwentySteps) {
   std::string dir = shared_temp_dir(MPI_COMM_WORLD);
   std::string train_path = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 1);
   Config cfg = tiny_config(train_path, "");
-  TrainOptions quiet{false, false};
+  TrainOptions quiet = quiet_options(false);
 
   // Reference: rank 0 alone, same global batch.
   MPI_Comm solo;
@@ -84,7 +84,7 @@ TEST(MpiTraining, WritesRunDirectory) {
   std::string tr = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 30000, 64, 2);
   std::string va = make_pattern_file(MPI_COMM_WORLD, dir, "val.h5", 5000, 64, 3);
   Config cfg = tiny_config(tr, va, {"run.dir=" + dir + "/run/a"});
-  TrainResult res = train(cfg, MPI_COMM_WORLD, TrainOptions{false, true});
+  TrainResult res = train(cfg, MPI_COMM_WORLD, quiet_options(true));
   ASSERT_EQ(res.eval_steps, (std::vector<int64_t>{0, 10, 20}));
   EXPECT_LT(res.val_losses.back(), res.val_losses.front());
   if (world_rank() == 0) {
@@ -118,14 +118,14 @@ TEST(MpiTraining, WritesRunDirectory) {
   }
 }
 
-TEST(MpiTraining, StartupErrorsReachEveryRank) {
+TEST(MpiTraining, CollectiveErrorsReachEveryRank) {
   std::string dir = shared_temp_dir(MPI_COMM_WORLD);
   std::string tr = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 3000, 64, 4);
   auto expect_error = [&](Config cfg, const std::string& needle) {
     try {
-      train(cfg, MPI_COMM_WORLD, TrainOptions{false, false});
+      train(cfg, MPI_COMM_WORLD, quiet_options(false));
       ADD_FAILURE() << "no error for " << needle;
-    } catch (const StartupError& e) {
+    } catch (const CollectiveError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };

@@ -7,6 +7,7 @@
 
 #include "runtime/config.h"
 #include "runtime/mpi_env.h"
+#include "runtime/signals.h"
 #include "train/trainer.h"
 
 using namespace llmpi;
@@ -35,6 +36,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   app.add_option("--config", config_path, "JSON configuration file")->required();
   app.add_option("--set", sets, "override one key, e.g. --set train.lr=1e-3 (repeatable)");
+  TrainOptions opts;
+  app.add_option("--resume", opts.resume,
+                 "continue from a checkpoint: 'auto' = the newest in run.dir/checkpoints (start fresh if none), "
+                 "or a checkpoint file");
+  app.add_flag("--dry-run", opts.dry_run,
+               "check the configuration, data, world size (and checkpoint) on every rank, then exit without training");
   app.footer(keys_help());
   try {
     app.parse(argc, argv);
@@ -54,9 +61,10 @@ int main(int argc, char** argv) {
       err = e.what();
     }
     err = agree_on_error(MPI_COMM_WORLD, err);
-    if (!err.empty()) throw StartupError(err);
-    train(cfg, MPI_COMM_WORLD);
-  } catch (const StartupError& e) {
+    if (!err.empty()) throw CollectiveError(err);
+    install_preemption_handlers();  // SIGTERM / SIGUSR1: checkpoint at the next step boundary, exit 0
+    train(cfg, MPI_COMM_WORLD, opts);
+  } catch (const CollectiveError& e) {
     // Every rank knows the same error: rank 0 says it once, every rank exits non-zero.
     if (env.rank == 0) std::fprintf(stderr, "llmpi-train: error: %s\n", e.what());
     std::fflush(stderr);

@@ -2,6 +2,8 @@
 // Layout and attributes: see token_file.h.
 #include "data/token_file.h"
 
+#include "data/h5_util.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,130 +17,20 @@
 
 namespace llmpi {
 
-namespace token_h5 {
-Id& Id::operator=(Id&& o) noexcept {
-  if (this != &o) {
-    reset();
-    id = o.id;
-    close_fn = o.close_fn;
-    o.id = H5I_INVALID_HID;
-  }
-  return *this;
-}
-
-herr_t Id::reset() {
-  herr_t rc = 0;
-  if (id >= 0 && close_fn) rc = close_fn(id);
-  id = H5I_INVALID_HID;
-  return rc;
-}
-}  // namespace token_h5
-
-using token_h5::Id;
+using h5::Id;
 
 namespace {
 
 constexpr hsize_t kChunkTokens = 65536;
+const char* const kRemake = "remake it with llmpi-prep";
 
-// HDF5 prints its whole error stack to stderr by default; we turn failures into Errors instead.
-void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+std::string describe(const std::string& path) { return "token file '" + path + "'"; }
 
-herr_t first_error_cb(unsigned, const H5E_error2_t* e, void* data) {
-  auto* s = static_cast<std::string*>(data);
-  if (s->empty() && e->desc && e->desc[0]) *s = e->desc;
-  return 0;
-}
-
-// The innermost message on HDF5's error stack, as " (HDF5: ...)", and clear the stack.
-std::string h5_detail() {
-  std::string s;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, first_error_cb, &s);
-  H5Eclear2(H5E_DEFAULT);
-  return s.empty() ? std::string() : " (HDF5: " + s + ")";
-}
-
-// ---- attributes ----
-
-void write_int_attr(hid_t obj, const char* name, int64_t v, const std::string& path) {
-  Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  Id attr(H5Acreate2(obj, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!attr.valid() || H5Awrite(attr, H5T_NATIVE_INT64, &v) < 0)
-    fail("cannot write attribute '", name, "' to token file '", path, "'", h5_detail(),
-         "; check the disk space and permissions of its directory");
-}
-
-// Variable-length UTF-8 string (h5py reads it as str).
-void write_string_attr(hid_t obj, const char* name, const std::string& v, const std::string& path) {
-  Id type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type, H5T_VARIABLE);
-  H5Tset_cset(type, H5T_CSET_UTF8);
-  Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  Id attr(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  const char* p = v.c_str();
-  if (!attr.valid() || H5Awrite(attr, type, &p) < 0)
-    fail("cannot write attribute '", name, "' to token file '", path, "'", h5_detail(),
-         "; check the disk space and permissions of its directory");
-}
-
-// Open a scalar (one-element) attribute; invalid Id when it does not exist.
-Id open_scalar_attr(hid_t obj, const char* name, const std::string& path) {
-  htri_t exists = H5Aexists(obj, name);
-  if (exists < 0)
-    fail("token file '", path, "' is damaged: cannot look up attribute '", name, "'", h5_detail(),
-         "; remake it with llmpi-prep");
-  if (exists == 0) return Id();
-  Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  Id space(H5Aget_space(attr), H5Sclose);
-  if (!attr.valid() || !space.valid())
-    fail("token file '", path, "' is damaged: cannot open attribute '", name, "'", h5_detail(),
-         "; remake it with llmpi-prep");
-  if (H5Sget_simple_extent_npoints(space) != 1)
-    fail("token file '", path, "': attribute '", name,
-         "' should hold one value but holds several; remake the file with llmpi-prep");
-  return attr;
-}
-
-// Reads fixed-length and variable-length string attributes. False when absent.
 bool read_string_attr(hid_t obj, const char* name, std::string& out, const std::string& path) {
-  Id attr = open_scalar_attr(obj, name, path);
-  if (!attr.valid()) return false;
-  Id type(H5Aget_type(attr), H5Tclose);
-  if (H5Tget_class(type) != H5T_STRING)
-    fail("token file '", path, "': attribute '", name,
-         "' should be a string; this is not an llmpi token file (make one with llmpi-prep)");
-  if (H5Tis_variable_str(type) > 0) {
-    Id mem(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(mem, H5T_VARIABLE);
-    H5Tset_cset(mem, H5Tget_cset(type));
-    char* p = nullptr;
-    if (H5Aread(attr, mem, &p) < 0)
-      fail("token file '", path, "' is damaged: cannot read attribute '", name, "'", h5_detail(),
-           "; remake it with llmpi-prep");
-    out = p ? p : "";
-    if (p) H5free_memory(p);
-  } else {
-    size_t n = H5Tget_size(type);
-    std::string buf(n + 1, '\0');
-    if (H5Aread(attr, type, &buf[0]) < 0)
-      fail("token file '", path, "' is damaged: cannot read attribute '", name, "'", h5_detail(),
-           "; remake it with llmpi-prep");
-    out.assign(buf.c_str());  // up to the first NUL (null-terminated or null-padded)
-  }
-  return true;
+  return h5::read_string_attr(obj, name, out, describe(path), kRemake);
 }
-
-// Reads an integer attribute of any integer type. False when absent.
 bool read_int_attr(hid_t obj, const char* name, int64_t& out, const std::string& path) {
-  Id attr = open_scalar_attr(obj, name, path);
-  if (!attr.valid()) return false;
-  Id type(H5Aget_type(attr), H5Tclose);
-  if (H5Tget_class(type) != H5T_INTEGER)
-    fail("token file '", path, "': attribute '", name,
-         "' should be an integer; remake the file with llmpi-prep");
-  if (H5Aread(attr, H5T_NATIVE_INT64, &out) < 0)
-    fail("token file '", path, "' is damaged: cannot read attribute '", name, "'", h5_detail(),
-         "; remake it with llmpi-prep");
-  return true;
+  return h5::read_int_attr(obj, name, out, describe(path), kRemake);
 }
 
 int64_t require_int_attr(hid_t obj, const char* name, const std::string& path) {
@@ -149,44 +41,13 @@ int64_t require_int_attr(hid_t obj, const char* name, const std::string& path) {
   return v;
 }
 
-// Is there an HDF5 signature at offset 0, 512, 1024, 2048, ... (where HDF5 looks for it)?
-bool has_hdf5_signature(const std::string& path) {
-  static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return false;
-  bool found = false;
-  unsigned char buf[8];
-  for (long off = 0; !found; off = off ? off * 2 : 512) {
-    if (std::fseek(f, off, SEEK_SET) != 0 || std::fread(buf, 1, 8, f) != 8) break;
-    found = std::memcmp(buf, sig, 8) == 0;
-  }
-  std::fclose(f);
-  return found;
-}
-
-// Removes the temporary file unless the write got to the rename.
-struct TmpFileGuard {
-  std::string path;
-  bool committed = false;
-  ~TmpFileGuard() {
-    if (!committed) std::remove(path.c_str());
-  }
-};
-
-void fsync_path(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
 }  // namespace
 
 // ---- writer ----------------------------------------------------------------------------------
 
 void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
                       const TokenFileAttrs& a) {
-  quiet_hdf5();
+  h5::quiet();
   if (a.vocab_size <= 0 || a.vocab_size > INT32_MAX)
     fail("cannot write token file '", path, "': vocab_size ", a.vocab_size,
          " must be in 1..2147483647");
@@ -201,11 +62,11 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
 
   const bool u16 = a.vocab_size <= 65535;
   const std::string tmp = path + ".tmp";
-  TmpFileGuard guard{tmp};
+  h5::TmpFileGuard guard{tmp};
   {
     Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
     if (!file.valid())
-      fail("cannot create token file '", tmp, "'", h5_detail(),
+      fail("cannot create token file '", tmp, "'", h5::detail(),
            "; check that its directory exists and is writable");
 
     // /tokens: 1-D, fixed size (unlimited when empty, since a chunk may not exceed a fixed
@@ -216,37 +77,37 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
     Id space(H5Screate_simple(1, &n, &maxdim), H5Sclose);
     Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
     if (!space.valid() || !dcpl.valid() || H5Pset_chunk(dcpl, 1, &chunk) < 0)
-      fail("cannot set up dataset 'tokens' in '", tmp, "'", h5_detail());
+      fail("cannot set up dataset 'tokens' in '", tmp, "'", h5::detail());
     Id dset(H5Dcreate2(file, "tokens", u16 ? H5T_STD_U16LE : H5T_STD_U32LE, space, H5P_DEFAULT,
                        dcpl, H5P_DEFAULT),
             H5Dclose);
     if (!dset.valid())
-      fail("cannot create dataset 'tokens' in '", tmp, "'", h5_detail(),
+      fail("cannot create dataset 'tokens' in '", tmp, "'", h5::detail(),
            "; check the disk space of its directory");
     // HDF5 converts the uint32 values to the file's type (all are < vocab_size, checked above).
     if (n > 0 && H5Dwrite(dset, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data()) < 0)
-      fail("cannot write ", n, " tokens to '", tmp, "'", h5_detail(),
+      fail("cannot write ", n, " tokens to '", tmp, "'", h5::detail(),
            "; check the disk space of its directory");
 
-    write_string_attr(file, "format", kTokenFileFormat, tmp);
-    write_int_attr(file, "version", kTokenFileVersion, tmp);
-    write_int_attr(file, "vocab_size", a.vocab_size, tmp);
-    write_int_attr(file, "eot_id", a.eot_id, tmp);
-    write_string_attr(file, "tokenizer", a.tokenizer, tmp);
-    write_string_attr(file, "created_by", a.created_by, tmp);
+    h5::write_string_attr(file, "format", kTokenFileFormat, describe(tmp));
+    h5::write_int_attr(file, "version", kTokenFileVersion, describe(tmp));
+    h5::write_int_attr(file, "vocab_size", a.vocab_size, describe(tmp));
+    h5::write_int_attr(file, "eot_id", a.eot_id, describe(tmp));
+    h5::write_string_attr(file, "tokenizer", a.tokenizer, describe(tmp));
+    h5::write_string_attr(file, "created_by", a.created_by, describe(tmp));
 
     if (dset.reset() < 0 || space.reset() < 0 || dcpl.reset() < 0 ||
         H5Fflush(file, H5F_SCOPE_GLOBAL) < 0 || file.reset() < 0)
-      fail("cannot finish writing token file '", tmp, "'", h5_detail(),
+      fail("cannot finish writing token file '", tmp, "'", h5::detail(),
            "; check the disk space of its directory");
   }
-  fsync_path(tmp, false);
+  h5::fsync_path(tmp, false);
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     fail("cannot rename '", tmp, "' to '", path, "': ", std::strerror(errno),
          "; check the permissions of the output directory");
   guard.committed = true;
   size_t slash = path.find_last_of('/');
-  fsync_path(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash), true);
+  h5::fsync_path(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash), true);
 }
 
 // ---- reader ----------------------------------------------------------------------------------
@@ -259,7 +120,7 @@ void TokenReader::close() {
 }
 
 void TokenReader::open(const std::string& path) {
-  quiet_hdf5();
+  h5::quiet();
   close();
 
   // The file itself: present, a regular file, readable, HDF5.
@@ -274,7 +135,7 @@ void TokenReader::open(const std::string& path) {
          "(llmpi-prep writes DIR/train.h5 and DIR/val.h5)");
   if (::access(path.c_str(), R_OK) != 0)
     fail("cannot read token file '", path, "': ", std::strerror(errno), "; check its permissions");
-  if (!has_hdf5_signature(path))
+  if (!h5::has_signature(path))
     fail("'", path, "' is not an HDF5 file, so not an llmpi token file; make one with llmpi-prep");
 
   // Open read-only; keep file locking, but do not fail on file systems without it.
@@ -284,7 +145,7 @@ void TokenReader::open(const std::string& path) {
 #endif
   Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose);
   if (!file.valid())
-    fail("token file '", path, "' is damaged or truncated and cannot be opened", h5_detail(),
+    fail("token file '", path, "' is damaged or truncated and cannot be opened", h5::detail(),
          "; remake it with llmpi-prep");
 
   TokenFileInfo info;
@@ -316,16 +177,16 @@ void TokenReader::open(const std::string& path) {
   // /tokens: a 1-D dataset of unsigned 16- or 32-bit integers.
   htri_t exists = H5Lexists(file, "tokens", H5P_DEFAULT);
   if (exists <= 0)
-    fail("token file '", path, "' has no 'tokens' dataset", h5_detail(),
+    fail("token file '", path, "' has no 'tokens' dataset", h5::detail(),
          "; it is damaged or not a language-modelling token file (remake it with llmpi-prep)");
   Id dset(H5Dopen2(file, "tokens", H5P_DEFAULT), H5Dclose);
   if (!dset.valid())
-    fail("token file '", path, "': 'tokens' is not a readable dataset", h5_detail(),
+    fail("token file '", path, "': 'tokens' is not a readable dataset", h5::detail(),
          "; remake the file with llmpi-prep");
   Id type(H5Dget_type(dset), H5Tclose);
   Id space(H5Dget_space(dset), H5Sclose);
   if (!type.valid() || !space.valid())
-    fail("token file '", path, "' is damaged: cannot read the type/shape of 'tokens'", h5_detail(),
+    fail("token file '", path, "' is damaged: cannot read the type/shape of 'tokens'", h5::detail(),
          "; remake it with llmpi-prep");
   int rank = H5Sget_simple_extent_ndims(space);
   if (rank != 1)
@@ -368,7 +229,7 @@ void TokenReader::read(int64_t start, int64_t count, int32_t* out) {
       H5Sselect_hyperslab(fspace_, H5S_SELECT_SET, &off, nullptr, &cnt, nullptr) < 0 ||
       H5Dread(dset_, H5T_NATIVE_UINT32, mspace, fspace_, H5P_DEFAULT, u) < 0)
     fail("cannot read tokens [", start, ", ", start + count, ") from '", path,
-         "': the file is damaged or truncated", h5_detail(), "; remake it with llmpi-prep");
+         "': the file is damaged or truncated", h5::detail(), "; remake it with llmpi-prep");
   const uint32_t vocab = uint32_t(info_.vocab_size);
   for (int64_t i = 0; i < count; i++)
     if (u[i] >= vocab)

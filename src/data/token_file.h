@@ -16,7 +16,7 @@
 // the fix; the HDF5 library's own error printing is switched off.
 #pragma once
 
-#include <hdf5.h>
+#include "data/h5_util.h"
 
 #include <cstdint>
 #include <string>
@@ -55,25 +55,6 @@ struct TokenFileInfo {
 void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
                       const TokenFileAttrs& a);
 
-// Owning HDF5 identifier: closes itself with the given H5?close function. (In its own namespace
-// so it cannot clash with another module's HDF5 wrapper.)
-namespace token_h5 {
-struct Id {
-  hid_t id = H5I_INVALID_HID;
-  herr_t (*close_fn)(hid_t) = nullptr;
-  Id() = default;
-  Id(hid_t i, herr_t (*fn)(hid_t)) : id(i), close_fn(fn) {}
-  Id(const Id&) = delete;
-  Id& operator=(const Id&) = delete;
-  Id(Id&& o) noexcept : id(o.id), close_fn(o.close_fn) { o.id = H5I_INVALID_HID; }
-  Id& operator=(Id&& o) noexcept;
-  ~Id() { reset(); }
-  // Close now; returns the close function's status (0 when there was nothing to close).
-  herr_t reset();
-  bool valid() const { return id >= 0; }
-  operator hid_t() const { return id; }
-};
-}  // namespace token_h5
 
 // Reads windows of a token file. Open once, read many hyperslabs; closes itself.
 struct TokenReader {
@@ -95,7 +76,7 @@ struct TokenReader {
 
  private:
   TokenFileInfo info_;
-  token_h5::Id file_, dset_, fspace_;
+  h5::Id file_, dset_, fspace_;
 };
 
 // Open, validate and describe a token file (then close it).

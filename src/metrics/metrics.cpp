@@ -10,8 +10,8 @@
 
 namespace llmpi {
 
-JsonlWriter::JsonlWriter(const std::string& path) {
-  f = std::fopen(path.c_str(), "w");
+JsonlWriter::JsonlWriter(const std::string& path, bool append) {
+  f = std::fopen(path.c_str(), append ? "a" : "w");
   if (!f) fail("cannot write '", path, "': ", std::strerror(errno), " (check run.dir)");
 }
 

@@ -17,7 +17,8 @@ inline double now_ms() {
 struct JsonlWriter {
   FILE* f = nullptr;
   JsonlWriter() = default;
-  explicit JsonlWriter(const std::string& path);  // throws Error if it cannot be opened
+  // Truncates the file, or appends with append = true. Throws Error if it cannot be opened.
+  explicit JsonlWriter(const std::string& path, bool append = false);
   ~JsonlWriter();
   JsonlWriter(const JsonlWriter&) = delete;
   JsonlWriter& operator=(const JsonlWriter&) = delete;

@@ -18,11 +18,12 @@ const json& config_defaults() {
     "train":    {"steps": 1000, "global_batch": 16, "lr": 3e-4, "min_lr_ratio": 0.1,
                  "warmup_steps": 0, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
                  "eps": 1e-8, "optimizer": "adamw", "grad_clip": 1.0, "seed": 1337, "log_every": 10,
-                 "eval_every": 100, "eval_batches": 8},
+                 "eval_every": 100, "eval_batches": 8, "on_nonfinite": "abort"},
     "parallel": {"sync": "allreduce", "bucket_mb": 25.0, "first_bucket_mb": 1.0, "overlap": false,
                  "poll_us": 50, "average_every": 1},
-    "runtime":  {"device": "auto", "threads": 0, "trace_steps": 20},
-    "run":      {"dir": "runs/default"}
+    "runtime":  {"device": "auto", "threads": 0, "trace_steps": 20, "step_timeout_s": 0.0},
+    "run":      {"dir": "runs/default"},
+    "checkpoint": {"every": 0, "keep": 3}
   })");
   return d;
 }
@@ -134,7 +135,15 @@ static void apply_override(json& resolved, const std::string& assignment) {
   if (!config_defaults().contains(sec) || !config_defaults()[sec].contains(key))
     fail("--set: unknown key '", path, "'", suggestion(path));
   json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded()) value = text;  // a bare string: --set run.dir=out/x
+  if (value.is_discarded()) {  // a bare string: --set run.dir=out/x
+    value = text;
+    // It goes into config.json (and into messages) as a JSON string, which must be UTF-8.
+    try {
+      (void)value.dump();
+    } catch (const json::type_error&) {
+      fail("--set '", path, "=...': the value is not valid UTF-8 text; give it as UTF-8");
+    }
+  }
   check_type(path, value, config_defaults()[sec][key], "--set");
   resolved[sec][key] = value;
 }
@@ -174,6 +183,10 @@ static Config extract(const json& r) {
   c.parallel.poll_us = p["poll_us"].get<int>();
   c.parallel.average_every = p["average_every"].get<int>();
   c.runtime.trace_steps = r["runtime"]["trace_steps"].get<int>();
+  c.runtime.step_timeout_s = r["runtime"]["step_timeout_s"];
+  c.train.on_nonfinite = t["on_nonfinite"];
+  c.checkpoint.every = r["checkpoint"]["every"].get<int64_t>();
+  c.checkpoint.keep = r["checkpoint"]["keep"].get<int>();
   c.runtime.device = r["runtime"]["device"];
   c.runtime.threads = r["runtime"]["threads"].get<int>();
   c.run.dir = r["run"]["dir"];
@@ -218,6 +231,11 @@ static Config extract(const json& r) {
           "runtime.device", "must be \"auto\", \"cpu\" or \"cuda\", got \"" + c.runtime.device + "\"");
   require(c.runtime.threads >= 0, "runtime.threads", "must be >= 0 (0 = cores / ranks per node)");
   require(c.runtime.trace_steps >= 0, "runtime.trace_steps", "must be >= 0 (0 = no trace)");
+  require(c.runtime.step_timeout_s >= 0, "runtime.step_timeout_s", "must be >= 0 (0 = no limit)");
+  require(c.train.on_nonfinite == "abort" || c.train.on_nonfinite == "skip", "train.on_nonfinite",
+          "must be \"abort\" or \"skip\", got \"" + c.train.on_nonfinite + "\"");
+  require(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0 (0 = only at pre-emption)");
+  require(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1");
   require(!c.run.dir.empty(), "run.dir", "must name a directory");
   return c;
 }

@@ -29,6 +29,7 @@ struct TrainConfig {
   uint64_t seed;
   int64_t log_every, eval_every;  // eval_every 0 = only at the end
   int eval_batches;        // global batches of the val file per evaluation
+  std::string on_nonfinite;  // "abort" | "skip": a non-finite loss or gradient norm
 };
 struct ParallelConfig {
   std::string sync;        // "gather_scatter" | "allreduce" | "weights" | "nccl"
@@ -42,9 +43,14 @@ struct RuntimeConfig {
   std::string device;      // "auto" | "cpu" | "cuda"
   int threads;             // OpenMP/OpenBLAS threads per rank; 0 = cores on the node / ranks on it
   int trace_steps;         // record trace-rank{N}.json for the first trace_steps steps (0 = off)
+  double step_timeout_s;   // abort when one phase of a step takes longer (0 = off)
 };
 struct RunConfig {
   std::string dir;
+};
+struct CheckpointConfig {
+  int64_t every;  // save every k steps (and at the end and on pre-emption); 0 = only on pre-emption
+  int keep;       // keep the newest k checkpoints
 };
 
 struct Config {
@@ -54,6 +60,7 @@ struct Config {
   ParallelConfig parallel;
   RuntimeConfig runtime;
   RunConfig run;
+  CheckpointConfig checkpoint;
   nlohmann::json resolved;  // every key with its final value, as written to run_dir/config.json
 };
 

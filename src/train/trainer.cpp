@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <memory>
 
 #include "backend/ops.h"
@@ -18,8 +20,11 @@
 #include "metrics/metrics.h"
 #include "metrics/trace.h"
 #include "model/gpt2.h"
+#include "checkpoint/checkpoint.h"
 #include "optim/optimizer.h"
 #include "runtime/mpi_env.h"
+#include "runtime/signals.h"
+#include "runtime/watchdog.h"
 
 namespace llmpi {
 
@@ -78,7 +83,114 @@ struct Run {
   Tracer tracer;
   std::unique_ptr<GradSync> sync;
   std::unique_ptr<JsonlWriter> metrics, evals;
+  std::unique_ptr<Watchdog> watchdog;
+  std::string ckpt_dir;
+  int64_t start_step = 0;
+  std::string resumed_from;  // checkpoint path, "" when starting fresh
 };
+
+// Keep only the lines of a JSON Lines file whose "step" passes `keep` (a resumed run drops what
+// the interrupted run logged after its last checkpoint, so each step appears once).
+void trim_jsonl(const std::string& path, const std::function<bool(int64_t)>& keep) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string line, out;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("step") && keep(j["step"].get<int64_t>())) out += line + "\n";
+  }
+  write_file_atomic(path, out);
+}
+
+// Restore parameters, optimizer moments and the step from a checkpoint, after checking that it
+// belongs to this model and configuration.
+void resume_from(Run& r, const std::string& path) {
+  CheckpointInfo info = read_checkpoint_info(path);
+  const ModelShape& m = r.model->shape;
+  auto same = [&](const char* key, int64_t theirs, int64_t ours) {
+    if (theirs != ours)
+      fail("checkpoint '", path, "' was made for ", key, " ", theirs, ", but this configuration has ", ours,
+           ": resume with the configuration the checkpoint was made with (stored in it, and in the run's "
+           "config.json), or start a new run.dir");
+  };
+  same("model.n_layer", info.shape.n_layer, m.n_layer);
+  same("model.n_head", info.shape.n_head, m.n_head);
+  same("model.d_model", info.shape.d_model, m.d_model);
+  same("model.seq_len", info.shape.max_seq_len, m.max_seq_len);
+  same("model.vocab_size", info.shape.vocab_size, m.vocab_size);
+  if (info.param_table_json != param_table_json(r.model->table) || info.n != r.model->table.numel)
+    fail("checkpoint '", path, "' holds a different parameter layout than this model; start a new run.dir");
+  if (info.optimizer != r.cfg.train.optimizer)
+    fail("checkpoint '", path, "' was made with train.optimizer \"", info.optimizer, "\", but this configuration has \"",
+         r.cfg.train.optimizer, "\": use the same optimizer to resume");
+  if (info.rows > 1 && (r.cfg.parallel.sync != "weights" || info.rows != r.world))
+    fail("checkpoint '", path, "' holds the separate parameters of ", info.rows, " ranks (sync \"weights\"): resume it "
+         "with parallel.sync \"weights\" on ", info.rows, " ranks");
+  const size_t n = info.n;
+  std::vector<float> params(n), mom(r.opt->sgd ? 0 : n), vel(r.opt->sgd ? 0 : n);
+  read_checkpoint_row(info, info.rows > 1 ? r.rank : 0, params.data(), r.opt->sgd ? nullptr : mom.data(),
+                      r.opt->sgd ? nullptr : vel.data());
+  r.ops->copy_to_device(r.model->params, params.data(), n * sizeof(float));
+  if (!r.opt->sgd) {
+    r.ops->copy_to_device(r.opt->m, mom.data(), n * sizeof(float));
+    r.ops->copy_to_device(r.opt->v, vel.data(), n * sizeof(float));
+  }
+  r.opt->t = info.optimizer_t;
+  r.start_step = info.step;
+  r.resumed_from = path;
+}
+
+// Write a checkpoint of the state after `steps_done` steps. Collective: with sync "weights" every
+// rank's parameters are gathered into one file. Rank 0 writes; its success or failure is agreed
+// so every rank continues or stops together. Returns the path.
+std::string save_checkpoint(Run& r, int64_t steps_done) {
+  const size_t n = r.model->table.numel;
+  const bool per_rank = r.sync->opt.method == SyncMethod::weights && r.world > 1;
+  const int rows = per_rank ? r.world : 1;
+  CheckpointData d;
+  CheckpointInfo& i = d.info;
+  i.step = steps_done;
+  i.optimizer_t = r.opt->t;
+  i.optimizer = r.cfg.train.optimizer;
+  i.sync = r.cfg.parallel.sync;
+  i.world_size = r.world;
+  i.rows = rows;
+  i.seed = r.cfg.train.seed;
+  i.shape = r.model->shape;
+  i.n = n;
+  i.config_json = r.cfg.resolved.dump();
+  i.param_table_json = param_table_json(r.model->table);
+  // Host copies of this rank's state, gathered to rank 0 when every rank's row is needed.
+  auto collect = [&](const float* src, std::vector<float>& out) {
+    std::vector<float> mine(n);
+    r.ops->copy_to_host(mine.data(), src, n * sizeof(float));
+    if (!per_rank) {
+      out = std::move(mine);
+      return;
+    }
+    if (r.rank == 0) out.resize(n * rows);
+    MPI_Gather(mine.data(), (int)n, MPI_FLOAT, r.rank == 0 ? out.data() : nullptr, (int)n, MPI_FLOAT, 0, r.comm);
+  };
+  collect(r.model->params, d.params);
+  if (!r.opt->sgd) {
+    collect(r.opt->m, d.m);
+    collect(r.opt->v, d.v);
+  }
+  const std::string path = checkpoint_path(r.ckpt_dir, steps_done);
+  std::string err;
+  if (r.rank == 0) {
+    try {
+      make_dirs(r.ckpt_dir);
+      write_checkpoint(path, d);
+      prune_checkpoints(r.ckpt_dir, r.cfg.checkpoint.keep);
+    } catch (const Error& e) {
+      err = e.what();
+    }
+  }
+  err = agree_on_error(r.comm, err);
+  if (!err.empty()) throw CollectiveError(err);
+  return path;
+}
 
 // What the sync method exchanges, bucket by bucket: written once to run_dir/comm_plan.json.
 nlohmann::json comm_plan(const Run& r) {
@@ -99,6 +211,7 @@ nlohmann::json comm_plan(const Run& r) {
 }
 
 void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
+  if (o.resume == "auto" && !o.write_run_dir) fail("--resume auto needs a run directory");
   r.cfg = cfg;
   r.comm = comm;
   MPI_Comm_rank(comm, &r.rank);
@@ -161,20 +274,36 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   r.tracer.rank = r.rank;
   r.sync = std::make_unique<GradSync>(so, comm, r.model->grads, r.model->table, &r.tracer);
 
-  // Run directory (rank 0 writes).
-  if (r.rank == 0 && o.write_run_dir) {
+  // Resume: every rank reads its state (a shared file system, as for the data).
+  r.ckpt_dir = cfg.run.dir + "/checkpoints";
+  if (!o.resume.empty()) {
+    const std::string path = o.resume == "auto" ? latest_checkpoint(r.ckpt_dir) : o.resume;
+    if (!path.empty()) resume_from(r, path);
+  }
+  r.watchdog = std::make_unique<Watchdog>(cfg.runtime.step_timeout_s);
+
+  // Run directory (rank 0 writes). A resumed run appends to the logs, minus what the interrupted
+  // run logged after its checkpoint.
+  if (r.rank == 0 && o.write_run_dir && !o.dry_run) {
     make_dirs(cfg.run.dir);
     nlohmann::json resolved = cfg.resolved;
     resolved["model"]["vocab_size"] = vocab;
     write_file_atomic(cfg.run.dir + "/config.json", resolved.dump(2) + "\n");
-    r.metrics = std::make_unique<JsonlWriter>(cfg.run.dir + "/metrics.jsonl");
-    r.evals = std::make_unique<JsonlWriter>(cfg.run.dir + "/eval.jsonl");
+    const bool append = r.start_step > 0;
+    if (append) {
+      trim_jsonl(cfg.run.dir + "/metrics.jsonl", [&](int64_t s) { return s < r.start_step; });
+      trim_jsonl(cfg.run.dir + "/eval.jsonl", [&](int64_t s) { return s <= r.start_step; });
+    }
+    r.metrics = std::make_unique<JsonlWriter>(cfg.run.dir + "/metrics.jsonl", append);
+    r.evals = std::make_unique<JsonlWriter>(cfg.run.dir + "/eval.jsonl", append);
+    std::remove((cfg.run.dir + "/PREEMPTED").c_str());
     write_file_atomic(cfg.run.dir + "/comm_plan.json", comm_plan(r).dump(1) + "\n");
   }
 }
 
 // Mean loss over the validation batches, averaged over ranks.
-float evaluate(Run& r) {
+float evaluate(Run& r, int64_t step) {
+  r.watchdog->enter("evaluation", step);
   const int G = r.cfg.train.global_batch, lb = G / r.world, T = r.cfg.model.seq_len;
   int64_t batches = std::min<int64_t>(r.cfg.train.eval_batches, r.val_windows / G);
   double sum = 0;
@@ -200,15 +329,17 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     err = e.what();
   }
   err = agree_on_error(comm, err);
-  if (!err.empty()) throw StartupError(err);
+  if (!err.empty()) throw CollectiveError(err);
 
   const TrainConfig& tc = cfg.train;
   const int T = cfg.model.seq_len, lb = r.sampler->local_batch();
   const bool print = o.print && r.rank == 0;
   Gpt2& model = *r.model;
+  Watchdog& wd = *r.watchdog;
   TrainResult res;
   res.n_params = (int64_t)model.table.numel;
   res.flops_per_token = gpt2_flops_per_token(model.shape, T);
+  res.start_step = r.start_step;
   const double tokens_per_step = (double)tc.global_batch * T;
 
   if (print) {
@@ -231,13 +362,26 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
                                                        " step(s)").c_str() : "",
                 g.expected_bytes_per_pass(model.table.numel) / 1e6,
                 g.opt.method == SyncMethod::weights ? "average" : "step");
-    if (o.write_run_dir) std::printf("run dir: %s\n", cfg.run.dir.c_str());
+    if (!r.resumed_from.empty())
+      std::printf("resumed from %s at step %lld\n", r.resumed_from.c_str(), (long long)r.start_step);
+    else if (o.resume == "auto")
+      std::printf("no checkpoint in %s: starting at step 0\n", r.ckpt_dir.c_str());
+    if (o.write_run_dir && !o.dry_run) std::printf("run dir: %s\n", cfg.run.dir.c_str());
     std::fflush(stdout);
+  }
+  if (o.dry_run) {
+    if (print) {
+      std::printf("dry run: configuration, data, world size%s are valid; %lld steps would run\n",
+                  r.resumed_from.empty() ? "" : " and checkpoint",
+                  (long long)std::max<int64_t>(0, tc.steps - r.start_step));
+      std::fflush(stdout);
+    }
+    return res;
   }
 
   auto do_eval = [&](int64_t step) {
     if (!r.has_val) return;
-    float vl = evaluate(r);
+    float vl = evaluate(r, step);
     res.eval_steps.push_back(step);
     res.val_losses.push_back(vl);
     if (r.evals) r.evals->write({{"step", step}, {"val_loss", vl}});
@@ -246,34 +390,70 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
       std::fflush(stdout);
     }
   };
-  do_eval(0);
+  auto checkpoint = [&](int64_t steps_done) {
+    if (!o.write_run_dir) return;
+    wd.enter("checkpoint", steps_done);
+    res.last_checkpoint = save_checkpoint(r, steps_done);
+    if (print) {
+      std::printf("checkpoint: %s\n", res.last_checkpoint.c_str());
+      std::fflush(stdout);
+    }
+  };
+  if (r.start_step == 0) do_eval(0);
 
+  int64_t saved_at = r.start_step;  // the state after this many steps is on disk (or is the start)
   r.tracer.origin_ms = now_ms();
-  for (int64_t step = 0; step < tc.steps; step++) {
-    r.tracer.enabled = o.write_run_dir && step < cfg.runtime.trace_steps;
+  for (int64_t step = r.start_step; step < tc.steps; step++) {
+    r.tracer.enabled = o.write_run_dir && step - r.start_step < cfg.runtime.trace_steps;
     const double t0 = now_ms();
+    wd.enter("data", step);
     r.train_data.read(r.sampler->windows(step));
     const double t1 = now_ms();
+    wd.enter("forward", step);
     model.zero_grads();
     float local_loss = model.forward(r.train_data.inputs.data(), r.train_data.targets.data(), lb, T, true);
     const double t2 = now_ms();
+    wd.enter("backward", step);
     r.sync->begin_step();
     model.backward([&](size_t k) { r.sync->on_ready(k); });
     const double t3 = now_ms();
+    wd.enter("gradient sync", step);
     r.sync->finish();  // gradient methods: every rank now holds the averaged gradient
     const double t4 = now_ms();
-    float loss = local_loss;
-    if (r.world > 1) {
-      MPI_Allreduce(&local_loss, &loss, 1, MPI_FLOAT, MPI_SUM, comm);
-      loss /= (float)r.world;
-    }
     // With "weights" the gradient (and so its norm and clipping) is this rank's own.
+    wd.enter("optimizer", step);
     const double grad_norm = clip_grad_norm(*r.ops, model.grads, model.table.numel, tc.grad_clip);
+    // The global loss and whether any rank saw a non-finite loss or gradient norm, in one collective.
+    double mine[2] = {local_loss, std::isfinite(local_loss) && std::isfinite(grad_norm) ? 0.0 : 1.0}, all[2];
+    if (r.world > 1) {
+      wd.enter("loss allreduce", step);
+      MPI_Allreduce(mine, all, 2, MPI_DOUBLE, MPI_SUM, comm);
+    } else {
+      all[0] = mine[0], all[1] = mine[1];
+    }
+    const float loss = (float)(all[0] / r.world);
+    const bool nonfinite = all[1] > 0;
     const double lr = lr_at(tc, step);
-    r.opt->step(model.params, model.grads, model.table, lr, tc);
+    if (nonfinite) {
+      if (tc.on_nonfinite == "abort")
+        throw CollectiveError("non-finite loss or gradient norm at step " + std::to_string(step) + " (loss " +
+                              std::to_string(loss) + ", grad norm " + std::to_string(grad_norm) +
+                              "): lower train.lr, check the data, or set train.on_nonfinite=skip to skip such steps");
+      res.skipped_steps++;
+      if (print) {
+        std::printf("step %6lld: non-finite loss or gradient norm (loss %g, grad norm %g): update skipped "
+                    "(train.on_nonfinite=skip)\n", (long long)step, loss, grad_norm);
+        std::fflush(stdout);
+      }
+    } else {
+      wd.enter("optimizer", step);
+      r.opt->step(model.params, model.grads, model.table, lr, tc);
+    }
     const double t5 = now_ms();
+    wd.enter("parameter averaging", step);
     r.sync->average_params(model.params, step);  // "weights" only, every average_every steps
     const double t6 = now_ms();
+    wd.enter(nullptr, step);
 
     if (r.tracer.enabled) {
       const std::string args = "{\"step\":" + std::to_string(step) + "}";
@@ -285,13 +465,12 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     const double step_ms = t6 - t0;
     res.losses.push_back(loss);
     res.step_ms.push_back(step_ms);
-    if (!std::isfinite(loss)) fail("training loss became ", loss, " at step ", step, ": lower train.lr or check the data");
 
     const bool last = step + 1 == tc.steps;
-    if (step % tc.log_every == 0 || last) {
+    if (step % tc.log_every == 0 || last || nonfinite) {
       std::vector<double> recent(res.step_ms.begin() + (res.step_ms.size() > 1 ? 1 : 0), res.step_ms.end());
-      double med_ms = median(recent);
-      double tok_s = tokens_per_step / (step_ms / 1000.0);
+      const double med_ms = median(recent);
+      const double tok_s = tokens_per_step / (step_ms / 1000.0);
       const SyncStats& s = r.sync->step;
       if (r.metrics)
         r.metrics->write({{"step", step}, {"epoch", r.sampler->epoch_of(step)}, {"loss", loss}, {"lr", lr},
@@ -300,7 +479,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
                           {"exposed_comm_ms", s.exposed_comm_ms}, {"optim_ms", t5 - t4},
                           {"bytes_communicated", s.bytes_sent + s.bytes_received},
                           {"bytes_sent", s.bytes_sent}, {"bytes_received", s.bytes_received},
-                          {"collectives", s.collectives}, {"grad_norm", grad_norm}});
+                          {"collectives", s.collectives}, {"grad_norm", grad_norm}, {"skipped", nonfinite}});
       if (print) {
         std::printf("step %6lld/%lld | loss %.4f | lr %.2e | %7.0f tok/s | %6.1f ms/step | ETA %s\n",
                     (long long)step, (long long)tc.steps, loss, lr, tok_s, step_ms,
@@ -309,17 +488,41 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
       }
     }
     if ((tc.eval_every > 0 && (step + 1) % tc.eval_every == 0) || last) do_eval(step + 1);
+    if (cfg.checkpoint.every > 0 && ((step + 1) % cfg.checkpoint.every == 0 || last)) {
+      checkpoint(step + 1);
+      saved_at = step + 1;
+    }
+
+    // Pre-emption: any rank that got the signal stops every rank at this step boundary.
+    wd.enter("pre-emption check", step);
+    int stop_here = preemption_requested() || step == o.preempt_after_step, stop_any = stop_here;
+    if (r.world > 1) MPI_Allreduce(&stop_here, &stop_any, 1, MPI_INT, MPI_MAX, comm);
+    wd.enter(nullptr, step);
+    if (stop_any && !last) {
+      if (saved_at != step + 1) checkpoint(step + 1);
+      res.preempted = true;
+      if (r.rank == 0 && o.write_run_dir)
+        write_file_atomic(cfg.run.dir + "/PREEMPTED", "step " + std::to_string(step + 1) + "\ncheckpoint " +
+                                                          res.last_checkpoint + "\n");
+      if (print) {
+        std::printf("llmpi-train: pre-empted at step %lld; checkpoint %s; resume with --resume auto\n",
+                    (long long)(step + 1), res.last_checkpoint.c_str());
+        std::fflush(stdout);
+      }
+      break;
+    }
   }
 
   if (res.step_ms.size() > 1) {
     std::vector<double> after_first(res.step_ms.begin() + 1, res.step_ms.end());
     res.tokens_per_s_median = tokens_per_step / (median(after_first) / 1000.0);
   }
-  if (print && tc.steps > 0) {
+  if (print && !res.losses.empty() && !res.preempted) {
     std::printf("done: %lld steps, median %.0f tokens/s, train loss %.4f -> %.4f", (long long)tc.steps,
                 res.tokens_per_s_median, res.losses.front(), res.losses.back());
     if (res.val_losses.size() >= 2)
       std::printf(", val loss %.4f -> %.4f", res.val_losses.front(), res.val_losses.back());
+    if (res.skipped_steps) std::printf(", %lld non-finite steps skipped", (long long)res.skipped_steps);
     std::printf("\n");
     std::fflush(stdout);
   }

@@ -1,14 +1,18 @@
 // The training loop, as a library call so tests can run it in-process on any communicator:
 //
 //   HDF5 shard → sampler (this rank's windows) → batch → forward → loss → backward, handing
-//   finished gradient prefixes to the sync method → average → clip → AdamW → metrics
+//   finished gradient prefixes to the sync method → average → clip → optimizer → metrics
+//   → evaluation → checkpoint → pre-emption check (every rank agrees at the step boundary)
 //
-// Start-up problems (config, data, world size, run directory) are agreed across ranks and thrown
-// as StartupError on every rank; problems later on one rank are thrown as Error on that rank.
+// Problems every rank knows together — start-up checks (config, data, world size, run
+// directory, checkpoint compatibility), a failed checkpoint write, a non-finite loss with
+// train.on_nonfinite "abort" — are thrown as CollectiveError on every rank with one agreed
+// message. A problem on one rank alone is thrown as Error on that rank (the program aborts the job).
 #pragma once
 #include <mpi.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/config.h"
@@ -16,23 +20,30 @@
 
 namespace llmpi {
 
-struct StartupError : Error {
+struct CollectiveError : Error {
   using Error::Error;
 };
 
 struct TrainOptions {
-  bool print = true;          // rank 0 prints progress lines
-  bool write_run_dir = true;  // rank 0 writes config.json, metrics.jsonl, eval.jsonl
+  bool print = true;            // rank 0 prints progress lines
+  bool write_run_dir = true;    // rank 0 writes config.json, metrics.jsonl, eval.jsonl, checkpoints
+  std::string resume;           // "" = start fresh, "auto" = newest checkpoint in run.dir (if any), or a path
+  bool dry_run = false;         // validate everything, train nothing
+  int64_t preempt_after_step = -1;  // tests: behave as if a pre-emption signal came during this step
 };
 
 struct TrainResult {
-  std::vector<float> losses;               // global mean training loss of every step
+  std::vector<float> losses;               // global mean training loss of every step run here
+  int64_t start_step = 0;                  // first step run (> 0 after a resume)
   std::vector<int64_t> eval_steps;         // steps after which validation ran
   std::vector<float> val_losses;           // the validation loss at each
   std::vector<double> step_ms;             // wall time of each step on this rank
   double tokens_per_s_median = 0;          // global tokens/s, median over steps after the first
   int64_t n_params = 0;
   double flops_per_token = 0;
+  int64_t skipped_steps = 0;               // non-finite steps skipped (train.on_nonfinite "skip")
+  bool preempted = false;                  // stopped by a pre-emption signal, after a checkpoint
+  std::string last_checkpoint;             // path of the newest checkpoint written ("" = none)
   std::vector<float> final_params;         // filled when requested (tests)
 };
 

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Production behaviour of the real program under mpiexec -n 2:
+#   pre-emption (SIGUSR1 to mpiexec) -> one checkpoint, exit 0, PREEMPTED marker; --resume auto finishes
+#   kill -9 of one rank            -> the job ends non-zero within 30 s; the last checkpoint still loads
+#   a rank that stops answering    -> runtime.step_timeout_s aborts the job, naming the phase
+#   disk full while checkpointing  -> clear error, non-zero exit, the previous checkpoint survives
+#   bad input: unwritable run dir, nccl without a GPU, --dry-run on good and bad setups
+set -u
+BUILD=${BUILD:-build}
+B=$(realpath "$BUILD")
+TRAIN="$B/llmpi-train"
+tmp=$(mktemp -d)
+cleanup() { pkill -KILL -f "^$TRAIN .*$tmp" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+status=0
+check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1  ($2)"; status=1; fi; }
+
+"$B/llmpi-demo-corpus" --out "$tmp/c.txt" --seed 3 --megabytes 0.3 >/dev/null
+"$B/llmpi-prep" --tokenizer byte --input "$tmp/c.txt" --out "$tmp/d" >/dev/null 2>&1
+# A small model: ~25 ms per step here.
+common=(--config data/demo.json --set data.train="$tmp/d/train.h5" --set data.val= --set model.d_model=64
+        --set model.n_layer=2 --set model.seq_len=64 --set train.log_every=1 --set train.eval_every=0)
+
+# wait_for COND SECONDS: poll until COND is true
+wait_for() { local i; for ((i = 0; i < $2 * 10; i++)); do eval "$1" && return 0; sleep 0.1; done; return 1; }
+lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
+
+# ---- pre-emption and resume
+run="$tmp/pre"
+mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=100000 >"$tmp/pre.out" 2>&1 &
+pid=$!
+wait_for "[ \$(lines $run/metrics.jsonl) -ge 5 ]" 60
+kill -USR1 $pid
+wait $pid; rc=$?
+check "pre-emption: exit 0" "[ $rc = 0 ]"
+check "pre-emption: says how to resume" "grep -q 'pre-empted at step .*resume with --resume auto' '$tmp/pre.out'"
+check "pre-emption: PREEMPTED marker and checkpoint" "[ -f '$run/PREEMPTED' ] && ls '$run'/checkpoints/step-*.h5 >/dev/null"
+at=$(grep -oP '^step \K[0-9]+' "$run/PREEMPTED")
+steps=$((at + 5))
+timeout 120 mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=$steps --resume auto >"$tmp/res.out" 2>&1
+rc=$?
+check "resume: exit 0 and continues at step $at" "[ $rc = 0 ] && grep -q 'resumed from .* at step $at' '$tmp/res.out'"
+check "resume: metrics.jsonl has each of $steps steps once" \
+  "[ \$(lines $run/metrics.jsonl) = $steps ] && [ \$(grep -oP '\"step\":\\K[0-9]+' $run/metrics.jsonl | sort -un | wc -l) = $steps ]"
+check "resume: marker removed" "[ ! -f '$run/PREEMPTED' ]"
+
+# ---- kill -9 of one rank
+run="$tmp/kill"
+mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=100000 --set checkpoint.every=5 >"$tmp/kill.out" 2>&1 &
+pid=$!
+wait_for "ls $run/checkpoints/step-*.h5 >/dev/null 2>&1 && [ \$(lines $run/metrics.jsonl) -ge 12 ]" 60
+victim=$(pgrep -f "^$TRAIN .*$run" | tail -1)
+t0=$(date +%s)
+kill -KILL "$victim"
+( sleep 40; kill -KILL $pid 2>/dev/null ) & guard=$!
+wait $pid; rc=$?; t1=$(date +%s)
+kill $guard 2>/dev/null
+check "kill -9 one rank: job ends non-zero (exit $rc) within 30 s ($((t1 - t0)) s)" "[ $rc != 0 ] && [ $((t1 - t0)) -le 30 ]"
+timeout 60 mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=100000 --resume auto --dry-run >"$tmp/kr.out" 2>&1
+check "kill -9 one rank: the last checkpoint loads" "grep -q 'resumed from .*checkpoints/step-' '$tmp/kr.out' && grep -q 'dry run' '$tmp/kr.out'"
+
+# ---- a rank stops answering: the step watchdog ends the job
+run="$tmp/stall"
+mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=100000 --set runtime.step_timeout_s=3 >"$tmp/stall.out" 2>&1 &
+pid=$!
+wait_for "[ \$(lines $run/metrics.jsonl) -ge 5 ]" 60
+victim=$(pgrep -f "^$TRAIN .*$run" | tail -1)
+t0=$(date +%s)
+kill -STOP "$victim"
+( sleep 40; kill -KILL $pid 2>/dev/null ) & guard=$!
+wait $pid; rc=$?; t1=$(date +%s)
+kill $guard 2>/dev/null; kill -KILL "$victim" 2>/dev/null
+check "stalled rank: job ends non-zero (exit $rc) within 20 s ($((t1 - t0)) s)" "[ $rc != 0 ] && [ $((t1 - t0)) -le 20 ]"
+check "stalled rank: the message names the step, phase and limit" \
+  "grep -q \"has been in phase '.*' for .* longer than runtime.step_timeout_s\" '$tmp/stall.out'"
+
+# ---- disk full while checkpointing: the next checkpoint's temporary file is /dev/full, where
+# every write fails with ENOSPC, exactly as on a full disk
+run="$tmp/full"
+timeout 60 mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=2 --set checkpoint.every=2 >/dev/null 2>&1
+check "disk full: the first checkpoint is written" "[ -f '$run/checkpoints/step-00000002.h5' ]"
+ln -s /dev/full "$run/checkpoints/step-00000004.h5.tmp"
+timeout 60 mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=4 --set checkpoint.every=2 \
+  --resume auto >"$tmp/full.out" 2>&1
+rc=$?
+check "disk full: non-zero exit ($rc), one message naming the cause" \
+  "[ $rc != 0 ] && [ \$(grep -c 'No space left on device.*the previous checkpoint is untouched' '$tmp/full.out') = 1 ]"
+check "disk full: no partial file, the previous checkpoint survives" \
+  "[ ! -e '$run/checkpoints/step-00000004.h5' ] && [ ! -e '$run/checkpoints/step-00000004.h5.tmp' ] && [ -f '$run/checkpoints/step-00000002.h5' ]"
+timeout 60 mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=4 --resume auto --dry-run >"$tmp/fr.out" 2>&1
+check "disk full: the previous checkpoint loads" "grep -q 'at step 2' '$tmp/fr.out'"
+
+# ---- more bad input, each one message and a non-zero exit
+expect_error() {  # name needle args...
+  local name=$1 needle=$2; shift 2
+  timeout 60 mpiexec -n 2 "$TRAIN" "${common[@]}" "$@" >"$tmp/e.out" 2>"$tmp/e.err"; local rc=$?
+  check "$name: exit $rc, one message" "[ $rc != 0 ] && [ \$(grep -cF -- \"$needle\" '$tmp/e.err') = 1 ]"
+}
+expect_error "unwritable run directory" "cannot create run directory" --set run.dir=/etc/hostname/run
+expect_error "nccl without a GPU" "needs the CUDA backend" --set parallel.sync=nccl --set run.dir="$tmp/n"
+expect_error "dry run: batch not divisible" "not divisible by the number of ranks (2)" --set train.global_batch=3 --dry-run
+expect_error "checkpoint of another shape" "was made for model.d_model 64, but this configuration has 128" \
+  --set run.dir="$tmp/full" --set model.d_model=128 --resume auto
+timeout 60 mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$tmp/dry" --dry-run >"$tmp/dry.out" 2>&1
+check "dry run on a good setup: exit 0, nothing written" "[ $? = 0 ] && grep -q 'dry run: configuration, data, world size' '$tmp/dry.out' && [ ! -e '$tmp/dry' ]"
+exit $status
