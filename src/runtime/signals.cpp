@@ -6,13 +6,11 @@ namespace llmpi {
 
 static volatile std::sig_atomic_t g_signal = 0;
 
+// Repeats are normal — the scheduler signals every process of the job, and srun / mpiexec
+// forward the signal they got to the ranks as well — so only the first one counts. The
+// scheduler's SIGKILL after its grace time is the deadline.
 static void on_signal(int sig) {
-  if (g_signal != 0) {  // asked twice: give up waiting for the step boundary
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-    return;
-  }
-  g_signal = sig;
+  if (g_signal == 0) g_signal = sig;
 }
 
 void install_preemption_handlers() {

@@ -1,7 +1,7 @@
 // Pre-emption signals. install_preemption_handlers() makes SIGTERM and SIGUSR1 (Slurm's
 // `--signal=USR1@120`, PBS's SIGTERM before the kill) set a flag instead of killing the process;
 // the trainer looks at it at every step boundary, agrees across ranks, writes one checkpoint and
-// exits 0. A second signal while the flag is set ends the process at once (default action).
+// exits 0. Repeated signals (the scheduler and mpiexec/srun both forward SIGTERM) are ignored.
 #pragma once
 
 namespace llmpi {
