@@ -1,6 +1,8 @@
 #include "runtime/mpi_env.h"
 
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <cstring>
 #include <vector>
 
@@ -54,6 +56,9 @@ void fatal(const std::string& msg, int code) {
   if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   std::fprintf(stderr, "%s: error: [rank %d] %s\n", g_program, rank, msg.c_str());
   std::fflush(stderr);
+  // mpiexec forwards our stderr through its proxy; MPI_Abort tears the job down at once, and on
+  // a busy node the proxy was seen to drop this last line. Give it time to pass it on.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   if (initialized) MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }
