@@ -4,8 +4,12 @@
 #   make test       install missing packages, build, run unit + MPI integration tests
 #   make deps       install missing Debian packages (as root), or print the command to run
 #   make bench      the reference-configuration throughput benchmark (see docs/PERF.md)
-# Variables: BUILD=dir (default build), CUDA=0|1, NP=ranks for `run` (default 2), OPT=-O3 flags.
+# Variables: BUILD=dir (default build; build-san with SAN=1), SAN=1 (ASan + UBSan), CUDA=0|1, NP=ranks for `run` (default 2), OPT=-O3 flags.
 
+# SAN=1 builds into its own directory (build-san) so it never mixes objects with the normal build.
+ifeq ($(SAN),1)
+BUILD ?= build-san
+endif
 BUILD ?= build
 NP    ?= 2
 SHELL := /bin/bash
@@ -56,6 +60,30 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 ifeq ($(CUDA),0)
 NVCC :=
 endif
+# With nvcc: kernels/*.cu go into libllmpi.a, host code sees LLMPI_HAVE_CUDA=1 (without it,
+# src/backend/cuda_fallback.cpp provides the CUDA API: cuda_available() = false with the reason).
+# sm_80 + sm_90 code and compute_90 PTX (newer cards JIT it); cuBLAS/cudart found via CUDA_HOME.
+ifneq ($(strip $(NVCC)),)
+CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(realpath $(NVCC))))
+NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90 -Xcompiler -fPIC,-Wall,-Wextra -MMD -MP -Isrc
+CU_SRC    := $(sort $(wildcard kernels/*.cu))
+CXXFLAGS  += -DLLMPI_HAVE_CUDA=1
+# NCCL (kernels/nccl_sync.cu) when nccl.h and libnccl.so are found under NCCL_HOME; linked
+# --as-needed, so only binaries that use it depend on libnccl.
+NCCL_HOME ?= $(CUDA_HOME)
+NCCL_LIBDIR := $(patsubst %/,%,$(dir $(firstword $(wildcard $(NCCL_HOME)/lib64/libnccl.so $(NCCL_HOME)/lib/libnccl.so))))
+ifneq ($(and $(wildcard $(NCCL_HOME)/include/nccl.h),$(NCCL_LIBDIR)),)
+NVCCFLAGS += -I$(NCCL_HOME)/include
+CXXFLAGS  += -DLLMPI_HAVE_NCCL=1
+LDLIBS    += -L$(NCCL_LIBDIR) -Wl,-rpath,$(NCCL_LIBDIR) -Wl,--as-needed -lnccl -Wl,--no-as-needed
+else
+CU_SRC    := $(filter-out kernels/nccl_sync.cu,$(CU_SRC))
+endif
+CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart
+endif
+CUDA_MODE_STAMP := $(BUILD)/.mode-$(if $(strip $(NVCC)),cuda,nocuda)$(if $(filter -DLLMPI_HAVE_NCCL=1,$(CXXFLAGS)),-nccl)
 
 # ---- sources --------------------------------------------------------------------------------
 # Library: every .cpp under src/ except the program mains in src/apps/.
@@ -74,7 +102,17 @@ $(BUILD)/obj/%.o: %.cpp | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
-$(BUILD)/libllmpi.a: $(LIB_OBJ)
+$(BUILD)/obj/%.o: %.cu | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+# Objects whose content depends on LLMPI_HAVE_CUDA are rebuilt when the CUDA mode changes.
+$(CUDA_MODE_STAMP): | $(DEPS_STAMP)
+	@rm -f $(BUILD)/.mode-* && touch $@
+$(BUILD)/obj/src/backend/cuda_fallback.o $(BUILD)/obj/src/backend/nccl_host.o \
+  $(BUILD)/obj/tests/test_cuda_ops.o $(BUILD)/obj/bench/gpu_gpt2.o: $(CUDA_MODE_STAMP)
+
+$(BUILD)/libllmpi.a: $(LIB_OBJ) $(CU_OBJ)
 	@rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/llmpi-%: $(BUILD)/obj/src/apps/%_main.o $(BUILD)/libllmpi.a
@@ -112,3 +150,93 @@ clean:
 	rm -rf $(BUILD)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# =============================================================================================
+# ---- fuzzing (libFuzzer; clang, libclang-rt-dev and llvm from Debian) ------------------------
+#   make fuzz            build the fuzz targets in fuzz/ and run each for FUZZ_SECONDS (default 60)
+#                        on its corpus (build-fuzz/corpus/NAME, grown from its seeds), with
+#                        tools/fuzz_run.sh; fails when any target finds a crash, a hang, a leak or
+#                        undefined behaviour in llmpi's code, whose input is kept as
+#                        build-fuzz/artifacts/NAME/* (reproduce: build-fuzz/NAME_fuzz FILE).
+#                        Findings inside libhdf5 itself are listed as third-party, not failures.
+#   make fuzz-build      build only
+#   make fuzz-NAME       run one target: fuzz-config, fuzz-token_file, fuzz-token_header, fuzz-tokenizer
+# Variables: FUZZ_SECONDS, FUZZ_BUILD (default build-fuzz), FUZZ_CXX (default clang++),
+#            FUZZ_FLAGS (more libFuzzer flags, e.g. FUZZ_FLAGS=-max_len=16384).
+# The targets need no MPI: they link only src/runtime/config.cpp, src/data/token_file.cpp (+ h5_util.cpp) and
+# src/tokenizer/*.cpp, compiled with -fsanitize=fuzzer-no-link,address,undefined.
+FUZZ_BUILD      ?= build-fuzz
+FUZZ_SECONDS    ?= 60
+FUZZ_CXX        ?= clang++
+FUZZ_FLAGS      ?=
+FUZZ_PACKAGES   := clang libclang-rt-dev llvm libhdf5-dev nlohmann-json3-dev
+FUZZ_NAMES      := config token_file token_header tokenizer
+FUZZ_BINS       := $(FUZZ_NAMES:%=$(FUZZ_BUILD)/%_fuzz)
+FUZZ_LIB_SRC    := src/runtime/config.cpp src/data/token_file.cpp $(wildcard src/data/h5_util.cpp) \
+                   $(sort $(wildcard src/tokenizer/*.cpp))
+FUZZ_LIB_OBJ    := $(FUZZ_LIB_SRC:%.cpp=$(FUZZ_BUILD)/obj/%.o)
+FUZZ_SAN        := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_CXXFLAGS   := -std=c++17 -O1 -g -Wall -Wextra -Wno-unused-parameter -MMD -MP -Isrc $(HDF5_CFLAGS) \
+                   $(FUZZ_SAN) -fsanitize=fuzzer-no-link
+FUZZ_DEPS_STAMP := $(FUZZ_BUILD)/.deps-ok
+FUZZ_TOKEN_SEEDS:= $(FUZZ_BUILD)/seeds/token_file
+
+.PHONY: fuzz fuzz-build fuzz-deps $(FUZZ_NAMES:%=fuzz-%)
+fuzz-deps: $(FUZZ_DEPS_STAMP)
+$(FUZZ_DEPS_STAMP):
+	@missing=$$(for p in $(FUZZ_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "llmpi: installing missing packages for fuzzing: $$missing"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
+	  else \
+	    echo "llmpi: missing packages for fuzzing: $$missing"; \
+	    echo "llmpi: install them with:  sudo apt-get install -y $$missing"; exit 1; \
+	  fi; \
+	fi
+	@mkdir -p $(FUZZ_BUILD)
+	@echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' | \
+	  $(FUZZ_CXX) -x c++ - -fsanitize=fuzzer,address,undefined -o $(FUZZ_BUILD)/.probe 2>/dev/null || { \
+	  v=$$($(FUZZ_CXX) -dumpversion 2>/dev/null | cut -d. -f1); \
+	  echo "llmpi: $(FUZZ_CXX) cannot link a libFuzzer target; its runtime (libclang_rt.fuzzer) is in" \
+	       "Debian's libclang-rt-$$v-dev:  sudo apt-get install -y libclang-rt-$$v-dev"; exit 1; }
+	@rm -f $(FUZZ_BUILD)/.probe && touch $@
+
+$(FUZZ_BUILD)/obj/%.o: %.cpp | $(FUZZ_DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_CXXFLAGS) -c $< -o $@
+
+$(FUZZ_BUILD)/%_fuzz: $(FUZZ_BUILD)/obj/fuzz/%_fuzz.o $(FUZZ_LIB_OBJ)
+	$(FUZZ_CXX) $(FUZZ_SAN) -fsanitize=fuzzer $^ -o $@ $(HDF5_LIBS)
+
+$(FUZZ_BUILD)/make-token-seeds: $(FUZZ_BUILD)/obj/fuzz/make_token_seeds.o $(FUZZ_LIB_OBJ)
+	$(FUZZ_CXX) $(FUZZ_SAN) -fsanitize=fuzzer-no-link $^ -o $@ $(HDF5_LIBS)
+
+$(FUZZ_TOKEN_SEEDS)/.ok: $(FUZZ_BUILD)/make-token-seeds
+	@rm -rf $(FUZZ_TOKEN_SEEDS) && mkdir -p $(FUZZ_TOKEN_SEEDS)
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tools/sanitizer/lsan.supp:print_suppressions=0 $< $(FUZZ_TOKEN_SEEDS) && touch $@
+
+fuzz-build: $(FUZZ_BINS) $(FUZZ_TOKEN_SEEDS)/.ok
+.SECONDARY: $(FUZZ_NAMES:%=$(FUZZ_BUILD)/obj/fuzz/%_fuzz.o) $(FUZZ_BUILD)/obj/fuzz/make_token_seeds.o
+
+FUZZ_SEEDS_config       := fuzz/seeds/config data
+FUZZ_SEEDS_token_file   := $(FUZZ_TOKEN_SEEDS)
+FUZZ_SEEDS_token_header :=   # none: it starts from the empty input
+FUZZ_SEEDS_tokenizer    := fuzz/seeds/tokenizer
+# token_header reads its choices off the input: let inputs be long from the start.
+FUZZ_OPTS_token_header  := -len_control=0 -max_len=2048
+
+$(FUZZ_NAMES:%=fuzz-%): fuzz-%: fuzz-build
+	@echo "== fuzz $*: $(FUZZ_SECONDS) s (log $(FUZZ_BUILD)/$*.log)"
+	@tools/fuzz_run.sh $* $(FUZZ_SECONDS) $(FUZZ_BUILD) $(FUZZ_SEEDS_$*) -- $(FUZZ_OPTS_$*) $(FUZZ_FLAGS)
+
+fuzz: fuzz-build
+	@failed=; \
+	$(foreach n,$(FUZZ_NAMES),echo "== fuzz $(n): $(FUZZ_SECONDS) s (log $(FUZZ_BUILD)/$(n).log)"; \
+	  tools/fuzz_run.sh $(n) $(FUZZ_SECONDS) $(FUZZ_BUILD) $(FUZZ_SEEDS_$(n)) -- $(FUZZ_OPTS_$(n)) $(FUZZ_FLAGS) \
+	    || failed="$$failed $(n)";) \
+	if [ -n "$$failed" ]; then echo "llmpi fuzz: FAILED:$$failed (inputs in $(FUZZ_BUILD)/artifacts/)"; exit 1; fi; \
+	echo "llmpi fuzz: $(words $(FUZZ_NAMES)) targets, $(FUZZ_SECONDS) s each, nothing found"
+
+-include $(shell find $(FUZZ_BUILD)/obj -name '*.d' 2>/dev/null)

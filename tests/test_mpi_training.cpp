@@ -133,5 +133,5 @@ TEST(MpiTraining, CollectiveErrorsReachEveryRank) {
   expect_error(tiny_config(dir + "/missing.h5", ""), "missing.h5");
   expect_error(tiny_config(tr, "", {"model.seq_len=5000"}), "longer than the data");
   expect_error(tiny_config(tr, "", {"model.vocab_size=32"}), "set model.vocab_size >= 64");
-  expect_error(tiny_config(tr, "", {"runtime.device=cuda"}), "no CUDA backend");
+  expect_error(tiny_config(tr, "", {"runtime.device=cuda"}), "runtime.device is \"cuda\" but rank 0 has no usable GPU");
 }

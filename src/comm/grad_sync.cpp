@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdio>
 
+#include "backend/nccl_sync.h"
 #include "metrics/metrics.h"
 #include "metrics/trace.h"
 #include "runtime/error.h"
@@ -52,14 +53,27 @@ std::vector<Bucket> make_buckets(const ParamTable& t, double bucket_mb, double f
   return out;
 }
 
-GradSync::GradSync(const SyncOptions& o, MPI_Comm c, float* g, const ParamTable& t, Tracer* tr)
-    : opt(o), comm(c), grads(g), table(&t), tracer(tr) {
+GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, const ParamTable& t, Tracer* tr)
+    : opt(o), comm(c), grads(g), table(&t), ops(&ops_), tracer(tr) {
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
-  if (opt.method == SyncMethod::nccl)
-    fail("parallel.sync \"nccl\" needs the CUDA backend (runtime.device \"cuda\"), which this build does not "
-         "have yet; use \"allreduce\"");
+  device_ = std::string(ops->name) != "cpu";
   buckets = make_buckets(t, opt.bucket_mb, opt.first_bucket_mb);
+  if (opt.method == SyncMethod::nccl) {
+    std::string why;
+    if (!device_)
+      fail("parallel.sync \"nccl\" needs the CUDA backend on a GPU (runtime.device \"cuda\"); on the CPU use "
+           "\"allreduce\"");
+    if (!nccl_available(&why)) fail("parallel.sync \"nccl\": ", why, "; use \"allreduce\"");
+    nccl_ = nccl_sync_create(comm);  // collective
+    return;
+  }
+  if (device_) {
+    staging_.resize(t.numel);
+    if (opt.overlap)
+      fail("parallel.overlap with an MPI method on the GPU is not supported yet (the host staging copies "
+           "synchronise the compute stream): use parallel.sync \"nccl\", or parallel.overlap=false");
+  }
   if (opt.overlap && world > 1) {
     int provided = 0;
     MPI_Query_thread(&provided);
@@ -71,6 +85,7 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, float* g, const ParamTable&
 }
 
 GradSync::~GradSync() {
+  nccl_.reset();
   if (thread_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -95,6 +110,10 @@ double GradSync::expected_bytes_per_pass(size_t n) const {
 void GradSync::begin_step() {
   step = SyncStats{};
   next_launch_ = 0;
+  if (nccl_) {
+    const size_t bucket_floats = opt.bucket_mb > 0 ? (size_t)(opt.bucket_mb * 1e6 / sizeof(float)) : 0;
+    nccl_->begin(grads, table->numel, bucket_floats);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   completed_ = 0;
 }
@@ -108,9 +127,12 @@ void GradSync::wait_request(MPI_Request* req) {
   }
 }
 
-// One collective pass over data[0, n): afterwards data holds the mean over ranks.
-void GradSync::reduce(float* data, size_t n, const std::string& label) {
+// One collective pass over base[begin, begin + n): afterwards it holds the mean over ranks.
+void GradSync::reduce(float* base, size_t begin, size_t n, const std::string& label) {
   const double t0 = now_ms();
+  // On the GPU: through the host staging buffer.
+  float* data = device_ ? staging_.data() + begin : base + begin;
+  if (device_) ops->copy_to_host(data, base + begin, n * sizeof(float));
   const bool poll = opt.overlap && opt.poll_us > 0;
   const int count = (int)n;
   int collectives = 0;
@@ -158,6 +180,7 @@ void GradSync::reduce(float* data, size_t n, const std::string& label) {
     for (size_t i = 0; i < n; i++) data[i] *= inv;
     collectives = 1;
   }
+  if (device_) ops->copy_to_device(base + begin, data, n * sizeof(float));
   const double t1 = now_ms();
   const double bytes = expected_bytes_per_pass(n);
   {
@@ -185,8 +208,7 @@ void GradSync::comm_loop() {
       queue_.pop_front();
     }
     const Bucket& bk = buckets[b];
-    reduce(grads + bk.begin, bk.end - bk.begin,
-           std::string(sync_method_name(opt.method)) + " bucket " + std::to_string(b));
+    reduce(grads, bk.begin, bk.end - bk.begin, std::string(sync_method_name(opt.method)) + " bucket " + std::to_string(b));
     {
       std::lock_guard<std::mutex> lock(mu_);
       completed_++;
@@ -206,19 +228,31 @@ void GradSync::launch(size_t b) {
 
 void GradSync::on_ready(size_t k) {
   if (!averages_gradients() || world == 1) return;
+  if (nccl_) {
+    nccl_->ready(k);
+    return;
+  }
   while (next_launch_ < buckets.size() && buckets[next_launch_].end <= k) launch(next_launch_++);
 }
 
 void GradSync::finish() {
   if (!averages_gradients() || world == 1) return;
   const double t0 = now_ms();
+  if (nccl_) {
+    // Enqueued: the compute stream waits for every bucket, the host does not. Bytes as all-reduce;
+    // the time on the communication stream is not measured here (see the trace / Nsight).
+    nccl_->finish();
+    step.bytes_sent = step.bytes_received = expected_bytes_per_pass(table->numel);
+    step.collectives = (int)nccl_->buckets_launched();
+    return;
+  }
   if (thread_.joinable()) {
     while (next_launch_ < buckets.size()) launch(next_launch_++);
     std::unique_lock<std::mutex> lock(mu_);
     cv_done_.wait(lock, [&] { return completed_ == buckets.size(); });
   } else {
     for (size_t b = 0; b < buckets.size(); b++)
-      reduce(grads + buckets[b].begin, buckets[b].end - buckets[b].begin,
+      reduce(grads, buckets[b].begin, buckets[b].end - buckets[b].begin,
              std::string(sync_method_name(opt.method)) + " bucket " + std::to_string(b));
   }
   const double t1 = now_ms();
@@ -231,7 +265,7 @@ bool GradSync::average_params(float* params, int64_t s) {
   if ((s + 1) % opt.average_every != 0) return false;
   const double t0 = now_ms();
   for (size_t b = 0; b < buckets.size(); b++)
-    reduce(params + buckets[b].begin, buckets[b].end - buckets[b].begin, "average parameters bucket " + std::to_string(b));
+    reduce(params, buckets[b].begin, buckets[b].end - buckets[b].begin, "average parameters bucket " + std::to_string(b));
   step.exposed_comm_ms += now_ms() - t0;
   return true;
 }

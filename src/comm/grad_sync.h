@@ -5,7 +5,11 @@
 //   allreduce       MPI_Allreduce(SUM), then divide by the world size
 //   weights         no gradient exchange: every rank steps its own optimizer and the parameters
 //                   are averaged (MPI_Allreduce) every parallel.average_every steps
-//   (nccl belongs to the CUDA backend and plugs in here.)
+//   nccl            (CUDA backend) bucketed ncclAllReduce(avg) on a communication stream that
+//                   waits on an event per bucket, overlapping backward (src/backend/nccl_sync.h)
+//
+// On the GPU the MPI methods stage each bucket through a host buffer (device -> host, MPI,
+// host -> device); the copies synchronise the compute stream, so they do not overlap backward.
 //
 // Buckets (parallel.bucket_mb): the flat gradient is cut, at tensor boundaries and in the order
 // backward finishes it, into contiguous buckets of about bucket_mb MB; the first is at most
@@ -31,11 +35,15 @@
 #include <thread>
 #include <vector>
 
+#include <memory>
+
+#include "backend/ops.h"
 #include "model/gpt2.h"
 
 namespace llmpi {
 
 struct Tracer;
+class NcclSync;
 
 enum class SyncMethod { gather_scatter, allreduce, weights, nccl };
 
@@ -71,13 +79,15 @@ struct GradSync {
   SyncOptions opt;
   MPI_Comm comm;
   int rank = 0, world = 1;
-  float* grads;  // host memory
+  float* grads;  // the backend's memory (host for cpu, device for cuda)
   const ParamTable* table;
+  const Ops* ops;
   std::vector<Bucket> buckets;
   SyncStats step;        // this step's accounting (valid after finish / average_params)
   Tracer* tracer = nullptr;
 
-  GradSync(const SyncOptions& opt, MPI_Comm comm, float* grads, const ParamTable& table, Tracer* tracer);
+  GradSync(const SyncOptions& opt, MPI_Comm comm, const Ops& ops, float* grads, const ParamTable& table,
+           Tracer* tracer);
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -95,6 +105,9 @@ struct GradSync {
  private:
   size_t next_launch_ = 0;        // buckets [0, next_launch_) have been started this step
   std::vector<float> gather_buf_, scatter_buf_;
+  bool device_ = false;            // buffers live in device memory: stage through staging_
+  std::vector<float> staging_;
+  std::unique_ptr<NcclSync> nccl_;
   // communication thread (overlap)
   std::thread thread_;
   std::mutex mu_;
@@ -104,7 +117,8 @@ struct GradSync {
   bool stop_ = false;
 
   void launch(size_t b);
-  void reduce(float* data, size_t n, const std::string& label);  // one collective pass, averaged
+  // One collective pass over base[begin, begin + n) (gradients or parameters), averaged.
+  void reduce(float* base, size_t begin, size_t n, const std::string& label);
   void comm_loop();
   void wait_request(MPI_Request* req);
 };

@@ -1,8 +1,11 @@
 #include "runtime/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "runtime/error.h"
 
@@ -95,7 +98,7 @@ static void check_type(const std::string& path, const json& value, const json& d
     ok = value.is_number_integer() || value.is_number_unsigned();
     if (!ok && value.is_number_float()) {  // 1e3 and 4.0 are fine where they are whole numbers
       double d = value.get<double>();
-      ok = d == (double)(int64_t)d;
+      ok = std::isfinite(d) && d == std::trunc(d);  // its range is checked by as_int when read
     }
   } else if (def.is_number_float()) {
     ok = value.is_number();
@@ -152,43 +155,67 @@ static void require(bool ok, const std::string& path, const std::string& why) {
   if (!ok) fail("config: '", path, "' ", why);
 }
 
+// The integer at `path` as T, which must hold it exactly (4.0 and 1e3 are 4 and 1000): a value
+// outside T's range is an error, never wrapped or clamped.
+template <typename T>
+static T as_int(const json& v, const char* path) {
+  constexpr T lo = std::numeric_limits<T>::min(), hi = std::numeric_limits<T>::max();
+  bool ok;
+  if (v.is_number_unsigned()) {
+    ok = v.get<uint64_t>() <= uint64_t(hi);
+  } else if (v.is_number_integer()) {
+    int64_t i = v.get<int64_t>();
+    ok = i >= 0 ? uint64_t(i) <= uint64_t(hi) : std::is_signed<T>::value && i >= int64_t(lo);
+  } else {
+    double d = v.get<double>();  // whole (check_type); hi + 1.0 is a power of two, exact
+    ok = d >= double(lo) && d < double(hi) + 1.0;
+  }
+  if (!ok) fail("config: '", path, "' must be an integer in ", +lo, "..", +hi, ", got ", v.dump());
+  return v.get<T>();
+}
+
 static Config extract(const json& r) {
   Config c;
   c.resolved = r;
   auto& m = r["model"];
-  c.model = {m["family"], m["n_layer"].get<int>(), m["n_head"].get<int>(), m["d_model"].get<int>(),
-             m["seq_len"].get<int>(), m["vocab_size"].get<int>(), m["init_std"].get<double>()};
+  c.model = {m["family"],
+             as_int<int>(m["n_layer"], "model.n_layer"),
+             as_int<int>(m["n_head"], "model.n_head"),
+             as_int<int>(m["d_model"], "model.d_model"),
+             as_int<int>(m["seq_len"], "model.seq_len"),
+             as_int<int>(m["vocab_size"], "model.vocab_size"),
+             m["init_std"].get<double>()};
   c.data = {r["data"]["train"], r["data"]["val"]};
   auto& t = r["train"];
-  c.train.steps = t["steps"].get<int64_t>();
-  c.train.global_batch = t["global_batch"].get<int>();
+  c.train.steps = as_int<int64_t>(t["steps"], "train.steps");
+  c.train.global_batch = as_int<int>(t["global_batch"], "train.global_batch");
   c.train.lr = t["lr"];
   c.train.min_lr_ratio = t["min_lr_ratio"];
-  c.train.warmup_steps = t["warmup_steps"].get<int64_t>();
+  c.train.warmup_steps = as_int<int64_t>(t["warmup_steps"], "train.warmup_steps");
   c.train.weight_decay = t["weight_decay"];
   c.train.beta1 = t["beta1"];
   c.train.beta2 = t["beta2"];
   c.train.eps = t["eps"];
   c.train.grad_clip = t["grad_clip"];
-  c.train.seed = t["seed"].get<uint64_t>();
-  c.train.log_every = t["log_every"].get<int64_t>();
-  c.train.eval_every = t["eval_every"].get<int64_t>();
-  c.train.eval_batches = t["eval_batches"].get<int>();
+  c.train.seed = as_int<uint64_t>(t["seed"], "train.seed");
+  c.train.log_every = as_int<int64_t>(t["log_every"], "train.log_every");
+  c.train.eval_every = as_int<int64_t>(t["eval_every"], "train.eval_every");
+  c.train.eval_batches = as_int<int>(t["eval_batches"], "train.eval_batches");
   c.train.optimizer = t["optimizer"];
   auto& p = r["parallel"];
   c.parallel.sync = p["sync"];
   c.parallel.bucket_mb = p["bucket_mb"];
   c.parallel.first_bucket_mb = p["first_bucket_mb"];
   c.parallel.overlap = p["overlap"];
-  c.parallel.poll_us = p["poll_us"].get<int>();
-  c.parallel.average_every = p["average_every"].get<int>();
-  c.runtime.trace_steps = r["runtime"]["trace_steps"].get<int>();
+  c.parallel.poll_us = as_int<int>(p["poll_us"], "parallel.poll_us");
+  c.parallel.average_every = as_int<int>(p["average_every"], "parallel.average_every");
+  c.runtime.trace_steps = as_int<int>(r["runtime"]["trace_steps"], "runtime.trace_steps");
   c.runtime.step_timeout_s = r["runtime"]["step_timeout_s"];
   c.train.on_nonfinite = t["on_nonfinite"];
-  c.checkpoint.every = r["checkpoint"]["every"].get<int64_t>();
-  c.checkpoint.keep = r["checkpoint"]["keep"].get<int>();
+  c.checkpoint.every = as_int<int64_t>(r["checkpoint"]["every"], "checkpoint.every");
+  c.checkpoint.keep = as_int<int>(r["checkpoint"]["keep"], "checkpoint.keep");
   c.runtime.device = r["runtime"]["device"];
-  c.runtime.threads = r["runtime"]["threads"].get<int>();
+  c.runtime.threads = as_int<int>(r["runtime"]["threads"], "runtime.threads");
   c.run.dir = r["run"]["dir"];
 
   require(c.model.family == "gpt2", "model.family", "must be \"gpt2\" (the only family so far)");
@@ -245,7 +272,7 @@ Config parse_config(const std::string& text, const std::string& source,
   json user;
   try {
     user = json::parse(text, nullptr, true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     // e.what() is "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
     std::string what = e.what();
     auto p = what.find("] ");

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 
+#include "backend/cuda_ops.h"
 #include "backend/ops.h"
 #include "comm/grad_sync.h"
 #include "data/sampler.h"
@@ -84,6 +85,7 @@ struct Run {
   std::unique_ptr<GradSync> sync;
   std::unique_ptr<JsonlWriter> metrics, evals;
   std::unique_ptr<Watchdog> watchdog;
+  bool on_gpu = false;
   std::string ckpt_dir;
   int64_t start_step = 0;
   std::string resumed_from;  // checkpoint path, "" when starting fresh
@@ -217,17 +219,33 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   MPI_Comm_rank(comm, &r.rank);
   MPI_Comm_size(comm, &r.world);
 
-  // Device: only the CPU backend exists in this build so far.
-  if (cfg.runtime.device == "cuda")
-    fail("runtime.device is \"cuda\" but this build has no CUDA backend yet; use \"cpu\" or \"auto\"");
-  r.ops = &cpu_ops();
-
-  // Threads per rank.
+  // Node-local rank and size: threads per rank, GPU binding.
   MPI_Comm node;
   MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, r.rank, MPI_INFO_NULL, &node);
-  int local_size = 1;
+  int local_rank = 0, local_size = 1;
+  MPI_Comm_rank(node, &local_rank);
   MPI_Comm_size(node, &local_size);
   MPI_Comm_free(&node);
+
+  // Device. Every rank learns whether every rank has a usable GPU before anyone can fail, so all
+  // ranks take the same decision (and none is left waiting in a collective).
+  std::string why;
+  int have_gpu = cuda_available(&why) ? 1 : 0, all_gpu = have_gpu, first_without = r.world;
+  int mine = have_gpu ? r.world : r.rank;
+  MPI_Allreduce(&have_gpu, &all_gpu, 1, MPI_INT, MPI_MIN, comm);
+  MPI_Allreduce(&mine, &first_without, 1, MPI_INT, MPI_MIN, comm);
+  const bool use_cuda = cfg.runtime.device == "cuda" || (cfg.runtime.device == "auto" && all_gpu);
+  if (use_cuda && !all_gpu)
+    fail("runtime.device is \"cuda\" but rank ", first_without, " has no usable GPU",
+         r.rank == first_without ? ": " + why : std::string(), "; use runtime.device \"cpu\" or \"auto\"");
+  if (use_cuda) {
+    cuda_bind_device(local_rank);  // GPU = local rank mod device count
+    r.ops = &cuda_ops();
+    r.on_gpu = true;
+  } else {
+    r.ops = &cpu_ops();
+  }
+
   r.threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : default_threads(local_size);
   omp_set_num_threads(r.threads);
   openblas_set_num_threads(r.threads);
@@ -272,7 +290,7 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   so.poll_us = cfg.parallel.poll_us;
   so.average_every = cfg.parallel.average_every;
   r.tracer.rank = r.rank;
-  r.sync = std::make_unique<GradSync>(so, comm, r.model->grads, r.model->table, &r.tracer);
+  r.sync = std::make_unique<GradSync>(so, comm, *r.ops, r.model->grads, r.model->table, &r.tracer);
 
   // Resume: every rank reads its state (a shared file system, as for the data).
   r.ckpt_dir = cfg.run.dir + "/checkpoints";
@@ -343,8 +361,9 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
   const double tokens_per_step = (double)tc.global_batch * T;
 
   if (print) {
-    std::printf("llmpi-train: %d rank%s × %d thread%s, device cpu\n", r.world, r.world > 1 ? "s" : "",
-                r.threads, r.threads > 1 ? "s" : "");
+    const bool gpu = std::string(r.ops->name) != "cpu";
+    std::printf("llmpi-train: %d rank%s × %d thread%s, device %s\n", r.world, r.world > 1 ? "s" : "", r.threads,
+                r.threads > 1 ? "s" : "", gpu ? ("cuda: " + cuda_device_name()).c_str() : "cpu");
     std::printf("model gpt2: %d layers, %d heads, d_model %d, seq_len %d, vocab %d: %.2fM parameters, "
                 "%.1f MFLOP/token (training)\n",
                 cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model, T, model.shape.vocab_size,
@@ -416,6 +435,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     wd.enter("backward", step);
     r.sync->begin_step();
     model.backward([&](size_t k) { r.sync->on_ready(k); });
+    if (r.on_gpu) cuda_synchronize();  // so backward_ms is the GPU's time, not the launch time
     const double t3 = now_ms();
     wd.enter("gradient sync", step);
     r.sync->finish();  // gradient methods: every rank now holds the averaged gradient
@@ -449,6 +469,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
       wd.enter("optimizer", step);
       r.opt->step(model.params, model.grads, model.table, lr, tc);
     }
+    if (r.on_gpu) cuda_synchronize();
     const double t5 = now_ms();
     wd.enter("parameter averaging", step);
     r.sync->average_params(model.params, step);  // "weights" only, every average_every steps

@@ -101,7 +101,7 @@ expect_error() {  # name needle args...
   check "$name: exit $rc, one message" "[ $rc != 0 ] && [ \$(grep -cF -- \"$needle\" '$tmp/e.err') = 1 ]"
 }
 expect_error "unwritable run directory" "cannot create run directory" --set run.dir=/etc/hostname/run
-expect_error "nccl without a GPU" "needs the CUDA backend" --set parallel.sync=nccl --set run.dir="$tmp/n"
+expect_error "nccl without a GPU" "needs the CUDA backend on a GPU" --set parallel.sync=nccl --set run.dir="$tmp/n"
 expect_error "dry run: batch not divisible" "not divisible by the number of ranks (2)" --set train.global_batch=3 --dry-run
 expect_error "checkpoint of another shape" "was made for model.d_model 64, but this configuration has 128" \
   --set run.dir="$tmp/full" --set model.d_model=128 --resume auto

@@ -1,0 +1,269 @@
+// bench-gpu_gpt2: GPT-2 124M training throughput on one GPU with the CUDA backend (fp32).
+//
+//   build/bench-gpu_gpt2 [--batch B] [--seq-len T] [--steps S] [--warmup W] [--json OUT]
+//                        [--layers L] [--heads H] [--d-model C] [--vocab V] [--device D]
+//                        [--gemm N]
+//
+// Defaults: GPT-2 124M (12 layers, 12 heads, d_model 768, vocab 50257, seq_len 1024), batch 8
+// per GPU, 3 warm-up + 20 timed steps. A step is what the trainer does on one rank: zero grads,
+// forward (fused softmax + cross-entropy), backward, global-norm clip at 1.0 (sum_squares +
+// scale), AdamW on every parameter (weight decay on the 2-D tensors only).
+//
+// Reports (table on stdout, the same numbers as JSON with --json):
+//   tokens/s and ms per step (median over the timed steps; forward / backward / optimizer parts,
+//   each ended by a device synchronisation),
+//   MFU = tokens/s × training FLOPs per token (6 N + 12 L T C) ÷ the measured rate of a large
+//   cuBLAS sgemm (an --gemm cube, fp32, no TF32) on the same card in the same run,
+//   GPU memory: used after the run minus used before the model (cudaMemGetInfo), against the
+//   analytic plan: params + grads + 2 AdamW moments (4 × 4 bytes × N) + the model's activation
+//   buffer + the backend's scratch workspace.
+// Exit status: 0 measured; 2 when built without CUDA or no usable GPU (the reason is printed).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda_ops.h"
+#include "model/gpt2.h"
+#include "runtime/error.h"
+
+namespace {
+
+const char* kProg = "bench-gpu_gpt2";
+
+struct Options {
+  int batch = 8, seq_len = 1024, steps = 20, warmup = 3;
+  int layers = 12, heads = 12, d_model = 768, vocab = 50257;
+  int device = 0, gemm = 8192;
+  std::string json;
+};
+
+void usage() {
+  std::printf(
+      "usage: %s [--batch B] [--seq-len T] [--steps S] [--warmup W] [--json OUT]\n"
+      "          [--layers L] [--heads H] [--d-model C] [--vocab V] [--device D] [--gemm N]\n",
+      kProg);
+}
+
+bool parse(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      usage();
+      std::exit(0);
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s: %s needs a value\n", kProg, a.c_str());
+      return false;
+    }
+    const char* v = argv[++i];
+    if (a == "--json") {
+      o.json = v;
+      continue;
+    }
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    if (*end != '\0' || x < 0 || x > (1L << 30)) {
+      std::fprintf(stderr, "%s: %s wants a non-negative integer, got '%s'\n", kProg, a.c_str(), v);
+      return false;
+    }
+    const int xi = static_cast<int>(x);
+    if (a == "--batch") o.batch = xi;
+    else if (a == "--seq-len") o.seq_len = xi;
+    else if (a == "--steps") o.steps = xi;
+    else if (a == "--warmup") o.warmup = xi;
+    else if (a == "--layers") o.layers = xi;
+    else if (a == "--heads") o.heads = xi;
+    else if (a == "--d-model") o.d_model = xi;
+    else if (a == "--vocab") o.vocab = xi;
+    else if (a == "--device") o.device = xi;
+    else if (a == "--gemm") o.gemm = xi;
+    else {
+      std::fprintf(stderr, "%s: unknown option %s\n", kProg, a.c_str());
+      usage();
+      return false;
+    }
+  }
+  if (o.batch < 1 || o.seq_len < 1 || o.steps < 1 || o.layers < 1 || o.heads < 1 ||
+      o.d_model < 1 || o.d_model % o.heads != 0 || o.vocab < 2 || o.gemm < 64) {
+    std::fprintf(stderr, "%s: sizes must be positive, d_model a multiple of heads, --gemm >= 64\n",
+                 kProg);
+    return false;
+  }
+  return true;
+}
+
+#ifdef LLMPI_HAVE_CUDA
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int run(const Options& o) {
+  std::string why;
+  if (!llmpi::cuda_available(&why)) {
+    std::printf("%s: no usable GPU: %s\n", kProg, why.c_str());
+    return 2;
+  }
+  try {
+    using namespace llmpi;
+    cuda_bind_device(o.device);
+    size_t free0 = 0, total = 0;
+    cuda_mem_info(&free0, &total);
+    const std::string dev = cuda_device_name();
+    std::printf("%s on %s, %.1f GiB\n", kProg, dev.c_str(), total / 1073741824.0);
+
+    // The card's fp32 GEMM ceiling, measured.
+    const double gemm_tflops = cuda_sgemm_tflops(o.gemm, o.gemm, o.gemm, 10);
+    std::printf("cuBLAS sgemm %d^3 (fp32, no TF32): %.1f TFLOP/s\n", o.gemm, gemm_tflops);
+
+    const ModelShape shape{o.layers, o.heads, o.d_model, o.seq_len, o.vocab};
+    const int B = o.batch, T = o.seq_len, N = B * T;
+    const Ops& ops = cuda_ops();
+    Gpt2 model(shape, ops);
+    model.init_params(1234, 0.02);
+    const size_t n = model.table.numel;
+    float* m = static_cast<float*>(ops.alloc(n * sizeof(float)));
+    float* v = static_cast<float*>(ops.alloc(n * sizeof(float)));
+
+    // Random tokens (a fixed batch: data loading is not what this measures).
+    std::vector<int32_t> in(N), tg(N);
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < N; i++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      in[i] = static_cast<int32_t>(x % static_cast<uint64_t>(o.vocab));
+      tg[i] = static_cast<int32_t>((x >> 32) % static_cast<uint64_t>(o.vocab));
+    }
+
+    std::vector<double> step_ms, fwd_ms, bwd_ms, opt_ms;
+    float loss = 0.0f;
+    for (int s = 1; s <= o.warmup + o.steps; s++) {
+      const double t0 = now_ms();
+      model.zero_grads();
+      loss = model.forward(in.data(), tg.data(), B, T, true);  // ends with a device->host copy
+      const double t1 = now_ms();
+      model.backward();
+      cuda_synchronize();
+      const double t2 = now_ms();
+      const double norm = std::sqrt(ops.sum_squares(model.grads, n));
+      if (norm > 1.0) ops.scale(model.grads, static_cast<float>(1.0 / norm), n);
+      for (const ParamSlice& sl : model.table.slices)
+        ops.adamw_update(model.params + sl.offset, model.grads + sl.offset, m + sl.offset,
+                         v + sl.offset, sl.numel, 6e-4f, 0.9f, 0.95f, 1e-8f,
+                         sl.decay ? 0.1f : 0.0f, s);
+      cuda_synchronize();
+      const double t3 = now_ms();
+      if (s > o.warmup) {
+        step_ms.push_back(t3 - t0);
+        fwd_ms.push_back(t1 - t0);
+        bwd_ms.push_back(t2 - t1);
+        opt_ms.push_back(t3 - t2);
+      }
+    }
+    size_t free1 = 0;
+    cuda_mem_info(&free1, &total);
+
+    const double ms = median(step_ms);
+    const double tok_s = N / (ms * 1e-3);
+    const double flops_tok = gpt2_flops_per_token(shape, T);
+    const double achieved_tflops = tok_s * flops_tok / 1e12;
+    const double mfu = achieved_tflops / gemm_tflops;
+    const double used_gib = (free0 - free1) / 1073741824.0;
+    const double state_b = 4.0 * n * sizeof(float);
+    const double act_b = static_cast<double>(model.activation_bytes()) + 2.0 * N * sizeof(int32_t);
+    const double ws_b = static_cast<double>(cuda_workspace_bytes());
+    const double plan_gib = (state_b + act_b + ws_b) / 1073741824.0;
+
+    std::printf("\nmodel: %d layers, %d heads, d_model %d, vocab %d, seq_len %d; %.2fM params\n",
+                o.layers, o.heads, o.d_model, o.vocab, T, n / 1e6);
+    std::printf("batch %d x %d = %d tokens/step, %d timed steps after %d warm-up, last loss %.4f\n\n",
+                B, T, N, o.steps, o.warmup, loss);
+    std::printf("%-34s %12s\n", "metric", "value");
+    std::printf("%-34s %12.0f\n", "tokens/s", tok_s);
+    std::printf("%-34s %12.2f\n", "ms/step (median)", ms);
+    std::printf("%-34s %12.2f\n", "  forward ms", median(fwd_ms));
+    std::printf("%-34s %12.2f\n", "  backward ms", median(bwd_ms));
+    std::printf("%-34s %12.2f\n", "  clip + AdamW ms", median(opt_ms));
+    std::printf("%-34s %12.3e\n", "training FLOPs/token", flops_tok);
+    std::printf("%-34s %12.2f\n", "achieved TFLOP/s", achieved_tflops);
+    std::printf("%-34s %12.2f\n", "sgemm TFLOP/s (measured)", gemm_tflops);
+    std::printf("%-34s %11.1f%%\n", "MFU vs measured sgemm", 100.0 * mfu);
+    std::printf("%-34s %12.2f\n", "GPU memory used by the run, GiB", used_gib);
+    std::printf("%-34s %12.2f\n", "analytic plan, GiB", plan_gib);
+    std::printf("%-34s %12.2f\n", "  params+grads+m+v, GiB", state_b / 1073741824.0);
+    std::printf("%-34s %12.2f\n", "  activations+tokens, GiB", act_b / 1073741824.0);
+    std::printf("%-34s %12.2f\n", "  backend workspace, GiB", ws_b / 1073741824.0);
+
+    if (!o.json.empty()) {
+      nlohmann::json j = {
+          {"benchmark", "gpu_gpt2"},
+          {"device", dev},
+          {"precision", "fp32"},
+          {"model",
+           {{"n_layer", o.layers}, {"n_head", o.heads}, {"d_model", o.d_model},
+            {"vocab_size", o.vocab}, {"seq_len", T}, {"params", n}}},
+          {"batch", B},
+          {"tokens_per_step", N},
+          {"steps", o.steps},
+          {"warmup", o.warmup},
+          {"last_loss", loss},
+          {"tokens_per_s", tok_s},
+          {"ms_per_step", ms},
+          {"forward_ms", median(fwd_ms)},
+          {"backward_ms", median(bwd_ms)},
+          {"optim_ms", median(opt_ms)},
+          {"step_ms_all", step_ms},
+          {"flops_per_token", flops_tok},
+          {"achieved_tflops", achieved_tflops},
+          {"sgemm_tflops", gemm_tflops},
+          {"sgemm_size", o.gemm},
+          {"mfu", mfu},
+          {"memory_used_bytes", free0 - free1},
+          {"memory_total_bytes", total},
+          {"plan_bytes",
+           {{"params_grads_moments", state_b}, {"activations_tokens", act_b},
+            {"workspace", ws_b}, {"total", state_b + act_b + ws_b}}},
+      };
+      std::ofstream f(o.json);
+      f << j.dump(2) << "\n";
+      if (!f) {
+        std::fprintf(stderr, "%s: cannot write %s\n", kProg, o.json.c_str());
+        return 1;
+      }
+      std::printf("\nwrote %s\n", o.json.c_str());
+    }
+    ops.free(m);
+    ops.free(v);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", kProg, e.what());
+    return 1;
+  }
+  return 0;
+}
+#endif  // LLMPI_HAVE_CUDA
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse(argc, argv, o)) return 1;
+#ifndef LLMPI_HAVE_CUDA
+  std::printf("%s: built without CUDA (make CUDA=0 or no nvcc); nothing to measure\n", kProg);
+  return 2;
+#else
+  return run(o);
+#endif
+}

@@ -1,0 +1,123 @@
+// AdamW, SGD and the gradient utilities (global-norm clipping uses sum_squares + scale).
+//
+//   adamw  (t >= 1; bias corrections c1 = 1/(1-b1^t), c2 = 1/(1-b2^t) computed once in double)
+//          m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g²
+//          p -= lr * ( (m c1) / (sqrt(v c2) + eps) + wd p )
+//   sgd    p -= lr * (g + wd p)
+//   scale  x *= s
+//   sum_squares  Σ x² in double, deterministic two-pass reduction:
+//          pass 1: a grid that depends only on n (never on the card); thread i sums x_i²,
+//                  x_{i+stride}², ... in double, the block reduces with a fixed shuffle tree,
+//                  part[block] = that sum;
+//          pass 2: one block sums the parts with the same fixed tree.
+//          Same n and same data => the same bits, run after run.
+#include <cmath>
+
+#include "cuda_common.cuh"
+
+namespace llmpi::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxSumBlocks = 1024;  // pass 2 is one block of kMaxSumBlocks threads
+
+__global__ void adamw_kernel(float* __restrict__ params, const float* __restrict__ grads,
+                             float* __restrict__ m, float* __restrict__ v, size_t n, float lr,
+                             float beta1, float beta2, float eps, float wd, float c1, float c2) {
+  const float a1 = 1.0f - beta1, a2 = 1.0f - beta2;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float g = grads[i];
+    const float mi = beta1 * m[i] + a1 * g;
+    const float vi = beta2 * v[i] + a2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float p = params[i];
+    params[i] = p - lr * ((mi * c1) / (sqrtf(vi * c2) + eps) + wd * p);
+  }
+}
+
+__global__ void sgd_kernel(float* __restrict__ params, const float* __restrict__ grads, size_t n,
+                           float lr, float wd) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    params[i] -= lr * (grads[i] + wd * params[i]);
+}
+
+__global__ void scale_kernel(float* __restrict__ x, float s, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    x[i] *= s;
+}
+
+__global__ void sum_squares_partial_kernel(double* __restrict__ part, const float* __restrict__ x,
+                                           size_t n) {
+  __shared__ double sh[32];
+  double s = 0.0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const double xi = x[i];
+    s += xi * xi;
+  }
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+__global__ void sum_parts_kernel(double* __restrict__ out, const double* __restrict__ part,
+                                 int nparts) {
+  __shared__ double sh[32];
+  double s = static_cast<int>(threadIdx.x) < nparts ? part[threadIdx.x] : 0.0;
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) *out = s;
+}
+
+inline unsigned elementwise_grid(size_t n) {
+  // Grid-stride loops: 8 waves of 2048 threads per SM on a 132-SM card is plenty; cap there.
+  const unsigned g = grid_for(n, kThreads);
+  return g < 132u * 64u ? g : 132u * 64u;
+}
+
+}  // namespace
+
+void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int t) {
+  if (n == 0) return;
+  const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), t)));
+  const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), t)));
+  adamw_kernel<<<elementwise_grid(n), kThreads, 0, compute_stream()>>>(
+      params, grads, m, v, n, lr, beta1, beta2, eps, weight_decay, c1, c2);
+  LLMPI_LAUNCH_CHECK("adamw");
+}
+
+void sgd_update(float* params, const float* grads, size_t n, float lr, float weight_decay) {
+  if (n == 0) return;
+  sgd_kernel<<<elementwise_grid(n), kThreads, 0, compute_stream()>>>(params, grads, n, lr,
+                                                                     weight_decay);
+  LLMPI_LAUNCH_CHECK("sgd");
+}
+
+void scale(float* x, float s, size_t n) {
+  if (n == 0) return;
+  scale_kernel<<<elementwise_grid(n), kThreads, 0, compute_stream()>>>(x, s, n);
+  LLMPI_LAUNCH_CHECK("scale");
+}
+
+double sum_squares(const float* x, size_t n) {
+  if (n == 0) return 0.0;
+  cudaStream_t s = compute_stream();
+  size_t blocks = (n + kThreads - 1) / kThreads;
+  if (blocks > kMaxSumBlocks) blocks = kMaxSumBlocks;
+  double* part = static_cast<double*>(workspace(kWsReduce, (kMaxSumBlocks + 1) * sizeof(double)));
+  double* out = part + kMaxSumBlocks;
+  sum_squares_partial_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(part, x, n);
+  LLMPI_LAUNCH_CHECK("sum_squares_partial");
+  sum_parts_kernel<<<1, kMaxSumBlocks, 0, s>>>(out, part, static_cast<int>(blocks));
+  LLMPI_LAUNCH_CHECK("sum_parts");
+  double r = 0.0;
+  LLMPI_CUDA_CHECK(cudaMemcpyAsync(&r, out, sizeof(double), cudaMemcpyDeviceToHost, s));
+  LLMPI_CUDA_CHECK(cudaStreamSynchronize(s));
+  return r;
+}
+
+}  // namespace llmpi::cuda

@@ -1,0 +1,154 @@
+// The CUDA backend's op table (contract: backend/ops.h; API: backend/cuda_ops.h), device
+// selection, and the device queries used by the trainer and the benchmarks.
+#include <algorithm>
+#include <vector>
+
+#include "backend/cuda_ops.h"
+#include "cuda_common.cuh"
+#include "runtime/error.h"
+
+namespace llmpi {
+
+namespace {
+
+// Fills x with a deterministic pattern in [-1, 1) (for the sgemm benchmark: zeros would let the
+// card run at a lower power, and a higher clock, than real data).
+__global__ void fill_pattern_kernel(float* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    x[i] = static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+  }
+}
+
+}  // namespace
+
+bool cuda_available(std::string* why) {
+  auto no = [&](const std::string& reason) {
+    if (why) *why = reason;
+    return false;
+  };
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return no(std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(e) + " (" +
+              cudaGetErrorString(e) + ")");
+  }
+  if (count <= 0) return no("no CUDA device (cudaGetDeviceCount returned 0)");
+  for (int d = 0; d < count; d++) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return no("cannot query the compute capability of device " + std::to_string(d));
+    }
+    if (major < 8)
+      return no("device " + std::to_string(d) + " has compute capability " +
+                std::to_string(major) + "." + std::to_string(minor) +
+                "; this build needs 8.0 or newer (sm_80, sm_90, compute_90 PTX)");
+  }
+  if (why) why->clear();
+  return true;
+}
+
+void cuda_bind_device(int local_rank) {
+  std::string why;
+  if (!cuda_available(&why)) fail("runtime.device = cuda, but no usable GPU: ", why);
+  int count = 0;
+  LLMPI_CUDA_CHECK(cudaGetDeviceCount(&count));
+  const int dev = (local_rank < 0 ? 0 : local_rank) % count;
+  LLMPI_CUDA_CHECK(cudaSetDevice(dev));
+}
+
+const Ops& cuda_ops() {
+  static const Ops ops = [] {
+    Ops o{};
+    o.name = "cuda";
+    o.alloc = cuda::alloc;
+    o.free = cuda::free;
+    o.zero = cuda::zero;
+    o.copy_to_device = cuda::copy_to_device;
+    o.copy_to_host = cuda::copy_to_host;
+    o.embedding_forward = cuda::embedding_forward;
+    o.embedding_backward = cuda::embedding_backward;
+    o.layernorm_forward = cuda::layernorm_forward;
+    o.layernorm_backward = cuda::layernorm_backward;
+    o.matmul_forward = cuda::matmul_forward;
+    o.matmul_backward = cuda::matmul_backward;
+    o.attention_forward = cuda::attention_forward;
+    o.attention_backward = cuda::attention_backward;
+    o.gelu_forward = cuda::gelu_forward;
+    o.gelu_backward = cuda::gelu_backward;
+    o.residual_forward = cuda::residual_forward;
+    o.softmax_xent = cuda::softmax_xent;
+    o.adamw_update = cuda::adamw_update;
+    o.sgd_update = cuda::sgd_update;
+    o.sum_squares = cuda::sum_squares;
+    o.scale = cuda::scale;
+    return o;
+  }();
+  return ops;
+}
+
+void cuda_synchronize() { LLMPI_CUDA_CHECK(cudaStreamSynchronize(cuda::compute_stream())); }
+
+int cuda_device() {
+  int d = 0;
+  LLMPI_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+std::string cuda_device_name() {
+  cudaDeviceProp p{};
+  LLMPI_CUDA_CHECK(cudaGetDeviceProperties(&p, cuda_device()));
+  return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ")";
+}
+
+void cuda_mem_info(size_t* free_bytes, size_t* total_bytes) {
+  (void)cuda::compute_stream();  // make sure the context exists
+  LLMPI_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+size_t cuda_workspace_bytes() { return cuda::workspace_bytes(); }
+
+void* cuda_compute_stream() { return static_cast<void*>(cuda::compute_stream()); }
+
+double cuda_sgemm_tflops(int M, int N, int K, int iters) {
+  if (M <= 0 || N <= 0 || K <= 0 || iters <= 0) fail("cuda_sgemm_tflops: bad sizes");
+  cudaStream_t s = cuda::compute_stream();
+  const size_t na = static_cast<size_t>(M) * K, nb = static_cast<size_t>(N) * K,
+               nc = static_cast<size_t>(M) * N;
+  float* a = static_cast<float*>(cuda::alloc(na * sizeof(float)));
+  float* b = static_cast<float*>(cuda::alloc(nb * sizeof(float)));
+  float* c = static_cast<float*>(cuda::alloc(nc * sizeof(float)));
+  fill_pattern_kernel<<<cuda::grid_for(na, 256), 256, 0, s>>>(a, na, 1u);
+  fill_pattern_kernel<<<cuda::grid_for(nb, 256), 256, 0, s>>>(b, nb, 2u);
+  LLMPI_LAUNCH_CHECK("fill_pattern");
+  cudaEvent_t e0, e1;
+  LLMPI_CUDA_CHECK(cudaEventCreate(&e0));
+  LLMPI_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int it = 0; it < iters + 3; it++) {
+    LLMPI_CUDA_CHECK(cudaEventRecord(e0, s));
+    cuda::sgemm_rm(false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
+    LLMPI_CUDA_CHECK(cudaEventRecord(e1, s));
+    LLMPI_CUDA_CHECK(cudaEventSynchronize(e1));
+    float t = 0.0f;
+    LLMPI_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (it >= 3) ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cuda::free(a);
+  cuda::free(b);
+  cuda::free(c);
+  std::sort(ms.begin(), ms.end());
+  const double med = ms[ms.size() / 2] * 1e-3;
+  return 2.0 * M * N * static_cast<double>(K) / med / 1e12;
+}
+
+}  // namespace llmpi

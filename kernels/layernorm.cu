@@ -1,0 +1,142 @@
+// LayerNorm over the last dimension (C), eps = 1e-5, biased variance.
+//
+// forward, per row x = inp[n, :] (one warp per row):
+//   mean = Σ_c x_c / C;  var = Σ_c (x_c - mean)² / C;  rstd = 1 / sqrt(var + eps)
+//   out_c = (x_c - mean) * rstd * weight_c + bias_c
+//   (two passes over the row, which stays in L1, instead of E[x²] - mean², which cancels)
+//
+// backward, with norm_c = (x_c - mean) * rstd and g_c = weight_c * dout_c:
+//   dinp_c    += rstd * (g_c - mean_c'(g) - norm_c * mean_c'(g * norm))     (one warp per row)
+//   dweight_c += Σ_n norm_c * dout_c;   dbias_c += Σ_n dout_c
+// The column sums are deterministic (no atomics): partial sums over fixed chunks of kChunkRows
+// rows, one thread per column (coalesced), then the chunks added in order.
+#include "cuda_common.cuh"
+
+namespace llmpi::cuda {
+
+namespace {
+
+constexpr float kEps = 1e-5f;
+constexpr int kRowsPerBlock = 8;  // warps per block, one row each
+constexpr int kChunkRows = 32;
+constexpr int kColThreads = 256;
+
+__global__ void layernorm_forward_kernel(float* __restrict__ out, float* __restrict__ mean,
+                                         float* __restrict__ rstd, const float* __restrict__ inp,
+                                         const float* __restrict__ weight,
+                                         const float* __restrict__ bias, int N, int C) {
+  const int n = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (n >= N) return;
+  const float* x = inp + static_cast<size_t>(n) * C;
+  float s = 0.0f;
+  for (int c = lane; c < C; c += 32) s += x[c];
+  const float m = warp_sum(s) / C;
+  float v = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float d = x[c] - m;
+    v += d * d;
+  }
+  const float r = 1.0f / sqrtf(warp_sum(v) / C + kEps);
+  float* o = out + static_cast<size_t>(n) * C;
+  for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+  if (lane == 0) {
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+__global__ void layernorm_dinp_kernel(float* __restrict__ dinp, const float* __restrict__ dout,
+                                      const float* __restrict__ inp,
+                                      const float* __restrict__ weight,
+                                      const float* __restrict__ mean,
+                                      const float* __restrict__ rstd, int N, int C) {
+  const int n = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (n >= N) return;
+  const float* x = inp + static_cast<size_t>(n) * C;
+  const float* dy = dout + static_cast<size_t>(n) * C;
+  float* dx = dinp + static_cast<size_t>(n) * C;
+  const float m = mean[n], r = rstd[n];
+  float sg = 0.0f, sgn = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float nrm = (x[c] - m) * r;
+    const float g = weight[c] * dy[c];
+    sg += g;
+    sgn += g * nrm;
+  }
+  const float mg = warp_sum(sg) / C, mgn = warp_sum(sgn) / C;
+  for (int c = lane; c < C; c += 32) {
+    const float nrm = (x[c] - m) * r;
+    const float g = weight[c] * dy[c];
+    dx[c] += r * (g - mg - nrm * mgn);
+  }
+}
+
+// part[k, 0:C] = Σ_{n in chunk k} norm * dout;  part[k, C:2C] = Σ_{n in chunk k} dout
+__global__ void layernorm_dparams_partial_kernel(float* __restrict__ part,
+                                                 const float* __restrict__ dout,
+                                                 const float* __restrict__ inp,
+                                                 const float* __restrict__ mean,
+                                                 const float* __restrict__ rstd, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int k = blockIdx.y;
+  if (c >= C) return;
+  const int n0 = k * kChunkRows, n1 = min(n0 + kChunkRows, N);
+  float pw = 0.0f, pb = 0.0f;
+  for (int n = n0; n < n1; n++) {
+    const size_t i = static_cast<size_t>(n) * C + c;
+    const float dy = dout[i];
+    pw += (inp[i] - mean[n]) * rstd[n] * dy;
+    pb += dy;
+  }
+  part[static_cast<size_t>(k) * 2 * C + c] = pw;
+  part[static_cast<size_t>(k) * 2 * C + C + c] = pb;
+}
+
+__global__ void layernorm_dparams_final_kernel(float* __restrict__ dweight,
+                                               float* __restrict__ dbias,
+                                               const float* __restrict__ part, int nchunks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0.0f, sb = 0.0f;
+  for (int k = 0; k < nchunks; k++) {
+    sw += part[static_cast<size_t>(k) * 2 * C + c];
+    sb += part[static_cast<size_t>(k) * 2 * C + C + c];
+  }
+  dweight[c] += sw;
+  dbias[c] += sb;
+}
+
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  if (N <= 0 || C <= 0) return;
+  const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  layernorm_forward_kernel<<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
+      out, mean, rstd, inp, weight, bias, N, C);
+  LLMPI_LAUNCH_CHECK("layernorm_forward");
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+  if (N <= 0 || C <= 0) return;
+  cudaStream_t s = compute_stream();
+  const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  layernorm_dinp_kernel<<<blocks, 32 * kRowsPerBlock, 0, s>>>(dinp, dout, inp, weight, mean, rstd,
+                                                              N, C);
+  LLMPI_LAUNCH_CHECK("layernorm_dinp");
+  const int nchunks = (N + kChunkRows - 1) / kChunkRows;
+  float* part = static_cast<float*>(
+      workspace(kWsPartials, static_cast<size_t>(nchunks) * 2 * C * sizeof(float)));
+  const int cblocks = (C + kColThreads - 1) / kColThreads;
+  layernorm_dparams_partial_kernel<<<dim3(cblocks, nchunks), kColThreads, 0, s>>>(part, dout, inp,
+                                                                                  mean, rstd, N, C);
+  LLMPI_LAUNCH_CHECK("layernorm_dparams_partial");
+  layernorm_dparams_final_kernel<<<cblocks, kColThreads, 0, s>>>(dweight, dbias, part, nchunks, C);
+  LLMPI_LAUNCH_CHECK("layernorm_dparams_final");
+}
+
+}  // namespace llmpi::cuda

@@ -1,0 +1,128 @@
+// Memory for the CUDA backend, and the state every op shares: the compute stream, the cuBLAS
+// handle and the scratch workspace.
+//
+//   alloc           cudaMalloc (256-byte aligned) + memset 0, waited for: the buffer is zero when
+//                   alloc returns, as the contract says.
+//   free            cudaFree (it waits for the device); never throws (destructors call it).
+//   zero            cudaMemsetAsync on the compute stream.
+//   copy_to_device  cudaMemcpyAsync(cudaMemcpyDefault) + wait, so the host buffer may be reused
+//                   or freed as soon as the call returns, pinned or not.
+//   copy_to_host    cudaMemcpyAsync + wait: the host data is there when the call returns.
+#include <cstdio>
+#include <mutex>
+
+#include "cuda_common.cuh"
+#include "runtime/error.h"
+
+namespace llmpi::cuda {
+
+[[noreturn]] void throw_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  fail("CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ") in ", what, " at ",
+       file, ":", line);
+}
+
+[[noreturn]] void throw_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
+  fail("cuBLAS error ", cublasGetStatusName(s), " (", cublasGetStatusString(s), ") in ", what,
+       " at ", file, ":", line);
+}
+
+namespace {
+struct Shared {
+  std::once_flag once;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t handle = nullptr;
+  void* ws[kWsSlots] = {};
+  size_t ws_cap[kWsSlots] = {};
+};
+Shared& shared() {
+  static Shared s;
+  return s;
+}
+void init_shared() {
+  Shared& s = shared();
+  std::call_once(s.once, [&] {
+    LLMPI_CUDA_CHECK(cudaStreamCreate(&s.stream));  // blocking: orders with the legacy stream
+    LLMPI_CUBLAS_CHECK(cublasCreate(&s.handle));
+    LLMPI_CUBLAS_CHECK(cublasSetStream(s.handle, s.stream));
+    // Pure fp32 GEMMs (no TF32): the CPU backend is the reference at 1e-5.
+    LLMPI_CUBLAS_CHECK(cublasSetMathMode(s.handle, CUBLAS_DEFAULT_MATH));
+  });
+}
+}  // namespace
+
+cudaStream_t compute_stream() {
+  init_shared();
+  return shared().stream;
+}
+
+cublasHandle_t cublas() {
+  init_shared();
+  return shared().handle;
+}
+
+void* workspace(WorkspaceSlot slot, size_t bytes) {
+  init_shared();
+  Shared& s = shared();
+  if (bytes > s.ws_cap[slot]) {
+    size_t want = bytes + bytes / 4;           // some headroom against repeated growth
+    want = (want + 255) / 256 * 256;
+    if (s.ws[slot] != nullptr) {
+      LLMPI_CUDA_CHECK(cudaStreamSynchronize(s.stream));  // earlier ops may still read it
+      LLMPI_CUDA_CHECK(cudaFree(s.ws[slot]));
+      s.ws[slot] = nullptr;
+      s.ws_cap[slot] = 0;
+    }
+    LLMPI_CUDA_CHECK(cudaMalloc(&s.ws[slot], want));
+    s.ws_cap[slot] = want;
+  }
+  return s.ws[slot];
+}
+
+size_t workspace_bytes() {
+  size_t t = 0;
+  for (size_t c : shared().ws_cap) t += c;
+  return t;
+}
+
+void* alloc(size_t bytes) {
+  init_shared();
+  const size_t b = bytes == 0 ? 256 : (bytes + 255) / 256 * 256;
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, b);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    size_t fr = 0, tot = 0;
+    (void)cudaMemGetInfo(&fr, &tot);
+    fail("CUDA: cannot allocate ", b / 1048576.0, " MiB of GPU memory (", cudaGetErrorName(e),
+         "; ", fr / 1048576.0, " MiB free of ", tot / 1048576.0,
+         " MiB); use a smaller batch or model");
+  }
+  LLMPI_CUDA_CHECK(cudaMemsetAsync(p, 0, b, compute_stream()));
+  LLMPI_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+  return p;
+}
+
+void free(void* p) {
+  if (p == nullptr) return;
+  const cudaError_t e = cudaFree(p);
+  if (e != cudaSuccess && e != cudaErrorCudartUnloading)
+    std::fprintf(stderr, "llmpi: cudaFree failed: %s\n", cudaGetErrorString(e));
+}
+
+void zero(void* p, size_t bytes) {
+  if (bytes) LLMPI_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, compute_stream()));
+}
+
+void copy_to_device(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  LLMPI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, compute_stream()));
+  LLMPI_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+}
+
+void copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  LLMPI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, compute_stream()));
+  LLMPI_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+}
+
+}  // namespace llmpi::cuda

@@ -1,0 +1,32 @@
+// The CUDA API of backend/cuda_ops.h in a build without CUDA (make CUDA=0, or no nvcc found):
+// cuda_available() says why not, everything else throws Error. With CUDA, kernels/cuda_ops.cu
+// defines these functions and this file compiles to nothing.
+#ifndef LLMPI_HAVE_CUDA
+#include "backend/cuda_ops.h"
+#include "runtime/error.h"
+
+namespace llmpi {
+
+namespace {
+constexpr const char* kNoCuda = "built without CUDA (make CUDA=0 or no nvcc)";
+[[noreturn]] void no_cuda(const char* what) {
+  fail(what, ": this llmpi was ", kNoCuda, "; rebuild with nvcc on PATH (or NVCC=/path/to/nvcc)");
+}
+}  // namespace
+
+bool cuda_available(std::string* why) {
+  if (why) *why = kNoCuda;
+  return false;
+}
+void cuda_bind_device(int) { no_cuda("runtime.device = cuda"); }
+const Ops& cuda_ops() { no_cuda("the CUDA backend"); }
+void cuda_synchronize() { no_cuda("cuda_synchronize"); }
+int cuda_device() { no_cuda("cuda_device"); }
+std::string cuda_device_name() { no_cuda("cuda_device_name"); }
+void cuda_mem_info(size_t*, size_t*) { no_cuda("cuda_mem_info"); }
+size_t cuda_workspace_bytes() { no_cuda("cuda_workspace_bytes"); }
+void* cuda_compute_stream() { no_cuda("cuda_compute_stream"); }
+double cuda_sgemm_tflops(int, int, int, int) { no_cuda("cuda_sgemm_tflops"); }
+
+}  // namespace llmpi
+#endif  // LLMPI_HAVE_CUDA

@@ -1,0 +1,44 @@
+// The CUDA backend: the op table (contract: backend/ops.h) over kernels/*.cu, plus device
+// selection and the few device queries the trainer and benchmarks need.
+//
+// Availability: cuda_available() is false, with the reason in *why, when the program was built
+// without CUDA (make CUDA=0, or no nvcc), when there is no driver (cudaGetDeviceCount returns
+// cudaErrorInsufficientDriver / cudaErrorNoDevice; no driver is ever required on a CPU-only run),
+// when there is no device, or when a device is older than this build supports (compute
+// capability < 8.0; the build carries sm_80 and sm_90 code plus compute_90 PTX).
+//
+// Use: cuda_bind_device(local_rank) once, before the first op (device = local_rank % count);
+// then pass cuda_ops() wherever an Ops is taken. Every op is enqueued on one compute stream of
+// that device, in call order; the host waits only in copy_to_host, sum_squares and softmax_xent.
+// Pointers given to the ops are device pointers from cuda_ops().alloc.
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include "backend/ops.h"
+
+namespace llmpi {
+
+// True when a usable GPU exists; otherwise false and, if why is not null, *why = the reason.
+// Creates no CUDA context.
+bool cuda_available(std::string* why = nullptr);
+
+// Binds this process to device local_rank % (number of devices). Throws Error when no GPU is
+// usable. Call before the first op.
+void cuda_bind_device(int local_rank);
+
+// The CUDA op table. Throws Error in a build without CUDA.
+const Ops& cuda_ops();
+
+// ---- extras for timing and benchmarks (throw Error in a build without CUDA) ----
+void cuda_synchronize();                               // wait for every op enqueued so far
+int cuda_device();                                     // the bound device's ordinal
+std::string cuda_device_name();                        // e.g. "NVIDIA H100 80GB HBM3 (sm_90)"
+void cuda_mem_info(size_t* free_bytes, size_t* total_bytes);  // cudaMemGetInfo
+size_t cuda_workspace_bytes();                         // the backend's cached scratch buffers
+void* cuda_compute_stream();                           // the cudaStream_t of every op (opaque)
+// Measured rate of a row-major fp32 sgemm C[M,N] = A[M,K] B[N,K]^T on the compute stream
+// (cuBLAS, no TF32), in TFLOP/s: median of `iters` timed calls after 3 warm-up calls.
+double cuda_sgemm_tflops(int M, int N, int K, int iters);
+
+}  // namespace llmpi
