@@ -36,6 +36,22 @@ inline void write_pattern_tokens(const std::string& path, int64_t n, int V, uint
   write_token_file(path, toks, TokenFileAttrs{V, V - 1, "test-pattern", "llmpi-tests"});
 }
 
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// The small model every MPI test trains (2 layers, width 32, seq_len 32, global batch 8), with
+// the test's own `--set` overrides applied after these.
+inline Config tiny_config(const std::string& train, const std::vector<std::string>& extra) {
+  std::vector<std::string> sets = {"data.train=" + train, "model.n_layer=2", "model.n_head=2", "model.d_model=32",
+                                   "model.seq_len=32", "train.global_batch=8", "train.lr=1e-3",
+                                   "train.log_every=1", "train.eval_every=0"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return parse_config("{}", "test", sets);
+}
+
 // Options for in-process training in tests: no progress lines; run directory only when asked.
 inline TrainOptions quiet_options(bool write_run_dir) {
   TrainOptions o;

@@ -15,19 +15,10 @@ using namespace llmpi::testing_support;
 
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
 Config ckpt_config(const std::string& train, const std::string& run_dir, std::vector<std::string> extra = {}) {
-  std::vector<std::string> sets = {"data.train=" + train, "model.n_layer=2", "model.n_head=2",
-                                   "model.d_model=32", "model.seq_len=32", "train.global_batch=8",
-                                   "train.steps=12", "train.lr=1e-3", "train.warmup_steps=3", "train.log_every=1",
-                                   "train.eval_every=0", "checkpoint.every=4", "run.dir=" + run_dir};
+  std::vector<std::string> sets = {"train.steps=12", "train.warmup_steps=3", "checkpoint.every=4", "run.dir=" + run_dir};
   sets.insert(sets.end(), extra.begin(), extra.end());
-  return parse_config("{}", "test", sets);
+  return tiny_config(train, sets);
 }
 
 TrainOptions with(bool write, const std::string& resume = "", int64_t preempt = -1) {

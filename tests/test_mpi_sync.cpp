@@ -18,18 +18,9 @@ using namespace llmpi::testing_support;
 
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
 Config sync_config(const std::string& train, std::vector<std::string> extra) {
-  std::vector<std::string> sets = {"data.train=" + train, "model.n_layer=2", "model.n_head=2",
-                                   "model.d_model=32", "model.seq_len=32", "train.global_batch=8",
-                                   "train.steps=10", "train.lr=1e-3", "train.log_every=1", "train.eval_every=0"};
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  return parse_config("{}", "test", sets);
+  extra.insert(extra.begin(), "train.steps=10");
+  return tiny_config(train, extra);
 }
 
 double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {

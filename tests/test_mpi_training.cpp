@@ -16,20 +16,12 @@ using namespace llmpi::testing_support;
 
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-Config tiny_config(const std::string& train, const std::string& val, std::vector<std::string> extra = {}) {
-  std::vector<std::string> sets = {"data.train=" + train, "data.val=" + val,
-                                   "model.n_layer=2", "model.n_head=2", "model.d_model=32",
-                                   "model.seq_len=32", "model.vocab_size=0", "train.global_batch=8",
-                                   "train.steps=20", "train.lr=1e-3", "train.warmup_steps=2",
+// 20 steps with evaluation every 10 and a line every 5.
+Config run_config(const std::string& train, const std::string& val, std::vector<std::string> extra = {}) {
+  std::vector<std::string> sets = {"data.val=" + val, "model.vocab_size=0", "train.steps=20", "train.warmup_steps=2",
                                    "train.eval_every=10", "train.eval_batches=2", "train.log_every=5"};
   sets.insert(sets.end(), extra.begin(), extra.end());
-  return parse_config("{}", "test", sets);
+  return tiny_config(train, sets);
 }
 
 }  // namespace
@@ -40,7 +32,7 @@ TEST(MpiTraining, TwoRanksEqualOneRankForTwentySteps) {
   ASSERT_EQ(world, 2) << "run under mpiexec -n 2";
   std::string dir = shared_temp_dir(MPI_COMM_WORLD);
   std::string train_path = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 1);
-  Config cfg = tiny_config(train_path, "");
+  Config cfg = run_config(train_path, "");
   TrainOptions quiet = quiet_options(false);
 
   // Reference: rank 0 alone, same global batch.
@@ -83,7 +75,7 @@ TEST(MpiTraining, WritesRunDirectory) {
   std::string dir = shared_temp_dir(MPI_COMM_WORLD);
   std::string tr = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 30000, 64, 2);
   std::string va = make_pattern_file(MPI_COMM_WORLD, dir, "val.h5", 5000, 64, 3);
-  Config cfg = tiny_config(tr, va, {"run.dir=" + dir + "/run/a"});
+  Config cfg = run_config(tr, va, {"run.dir=" + dir + "/run/a"});
   TrainResult res = train(cfg, MPI_COMM_WORLD, quiet_options(true));
   ASSERT_EQ(res.eval_steps, (std::vector<int64_t>{0, 10, 20}));
   EXPECT_LT(res.val_losses.back(), res.val_losses.front());
@@ -129,9 +121,9 @@ TEST(MpiTraining, CollectiveErrorsReachEveryRank) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_error(tiny_config(tr, "", {"train.global_batch=3"}), "not divisible by the number of ranks (2)");
-  expect_error(tiny_config(dir + "/missing.h5", ""), "missing.h5");
-  expect_error(tiny_config(tr, "", {"model.seq_len=5000"}), "longer than the data");
-  expect_error(tiny_config(tr, "", {"model.vocab_size=32"}), "set model.vocab_size >= 64");
-  expect_error(tiny_config(tr, "", {"runtime.device=cuda"}), "runtime.device is \"cuda\" but rank 0 has no usable GPU");
+  expect_error(run_config(tr, "", {"train.global_batch=3"}), "not divisible by the number of ranks (2)");
+  expect_error(run_config(dir + "/missing.h5", ""), "missing.h5");
+  expect_error(run_config(tr, "", {"model.seq_len=5000"}), "longer than the data");
+  expect_error(run_config(tr, "", {"model.vocab_size=32"}), "set model.vocab_size >= 64");
+  expect_error(run_config(tr, "", {"runtime.device=cuda"}), "runtime.device is \"cuda\" but rank 0 has no usable GPU");
 }

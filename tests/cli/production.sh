@@ -26,17 +26,30 @@ common=(--config data/demo.json --set data.train="$tmp/d/train.h5" --set data.va
 wait_for() { local i; for ((i = 0; i < $2 * 10; i++)); do eval "$1" && return 0; sleep 0.1; done; return 1; }
 lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
 
+# start_run NAME ARGS...: an endless 2-rank run into $tmp/NAME in the background ($pid, $run,
+# output in $tmp/NAME.out); rank_pids: its ranks' pids (not mpiexec's).
+start_run() {
+  run="$tmp/$1"; shift
+  mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=100000 "$@" >"$run.out" 2>&1 &
+  pid=$!
+}
+rank_pids() { pgrep -f "^$TRAIN .*$run"; }
+# end_of_job: wait for mpiexec (killed after 40 s at most); $rc its exit code, $secs since $t0.
+end_of_job() {
+  ( sleep 40; kill -KILL $pid 2>/dev/null ) & local guard=$!
+  wait $pid; rc=$?; secs=$(($(date +%s) - t0))
+  kill $guard 2>/dev/null
+}
+
 # ---- pre-emption and resume
-run="$tmp/pre"
-mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=100000 >"$tmp/pre.out" 2>&1 &
-pid=$!
+start_run pre
 wait_for "[ \$(lines $run/metrics.jsonl) -ge 5 ]" 60
 # As on a cluster: the scheduler signals every process of the job once — mpiexec, which forwards
 # it to the ranks, and the ranks themselves — so each rank sees the signal twice.
-kill -USR1 $pid; kill -USR1 $(pgrep -f "^$TRAIN .*$run")
+kill -USR1 $pid; kill -USR1 $(rank_pids)
 wait $pid; rc=$?
 check "pre-emption (each rank signalled twice): exit 0" "[ $rc = 0 ]"
-check "pre-emption: says how to resume" "grep -q 'pre-empted at step .*resume with --resume auto' '$tmp/pre.out'"
+check "pre-emption: says how to resume" "grep -q 'pre-empted at step .*resume with --resume auto' '$run.out'"
 check "pre-emption: PREEMPTED marker and checkpoint" "[ -f '$run/PREEMPTED' ] && ls '$run'/checkpoints/step-*.h5 >/dev/null"
 at=$(grep -oP '^step \K[0-9]+' "$run/PREEMPTED")
 steps=$((at + 5))
@@ -48,35 +61,26 @@ check "resume: metrics.jsonl has each of $steps steps once" \
 check "resume: marker removed" "[ ! -f '$run/PREEMPTED' ]"
 
 # ---- kill -9 of one rank
-run="$tmp/kill"
-mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=100000 --set checkpoint.every=5 >"$tmp/kill.out" 2>&1 &
-pid=$!
+start_run kill --set checkpoint.every=5
 wait_for "ls $run/checkpoints/step-*.h5 >/dev/null 2>&1 && [ \$(lines $run/metrics.jsonl) -ge 12 ]" 60
-victim=$(pgrep -f "^$TRAIN .*$run" | tail -1)
-t0=$(date +%s)
+victim=$(rank_pids | tail -1); t0=$(date +%s)
 kill -KILL "$victim"
-( sleep 40; kill -KILL $pid 2>/dev/null ) & guard=$!
-wait $pid; rc=$?; t1=$(date +%s)
-kill $guard 2>/dev/null
-check "kill -9 one rank: job ends non-zero (exit $rc) within 30 s ($((t1 - t0)) s)" "[ $rc != 0 ] && [ $((t1 - t0)) -le 30 ]"
+end_of_job
+check "kill -9 one rank: job ends non-zero (exit $rc) within 30 s ($secs s)" "[ $rc != 0 ] && [ $secs -le 30 ]"
 timeout 60 mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=100000 --resume auto --dry-run >"$tmp/kr.out" 2>&1
 check "kill -9 one rank: the last checkpoint loads" "grep -q 'resumed from .*checkpoints/step-' '$tmp/kr.out' && grep -q 'dry run' '$tmp/kr.out'"
 
 # ---- a rank stops answering: the step watchdog ends the job
-run="$tmp/stall"
-mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=100000 --set runtime.step_timeout_s=3 >"$tmp/stall.out" 2>&1 &
-pid=$!
+start_run stall --set runtime.step_timeout_s=3
 wait_for "[ \$(lines $run/metrics.jsonl) -ge 5 ]" 60
-victim=$(pgrep -f "^$TRAIN .*$run" | tail -1)
-t0=$(date +%s)
+victim=$(rank_pids | tail -1); t0=$(date +%s)
 kill -STOP "$victim"
-( sleep 40; kill -KILL $pid 2>/dev/null ) & guard=$!
-wait $pid; rc=$?; t1=$(date +%s)
-kill $guard 2>/dev/null; kill -KILL "$victim" 2>/dev/null
-check "stalled rank: job ends non-zero (exit $rc) within 20 s ($((t1 - t0)) s)" "[ $rc != 0 ] && [ $((t1 - t0)) -le 20 ]"
+end_of_job
+kill -KILL "$victim" 2>/dev/null
+check "stalled rank: job ends non-zero (exit $rc) within 20 s ($secs s)" "[ $rc != 0 ] && [ $secs -le 20 ]"
 check "stalled rank: the message names the step, phase and limit" \
-  "grep -q \"has been in phase '.*' for .* longer than runtime.step_timeout_s\" '$tmp/stall.out'" ||
-  grep -vE '^(step|eval) ' "$tmp/stall.out" | tail -n 8
+  "grep -q \"has been in phase '.*' for .* longer than runtime.step_timeout_s\" '$run.out'" ||
+  grep -vE '^(step|eval) ' "$run.out" | tail -n 8
 
 # ---- disk full while checkpointing: the next checkpoint's temporary file is /dev/full, where
 # every write fails with ENOSPC, exactly as on a full disk

@@ -1,0 +1,162 @@
+// Regression tests for what the fuzz targets (fuzz/, `make fuzz`) found. Each input is the one the
+// fuzzer wrote (bytes as found, in the fuzz target's input format) or the smallest case of the same
+// bug, with the behaviour the fix gives. Every test here fails without its fix.
+//
+// config_fuzz input format: the JSON text, then '\0' and one `--set` override per '\0'-separated
+// part, as parse_config(text, source, overrides) receives them.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/config.h"
+#include "runtime/error.h"
+
+using namespace llmpi;
+
+namespace {
+
+// Split a config_fuzz input into its text and overrides, as fuzz/config_fuzz.cpp does.
+std::pair<std::string, std::vector<std::string>> split_config_input(const std::string& in) {
+  std::vector<std::string> parts;
+  size_t pos = 0;
+  while (true) {
+    size_t z = in.find('\0', pos);
+    parts.push_back(in.substr(pos, z == std::string::npos ? std::string::npos : z - pos));
+    if (z == std::string::npos || parts.size() > 8) break;
+    pos = z + 1;
+  }
+  return {parts[0], std::vector<std::string>(parts.begin() + 1, parts.end())};
+}
+
+template <size_t N>
+std::string bytes(const unsigned char (&b)[N]) {
+  return std::string(reinterpret_cast<const char*>(b), N);
+}
+
+// The message of the llmpi::Error that parse_config throws; any other exception fails the test
+// (it would escape llmpi-train's error handling and end the job with std::terminate).
+std::string config_error(const std::string& text, const std::vector<std::string>& sets = {}) {
+  try {
+    parse_config(text, "run.json", sets);
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "parse_config threw a non-llmpi exception: " << e.what();
+    return "(wrong exception)";
+  }
+  return "(no error)";
+}
+
+std::string config_error(const std::pair<std::string, std::vector<std::string>>& in) {
+  return config_error(in.first, in.second);
+}
+
+const char* kMinimal = R"({"data": {"train": "t.h5"}})";
+
+}  // namespace
+
+// config_fuzz crash 1: an override whose value is not JSON and not UTF-8 is kept as a string;
+// nlohmann::json::dump() of it threw json::type_error 316 (in the type error message, or later
+// when the trainer wrote config.json) instead of an llmpi::Error.
+// Fix: src/runtime/config.cpp apply_override rejects such a value with an Error.
+TEST(FuzzRegressions, ConfigOverrideThatIsNotUtf8) {
+  static const unsigned char input[] = {
+      0x7b, 0x22, 0x6d, 0x6f, 0x64, 0x65, 0x6c, 0x22, 0x3a, 0x20, 0x7b, 0x22, 0x6e, 0x5f, 0x6c, 0x61,
+      0x79, 0x65, 0x72, 0x22, 0x3a, 0x20, 0x32, 0x2e, 0x30, 0x7d, 0x2c, 0x20, 0x22, 0x64, 0x61, 0x74,
+      0x61, 0x22, 0x3a, 0x20, 0x7b, 0x22, 0x74, 0x72, 0x61, 0x69, 0x6e, 0x22, 0x3a, 0x20, 0x22, 0x74,
+      0x2e, 0x68, 0x35, 0x22, 0x7d, 0x7d, 0x00, 0x70, 0x61, 0x72, 0x61, 0x6c, 0x6c, 0x65, 0x6c, 0x2e,
+      0x6f, 0x76, 0x65, 0x72, 0x6c, 0x61, 0x70, 0x3d, 0x74, 0x72, 0x75, 0x65, 0x00, 0x74, 0x72, 0x61,
+      0x69, 0x6e, 0x2e, 0x73, 0x65, 0x65, 0x64, 0x3d, 0x31, 0x38, 0x34, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0,
+      0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0,
+      0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0,
+      0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0,
+      0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0xf0, 0x34, 0x36, 0x37, 0x34, 0x34, 0x7d, 0x00, 0x70, 0x61,
+      0x72, 0x61, 0x6c, 0x6c, 0x65, 0x36, 0x31, 0x35,
+  };
+  std::string msg = config_error(split_config_input(bytes(input)));
+  EXPECT_NE(msg.find("--set 'train.seed=...': the value is not valid UTF-8"), std::string::npos) << msg;
+
+  // The same for a string-valued key, which used to be accepted (and broke config.json later).
+  msg = config_error(kMinimal, {"run.dir=runs/\xff\xfe"});
+  EXPECT_NE(msg.find("--set 'run.dir=...': the value is not valid UTF-8"), std::string::npos) << msg;
+  // Valid UTF-8 is still fine.
+  EXPECT_EQ(parse_config(kMinimal, "run.json", {"run.dir=runs/caf\xc3\xa9"}).run.dir, "runs/caf\xc3\xa9");
+}
+
+// config_fuzz crash 2: a number too large for a double (1e555...) made json::parse throw
+// json::out_of_range 406, which parse_config did not catch (it caught only parse_error).
+// Fix: parse_config turns every json::exception of the parse into "malformed JSON: ...".
+TEST(FuzzRegressions, ConfigNumberOverflowIsMalformedJson) {
+  static const unsigned char input[] = {
+      0x7b, 0x22, 0x64, 0x61, 0x74, 0x61, 0x22, 0x3a, 0x20, 0x7b, 0x22, 0x74, 0x72, 0x61, 0x69, 0x6e,
+      0x22, 0x3a, 0x20, 0x22, 0x74, 0x2e, 0x68, 0x35, 0x22, 0x7d, 0x2c, 0x20, 0x22, 0x74, 0x72, 0x61,
+      0x69, 0x6e, 0x22, 0x3a, 0x20, 0x7b, 0x22, 0x73, 0x74, 0x65, 0x70, 0x73, 0x22, 0x3a, 0x20, 0x31,
+      0x65, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35,
+      0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35,
+      0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35,
+      0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35,
+      0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35,
+      0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x35, 0x33, 0x7d, 0x7d, 0x00, 0x5f, 0x6d,
+      0x6f, 0x64, 0x65, 0x6c, 0x22, 0x3a, 0x20, 0x31, 0x32, 0x38, 0x2c, 0x20, 0x22, 0x8d, 0xec, 0x71,
+      0x5f, 0x6c, 0x65, 0x6e, 0x22, 0x3a, 0x20, 0x31, 0x32, 0x38, 0x2c, 0x7b, 0x22, 0x64, 0x61, 0x74,
+      0x72, 0x75, 0x6e, 0x2e, 0x64, 0x69, 0x72, 0x3d, 0x6f, 0x75, 0x74, 0x2f, 0x78, 0x05, 0x74, 0x72,
+      0x61, 0x3d, 0x6e, 0x2e, 0x73, 0x74, 0x70, 0x65, 0x73, 0x3d, 0x3d,
+  };
+  std::string msg = config_error(split_config_input(bytes(input)));
+  EXPECT_NE(msg.find("run.json: malformed JSON: number overflow"), std::string::npos) << msg;
+  msg = config_error(R"({"data": {"train": "t.h5"}, "train": {"lr": -1e400}})");
+  EXPECT_NE(msg.find("malformed JSON: number overflow"), std::string::npos) << msg;
+}
+
+// config_fuzz crash 3 (UBSan): a whole number too large for int64 (train.seed=18446744703709551614
+// parses as a double) was converted with (int64_t)d in check_type: undefined behaviour.
+// Fix: check_type only asks for a whole number; as_int checks the range of the field's type.
+TEST(FuzzRegressions, ConfigWholeNumberBeyondInt64) {
+  static const unsigned char input[] = {
+      0x7b, 0x22, 0x6d, 0x6f, 0x64, 0x65, 0x6c, 0x22, 0x3a, 0x20, 0x7b, 0x22, 0x6e, 0x5f, 0x6c, 0x61,
+      0x79, 0x65, 0x72, 0x22, 0x3a, 0x2d, 0x34, 0x2e, 0x30, 0x7d, 0x2c, 0x20, 0x22, 0x64, 0x61, 0x74,
+      0x61, 0x22, 0x3a, 0x20, 0x7b, 0x22, 0x74, 0x72, 0x61, 0x69, 0x6e, 0x22, 0x3a, 0x20, 0x22, 0x74,
+      0x2e, 0x68, 0x35, 0x22, 0x7d, 0x7d, 0x00, 0x70, 0x61, 0x72, 0x61, 0x6c, 0x6c, 0x65, 0x6c, 0x2e,
+      0x6f, 0x76, 0x65, 0x72, 0x6c, 0x61, 0x70, 0x3d, 0x74, 0x72, 0x75, 0x65, 0x00, 0x74, 0x72, 0x61,
+      0x69, 0x6e, 0x2e, 0x73, 0x65, 0x65, 0x64, 0x3d, 0x31, 0x38, 0x34, 0x34, 0x36, 0x37, 0x34, 0x34,
+      0x37, 0x30, 0x33, 0x37, 0x30, 0x39, 0x35, 0x35, 0x31, 0x36, 0x31, 0x34,
+  };
+  std::string msg = config_error(split_config_input(bytes(input)));
+  EXPECT_NE(msg.find("'train.seed' must be an integer in 0..18446744073709551615"), std::string::npos) << msg;
+  msg = config_error(R"({"data": {"train": "t.h5"}, "train": {"steps": 1e19}})");
+  EXPECT_NE(msg.find("'train.steps' must be an integer in -9223372036854775808..9223372036854775807"),
+            std::string::npos)
+      << msg;
+}
+
+// config_fuzz property "no silent clamping": integers that do not fit the field's type were
+// wrapped or truncated by json::get<int>() / get<uint64_t>() (n_layer 4294967297 became 1, seed -1
+// became 18446744073709551615, n_layer 1e10 was an undefined float-to-int conversion).
+// Fix: src/runtime/config.cpp extract() reads every integer field with as_int<T>, an Error when out
+// of T's range.
+TEST(FuzzRegressions, ConfigIntegersOutOfTheFieldsRangeAreErrors) {
+  std::string msg = config_error(kMinimal, {"model.n_layer=4294967297"});
+  EXPECT_NE(msg.find("'model.n_layer' must be an integer in -2147483648..2147483647, got 4294967297"),
+            std::string::npos)
+      << msg;
+  msg = config_error(kMinimal, {"model.n_layer=1e10"});
+  EXPECT_NE(msg.find("'model.n_layer' must be an integer in -2147483648..2147483647"), std::string::npos) << msg;
+  msg = config_error(kMinimal, {"train.seed=-1"});
+  EXPECT_NE(msg.find("'train.seed' must be an integer in 0..18446744073709551615, got -1"), std::string::npos)
+      << msg;
+  msg = config_error(R"({"data": {"train": "t.h5"}, "checkpoint": {"keep": 2147483648}})");
+  EXPECT_NE(msg.find("'checkpoint.keep' must be an integer in"), std::string::npos) << msg;
+
+  // In range, written any way JSON allows: accepted exactly.
+  Config c = parse_config(kMinimal, "run.json",
+                          {"train.seed=18446744073709551615", "model.n_layer=4.0", "train.steps=1e3",
+                           "model.seq_len=2147483647", "train.warmup_steps=9007199254740992"});
+  EXPECT_EQ(c.train.seed, UINT64_MAX);
+  EXPECT_EQ(c.model.n_layer, 4);
+  EXPECT_EQ(c.train.steps, 1000);
+  EXPECT_EQ(c.model.seq_len, 2147483647);
+  EXPECT_EQ(c.train.warmup_steps, int64_t(9007199254740992));
+  EXPECT_EQ(parse_config(kMinimal, "run.json", {"train.seed=1e19"}).train.seed, uint64_t(10000000000000000000ull));
+}
