@@ -149,6 +149,10 @@ bench: all
 clean:
 	rm -rf $(BUILD)
 
+# Keep every object: the mains' and benchmarks' objects are "intermediate" to make, which would
+# otherwise delete them after each build and recompile them the next time.
+.SECONDARY:
+
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
 # =============================================================================================
@@ -224,6 +228,9 @@ FUZZ_SEEDS_config       := fuzz/seeds/config data
 FUZZ_SEEDS_token_file   := $(FUZZ_TOKEN_SEEDS)
 FUZZ_SEEDS_token_header :=   # none: it starts from the empty input
 FUZZ_SEEDS_tokenizer    := fuzz/seeds/tokenizer
+# A malformed file can make libhdf5 allocate gigabytes: catch any single allocation over 1 GiB
+# with its stack (so tools/fuzz_run.sh can tell libhdf5's from ours) before the RSS limit trips.
+FUZZ_OPTS_token_file    := -malloc_limit_mb=1024 -rss_limit_mb=3072
 # token_header reads its choices off the input: let inputs be long from the start.
 FUZZ_OPTS_token_header  := -len_control=0 -max_len=2048
 
