@@ -19,22 +19,27 @@ DEB_PACKAGES := mpich libmpich-dev libhdf5-dev hdf5-tools nlohmann-json3-dev lib
                 libcli11-dev libgtest-dev libbenchmark-dev pkg-config
 DEPS_STAMP := $(BUILD)/.deps-ok
 
+# $(call install_missing,PACKAGES,PURPOSE): a recipe line that apt-get installs the Debian packages
+# that are missing when run as root, and otherwise prints the command to run and fails.
+install_missing = @missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "llmpi: installing missing packages$(2): $$missing"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
+	  else \
+	    echo "llmpi: missing packages$(2): $$missing"; \
+	    echo "llmpi: install them with:  sudo apt-get install -y $$missing"; exit 1; \
+	  fi; \
+	fi
+
+
 .PHONY: all deps run test bench clean demo-data help
 all: $(DEPS_STAMP) binaries
 
 deps: $(DEPS_STAMP)
 $(DEPS_STAMP):
-	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "llmpi: installing missing packages: $$missing"; \
-	    export DEBIAN_FRONTEND=noninteractive; \
-	    apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
-	  else \
-	    echo "llmpi: missing packages: $$missing"; \
-	    echo "llmpi: install them with:  sudo apt-get install -y $$missing"; exit 1; \
-	  fi; \
-	fi
+	$(call install_missing,$(DEB_PACKAGES),)
 	@mkdir -p $(BUILD) && touch $@
 
 # ---- toolchain ------------------------------------------------------------------------------
@@ -188,17 +193,7 @@ FUZZ_TOKEN_SEEDS:= $(FUZZ_BUILD)/seeds/token_file
 .PHONY: fuzz fuzz-build fuzz-deps $(FUZZ_NAMES:%=fuzz-%)
 fuzz-deps: $(FUZZ_DEPS_STAMP)
 $(FUZZ_DEPS_STAMP):
-	@missing=$$(for p in $(FUZZ_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "llmpi: installing missing packages for fuzzing: $$missing"; \
-	    export DEBIAN_FRONTEND=noninteractive; \
-	    apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
-	  else \
-	    echo "llmpi: missing packages for fuzzing: $$missing"; \
-	    echo "llmpi: install them with:  sudo apt-get install -y $$missing"; exit 1; \
-	  fi; \
-	fi
+	$(call install_missing,$(FUZZ_PACKAGES), for fuzzing)
 	@mkdir -p $(FUZZ_BUILD)
 	@echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' | \
 	  $(FUZZ_CXX) -x c++ - -fsanitize=fuzzer,address,undefined -o $(FUZZ_BUILD)/.probe 2>/dev/null || { \
