@@ -21,7 +21,8 @@ static std::string keys_help() {
       s += line + "default " + v.dump() + "\n";
     }
   s += "\nmodel.vocab_size 0 takes the vocabulary from data.train. runtime.threads 0 = cores / ranks on the node.\n"
-       "parallel.sync: \"allreduce\". runtime.device: \"auto\" | \"cpu\" | \"cuda\".\n"
+       "parallel.sync: \"gather_scatter\" | \"allreduce\" | \"weights\" | \"nccl\". runtime.device: \"auto\" | \"cpu\" | \"cuda\".\n"
+       "train.optimizer: \"adamw\" | \"sgd\". train.on_nonfinite: \"abort\" | \"skip\". Also: --resume auto|PATH, --dry-run.\n"
        "Writes run.dir/config.json (resolved), metrics.jsonl (per logged step) and eval.jsonl.\n";
   return s;
 }

@@ -58,7 +58,8 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
   device_ = std::string(ops->name) != "cpu";
-  buckets = make_buckets(t, opt.bucket_mb, opt.first_bucket_mb);
+  // The small first bucket only helps when collectives start during backward (overlap).
+  buckets = make_buckets(t, opt.bucket_mb, opt.overlap ? opt.first_bucket_mb : opt.bucket_mb);
   if (opt.method == SyncMethod::nccl) {
     std::string why;
     if (!device_)
@@ -134,6 +135,7 @@ void GradSync::reduce(float* base, size_t begin, size_t n, const std::string& la
   float* data = device_ ? staging_.data() + begin : base + begin;
   if (device_) ops->copy_to_host(data, base + begin, n * sizeof(float));
   const bool poll = opt.overlap && opt.poll_us > 0;
+  double t_collective_end = 0;
   const int count = (int)n;
   int collectives = 0;
   if (opt.method == SyncMethod::gather_scatter) {
@@ -168,6 +170,7 @@ void GradSync::reduce(float* base, size_t begin, size_t n, const std::string& la
       MPI_Scatter(sbuf, count, MPI_FLOAT, data, count, MPI_FLOAT, 0, comm);
     }
     collectives = 2;
+    t_collective_end = now_ms();
   } else {
     if (poll) {
       MPI_Request req;
@@ -176,6 +179,7 @@ void GradSync::reduce(float* base, size_t begin, size_t n, const std::string& la
     } else {
       MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm);
     }
+    t_collective_end = now_ms();  // the division below is local work, not communication
     const float inv = 1.0f / (float)world;
     for (size_t i = 0; i < n; i++) data[i] *= inv;
     collectives = 1;
@@ -185,7 +189,7 @@ void GradSync::reduce(float* base, size_t begin, size_t n, const std::string& la
   const double bytes = expected_bytes_per_pass(n);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    step.comm_ms += t1 - t0;
+    step.comm_ms += t_collective_end - t0;
     step.bytes_sent += bytes;
     step.bytes_received += bytes;
     step.collectives += collectives;

@@ -13,7 +13,7 @@
 //
 // Buckets (parallel.bucket_mb): the flat gradient is cut, at tensor boundaries and in the order
 // backward finishes it, into contiguous buckets of about bucket_mb MB; the first is at most
-// first_bucket_mb (DDP's trick: the first collective starts early). bucket_mb 0 = one collective
+// first_bucket_mb when overlapping (DDP's trick: the first collective starts early). bucket_mb 0 = one collective
 // per parameter tensor; a huge bucket_mb = one collective for the whole gradient.
 //
 // Overlap (parallel.overlap): a communication thread owns the collectives. Backward reports
