@@ -217,7 +217,6 @@ $(FUZZ_TOKEN_SEEDS)/.ok: $(FUZZ_BUILD)/make-token-seeds
 	LSAN_OPTIONS=suppressions=$(CURDIR)/tools/sanitizer/lsan.supp:print_suppressions=0 $< $(FUZZ_TOKEN_SEEDS) && touch $@
 
 fuzz-build: $(FUZZ_BINS) $(FUZZ_TOKEN_SEEDS)/.ok
-.SECONDARY: $(FUZZ_NAMES:%=$(FUZZ_BUILD)/obj/fuzz/%_fuzz.o) $(FUZZ_BUILD)/obj/fuzz/make_token_seeds.o
 
 FUZZ_SEEDS_config       := fuzz/seeds/config data
 FUZZ_SEEDS_token_file   := $(FUZZ_TOKEN_SEEDS)
