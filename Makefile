@@ -73,7 +73,7 @@ CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(realpath $(NVCC))))
 NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90 -Xcompiler -fPIC,-Wall,-Wextra -MMD -MP -Isrc
 CU_SRC    := $(sort $(wildcard kernels/*.cu))
-CXXFLAGS  += -DLLMPI_HAVE_CUDA=1
+CXXFLAGS  += -DLLMPI_HAVE_CUDA=1 -I$(CUDA_HOME)/include
 # NCCL (kernels/nccl_sync.cu) when nccl.h and libnccl.so are found under NCCL_HOME; linked
 # --as-needed, so only binaries that use it depend on libnccl.
 NCCL_HOME ?= $(CUDA_HOME)
@@ -114,7 +114,7 @@ $(BUILD)/obj/%.o: %.cu | $(DEPS_STAMP)
 # Objects whose content depends on LLMPI_HAVE_CUDA are rebuilt when the CUDA mode changes.
 $(CUDA_MODE_STAMP): | $(DEPS_STAMP)
 	@rm -f $(BUILD)/.mode-* && touch $@
-$(BUILD)/obj/src/backend/cuda_fallback.o $(BUILD)/obj/src/backend/nccl_host.o \
+$(BUILD)/obj/src/backend/cuda_fallback.o $(BUILD)/obj/src/backend/nccl_host.o $(BUILD)/obj/src/runtime/watchdog.o \
   $(BUILD)/obj/tests/test_cuda_ops.o $(BUILD)/obj/bench/gpu_gpt2.o: $(CUDA_MODE_STAMP)
 
 $(BUILD)/libllmpi.a: $(LIB_OBJ) $(CU_OBJ)

@@ -6,6 +6,10 @@
 #include "metrics/metrics.h"
 #include "runtime/mpi_env.h"
 
+#ifdef LLMPI_HAVE_CUDA
+#include <nvtx3/nvToolsExt.h>  // header-only; the ranges cost nothing unless Nsight is attached
+#endif
+
 namespace llmpi {
 
 Watchdog::Watchdog(double timeout_s) : timeout_ms_(timeout_s * 1000.0) {
@@ -20,6 +24,11 @@ Watchdog::~Watchdog() {
 void Watchdog::enter(const char* phase, int64_t step) {
   since_ms_ = now_ms();
   step_ = step;
+#ifdef LLMPI_HAVE_CUDA
+  // The same phases as NVTX ranges, so Nsight Systems shows them on the CPU timeline.
+  if (phase_.load()) nvtxRangePop();
+  if (phase) nvtxRangePushA(phase);
+#endif
   phase_ = phase;
 }
 

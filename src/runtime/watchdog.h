@@ -2,6 +2,7 @@
 // (data, forward, backward, gradient sync, ...); a thread checks twice a second and, when one
 // phase has lasted longer than the limit, ends the job with MPI_Abort and a message naming the
 // step and the phase — typically a collective waiting for a rank that stopped answering.
+// In CUDA builds every phase is also an NVTX range, so Nsight shows the same phases.
 #pragma once
 #include <atomic>
 #include <cstdint>
