@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "config_input.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
 
@@ -41,16 +42,7 @@ void same_number(const nlohmann::json& resolved, const char* sec, const char* ke
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string in(reinterpret_cast<const char*>(data), size);
-  std::vector<std::string> parts;
-  size_t pos = 0;
-  while (true) {
-    size_t z = in.find('\0', pos);
-    parts.push_back(in.substr(pos, z == std::string::npos ? std::string::npos : z - pos));
-    if (z == std::string::npos || parts.size() > 8) break;
-    pos = z + 1;
-  }
-  std::string text = parts[0];
-  std::vector<std::string> overrides(parts.begin() + 1, parts.end());
+  auto [text, overrides] = split_config_input(in);
 
   llmpi::Config c;
   try {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "data/token_file.h"
+#include "token_file_checks.h"
 #include "runtime/error.h"
 
 namespace {
@@ -66,25 +67,6 @@ void remove_tmp() {
   if (!g_path.empty()) std::remove(g_path.c_str());
 }
 
-void check_info(const llmpi::TokenFileInfo& i) {
-  if (i.version != llmpi::kTokenFileVersion) bug("opened a file of version " + std::to_string(i.version));
-  if (i.vocab_size <= 0 || i.vocab_size > INT32_MAX) bug("vocab_size " + std::to_string(i.vocab_size));
-  if (i.eot_id < 0 || i.eot_id >= i.vocab_size) bug("eot_id " + std::to_string(i.eot_id));
-  if (!((i.dtype_bytes == 2 && i.dtype == "uint16") || (i.dtype_bytes == 4 && i.dtype == "uint32")))
-    bug("dtype " + i.dtype);
-  if (i.n_tokens < 0) bug("n_tokens " + std::to_string(i.n_tokens));
-}
-
-void read_some(llmpi::TokenReader& r, int64_t start, int64_t count) {
-  try {
-    std::vector<int32_t> t = r.read(start, count);
-    for (int32_t id : t)
-      if (id < 0 || id >= r.info().vocab_size)
-        bug("read id " + std::to_string(id) + " with vocab_size " + std::to_string(r.info().vocab_size));
-  } catch (const llmpi::Error&) {
-  }
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -102,16 +84,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::fclose(f);
 
   try {
-    check_info(llmpi::open_token_file_info(g_path));
+    fuzz_checks::check_info("token_file_fuzz", llmpi::open_token_file_info(g_path));
   } catch (const llmpi::Error&) {
   }
   try {
     llmpi::TokenReader r(g_path);
-    check_info(r.info());
+    fuzz_checks::check_info("token_file_fuzz", r.info());
     const int64_t n = r.n_tokens();
-    read_some(r, 0, std::min<int64_t>(n, 4096));
-    read_some(r, std::max<int64_t>(0, n - 16), std::min<int64_t>(n, 16));
-    read_some(r, n, 1);  // out of range: an Error
+    fuzz_checks::read_some("token_file_fuzz", r, 0, std::min<int64_t>(n, 4096));
+    fuzz_checks::read_some("token_file_fuzz", r, std::max<int64_t>(0, n - 16), std::min<int64_t>(n, 16));
+    fuzz_checks::read_some("token_file_fuzz", r, n, 1);  // out of range: an Error
     r.close();
   } catch (const llmpi::Error&) {
   }

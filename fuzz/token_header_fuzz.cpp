@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "data/token_file.h"
+#include "token_file_checks.h"
 #include "runtime/error.h"
 
 namespace {
@@ -190,25 +191,6 @@ void write_tokens(hid_t file, FuzzedDataProvider& in) {
   if (ftype != H5T_C_S1) H5Dwrite(d, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
 }
 
-void check_info(const llmpi::TokenFileInfo& i) {
-  if (i.version != llmpi::kTokenFileVersion) bug("opened a file of version " + std::to_string(i.version));
-  if (i.vocab_size <= 0 || i.vocab_size > INT32_MAX) bug("vocab_size " + std::to_string(i.vocab_size));
-  if (i.eot_id < 0 || i.eot_id >= i.vocab_size) bug("eot_id " + std::to_string(i.eot_id));
-  if (!((i.dtype_bytes == 2 && i.dtype == "uint16") || (i.dtype_bytes == 4 && i.dtype == "uint32")))
-    bug("dtype " + i.dtype);
-  if (i.n_tokens < 0) bug("n_tokens " + std::to_string(i.n_tokens));
-}
-
-void read_some(llmpi::TokenReader& r, int64_t start, int64_t count) {
-  try {
-    std::vector<int32_t> t = r.read(start, count);
-    for (int32_t id : t)
-      if (id < 0 || id >= r.info().vocab_size)
-        bug("read id " + std::to_string(id) + " with vocab_size " + std::to_string(r.info().vocab_size));
-  } catch (const llmpi::Error&) {
-  }
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -233,12 +215,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     llmpi::TokenReader r(g_path);
-    check_info(r.info());
+    fuzz_checks::check_info("token_header_fuzz", r.info());
     const int64_t n = r.n_tokens();
-    read_some(r, 0, std::min<int64_t>(n, 4096));
-    read_some(r, std::max<int64_t>(0, n - 16), std::min<int64_t>(n, 16));
-    read_some(r, n, 1);  // out of range: an Error
-    read_some(r, -1, 2);
+    fuzz_checks::read_some("token_header_fuzz", r, 0, std::min<int64_t>(n, 4096));
+    fuzz_checks::read_some("token_header_fuzz", r, std::max<int64_t>(0, n - 16), std::min<int64_t>(n, 16));
+    fuzz_checks::read_some("token_header_fuzz", r, n, 1);  // out of range: an Error
+    fuzz_checks::read_some("token_header_fuzz", r, -1, 2);
     r.close();
     if (g_verbose) std::fprintf(stderr, "opened: %lld tokens\n", (long long)n);
   } catch (const llmpi::Error& e) {

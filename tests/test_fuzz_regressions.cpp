@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../fuzz/config_input.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
 
@@ -17,18 +18,6 @@ using namespace llmpi;
 
 namespace {
 
-// Split a config_fuzz input into its text and overrides, as fuzz/config_fuzz.cpp does.
-std::pair<std::string, std::vector<std::string>> split_config_input(const std::string& in) {
-  std::vector<std::string> parts;
-  size_t pos = 0;
-  while (true) {
-    size_t z = in.find('\0', pos);
-    parts.push_back(in.substr(pos, z == std::string::npos ? std::string::npos : z - pos));
-    if (z == std::string::npos || parts.size() > 8) break;
-    pos = z + 1;
-  }
-  return {parts[0], std::vector<std::string>(parts.begin() + 1, parts.end())};
-}
 
 template <size_t N>
 std::string bytes(const unsigned char (&b)[N]) {
