@@ -31,7 +31,8 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda_ops.h"
-#include "model/gpt2.h"
+#include "model/transformer.h"
+#include "runtime/config.h"
 #include "runtime/error.h"
 
 namespace {
@@ -130,11 +131,17 @@ int run(const Options& o) {
     const double gemm_tflops = cuda_sgemm_tflops(o.gemm, o.gemm, o.gemm, 10);
     std::printf("cuBLAS sgemm %d^3 (fp32, no TF32): %.1f TFLOP/s\n", o.gemm, gemm_tflops);
 
-    const ModelShape shape{o.layers, o.heads, o.d_model, o.seq_len, o.vocab};
+    ModelConfig mc = parse_config("{}", "bench", {"data.train=-"}).model;
+    mc.n_layer = o.layers;
+    mc.n_head = o.heads;
+    mc.d_model = o.d_model;
+    mc.seq_len = o.seq_len;
+    const ModelDesc desc = model_desc_from_config(mc, o.vocab);
     const int B = o.batch, T = o.seq_len, N = B * T;
     const Ops& ops = cuda_ops();
-    Gpt2 model(shape, ops);
-    model.init_params(1234, 0.02);
+    Model model(desc, ops);
+    model.init_params(1234);
+    Activations acts(model, B, T);
     const size_t n = model.table.numel;
     float* m = static_cast<float*>(ops.alloc(n * sizeof(float)));
     float* v = static_cast<float*>(ops.alloc(n * sizeof(float)));
@@ -153,9 +160,14 @@ int run(const Options& o) {
     for (int s = 1; s <= o.warmup + o.steps; s++) {
       const double t0 = now_ms();
       model.zero_grads();
-      loss = model.forward(in.data(), tg.data(), B, T, true);  // ends with a device->host copy
+      Batch batch;
+      batch.B = B;
+      batch.T = T;
+      batch.tokens = in.data();
+      batch.targets = tg.data();
+      loss = model.forward(acts, batch, true);  // ends with a device->host copy
       const double t1 = now_ms();
-      model.backward();
+      model.backward(acts);
       cuda_synchronize();
       const double t2 = now_ms();
       const double norm = std::sqrt(ops.sum_squares(model.grads, n));
@@ -178,12 +190,12 @@ int run(const Options& o) {
 
     const double ms = median(step_ms);
     const double tok_s = N / (ms * 1e-3);
-    const double flops_tok = gpt2_flops_per_token(shape, T);
+    const double flops_tok = flops_per_token(desc, n, T);
     const double achieved_tflops = tok_s * flops_tok / 1e12;
     const double mfu = achieved_tflops / gemm_tflops;
     const double used_gib = (free0 - free1) / 1073741824.0;
     const double state_b = 4.0 * n * sizeof(float);
-    const double act_b = static_cast<double>(model.activation_bytes()) + 2.0 * N * sizeof(int32_t);
+    const double act_b = static_cast<double>(acts.bytes());
     const double ws_b = static_cast<double>(cuda_workspace_bytes());
     const double plan_gib = (state_b + act_b + ws_b) / 1073741824.0;
 

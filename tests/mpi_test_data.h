@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "data/classification_file.h"
 #include "data/token_file.h"
 #include "runtime/rng.h"
 #include "train/trainer.h"
@@ -34,6 +35,35 @@ inline void write_pattern_tokens(const std::string& path, int64_t n, int V, uint
     prev = t;
   }
   write_token_file(path, toks, TokenFileAttrs{V, V - 1, "test-pattern", "llmpi-tests"});
+}
+
+// n classification examples of seq_len T over vocab V (token 0 is [CLS], padding is 0): each
+// sequence has a random length in [T/4, T], two segments (token types 0 then 1), a random label,
+// and its tokens drawn from the label's half of the vocabulary (plus 10% from anywhere) —
+// something a small model learns in a few dozen steps.
+inline void write_pattern_examples(const std::string& path, int64_t n, int T, int V, uint64_t seed) {
+  ClassificationExamples ex;
+  ex.seq_len = T;
+  Rng rng(seed);
+  for (int64_t i = 0; i < n; i++) {
+    const int len = T / 4 + (int)rng.below(T - T / 4 + 1);
+    const int label = (int)rng.below(2), half = (V - 2) / 2;
+    for (int t = 0; t < T; t++) {
+      const int32_t tok = rng.below(10) == 0 ? 2 + (int32_t)rng.below(V - 2) : 2 + label * half + (int32_t)rng.below(half);
+      ex.input_ids.push_back(t == 0 ? 1 : t < len ? tok : 0);
+      ex.token_type_ids.push_back(t >= len / 2 && t < len ? 1 : 0);
+      ex.attention_mask.push_back(t < len ? 1 : 0);
+    }
+    ex.labels.push_back(label);
+  }
+  ClassificationAttrs a;
+  a.vocab_size = V;
+  a.num_labels = 2;
+  a.label_names = {"low", "high"};
+  a.pad_id = 0;
+  a.tokenizer = "test-pattern";
+  a.created_by = "llmpi-tests";
+  write_classification_file(path, ex, a);
 }
 
 inline int world_rank() {
@@ -66,6 +96,16 @@ inline std::string make_pattern_file(MPI_Comm comm, const std::string& dir, cons
   MPI_Comm_rank(comm, &rank);
   std::string path = dir + "/" + name;
   if (rank == 0) write_pattern_tokens(path, n, V, seed);
+  MPI_Barrier(comm);
+  return path;
+}
+
+inline std::string make_pattern_examples(MPI_Comm comm, const std::string& dir, const std::string& name,
+                                         int64_t n, int T, int V, uint64_t seed) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  std::string path = dir + "/" + name;
+  if (rank == 0) write_pattern_examples(path, n, T, V, seed);
   MPI_Barrier(comm);
   return path;
 }

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/grad_sync.h"
+#include "model_test_util.h"
 
 using namespace llmpi;
 
@@ -24,8 +25,7 @@ void expect_cover(const std::vector<Bucket>& bs, const ParamTable& t) {
 }  // namespace
 
 TEST(Buckets, PerTensorWholeAndSized) {
-  ModelShape s{4, 4, 256, 256, 4096};
-  ParamTable t = gpt2_param_table(s);
+  ParamTable t = build_param_table(test::desc_of("gpt2", 4, 4, 256, 256, 4096));
   auto per_tensor = make_buckets(t, 0, 1);
   expect_cover(per_tensor, t);
   EXPECT_EQ(per_tensor.size(), t.slices.size());

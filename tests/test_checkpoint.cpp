@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "checkpoint/checkpoint.h"
+#include "model_test_util.h"
 #include "runtime/error.h"
 
 using namespace llmpi;
@@ -30,7 +31,7 @@ CheckpointData sample(int rows, size_t n, bool adam) {
   d.info.world_size = rows > 1 ? rows : 2;
   d.info.rows = rows;
   d.info.seed = 1234567890123ull;
-  d.info.shape = {2, 2, 8, 16, 11};
+  d.info.desc = test::desc_of("llama", 2, 2, 8, 16, 11, {"model.n_kv_head=1"});
   d.info.n = n;
   d.info.config_json = R"({"model":{"n_layer":2}})";
   d.info.param_table_json = "[]";
@@ -68,8 +69,10 @@ TEST(Checkpoint, RoundTripEveryRow) {
     EXPECT_EQ(i.rows, rows);
     EXPECT_EQ(i.n, n);
     EXPECT_EQ(i.seed, 1234567890123ull);
-    EXPECT_EQ(i.shape.d_model, 8);
-    EXPECT_EQ(i.shape.max_seq_len, 16);
+    EXPECT_EQ(i.desc.d_model, 8);
+    EXPECT_EQ(i.desc.max_seq_len, 16);
+    EXPECT_EQ(i.desc.family, Family::llama);  // the family and its description round-trip
+    EXPECT_EQ(model_desc_json(i.desc), model_desc_json(d.info.desc));
     EXPECT_EQ(i.config_json, d.info.config_json);
     for (int r = 0; r < rows; r++) {
       std::vector<float> p2(n), m2(n), v2(n);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/h5_util.h"
+#include "runtime/config.h"
 #include "runtime/error.h"
 
 namespace llmpi {
@@ -16,7 +17,7 @@ using h5::Id;
 namespace {
 
 constexpr const char* kFormat = "llmpi-checkpoint";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // 1: before model families (gpt2 only); still read
 
 std::string describe(const std::string& path) { return "checkpoint '" + path + "'"; }
 const char* const kRemedy = "resume from another checkpoint (see the run's checkpoints/ folder) or start afresh";
@@ -58,12 +59,6 @@ Id open_file(const std::string& path) {
 
 }  // namespace
 
-std::string param_table_json(const ParamTable& t) {
-  nlohmann::json j = nlohmann::json::array();
-  for (auto& s : t.slices) j.push_back({{"name", s.name}, {"shape", s.shape}, {"offset", s.offset}});
-  return j.dump();
-}
-
 void write_checkpoint(const std::string& path, const CheckpointData& d) {
   h5::quiet();
   const CheckpointInfo& i = d.info;
@@ -83,11 +78,13 @@ void write_checkpoint(const std::string& path, const CheckpointData& d) {
     h5::write_string_attr(file, "sync", i.sync, w);
     h5::write_int_attr(file, "world_size", i.world_size, w);
     h5::write_int_attr(file, "seed", (int64_t)i.seed, w);
-    h5::write_int_attr(file, "n_layer", i.shape.n_layer, w);
-    h5::write_int_attr(file, "n_head", i.shape.n_head, w);
-    h5::write_int_attr(file, "d_model", i.shape.d_model, w);
-    h5::write_int_attr(file, "seq_len", i.shape.max_seq_len, w);
-    h5::write_int_attr(file, "vocab_size", i.shape.vocab_size, w);
+    h5::write_string_attr(file, "family", family_name(i.desc.family), w);
+    h5::write_string_attr(file, "model", model_desc_json(i.desc).dump(), w);
+    h5::write_int_attr(file, "n_layer", i.desc.n_layer, w);
+    h5::write_int_attr(file, "n_head", i.desc.n_head, w);
+    h5::write_int_attr(file, "d_model", i.desc.d_model, w);
+    h5::write_int_attr(file, "seq_len", i.desc.max_seq_len, w);
+    h5::write_int_attr(file, "vocab_size", i.desc.vocab_size, w);
     h5::write_string_attr(file, "config", i.config_json, w);
     h5::write_string_attr(file, "param_table", i.param_table_json, w);
     write_rows(file, "params", d.params, i.rows, i.n, tmp);
@@ -114,19 +111,41 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
   if (!h5::read_string_attr(f, "format", format, describe(path), kRemedy) || format != kFormat)
     fail("'", path, "' is not an llmpi checkpoint (format '", format, "')");
   int64_t version = require_int(f, "version", path);
-  if (version != kVersion)
-    fail(describe(path), " has version ", version, ", but this llmpi reads version ", kVersion);
+  if (version != 1 && version != kVersion)
+    fail(describe(path), " has version ", version, ", but this llmpi reads versions 1 and ", kVersion,
+         ": use the llmpi release that wrote it");
+  i.version = (int)version;
   i.step = require_int(f, "step", path);
   i.optimizer_t = require_int(f, "optimizer_t", path);
   i.optimizer = require_string(f, "optimizer", path);
   i.sync = require_string(f, "sync", path);
   i.world_size = require_int(f, "world_size", path);
   i.seed = (uint64_t)require_int(f, "seed", path);
-  i.shape.n_layer = (int)require_int(f, "n_layer", path);
-  i.shape.n_head = (int)require_int(f, "n_head", path);
-  i.shape.d_model = (int)require_int(f, "d_model", path);
-  i.shape.max_seq_len = (int)require_int(f, "seq_len", path);
-  i.shape.vocab_size = (int)require_int(f, "vocab_size", path);
+  if (version >= 2) {
+    const std::string family = require_string(f, "family", path);
+    auto j = nlohmann::json::parse(require_string(f, "model", path), nullptr, false);
+    if (j.is_discarded()) fail(describe(path), ": its 'model' attribute is not JSON; ", kRemedy);
+    try {
+      i.desc = model_desc_from_json(j);
+    } catch (const Error& e) {
+      fail(describe(path), ": ", e.what(), "; ", kRemedy);
+    }
+    if (family_name(i.desc.family) != family)
+      fail(describe(path), ": its 'family' attribute (", family, ") disagrees with its model description; ", kRemedy);
+  } else {
+    // Version 1: a gpt2 model with the defaults of its time (LayerNorm eps 1e-5, MLP 4 d_model,
+    // tied head, positions = seq_len).
+    ModelConfig m{};
+    m.family = "gpt2";
+    m.n_layer = (int)require_int(f, "n_layer", path);
+    m.n_head = (int)require_int(f, "n_head", path);
+    m.d_model = (int)require_int(f, "d_model", path);
+    m.seq_len = (int)require_int(f, "seq_len", path);
+    m.init_std = 0.02;
+    m.norm_eps = 1e-5;
+    m.tie_embeddings = true;
+    i.desc = model_desc_from_config(m, (int)require_int(f, "vocab_size", path));
+  }
   i.config_json = require_string(f, "config", path);
   i.param_table_json = require_string(f, "param_table", path);
   Id dset(H5Dopen2(f, "params", H5P_DEFAULT), H5Dclose);

@@ -1,9 +1,13 @@
 // Checkpoints: one HDF5 file per save, readable with h5py / h5dump.
 //
-//   root attributes  format = "llmpi-checkpoint", version = 1, step (steps completed = the next
+//   root attributes  format = "llmpi-checkpoint", version = 2, step (steps completed = the next
 //                    step to run), optimizer_t, optimizer ("adamw" | "sgd"), sync, world_size,
-//                    seed, n_layer, n_head, d_model, seq_len, vocab_size, config (the resolved
-//                    config as JSON), param_table (JSON: name, shape, offset of every tensor)
+//                    seed, family ("gpt2" | "llama" | "bert"), model (JSON: the model
+//                    description, model/model_desc.h), n_layer, n_head, d_model, seq_len,
+//                    vocab_size, config (the resolved config as JSON), param_table (JSON: name,
+//                    shape, offset of every tensor)
+//   Version 1 files (before model families) have no family/model attributes: they are gpt2
+//   models, read as such.
 //   datasets         params [rows, n] float32; adam_m, adam_v [rows, n] (AdamW only)
 //
 // rows = 1 when every rank holds the same state (gradient averaging), or the world size for
@@ -18,7 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "model/gpt2.h"
+#include "model/model_desc.h"
+#include "params/param_table.h"
 
 namespace llmpi {
 
@@ -28,7 +33,8 @@ struct CheckpointInfo {
   std::string optimizer, sync, config_json, param_table_json;
   int64_t world_size = 1, rows = 1;
   uint64_t seed = 0;
-  ModelShape shape{};
+  int version = 0;
+  ModelDesc desc;  // version 1: the gpt2 description its shape attributes give
   size_t n = 0;  // floats per row
 };
 
@@ -36,9 +42,6 @@ struct CheckpointData {
   CheckpointInfo info;
   std::vector<float> params, m, v;  // rows × n, row-major (m, v empty for SGD)
 };
-
-// The param table as stored in the file (and compared on resume).
-std::string param_table_json(const ParamTable& t);
 
 void write_checkpoint(const std::string& path, const CheckpointData& d);
 CheckpointInfo read_checkpoint_info(const std::string& path);  // validates format and version

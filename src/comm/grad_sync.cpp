@@ -57,7 +57,7 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
     : opt(o), comm(c), grads(g), table(&t), ops(&ops_), tracer(tr) {
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
-  device_ = std::string(ops->name) != "cpu";
+  device_ = ops->on_gpu();
   // The small first bucket only helps when collectives start during backward (overlap).
   buckets = make_buckets(t, opt.bucket_mb, opt.overlap ? opt.first_bucket_mb : opt.bucket_mb);
   if (opt.method == SyncMethod::nccl) {

@@ -38,7 +38,7 @@
 #include <memory>
 
 #include "backend/ops.h"
-#include "model/gpt2.h"
+#include "params/param_table.h"
 
 namespace llmpi {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "backend/ops.h"
-#include "model/gpt2.h"
+#include "params/param_table.h"
 #include "runtime/config.h"
 
 namespace llmpi {

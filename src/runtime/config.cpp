@@ -15,8 +15,10 @@ using nlohmann::json;
 
 const json& config_defaults() {
   static const json d = json::parse(R"({
-    "model":    {"family": "gpt2", "n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 256,
-                 "vocab_size": 0, "init_std": 0.02},
+    "model":    {"family": "gpt2", "n_layer": 4, "n_head": 4, "n_kv_head": 0, "d_model": 256,
+                 "ffn_dim": 0, "seq_len": 256, "max_seq_len": 0, "vocab_size": 0, "num_labels": 2,
+                 "type_vocab_size": 2, "init_std": 0.02, "norm_eps": 1e-5, "rope_theta": 10000.0,
+                 "dropout": 0.0, "attn_dropout": 0.0, "tie_embeddings": true},
     "data":     {"train": "", "val": ""},
     "train":    {"steps": 1000, "global_batch": 16, "lr": 3e-4, "min_lr_ratio": 0.1,
                  "warmup_steps": 0, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
@@ -29,6 +31,29 @@ const json& config_defaults() {
     "checkpoint": {"every": 0, "keep": 3}
   })");
   return d;
+}
+
+// Which model.* keys each family takes, and its defaults where they differ from the document's.
+json family_model_defaults(const std::string& family) {
+  static const std::vector<std::string> common = {"family", "n_layer", "n_head", "d_model", "ffn_dim", "seq_len",
+                                                  "max_seq_len", "vocab_size", "init_std", "norm_eps", "dropout"};
+  std::vector<std::string> keys = common;
+  json over = json::object();
+  if (family == "gpt2") {
+    keys.push_back("tie_embeddings");
+  } else if (family == "llama") {
+    keys.insert(keys.end(), {"n_kv_head", "rope_theta", "tie_embeddings"});
+    over = {{"tie_embeddings", false}};
+  } else if (family == "bert") {
+    keys.insert(keys.end(), {"attn_dropout", "num_labels", "type_vocab_size"});
+    over = {{"norm_eps", 1e-12}, {"dropout", 0.1}, {"attn_dropout", 0.1}};
+  } else {
+    fail("config: 'model.family' must be \"gpt2\", \"llama\" or \"bert\", got \"", family, "\"");
+  }
+  json m = json::object();
+  for (auto& k : keys) m[k] = over.contains(k) ? over[k] : config_defaults()["model"][k];
+  m["family"] = family;
+  return m;
 }
 
 // Edit distance with adjacent transpositions counted as one edit (optimal string alignment), for
@@ -112,7 +137,7 @@ static void check_type(const std::string& path, const json& value, const json& d
          type_name(value), " ", value.dump());
 }
 
-static void merge_user(json& resolved, const json& user, const std::string& source) {
+static void merge_user(json& resolved, const json& user, const std::string& source, std::vector<std::string>& given) {
   if (!user.is_object()) fail(source, ": the configuration must be a JSON object {...}");
   for (auto& [sec, obj] : user.items()) {
     if (!config_defaults().contains(sec))
@@ -124,11 +149,12 @@ static void merge_user(json& resolved, const json& user, const std::string& sour
       if (!config_defaults()[sec].contains(k)) fail(source, ": unknown key '", path, "'", suggestion(path));
       check_type(path, v, config_defaults()[sec][k], source);
       resolved[sec][k] = v;
+      given.push_back(path);
     }
   }
 }
 
-static void apply_override(json& resolved, const std::string& assignment) {
+static void apply_override(json& resolved, const std::string& assignment, std::vector<std::string>& given) {
   auto eq = assignment.find('=');
   auto dot = assignment.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq)
@@ -149,6 +175,7 @@ static void apply_override(json& resolved, const std::string& assignment) {
   }
   check_type(path, value, config_defaults()[sec][key], "--set");
   resolved[sec][key] = value;
+  given.push_back(path);
 }
 
 static void require(bool ok, const std::string& path, const std::string& why) {
@@ -177,14 +204,26 @@ static T as_int(const json& v, const char* path) {
 static Config extract(const json& r) {
   Config c;
   c.resolved = r;
-  auto& m = r["model"];
-  c.model = {m["family"],
-             as_int<int>(m["n_layer"], "model.n_layer"),
-             as_int<int>(m["n_head"], "model.n_head"),
-             as_int<int>(m["d_model"], "model.d_model"),
-             as_int<int>(m["seq_len"], "model.seq_len"),
-             as_int<int>(m["vocab_size"], "model.vocab_size"),
-             m["init_std"].get<double>()};
+  // Keys a family does not take read as the document's defaults (they are not used).
+  json m = config_defaults()["model"];
+  for (auto& [k, v] : r["model"].items()) m[k] = v;
+  c.model.family = m["family"];
+  c.model.n_layer = as_int<int>(m["n_layer"], "model.n_layer");
+  c.model.n_head = as_int<int>(m["n_head"], "model.n_head");
+  c.model.n_kv_head = as_int<int>(m["n_kv_head"], "model.n_kv_head");
+  c.model.d_model = as_int<int>(m["d_model"], "model.d_model");
+  c.model.ffn_dim = as_int<int>(m["ffn_dim"], "model.ffn_dim");
+  c.model.seq_len = as_int<int>(m["seq_len"], "model.seq_len");
+  c.model.max_seq_len = as_int<int>(m["max_seq_len"], "model.max_seq_len");
+  c.model.vocab_size = as_int<int>(m["vocab_size"], "model.vocab_size");
+  c.model.num_labels = as_int<int>(m["num_labels"], "model.num_labels");
+  c.model.type_vocab_size = as_int<int>(m["type_vocab_size"], "model.type_vocab_size");
+  c.model.init_std = m["init_std"];
+  c.model.norm_eps = m["norm_eps"];
+  c.model.rope_theta = m["rope_theta"];
+  c.model.dropout = m["dropout"];
+  c.model.attn_dropout = m["attn_dropout"];
+  c.model.tie_embeddings = m["tie_embeddings"];
   c.data = {r["data"]["train"], r["data"]["val"]};
   auto& t = r["train"];
   c.train.steps = as_int<int64_t>(t["steps"], "train.steps");
@@ -218,7 +257,6 @@ static Config extract(const json& r) {
   c.runtime.threads = as_int<int>(r["runtime"]["threads"], "runtime.threads");
   c.run.dir = r["run"]["dir"];
 
-  require(c.model.family == "gpt2", "model.family", "must be \"gpt2\" (the only family so far)");
   require(c.model.n_layer >= 1, "model.n_layer", "must be >= 1");
   require(c.model.n_head >= 1, "model.n_head", "must be >= 1");
   require(c.model.d_model >= 1 && c.model.d_model % c.model.n_head == 0, "model.d_model",
@@ -227,6 +265,15 @@ static Config extract(const json& r) {
   require(c.model.seq_len >= 1, "model.seq_len", "must be >= 1");
   require(c.model.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = from the training file)");
   require(c.model.init_std > 0, "model.init_std", "must be > 0");
+  require(c.model.n_kv_head >= 0, "model.n_kv_head", "must be >= 0 (0 = n_head)");
+  require(c.model.ffn_dim >= 0, "model.ffn_dim", "must be >= 0 (0 = the family's default)");
+  require(c.model.max_seq_len >= 0, "model.max_seq_len", "must be >= 0 (0 = seq_len)");
+  require(c.model.num_labels >= 1, "model.num_labels", "must be >= 1");
+  require(c.model.type_vocab_size >= 1, "model.type_vocab_size", "must be >= 1");
+  require(c.model.norm_eps > 0, "model.norm_eps", "must be > 0");
+  require(c.model.rope_theta > 0, "model.rope_theta", "must be > 0");
+  require(c.model.dropout >= 0 && c.model.dropout < 1, "model.dropout", "must be in [0, 1)");
+  require(c.model.attn_dropout >= 0 && c.model.attn_dropout < 1, "model.attn_dropout", "must be in [0, 1)");
   require(!c.data.train.empty(), "data.train",
           "is required: the path of a token file made by llmpi-prep (e.g. --set data.train=out/train.h5)");
   require(c.train.steps >= 0, "train.steps", "must be >= 0");
@@ -279,8 +326,25 @@ Config parse_config(const std::string& text, const std::string& source,
     fail(source, ": malformed JSON: ", p == std::string::npos ? what : what.substr(p + 2));
   }
   json resolved = config_defaults();
-  merge_user(resolved, user, source);
-  for (auto& o : overrides) apply_override(resolved, o);
+  std::vector<std::string> given;  // keys the user set
+  merge_user(resolved, user, source, given);
+  for (auto& o : overrides) apply_override(resolved, o, given);
+  // The model section holds the chosen family's keys only, with that family's defaults for
+  // those the user did not set; a key of another family is an error.
+  const std::string family = resolved["model"]["family"];
+  json fam = family_model_defaults(family);
+  for (auto& path : given) {
+    if (path.rfind("model.", 0) != 0) continue;
+    const std::string k = path.substr(6);
+    if (!fam.contains(k)) {
+      std::string valid;
+      for (auto& [name, v] : fam.items()) valid += (valid.empty() ? "" : ", ") + name;
+      fail(source, ": 'model.", k, "' does not apply to model.family \"", family, "\" (its keys: ", valid,
+           "; see `llmpi-train --help`)");
+    }
+    fam[k] = resolved["model"][k];
+  }
+  resolved["model"] = fam;
   return extract(resolved);
 }
 

@@ -10,10 +10,18 @@
 namespace llmpi {
 
 struct ModelConfig {
-  std::string family;   // "gpt2"
+  std::string family;   // "gpt2" | "llama" | "bert" (model/model_desc.h)
   int n_layer, n_head, d_model, seq_len;
+  int n_kv_head;        // llama: key/value heads (0 = n_head)
+  int ffn_dim;          // MLP hidden size (0 = the family's default)
+  int max_seq_len;      // position table rows (0 = seq_len)
   int vocab_size;       // 0 = take it from the training file
-  double init_std;
+  int num_labels;       // bert: classifier outputs
+  int type_vocab_size;  // bert: token types
+  double init_std, norm_eps, rope_theta;
+  double dropout;       // hidden dropout, training only
+  double attn_dropout;  // bert: attention-probability dropout, training only
+  bool tie_embeddings;  // gpt2, llama: the LM head shares the token embedding
 };
 struct DataConfig {
   std::string train, val;  // HDF5 token files from llmpi-prep; val may be ""
@@ -64,8 +72,12 @@ struct Config {
   nlohmann::json resolved;  // every key with its final value, as written to run_dir/config.json
 };
 
-// The defaults document: every valid key with its default value and type.
+// The defaults document: every valid key with its default value and type. The model section
+// holds the union of every family's keys; family_model_defaults() says which apply to a family
+// and with which defaults.
 const nlohmann::json& config_defaults();
+// The model.* keys of one family with that family's defaults (throws Error for an unknown family).
+nlohmann::json family_model_defaults(const std::string& family);
 
 // Parse JSON text (source names it in messages), apply `key.path=value` overrides (value parsed as
 // JSON when it parses, else taken as a string), validate, and fill the structs.

@@ -20,7 +20,8 @@
 #include "data/token_file.h"
 #include "metrics/metrics.h"
 #include "metrics/trace.h"
-#include "model/gpt2.h"
+#include "data/classification_file.h"
+#include "model/transformer.h"
 #include "checkpoint/checkpoint.h"
 #include "optim/optimizer.h"
 #include "runtime/mpi_env.h"
@@ -51,21 +52,67 @@ int default_threads(int local_ranks) {
   return std::max(1, cores / std::max(1, local_ranks));
 }
 
-// Reads the windows a batch needs: inputs = tokens [w*T, w*T+T), targets shifted by one.
-struct BatchReader {
-  TokenReader file;
-  int T;
-  std::vector<int32_t> window, inputs, targets;
-  void read(const std::vector<int64_t>& windows) {
-    const size_t B = windows.size();
+// One split of the data (train or val) and the batches read from it. Language modelling: sample
+// w is the window of seq_len + 1 tokens at w * seq_len (inputs, and targets shifted by one).
+// Classification (bert): sample i is example i of a classification file.
+struct DataSplit {
+  bool classification = false;
+  int T = 0;
+  TokenReader tokens_file;
+  ClassificationReader examples_file;
+  int64_t n_samples = 0;
+  std::vector<int32_t> window, inputs, targets, types, mask, labels;
+  ClassificationExamples ex;
+
+  void open(const std::string& path, const std::string& family, bool cls, int seq_len) {
+    classification = cls;
+    T = seq_len;
+    const std::string format = hdf5_format_of(path);
+    if (cls) {
+      if (format == kTokenFileFormat)
+        fail("'", path, "' is a language-modelling token file, but model.family bert trains a classifier on a "
+             "classification file (input_ids, token_type_ids, attention_mask, labels): make one with "
+             "`llmpi-prep glue`, or choose model.family gpt2 or llama");
+      examples_file.open(path);
+      if (examples_file.info().seq_len != T)
+        fail("'", path, "' holds sequences of ", examples_file.info().seq_len, " tokens but model.seq_len is ", T,
+             ": set model.seq_len to ", examples_file.info().seq_len);
+      n_samples = examples_file.info().n_examples;
+    } else {
+      if (format == "llmpi-classification")
+        fail("'", path, "' is a classification file, but model.family ", "gpt2/llama", " trains a language model on "
+             "a token file made by `llmpi-prep`: choose model.family bert, or give a token file");
+      tokens_file.open(path);
+      n_samples = (tokens_file.n_tokens() - 1) / T;
+    }
+  }
+  int64_t vocab_size() const {
+    return classification ? examples_file.info().vocab_size : tokens_file.info().vocab_size;
+  }
+  Batch read(const std::vector<int64_t>& ids) {
+    const size_t B = ids.size();
+    Batch b;
+    b.B = static_cast<int>(B);
+    b.T = T;
+    if (classification) {
+      examples_file.read(ids, ex);
+      b.tokens = ex.input_ids.data();
+      b.token_types = ex.token_type_ids.data();
+      b.attn_mask = ex.attention_mask.data();
+      b.labels = ex.labels.data();
+      return b;
+    }
     inputs.resize(B * T);
     targets.resize(B * T);
     window.resize(T + 1);
-    for (size_t b = 0; b < B; b++) {
-      file.read(windows[b] * (int64_t)T, T + 1, window.data());
-      std::copy(window.begin(), window.begin() + T, inputs.begin() + b * T);
-      std::copy(window.begin() + 1, window.end(), targets.begin() + b * T);
+    for (size_t i = 0; i < B; i++) {
+      tokens_file.read(ids[i] * (int64_t)T, T + 1, window.data());
+      std::copy(window.begin(), window.begin() + T, inputs.begin() + i * T);
+      std::copy(window.begin() + 1, window.end(), targets.begin() + i * T);
     }
+    b.tokens = inputs.data();
+    b.targets = targets.data();
+    return b;
   }
 };
 
@@ -75,11 +122,12 @@ struct Run {
   MPI_Comm comm;
   int rank = 0, world = 1, threads = 1;
   const Ops* ops = nullptr;
-  BatchReader train_data, val_data;
+  DataSplit train_data, val_data;
   bool has_val = false;
-  int64_t train_windows = 0, val_windows = 0;
+  int64_t train_windows = 0, val_windows = 0;  // samples: windows (LM) or examples (classification)
   std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<Gpt2> model;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Activations> acts;
   std::unique_ptr<Optimizer> opt;
   Tracer tracer;
   std::unique_ptr<GradSync> sync;
@@ -108,18 +156,27 @@ void trim_jsonl(const std::string& path, const std::function<bool(int64_t)>& kee
 // belongs to this model and configuration.
 void resume_from(Run& r, const std::string& path) {
   CheckpointInfo info = read_checkpoint_info(path);
-  const ModelShape& m = r.model->shape;
-  auto same = [&](const char* key, int64_t theirs, int64_t ours) {
-    if (theirs != ours)
-      fail("checkpoint '", path, "' was made for ", key, " ", theirs, ", but this configuration has ", ours,
-           ": resume with the configuration the checkpoint was made with (stored in it, and in the run's "
-           "config.json), or start a new run.dir");
-  };
-  same("model.n_layer", info.shape.n_layer, m.n_layer);
-  same("model.n_head", info.shape.n_head, m.n_head);
-  same("model.d_model", info.shape.d_model, m.d_model);
-  same("model.seq_len", info.shape.max_seq_len, m.max_seq_len);
-  same("model.vocab_size", info.shape.vocab_size, m.vocab_size);
+  const ModelDesc& m = r.model->desc;
+  if (info.desc.family != m.family)
+    fail("checkpoint '", path, "' holds a ", family_name(info.desc.family), " model, but this configuration has "
+         "model.family \"", family_name(m.family), "\": resume it with model.family \"",
+         family_name(info.desc.family), "\", or start a new run.dir");
+  // Everything that shapes the parameters or the function must agree; dropout and init_std may change.
+  nlohmann::json theirs = model_desc_json(info.desc), ours = model_desc_json(m);
+  for (const char* k : {"init_std", "dropout", "attn_dropout"}) theirs.erase(k), ours.erase(k);
+  std::string first, also;
+  for (auto& [k, v] : ours.items()) {
+    if (theirs[k] == v) continue;
+    const std::string key = "model." + (k == "max_seq_len" ? std::string("seq_len") : k);
+    if (first.empty())
+      first = key + " " + theirs[k].dump() + ", but this configuration has " + v.dump();
+    else
+      also += (also.empty() ? "" : ", ") + key + " " + theirs[k].dump() + " vs " + v.dump();
+  }
+  if (!first.empty())
+    fail("checkpoint '", path, "' was made for ", first, also.empty() ? "" : " (also: " + also + ")",
+         ": resume with the configuration the checkpoint was made with (stored in it, and in the run's "
+         "config.json), or start a new run.dir");
   if (info.param_table_json != param_table_json(r.model->table) || info.n != r.model->table.numel)
     fail("checkpoint '", path, "' holds a different parameter layout than this model; start a new run.dir");
   if (info.optimizer != r.cfg.train.optimizer)
@@ -158,7 +215,7 @@ std::string save_checkpoint(Run& r, int64_t steps_done) {
   i.world_size = r.world;
   i.rows = rows;
   i.seed = r.cfg.train.seed;
-  i.shape = r.model->shape;
+  i.desc = r.model->desc;
   i.n = n;
   i.config_json = r.cfg.resolved.dump();
   i.param_table_json = param_table_json(r.model->table);
@@ -252,35 +309,38 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
 
   // Data.
   const int T = cfg.model.seq_len;
-  r.train_data.T = T;
-  r.train_data.file.open(cfg.data.train);
-  const int64_t file_vocab = r.train_data.file.info().vocab_size;
+  const bool cls = parse_family(cfg.model.family) == Family::bert;
+  r.train_data.open(cfg.data.train, cfg.model.family, cls, T);
+  const int64_t file_vocab = r.train_data.vocab_size();
   int vocab = cfg.model.vocab_size > 0 ? cfg.model.vocab_size : (int)file_vocab;
   if (file_vocab > vocab)
     fail("model.vocab_size is ", vocab, " but '", cfg.data.train, "' was tokenized with a vocabulary of ",
          file_vocab, ": set model.vocab_size >= ", file_vocab, " (or 0 to take it from the file)");
-  r.train_windows = (r.train_data.file.n_tokens() - 1) / T;
+  r.train_windows = r.train_data.n_samples;
   if (r.train_windows < 1)
-    fail("model.seq_len (", T, ") is longer than the data in '", cfg.data.train, "' (",
-         r.train_data.file.n_tokens(), " tokens): use a shorter seq_len or more data");
+    fail("model.seq_len (", T, ") is longer than the data in '", cfg.data.train, "': use a shorter seq_len or more data");
+  if (cls && r.train_data.examples_file.info().num_labels > cfg.model.num_labels)
+    fail("'", cfg.data.train, "' has ", r.train_data.examples_file.info().num_labels, " labels but model.num_labels is ",
+         cfg.model.num_labels, ": set model.num_labels to ", r.train_data.examples_file.info().num_labels);
   r.sampler = std::make_unique<Sampler>(r.train_windows, cfg.train.global_batch, r.world, r.rank, cfg.train.seed);
   if (!cfg.data.val.empty()) {
     r.has_val = true;
-    r.val_data.T = T;
-    r.val_data.file.open(cfg.data.val);
-    if (r.val_data.file.info().vocab_size > vocab)
-      fail("'", cfg.data.val, "' has vocabulary ", r.val_data.file.info().vocab_size,
-           " but the model has ", vocab, ": make train and val files with the same tokenizer");
-    r.val_windows = (r.val_data.file.n_tokens() - 1) / T;
+    r.val_data.open(cfg.data.val, cfg.model.family, cls, T);
+    if (r.val_data.vocab_size() > vocab)
+      fail("'", cfg.data.val, "' has vocabulary ", r.val_data.vocab_size(), " but the model has ", vocab,
+           ": make train and val files with the same tokenizer");
+    r.val_windows = r.val_data.n_samples;
     if (r.val_windows < cfg.train.global_batch)
-      fail("'", cfg.data.val, "' holds ", r.val_windows, " windows of seq_len+1 tokens, fewer than one global batch (",
-           cfg.train.global_batch, "): use a larger validation split (llmpi-prep --val-fraction) or a smaller batch");
+      fail("'", cfg.data.val, "' holds ", r.val_windows, cls ? " examples" : " windows of seq_len+1 tokens",
+           ", fewer than one global batch (", cfg.train.global_batch,
+           "): use a larger validation split (llmpi-prep --val-fraction) or a smaller batch");
   }
 
   // Model and optimizer.
-  ModelShape shape{cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model, T, vocab};
-  r.model = std::make_unique<Gpt2>(shape, *r.ops);
-  r.model->init_params(cfg.train.seed, cfg.model.init_std);
+  const ModelDesc desc = model_desc_from_config(cfg.model, vocab);
+  r.model = std::make_unique<Model>(desc, *r.ops);
+  r.model->init_params(cfg.train.seed);
+  r.acts = std::make_unique<Activations>(*r.model, r.sampler->local_batch(), T);
   r.opt = std::make_unique<Optimizer>(*r.ops, r.model->table.numel, cfg.train.optimizer);
   SyncOptions so;
   so.method = parse_sync_method(cfg.parallel.sync);
@@ -319,21 +379,35 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   }
 }
 
-// Mean loss over the validation batches, averaged over ranks.
-float evaluate(Run& r, int64_t step) {
+// Mean loss over the validation batches, averaged over ranks, and (classifier) the accuracy.
+struct EvalResult {
+  float loss = 0;
+  double accuracy = -1;  // < 0: not a classifier
+};
+EvalResult evaluate(Run& r, int64_t step) {
   r.watchdog->enter("evaluation", step);
-  const int G = r.cfg.train.global_batch, lb = G / r.world, T = r.cfg.model.seq_len;
+  const int G = r.cfg.train.global_batch, lb = G / r.world;
   int64_t batches = std::min<int64_t>(r.cfg.train.eval_batches, r.val_windows / G);
-  double sum = 0;
+  const bool cls = r.model->desc.head == HeadKind::classifier;
+  double sums[3] = {0, 0, 0};  // loss, correct, counted
+  r.acts->dropout = DropoutContext{};  // no dropout
   for (int64_t k = 0; k < batches; k++) {
     std::vector<int64_t> w(lb);
     for (int i = 0; i < lb; i++) w[i] = k * G + (int64_t)r.rank * lb + i;
-    r.val_data.read(w);
-    sum += r.model->forward(r.val_data.inputs.data(), r.val_data.targets.data(), lb, T, false);
+    Batch b = r.val_data.read(w);
+    sums[0] += r.model->forward(*r.acts, b, false);
+    if (cls) {
+      std::vector<int> pred = r.model->predictions(*r.acts);
+      for (int i = 0; i < lb; i++) sums[1] += pred[i] == b.labels[i];
+      sums[2] += lb;
+    }
   }
-  double total = 0;
-  MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, r.comm);
-  return (float)(total / ((double)batches * r.world));
+  double total[3];
+  MPI_Allreduce(sums, total, 3, MPI_DOUBLE, MPI_SUM, r.comm);
+  EvalResult e;
+  e.loss = (float)(total[0] / ((double)batches * r.world));
+  if (cls) e.accuracy = total[2] > 0 ? total[1] / total[2] : 0.0;
+  return e;
 }
 
 }  // namespace
@@ -352,21 +426,25 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
   const TrainConfig& tc = cfg.train;
   const int T = cfg.model.seq_len, lb = r.sampler->local_batch();
   const bool print = o.print && r.rank == 0;
-  Gpt2& model = *r.model;
+  Model& model = *r.model;
   Watchdog& wd = *r.watchdog;
   TrainResult res;
   res.n_params = (int64_t)model.table.numel;
-  res.flops_per_token = gpt2_flops_per_token(model.shape, T);
+  res.flops_per_token = flops_per_token(model.desc, model.table.numel, T);
   res.start_step = r.start_step;
   const double tokens_per_step = (double)tc.global_batch * T;
 
   if (print) {
-    const bool gpu = std::string(r.ops->name) != "cpu";
+    const bool gpu = r.ops->on_gpu();
     std::printf("llmpi-train: %d rank%s × %d thread%s, device %s\n", r.world, r.world > 1 ? "s" : "", r.threads,
                 r.threads > 1 ? "s" : "", gpu ? ("cuda: " + cuda_device_name()).c_str() : "cpu");
-    std::printf("model gpt2: %d layers, %d heads, d_model %d, seq_len %d, vocab %d: %.2fM parameters, "
+    const ModelDesc& d = model.desc;
+    std::printf("model %s: %d layers, %d heads%s, d_model %d, ffn %d, seq_len %d, vocab %d%s: %.2fM parameters, "
                 "%.1f MFLOP/token (training)\n",
-                cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model, T, model.shape.vocab_size,
+                family_name(d.family), d.n_layer, d.n_head,
+                d.n_kv_head != d.n_head ? (" (" + std::to_string(d.n_kv_head) + " kv)").c_str() : "", d.d_model,
+                d.ffn_dim, T, d.vocab_size,
+                d.head == HeadKind::classifier ? (", " + std::to_string(d.num_labels) + " labels").c_str() : "",
                 res.n_params / 1e6, res.flops_per_token / 1e6);
     std::printf("data: %s: %lld windows (%lld steps/epoch at global batch %d = %d per rank)%s%s\n",
                 cfg.data.train.c_str(), (long long)r.train_windows, (long long)r.sampler->steps_per_epoch(),
@@ -400,12 +478,20 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
 
   auto do_eval = [&](int64_t step) {
     if (!r.has_val) return;
-    float vl = evaluate(r, step);
+    EvalResult e = evaluate(r, step);
     res.eval_steps.push_back(step);
-    res.val_losses.push_back(vl);
-    if (r.evals) r.evals->write({{"step", step}, {"val_loss", vl}});
+    res.val_losses.push_back(e.loss);
+    if (e.accuracy >= 0) res.val_accuracy.push_back(e.accuracy);
+    if (r.evals) {
+      nlohmann::json line = {{"step", step}, {"val_loss", e.loss}};
+      if (e.accuracy >= 0) line["accuracy"] = e.accuracy;
+      r.evals->write(line);
+    }
     if (print) {
-      std::printf("eval  step %6lld | val_loss %.4f\n", (long long)step, vl);
+      if (e.accuracy >= 0)
+        std::printf("eval  step %6lld | val_loss %.4f | accuracy %.4f\n", (long long)step, e.loss, e.accuracy);
+      else
+        std::printf("eval  step %6lld | val_loss %.4f\n", (long long)step, e.loss);
       std::fflush(stdout);
     }
   };
@@ -426,15 +512,16 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     r.tracer.enabled = o.write_run_dir && step - r.start_step < cfg.runtime.trace_steps;
     const double t0 = now_ms();
     wd.enter("data", step);
-    r.train_data.read(r.sampler->windows(step));
+    const Batch batch = r.train_data.read(r.sampler->windows(step));
     const double t1 = now_ms();
     wd.enter("forward", step);
     model.zero_grads();
-    float local_loss = model.forward(r.train_data.inputs.data(), r.train_data.targets.data(), lb, T, true);
+    r.acts->dropout = DropoutContext{true, tc.seed, step, r.rank, 0};
+    float local_loss = model.forward(*r.acts, batch, true);
     const double t2 = now_ms();
     wd.enter("backward", step);
     r.sync->begin_step();
-    model.backward([&](size_t k) { r.sync->on_ready(k); });
+    model.backward(*r.acts, [&](size_t k) { r.sync->on_ready(k); });
     if (r.on_gpu) cuda_synchronize();  // so backward_ms is the GPU's time, not the launch time
     const double t3 = now_ms();
     wd.enter("gradient sync", step);

@@ -37,6 +37,7 @@ struct TrainResult {
   int64_t start_step = 0;                  // first step run (> 0 after a resume)
   std::vector<int64_t> eval_steps;         // steps after which validation ran
   std::vector<float> val_losses;           // the validation loss at each
+  std::vector<double> val_accuracy;        // classifier: the validation accuracy at each
   std::vector<double> step_ms;             // wall time of each step on this rank
   double tokens_per_s_median = 0;          // global tokens/s, median over steps after the first
   int64_t n_params = 0;

@@ -1,22 +1,38 @@
-// Causal multi-head self-attention, GEMM-based.
+// Multi-head attention with grouped K/V heads, GEMM-based.
 //
-// Per (batch b, head h), with Q, K, V the [T, hs] strided views of qkv (leading dimension 3C;
-// head h starts at column h*hs of its third) and O the [T, hs] view of out (leading dimension C):
-//   S = Q K^T / sqrt(hs);  P = softmax_rows(S masked to j <= i);  O = P V
-// The query rows are processed in blocks [i0, i1) of kAttnBlock rows. Rows of a block attend only
-// to keys [0, i1), so each GEMM runs on the block's [i1]-wide prefix: about half of the T x T
-// work (the masked upper triangle) is never computed.
+// Layout: a qkv row holds [NH*hs q | NKV*hs k | NKV*hs v] (width W = (NH + 2 NKV) hs); query head
+// h reads k/v head g = h / (NH/NKV) through a strided view (leading dimension W): the K/V of a
+// group are never copied. With Q, K, V the [T, hs] views of batch b and O the [T, hs] view of
+// out (leading dimension NH*hs):
+//   S = Q K^T / sqrt(hs);  P = softmax over the keys j valid for query i;  O = P~ V
+// where key j is valid for query i unless (causal and j > i) or mask[b,j] == 0, a row with no
+// valid key has P = 0, and P~ = P * keep / (1-p) with keep_e = dropout_keep(key, e, p) for the
+// flat index e = ((b NH + h) T + i) T + j of the element in att (P~ = P when p == 0). att keeps P.
 //
-// Threading: one (b, h) pair per OpenMP iteration; pairs write disjoint parts of out/att/dqkv and
-// scratch, so there are no races and results do not depend on the thread count. While OpenMP
+// The query rows are processed in blocks [i0, i1) of kAttnBlock rows, and each block only looks
+// at the key prefix [0, nk) that can be valid for it: nk = i1 when causal (the masked upper
+// triangle is never computed), and nk never extends past the last unmasked key of the sequence
+// (trailing padding is skipped). Every product runs as an sgemm on that [m x nk] block, causal or
+// bidirectional alike.
+//
+// Causal, no mask, no dropout, NKV == NH is the GPT-2 path: it makes exactly the calls (same GEMMs,
+// same blocks, same fast_expf softmax) of the original causal-only implementation, so its results
+// are bitwise those of before.
+//
+// Threading: forward runs one (b, h) pair per OpenMP iteration (K/V are only read). Backward runs
+// one (b, kv head) pair per iteration, looping over the query heads of the group inside, so one
+// thread owns dK/dV of that pair: no races, and every gradient element receives its terms in a
+// fixed order (query heads in order, row blocks in order) whatever the thread count. While OpenMP
 // threads run concurrent sgemm calls, OpenBLAS is held to one thread (these GEMMs are small).
 #include <cblas.h>
 
 #include <cmath>
+#include <vector>
 
 #include <omp.h>
 
 #include "backend/cpu/cpu_ops.h"
+#include "runtime/error.h"
 
 extern "C" {
 void openblas_set_num_threads(int num_threads);
@@ -44,8 +60,52 @@ struct SerialBlas {
   SerialBlas& operator=(const SerialBlas&) = delete;
 };
 
+// The shape of one attention call, and the views into qkv / out / att of a (b, h) pair.
+struct AttentionShape {
+  int B, T, NH, NKV, hs;
+  int W;      // qkv row width: (NH + 2 NKV) hs
+  int C;      // out row width: NH hs
+  int group;  // query heads per kv head: NH / NKV
+  bool causal;
+
+  AttentionShape(int B_, int T_, int NH_, int NKV_, int hs_, bool causal_)
+      : B(B_), T(T_), NH(NH_), NKV(NKV_), hs(hs_), W((NH_ + 2 * NKV_) * hs_), C(NH_ * hs_),
+        group(NH_ / NKV_), causal(causal_) {}
+
+  size_t q_offset(int b, int h) const {
+    return static_cast<size_t>(b) * T * W + static_cast<size_t>(h) * hs;
+  }
+  size_t k_offset(int b, int g) const {
+    return static_cast<size_t>(b) * T * W + static_cast<size_t>(NH + g) * hs;
+  }
+  size_t v_offset(int b, int g) const {
+    return static_cast<size_t>(b) * T * W + static_cast<size_t>(NH + NKV + g) * hs;
+  }
+  size_t out_offset(int b, int h) const {
+    return static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * hs;
+  }
+  size_t att_offset(int b, int h) const {
+    return (static_cast<size_t>(b) * NH + h) * T * T;
+  }
+  // The keys a row block [i0, i1) may attend to: [0, nk). `kend` bounds the unmasked keys.
+  int block_keys(int i1, int kend) const {
+    const int lim = causal ? i1 : T;
+    return lim < kend ? lim : kend;
+  }
+};
+
+// One past the last key of sequence b that the mask leaves valid (T without a mask; 0 when every
+// key is masked).
+int valid_key_end(const int32_t* mask, int b, int T) {
+  if (mask == nullptr) return T;
+  const int32_t* m = mask + static_cast<size_t>(b) * T;
+  int e = T;
+  while (e > 0 && m[e - 1] == 0) e--;
+  return e;
+}
+
 // Row i of a probability block, in place: p_j = exp(s_j - max) / Σ_{j'<=i} exp(s_j' - max) for
-// j <= i, and p_j = 0 for i < j < T.
+// j <= i, and p_j = 0 for i < j < T. (The causal, unmasked path: unchanged from the original.)
 inline void causal_softmax_row(float* row, int i, int T) {
   const int n = i + 1;
   float mx = -INFINITY;
@@ -64,93 +124,227 @@ inline void causal_softmax_row(float* row, int i, int T) {
   for (int j = n; j < T; j++) row[j] = 0.0f;
 }
 
+// A score row over the keys [0, n), in place, with the keys where keymask[j] == 0 excluded
+// (keymask null: none excluded):
+//   p_j = exp(s_j - max) / Σ_{valid j'} exp(s_j' - max) for valid j, 0 for the others and for
+//   n <= j < T; a row with no valid key is all 0.
+// Excluded keys enter the max as -inf, and their exp is replaced by +0 (a bit mask, so the loop
+// vectorises; whatever fast_expf returned for them is discarded).
+inline void masked_softmax_row(float* row, int n, int T, const int32_t* keymask) {
+  float mx = -INFINITY;
+  if (keymask == nullptr) {
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j < n; j++) mx = row[j] > mx ? row[j] : mx;
+  } else {
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j < n; j++) {
+      const float s = select_float(keymask[j] != 0, row[j], -INFINITY);
+      mx = s > mx ? s : mx;
+    }
+  }
+  if (mx == -INFINITY) {  // no valid key (or only -inf scores, which finite inputs never give)
+    for (int j = 0; j < T; j++) row[j] = 0.0f;
+    return;
+  }
+  float s = 0.0f;
+  if (keymask == nullptr) {
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < n; j++) {
+      const float e = fast_expf(row[j] - mx);
+      row[j] = e;
+      s += e;
+    }
+  } else {
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < n; j++) {
+      const uint32_t valid = 0u - static_cast<uint32_t>(keymask[j] != 0);
+      const float e = keep_or_zero(valid, fast_expf(row[j] - mx));
+      row[j] = e;
+      s += e;
+    }
+  }
+  const float inv = 1.0f / s;
+#pragma omp simd
+  for (int j = 0; j < n; j++) row[j] *= inv;
+  for (int j = n; j < T; j++) row[j] = 0.0f;
+}
+
+// dropped[r, j] = p[r, j] * keep(e0 + r T + j) * inv_keep for the rows r < m, keys j < nk of a
+// block (row stride T for both; e0 = flat att index of the block's first element; keep through
+// dropout_keep_bits with threshold = dropout_threshold(p), i.e. dropout_keep(key, e, p)).
+void dropout_block(float* dropped, const float* p, int m, int nk, int T, uint64_t e0,
+                   uint64_t threshold, float inv_keep, uint64_t key) {
+  for (int r = 0; r < m; r++) {
+    const float* pr = p + static_cast<size_t>(r) * T;
+    float* dr = dropped + static_cast<size_t>(r) * T;
+    const uint64_t er = e0 + static_cast<uint64_t>(r) * T;
+#pragma omp simd
+    for (int j = 0; j < nk; j++)
+      dr[j] = keep_or_zero(dropout_keep_bits(key, er + static_cast<uint64_t>(j), threshold),
+                           pr[j] * inv_keep);
+  }
+}
+
+void check_dropout_p(const char* op, float p) {
+  if (!(p >= 0.0f && p < 1.0f)) fail(op, ": dropout probability ", p, " is outside [0, 1)");
+}
+
 }  // namespace
 
-// For each (b, h) and row block [i0, i1), m = i1 - i0:
-//   att[i0:i1, 0:i1] = (1/sqrt(hs)) Q[i0:i1] K[0:i1]^T          sgemm (m x i1, k = hs)
-//   att[i, :] <- causal softmax of row i (zeros right of the diagonal, up to T)
-//   out[i0:i1]       = att[i0:i1, 0:i1] V[0:i1]                  sgemm (m x hs, k = i1)
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+// For each (b, h) and row block [i0, i1), m = i1 - i0, keys [0, nk):
+//   att[i0:i1, 0:nk] = (1/sqrt(hs)) Q[i0:i1] K[0:nk]^T           sgemm (m x nk, k = hs)
+//   att[i, :] <- softmax of row i over its valid keys (zeros elsewhere, up to T)
+//   out[i0:i1]       = P~[i0:i1, 0:nk] V[0:nk]                    sgemm (m x hs, k = nk)
+// (P~ = att itself without dropout, else a per-thread block buffer.)
+void attention_forward(float* out, float* att, const float* qkv, const int32_t* mask, int B, int T,
+                       int NH, int NKV, int hs, bool causal, float dropout_p,
+                       uint64_t dropout_key) {
+  check_dropout_p("attention_forward", dropout_p);
+  const AttentionShape sh(B, T, NH, NKV, hs, causal);
+  const int W = sh.W, C = sh.C;
   const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
+  const bool dropout = dropout_p > 0.0f;
+  const float inv_keep = dropout ? 1.0f / (1.0f - dropout_p) : 1.0f;
+  const uint64_t threshold = dropout_threshold(dropout_p);
+  const bool causal_plain = causal && mask == nullptr;  // the original causal softmax
   const int BH = B * NH;
   const bool par = BH > 1 && omp_get_max_threads() > 1;
   SerialBlas serial(par);
-#pragma omp parallel for schedule(static) if (par)
-  for (int bh = 0; bh < BH; bh++) {
-    const int b = bh / NH, h = bh % NH;
-    const float* q = qkv + static_cast<size_t>(b) * T * C3 + static_cast<size_t>(h) * hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* a = att + static_cast<size_t>(bh) * T * T;
-    float* o = out + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * hs;
-    for (int i0 = 0; i0 < T; i0 += kAttnBlock) {
-      const int i1 = i0 + kAttnBlock < T ? i0 + kAttnBlock : T;
-      const int m = i1 - i0;
-      float* ab = a + static_cast<size_t>(i0) * T;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, hs, sc,
-                  q + static_cast<size_t>(i0) * C3, C3, k, C3, 0.0f, ab, T);
-      for (int i = i0; i < i1; i++) causal_softmax_row(a + static_cast<size_t>(i) * T, i, T);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, i1, 1.0f, ab, T, v, C3, 0.0f,
-                  o + static_cast<size_t>(i0) * C, C);
+#pragma omp parallel if (par)
+  {
+    std::vector<float> dropped(dropout ? static_cast<size_t>(kAttnBlock) * T : 0);
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < BH; bh++) {
+      const int b = bh / NH, h = bh % NH, g = h / sh.group;
+      const float* q = qkv + sh.q_offset(b, h);
+      const float* k = qkv + sh.k_offset(b, g);
+      const float* v = qkv + sh.v_offset(b, g);
+      float* a = att + sh.att_offset(b, h);
+      float* o = out + sh.out_offset(b, h);
+      const int32_t* keymask = mask ? mask + static_cast<size_t>(b) * T : nullptr;
+      const int kend = valid_key_end(mask, b, T);
+      for (int i0 = 0; i0 < T; i0 += kAttnBlock) {
+        const int i1 = i0 + kAttnBlock < T ? i0 + kAttnBlock : T;
+        const int m = i1 - i0;
+        const int nk = sh.block_keys(i1, kend);
+        float* ab = a + static_cast<size_t>(i0) * T;
+        if (nk == 0) {  // every key of the block masked: P = 0, out = 0
+          for (size_t e = 0; e < static_cast<size_t>(m) * T; e++) ab[e] = 0.0f;
+          for (int i = i0; i < i1; i++)
+            for (int d = 0; d < hs; d++) o[static_cast<size_t>(i) * C + d] = 0.0f;
+          continue;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hs, sc,
+                    q + static_cast<size_t>(i0) * W, W, k, W, 0.0f, ab, T);
+        if (causal_plain) {
+          for (int i = i0; i < i1; i++) causal_softmax_row(a + static_cast<size_t>(i) * T, i, T);
+        } else {
+          for (int i = i0; i < i1; i++) {
+            const int n = causal && i + 1 < nk ? i + 1 : nk;
+            masked_softmax_row(a + static_cast<size_t>(i) * T, n, T, keymask);
+          }
+        }
+        const float* pb = ab;
+        if (dropout) {
+          dropout_block(dropped.data(), ab, m, nk, T,
+                        sh.att_offset(b, h) + static_cast<size_t>(i0) * T, threshold, inv_keep,
+                        dropout_key);
+          pb = dropped.data();
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, nk, 1.0f, pb, T, v, W, 0.0f,
+                    o + static_cast<size_t>(i0) * C, C);
+      }
     }
   }
 }
 
-// For each (b, h), with P = att, dO the [T, hs] view of dout, and row block [i0, i1):
-//   dP[i0:i1, 0:i1]  = dO[i0:i1] V[0:i1]^T                       sgemm -> scratch
-//   dS_ij            = P_ij (dP_ij - Σ_j' dP_ij' P_ij')           (softmax backward; 0 for j > i)
-//   dQ[i0:i1]       += (1/sqrt(hs)) dS[i0:i1, 0:i1] K[0:i1]       sgemm, beta = 1
-//   dK[0:i1]        += (1/sqrt(hs)) dS[i0:i1, 0:i1]^T Q[i0:i1]    sgemm, beta = 1
-//   dV[0:i1]        += P[i0:i1, 0:i1]^T dO[i0:i1]                 sgemm, beta = 1
+// For each (b, kv head g), each query head h of its group, row block [i0, i1), keys [0, nk), with
+// P = att, dO the [T, hs] view of dout and, with dropout, P~ = P keep inv_keep (recomputed from
+// the key into a per-thread block buffer):
+//   dV[0:nk]        += P~[i0:i1, 0:nk]^T dO[i0:i1]               sgemm, beta = 1
+//   dP~[i0:i1, 0:nk] = dO[i0:i1] V[0:nk]^T                        sgemm -> scratch
+//   dS_ij            = P_ij (dP_ij - Σ_j' dP_ij' P_ij')           (softmax backward; masked and
+//                                                                  causal-future keys have P = 0)
+//     where dP_ij = dP~_ij keep_ij inv_keep, so that P_ij dP_ij = P~_ij dP~_ij and
+//     dS_ij = P~_ij dP~_ij - P_ij Σ_j' P~_ij' dP~_ij'   (no second pass over the keep mask)
+//   dQ[i0:i1]       += (1/sqrt(hs)) dS[i0:i1, 0:nk] K[0:nk]       sgemm, beta = 1
+//   dK[0:nk]        += (1/sqrt(hs)) dS[i0:i1, 0:nk]^T Q[i0:i1]    sgemm, beta = 1
 // (dQ, dK, dV are the strided views of dqkv, like Q, K, V of qkv.)
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                        const float* att, int B, int T, int C, int NH) {
-  const int hs = C / NH;
-  const int C3 = 3 * C;
+                        const float* att, const int32_t* mask, int B, int T, int NH, int NKV,
+                        int hs, bool causal, float dropout_p, uint64_t dropout_key) {
+  check_dropout_p("attention_backward", dropout_p);
+  const AttentionShape sh(B, T, NH, NKV, hs, causal);
+  const int W = sh.W, C = sh.C;
   const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int BH = B * NH;
-  const bool par = BH > 1 && omp_get_max_threads() > 1;
+  const bool dropout = dropout_p > 0.0f;
+  const float inv_keep = dropout ? 1.0f / (1.0f - dropout_p) : 1.0f;
+  const uint64_t threshold = dropout_threshold(dropout_p);
+  const int BG = B * NKV;
+  const bool par = BG > 1 && omp_get_max_threads() > 1;
   SerialBlas serial(par);
-#pragma omp parallel for schedule(static) if (par)
-  for (int bh = 0; bh < BH; bh++) {
-    const int b = bh / NH, h = bh % NH;
-    const size_t qoff = static_cast<size_t>(b) * T * C3 + static_cast<size_t>(h) * hs;
-    const float* q = qkv + qoff;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* dq = dqkv + qoff;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const float* p = att + static_cast<size_t>(bh) * T * T;
-    float* ds = scratch + static_cast<size_t>(bh) * T * T;
-    const float* dO = dout + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * hs;
-    for (int i0 = 0; i0 < T; i0 += kAttnBlock) {
-      const int i1 = i0 + kAttnBlock < T ? i0 + kAttnBlock : T;
-      const int m = i1 - i0;
-      float* dsb = ds + static_cast<size_t>(i0) * T;
-      const float* pb = p + static_cast<size_t>(i0) * T;
-      const float* dOb = dO + static_cast<size_t>(i0) * C;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, hs, 1.0f, dOb, C, v, C3, 0.0f,
-                  dsb, T);
-      for (int i = i0; i < i1; i++) {
-        const float* pr = p + static_cast<size_t>(i) * T;
-        float* dr = ds + static_cast<size_t>(i) * T;
-        const int n = i + 1;
-        float dot = 0.0f;
+#pragma omp parallel if (par)
+  {
+    std::vector<float> dropped(dropout ? static_cast<size_t>(kAttnBlock) * T : 0);
+#pragma omp for schedule(static)
+    for (int bg = 0; bg < BG; bg++) {
+      const int b = bg / NKV, g = bg % NKV;
+      const float* k = qkv + sh.k_offset(b, g);
+      const float* v = qkv + sh.v_offset(b, g);
+      float* dk = dqkv + sh.k_offset(b, g);
+      float* dv = dqkv + sh.v_offset(b, g);
+      const int kend = valid_key_end(mask, b, T);
+      for (int h = g * sh.group; h < (g + 1) * sh.group; h++) {
+        const float* q = qkv + sh.q_offset(b, h);
+        float* dq = dqkv + sh.q_offset(b, h);
+        const float* p = att + sh.att_offset(b, h);
+        float* ds = scratch + sh.att_offset(b, h);
+        const float* dO = dout + sh.out_offset(b, h);
+        for (int i0 = 0; i0 < T; i0 += kAttnBlock) {
+          const int i1 = i0 + kAttnBlock < T ? i0 + kAttnBlock : T;
+          const int m = i1 - i0;
+          const int nk = sh.block_keys(i1, kend);
+          if (nk == 0) continue;  // P = 0 on the whole block: nothing flows back
+          float* dsb = ds + static_cast<size_t>(i0) * T;
+          const float* pb = p + static_cast<size_t>(i0) * T;
+          const float* dOb = dO + static_cast<size_t>(i0) * C;
+          if (dropout) {
+            dropout_block(dropped.data(), pb, m, nk, T,
+                          sh.att_offset(b, h) + static_cast<size_t>(i0) * T, threshold, inv_keep,
+                          dropout_key);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, m, 1.0f, dropped.data(),
+                        T, dOb, C, 1.0f, dv, W);
+          }
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hs, 1.0f, dOb, C, v, W,
+                      0.0f, dsb, T);
+          for (int i = i0; i < i1; i++) {
+            const float* pr = p + static_cast<size_t>(i) * T;
+            float* dr = ds + static_cast<size_t>(i) * T;
+            const int n = causal && i + 1 < nk ? i + 1 : nk;
+            float dot = 0.0f;
+            if (dropout) {
+              const float* tr = dropped.data() + static_cast<size_t>(i - i0) * T;
 #pragma omp simd reduction(+ : dot)
-        for (int j = 0; j < n; j++) dot += dr[j] * pr[j];
+              for (int j = 0; j < n; j++) dot += dr[j] * tr[j];
 #pragma omp simd
-        for (int j = 0; j < n; j++) dr[j] = pr[j] * (dr[j] - dot);
-        for (int j = n; j < i1; j++) dr[j] = 0.0f;
+              for (int j = 0; j < n; j++) dr[j] = tr[j] * dr[j] - pr[j] * dot;
+            } else {
+#pragma omp simd reduction(+ : dot)
+              for (int j = 0; j < n; j++) dot += dr[j] * pr[j];
+#pragma omp simd
+              for (int j = 0; j < n; j++) dr[j] = pr[j] * (dr[j] - dot);
+            }
+            for (int j = n; j < nk; j++) dr[j] = 0.0f;
+          }
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, nk, sc, dsb, T, k, W,
+                      1.0f, dq + static_cast<size_t>(i0) * W, W);
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, m, sc, dsb, T,
+                      q + static_cast<size_t>(i0) * W, W, 1.0f, dk, W);
+          if (!dropout)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, m, 1.0f, pb, T, dOb, C,
+                        1.0f, dv, W);
+        }
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, i1, sc, dsb, T, k, C3, 1.0f,
-                  dq + static_cast<size_t>(i0) * C3, C3);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hs, m, sc, dsb, T,
-                  q + static_cast<size_t>(i0) * C3, C3, 1.0f, dk, C3);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hs, m, 1.0f, pb, T, dOb, C, 1.0f,
-                  dv, C3);
     }
   }
 }

@@ -6,63 +6,26 @@
 // combined in chunk order, so results are bitwise identical run to run (and, for those, whatever
 // the thread count). GEMMs go to OpenBLAS sgemm.
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
+#include "backend/dropout_hash.h"
+#include "backend/op_list.h"
+
 namespace llmpi::cpu {
 
-// memory.cpp
-void* alloc(size_t bytes);
-void free(void* p);
-void zero(void* p, size_t bytes);
-void copy(void* dst, const void* src, size_t bytes);
+// Every op of backend/op_list.h, implemented in the file of its family: memory.cpp,
+// embedding.cpp, layernorm.cpp (LayerNorm, RMSNorm), matmul.cpp, rope.cpp, attention.cpp,
+// activations.cpp (GELU tanh/erf, SwiGLU, tanh, dropout), residual.cpp (residual, first token),
+// softmax_xent.cpp, adamw.cpp (optimizer updates and gradient utilities).
+LLMPI_OPS(LLMPI_DECLARE_OP)
 
-// embedding.cpp
-void embedding_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                       int T, int C);
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
-                        int T, int C);
-
-// layernorm.cpp
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C);
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C);
-
-// matmul.cpp
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC);
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC);
-
-// attention.cpp
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
-void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                        const float* att, int B, int T, int C, int NH);
-// Rows of the T x T score matrix are processed in blocks of this many query rows; a block
-// [i0, i0+kAttnBlock) only needs keys [0, i0+kAttnBlock), so the GEMMs skip most of the
-// upper (masked) triangle.
+// attention.cpp: rows of the T x T score matrix are processed in blocks of this many query rows;
+// with a causal mask a block [i0, i0+kAttnBlock) only needs keys [0, i0+kAttnBlock), so the GEMMs
+// skip most of the upper (masked) triangle.
 constexpr int kAttnBlock = 64;
-
-// gelu.cpp
-void gelu_forward(float* out, const float* inp, size_t n);
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
-
-// residual.cpp
-void residual_forward(float* out, const float* a, const float* b, size_t n);
-
-// softmax_xent.cpp
-void softmax_xent(float* logits, float* losses, const int32_t* targets, int N, int V,
-                  float grad_scale);
-
-// adamw.cpp (optimizer updates and gradient utilities)
-void sgd_update(float* params, const float* grads, size_t n, float lr, float weight_decay);
-void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int t);
-double sum_squares(const float* x, size_t n);
-void scale(float* x, float s, size_t n);
 
 // ---- vectorisable math ------------------------------------------------------------------------
 
@@ -115,6 +78,30 @@ inline float fast_expf(float x) {
   float s;
   std::memcpy(&s, &eb, sizeof s);
   return p * s;
+}
+
+// Dropout's keep decision, dropout_keep(key, i, p) of backend/dropout_hash.h, bit for bit, in a
+// form whose loops vectorise: dropout_keep compares u = (h >> 40) * 2^-24 with p, and that product
+// is exact in float, so u >= p exactly when the integer (h >> 40) >= ceil(p * 2^24)
+// (dropout_threshold(p), computed once per call). dropout_keep_bits is all ones for a kept element
+// and 0 for a dropped one; keep_or_zero(bits, x) is then x or +0. (The uint64 -> float conversion
+// and the float select this avoids put branches in the loop, which stop vectorisation.)
+// test_cpu_ops checks the decision against dropout_keep.
+inline uint64_t dropout_threshold(float p) {
+  const double t = std::ceil(static_cast<double>(p) * 16777216.0);
+  return t <= 0.0 ? 0 : static_cast<uint64_t>(t);
+}
+inline uint32_t dropout_keep_bits(uint64_t key, uint64_t i, uint64_t threshold) {
+  const uint64_t h = mix64(key ^ mix64(i * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull));
+  return 0u - static_cast<uint32_t>((h >> 40) >= threshold);
+}
+inline float keep_or_zero(uint32_t bits, float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  u &= bits;
+  float r;
+  std::memcpy(&r, &u, sizeof r);
+  return r;
 }
 
 // Static partition of [0, n) into `parts` contiguous pieces; piece i is [begin, end).

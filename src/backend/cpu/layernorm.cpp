@@ -1,4 +1,4 @@
-// LayerNorm over the last dimension (C), eps = 1e-5, biased variance.
+// Normalisation over the last dimension (C): LayerNorm (biased variance) and RMSNorm.
 #include <cmath>
 #include <vector>
 
@@ -7,10 +7,11 @@
 namespace llmpi::cpu {
 
 namespace {
-constexpr float kEps = 1e-5f;
 // Rows per chunk for the dweight/dbias partial sums (fixed, so the result does not depend on the
 // thread count).
 constexpr int kChunkRows = 128;
+// Rows times channels above which the loops are split over OpenMP threads.
+constexpr long long kParMin = 1 << 15;
 }  // namespace
 
 // For each row x = inp[n, :]:
@@ -18,8 +19,8 @@ constexpr int kChunkRows = 128;
 //   out_c = (x_c - mean) * rstd * weight_c + bias_c
 // Two passes over the row (it sits in L1) instead of E[x²] - mean², which cancels badly.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C) {
-#pragma omp parallel for schedule(static) if (static_cast<long long>(N) * C > (1 << 15))
+                       const float* bias, int N, int C, float eps) {
+#pragma omp parallel for schedule(static) if (static_cast<long long>(N) * C > kParMin)
   for (int n = 0; n < N; n++) {
     const float* x = inp + static_cast<size_t>(n) * C;
     float* o = out + static_cast<size_t>(n) * C;
@@ -33,7 +34,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
       const float d = x[c] - m;
       v += d * d;
     }
-    const float r = 1.0f / std::sqrt(v / C + kEps);
+    const float r = 1.0f / std::sqrt(v / C + eps);
 #pragma omp simd
     for (int c = 0; c < C; c++) o[c] = (x[c] - m) * r * weight[c] + bias[c];
     mean[n] = m;
@@ -51,7 +52,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         int N, int C) {
   const int nchunks = (N + kChunkRows - 1) / kChunkRows;
   std::vector<float> part(static_cast<size_t>(nchunks) * 2 * C, 0.0f);
-#pragma omp parallel for schedule(static) if (static_cast<long long>(N) * C > (1 << 15))
+#pragma omp parallel for schedule(static) if (static_cast<long long>(N) * C > kParMin)
   for (int k = 0; k < nchunks; k++) {
     float* pw = part.data() + static_cast<size_t>(k) * 2 * C;
     float* pb = pw + C;
@@ -88,6 +89,62 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       dweight[c] += pw[c];
       dbias[c] += pb[c];
     }
+  }
+}
+
+// For each row x = inp[n, :]:
+//   ms = Σ_c x_c² / C;  rstd = 1 / sqrt(ms + eps);  out_c = x_c * rstd * weight_c
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
+                     float eps) {
+#pragma omp parallel for schedule(static) if (static_cast<long long>(N) * C > kParMin)
+  for (int n = 0; n < N; n++) {
+    const float* x = inp + static_cast<size_t>(n) * C;
+    float* o = out + static_cast<size_t>(n) * C;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int c = 0; c < C; c++) ss += x[c] * x[c];
+    const float r = 1.0f / std::sqrt(ss / C + eps);
+#pragma omp simd
+    for (int c = 0; c < C; c++) o[c] = x[c] * r * weight[c];
+    rstd[n] = r;
+  }
+}
+
+// Per row, with norm_c = x_c * rstd and g_c = weight_c * dout_c. Since d rstd / d x_c =
+// -rstd³ x_c / C:
+//   dinp_c    += rstd * (g_c - norm_c * mean_c'(g * norm))
+//   dweight_c += Σ_n norm_c * dout_c
+// The column sums are accumulated per chunk of kChunkRows rows (in parallel), then added to
+// dweight chunk by chunk in order (as in layernorm_backward).
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int N, int C) {
+  const int nchunks = (N + kChunkRows - 1) / kChunkRows;
+  std::vector<float> part(static_cast<size_t>(nchunks) * C, 0.0f);
+#pragma omp parallel for schedule(static) if (static_cast<long long>(N) * C > kParMin)
+  for (int k = 0; k < nchunks; k++) {
+    float* pw = part.data() + static_cast<size_t>(k) * C;
+    const int n1 = (k + 1) * kChunkRows < N ? (k + 1) * kChunkRows : N;
+    for (int n = k * kChunkRows; n < n1; n++) {
+      const float* x = inp + static_cast<size_t>(n) * C;
+      const float* dy = dout + static_cast<size_t>(n) * C;
+      float* dx = dinp + static_cast<size_t>(n) * C;
+      const float r = rstd[n];
+      float sgn = 0.0f;
+#pragma omp simd reduction(+ : sgn)
+      for (int c = 0; c < C; c++) sgn += weight[c] * dy[c] * (x[c] * r);
+      const float mgn = sgn / C;
+#pragma omp simd
+      for (int c = 0; c < C; c++) {
+        const float nrm = x[c] * r;
+        dx[c] += r * (weight[c] * dy[c] - nrm * mgn);
+        pw[c] += nrm * dy[c];
+      }
+    }
+  }
+  for (int k = 0; k < nchunks; k++) {
+    const float* pw = part.data() + static_cast<size_t>(k) * C;
+#pragma omp simd
+    for (int c = 0; c < C; c++) dweight[c] += pw[c];
   }
 }
 

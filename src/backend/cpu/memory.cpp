@@ -25,7 +25,16 @@ void zero(void* p, size_t bytes) {
   if (bytes) std::memset(p, 0, bytes);
 }
 
-// Host to "device" and back are the same memory here.
+// Host to "device", "device" to host and within the backend: the same host memory here, so all
+// three are a plain memcpy (dst and src do not overlap, except that dst == src is a no-op).
+void copy_to_device(void* dst, const void* src_host, size_t bytes) {
+  if (bytes && dst != src_host) std::memcpy(dst, src_host, bytes);
+}
+
+void copy_to_host(void* dst_host, const void* src, size_t bytes) {
+  if (bytes && dst_host != src) std::memcpy(dst_host, src, bytes);
+}
+
 void copy(void* dst, const void* src, size_t bytes) {
   if (bytes && dst != src) std::memcpy(dst, src, bytes);
 }

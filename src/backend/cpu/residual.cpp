@@ -1,13 +1,33 @@
-// Residual connection: out = a + b, elementwise (out may alias a or b).
+// Residual connection (out = a + b) and the first-token slice (BERT's [CLS] pooling input).
 #include "backend/cpu/cpu_ops.h"
 
 namespace llmpi::cpu {
 
-// out[i] = a[i] + b[i]
+// out[i] = a[i] + b[i]   (elementwise, so out may alias a or b)
 void residual_forward(float* out, const float* a, const float* b, size_t n) {
   const long long nn = static_cast<long long>(n);
 #pragma omp parallel for simd schedule(static) if (nn > (1 << 16))
   for (long long i = 0; i < nn; i++) out[i] = a[i] + b[i];
+}
+
+// out[b, c] = inp[b, 0, c]   (inp [B,T,C], out [B,C]; B*C floats: no threads needed)
+void first_token_forward(float* out, const float* inp, int B, int T, int C) {
+  for (int b = 0; b < B; b++) {
+    const float* x = inp + static_cast<size_t>(b) * T * C;
+    float* o = out + static_cast<size_t>(b) * C;
+#pragma omp simd
+    for (int c = 0; c < C; c++) o[c] = x[c];
+  }
+}
+
+// dinp[b, 0, c] += dout[b, c]   (the other positions receive nothing from this op)
+void first_token_backward(float* dinp, const float* dout, int B, int T, int C) {
+  for (int b = 0; b < B; b++) {
+    float* dx = dinp + static_cast<size_t>(b) * T * C;
+    const float* d = dout + static_cast<size_t>(b) * C;
+#pragma omp simd
+    for (int c = 0; c < C; c++) dx[c] += d[c];
+  }
 }
 
 }  // namespace llmpi::cpu

@@ -1,0 +1,186 @@
+// Pointwise activations and dropout: GELU (tanh approximation, GPT-2; exact erf form, BERT),
+// SwiGLU (LLaMA's MLP), tanh (BERT's pooler), dropout with a hashed mask.
+//
+// Loops are flat over the elements (or rows for SwiGLU), vectorisable (fast_expf and select_float
+// instead of libm exp and branches, where it matters) and split over OpenMP threads above kParMin
+// elements; no op reduces across elements, so results do not depend on the thread count.
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_ops.h"
+#include "runtime/error.h"
+
+namespace llmpi::cpu {
+
+namespace {
+constexpr float kK = 0.7978845608028654f;      // sqrt(2/pi)
+constexpr float kA = 0.044715f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;    // 1/sqrt(2)
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;  // 1/sqrt(2 pi)
+constexpr long long kParMin = 1 << 15;
+
+void check_dropout_p(const char* op, float p) {
+  if (!(p >= 0.0f && p < 1.0f)) fail(op, ": dropout probability ", p, " is outside [0, 1)");
+}
+}  // namespace
+
+// ---- GELU, tanh approximation -------------------------------------------------------------------
+// gelu(x) = 0.5 x (1 + tanh(u)),  u = k (x + 0.044715 x³), k = sqrt(2/pi). Since
+// 0.5 (1 + tanh(u)) = sigmoid(2u), both directions are written with one exp and one division,
+// which vectorise (fast_expf), and do not cancel for large negative x the way 1 + tanh(u) would.
+// With e = exp(-|2u|) <= 1 (never overflows):
+//   sigmoid(2u) = (u >= 0 ? 1 : e) / (1 + e),   sigmoid(2u) (1 - sigmoid(2u)) = e / (1 + e)²
+
+// out = x * s,  s = sigmoid(2u)
+void gelu_forward(float* out, const float* inp, size_t n) {
+  const long long nn = static_cast<long long>(n);
+#pragma omp parallel for simd schedule(static) if (nn > kParMin)
+  for (long long i = 0; i < nn; i++) {
+    const float x = inp[i];
+    const float a = 2.0f * kK * (x + kA * x * x * x);
+    const float e = fast_expf(-std::fabs(a));
+    const float s = select_float(a >= 0.0f, 1.0f, e) / (1.0f + e);
+    out[i] = x * s;
+  }
+}
+
+// d gelu/dx = 0.5(1+tanh u) + 0.5 x sech²(u) u' = s + 2 x s (1 - s) k (1 + 3·0.044715 x²)
+// dinp += that * dout
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+  const long long nn = static_cast<long long>(n);
+#pragma omp parallel for simd schedule(static) if (nn > kParMin)
+  for (long long i = 0; i < nn; i++) {
+    const float x = inp[i];
+    const float x2 = x * x;
+    const float a = 2.0f * kK * (x + kA * x2 * x);
+    const float e = fast_expf(-std::fabs(a));
+    const float r = 1.0f / (1.0f + e);
+    const float s = select_float(a >= 0.0f, 1.0f, e) * r;
+    const float ss = e * r * r;  // s (1 - s)
+    const float g = s + 2.0f * x * ss * kK * (1.0f + 3.0f * kA * x2);
+    dinp[i] += g * dout[i];
+  }
+}
+
+// ---- GELU, exact (erf) --------------------------------------------------------------------------
+// gelu(x) = x Phi(x),  Phi(x) = (1 + erf(x/sqrt 2)) / 2 = erfc(-x/sqrt 2) / 2
+// (erfc keeps the left tail accurate, where 1 + erf(...) would cancel).
+
+// out = 0.5 x erfc(-x/sqrt 2)
+void gelu_erf_forward(float* out, const float* inp, size_t n) {
+  const long long nn = static_cast<long long>(n);
+#pragma omp parallel for schedule(static) if (nn > kParMin)
+  for (long long i = 0; i < nn; i++) {
+    const float x = inp[i];
+    out[i] = 0.5f * x * std::erfc(-x * kInvSqrt2);
+  }
+}
+
+// d gelu/dx = Phi(x) + x phi(x),  phi(x) = exp(-x²/2) / sqrt(2 pi);  dinp += that * dout
+void gelu_erf_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+  const long long nn = static_cast<long long>(n);
+#pragma omp parallel for schedule(static) if (nn > kParMin)
+  for (long long i = 0; i < nn; i++) {
+    const float x = inp[i];
+    const float cdf = 0.5f * std::erfc(-x * kInvSqrt2);
+    const float pdf = kInvSqrt2Pi * fast_expf(-0.5f * x * x);
+    dinp[i] += (cdf + x * pdf) * dout[i];
+  }
+}
+
+// ---- SwiGLU -------------------------------------------------------------------------------------
+// Row n of inp is [gate | up], F each: out[n, f] = silu(g) u, silu(g) = g sigmoid(g), with
+// g = inp[n, f], u = inp[n, F + f]. With e = exp(-|g|) <= 1:
+//   sigmoid(g) = (g >= 0 ? 1 : e) / (1 + e),   1 - sigmoid(g) = (g >= 0 ? e : 1) / (1 + e)
+
+// out = g sigmoid(g) u
+void swiglu_forward(float* out, const float* inp, int N, int F) {
+#pragma omp parallel for schedule(static) if (static_cast<long long>(N) * F > kParMin)
+  for (int n = 0; n < N; n++) {
+    const float* gate = inp + static_cast<size_t>(n) * 2 * F;
+    const float* up = gate + F;
+    float* o = out + static_cast<size_t>(n) * F;
+#pragma omp simd
+    for (int f = 0; f < F; f++) {
+      const float g = gate[f];
+      const float e = fast_expf(-std::fabs(g));
+      const float sig = select_float(g >= 0.0f, 1.0f, e) / (1.0f + e);
+      o[f] = g * sig * up[f];
+    }
+  }
+}
+
+// d out / d g = u sigmoid(g) (1 + g (1 - sigmoid(g)));   d out / d u = silu(g)
+//   dgate += dout u sigmoid(g) (1 + g (1 - sigmoid(g)));   dup += dout g sigmoid(g)
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+#pragma omp parallel for schedule(static) if (static_cast<long long>(N) * F > kParMin)
+  for (int n = 0; n < N; n++) {
+    const float* gate = inp + static_cast<size_t>(n) * 2 * F;
+    const float* up = gate + F;
+    const float* d = dout + static_cast<size_t>(n) * F;
+    float* dgate = dinp + static_cast<size_t>(n) * 2 * F;
+    float* dup = dgate + F;
+#pragma omp simd
+    for (int f = 0; f < F; f++) {
+      const float g = gate[f];
+      const float e = fast_expf(-std::fabs(g));
+      const float r = 1.0f / (1.0f + e);
+      const float sig = select_float(g >= 0.0f, 1.0f, e) * r;
+      const float one_minus_sig = select_float(g >= 0.0f, e, 1.0f) * r;
+      dgate[f] += d[f] * up[f] * sig * (1.0f + g * one_minus_sig);
+      dup[f] += d[f] * g * sig;
+    }
+  }
+}
+
+// ---- tanh ---------------------------------------------------------------------------------------
+// out = tanh(x) (libm's tanhf: accurate for small |x| too; the pooler is only B x C elements)
+void tanh_forward(float* out, const float* inp, size_t n) {
+  const long long nn = static_cast<long long>(n);
+#pragma omp parallel for schedule(static) if (nn > kParMin)
+  for (long long i = 0; i < nn; i++) out[i] = std::tanh(inp[i]);
+}
+
+// d tanh(x)/dx = 1 - tanh(x)² = 1 - out²;  dinp += dout (1 - out²)
+void tanh_backward(float* dinp, const float* out, const float* dout, size_t n) {
+  const long long nn = static_cast<long long>(n);
+#pragma omp parallel for simd schedule(static) if (nn > kParMin)
+  for (long long i = 0; i < nn; i++) dinp[i] += dout[i] * (1.0f - out[i] * out[i]);
+}
+
+// ---- dropout ------------------------------------------------------------------------------------
+// keep_i = dropout_keep(key, i, p) (backend/dropout_hash.h; evaluated as dropout_keep_bits, the
+// same decision), scale = 1/(1-p) rounded to float:
+//   out_i = keep_i ? inp_i * scale : 0       (p == 0: out = inp, a copy)
+// Elementwise, so out may be inp (in place).
+void dropout_forward(float* out, const float* inp, size_t n, float p, uint64_t key) {
+  check_dropout_p("dropout_forward", p);
+  if (p == 0.0f) {
+    if (n && out != inp) std::memmove(out, inp, n * sizeof(float));
+    return;
+  }
+  const float scale = 1.0f / (1.0f - p);
+  const uint64_t thr = dropout_threshold(p);
+  const long long nn = static_cast<long long>(n);
+#pragma omp parallel for simd schedule(static) if (nn > kParMin / 4)
+  for (long long i = 0; i < nn; i++)
+    out[i] = keep_or_zero(dropout_keep_bits(key, static_cast<uint64_t>(i), thr), inp[i] * scale);
+}
+
+// dinp_i += keep_i ? dout_i * scale : 0    (p == 0: dinp += dout)
+void dropout_backward(float* dinp, const float* dout, size_t n, float p, uint64_t key) {
+  check_dropout_p("dropout_backward", p);
+  const long long nn = static_cast<long long>(n);
+  if (p == 0.0f) {
+#pragma omp parallel for simd schedule(static) if (nn > kParMin)
+    for (long long i = 0; i < nn; i++) dinp[i] += dout[i];
+    return;
+  }
+  const float scale = 1.0f / (1.0f - p);
+  const uint64_t thr = dropout_threshold(p);
+#pragma omp parallel for simd schedule(static) if (nn > kParMin / 4)
+  for (long long i = 0; i < nn; i++)
+    dinp[i] += keep_or_zero(dropout_keep_bits(key, static_cast<uint64_t>(i), thr), dout[i] * scale);
+}
+
+}  // namespace llmpi::cpu

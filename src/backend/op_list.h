@@ -1,0 +1,136 @@
+// The one list of backend ops. Every op is written here once, as
+//
+//   X(return type, name, (parameters))
+//
+// and this list generates the rest: the function-pointer members of `Ops` (backend/ops.h), the
+// declarations of each backend's functions (backend/cpu/cpu_ops.h, kernels/cuda_common.cuh), and
+// each backend's table (cpu_ops.cpp, cuda_ops.cu). Adding an op means: a line here, a function in
+// every backend, a test against the CPU op (and, for the CPU op, against finite differences).
+//
+// Contract of every op (the CPU backend is the reference):
+//   - pointers live in the backend's memory (host memory for cpu, device memory for cuda);
+//   - shape letters: B batch, T sequence length, C channels, N = B*T rows, OC output channels,
+//     NH query heads, NKV key/value heads (NH % NKV == 0), hs head size, V vocabulary;
+//     all tensors are row-major and contiguous unless a stride is given;
+//   - every backward ADDS (+=) into each gradient it writes, parameter and input gradients alike
+//     (llm.c's convention): callers zero gradient buffers once per step, and residual branches,
+//     tied matrices and shared inputs accumulate for free;
+//   - results are deterministic: the same inputs give the same bits, whatever the thread count.
+//
+// Dropout masks are a pure function of (key, element index): keep element i when
+// dropout_keep(key, i, p) (backend/dropout_hash.h), so forward and backward agree without storing
+// a mask and the CPU and CUDA backends drop the same elements.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+// clang-format off
+#define LLMPI_OPS(X)                                                                               \
+  /* ---- memory: alloc is zero-filled and aligned to >= 64 bytes ---- */                          \
+  X(void*, alloc, (size_t bytes))                                                                  \
+  X(void, free, (void* p))                                                                         \
+  X(void, zero, (void* p, size_t bytes))                                                           \
+  X(void, copy_to_device, (void* dst, const void* src_host, size_t bytes))                         \
+  X(void, copy_to_host, (void* dst_host, const void* src, size_t bytes))                           \
+  X(void, copy, (void* dst, const void* src, size_t bytes)) /* within the backend's memory */      \
+                                                                                                   \
+  /* ---- embeddings: out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]  (wpe may be null: no positions) */ \
+  X(void, embedding_forward, (float* out, const int32_t* inp, const float* wte, const float* wpe,  \
+                              int B, int T, int C))                                                \
+  /* dwte[inp[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:] (dwpe may be null) */               \
+  X(void, embedding_backward, (float* dwte, float* dwpe, const float* dout, const int32_t* inp,    \
+                               int B, int T, int C))                                               \
+  /* out[n,:] += table[ids[n],:]  (BERT's token-type embedding); N rows */                         \
+  X(void, embedding_add_forward, (float* out, const int32_t* ids, const float* table, int N,       \
+                                  int C))                                                          \
+  X(void, embedding_add_backward, (float* dtable, const float* dout, const int32_t* ids, int N,    \
+                                   int C))                                                         \
+                                                                                                   \
+  /* ---- LayerNorm over the last dimension: y = (x - mean) * rstd * w + b,                        \
+          rstd = 1/sqrt(var + eps); mean/rstd [N] are saved for backward ---- */                   \
+  X(void, layernorm_forward, (float* out, float* mean, float* rstd, const float* inp,              \
+                              const float* weight, const float* bias, int N, int C, float eps))    \
+  X(void, layernorm_backward, (float* dinp, float* dweight, float* dbias, const float* dout,       \
+                               const float* inp, const float* weight, const float* mean,           \
+                               const float* rstd, int N, int C))                                   \
+  /* ---- RMSNorm: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); rstd [N] saved ---- */        \
+  X(void, rmsnorm_forward, (float* out, float* rstd, const float* inp, const float* weight,        \
+                            int N, int C, float eps))                                              \
+  X(void, rmsnorm_backward, (float* dinp, float* dweight, const float* dout, const float* inp,     \
+                             const float* weight, const float* rstd, int N, int C))                \
+                                                                                                   \
+  /* ---- dense layer: out[N,OC] = inp[N,C] . weight[OC,C]^T + bias[OC] (bias may be null) ---- */ \
+  X(void, matmul_forward, (float* out, const float* inp, const float* weight, const float* bias,   \
+                           int N, int C, int OC))                                                  \
+  /* dinp[N,C] += dout.weight; dweight[OC,C] += dout^T.inp; dbias[OC] += sum_n dout               \
+     (dinp and dbias may be null: skipped) */                                                      \
+  X(void, matmul_backward, (float* dinp, float* dweight, float* dbias, const float* dout,          \
+                            const float* inp, const float* weight, int N, int C, int OC))          \
+                                                                                                   \
+  /* ---- rotary position embedding, Hugging Face rotate-half convention, IN PLACE ----           \
+     x holds N = B*T rows of `stride` floats; the first nh*hs floats of a row are nh heads of hs   \
+     (hs even). Row n is position t = n % T. For i < hs/2, f_i = theta^(-2i/hs), a = t*f_i:         \
+       x'[i] = x[i] cos a - x[i+hs/2] sin a;   x'[i+hs/2] = x[i+hs/2] cos a + x[i] sin a           \
+     backward applies the inverse rotation (angle -a) to the gradient, also in place. */           \
+  X(void, rope_forward, (float* x, int B, int T, int nh, int hs, int stride, float theta))         \
+  X(void, rope_backward, (float* dx, int B, int T, int nh, int hs, int stride, float theta))       \
+                                                                                                   \
+  /* ---- multi-head attention with grouped K/V heads ----                                         \
+     qkv [B,T,(NH+2 NKV) hs]: q heads at columns [0, NH hs), k heads at [NH hs, (NH+NKV) hs),      \
+     v heads after; query head h reads k/v head h / (NH/NKV) (no repeated copy).                   \
+     S = Q K^T / sqrt(hs); key j is masked for query i when causal and j > i, or when              \
+     mask[b,j] == 0 (mask [B,T] int32, may be null = every key valid). P = softmax(S) over the     \
+     unmasked keys (a row with none: P = 0). att [B,NH,T,T] receives P (masked entries 0).         \
+     With dropout_p > 0, O = (P * keep / (1-p)) V where keep for att element e is                  \
+     dropout_keep(dropout_key, e, p); att still holds the undropped P. out [B,T,NH hs]. */         \
+  X(void, attention_forward, (float* out, float* att, const float* qkv, const int32_t* mask,       \
+                              int B, int T, int NH, int NKV, int hs, bool causal,                  \
+                              float dropout_p, uint64_t dropout_key))                              \
+  /* dqkv += ...; scratch holds at least B*NH*T*T floats (overwritten) */                          \
+  X(void, attention_backward, (float* dqkv, float* scratch, const float* dout, const float* qkv,   \
+                               const float* att, const int32_t* mask, int B, int T, int NH,        \
+                               int NKV, int hs, bool causal, float dropout_p,                      \
+                               uint64_t dropout_key))                                              \
+                                                                                                   \
+  /* ---- pointwise ---- */                                                                        \
+  /* GELU, tanh approximation (GPT-2) */                                                           \
+  X(void, gelu_forward, (float* out, const float* inp, size_t n))                                  \
+  X(void, gelu_backward, (float* dinp, const float* inp, const float* dout, size_t n))             \
+  /* GELU, exact: x/2 (1 + erf(x/sqrt 2)) (BERT) */                                                \
+  X(void, gelu_erf_forward, (float* out, const float* inp, size_t n))                              \
+  X(void, gelu_erf_backward, (float* dinp, const float* inp, const float* dout, size_t n))         \
+  /* SwiGLU: inp [N, 2F] = [gate | up] per row; out [N,F] = silu(gate) * up */                     \
+  X(void, swiglu_forward, (float* out, const float* inp, int N, int F))                            \
+  X(void, swiglu_backward, (float* dinp, const float* inp, const float* dout, int N, int F))       \
+  /* tanh (BERT's pooler); backward uses the forward's output: dinp += dout (1 - out^2) */         \
+  X(void, tanh_forward, (float* out, const float* inp, size_t n))                                  \
+  X(void, tanh_backward, (float* dinp, const float* out, const float* dout, size_t n))             \
+  /* dropout: out[i] = inp[i] * keep_i / (1-p), keep_i = dropout_keep(key, i, p); in place ok */   \
+  X(void, dropout_forward, (float* out, const float* inp, size_t n, float p, uint64_t key))        \
+  X(void, dropout_backward, (float* dinp, const float* dout, size_t n, float p, uint64_t key))     \
+  /* out = a + b */                                                                                \
+  X(void, residual_forward, (float* out, const float* a, const float* b, size_t n))                \
+  /* out[b,:] = inp[b,0,:] (the first token of each sequence, BERT's [CLS]); inp [B,T,C] */        \
+  X(void, first_token_forward, (float* out, const float* inp, int B, int T, int C))                \
+  X(void, first_token_backward, (float* dinp, const float* dout, int B, int T, int C))             \
+                                                                                                   \
+  /* ---- fused softmax + cross-entropy over V classes ----                                        \
+     logits [N,V], targets [N] in [0,V). losses[n] = -log softmax(logits[n])[targets[n]].          \
+     If grad_scale != 0, logits is overwritten with grad_scale * (softmax - onehot). */            \
+  X(void, softmax_xent, (float* logits, float* losses, const int32_t* targets, int N, int V,       \
+                         float grad_scale))                                                        \
+                                                                                                   \
+  /* ---- optimizer and gradient utilities ----                                                    \
+     AdamW for n elements, step t >= 1: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;                \
+     p -= lr (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p) */                                     \
+  X(void, adamw_update, (float* params, const float* grads, float* m, float* v, size_t n,          \
+                         float lr, float beta1, float beta2, float eps, float weight_decay, int t))\
+  /* SGD with decoupled weight decay: p -= lr (g + wd p) */                                        \
+  X(void, sgd_update, (float* params, const float* grads, size_t n, float lr, float weight_decay)) \
+  X(double, sum_squares, (const float* x, size_t n)) /* sum x^2 in double */                       \
+  X(void, scale, (float* x, float s, size_t n))      /* x *= s */
+// clang-format on
+
+// Declares every op as a function of the enclosing namespace (a backend's implementation):
+//   namespace llmpi::cpu { LLMPI_OPS(LLMPI_DECLARE_OP) }
+#define LLMPI_DECLARE_OP(ret, name, params) ret name params;

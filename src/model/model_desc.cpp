@@ -1,0 +1,144 @@
+#include "model/model_desc.h"
+
+#include "model/families/families.h"
+#include "runtime/config.h"
+#include "runtime/error.h"
+
+namespace llmpi {
+
+const std::vector<std::string>& family_names() {
+  static const std::vector<std::string> n = {"gpt2", "llama", "bert"};
+  return n;
+}
+
+const char* family_name(Family f) {
+  switch (f) {
+    case Family::gpt2: return "gpt2";
+    case Family::llama: return "llama";
+    case Family::bert: return "bert";
+  }
+  return "?";
+}
+
+Family parse_family(const std::string& name) {
+  if (name == "gpt2") return Family::gpt2;
+  if (name == "llama") return Family::llama;
+  if (name == "bert") return Family::bert;
+  fail("unknown model family \"", name, "\": use \"gpt2\", \"llama\" or \"bert\"");
+}
+
+const char* role_name(int role) {
+  static const char* const names[kRoleCount] = {
+      "tok_emb", "pos_emb", "type_emb", "emb_norm.weight", "emb_norm.bias", "norm1.weight", "norm1.bias",
+      "qkv.weight", "qkv.bias", "attn_out.weight", "attn_out.bias", "norm2.weight", "norm2.bias", "fc.weight",
+      "fc.bias", "proj.weight", "proj.bias", "final_norm.weight", "final_norm.bias", "lm_head", "pooler.weight",
+      "pooler.bias", "classifier.weight", "classifier.bias"};
+  return role >= 0 && role < kRoleCount ? names[role] : "?";
+}
+
+std::vector<std::string> family_tensor_names(Family f, int role, int layer) {
+  switch (f) {
+    case Family::gpt2: return gpt2_tensor_names(role, layer);
+    case Family::llama: return llama_tensor_names(role, layer);
+    case Family::bert: return bert_tensor_names(role, layer);
+  }
+  return {};
+}
+
+ModelDesc model_desc_from_config(const ModelConfig& m, int vocab_size) {
+  ModelDesc d;
+  switch (parse_family(m.family)) {
+    case Family::gpt2: d = gpt2_desc(m); break;
+    case Family::llama: d = llama_desc(m); break;
+    case Family::bert: d = bert_desc(m); break;
+  }
+  d.n_layer = m.n_layer;
+  d.n_head = m.n_head;
+  d.n_kv_head = d.family == Family::llama && m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
+  d.d_model = m.d_model;
+  d.max_seq_len = m.max_seq_len > 0 ? m.max_seq_len : m.seq_len;
+  d.vocab_size = vocab_size;
+  d.norm_eps = m.norm_eps;
+  d.init_std = m.init_std;
+  if (d.n_head % d.n_kv_head != 0)
+    fail("config: 'model.n_kv_head' (", d.n_kv_head, ") must divide 'model.n_head' (", d.n_head,
+         "): every key/value head serves the same number of query heads");
+  if (!d.learned_positions && d.head_dim() % 2 != 0)
+    fail("config: rotary positions need an even head size, but d_model / n_head = ", d.head_dim(),
+         ": choose model.d_model and model.n_head so their quotient is even");
+  if (d.max_seq_len < m.seq_len)
+    fail("config: 'model.max_seq_len' (", d.max_seq_len, ") is shorter than 'model.seq_len' (", m.seq_len,
+         "): set it >= seq_len, or 0 to use seq_len");
+  return d;
+}
+
+nlohmann::json model_desc_json(const ModelDesc& d) {
+  return {{"family", family_name(d.family)},
+          {"n_layer", d.n_layer},
+          {"n_head", d.n_head},
+          {"n_kv_head", d.n_kv_head},
+          {"d_model", d.d_model},
+          {"ffn_dim", d.ffn_dim},
+          {"max_seq_len", d.max_seq_len},
+          {"vocab_size", d.vocab_size},
+          {"norm", d.norm == NormKind::layernorm ? "layernorm" : "rmsnorm"},
+          {"norm_eps", d.norm_eps},
+          {"pre_norm", d.pre_norm},
+          {"learned_positions", d.learned_positions},
+          {"rope_theta", d.rope_theta},
+          {"type_vocab_size", d.type_vocab_size},
+          {"embedding_norm", d.embedding_norm},
+          {"mlp", d.mlp == MlpKind::gelu_tanh ? "gelu_tanh" : d.mlp == MlpKind::gelu_erf ? "gelu_erf" : "swiglu"},
+          {"bias", d.bias},
+          {"causal", d.causal},
+          {"head", d.head == HeadKind::lm ? "lm" : "classifier"},
+          {"tie_embeddings", d.tie_embeddings},
+          {"final_norm", d.final_norm},
+          {"num_labels", d.num_labels},
+          {"residual_scaled_init", d.residual_scaled_init},
+          {"init_std", d.init_std},
+          {"dropout", d.dropout},
+          {"attn_dropout", d.attn_dropout}};
+}
+
+ModelDesc model_desc_from_json(const nlohmann::json& j) {
+  try {
+    ModelDesc d;
+    d.family = parse_family(j.at("family").get<std::string>());
+    d.n_layer = j.at("n_layer");
+    d.n_head = j.at("n_head");
+    d.n_kv_head = j.at("n_kv_head");
+    d.d_model = j.at("d_model");
+    d.ffn_dim = j.at("ffn_dim");
+    d.max_seq_len = j.at("max_seq_len");
+    d.vocab_size = j.at("vocab_size");
+    d.norm = j.at("norm") == "layernorm" ? NormKind::layernorm : NormKind::rmsnorm;
+    d.norm_eps = j.at("norm_eps");
+    d.pre_norm = j.at("pre_norm");
+    d.learned_positions = j.at("learned_positions");
+    d.rope_theta = j.at("rope_theta");
+    d.type_vocab_size = j.at("type_vocab_size");
+    d.embedding_norm = j.at("embedding_norm");
+    const std::string mlp = j.at("mlp");
+    d.mlp = mlp == "gelu_tanh" ? MlpKind::gelu_tanh : mlp == "gelu_erf" ? MlpKind::gelu_erf : MlpKind::swiglu;
+    d.bias = j.at("bias");
+    d.causal = j.at("causal");
+    d.head = j.at("head") == "lm" ? HeadKind::lm : HeadKind::classifier;
+    d.tie_embeddings = j.at("tie_embeddings");
+    d.final_norm = j.at("final_norm");
+    d.num_labels = j.at("num_labels");
+    d.residual_scaled_init = j.at("residual_scaled_init");
+    d.init_std = j.at("init_std");
+    d.dropout = j.at("dropout");
+    d.attn_dropout = j.at("attn_dropout");
+    return d;
+  } catch (const nlohmann::json::exception& e) {
+    fail("malformed model description: ", e.what());
+  }
+}
+
+double flops_per_token(const ModelDesc& d, size_t n_params, int seq_len) {
+  return 6.0 * static_cast<double>(n_params) + 12.0 * d.n_layer * static_cast<double>(seq_len) * d.d_model;
+}
+
+}  // namespace llmpi

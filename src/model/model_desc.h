@@ -1,0 +1,90 @@
+// A model family is a DESCRIPTION, not a copy of the code: norm, position encoding, MLP,
+// attention kind, biases and head are fields of ModelDesc, and the parameter table, the forward
+// and the backward all follow from it (model/param_layout.cpp, model/transformer.cpp). A family
+// file (model/families/*.cpp) only says how its fields are set from the configuration and what
+// Hugging Face calls each tensor.
+//
+//   family  norm       positions  MLP            attention               head
+//   gpt2    LayerNorm  learned    GELU (tanh)    causal, fused c_attn    LM, tied to wte
+//           pre-norm                                                     (model.tie_embeddings)
+//   llama   RMSNorm    RoPE       SwiGLU         causal, grouped K/V     LM, untied lm_head
+//           pre-norm   (HF rotate-half)          (n_kv_head), no bias
+//   bert    LayerNorm  learned +  GELU (erf)     bidirectional with      pooler (dense + tanh on
+//           post-norm  token type                padding mask            [CLS]) + classifier
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace llmpi {
+
+struct ModelConfig;
+
+enum class Family { gpt2, llama, bert };
+enum class NormKind { layernorm, rmsnorm };
+enum class MlpKind { gelu_tanh, gelu_erf, swiglu };
+enum class HeadKind { lm, classifier };
+
+const char* family_name(Family f);
+Family parse_family(const std::string& name);  // throws Error naming the known families
+const std::vector<std::string>& family_names();
+
+struct ModelDesc {
+  Family family = Family::gpt2;
+  int n_layer = 0, n_head = 0, n_kv_head = 0, d_model = 0, ffn_dim = 0;
+  int max_seq_len = 0, vocab_size = 0;
+  NormKind norm = NormKind::layernorm;
+  double norm_eps = 1e-5;
+  bool pre_norm = true;          // false: post-norm blocks (BERT)
+  bool learned_positions = true; // wpe; false: RoPE (rope_theta)
+  double rope_theta = 10000.0;
+  int type_vocab_size = 0;       // > 0: token-type embedding (BERT)
+  bool embedding_norm = false;   // LayerNorm after the embedding sum (BERT)
+  MlpKind mlp = MlpKind::gelu_tanh;
+  bool bias = true;              // biases on dense layers and LayerNorms
+  bool causal = true;            // false: bidirectional attention with a padding mask
+  HeadKind head = HeadKind::lm;
+  bool tie_embeddings = true;    // LM head shares the token embedding
+  bool final_norm = true;        // norm before the LM head (pre-norm families)
+  int num_labels = 0;            // classifier head
+  bool residual_scaled_init = false;  // GPT-2: residual projections N(0, std/sqrt(2 n_layer))
+  double init_std = 0.02;
+  float dropout = 0.0f;          // hidden dropout (training only)
+  float attn_dropout = 0.0f;     // attention-probability dropout (training only)
+
+  int head_dim() const { return d_model / n_head; }
+  int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim(); }
+  // Width of the first MLP projection's output: [gate | up] for SwiGLU.
+  int fc_dim() const { return mlp == MlpKind::swiglu ? 2 * ffn_dim : ffn_dim; }
+};
+
+// The description the configuration asks for (model.* keys; vocab_size resolved by the caller).
+ModelDesc model_desc_from_config(const ModelConfig& m, int vocab_size);
+
+// Stored in checkpoints; a checkpoint of one description is never loaded into another.
+nlohmann::json model_desc_json(const ModelDesc& d);
+ModelDesc model_desc_from_json(const nlohmann::json& j);  // throws Error on a malformed description
+
+// Training FLOPs per token: 6 × parameters + 12 × layers × seq_len × d_model (attention).
+double flops_per_token(const ModelDesc& d, size_t n_params, int seq_len);
+
+// ---- the tensors of a block, by role ------------------------------------------------------------
+// Roles are what the generic code binds to; a family gives each role its Hugging Face name(s). A
+// role with several names (LLaMA's q/k/v projections, its gate/up projections, BERT's
+// query/key/value) is one fused tensor in the flat buffer: its parts are adjacent, in order, so a
+// single GEMM computes all of them.
+enum Role : int {
+  kTokEmb, kPosEmb, kTypeEmb, kEmbNormW, kEmbNormB,
+  kNorm1W, kNorm1B, kQkvW, kQkvB, kAttnOutW, kAttnOutB, kNorm2W, kNorm2B, kFcW, kFcB, kProjW, kProjB,
+  kFinalNormW, kFinalNormB, kLmHead, kPoolerW, kPoolerB, kClsW, kClsB,
+  kRoleCount
+};
+const char* role_name(int role);
+
+// The Hugging Face names of a role's tensor(s) in layer `layer` (-1 outside the blocks); empty
+// when the family has no such tensor.
+std::vector<std::string> family_tensor_names(Family f, int role, int layer);
+
+}  // namespace llmpi

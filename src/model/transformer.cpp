@@ -1,0 +1,624 @@
+#include "model/transformer.h"
+
+#include <cmath>
+
+#include "backend/dropout_hash.h"
+#include "runtime/error.h"
+
+namespace llmpi {
+
+// ---- the parameter table ------------------------------------------------------------------------
+
+namespace {
+
+bool is_norm_weight(int role) {
+  return role == kEmbNormW || role == kNorm1W || role == kNorm2W || role == kFinalNormW;
+}
+bool is_bias(int role) {
+  return role == kEmbNormB || role == kNorm1B || role == kNorm2B || role == kFinalNormB || role == kQkvB ||
+         role == kAttnOutB || role == kFcB || role == kProjB || role == kPoolerB || role == kClsB;
+}
+
+struct TableBuilder {
+  const ModelDesc& d;
+  ParamTable t;
+  // Adds a role's tensor(s) of `layer`, one shape per Hugging Face name; a family without the
+  // role (no name) adds nothing.
+  void add(int role, int layer, const std::vector<std::vector<int>>& shapes) {
+    const std::vector<std::string> names = family_tensor_names(d.family, role, layer);
+    if (names.empty()) return;
+    if (names.size() != shapes.size())
+      fail("internal: family ", family_name(d.family), " names ", names.size(), " tensors for role ",
+           role_name(role), " but the layout has ", shapes.size());
+    for (size_t i = 0; i < names.size(); i++) {
+      ParamSlice s;
+      s.name = names[i];
+      s.shape = shapes[i];
+      s.layer = layer;
+      s.role = role;
+      s.decay = shapes[i].size() == 2;
+      if (is_norm_weight(role)) {
+        s.init = InitKind::ones;
+      } else if (is_bias(role)) {
+        s.init = InitKind::zeros;
+      } else {
+        s.init = InitKind::normal;
+        const bool residual = role == kAttnOutW || role == kProjW;
+        s.init_std = d.residual_scaled_init && residual ? d.init_std / std::sqrt(2.0 * d.n_layer) : d.init_std;
+      }
+      t.add(std::move(s));
+    }
+  }
+  // A dense layer's weight [out, in], split into parts of `outs` rows when the family stores
+  // several tensors (one Hugging Face name each).
+  std::vector<std::vector<int>> split_rows(int role, int layer, const std::vector<int>& outs, int in) {
+    const size_t parts = family_tensor_names(d.family, role, layer).size();
+    std::vector<std::vector<int>> shapes;
+    if (parts == outs.size()) {
+      for (int o : outs) shapes.push_back(in > 0 ? std::vector<int>{o, in} : std::vector<int>{o});
+    } else {
+      int total = 0;
+      for (int o : outs) total += o;
+      shapes.push_back(in > 0 ? std::vector<int>{total, in} : std::vector<int>{total});
+    }
+    return shapes;
+  }
+};
+
+}  // namespace
+
+ParamTable build_param_table(const ModelDesc& d, const ModelPart& part_in) {
+  ModelPart part = part_in;
+  if (part.l1 < 0) part.l1 = d.n_layer;
+  if (part.l0 < 0 || part.l0 > part.l1 || part.l1 > d.n_layer)
+    fail("model part: blocks [", part.l0, ", ", part.l1, ") are not within [0, ", d.n_layer, ")");
+  const int C = d.d_model, V = d.vocab_size, F = d.ffn_dim, hs = d.head_dim();
+  const int qd = d.n_head * hs, kvd = d.n_kv_head * hs;
+  const bool layer_norm = d.norm == NormKind::layernorm;
+  TableBuilder b{d, {}};
+  // Backward order: the head, the blocks from last to first, the embedding.
+  if (part.head) {
+    if (d.head == HeadKind::lm) {
+      if (!d.tie_embeddings) b.add(kLmHead, -1, {{V, C}});
+      if (d.final_norm) {
+        b.add(kFinalNormW, -1, {{C}});
+        if (layer_norm) b.add(kFinalNormB, -1, {{C}});
+      }
+    } else {
+      b.add(kClsW, -1, {{d.num_labels, C}});
+      b.add(kClsB, -1, {{d.num_labels}});
+      b.add(kPoolerW, -1, {{C, C}});
+      b.add(kPoolerB, -1, {{C}});
+    }
+  }
+  for (int l = part.l1 - 1; l >= part.l0; l--) {
+    auto norm = [&](int w, int bias) {
+      b.add(w, l, {{C}});
+      if (layer_norm) b.add(bias, l, {{C}});
+    };
+    auto mlp = [&] {
+      b.add(kProjW, l, {{C, F}});
+      if (d.bias) b.add(kProjB, l, {{C}});
+      const std::vector<int> fc_rows = d.mlp == MlpKind::swiglu ? std::vector<int>{F, F} : std::vector<int>{F};
+      b.add(kFcW, l, b.split_rows(kFcW, l, fc_rows, C));
+      if (d.bias) b.add(kFcB, l, b.split_rows(kFcB, l, fc_rows, 0));
+    };
+    auto attn = [&] {
+      b.add(kAttnOutW, l, {{C, qd}});
+      if (d.bias) b.add(kAttnOutB, l, {{C}});
+      b.add(kQkvW, l, b.split_rows(kQkvW, l, {qd, kvd, kvd}, C));
+      if (d.bias) b.add(kQkvB, l, b.split_rows(kQkvB, l, {qd, kvd, kvd}, 0));
+    };
+    if (d.pre_norm) {  // backward: MLP branch, norm2, attention branch, norm1
+      mlp();
+      norm(kNorm2W, kNorm2B);
+      attn();
+      norm(kNorm1W, kNorm1B);
+    } else {           // backward: norm2, MLP branch, norm1, attention branch
+      norm(kNorm2W, kNorm2B);
+      mlp();
+      norm(kNorm1W, kNorm1B);
+      attn();
+    }
+  }
+  if (part.embedding) {
+    if (d.embedding_norm) {
+      b.add(kEmbNormW, -1, {{C}});
+      b.add(kEmbNormB, -1, {{C}});
+    }
+    if (d.type_vocab_size > 0) b.add(kTypeEmb, -1, {{d.type_vocab_size, C}});
+    if (d.learned_positions) b.add(kPosEmb, -1, {{d.max_seq_len, C}});
+    b.add(kTokEmb, -1, {{V, C}});
+  } else if (part.head && d.head == HeadKind::lm && d.tie_embeddings) {
+    b.add(kTokEmb, -1, {{V, C}});  // this part's copy of the tied matrix, for the head
+  }
+  return b.t;
+}
+
+// ---- the model ------------------------------------------------------------------------------------
+
+Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p) : desc(d), part(p), ops(&o) {
+  if (part.l1 < 0) part.l1 = d.n_layer;
+  if (d.n_layer < 1 || d.n_head < 1 || d.d_model % d.n_head != 0 || d.n_kv_head < 1 || d.n_head % d.n_kv_head != 0)
+    fail("model: inconsistent shape (n_layer ", d.n_layer, ", n_head ", d.n_head, ", n_kv_head ", d.n_kv_head,
+         ", d_model ", d.d_model, ")");
+  if (d.head == HeadKind::classifier && d.num_labels < 1) fail("model: a classifier needs model.num_labels >= 1");
+  table = build_param_table(d, part);
+  params = static_cast<float*>(ops->alloc(table.numel * sizeof(float)));
+  grads = static_cast<float*>(ops->alloc(table.numel * sizeof(float)));
+  const int nl = part.l1 - part.l0;
+  pb.resize(nl);
+  gb.resize(nl);
+  role_slices.assign(1 + nl, std::vector<std::vector<int>>(kRoleCount));
+  for (size_t i = 0; i < table.slices.size(); i++) {
+    const ParamSlice& s = table.slices[i];
+    const int slot = s.layer < 0 ? 0 : 1 + s.layer - part.l0;
+    std::vector<int>& list = role_slices[slot][s.role];
+    if (!list.empty() && list.back() != static_cast<int>(i) - 1)
+      fail("internal: the parts of ", role_name(s.role), " are not adjacent in the table");
+    list.push_back(static_cast<int>(i));
+    if (list.size() > 1) continue;  // a fused tensor is addressed by its first part
+    BlockTensors& pt = slot == 0 ? pe : pb[slot - 1];
+    BlockTensors& gt = slot == 0 ? ge : gb[slot - 1];
+    pt.t[s.role] = params + s.offset;
+    gt.t[s.role] = grads + s.offset;
+  }
+  tracker_.reset(table);
+}
+
+Model::~Model() {
+  ops->free(params);
+  ops->free(grads);
+  ops->free(scratch_);
+}
+
+void Model::init_params(uint64_t seed) {
+  std::vector<float> host(table.numel);
+  init_param_values(table, seed, host.data());
+  ops->copy_to_device(params, host.data(), host.size() * sizeof(float));
+}
+
+void Model::zero_grads() { ops->zero(grads, table.numel * sizeof(float)); }
+
+std::vector<float> Model::params_host() const {
+  std::vector<float> h(table.numel);
+  ops->copy_to_host(h.data(), params, h.size() * sizeof(float));
+  return h;
+}
+
+std::vector<float> Model::grads_host() const {
+  std::vector<float> h(table.numel);
+  ops->copy_to_host(h.data(), grads, h.size() * sizeof(float));
+  return h;
+}
+
+// ---- activations ----------------------------------------------------------------------------------
+
+Activations::~Activations() {
+  if (model) {
+    model->ops->free(mem_);
+    model->ops->free(ids_);
+  }
+}
+
+void Activations::allocate(const Model& m, int B_, int T_) {
+  const ModelDesc& d = m.desc;
+  if (T_ > d.max_seq_len)
+    fail("sequence length ", T_, " exceeds the model's max_seq_len ", d.max_seq_len);
+  if (model && B == B_ && T == T_) return;
+  if (model) {
+    model->ops->free(mem_);
+    model->ops->free(ids_);
+  }
+  model = &m;
+  B = B_;
+  T = T_;
+  const size_t N = static_cast<size_t>(B) * T, C = d.d_model, att = static_cast<size_t>(B) * d.n_head * T * T;
+  const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = static_cast<size_t>(d.n_head) * d.head_dim();
+  std::vector<std::pair<float**, size_t>> plan = {{&input, N * C}, {&dresidual, N * C}, {&tmp, N * C}};
+  if (m.part.embedding && d.embedding_norm)
+    plan.insert(plan.end(), {{&emb_sum, N * C}, {&emb_mean, N}, {&emb_rstd, N}});
+  layers.assign(m.part.l1 - m.part.l0, {});
+  for (Layer& L : layers) {
+    plan.insert(plan.end(), {{&L.norm1, N * C}, {&L.norm1_mean, N}, {&L.norm1_rstd, N}, {&L.qkv, N * QKV},
+                             {&L.atty, N * AY}, {&L.att, att}, {&L.res_attn, N * C}, {&L.norm2, N * C},
+                             {&L.norm2_mean, N}, {&L.norm2_rstd, N}, {&L.fc, N * FC}, {&L.act, N * F},
+                             {&L.res_mlp, N * C}});
+    if (!d.pre_norm) plan.push_back({&L.out, N * C});
+  }
+  if (m.part.head) {
+    if (d.head == HeadKind::lm) {
+      plan.insert(plan.end(), {{&final_norm, N * C}, {&final_mean, N}, {&final_rstd, N},
+                               {&logits, N * d.vocab_size}, {&losses, N}});
+    } else {
+      const size_t BC = static_cast<size_t>(B) * C;
+      plan.insert(plan.end(), {{&cls, BC}, {&pooled_pre, BC}, {&pooled, BC}, {&pooled_drop, BC},
+                               {&logits, static_cast<size_t>(B) * d.num_labels}, {&losses, static_cast<size_t>(B)}});
+    }
+  }
+  size_t total = 0;
+  for (auto& e : plan) total += (e.second + 15) / 16 * 16;  // every tensor 64-byte aligned
+  mem_ = static_cast<float*>(m.ops->alloc(total * sizeof(float)));
+  size_t off = 0;
+  for (auto& e : plan) {
+    *e.first = mem_ + off;
+    off += (e.second + 15) / 16 * 16;
+  }
+  for (Layer& L : layers)
+    if (d.pre_norm) L.out = L.res_mlp;
+  ids_ = static_cast<int32_t*>(m.ops->alloc(4 * N * sizeof(int32_t)));
+  tokens = ids_;
+  targets = ids_ + N;
+  token_types = ids_ + 2 * N;
+  attn_mask = ids_ + 3 * N;
+  losses_host.resize(m.rows_for_loss(B, T));
+  bytes_ = total * sizeof(float) + 4 * N * sizeof(int32_t);
+}
+
+// ---- forward ----------------------------------------------------------------------------------------
+
+namespace {
+
+void norm_forward(const Ops& o, const ModelDesc& d, float* out, float* mean, float* rstd, const float* x,
+                  const float* w, const float* b, int N) {
+  if (d.norm == NormKind::layernorm)
+    o.layernorm_forward(out, mean, rstd, x, w, b, N, d.d_model, static_cast<float>(d.norm_eps));
+  else
+    o.rmsnorm_forward(out, rstd, x, w, N, d.d_model, static_cast<float>(d.norm_eps));
+}
+
+void norm_backward(const Ops& o, const ModelDesc& d, float* dx, float* dw, float* db, const float* dout,
+                   const float* x, const float* w, const float* mean, const float* rstd, int N) {
+  if (d.norm == NormKind::layernorm)
+    o.layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, d.d_model);
+  else
+    o.rmsnorm_backward(dx, dw, dout, x, w, rstd, N, d.d_model);
+}
+
+uint64_t drop_key(const Activations& a, int layer, int site) {
+  const DropoutContext& c = a.dropout;
+  return dropout_key(c.seed, c.step, c.rank, c.micro_batch, layer, site);
+}
+
+}  // namespace
+
+void Model::load_batch(Activations& a, const Batch& b) const {
+  a.allocate(*this, b.B, b.T);
+  const size_t N = static_cast<size_t>(b.B) * b.T;
+  if (!b.tokens) fail("internal: a batch without tokens");
+  ops->copy_to_device(a.tokens, b.tokens, N * sizeof(int32_t));
+  if (desc.head == HeadKind::lm && b.targets) ops->copy_to_device(a.targets, b.targets, N * sizeof(int32_t));
+  if (desc.head == HeadKind::classifier && b.labels)
+    ops->copy_to_device(a.targets, b.labels, static_cast<size_t>(b.B) * sizeof(int32_t));
+  if (b.token_types)
+    ops->copy_to_device(a.token_types, b.token_types, N * sizeof(int32_t));
+  else
+    ops->zero(a.token_types, N * sizeof(int32_t));
+  a.has_mask = b.attn_mask != nullptr;
+  if (b.attn_mask) ops->copy_to_device(a.attn_mask, b.attn_mask, N * sizeof(int32_t));
+}
+
+void Model::embed_forward(Activations& a) const {
+  const Ops& o = *ops;
+  const ModelDesc& d = desc;
+  const int B = a.B, T = a.T, C = d.d_model, N = B * T;
+  float* sum = d.embedding_norm ? a.emb_sum : a.input;
+  o.embedding_forward(sum, a.tokens, pe[kTokEmb], d.learned_positions ? pe[kPosEmb] : nullptr, B, T, C);
+  if (d.type_vocab_size > 0) o.embedding_add_forward(sum, a.token_types, pe[kTypeEmb], N, C);
+  if (d.embedding_norm)
+    o.layernorm_forward(a.input, a.emb_mean, a.emb_rstd, sum, pe[kEmbNormW], pe[kEmbNormB], N, C,
+                        static_cast<float>(d.norm_eps));
+  if (a.dropout.training && d.dropout > 0)
+    o.dropout_forward(a.input, a.input, static_cast<size_t>(N) * C, d.dropout, drop_key(a, -1, kDropEmbedding));
+}
+
+void Model::blocks_forward(Activations& a, int from, int to) const {
+  const Ops& o = *ops;
+  const ModelDesc& d = desc;
+  const int B = a.B, T = a.T, C = d.d_model, N = B * T, NH = d.n_head, NKV = d.n_kv_head, hs = d.head_dim();
+  const int QKV = d.qkv_dim(), F = d.ffn_dim, FC = d.fc_dim(), AY = NH * hs;
+  const size_t NC = static_cast<size_t>(N) * C;
+  const float p = a.dropout.training ? d.dropout : 0.0f, pa = a.dropout.training ? d.attn_dropout : 0.0f;
+  const int32_t* mask = a.has_mask ? a.attn_mask : nullptr;
+  for (int l = from; l < to; l++) {
+    const int i = l - part.l0;
+    const BlockTensors& w = pb[i];
+    Activations::Layer& L = a.layers[i];
+    const float* x = i == 0 ? a.input : a.layers[i - 1].out;
+    // Attention: branch input h = N1(x) (pre-norm) or x (post-norm).
+    const float* h = x;
+    if (d.pre_norm) {
+      norm_forward(o, d, L.norm1, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], N);
+      h = L.norm1;
+    }
+    o.matmul_forward(L.qkv, h, w[kQkvW], w[kQkvB], N, C, QKV);
+    if (!d.learned_positions) {
+      o.rope_forward(L.qkv, B, T, NH, hs, QKV, static_cast<float>(d.rope_theta));
+      o.rope_forward(L.qkv + AY, B, T, NKV, hs, QKV, static_cast<float>(d.rope_theta));
+    }
+    o.attention_forward(L.atty, L.att, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa, drop_key(a, l, kDropAttnProbs));
+    o.matmul_forward(a.tmp, L.atty, w[kAttnOutW], w[kAttnOutB], N, AY, C);
+    if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropAttnOut));
+    o.residual_forward(L.res_attn, x, a.tmp, NC);
+    // MLP: branch input N2(res_attn) (pre-norm) or norm1 = LN1(res_attn) (post-norm).
+    const float* h2;
+    if (d.pre_norm) {
+      norm_forward(o, d, L.norm2, L.norm2_mean, L.norm2_rstd, L.res_attn, w[kNorm2W], w[kNorm2B], N);
+      h2 = L.norm2;
+    } else {
+      norm_forward(o, d, L.norm1, L.norm1_mean, L.norm1_rstd, L.res_attn, w[kNorm1W], w[kNorm1B], N);
+      h2 = L.norm1;
+    }
+    o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC);
+    switch (d.mlp) {
+      case MlpKind::gelu_tanh: o.gelu_forward(L.act, L.fc, static_cast<size_t>(N) * F); break;
+      case MlpKind::gelu_erf: o.gelu_erf_forward(L.act, L.fc, static_cast<size_t>(N) * F); break;
+      case MlpKind::swiglu: o.swiglu_forward(L.act, L.fc, N, F); break;
+    }
+    o.matmul_forward(a.tmp, L.act, w[kProjW], w[kProjB], N, F, C);
+    if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropMlpOut));
+    o.residual_forward(L.res_mlp, d.pre_norm ? L.res_attn : L.norm1, a.tmp, NC);
+    if (!d.pre_norm)
+      norm_forward(o, d, L.out, L.norm2_mean, L.norm2_rstd, L.res_mlp, w[kNorm2W], w[kNorm2B], N);
+  }
+}
+
+float Model::head_forward(Activations& a, bool need_grad, float grad_scale) const {
+  const Ops& o = *ops;
+  const ModelDesc& d = desc;
+  const int B = a.B, T = a.T, C = d.d_model, N = B * T;
+  const float* x = a.output();
+  int rows = 0;
+  if (d.head == HeadKind::lm) {
+    const float* xf = x;
+    if (d.final_norm) {
+      norm_forward(o, d, a.final_norm, a.final_mean, a.final_rstd, x, pe[kFinalNormW], pe[kFinalNormB], N);
+      xf = a.final_norm;
+    }
+    const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
+    rows = N;
+    o.matmul_forward(a.logits, xf, W, nullptr, N, C, d.vocab_size);
+    o.softmax_xent(a.logits, a.losses, a.targets, N, d.vocab_size, need_grad ? grad_scale / static_cast<float>(N) : 0.0f);
+  } else {
+    rows = B;
+    const size_t BC = static_cast<size_t>(B) * C;
+    o.first_token_forward(a.cls, x, B, T, C);
+    o.matmul_forward(a.pooled_pre, a.cls, pe[kPoolerW], pe[kPoolerB], B, C, C);
+    o.tanh_forward(a.pooled, a.pooled_pre, BC);
+    const float* pd = a.pooled;
+    if (a.dropout.training && d.dropout > 0) {
+      o.dropout_forward(a.pooled_drop, a.pooled, BC, d.dropout, drop_key(a, d.n_layer, kDropPooler));
+      pd = a.pooled_drop;
+    }
+    o.matmul_forward(a.logits, pd, pe[kClsW], pe[kClsB], B, C, d.num_labels);
+    o.softmax_xent(a.logits, a.losses, a.targets, B, d.num_labels, need_grad ? grad_scale / static_cast<float>(B) : 0.0f);
+  }
+  o.copy_to_host(a.losses_host.data(), a.losses, static_cast<size_t>(rows) * sizeof(float));
+  double sum = 0;
+  for (int r = 0; r < rows; r++) sum += a.losses_host[r];
+  return static_cast<float>(sum / rows);
+}
+
+float Model::forward(Activations& a, const Batch& b, bool need_grad, float grad_scale) const {
+  load_batch(a, b);
+  if (part.embedding) embed_forward(a);
+  blocks_forward(a, part.l0, part.l1);
+  return part.head ? head_forward(a, need_grad, grad_scale) : 0.0f;
+}
+
+std::vector<int> Model::predictions(const Activations& a) const {
+  const int rows = rows_for_loss(a.B, a.T), K = desc.head == HeadKind::lm ? desc.vocab_size : desc.num_labels;
+  std::vector<float> logits(static_cast<size_t>(rows) * K);
+  ops->copy_to_host(logits.data(), a.logits, logits.size() * sizeof(float));
+  std::vector<int> pred(rows);
+  for (int r = 0; r < rows; r++) {
+    int best = 0;
+    for (int k = 1; k < K; k++)
+      if (logits[static_cast<size_t>(r) * K + k] > logits[static_cast<size_t>(r) * K + best]) best = k;
+    pred[r] = best;
+  }
+  return pred;
+}
+
+// ---- backward ---------------------------------------------------------------------------------------
+
+void Model::ensure_scratch(int B, int T) {
+  const ModelDesc& d = desc;
+  const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
+  const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), N * d.ffn_dim,
+                          static_cast<size_t>(B) * d.n_head * T * T, 3 * static_cast<size_t>(B) * C};
+  size_t total = 0;
+  for (size_t s : sizes) total += (s + 15) / 16 * 16;
+  if (total > scratch_floats_) {
+    ops->free(scratch_);
+    scratch_ = static_cast<float*>(ops->alloc(total * sizeof(float)));
+    scratch_floats_ = total;
+  }
+  float** ptrs[] = {&d_a_, &d_b_, &d_qkv_, &d_fc_, &d_act_, &d_att_, &d_small_};
+  size_t off = 0;
+  for (size_t i = 0; i < 7; i++) {
+    *ptrs[i] = scratch_ + off;
+    off += (sizes[i] + 15) / 16 * 16;
+  }
+}
+
+void Model::begin_backward() { tracker_.reset(table); }
+
+void Model::finished(int slot, std::initializer_list<int> roles, const ReadyFn& ready) {
+  for (int r : roles)
+    for (int i : role_slices[slot][r]) tracker_.done(static_cast<size_t>(i));
+  const size_t k = tracker_.advance();
+  if (k && ready) ready(k);
+}
+
+void Model::head_backward(Activations& a, const ReadyFn& ready) {
+  const Ops& o = *ops;
+  const ModelDesc& d = desc;
+  const int B = a.B, T = a.T, C = d.d_model, N = B * T;
+  const size_t NC = static_cast<size_t>(N) * C;
+  ensure_scratch(B, T);
+  const float* x = a.output();
+  if (d.head == HeadKind::lm) {
+    // a.logits holds d loss / d logits (head_forward with need_grad).
+    const float* xf = d.final_norm ? a.final_norm : x;
+    const bool tied = d.tie_embeddings;
+    o.zero(d_a_, NC * sizeof(float));
+    o.matmul_backward(d_a_, tied ? ge[kTokEmb] : ge[kLmHead], nullptr, a.logits, xf, tied ? pe[kTokEmb] : pe[kLmHead],
+                      N, C, d.vocab_size);
+    if (!tied) finished(0, {kLmHead}, ready);
+    if (tied && !part.embedding) finished(0, {kTokEmb}, ready);  // this part's copy gets no more
+    o.zero(a.dresidual, NC * sizeof(float));
+    if (d.final_norm) {
+      norm_backward(o, d, a.dresidual, ge[kFinalNormW], ge[kFinalNormB], d_a_, x, pe[kFinalNormW], a.final_mean,
+                    a.final_rstd, N);
+      finished(0, {kFinalNormW, kFinalNormB}, ready);
+    } else {
+      o.copy(a.dresidual, d_a_, NC * sizeof(float));
+    }
+  } else {
+    const size_t BC = static_cast<size_t>(B) * C;
+    float *dpd = d_small_, *dpre = d_small_ + BC, *ddrop = d_small_ + 2 * BC;
+    const bool drop = a.dropout.training && d.dropout > 0;
+    o.zero(dpd, BC * sizeof(float));
+    o.matmul_backward(dpd, ge[kClsW], ge[kClsB], a.logits, drop ? a.pooled_drop : a.pooled, pe[kClsW], B, C,
+                      d.num_labels);
+    finished(0, {kClsW, kClsB}, ready);
+    if (drop) {
+      o.zero(ddrop, BC * sizeof(float));
+      o.dropout_backward(ddrop, dpd, BC, d.dropout, drop_key(a, d.n_layer, kDropPooler));
+      dpd = ddrop;
+    }
+    o.zero(dpre, BC * sizeof(float));
+    o.tanh_backward(dpre, a.pooled, dpd, BC);
+    float* dcls = d_small_;  // dpd is consumed
+    o.zero(dcls, BC * sizeof(float));
+    o.matmul_backward(dcls, ge[kPoolerW], ge[kPoolerB], dpre, a.cls, pe[kPoolerW], B, C, C);
+    finished(0, {kPoolerW, kPoolerB}, ready);
+    o.zero(a.dresidual, NC * sizeof(float));
+    o.first_token_backward(a.dresidual, dcls, B, T, C);
+  }
+}
+
+void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& ready) {
+  const Ops& o = *ops;
+  const ModelDesc& d = desc;
+  const int B = a.B, T = a.T, C = d.d_model, N = B * T, NH = d.n_head, NKV = d.n_kv_head, hs = d.head_dim();
+  const int QKV = d.qkv_dim(), F = d.ffn_dim, FC = d.fc_dim(), AY = NH * hs;
+  const size_t NC = static_cast<size_t>(N) * C;
+  const float p = a.dropout.training ? d.dropout : 0.0f, pa = a.dropout.training ? d.attn_dropout : 0.0f;
+  const int32_t* mask = a.has_mask ? a.attn_mask : nullptr;
+  ensure_scratch(B, T);
+  float* dres = a.dresidual;  // holds d(block output); leaves holding d(block input)
+  // d(branch output) from d(residual sum): the dropout mask applied to it, or itself.
+  auto through_dropout = [&](const float* g, float* into, int l, int site) -> const float* {
+    if (p <= 0) return g;
+    o.zero(into, NC * sizeof(float));
+    o.dropout_backward(into, g, NC, p, drop_key(a, l, site));
+    return into;
+  };
+  auto act_backward = [&](const Activations::Layer& L) {
+    o.zero(d_fc_, static_cast<size_t>(N) * FC * sizeof(float));
+    switch (d.mlp) {
+      case MlpKind::gelu_tanh: o.gelu_backward(d_fc_, L.fc, d_act_, static_cast<size_t>(N) * F); break;
+      case MlpKind::gelu_erf: o.gelu_erf_backward(d_fc_, L.fc, d_act_, static_cast<size_t>(N) * F); break;
+      case MlpKind::swiglu: o.swiglu_backward(d_fc_, L.fc, d_act_, N, F); break;
+    }
+  };
+  auto attention_backward = [&](const Activations::Layer& L, const BlockTensors& w, int l) {
+    o.attention_backward(d_qkv_, d_att_, d_a_, L.qkv, L.att, mask, B, T, NH, NKV, hs, d.causal, pa,
+                         drop_key(a, l, kDropAttnProbs));
+    if (!d.learned_positions) {
+      o.rope_backward(d_qkv_, B, T, NH, hs, QKV, static_cast<float>(d.rope_theta));
+      o.rope_backward(d_qkv_ + AY, B, T, NKV, hs, QKV, static_cast<float>(d.rope_theta));
+    }
+  };
+  for (int l = to - 1; l >= from; l--) {
+    const int i = l - part.l0, slot = 1 + i;
+    const BlockTensors& w = pb[i];
+    const BlockTensors& g = gb[i];
+    const Activations::Layer& L = a.layers[i];
+    const float* x = i == 0 ? a.input : a.layers[i - 1].out;
+    if (d.pre_norm) {
+      // out = res_attn + drop(P act(F N2(res_attn))); dres = d out.
+      const float* dproj = through_dropout(dres, d_b_, l, kDropMlpOut);
+      o.zero(d_act_, static_cast<size_t>(N) * F * sizeof(float));
+      o.matmul_backward(d_act_, g[kProjW], g[kProjB], dproj, L.act, w[kProjW], N, F, C);
+      finished(slot, {kProjW, kProjB}, ready);
+      act_backward(L);
+      o.zero(d_a_, NC * sizeof(float));
+      o.matmul_backward(d_a_, g[kFcW], g[kFcB], d_fc_, L.norm2, w[kFcW], N, C, FC);
+      finished(slot, {kFcW, kFcB}, ready);
+      norm_backward(o, d, dres, g[kNorm2W], g[kNorm2B], d_a_, L.res_attn, w[kNorm2W], L.norm2_mean, L.norm2_rstd, N);
+      finished(slot, {kNorm2W, kNorm2B}, ready);
+      // dres = d res_attn; res_attn = x + drop(O attention(QKV N1(x))).
+      const float* dao = through_dropout(dres, d_b_, l, kDropAttnOut);
+      o.zero(d_a_, NC * sizeof(float));
+      o.matmul_backward(d_a_, g[kAttnOutW], g[kAttnOutB], dao, L.atty, w[kAttnOutW], N, AY, C);
+      finished(slot, {kAttnOutW, kAttnOutB}, ready);
+      o.zero(d_qkv_, static_cast<size_t>(N) * QKV * sizeof(float));
+      attention_backward(L, w, l);
+      o.zero(d_b_, NC * sizeof(float));
+      o.matmul_backward(d_b_, g[kQkvW], g[kQkvB], d_qkv_, L.norm1, w[kQkvW], N, C, QKV);
+      finished(slot, {kQkvW, kQkvB}, ready);
+      norm_backward(o, d, dres, g[kNorm1W], g[kNorm1B], d_b_, x, w[kNorm1W], L.norm1_mean, L.norm1_rstd, N);
+      finished(slot, {kNorm1W, kNorm1B}, ready);
+    } else {
+      // out = LN2(res_mlp), res_mlp = h + drop(P act(F h)), h = LN1(res_attn),
+      // res_attn = x + drop(O attention(QKV x)); dres = d out.
+      o.zero(d_b_, NC * sizeof(float));
+      norm_backward(o, d, d_b_, g[kNorm2W], g[kNorm2B], dres, L.res_mlp, w[kNorm2W], L.norm2_mean, L.norm2_rstd, N);
+      finished(slot, {kNorm2W, kNorm2B}, ready);
+      const float* dproj = through_dropout(d_b_, dres, l, kDropMlpOut);  // dres is free now
+      o.zero(d_act_, static_cast<size_t>(N) * F * sizeof(float));
+      o.matmul_backward(d_act_, g[kProjW], g[kProjB], dproj, L.act, w[kProjW], N, F, C);
+      finished(slot, {kProjW, kProjB}, ready);
+      act_backward(L);
+      o.matmul_backward(d_b_, g[kFcW], g[kFcB], d_fc_, L.norm1, w[kFcW], N, C, FC);  // d_b_ = d h
+      finished(slot, {kFcW, kFcB}, ready);
+      o.zero(dres, NC * sizeof(float));
+      norm_backward(o, d, dres, g[kNorm1W], g[kNorm1B], d_b_, L.res_attn, w[kNorm1W], L.norm1_mean, L.norm1_rstd, N);
+      finished(slot, {kNorm1W, kNorm1B}, ready);
+      const float* dao = through_dropout(dres, d_b_, l, kDropAttnOut);
+      o.zero(d_a_, NC * sizeof(float));
+      o.matmul_backward(d_a_, g[kAttnOutW], g[kAttnOutB], dao, L.atty, w[kAttnOutW], N, AY, C);
+      finished(slot, {kAttnOutW, kAttnOutB}, ready);
+      o.zero(d_qkv_, static_cast<size_t>(N) * QKV * sizeof(float));
+      attention_backward(L, w, l);
+      o.matmul_backward(dres, g[kQkvW], g[kQkvB], d_qkv_, x, w[kQkvW], N, C, QKV);  // dres = d x
+      finished(slot, {kQkvW, kQkvB}, ready);
+    }
+  }
+}
+
+void Model::embed_backward(Activations& a, const ReadyFn& ready) {
+  const Ops& o = *ops;
+  const ModelDesc& d = desc;
+  const int B = a.B, T = a.T, C = d.d_model, N = B * T;
+  const size_t NC = static_cast<size_t>(N) * C;
+  ensure_scratch(B, T);
+  const float* g = a.dresidual;
+  if (a.dropout.training && d.dropout > 0) {
+    o.zero(d_b_, NC * sizeof(float));
+    o.dropout_backward(d_b_, g, NC, d.dropout, drop_key(a, -1, kDropEmbedding));
+    g = d_b_;
+  }
+  if (d.embedding_norm) {
+    o.zero(d_a_, NC * sizeof(float));
+    o.layernorm_backward(d_a_, ge[kEmbNormW], ge[kEmbNormB], g, a.emb_sum, pe[kEmbNormW], a.emb_mean, a.emb_rstd, N, C);
+    finished(0, {kEmbNormW, kEmbNormB}, ready);
+    g = d_a_;
+  }
+  if (d.type_vocab_size > 0) o.embedding_add_backward(ge[kTypeEmb], g, a.token_types, N, C);
+  o.embedding_backward(ge[kTokEmb], d.learned_positions ? ge[kPosEmb] : nullptr, g, a.tokens, B, T, C);
+  finished(0, {kTypeEmb, kPosEmb, kTokEmb}, ready);
+}
+
+void Model::backward(Activations& a, const ReadyFn& ready) {
+  begin_backward();
+  if (part.head) head_backward(a, ready);
+  blocks_backward(a, part.l0, part.l1, ready);
+  if (part.embedding) embed_backward(a, ready);
+  if (!tracker_.complete()) fail("internal: backward left gradients unreported");
+}
+
+}  // namespace llmpi

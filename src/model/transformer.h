@@ -1,0 +1,180 @@
+// The shared transformer core: one decoder/encoder stack for every family of model_desc.h, run
+// over a backend's Ops (fp32).
+//
+//   embedding  x0 = [LN_emb]( wte[tokens] + [wpe[t]] + [tte[types]] ), dropout
+//   block l    pre-norm  (gpt2, llama):  x = x + drop(attn(N1(x)));   x = x + drop(mlp(N2(x)))
+//              post-norm (bert):         x = LN1(x + drop(attn(x)));  x = LN2(x + drop(mlp(x)))
+//              attn(h) = O( attention( rope?( QKV h ) ) )     mlp(h) = P( act( F h ) )
+//   head       LM:          logits = N_f(x) · W^T (W = wte when tied, else lm_head); mean CE over positions
+//              classifier:  logits = C · drop(tanh(Pool · x[:, 0])); mean CE over sequences
+//
+// A Model holds a contiguous part of the stack — embedding?, blocks [l0, l1), head? — with its own
+// flat parameter and gradient buffers (params/param_table.h; the table in backward order). The
+// whole model is the part with everything. Forward and backward are decomposed into the three
+// stages, each callable alone with hidden states in and out, so a pipeline stage runs the very
+// same code as the whole model; a model cut at any layer initialises exactly like the whole one
+// (initial values are keyed by tensor name).
+//
+// Activations live outside the model, in one Activations per micro-batch in flight: a pipeline
+// schedule keeps several; plain data parallelism one. Backward scratch lives in the Model (one
+// backward runs at a time).
+//
+// Gradient convention: backward ADDS into the model's grads (zero_grads() once per step), so
+// micro-batches accumulate. grads_ready(k) is called whenever the gradient prefix [0, k) of the
+// flat buffer is final (derived from the table: see GradReadyTracker), ending with k = numel.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/ops.h"
+#include "model/model_desc.h"
+#include "params/param_table.h"
+
+namespace llmpi {
+
+// Which part of the stack a Model holds.
+struct ModelPart {
+  int l0 = 0, l1 = -1;   // blocks [l0, l1); l1 = -1 means n_layer
+  bool embedding = true;
+  bool head = true;
+  static ModelPart whole() { return {}; }
+};
+
+// The parameter table of a part of the model described by d (backward order; see above). A
+// part with the LM head of a tied-embedding model holds its own copy of the token embedding.
+ParamTable build_param_table(const ModelDesc& d, const ModelPart& part = ModelPart::whole());
+
+// Pointers into a flat buffer (parameters or gradients), by role; null where the family has none.
+struct BlockTensors {
+  float* t[kRoleCount] = {};
+  float* operator[](int role) const { return t[role]; }
+};
+
+// One batch as the data loader reads it (host memory). LM: tokens and targets [B*T].
+// Classification: tokens, token_types, attn_mask [B*T] and labels [B].
+struct Batch {
+  int B = 0, T = 0;
+  const int32_t* tokens = nullptr;
+  const int32_t* targets = nullptr;
+  const int32_t* token_types = nullptr;
+  const int32_t* attn_mask = nullptr;
+  const int32_t* labels = nullptr;
+};
+
+// What keys the dropout masks of one forward (counter-based: backend/dropout_hash.h).
+struct DropoutContext {
+  bool training = false;  // dropout applies only while training
+  uint64_t seed = 0;
+  int64_t step = 0;
+  int rank = 0, micro_batch = 0;
+};
+
+struct Model;
+
+// The activations of one micro-batch on one Model (backend memory, one allocation).
+struct Activations {
+  struct Layer {
+    float *norm1, *norm1_mean, *norm1_rstd, *qkv, *atty, *att, *res_attn, *norm2, *norm2_mean, *norm2_rstd,
+        *fc, *act, *res_mlp, *out;
+  };
+  const Model* model = nullptr;
+  int B = 0, T = 0;
+  DropoutContext dropout;
+  // Ids on the device: tokens, targets (LM) or labels (classifier), token types, attention mask.
+  int32_t *tokens = nullptr, *targets = nullptr, *token_types = nullptr, *attn_mask = nullptr;
+  float* input = nullptr;     // [N, C] the hidden state entering block l0 (embedding output, or handed in)
+  float* emb_sum = nullptr;   // [N, C] embedding sum before its LayerNorm (BERT)
+  float *emb_mean = nullptr, *emb_rstd = nullptr;
+  std::vector<Layer> layers;  // blocks l0 .. l1-1
+  float *final_norm = nullptr, *final_mean = nullptr, *final_rstd = nullptr;
+  float* logits = nullptr;    // [rows, classes]; after a training forward: d loss / d logits
+  float* losses = nullptr;    // [rows]
+  float *cls = nullptr, *pooled_pre = nullptr, *pooled = nullptr, *pooled_drop = nullptr;  // classifier
+  float* dresidual = nullptr; // [N, C] the gradient flowing down the residual stream
+  float* tmp = nullptr;       // [N, C] forward scratch (a branch's output before the residual add)
+  bool has_mask = false;      // the batch carried an attention mask
+  std::vector<float> losses_host;
+
+  Activations() = default;
+  Activations(const Model& m, int B, int T) { allocate(m, B, T); }
+  ~Activations();
+  Activations(const Activations&) = delete;
+  Activations& operator=(const Activations&) = delete;
+  void allocate(const Model& m, int B, int T);
+  // The hidden state leaving the last block of the part (= input when the part has no blocks).
+  float* output() const { return layers.empty() ? input : layers.back().out; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  float* mem_ = nullptr;
+  int32_t* ids_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct Model {
+  ModelDesc desc;
+  ModelPart part;
+  const Ops* ops;
+  ParamTable table;
+  float* params = nullptr;  // table.numel floats, backend memory
+  float* grads = nullptr;   // same layout
+  BlockTensors pe, ge;                 // embedding and head tensors (parameters, gradients)
+  std::vector<BlockTensors> pb, gb;    // blocks l0 .. l1-1
+  // role_slices[slot][role]: the table indices of a role's tensor(s); slot 0 = embedding and
+  // head, slot 1 + i = local block i.
+  std::vector<std::vector<std::vector<int>>> role_slices;
+
+  Model(const ModelDesc& d, const Ops& ops, const ModelPart& part = ModelPart::whole());
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  int l0() const { return part.l0; }
+  int l1() const { return part.l1; }
+  int rows_for_loss(int B, int T) const { return desc.head == HeadKind::lm ? B * T : B; }
+
+  // Initial values of every tensor from (seed): see params/param_table.h. Every rank gets the same.
+  void init_params(uint64_t seed);
+  void zero_grads();
+  // Parameters and gradients as host copies (tests, checkpoints).
+  std::vector<float> params_host() const;
+  std::vector<float> grads_host() const;
+
+  // ---- the three stages (forward) ----
+  // Copy the batch's ids to the device (every stage that needs them calls this first).
+  void load_batch(Activations& a, const Batch& b) const;
+  void embed_forward(Activations& a) const;                 // a.input = x0
+  void blocks_forward(Activations& a, int from, int to) const;  // blocks [from, to) ⊆ [l0, l1)
+  // Loss (mean over this batch's rows). With need_grad, a.logits becomes d(loss)/d(logits) ·
+  // grad_scale, ready for backward; grad_scale lets a caller average over more rows than this
+  // batch holds (1 = the mean over this batch).
+  float head_forward(Activations& a, bool need_grad, float grad_scale = 1.0f) const;
+
+  // ---- and backward, in reverse; a.dresidual carries the hidden-state gradient between them ----
+  using ReadyFn = std::function<void(size_t)>;
+  void begin_backward();                                     // resets the gradient-ready tracking
+  void head_backward(Activations& a, const ReadyFn& ready);  // a.dresidual = d loss / d output
+  void blocks_backward(Activations& a, int from, int to, const ReadyFn& ready);  // to > from, runs to-1 .. from
+  void embed_backward(Activations& a, const ReadyFn& ready);
+
+  // ---- the whole part, as the trainer uses it ----
+  float forward(Activations& a, const Batch& b, bool need_grad, float grad_scale = 1.0f) const;
+  void backward(Activations& a, const ReadyFn& grads_ready = {});
+
+  // Classifier: argmax of each sequence's logits after a forward without gradient.
+  std::vector<int> predictions(const Activations& a) const;
+
+ private:
+  GradReadyTracker tracker_;
+  // Backward scratch, grown on demand.
+  float* scratch_ = nullptr;
+  size_t scratch_floats_ = 0;
+  float *d_a_ = nullptr, *d_b_ = nullptr, *d_qkv_ = nullptr, *d_fc_ = nullptr, *d_act_ = nullptr,
+        *d_att_ = nullptr, *d_small_ = nullptr;
+  void ensure_scratch(int B, int T);
+  void finished(int slot, std::initializer_list<int> roles, const ReadyFn& ready);
+};
+
+}  // namespace llmpi

@@ -1,0 +1,62 @@
+// Shared by the model tests: descriptions of tiny models of each family, random batches, and
+// host views of a model's parameters and gradients.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/transformer.h"
+#include "runtime/config.h"
+#include "runtime/rng.h"
+
+namespace llmpi::test {
+
+// The description the configuration gives for `family` with these sizes (plus extra model.* sets,
+// e.g. "model.n_kv_head=1").
+inline ModelDesc desc_of(const std::string& family, int n_layer, int n_head, int d_model, int seq_len, int vocab,
+                         const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> sets = {"data.train=-", "model.family=" + family, "model.n_layer=" + std::to_string(n_layer),
+                                   "model.n_head=" + std::to_string(n_head), "model.d_model=" + std::to_string(d_model),
+                                   "model.seq_len=" + std::to_string(seq_len)};
+  if (family == "bert") sets.insert(sets.end(), {"model.dropout=0", "model.attn_dropout=0"});
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return model_desc_from_config(parse_config("{}", "test", sets).model, vocab);
+}
+
+// Owns the host arrays of a random batch for a model of description d: LM tokens/targets, or
+// classification tokens, token types (two segments), a padding mask (sequence b keeps
+// T - b % (T/2) tokens) and labels.
+struct RandomBatch {
+  std::vector<int32_t> tokens, targets, types, mask, labels;
+  Batch b;
+  RandomBatch(const ModelDesc& d, int B, int T, uint64_t seed) {
+    Rng rng(seed);
+    tokens.resize((size_t)B * T);
+    for (auto& x : tokens) x = (int32_t)rng.below(d.vocab_size);
+    b.B = B;
+    b.T = T;
+    b.tokens = tokens.data();
+    if (d.head == HeadKind::lm) {
+      targets.resize((size_t)B * T);
+      for (auto& x : targets) x = (int32_t)rng.below(d.vocab_size);
+      b.targets = targets.data();
+    } else {
+      types.resize((size_t)B * T);
+      mask.resize((size_t)B * T);
+      labels.resize(B);
+      for (int i = 0; i < B; i++) {
+        const int len = T - i % std::max(1, T / 2);
+        for (int t = 0; t < T; t++) {
+          types[(size_t)i * T + t] = t >= len / 2 ? 1 : 0;
+          mask[(size_t)i * T + t] = t < len ? 1 : 0;
+        }
+        labels[i] = (int32_t)rng.below(d.num_labels);
+      }
+      b.token_types = types.data();
+      b.attn_mask = mask.data();
+      b.labels = labels.data();
+    }
+  }
+};
+
+}  // namespace llmpi::test

@@ -1,0 +1,168 @@
+// Every family under MPI (-n 2): training on 2 ranks equals training on 1 rank with the same
+// global batch (1e-5 relative over 10 steps) for allreduce, gather_scatter and overlapped
+// buckets; an interrupted and resumed run repeats the uninterrupted one bit for bit; a checkpoint
+// of one family is refused by another. (gpt2 has the same checks in test_mpi_sync.cpp and
+// test_mpi_checkpoint.cpp; these add llama, with grouped K/V heads, and bert on a
+// classification file.)
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "mpi_test_data.h"
+#include "train/trainer.h"
+
+using namespace llmpi;
+using namespace llmpi::testing_support;
+
+namespace {
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d2 = 0, r2 = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    const double d = (double)a[i] - b[i];
+    d2 += d * d;
+    r2 += (double)b[i] * b[i];
+  }
+  return std::sqrt(d2 / r2);
+}
+
+// The family's tiny model on a file of its kind (made once per test, shared by the ranks).
+struct FamilySetup {
+  std::string family, train;
+  std::vector<std::string> sets;
+};
+
+FamilySetup setup_family(const std::string& family, const std::string& dir) {
+  FamilySetup f{family, "", {"model.family=" + family}};
+  if (family == "bert") {
+    f.train = make_pattern_examples(MPI_COMM_WORLD, dir, "cls.h5", 512, 32, 64, 31);
+    // dropout off so that runs on different world sizes compute the same function
+    f.sets.insert(f.sets.end(), {"model.dropout=0", "model.attn_dropout=0", "model.num_labels=2"});
+  } else {
+    f.train = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 32);
+    if (family == "llama") f.sets.insert(f.sets.end(), {"model.n_head=4", "model.n_kv_head=2"});
+  }
+  return f;
+}
+
+Config family_config(const FamilySetup& f, std::vector<std::string> extra) {
+  std::vector<std::string> sets = f.sets;
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return tiny_config(f.train, sets);
+}
+
+void two_ranks_equal_one(const std::string& family) {
+  std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  FamilySetup f = setup_family(family, dir);
+  const TrainOptions quiet = quiet_options(false);
+  MPI_Comm solo;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
+  TrainResult one;
+  if (world_rank() == 0) {
+    one = train(family_config(f, {"train.steps=10"}), solo, quiet, true);
+    MPI_Comm_free(&solo);
+  }
+  struct Variant {
+    const char* name;
+    std::vector<std::string> sets;
+  };
+  const std::vector<Variant> variants = {
+      {"allreduce", {"parallel.sync=allreduce"}},
+      {"gather_scatter", {"parallel.sync=gather_scatter"}},
+      {"allreduce bucketed+overlap", {"parallel.sync=allreduce", "parallel.bucket_mb=0.02",
+                                      "parallel.first_bucket_mb=0.005", "parallel.overlap=true"}},
+  };
+  for (auto& v : variants) {
+    std::vector<std::string> sets = v.sets;
+    sets.push_back("train.steps=10");
+    TrainResult two = train(family_config(f, sets), MPI_COMM_WORLD, quiet, true);
+    std::vector<float> p0 = two.final_params;
+    MPI_Bcast(p0.data(), (int)p0.size(), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    EXPECT_EQ(p0, two.final_params) << family << " " << v.name << ": ranks diverged";
+    if (world_rank() == 0) {
+      ASSERT_EQ(two.losses.size(), 10u);
+      std::printf("%s %-28s first losses 1 rank %.6f %.6f, 2 ranks %.6f %.6f; params rel diff %.1e\n",
+                  family.c_str(), v.name, one.losses[0], one.losses[1], two.losses[0], two.losses[1],
+                  rel_diff(two.final_params, one.final_params));
+      for (int s = 0; s < 10; s++)
+        EXPECT_LT(std::fabs(two.losses[s] - one.losses[s]) / one.losses[s], 1e-5) << family << " " << v.name
+                                                                                   << " step " << s;
+      EXPECT_LT(rel_diff(two.final_params, one.final_params), 1e-5) << family << " " << v.name;
+    }
+  }
+  if (world_rank() == 0 && family != "bert") EXPECT_LT(one.losses.back(), one.losses.front()) << family << ": no progress";
+}
+
+void resume_is_bit_identical(const std::string& family, std::vector<std::string> extra) {
+  std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  FamilySetup f = setup_family(family, dir);
+  // (bert keeps its dropout on here: the masks are keyed by (seed, step, rank, micro-batch, layer),
+  // so a resumed run draws the same ones.)
+  f.sets.insert(f.sets.end(), extra.begin(), extra.end());
+  auto cfg = [&](const std::string& run) {
+    return family_config(f, {"train.steps=8", "train.warmup_steps=2", "checkpoint.every=3", "run.dir=" + run});
+  };
+  TrainOptions o = quiet_options(true);
+  TrainResult whole = train(cfg(dir + "/whole"), MPI_COMM_WORLD, o, true);
+  TrainOptions cut = o;
+  cut.preempt_after_step = 4;  // 5 steps done, between the step-3 and step-6 checkpoints
+  TrainResult first = train(cfg(dir + "/cut"), MPI_COMM_WORLD, cut, true);
+  ASSERT_TRUE(first.preempted);
+  TrainOptions again = o;
+  again.resume = "auto";
+  TrainResult second = train(cfg(dir + "/cut"), MPI_COMM_WORLD, again, true);
+  ASSERT_EQ(second.start_step, 5);
+  std::vector<float> joined = first.losses;
+  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  EXPECT_EQ(joined, whole.losses) << family << ": per-step losses must match bit for bit";
+  EXPECT_EQ(second.final_params, whole.final_params) << family << ": final parameters must match bit for bit";
+
+  // A checkpoint of this family is refused by another family, by name.
+  const std::string other = family == "llama" ? "gpt2" : "llama";
+  try {
+    std::vector<std::string> sets = {"model.family=" + other, "train.steps=9", "run.dir=" + dir + "/cut"};
+    if (family == "bert") sets.push_back("data.train=" + make_pattern_file(MPI_COMM_WORLD, dir, "lm.h5", 20000, 64, 5));
+    TrainOptions r = again;
+    train(tiny_config(f.train, sets), MPI_COMM_WORLD, r);
+    ADD_FAILURE() << "a " << family << " checkpoint was loaded into " << other;
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds a " + family + " model, but this configuration has model.family \"" +
+                                         other + "\""),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+
+TEST(MpiFamilies, LlamaTwoRanksEqualOneRank) { two_ranks_equal_one("llama"); }
+TEST(MpiFamilies, BertTwoRanksEqualOneRank) { two_ranks_equal_one("bert"); }
+TEST(MpiFamilies, LlamaResumeIsBitIdentical) { resume_is_bit_identical("llama", {}); }
+TEST(MpiFamilies, BertResumeIsBitIdenticalWithDropout) {
+  resume_is_bit_identical("bert", {"model.dropout=0.1", "model.attn_dropout=0.1"});
+}
+
+// bert evaluates accuracy on a classification file, and a language-modelling file given to it is
+// refused with the fix.
+TEST(MpiFamilies, BertReportsAccuracyAndRefusesTokenFiles) {
+  std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  FamilySetup f = setup_family("bert", dir);
+  std::string val = make_pattern_examples(MPI_COMM_WORLD, dir, "val.h5", 128, 32, 64, 33);
+  TrainResult r = train(family_config(f, {"data.val=" + val, "train.steps=60", "train.eval_every=30",
+                                          "train.eval_batches=16", "train.lr=2e-3"}),
+                        MPI_COMM_WORLD, quiet_options(false));
+  ASSERT_EQ(r.val_accuracy.size(), 3u);
+  for (double a : r.val_accuracy) EXPECT_TRUE(a >= 0 && a <= 1);
+  EXPECT_GT(r.val_accuracy.back(), 0.8) << "the label decides which half of the vocabulary the tokens come from";
+  try {
+    std::string lm = make_pattern_file(MPI_COMM_WORLD, dir, "lm.h5", 20000, 64, 5);
+    train(tiny_config(lm, {"model.family=bert"}), MPI_COMM_WORLD, quiet_options(false));
+    ADD_FAILURE() << "a token file was accepted for bert";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a language-modelling token file, but model.family bert"),
+              std::string::npos)
+        << e.what();
+  }
+}
