@@ -1,22 +1,28 @@
-// Private to the CUDA backend: the functions behind cuda_ops() (see src/backend/ops.h for the
-// contract of each), the one compute stream and cuBLAS handle they share, a cached scratch
-// workspace, error checks, and the warp/block reductions the kernels use.
+// Private to the CUDA backend: the functions behind cuda_ops() (every op of backend/op_list.h,
+// where the contract of each is written), the one compute stream and cuBLAS handle they share, a
+// cached scratch workspace, error checks, and the warp/block reductions the kernels use.
 //
 // Execution model: every op is enqueued on ONE stream (compute_stream(), a blocking stream of the
 // device bound by cuda_bind_device), so ops run in call order and scratch buffers can be reused
 // from one op to the next without synchronisation. The host waits only where the contract needs a
-// host value: copy_to_host, sum_squares (returns a double) and softmax_xent (target check).
+// host value or a host buffer back: copy_to_device, copy_to_host, sum_squares (returns a double)
+// and softmax_xent (target check). Argument errors found on the host (a dropout probability
+// outside [0, 1), NH not a multiple of NKV) throw llmpi::Error before anything is enqueued.
 //
-// Determinism: no float atomics anywhere. Column sums (dbias, LayerNorm dweight/dbias) are summed
-// per fixed chunk of rows, then the chunks in order; the embedding backward sorts positions by
-// token (stable) and sums each token's rows in position order; sum_squares uses a grid that
-// depends only on n. Results are bitwise repeatable run to run on the same card.
+// Determinism: no float atomics anywhere. Column sums (dbias, LayerNorm/RMSNorm dweight/dbias)
+// are summed per fixed chunk of rows, then the chunks in order; the embedding backwards sort
+// positions by token (stable) and sum each token's rows in position order; attention sums the
+// dK/dV contributions of the query heads sharing a K/V head in head order (a reduction kernel);
+// sum_squares uses a grid that depends only on n. Dropout masks are a hash of (key, element
+// index), never a random state. Results are bitwise repeatable run to run on the same card.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+
+#include "backend/op_list.h"
 
 namespace llmpi::cuda {
 
@@ -42,7 +48,11 @@ cudaStream_t compute_stream();
 cublasHandle_t cublas();
 // Scratch buffers that persist between calls and grow on demand (never shrink). A slot's content
 // is valid only within one op (ops on the one stream never overlap, so slots are reused freely).
-enum WorkspaceSlot { kWsPartials = 0, kWsSortKeys, kWsSortVals, kWsSortTemp, kWsReduce, kWsFlag, kWsSlots };
+// kWsAttn: attention's dropped probabilities (forward, one batch element) and per-query-head
+// dK/dV before their group sums (backward).
+enum WorkspaceSlot {
+  kWsPartials = 0, kWsSortKeys, kWsSortVals, kWsSortTemp, kWsReduce, kWsFlag, kWsAttn, kWsSlots
+};
 void* workspace(WorkspaceSlot slot, size_t bytes);
 size_t workspace_bytes();  // all slots together
 
@@ -52,6 +62,12 @@ inline unsigned grid_for(size_t n, int threads) {
   const size_t cap = size_t(1) << 20;
   if (b > cap) b = cap;
   return b == 0 ? 1u : static_cast<unsigned>(b);
+}
+
+// gridDim.y for kernels that loop over row chunks k = blockIdx.y, blockIdx.y + gridDim.y, ...
+// (the y dimension of a grid is limited to 65535 blocks).
+inline unsigned chunk_grid_y(int nchunks) {
+  return nchunks < 1 ? 1u : nchunks > 65535 ? 65535u : static_cast<unsigned>(nchunks);
 }
 
 // ---- row-major sgemm (matmul.cu), the cblas_sgemm(CblasRowMajor, ...) of the CPU backend -------
@@ -66,49 +82,28 @@ void sgemm_rm_batched(bool transA, bool transB, int M, int N, int K, float alpha
                       int lda, long long strideA, const float* B, int ldb, long long strideB,
                       float beta, float* C, int ldc, long long strideC, int batch);
 
-// ---- ops (contract: backend/ops.h) --------------------------------------------------------------
-// memory.cu
-void* alloc(size_t bytes);
-void free(void* p);
-void zero(void* p, size_t bytes);
-void copy_to_device(void* dst, const void* src, size_t bytes);
-void copy_to_host(void* dst, const void* src, size_t bytes);
-// embedding.cu
-void embedding_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                       int T, int C);
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
-                        int T, int C);
-// layernorm.cu
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C);
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C);
-// matmul.cu
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC);
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC);
 // Column sums, deterministic: colsum[j] += Σ_n x[n, j] for x [N, M] (matmul.cu).
 void add_column_sums(float* colsum, const float* x, int N, int M);
-// attention.cu
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
-void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                        const float* att, int B, int T, int C, int NH);
-// gelu.cu
-void gelu_forward(float* out, const float* inp, size_t n);
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
-// residual.cu
-void residual_forward(float* out, const float* a, const float* b, size_t n);
-// softmax_xent.cu
-void softmax_xent(float* logits, float* losses, const int32_t* targets, int N, int V,
-                  float grad_scale);
-// adamw.cu
-void adamw_update(float* params, const float* grads, float* m, float* v, size_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int t);
-void sgd_update(float* params, const float* grads, size_t n, float lr, float weight_decay);
-double sum_squares(const float* x, size_t n);
-void scale(float* x, float s, size_t n);
+
+// Deterministic scatter-add of rows by index (embedding.cu), no atomics:
+//   dst[ids[n], :] += src[n, :]  for n = 0..N-1, each dst row receiving its terms in increasing n
+// (positions stably sorted by index, then one block per run of equal indices). Used by the
+// embedding backwards (dwte, the token-type table).
+void scatter_add_rows(float* dst, const float* src, const int32_t* ids, int N, int C);
+
+// Throws Error unless 0 <= p < 1 (activations.cu; the CPU backend's check and message).
+void check_dropout_p(const char* op, float p);
+
+// ---- ops: every op of backend/op_list.h (the contract of each is there) ------------------------
+// memory.cu: alloc free zero copy_to_device copy_to_host copy
+// embedding.cu: embedding_forward/backward, embedding_add_forward/backward
+// layernorm.cu: layernorm_forward/backward, rmsnorm_forward/backward
+// matmul.cu: matmul_forward/backward       rope.cu: rope_forward/backward
+// attention.cu: attention_forward/backward  gelu.cu: gelu_forward/backward (tanh approximation)
+// activations.cu: gelu_erf, swiglu, tanh, dropout (forward/backward)
+// residual.cu: residual_forward, first_token_forward/backward
+// softmax_xent.cu: softmax_xent             adamw.cu: adamw_update sgd_update sum_squares scale
+LLMPI_OPS(LLMPI_DECLARE_OP)
 
 // ---- device helpers ------------------------------------------------------------------------------
 template <typename F>
@@ -142,6 +137,14 @@ __device__ __forceinline__ float block_max(float v, float* sh) {
   __syncthreads();
   float r = lane < nw ? sh[lane] : -INFINITY;
   return warp_max(r);
+}
+
+// Grid-stride loops: for (size_t i = grid_first(); i < n; i += grid_stride()) (64-bit indices).
+__device__ __forceinline__ size_t grid_first() {
+  return blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+}
+__device__ __forceinline__ size_t grid_stride() {
+  return static_cast<size_t>(gridDim.x) * blockDim.x;
 }
 
 }  // namespace llmpi::cuda

@@ -1,5 +1,6 @@
-// The CUDA backend's op table (contract: backend/ops.h; API: backend/cuda_ops.h), device
-// selection, and the device queries used by the trainer and the benchmarks.
+// The CUDA backend's op table (the ops and their contracts: backend/op_list.h; API:
+// backend/cuda_ops.h), device selection, and the device queries used by the trainer and the
+// benchmarks.
 #include <algorithm>
 #include <vector>
 
@@ -67,28 +68,10 @@ void cuda_bind_device(int local_rank) {
 const Ops& cuda_ops() {
   static const Ops ops = [] {
     Ops o{};
-    o.name = "cuda";
-    o.alloc = cuda::alloc;
-    o.free = cuda::free;
-    o.zero = cuda::zero;
-    o.copy_to_device = cuda::copy_to_device;
-    o.copy_to_host = cuda::copy_to_host;
-    o.embedding_forward = cuda::embedding_forward;
-    o.embedding_backward = cuda::embedding_backward;
-    o.layernorm_forward = cuda::layernorm_forward;
-    o.layernorm_backward = cuda::layernorm_backward;
-    o.matmul_forward = cuda::matmul_forward;
-    o.matmul_backward = cuda::matmul_backward;
-    o.attention_forward = cuda::attention_forward;
-    o.attention_backward = cuda::attention_backward;
-    o.gelu_forward = cuda::gelu_forward;
-    o.gelu_backward = cuda::gelu_backward;
-    o.residual_forward = cuda::residual_forward;
-    o.softmax_xent = cuda::softmax_xent;
-    o.adamw_update = cuda::adamw_update;
-    o.sgd_update = cuda::sgd_update;
-    o.sum_squares = cuda::sum_squares;
-    o.scale = cuda::scale;
+    o.device = Device::cuda;
+#define X(ret, name, params) o.name = cuda::name;
+    LLMPI_OPS(X)
+#undef X
     return o;
   }();
   return ops;

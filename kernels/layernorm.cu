@@ -1,5 +1,6 @@
-// LayerNorm over the last dimension (C), eps = 1e-5, biased variance.
+// LayerNorm and RMSNorm over the last dimension (C), eps given by the caller.
 //
+// ---- LayerNorm (biased variance) ----
 // forward, per row x = inp[n, :] (one warp per row):
 //   mean = Σ_c x_c / C;  var = Σ_c (x_c - mean)² / C;  rstd = 1 / sqrt(var + eps)
 //   out_c = (x_c - mean) * rstd * weight_c + bias_c
@@ -8,6 +9,14 @@
 // backward, with norm_c = (x_c - mean) * rstd and g_c = weight_c * dout_c:
 //   dinp_c    += rstd * (g_c - mean_c'(g) - norm_c * mean_c'(g * norm))     (one warp per row)
 //   dweight_c += Σ_n norm_c * dout_c;   dbias_c += Σ_n dout_c
+//
+// ---- RMSNorm ----
+// forward, per row x (one warp per row):
+//   rstd = 1 / sqrt(Σ_c x_c² / C + eps);   out_c = x_c * rstd * weight_c
+// backward, with norm_c = x_c * rstd and g_c = weight_c * dout_c (d rstd / d x_k = -rstd³ x_k / C):
+//   dinp_c    += rstd * (g_c - norm_c * mean_c'(g * norm))                   (one warp per row)
+//   dweight_c += Σ_n norm_c * dout_c
+//
 // The column sums are deterministic (no atomics): partial sums over fixed chunks of kChunkRows
 // rows, one thread per column (coalesced), then the chunks added in order.
 #include "cuda_common.cuh"
@@ -16,7 +25,6 @@ namespace llmpi::cuda {
 
 namespace {
 
-constexpr float kEps = 1e-5f;
 constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 constexpr int kChunkRows = 32;
 constexpr int kColThreads = 256;
@@ -24,7 +32,8 @@ constexpr int kColThreads = 256;
 __global__ void layernorm_forward_kernel(float* __restrict__ out, float* __restrict__ mean,
                                          float* __restrict__ rstd, const float* __restrict__ inp,
                                          const float* __restrict__ weight,
-                                         const float* __restrict__ bias, int N, int C) {
+                                         const float* __restrict__ bias, int N, int C,
+                                         float eps) {
   const int n = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (n >= N) return;
@@ -37,7 +46,7 @@ __global__ void layernorm_forward_kernel(float* __restrict__ out, float* __restr
     const float d = x[c] - m;
     v += d * d;
   }
-  const float r = 1.0f / sqrtf(warp_sum(v) / C + kEps);
+  const float r = 1.0f / sqrtf(warp_sum(v) / C + eps);
   float* o = out + static_cast<size_t>(n) * C;
   for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * weight[c] + bias[c];
   if (lane == 0) {
@@ -80,18 +89,19 @@ __global__ void layernorm_dparams_partial_kernel(float* __restrict__ part,
                                                  const float* __restrict__ mean,
                                                  const float* __restrict__ rstd, int N, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  const int k = blockIdx.y;
   if (c >= C) return;
-  const int n0 = k * kChunkRows, n1 = min(n0 + kChunkRows, N);
-  float pw = 0.0f, pb = 0.0f;
-  for (int n = n0; n < n1; n++) {
-    const size_t i = static_cast<size_t>(n) * C + c;
-    const float dy = dout[i];
-    pw += (inp[i] - mean[n]) * rstd[n] * dy;
-    pb += dy;
+  for (int k = blockIdx.y; k * kChunkRows < N; k += gridDim.y) {  // chunk k (grid-stride in y)
+    const int n0 = k * kChunkRows, n1 = min(n0 + kChunkRows, N);
+    float pw = 0.0f, pb = 0.0f;
+    for (int n = n0; n < n1; n++) {
+      const size_t i = static_cast<size_t>(n) * C + c;
+      const float dy = dout[i];
+      pw += (inp[i] - mean[n]) * rstd[n] * dy;
+      pb += dy;
+    }
+    part[static_cast<size_t>(k) * 2 * C + c] = pw;
+    part[static_cast<size_t>(k) * 2 * C + C + c] = pb;
   }
-  part[static_cast<size_t>(k) * 2 * C + c] = pw;
-  part[static_cast<size_t>(k) * 2 * C + C + c] = pb;
 }
 
 __global__ void layernorm_dparams_final_kernel(float* __restrict__ dweight,
@@ -108,14 +118,72 @@ __global__ void layernorm_dparams_final_kernel(float* __restrict__ dweight,
   dbias[c] += sb;
 }
 
+__global__ void rmsnorm_forward_kernel(float* __restrict__ out, float* __restrict__ rstd,
+                                       const float* __restrict__ inp,
+                                       const float* __restrict__ weight, int N, int C, float eps) {
+  const int n = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (n >= N) return;
+  const float* x = inp + static_cast<size_t>(n) * C;
+  float ss = 0.0f;
+  for (int c = lane; c < C; c += 32) ss += x[c] * x[c];
+  const float r = 1.0f / sqrtf(warp_sum(ss) / C + eps);
+  float* o = out + static_cast<size_t>(n) * C;
+  for (int c = lane; c < C; c += 32) o[c] = x[c] * r * weight[c];
+  if (lane == 0) rstd[n] = r;
+}
+
+__global__ void rmsnorm_dinp_kernel(float* __restrict__ dinp, const float* __restrict__ dout,
+                                    const float* __restrict__ inp, const float* __restrict__ weight,
+                                    const float* __restrict__ rstd, int N, int C) {
+  const int n = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (n >= N) return;
+  const float* x = inp + static_cast<size_t>(n) * C;
+  const float* dy = dout + static_cast<size_t>(n) * C;
+  float* dx = dinp + static_cast<size_t>(n) * C;
+  const float r = rstd[n];
+  float sgn = 0.0f;
+  for (int c = lane; c < C; c += 32) sgn += weight[c] * dy[c] * (x[c] * r);
+  const float mgn = warp_sum(sgn) / C;
+  for (int c = lane; c < C; c += 32) dx[c] += r * (weight[c] * dy[c] - x[c] * r * mgn);
+}
+
+// part[k, c] = Σ_{n in chunk k} x * rstd * dout
+__global__ void rmsnorm_dweight_partial_kernel(float* __restrict__ part,
+                                               const float* __restrict__ dout,
+                                               const float* __restrict__ inp,
+                                               const float* __restrict__ rstd, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int k = blockIdx.y; k * kChunkRows < N; k += gridDim.y) {  // chunk k (grid-stride in y)
+    const int n0 = k * kChunkRows, n1 = min(n0 + kChunkRows, N);
+    float pw = 0.0f;
+    for (int n = n0; n < n1; n++) {
+      const size_t i = static_cast<size_t>(n) * C + c;
+      pw += inp[i] * rstd[n] * dout[i];
+    }
+    part[static_cast<size_t>(k) * C + c] = pw;
+  }
+}
+
+__global__ void rmsnorm_dweight_final_kernel(float* __restrict__ dweight,
+                                             const float* __restrict__ part, int nchunks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0.0f;
+  for (int k = 0; k < nchunks; k++) sw += part[static_cast<size_t>(k) * C + c];
+  dweight[c] += sw;
+}
+
 }  // namespace
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C) {
+                       const float* bias, int N, int C, float eps) {
   if (N <= 0 || C <= 0) return;
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   layernorm_forward_kernel<<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
-      out, mean, rstd, inp, weight, bias, N, C);
+      out, mean, rstd, inp, weight, bias, N, C, eps);
   LLMPI_LAUNCH_CHECK("layernorm_forward");
 }
 
@@ -132,11 +200,38 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   float* part = static_cast<float*>(
       workspace(kWsPartials, static_cast<size_t>(nchunks) * 2 * C * sizeof(float)));
   const int cblocks = (C + kColThreads - 1) / kColThreads;
-  layernorm_dparams_partial_kernel<<<dim3(cblocks, nchunks), kColThreads, 0, s>>>(part, dout, inp,
-                                                                                  mean, rstd, N, C);
+  const dim3 grid(cblocks, chunk_grid_y(nchunks));
+  layernorm_dparams_partial_kernel<<<grid, kColThreads, 0, s>>>(part, dout, inp, mean, rstd, N, C);
   LLMPI_LAUNCH_CHECK("layernorm_dparams_partial");
   layernorm_dparams_final_kernel<<<cblocks, kColThreads, 0, s>>>(dweight, dbias, part, nchunks, C);
   LLMPI_LAUNCH_CHECK("layernorm_dparams_final");
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
+                     float eps) {
+  if (N <= 0 || C <= 0) return;
+  const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  rmsnorm_forward_kernel<<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(out, rstd, inp,
+                                                                               weight, N, C, eps);
+  LLMPI_LAUNCH_CHECK("rmsnorm_forward");
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int N, int C) {
+  if (N <= 0 || C <= 0) return;
+  cudaStream_t s = compute_stream();
+  const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  rmsnorm_dinp_kernel<<<blocks, 32 * kRowsPerBlock, 0, s>>>(dinp, dout, inp, weight, rstd, N, C);
+  LLMPI_LAUNCH_CHECK("rmsnorm_dinp");
+  const int nchunks = (N + kChunkRows - 1) / kChunkRows;
+  float* part = static_cast<float*>(
+      workspace(kWsPartials, static_cast<size_t>(nchunks) * C * sizeof(float)));
+  const int cblocks = (C + kColThreads - 1) / kColThreads;
+  const dim3 grid(cblocks, chunk_grid_y(nchunks));
+  rmsnorm_dweight_partial_kernel<<<grid, kColThreads, 0, s>>>(part, dout, inp, rstd, N, C);
+  LLMPI_LAUNCH_CHECK("rmsnorm_dweight_partial");
+  rmsnorm_dweight_final_kernel<<<cblocks, kColThreads, 0, s>>>(dweight, part, nchunks, C);
+  LLMPI_LAUNCH_CHECK("rmsnorm_dweight_final");
 }
 
 }  // namespace llmpi::cuda

@@ -33,13 +33,14 @@ constexpr int kColThreads = 256;
 __global__ void colsum_partial_kernel(float* __restrict__ part, const float* __restrict__ x, int N,
                                       int M) {
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  const int k = blockIdx.y;
   if (j >= M) return;
-  const int n0 = k * kColChunk;
-  const int n1 = min(n0 + kColChunk, N);
-  float s = 0.0f;
-  for (int n = n0; n < n1; n++) s += x[static_cast<size_t>(n) * M + j];
-  part[static_cast<size_t>(k) * M + j] = s;
+  for (int k = blockIdx.y; k * kColChunk < N; k += gridDim.y) {  // chunk k (grid-stride in y)
+    const int n0 = k * kColChunk;
+    const int n1 = min(n0 + kColChunk, N);
+    float s = 0.0f;
+    for (int n = n0; n < n1; n++) s += x[static_cast<size_t>(n) * M + j];
+    part[static_cast<size_t>(k) * M + j] = s;
+  }
 }
 
 __global__ void colsum_final_kernel(float* __restrict__ colsum, const float* __restrict__ part,
@@ -73,7 +74,7 @@ void add_column_sums(float* colsum, const float* x, int N, int M) {
   float* part = static_cast<float*>(
       workspace(kWsPartials, static_cast<size_t>(nchunks) * M * sizeof(float)));
   cudaStream_t s = compute_stream();
-  const dim3 g1((M + kColThreads - 1) / kColThreads, nchunks);
+  const dim3 g1((M + kColThreads - 1) / kColThreads, chunk_grid_y(nchunks));
   colsum_partial_kernel<<<g1, kColThreads, 0, s>>>(part, x, N, M);
   LLMPI_LAUNCH_CHECK("colsum_partial");
   colsum_final_kernel<<<(M + kColThreads - 1) / kColThreads, kColThreads, 0, s>>>(colsum, part,

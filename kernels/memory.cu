@@ -8,6 +8,8 @@
 //   copy_to_device  cudaMemcpyAsync(cudaMemcpyDefault) + wait, so the host buffer may be reused
 //                   or freed as soon as the call returns, pinned or not.
 //   copy_to_host    cudaMemcpyAsync + wait: the host data is there when the call returns.
+//   copy            device to device, cudaMemcpyAsync on the compute stream, not waited for (it
+//                   is ordered with the ops before and after it like any kernel).
 #include <cstdio>
 #include <mutex>
 
@@ -123,6 +125,12 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
   if (bytes == 0 || dst == src) return;
   LLMPI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, compute_stream()));
   LLMPI_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+}
+
+void copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  LLMPI_CUDA_CHECK(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, compute_stream()));
 }
 
 }  // namespace llmpi::cuda

@@ -75,7 +75,7 @@ inline int world_rank() {
 // The small model every MPI test trains (2 layers, width 32, seq_len 32, global batch 8), with
 // the test's own `--set` overrides applied after these.
 inline Config tiny_config(const std::string& train, const std::vector<std::string>& extra) {
-  std::vector<std::string> sets = {"data.train=" + train, "model.n_layer=2", "model.n_head=2", "model.d_model=32",
+  std::vector<std::string> sets = {"data.train=" + train, "runtime.device=cpu", "model.n_layer=2", "model.n_head=2", "model.d_model=32",
                                    "model.seq_len=32", "train.global_batch=8", "train.lr=1e-3",
                                    "train.log_every=1", "train.eval_every=0"};
   sets.insert(sets.end(), extra.begin(), extra.end());

@@ -551,8 +551,8 @@ namespace {
 
 struct RopeCase { int B, T, nh, hs, stride; float theta; };
 
-// x'[i] = x[i] cos a - x[i+hs/2] sin a;  x'[i+hs/2] = x[i+hs/2] cos a + x[i] sin a, a = t theta^(-2i/hs),
-// for the first nh*hs floats of each row; the rest of the row unchanged.
+// x'[i] = x[i] cos a - x[i+hs/2] sin a;  x'[i+hs/2] = x[i+hs/2] cos a + x[i] sin a,
+// with a = t theta^(-2i/hs), on the first nh*hs floats of each row; the rest of the row unchanged.
 std::vector<double> ref_rope(const std::vector<double>& x, const RopeCase& r) {
   std::vector<double> y = x;
   const int half = r.hs / 2;
@@ -570,9 +570,9 @@ std::vector<double> ref_rope(const std::vector<double>& x, const RopeCase& r) {
 }
 
 const RopeCase kRopeCases[] = {
-    {2, 5, 2, 8, 16, 10000.0f},        // rows exactly nh*hs wide
+    {2, 5, 2, 8, 16, 10000.0f},                  // rows exactly nh*hs wide
     {2, 7, 3, 4, 3 * 4 + 2 * 4 + 5, 500000.0f},  // q heads inside a wider qkv-like row
-    {1, 300, 4, 16, 64, 10000.0f},     // 300 x 4 x 16: the OpenMP path
+    {1, 300, 4, 16, 64, 10000.0f},               // 300 x 4 x 16: the OpenMP path
 };
 
 }  // namespace
@@ -620,6 +620,12 @@ TEST(CpuOps, RopeBackward) {
     else for (size_t i : idx) got.push_back(dx[i]);
     EXPECT_LT(rel_err(got.data(), g.data(), g.size()), kBwdTol) << r.T;
   }
+}
+
+TEST(CpuOps, RopeRejectsOddHeadSize) {
+  std::vector<float> x(2 * 3 * 5);
+  EXPECT_THROW(ops().rope_forward(x.data(), 2, 3, 1, 5, 5, 10000.0f), Error);
+  EXPECT_THROW(ops().rope_backward(x.data(), 2, 3, 2, 4, 5, 10000.0f), Error);  // stride < nh*hs
 }
 
 // Forward then backward (the inverse rotation) restores x to within float rounding.
@@ -962,7 +968,7 @@ TEST(CpuOps, AttentionDropoutBackward) {
   check_attention_backward(a, 400, 202, "bidirectional + mask + gqa + dropout");
 }
 
-TEST(CpuOps, AttentionRejectsDropoutOutsideRange) {
+TEST(CpuOps, AttentionRejectsBadArguments) {
   AttnCase a{1, 3, 1, 1, 2};
   const auto qkv = random_floats(a.n_qkv(), 205);
   std::vector<float> out(a.n_out()), att(a.n_att());
@@ -970,6 +976,12 @@ TEST(CpuOps, AttentionRejectsDropoutOutsideRange) {
     a.p = p;
     EXPECT_THROW(run_attention_forward(a, qkv, &out, &att), Error) << p;
   }
+  // And query heads that do not divide into the kv heads.
+  AttnCase g{1, 3, 3, 2, 2};
+  const auto qkv3 = random_floats(g.n_qkv(), 206);
+  std::vector<float> out3(g.n_out()), att3(g.n_att()), dqkv3(g.n_qkv()), scratch3(g.n_att());
+  EXPECT_THROW(run_attention_forward(g, qkv3, &out3, &att3), Error);
+  EXPECT_THROW(run_attention_backward(g, &dqkv3, &scratch3, out3, qkv3, att3), Error);
 }
 
 // The GPT-2 path (NKV == NH, causal, no mask, no dropout) gives the original implementation's
@@ -977,7 +989,8 @@ TEST(CpuOps, AttentionRejectsDropoutOutsideRange) {
 // enough (b, h) pairs for the OpenMP path.
 TEST(CpuOps, AttentionFastPathBitwiseAsBefore) {
   struct Shape { int B, T, C, NH; };
-  for (const Shape s : {Shape{2, 5, 8, 2}, Shape{2, 70, 16, 2}, Shape{1, 2 * cpu::kAttnBlock + 2, 8, 2},
+  for (const Shape s : {Shape{2, 5, 8, 2}, Shape{2, 70, 16, 2},
+                        Shape{1, 2 * cpu::kAttnBlock + 2, 8, 2},
                         Shape{4, 200, 64, 4}, Shape{1, 64, 256, 4}, Shape{1, 100, 16, 1}}) {
     const AttnCase a{s.B, s.T, s.NH, s.NH, s.C / s.NH};
     const auto qkv = random_floats(a.n_qkv(), 210 + s.T, -2.0f, 2.0f);
@@ -1526,7 +1539,8 @@ std::vector<std::vector<float>> run_new_ops() {
   auto mask = std::vector<int32_t>(N, 1);
   for (int t = 250; t < T; t++) mask[T + t] = 0;
   const auto wte = random_floats(V * C, 232), wtt = random_floats(2 * C, 233);
-  const auto nw = random_floats(C, 234), wqkv = random_floats(static_cast<size_t>(W) * C, 235, -0.2f, 0.2f);
+  const auto nw = random_floats(C, 234);
+  const auto wqkv = random_floats(static_cast<size_t>(W) * C, 235, -0.2f, 0.2f);
   const auto wup = random_floats(static_cast<size_t>(2 * F) * C, 236, -0.2f, 0.2f);
   std::vector<float> emb(N * C), nrm(N * C), rstd(N), qkv(static_cast<size_t>(N) * W),
       ao(N * C), att(static_cast<size_t>(B) * NH * T * T), scratch(att.size()), up(N * 2 * F),

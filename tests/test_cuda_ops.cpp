@@ -461,7 +461,8 @@ TEST_P(CudaAttention, MatchesCpuForwardAndBackward) {
   std::vector<float> rout(out_n, kNaN), ratt(att_n, kNaN);
   cpu().attention_forward(rout.data(), ratt.data(), qkv.data(), cmask, B, T, NH, NKV, hs, c.causal,
                           c.dropout_p, key);
-  Dev gqkv(qkv), gout(nans(out_n)), gatt(nans(att_n)), gmask(mask.empty() ? std::vector<int32_t>{0} : mask);
+  Dev gqkv(qkv), gout(nans(out_n)), gatt(nans(att_n));
+  Dev gmask(mask.empty() ? std::vector<int32_t>{0} : mask);
   const int32_t* dmask = mask.empty() ? nullptr : gmask.i();
   gpu().attention_forward(gout.f(), gatt.f(), gqkv.f(), dmask, B, T, NH, NKV, hs, c.causal,
                           c.dropout_p, key);
@@ -488,7 +489,7 @@ TEST_P(CudaAttention, MatchesCpuForwardAndBackward) {
         }
       }
   // The contract's O = (P keep / (1-p)) V from the GPU's own att, in double: checks the dropout
-  // element index e = ((b NH + h) T + i) T + j and the grouping h -> h / G independently of the CPU.
+  // element index e = ((b NH + h) T + i) T + j and the grouping h -> h / G without the CPU.
   {
     const double scale = c.dropout_p > 0.0f ? 1.0 / (1.0 - c.dropout_p) : 1.0;
     std::vector<double> oref(out_n, 0.0);
@@ -508,7 +509,8 @@ TEST_P(CudaAttention, MatchesCpuForwardAndBackward) {
             if (p == 0.0) continue;
             const float* v = qkv.data() + (static_cast<size_t>(b) * T + j) * W + (NH + NKV) * hs +
                              static_cast<size_t>(g) * hs;
-            double* o = oref.data() + (static_cast<size_t>(b) * T + i) * C + static_cast<size_t>(h) * hs;
+            double* o = oref.data() + (static_cast<size_t>(b) * T + i) * C +
+                        static_cast<size_t>(h) * hs;
             for (int d = 0; d < hs; d++) o[d] += p * v[d];
           }
       }
@@ -840,7 +842,10 @@ const ModelCase kModelCases[] = {
     {"llama_gqa", "llama", {"model.n_kv_head=2"}, false},
     {"llama_mqa", "llama", {"model.n_kv_head=1"}, false},
     {"bert", "bert", {"model.num_labels=3"}, false},
-    {"bert_dropout", "bert", {"model.num_labels=3", "model.dropout=0.1", "model.attn_dropout=0.1"}, true},
+    {"bert_dropout",
+     "bert",
+     {"model.num_labels=3", "model.dropout=0.1", "model.attn_dropout=0.1"},
+     true},
 };
 
 // n_layer, n_head, d_model, seq_len, vocab

@@ -92,7 +92,9 @@ void two_ranks_equal_one(const std::string& family) {
       EXPECT_LT(rel_diff(two.final_params, one.final_params), 1e-5) << family << " " << v.name;
     }
   }
-  if (world_rank() == 0 && family != "bert") EXPECT_LT(one.losses.back(), one.losses.front()) << family << ": no progress";
+  if (world_rank() == 0 && family != "bert") {
+    EXPECT_LT(one.losses.back(), one.losses.front()) << family << ": no progress";
+  }
 }
 
 void resume_is_bit_identical(const std::string& family, std::vector<std::string> extra) {

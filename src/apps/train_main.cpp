@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "model/model_desc.h"
 #include "runtime/config.h"
 #include "runtime/mpi_env.h"
 #include "runtime/signals.h"
@@ -14,13 +15,27 @@ using namespace llmpi;
 
 static std::string keys_help() {
   std::string s = "\nConfiguration keys (JSON sections and keys; --set section.key=value overrides):\n";
-  for (auto& [sec, obj] : config_defaults().items())
-    for (auto& [k, v] : obj.items()) {
-      std::string line = "  " + sec + "." + k;
-      line.resize(std::max<size_t>(line.size() + 1, 28), ' ');
-      s += line + "default " + v.dump() + "\n";
-    }
-  s += "\nmodel.vocab_size 0 takes the vocabulary from data.train. runtime.threads 0 = cores / ranks on the node.\n"
+  auto line = [](const std::string& key, const nlohmann::json& v) {
+    std::string l = "  " + key;
+    l.resize(std::max<size_t>(l.size() + 1, 30), ' ');
+    return l + "default " + v.dump() + "\n";
+  };
+  for (auto& [sec, obj] : config_defaults().items()) {
+    if (sec == "model") continue;
+    for (auto& [k, v] : obj.items()) s += line(sec + "." + k, v);
+  }
+  s += "\nModel keys by family (model.family = \"gpt2\" | \"llama\" | \"bert\"; a key of another family is an error):\n";
+  for (const std::string& f : family_names()) {
+    s += " " + f + (f == "gpt2" ? " (the default)" : "") + ":\n";
+    const nlohmann::json keys = family_model_defaults(f);  // (items() of a temporary would dangle)
+    for (auto& [k, v] : keys.items())
+      if (k != "family") s += line("model." + k, v);
+  }
+  s += "\nmodel.vocab_size 0 takes the vocabulary from data.train; model.ffn_dim 0 = 4 x d_model (gpt2, bert) or\n"
+       "8/3 x d_model rounded up to 64 (llama); model.max_seq_len 0 = seq_len; model.n_kv_head 0 = n_head.\n"
+       "gpt2 and llama train a language model on a token file (llmpi-prep); bert trains a classifier on a\n"
+       "classification file (input_ids, token_type_ids, attention_mask, labels) and reports accuracy.\n"
+       "runtime.threads 0 = cores / ranks on the node.\n"
        "parallel.sync: \"gather_scatter\" | \"allreduce\" | \"weights\" | \"nccl\". runtime.device: \"auto\" | \"cpu\" | \"cuda\".\n"
        "train.optimizer: \"adamw\" | \"sgd\". train.on_nonfinite: \"abort\" | \"skip\". Also: --resume auto|PATH, --dry-run.\n"
        "Writes run.dir/config.json (resolved), metrics.jsonl (per logged step) and eval.jsonl.\n";
@@ -31,7 +46,7 @@ int main(int argc, char** argv) {
   set_program_name("llmpi-train");
   MpiEnv env(&argc, &argv);
 
-  CLI::App app{"llmpi-train: train a GPT-2 family transformer on HDF5 token shards across MPI ranks.\n"
+  CLI::App app{"llmpi-train: train a transformer (gpt2, llama or bert family) on HDF5 token files across MPI ranks.\n"
                "Usage: mpiexec -n N llmpi-train --config run.json [--set key.path=value]..."};
   std::string config_path;
   std::vector<std::string> sets;

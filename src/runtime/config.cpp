@@ -266,6 +266,14 @@ static Config extract(const json& r) {
   require(c.model.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = from the training file)");
   require(c.model.init_std > 0, "model.init_std", "must be > 0");
   require(c.model.n_kv_head >= 0, "model.n_kv_head", "must be >= 0 (0 = n_head)");
+  if (c.model.family == "llama") {
+    if (c.model.n_kv_head > 0 && c.model.n_head % c.model.n_kv_head != 0)
+      fail("config: 'model.n_kv_head' (", c.model.n_kv_head, ") must divide 'model.n_head' (", c.model.n_head,
+           "): every key/value head serves the same number of query heads");
+    require((c.model.d_model / c.model.n_head) % 2 == 0, "model.d_model",
+            "/ model.n_head must be even for rotary positions (llama), got " +
+                std::to_string(c.model.d_model / c.model.n_head));
+  }
   require(c.model.ffn_dim >= 0, "model.ffn_dim", "must be >= 0 (0 = the family's default)");
   require(c.model.max_seq_len >= 0, "model.max_seq_len", "must be >= 0 (0 = seq_len)");
   require(c.model.num_labels >= 1, "model.num_labels", "must be >= 1");

@@ -33,9 +33,14 @@ expect_error missing-data "missing.h5" --config "$tmp/missing.json"
 expect_error not-hdf5 "fake.h5" --config "$tmp/fake.json"
 expect_error bad-set "unknown key 'train.lrr'" --config "$tmp/missing.json" --set train.lrr=1
 expect_error no-config "--config is required"
+expect_error other-family-key "'model.rope_theta' does not apply to model.family \"gpt2\"" --config "$tmp/missing.json" --set model.rope_theta=500
+expect_error unknown-family "'model.family' must be \"gpt2\", \"llama\" or \"bert\"" --config "$tmp/missing.json" --set model.family=t5
+expect_error gqa-divides "'model.n_kv_head' (4) must divide 'model.n_head' (6)" --config "$tmp/missing.json" --set model.family=llama --set model.n_head=6 --set model.d_model=96 --set model.n_kv_head=4
 
 timeout 60 mpiexec -n 1 "$TRAIN" --help >"$tmp/help" 2>&1; rc=$?
-if [ $rc != 0 ] || ! grep -q "train.global_batch" "$tmp/help" || ! grep -q "parallel.sync" "$tmp/help"; then
+if [ $rc != 0 ] || ! grep -q "train.global_batch" "$tmp/help" || ! grep -q "parallel.sync" "$tmp/help" ||
+   ! grep -q "^ llama:" "$tmp/help" || ! grep -q "^ bert:" "$tmp/help" || ! grep -q "model.n_kv_head" "$tmp/help" ||
+   ! grep -q "model.num_labels  *default 2" "$tmp/help"; then
   echo "FAIL --help: exit $rc"; cat "$tmp/help"; status=1
-else echo "ok   --help lists the configuration keys"; fi
+else echo "ok   --help lists the configuration keys, per model family"; fi
 exit $status

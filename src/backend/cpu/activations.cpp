@@ -65,24 +65,60 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
 // ---- GELU, exact (erf) --------------------------------------------------------------------------
 // gelu(x) = x Phi(x),  Phi(x) = (1 + erf(x/sqrt 2)) / 2 = erfc(-x/sqrt 2) / 2
 // (erfc keeps the left tail accurate, where 1 + erf(...) would cancel).
+//
+// libm's erfc does not vectorise (about 10 ns an element here), so erfc is evaluated with the
+// classic Chebyshev-fitted form (Numerical Recipes' erfcc; fractional error < 1.2e-7 for every
+// z >= 0 in exact arithmetic, about 3e-7 with float and fast_expf):
+//   erfc(z) = t exp(-z² + P(t)),  t = 1 / (1 + z/2),  P a degree-9 polynomial
+// and Phi(x) = erfc(z)/2 for x < 0, 1 - erfc(z)/2 for x >= 0, with z = |x|/sqrt 2.
+static inline float normal_cdf(float x) {
+  const float z = std::fabs(x) * kInvSqrt2;
+  const float t = 1.0f / (1.0f + 0.5f * z);
+  float p = 0.17087277f;
+  p = __builtin_fmaf(p, t, -0.82215223f);
+  p = __builtin_fmaf(p, t, 1.48851587f);
+  p = __builtin_fmaf(p, t, -1.13520398f);
+  p = __builtin_fmaf(p, t, 0.27886807f);
+  p = __builtin_fmaf(p, t, -0.18628806f);
+  p = __builtin_fmaf(p, t, 0.09678418f);
+  p = __builtin_fmaf(p, t, 0.37409196f);
+  p = __builtin_fmaf(p, t, 1.00002368f);
+  p = __builtin_fmaf(p, t, -1.26551223f);
+  // exp(-z² + P) as exp(-zz) exp(P - e), zz + e = z² exactly (e from an fma): the large part of the
+  // exponent is never rounded again, which keeps the far left tail's relative error small.
+  const float zz = z * z, e = __builtin_fmaf(z, z, -zz);
+  const float half_erfc = 0.5f * t * fast_expf(-zz) * fast_expf(p - e);  // both arguments <= 0.01
+  // Phi = x < 0 ? half_erfc : 1 - half_erfc, blended on the bits by the sign of x (a float select
+  // here makes GCC branch, and the loop would not vectorise).
+  const float upper = 1.0f - half_erfc;
+  uint32_t hb, ub, xb;
+  std::memcpy(&hb, &half_erfc, sizeof hb);
+  std::memcpy(&ub, &upper, sizeof ub);
+  std::memcpy(&xb, &x, sizeof xb);
+  const uint32_t negative = 0u - (xb >> 31);  // all ones when the sign bit is set
+  const uint32_t rb = (hb & negative) | (ub & ~negative);
+  float r;
+  std::memcpy(&r, &rb, sizeof r);
+  return r;
+}
 
-// out = 0.5 x erfc(-x/sqrt 2)
+// out = x Phi(x)
 void gelu_erf_forward(float* out, const float* inp, size_t n) {
   const long long nn = static_cast<long long>(n);
-#pragma omp parallel for schedule(static) if (nn > kParMin)
+#pragma omp parallel for simd schedule(static) if (nn > kParMin)
   for (long long i = 0; i < nn; i++) {
     const float x = inp[i];
-    out[i] = 0.5f * x * std::erfc(-x * kInvSqrt2);
+    out[i] = x * normal_cdf(x);
   }
 }
 
 // d gelu/dx = Phi(x) + x phi(x),  phi(x) = exp(-x²/2) / sqrt(2 pi);  dinp += that * dout
 void gelu_erf_backward(float* dinp, const float* inp, const float* dout, size_t n) {
   const long long nn = static_cast<long long>(n);
-#pragma omp parallel for schedule(static) if (nn > kParMin)
+#pragma omp parallel for simd schedule(static) if (nn > kParMin)
   for (long long i = 0; i < nn; i++) {
     const float x = inp[i];
-    const float cdf = 0.5f * std::erfc(-x * kInvSqrt2);
+    const float cdf = normal_cdf(x);
     const float pdf = kInvSqrt2Pi * fast_expf(-0.5f * x * x);
     dinp[i] += (cdf + x * pdf) * dout[i];
   }

@@ -185,7 +185,11 @@ void dropout_block(float* dropped, const float* p, int m, int nk, int T, uint64_
   }
 }
 
-void check_dropout_p(const char* op, float p) {
+// The arguments outside the contract that would otherwise read or write out of bounds or
+// silently compute something else.
+void check_attention_args(const char* op, int NH, int NKV, float p) {
+  if (NKV <= 0 || NH % NKV != 0)
+    fail(op, ": ", NH, " query heads cannot share ", NKV, " key/value heads (NH % NKV must be 0)");
   if (!(p >= 0.0f && p < 1.0f)) fail(op, ": dropout probability ", p, " is outside [0, 1)");
 }
 
@@ -199,7 +203,7 @@ void check_dropout_p(const char* op, float p) {
 void attention_forward(float* out, float* att, const float* qkv, const int32_t* mask, int B, int T,
                        int NH, int NKV, int hs, bool causal, float dropout_p,
                        uint64_t dropout_key) {
-  check_dropout_p("attention_forward", dropout_p);
+  check_attention_args("attention_forward", NH, NKV, dropout_p);
   const AttentionShape sh(B, T, NH, NKV, hs, causal);
   const int W = sh.W, C = sh.C;
   const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -273,7 +277,7 @@ void attention_forward(float* out, float* att, const float* qkv, const int32_t* 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, const int32_t* mask, int B, int T, int NH, int NKV,
                         int hs, bool causal, float dropout_p, uint64_t dropout_key) {
-  check_dropout_p("attention_backward", dropout_p);
+  check_attention_args("attention_backward", NH, NKV, dropout_p);
   const AttentionShape sh(B, T, NH, NKV, hs, causal);
   const int W = sh.W, C = sh.C;
   const float sc = 1.0f / std::sqrt(static_cast<float>(hs));

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "runtime/error.h"
 
 namespace llmpi::cpu {
 
@@ -68,6 +69,9 @@ std::shared_ptr<const RopeTable> rope_table(int T, int hs, float theta) {
 //   y[i]        = x[i] cos a - sign x[i+half] sin a
 //   y[i+half]   = x[i+half] cos a + sign x[i] sin a
 void rotate_rows(float* x, int B, int T, int nh, int hs, int stride, float theta, float sign) {
+  if (hs % 2 != 0 || stride < nh * hs)
+    fail("rope: head size ", hs, " must be even and the row stride ", stride, " at least nh*hs = ",
+         nh * hs);
   if (B <= 0 || T <= 0 || nh <= 0 || hs <= 0) return;
   const auto tab = rope_table(T, hs, theta);
   const int half = hs / 2;
