@@ -16,42 +16,15 @@
 
 #include "data/classification_file.h"
 #include "data/token_file.h"
+#include "file_test_util.h"
 #include "runtime/error.h"
 
 using namespace llmpi;
 
 namespace {
 
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it at the end.
-struct ClassificationFileTest : testing::Test {
-  std::string dir;
-  void SetUp() override {
-    const char* t = std::getenv("TMPDIR");
-    std::string tmpl = std::string(t && *t ? t : "/tmp") + "/llmpi-classification-file-XXXXXX";
-    ASSERT_NE(mkdtemp(&tmpl[0]), nullptr) << "mkdtemp failed for " << tmpl;
-    dir = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-  }
-  std::string path(const std::string& name) const { return dir + "/" + name; }
-};
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_ERROR_HAS(expr, text)                                       \
-  do {                                                                     \
-    std::string msg_ = error_of([&] { expr; });                            \
-    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_; \
-  } while (0)
+using ClassificationFileTest = test::TempDirTest;
+using test::error_of;
 
 // n examples of seq_len tokens shaped like real ones: [CLS] a [SEP] b [SEP] then padding, with a
 // random length, segment split and label.

@@ -12,42 +12,15 @@
 #include <random>
 
 #include "data/token_file.h"
+#include "file_test_util.h"
 #include "runtime/error.h"
 
 using namespace llmpi;
 
 namespace {
 
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it at the end.
-struct TokenFileTest : testing::Test {
-  std::string dir;
-  void SetUp() override {
-    const char* t = std::getenv("TMPDIR");
-    std::string tmpl = std::string(t && *t ? t : "/tmp") + "/llmpi-token-file-XXXXXX";
-    ASSERT_NE(mkdtemp(&tmpl[0]), nullptr) << "mkdtemp failed for " << tmpl;
-    dir = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-  }
-  std::string path(const std::string& name) const { return dir + "/" + name; }
-};
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_ERROR_HAS(expr, text)                                 \
-  do {                                                               \
-    std::string msg_ = error_of([&] { expr; });                      \
-    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_; \
-  } while (0)
+using TokenFileTest = test::TempDirTest;
+using test::error_of;
 
 std::vector<uint32_t> random_tokens(size_t n, uint32_t vocab, unsigned seed) {
   std::mt19937 rng(seed);

@@ -96,11 +96,7 @@ void write_checkpoint(const std::string& path, const CheckpointData& d) {
       fail("cannot finish ", describe(tmp), h5::detail(),
            " (disk full?); the previous checkpoint is untouched: free space or choose another run.dir");
   }
-  h5::fsync_path(tmp, false);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename ", tmp, " to ", path);
-  guard.committed = true;
-  const auto slash = path.rfind('/');
-  h5::fsync_path(slash == std::string::npos ? "." : path.substr(0, slash), true);
+  h5::commit_tmp_file(tmp, path, guard);
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& path) {

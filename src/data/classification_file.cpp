@@ -342,13 +342,7 @@ void write_classification_file(const std::string& path, const ClassificationExam
       fail("cannot finish writing classification file '", tmp, "'", h5::detail(),
            "; check the disk space of its directory");
   }
-  h5::fsync_path(tmp, false);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    fail("cannot rename '", tmp, "' to '", path, "': ", std::strerror(errno),
-         "; check the permissions of the output directory");
-  guard.committed = true;
-  size_t slash = path.find_last_of('/');
-  h5::fsync_path(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash), true);
+  h5::commit_tmp_file(tmp, path, guard);
 }
 
 // ---- reader ----------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
 
 #include "runtime/error.h"
@@ -132,6 +133,16 @@ void fsync_path(const std::string& path, bool directory) {
   if (fd < 0) return;
   ::fsync(fd);
   ::close(fd);
+}
+
+void commit_tmp_file(const std::string& tmp, const std::string& path, TmpFileGuard& guard) {
+  fsync_path(tmp, false);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    fail("cannot rename '", tmp, "' to '", path, "': ", std::strerror(errno),
+         "; check the permissions of the output directory");
+  guard.committed = true;
+  const size_t slash = path.find_last_of('/');
+  fsync_path(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash), true);
 }
 
 TmpFileGuard::~TmpFileGuard() {

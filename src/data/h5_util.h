@@ -49,6 +49,12 @@ bool has_signature(const std::string& path);
 void fsync_path(const std::string& path, bool directory);
 
 // Removes the temporary file unless the write got to the rename.
+// Make a finished temporary file the real one, atomically and durably: fsync tmp, rename it to
+// path, fsync path's directory; then the guard keeps the file. A reader sees the old file or the
+// new one, never a partial one; a crash never loses the previous version.
+struct TmpFileGuard;
+void commit_tmp_file(const std::string& tmp, const std::string& path, TmpFileGuard& guard);
+
 struct TmpFileGuard {
   std::string path;
   bool committed = false;

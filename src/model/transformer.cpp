@@ -205,7 +205,7 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   const ModelDesc& d = m.desc;
   if (T_ > d.max_seq_len)
     fail("sequence length ", T_, " exceeds the model's max_seq_len ", d.max_seq_len);
-  if (model && B == B_ && T == T_) return;
+  if (model == &m && B == B_ && T == T_) return;
   if (model) {
     model->ops->free(mem_);
     model->ops->free(ids_);
