@@ -11,8 +11,9 @@
 //   fwd   y  = x W^T        NT  M=N   N=OC  K=IC
 //   dx    dx = dy W         NN  M=N   N=IC  K=OC
 //   dW    dW += dy^T x      TN  M=OC  N=IC  K=N   (beta = 1: gradients accumulate)
-// for qkv (C->3C), attention proj (C->C), MLP fc (C->4C), MLP proj (4C->C) and the lm head
-// (C->V). The schedule is round-robin (one call of each shape per round, repeated for about
+// for qkv (C->3C), attention proj (C->C), MLP fc (C->F, or C->2F for a gated MLP: SwiGLU's
+// [gate | up]), MLP proj (F->C) and the lm head (C->V; none with --vocab 0, a classifier model),
+// F = --ffn-dim (default 4C). The schedule is round-robin (one call of each shape per round, repeated for about
 // --seconds), so noise from other processes spreads over all shapes; each shape's time per
 // call is the median over rounds.
 //
@@ -35,12 +36,14 @@
 #include <vector>
 
 #include <cblas.h>
+#include <dlfcn.h>
 
 extern "C" {
 // OpenBLAS extensions (declared here too in case <cblas.h> is another implementation's).
 void openblas_set_num_threads(int num_threads);
 char* openblas_get_corename(void);
 char* openblas_get_config(void);
+int openblas_get_parallel(void);  // 0 sequential, 1 pthreads, 2 OpenMP build
 }
 
 namespace {
@@ -54,6 +57,8 @@ struct Options {
   int d_model = 256;
   int vocab = 4096;
   int n_layer = 4;
+  int ffn_dim = 0;     // MLP hidden size; 0 = 4 * d_model
+  bool gated = false;  // SwiGLU: the fc GEMM produces [gate | up], 2 * ffn_dim wide
 };
 
 struct Shape {
@@ -103,14 +108,15 @@ std::vector<Shape> model_shapes(const Options& o) {
     const char* name;
     int in, out, weight;
   };
-  const int C = o.d_model;
+  const int C = o.d_model, F = o.ffn_dim > 0 ? o.ffn_dim : 4 * C;
   const Linear linears[] = {{"qkv", C, 3 * C, o.n_layer},
                             {"attn proj", C, C, o.n_layer},
-                            {"mlp fc", C, 4 * C, o.n_layer},
-                            {"mlp proj", 4 * C, C, o.n_layer},
+                            {"mlp fc", C, o.gated ? 2 * F : F, o.n_layer},
+                            {"mlp proj", F, C, o.n_layer},
                             {"lm head", C, o.vocab, 1}};
   std::vector<Shape> shapes;
   for (const auto& l : linears) {
+    if (l.out == 0) continue;  // --vocab 0: no lm head
     const std::string name = l.name;
     shapes.push_back({name + " fwd", "NT", o.rows, l.out, l.in, l.weight});
     shapes.push_back({name + " dx", "NN", o.rows, l.in, l.out, l.weight});
@@ -143,7 +149,11 @@ std::string parse_args(int argc, char** argv, Options& o, bool& help) {
       help = true;
       return "";
     }
-    static const char* known[] = {"--json", "--seconds", "--rows", "--d-model", "--vocab", "--n-layer"};
+    if (arg == "--gated") {
+      o.gated = true;
+      continue;
+    }
+    static const char* known[] = {"--json", "--seconds", "--rows", "--d-model", "--vocab", "--n-layer", "--ffn-dim"};
     if (std::none_of(std::begin(known), std::end(known), [&](const char* k) { return arg == k; }))
       return "unknown option '" + arg + "'";
     if (i + 1 >= argc) return "option " + arg + " needs a value";
@@ -161,7 +171,9 @@ std::string parse_args(int argc, char** argv, Options& o, bool& help) {
     } else if (arg == "--d-model") {
       if (!parse_int(val, 1, 65536, o.d_model)) return std::string("--d-model must be an integer in [1, 65536], got '") + val + "'";
     } else if (arg == "--vocab") {
-      if (!parse_int(val, 1, 1 << 20, o.vocab)) return std::string("--vocab must be an integer in [1, 1048576], got '") + val + "'";
+      if (!parse_int(val, 0, 1 << 20, o.vocab)) return std::string("--vocab must be an integer in [0, 1048576], got '") + val + "'";
+    } else if (arg == "--ffn-dim") {
+      if (!parse_int(val, 1, 1 << 20, o.ffn_dim)) return std::string("--ffn-dim must be an integer in [1, 1048576], got '") + val + "'";
     } else if (arg == "--n-layer") {
       if (!parse_int(val, 1, 1024, o.n_layer)) return std::string("--n-layer must be an integer in [1, 1024], got '") + val + "'";
     }
@@ -172,6 +184,7 @@ std::string parse_args(int argc, char** argv, Options& o, bool& help) {
 void print_help() {
   std::printf(
       "usage: mpiexec -n R %s [--json OUT] [--seconds S] [--rows N] [--d-model C] [--vocab V] [--n-layer L]\n"
+      "                          [--ffn-dim F] [--gated]\n"
       "\n"
       "Single-thread OpenBLAS sgemm rate (GFLOP/s) on the reference model's GEMM shapes, all ranks\n"
       "busy at once. Prints a table; rank 0 writes JSON with the median per-rank rate.\n"
@@ -180,8 +193,10 @@ void print_help() {
       "  --seconds S    approximate timed duration (default 2.5)\n"
       "  --rows N       tokens per rank per step, the GEMM M dimension (default 2048 = 8 x 256)\n"
       "  --d-model C    model width (default 256)\n"
-      "  --vocab V      vocabulary size, lm head width (default 4096)\n"
+      "  --vocab V      vocabulary size, lm head width (default 4096; 0 = no lm head, a classifier)\n"
       "  --n-layer L    layers, the weight of the block shapes in the aggregate (default 4)\n"
+      "  --ffn-dim F    MLP hidden size (default 4 x d_model)\n"
+      "  --gated        gated MLP (SwiGLU): the fc GEMM is C -> 2F ([gate | up])\n"
       "  -h, --help     show this help\n",
       kProg);
 }
@@ -317,9 +332,15 @@ int run(int rank, int ranks, int argc, char** argv) {
   const double agg_med = median(agg);
   const std::string core = trim(openblas_get_corename());
   const std::string config = trim(openblas_get_config());
+  const int parallel = openblas_get_parallel();
+  const char* parallel_name = parallel == 2 ? "openmp" : parallel == 1 ? "pthreads" : "sequential";
+  // The file the loader took cblas_sgemm from (update-alternatives and -rpath decide which).
+  Dl_info where{};
+  const std::string library =
+      dladdr(reinterpret_cast<void*>(&cblas_sgemm), &where) && where.dli_fname ? where.dli_fname : "?";
 
-  std::printf("sgemm rate: %d rank(s) x 1 thread, OpenBLAS %s (%s), %d rounds in %.2f s\n", ranks, core.c_str(),
-              config.c_str(), rounds, wall_s);
+  std::printf("sgemm rate: %d rank(s) x 1 thread, OpenBLAS %s (%s; %s build, %s), %d rounds in %.2f s\n", ranks,
+              core.c_str(), config.c_str(), parallel_name, library.c_str(), rounds, wall_s);
   std::printf("  %-16s %-3s %6s %6s %6s %6s  %10s  %s\n", "shape", "op", "M", "N", "K", "x/step", "GFLOP/s", "per rank");
   for (size_t i = 0; i < ns; ++i) {
     const auto& s = shapes[i];
@@ -343,8 +364,13 @@ int run(int rank, int ranks, int argc, char** argv) {
     std::fprintf(f, "  \"aggregate\": \"sum(weight*flops)/sum(weight*median_time) over shapes; weight = calls per training step\",\n");
     std::fprintf(f, "  \"openblas_corename\": \"%s\",\n  \"openblas_config\": \"%s\",\n", json_escape(core).c_str(),
                  json_escape(config).c_str());
-    std::fprintf(f, "  \"config\": {\"rows\": %d, \"d_model\": %d, \"vocab\": %d, \"n_layer\": %d},\n", o.rows, o.d_model,
-                 o.vocab, o.n_layer);
+    std::fprintf(f, "  \"openblas_parallel\": \"%s\",\n  \"openblas_library\": \"%s\",\n", parallel_name,
+                 json_escape(library).c_str());
+    std::fprintf(f,
+                 "  \"config\": {\"rows\": %d, \"d_model\": %d, \"vocab\": %d, \"n_layer\": %d, \"ffn_dim\": %d, "
+                 "\"gated\": %s},\n",
+                 o.rows, o.d_model, o.vocab, o.n_layer, o.ffn_dim > 0 ? o.ffn_dim : 4 * o.d_model,
+                 o.gated ? "true" : "false");
     std::fprintf(f, "  \"rounds\": %d,\n  \"seconds\": %.3f,\n  \"shapes\": [\n", rounds, wall_s);
     for (size_t i = 0; i < ns; ++i) {
       const auto& s = shapes[i];

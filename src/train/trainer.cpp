@@ -304,6 +304,8 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   }
 
   r.threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : default_threads(local_size);
+  // OpenBLAS's count is what the dense layers may use; they run their GEMMs on OpenMP's threads,
+  // each an OpenBLAS call on one thread (backend/cpu/matmul.cpp), so the two pools never compete.
   omp_set_num_threads(r.threads);
   openblas_set_num_threads(r.threads);
 

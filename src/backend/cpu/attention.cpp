@@ -34,31 +34,10 @@
 #include "backend/cpu/cpu_ops.h"
 #include "runtime/error.h"
 
-extern "C" {
-void openblas_set_num_threads(int num_threads);
-int openblas_get_num_threads(void);
-}
 
 namespace llmpi::cpu {
 
 namespace {
-
-// Keeps OpenBLAS single-threaded for the lifetime of the object when `active`.
-struct SerialBlas {
-  int saved = 0;
-  explicit SerialBlas(bool active) {
-    if (active) {
-      saved = openblas_get_num_threads();
-      if (saved > 1) openblas_set_num_threads(1);
-      else saved = 0;
-    }
-  }
-  ~SerialBlas() {
-    if (saved > 1) openblas_set_num_threads(saved);
-  }
-  SerialBlas(const SerialBlas&) = delete;
-  SerialBlas& operator=(const SerialBlas&) = delete;
-};
 
 // The shape of one attention call, and the views into qkv / out / att of a (b, h) pair.
 struct AttentionShape {

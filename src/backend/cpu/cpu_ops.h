@@ -14,6 +14,12 @@
 #include "backend/dropout_hash.h"
 #include "backend/op_list.h"
 
+extern "C" {
+void openblas_set_num_threads(int num_threads);
+int openblas_get_num_threads(void);
+int openblas_get_parallel(void);  // 0 sequential, 1 pthreads, 2 OpenMP build
+}
+
 namespace llmpi::cpu {
 
 // Every op of backend/op_list.h, implemented in the file of its family: memory.cpp,
@@ -26,6 +32,27 @@ LLMPI_OPS(LLMPI_DECLARE_OP)
 // with a causal mask a block [i0, i0+kAttnBlock) only needs keys [0, i0+kAttnBlock), so the GEMMs
 // skip most of the upper (masked) triangle.
 constexpr int kAttnBlock = 64;
+
+// Holds OpenBLAS to one thread for the lifetime of the object when `active` (OpenMP threads then
+// run concurrent single-threaded GEMMs: attention.cpp per (b, head), matmul.cpp per tile). Not
+// needed (and not done) with an OpenMP-built OpenBLAS: it runs single-threaded inside a parallel
+// region by itself, and its openblas_set_num_threads(1) would also set OpenMP's thread count to 1,
+// so the parallel region this guards would run on one thread.
+struct SerialBlas {
+  int saved = 0;
+  explicit SerialBlas(bool active) {
+    if (active && openblas_get_parallel() != 2) {
+      saved = openblas_get_num_threads();
+      if (saved > 1) openblas_set_num_threads(1);
+      else saved = 0;
+    }
+  }
+  ~SerialBlas() {
+    if (saved > 1) openblas_set_num_threads(saved);
+  }
+  SerialBlas(const SerialBlas&) = delete;
+  SerialBlas& operator=(const SerialBlas&) = delete;
+};
 
 // ---- vectorisable math ------------------------------------------------------------------------
 

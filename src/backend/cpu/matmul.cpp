@@ -4,9 +4,75 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "backend/cpu/cpu_ops.h"
 
+
 namespace llmpi::cpu {
+
+namespace {
+
+// Tile edges fall on multiples of this many rows / columns.
+constexpr int kGemmTileQuantum = 16;
+// Below this many FLOPs (~50 us on one core) a GEMM is one call: OpenBLAS runs it on one thread.
+constexpr double kGemmMinParallelFlops = 4e6;
+
+// C[M,N] = op(A) op(B) + beta C (row-major, alpha = 1), as cblas_sgemm, with the GEMM's threads
+// taken from OpenMP's pool rather than OpenBLAS's own.
+//
+// Why: Debian's default OpenBLAS is the pthreads build, whose worker threads are a second pool
+// beside OpenMP's, and each pool spin-waits while the other works. With runtime.threads 2 on 2
+// cores a 2-thread sgemm ran no faster than a 1-thread one, and a training step at 1 rank x 2
+// threads took 1.5-1.6x as long as at 2 ranks x 1 thread (docs/PERF.md, 2026-11-23). So when OpenBLAS
+// is allowed T > 1 threads (the trainer sets runtime.threads), the output is cut into a grid of
+// about T tiles, as square as the shape allows, edges on multiples of kGemmTileQuantum, and T
+// OpenMP threads compute one tile each with an OpenBLAS call held to one thread. As before, the
+// GEMM's parallelism is OpenBLAS's thread count, whatever OpenMP's: tile boundaries depend only on
+// (M, N, T), so results do not change with OpenMP's thread count, nor run to run.
+// When OpenBLAS is held to one thread (tests comparing OpenMP thread counts do that), inside a
+// parallel region, or for a small GEMM, it is a single cblas_sgemm call as before.
+void sgemm_on_omp_threads(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float* A,
+                          int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  const bool small = 2.0 * M * N * K < kGemmMinParallelFlops;
+  const int threads = omp_in_parallel() || small ? 1 : openblas_get_num_threads();
+  const int m_units = (M + kGemmTileQuantum - 1) / kGemmTileQuantum;
+  const int n_units = (N + kGemmTileQuantum - 1) / kGemmTileQuantum;
+  // rows x cols tiles: the most tiles up to the thread count that the shape can hold, as a factor
+  // pair whose tiles are closest to square.
+  int rows = 1, cols = 1;
+  for (int tiles = threads; tiles > 1 && rows * cols == 1; tiles--) {
+    double best = INFINITY;
+    for (int r = 1; r <= tiles; r++) {
+      if (tiles % r != 0 || r > m_units || tiles / r > n_units) continue;
+      const double skew = std::fabs(std::log((static_cast<double>(M) / r) / (static_cast<double>(N) / (tiles / r))));
+      if (skew < best) best = skew, rows = r, cols = tiles / r;
+    }
+  }
+  auto tile = [&](int m0, int m1, int n0, int n1) {
+    const float* a = ta == CblasNoTrans ? A + static_cast<size_t>(m0) * lda : A + m0;
+    const float* b = tb == CblasNoTrans ? B + n0 : B + static_cast<size_t>(n0) * ldb;
+    cblas_sgemm(CblasRowMajor, ta, tb, m1 - m0, n1 - n0, K, 1.0f, a, lda, b, ldb, beta,
+                C + static_cast<size_t>(m0) * ldc + n0, ldc);
+  };
+  if (rows * cols == 1) {
+    tile(0, M, 0, N);
+    return;
+  }
+  SerialBlas serial(true);
+#pragma omp parallel num_threads(rows * cols)
+  for (int t = omp_get_thread_num(); t < rows * cols; t += omp_get_num_threads()) {
+    size_t u0, u1, v0, v1;
+    split_range(static_cast<size_t>(m_units), rows, t / cols, &u0, &u1);
+    split_range(static_cast<size_t>(n_units), cols, t % cols, &v0, &v1);
+    const int m0 = static_cast<int>(u0) * kGemmTileQuantum, m1 = std::min(M, static_cast<int>(u1) * kGemmTileQuantum);
+    const int n0 = static_cast<int>(v0) * kGemmTileQuantum, n1 = std::min(N, static_cast<int>(v1) * kGemmTileQuantum);
+    if (m1 > m0 && n1 > n0) tile(m0, m1, n0, n1);
+  }
+}
+
+}  // namespace
 
 // out[N,OC] = inp[N,C] · weight[OC,C]^T + bias[OC]
 // With a bias, out is first filled with the bias rows and sgemm accumulates (beta = 1); this
@@ -29,8 +95,7 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
       for (size_t i = 0; i < static_cast<size_t>(N) * OC; i++) out[i] = 0.0f;
     return;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta,
-              out, OC);
+  sgemm_on_omp_threads(CblasNoTrans, CblasTrans, N, OC, C, inp, C, weight, C, beta, out, OC);
 }
 
 // dinp[N,C]     += dout[N,OC] · weight[OC,C]         (sgemm, beta = 1)
@@ -41,10 +106,8 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* weight, int N, int C, int OC) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
   if (dinp != nullptr)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
-                1.0f, dinp, C);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-              dweight, C);
+    sgemm_on_omp_threads(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
+  sgemm_on_omp_threads(CblasTrans, CblasNoTrans, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
   if (dbias != nullptr) {
 #pragma omp parallel if (static_cast<long long>(N) * OC > (1 << 16) && OC >= 32)
     {
