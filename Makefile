@@ -1,10 +1,11 @@
 # llmpi — the one build entry point.
 #   make            build everything into build/ (CUDA part too when nvcc is found; CUDA=0 to skip)
-#   make run        install missing packages, build, make the demo data set, train on 2 ranks
+#   make run        install missing packages, build only the programs it runs (in parallel), make
+#                   the demo data set, train on 2 ranks; CUDA kernels only when a GPU is present
 #   make test       install missing packages, build, run unit + MPI integration tests
 #   make deps       install missing Debian packages (as root), or print the command to run
 #   make bench      the reference-configuration throughput benchmark (see docs/PERF.md)
-# Variables: BUILD=dir (default build; build-san with SAN=1), SAN=1 (ASan + UBSan), CUDA=0|1, NP=ranks for `run` (default 2), OPT=-O3 flags.
+# Variables: BUILD=dir (default build; build-san with SAN=1), SAN=1 (ASan + UBSan), CUDA=0|1, NP=ranks for `run` (default 2), JOBS=parallel compiles for `run` (default nproc), OPT=-O3 flags.
 
 # SAN=1 builds into its own directory (build-san) so it never mixes objects with the normal build.
 ifeq ($(SAN),1)
@@ -141,7 +142,25 @@ $(DEMO_DIR)/train.h5: $(BUILD)/llmpi-demo-corpus $(BUILD)/llmpi-prep
 	$(BUILD)/llmpi-prep --tokenizer byte --input $(DEMO_DIR)/corpus.txt --out $(DEMO_DIR) \
 	    --val-fraction 0.05
 
-run: all demo-data
+# `make run` builds only what it runs (the three programs and libllmpi.a), JOBS compiles at a time
+# unless make was given -j. The CUDA kernels are built for it only where they can run: nvcc found
+# AND a GPU visible (nvidia-smi lists one, or /dev/nvidia0 exists); with nvcc but no GPU they
+# would only cost minutes of nvcc. CUDA=1 / CUDA=0 on the command line decides instead. `make`
+# and `make test` are unchanged: they build everything, CUDA included when nvcc is found.
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
+RUN_GPU  = $(eval RUN_GPU := $(shell { nvidia-smi -L 2>/dev/null | grep -q '^GPU'; } || \
+             ls /dev/nvidia[0-9]* >/dev/null 2>&1 && echo yes))$(RUN_GPU)
+ifeq ($(origin CUDA),undefined)
+RUN_CUDA = $(if $(strip $(NVCC)),$(if $(RUN_GPU),1,0),0)
+RUN_WHY  = $(if $(strip $(NVCC)),$(if $(RUN_GPU),nvcc and a GPU found; make run CUDA=0 skips them,nvcc found but no GPU here; make run CUDA=1 builds them anyway),no nvcc found)
+else
+RUN_CUDA = $(if $(strip $(NVCC)),1,0)
+RUN_WHY  = CUDA=$(CUDA) given$(if $(strip $(NVCC)),,$(if $(filter 0,$(CUDA)),,; no nvcc found))
+endif
+
+run:
+	@echo "llmpi run: building $(APPS) ($(if $(filter -j%,$(MAKEFLAGS)),make's -j,$(JOBS) parallel jobs)) $(if $(filter 1,$(RUN_CUDA)),with,without) the CUDA kernels ($(RUN_WHY)); tests and benchmarks are built by make / make test"
+	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) CUDA=$(RUN_CUDA) $(APP_BINS) demo-data
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 mpiexec -n $(NP) $(BUILD)/llmpi-train \
 	    --config data/demo.json --set run.dir=$(BUILD)/runs/demo
 
