@@ -173,9 +173,13 @@ bench: all
 clean:
 	rm -rf $(BUILD)
 
-# Keep every object: the mains' and benchmarks' objects are "intermediate" to make, which would
-# otherwise delete them after each build and recompile them the next time.
-.SECONDARY:
+# Name every object in an explicit rule so that none is "intermediate" to make. An intermediate
+# file (the mains' and benchmarks' objects, reached only through pattern rules) is deleted after
+# the build; and a missing one whose source is older than its target is not built at all. That is
+# why a bare `.SECONDARY:` (which keeps them, but treats EVERY target as intermediate) is wrong
+# here: after a CPU-only `make run`, a plain `make` skipped the missing kernel objects and the
+# CUDA-mode stamp and produced a build without CUDA. (GNU make 4.4 has .NOTINTERMEDIATE for this.)
+$(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard src/apps/*_main.cpp) $(BENCH_SRC)): | $(DEPS_STAMP)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
@@ -224,6 +228,9 @@ $(FUZZ_DEPS_STAMP):
 $(FUZZ_BUILD)/obj/%.o: %.cpp | $(FUZZ_DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CXX) $(FUZZ_CXXFLAGS) -c $< -o $@
+
+# Named explicitly so they are not intermediate (see the note above the main build's -include).
+$(FUZZ_NAMES:%=$(FUZZ_BUILD)/obj/fuzz/%_fuzz.o) $(FUZZ_BUILD)/obj/fuzz/make_token_seeds.o: | $(FUZZ_DEPS_STAMP)
 
 $(FUZZ_BUILD)/%_fuzz: $(FUZZ_BUILD)/obj/fuzz/%_fuzz.o $(FUZZ_LIB_OBJ)
 	$(FUZZ_CXX) $(FUZZ_SAN) -fsanitize=fuzzer $^ -o $@ $(HDF5_LIBS)
