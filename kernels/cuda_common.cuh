@@ -40,8 +40,11 @@ namespace llmpi::cuda {
     cublasStatus_t s_ = (call);                                                                   \
     if (s_ != CUBLAS_STATUS_SUCCESS) ::llmpi::cuda::throw_cublas(s_, #call, __FILE__, __LINE__); \
   } while (0)
-// After a kernel launch: launch-configuration errors (bad grid, no kernel image) surface here.
-#define LLMPI_LAUNCH_CHECK(name) LLMPI_CUDA_CHECK(cudaPeekAtLastError())
+// After a kernel launch: launch-configuration errors (bad grid, no kernel image) surface here,
+// named by the op. With LLMPI_CUDA_SYNC_CHECK=1 (debug; cuda_sync_check_enabled()) it also waits
+// for the stream, so an asynchronous fault inside the kernel is reported at this op.
+void launch_check(const char* name, const char* file, int line);
+#define LLMPI_LAUNCH_CHECK(name) ::llmpi::cuda::launch_check(name, __FILE__, __LINE__)
 
 // ---- shared state (memory.cu) ------------------------------------------------------------------
 cudaStream_t compute_stream();

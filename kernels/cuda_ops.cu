@@ -2,6 +2,8 @@
 // backend/cuda_ops.h), device selection, and the device queries used by the trainer and the
 // benchmarks.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "backend/cuda_ops.h"
@@ -99,6 +101,36 @@ void cuda_mem_info(size_t* free_bytes, size_t* total_bytes) {
 size_t cuda_workspace_bytes() { return cuda::workspace_bytes(); }
 
 void* cuda_compute_stream() { return static_cast<void*>(cuda::compute_stream()); }
+
+void* cuda_host_alloc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes == 0) return nullptr;
+  LLMPI_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  return p;
+}
+
+void cuda_host_free(void* p) {
+  if (p) (void)cudaFreeHost(p);  // in a destructor: never throw
+}
+
+bool cuda_sync_check_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LLMPI_CUDA_SYNC_CHECK");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
+namespace cuda {
+void launch_check(const char* name, const char* file, int line) {
+  cudaError_t e = cudaPeekAtLastError();
+  if (e == cudaSuccess && cuda_sync_check_enabled()) e = cudaStreamSynchronize(compute_stream());
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw_cuda(e, name, file, line);
+  }
+}
+}  // namespace cuda
 
 double cuda_sgemm_tflops(int M, int N, int K, int iters) {
   if (M <= 0 || N <= 0 || K <= 0 || iters <= 0) fail("cuda_sgemm_tflops: bad sizes");

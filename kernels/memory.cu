@@ -68,13 +68,16 @@ void* workspace(WorkspaceSlot slot, size_t bytes) {
   if (bytes > s.ws_cap[slot]) {
     size_t want = bytes + bytes / 4;           // some headroom against repeated growth
     want = (want + 255) / 256 * 256;
+    // Stream-ordered (cudaFreeAsync / cudaMallocAsync on the compute stream): the old buffer is
+    // released only after the ops already enqueued that read it, and nothing waits for the whole
+    // device. A plain cudaFree would synchronise the device in the middle of backward, stalling
+    // (or, with NCCL kernels waiting for a peer, deadlocking) the buckets in flight.
     if (s.ws[slot] != nullptr) {
-      LLMPI_CUDA_CHECK(cudaStreamSynchronize(s.stream));  // earlier ops may still read it
-      LLMPI_CUDA_CHECK(cudaFree(s.ws[slot]));
+      LLMPI_CUDA_CHECK(cudaFreeAsync(s.ws[slot], s.stream));
       s.ws[slot] = nullptr;
       s.ws_cap[slot] = 0;
     }
-    LLMPI_CUDA_CHECK(cudaMalloc(&s.ws[slot], want));
+    LLMPI_CUDA_CHECK(cudaMallocAsync(&s.ws[slot], want, s.stream));
     s.ws_cap[slot] = want;
   }
   return s.ws[slot];

@@ -106,6 +106,47 @@ TEST_P(ModelFamily, InitialLossIsLnClasses) {
   EXPECT_NEAR(loss, ln_classes(d), 0.1);
 }
 
+// Ids are checked on the host before any op reads a table row with them (on a GPU an id out of
+// range would be a silent wrong answer or a fault reported far away).
+TEST_P(ModelFamily, OutOfRangeIdsAreErrorsBeforeAnyOp) {
+  ModelDesc d = desc(1, 2, 16, 8, 32);
+  Model m(d, cpu_ops());
+  Activations acts(m, 2, 8);
+  m.init_params(1);
+  auto expect_error = [&](RandomBatch& rb, const char* what) {
+    try {
+      m.forward(acts, rb.b, false);
+      ADD_FAILURE() << "no error for a bad " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  {
+    RandomBatch rb(d, 2, 8, 3);
+    rb.tokens[5] = d.vocab_size;
+    expect_error(rb, "token id 32 at position 5");
+  }
+  {
+    RandomBatch rb(d, 2, 8, 3);
+    rb.tokens[0] = -1;
+    expect_error(rb, "token id -1 at position 0");
+  }
+  if (d.head == HeadKind::lm) {
+    RandomBatch rb(d, 2, 8, 3);
+    rb.targets[7] = d.vocab_size + 4;
+    expect_error(rb, "target id");
+  } else {
+    RandomBatch rb(d, 2, 8, 3);
+    rb.labels[1] = d.num_labels;
+    expect_error(rb, "label");
+    RandomBatch rt(d, 2, 8, 3);
+    rt.types[2] = d.type_vocab_size;
+    expect_error(rt, "token type");
+  }
+  RandomBatch ok(d, 2, 8, 3);
+  EXPECT_TRUE(std::isfinite(m.forward(acts, ok.b, false)));
+}
+
 TEST_P(ModelFamily, OverfitsOneBatch) {
   ModelDesc d = desc(2, 2, 32, 16, 64);
   const int B = 4, T = 16;

@@ -26,6 +26,9 @@ std::string cuda_device_name() { no_cuda("cuda_device_name"); }
 void cuda_mem_info(size_t*, size_t*) { no_cuda("cuda_mem_info"); }
 size_t cuda_workspace_bytes() { no_cuda("cuda_workspace_bytes"); }
 void* cuda_compute_stream() { no_cuda("cuda_compute_stream"); }
+void* cuda_host_alloc(size_t) { no_cuda("cuda_host_alloc"); }
+void cuda_host_free(void*) {}
+bool cuda_sync_check_enabled() { return false; }
 double cuda_sgemm_tflops(int, int, int, int) { no_cuda("cuda_sgemm_tflops"); }
 
 }  // namespace llmpi

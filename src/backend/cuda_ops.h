@@ -37,6 +37,14 @@ std::string cuda_device_name();                        // e.g. "NVIDIA H100 80GB
 void cuda_mem_info(size_t* free_bytes, size_t* total_bytes);  // cudaMemGetInfo
 size_t cuda_workspace_bytes();                         // the backend's cached scratch buffers
 void* cuda_compute_stream();                           // the cudaStream_t of every op (opaque)
+// Page-locked host memory (cudaMallocHost): copies from and to it run at full PCIe/NVLink speed
+// and need no bounce buffer inside the driver. For the MPI staging buffer of the gradient sync.
+void* cuda_host_alloc(size_t bytes);
+void cuda_host_free(void* p);                          // null is fine
+// Debug mode: with LLMPI_CUDA_SYNC_CHECK=1 in the environment every kernel launch is followed by a
+// synchronisation of the compute stream and a check, so an asynchronous fault (an illegal address,
+// a device-side assert) is reported at the op that caused it instead of at a later call.
+bool cuda_sync_check_enabled();
 // Measured rate of a row-major fp32 sgemm C[M,N] = A[M,K] B[N,K]^T on the compute stream
 // (cuBLAS, no TF32), in TFLOP/s: median of `iters` timed calls after 3 warm-up calls.
 double cuda_sgemm_tflops(int M, int N, int K, int iters);

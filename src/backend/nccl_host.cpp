@@ -5,6 +5,7 @@
 
 #include "backend/cuda_ops.h"
 #include "runtime/error.h"
+#include "runtime/mpi_env.h"
 
 namespace llmpi {
 
@@ -16,10 +17,31 @@ std::unique_ptr<NcclSync> nccl_sync_create(MPI_Comm comm) {
   int rank = 0, world = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &world);
+  // Rank 0 makes the id; if that fails, every rank must learn it (the others would otherwise wait in
+  // the broadcast, or in ncclCommInitRank, for ever). Then each joins; a rank whose join fails
+  // tells the others through the agreement below (a join that hangs inside NCCL is bounded by
+  // the watchdog, not here).
   NcclId id{};
-  if (rank == 0) id = NcclSync::make_id();
+  std::string err;
+  if (rank == 0) {
+    try {
+      id = NcclSync::make_id();
+    } catch (const Error& e) {
+      err = e.what();
+    }
+  }
+  err = agree_on_error(comm, err);
+  if (!err.empty()) throw Error(err);  // every rank throws the same error
   MPI_Bcast(id.bytes, static_cast<int>(sizeof id.bytes), MPI_BYTE, 0, comm);
-  return std::make_unique<NcclSync>(id, rank, world);
+  std::unique_ptr<NcclSync> sync;
+  try {
+    sync = std::make_unique<NcclSync>(id, rank, world);
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  err = agree_on_error(comm, err);
+  if (!err.empty()) throw Error(err);  // every rank throws the same error
+  return sync;
 }
 
 #else  // no NCCL

@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdio>
 
+#include "backend/cuda_ops.h"
 #include "backend/nccl_sync.h"
 #include "metrics/metrics.h"
 #include "metrics/trace.h"
@@ -66,14 +67,14 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
       fail("parallel.sync \"nccl\" needs the CUDA backend on a GPU (runtime.device \"cuda\"); on the CPU use "
            "\"allreduce\"");
     if (!nccl_available(&why)) fail("parallel.sync \"nccl\": ", why, "; use \"allreduce\"");
-    nccl_ = nccl_sync_create(comm);  // collective
-    return;
+    return;  // the communicator is made in connect(), after every rank's set-up has succeeded
   }
   if (device_) {
-    staging_.resize(t.numel);
     if (opt.overlap)
       fail("parallel.overlap with an MPI method on the GPU is not supported yet (the host staging copies "
            "synchronise the compute stream): use parallel.sync \"nccl\", or parallel.overlap=false");
+    // Pinned, so the device-host copies run at full speed; not needed when nothing is exchanged.
+    if (world > 1) staging_ = static_cast<float*>(cuda_host_alloc(t.numel * sizeof(float)));
   }
   if (opt.overlap && world > 1) {
     int provided = 0;
@@ -85,8 +86,13 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
   }
 }
 
+void GradSync::connect() {
+  if (opt.method == SyncMethod::nccl && !nccl_) nccl_ = nccl_sync_create(comm);  // collective
+}
+
 GradSync::~GradSync() {
   nccl_.reset();
+  cuda_host_free(staging_);
   if (thread_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -132,7 +138,7 @@ void GradSync::wait_request(MPI_Request* req) {
 void GradSync::reduce(float* base, size_t begin, size_t n, const std::string& label) {
   const double t0 = now_ms();
   // On the GPU: through the host staging buffer.
-  float* data = device_ ? staging_.data() + begin : base + begin;
+  float* data = device_ ? staging_ + begin : base + begin;
   if (device_) ops->copy_to_host(data, base + begin, n * sizeof(float));
   const bool poll = opt.overlap && opt.poll_us > 0;
   double t_collective_end = 0;

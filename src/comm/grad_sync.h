@@ -86,8 +86,14 @@ struct GradSync {
   SyncStats step;        // this step's accounting (valid after finish / average_params)
   Tracer* tracer = nullptr;
 
+  // Checks the options and allocates; makes no collective call, so a rank that fails here (or
+  // earlier in set-up) cannot leave the others waiting in one. Call connect() once every rank of
+  // comm has agreed that set-up succeeded.
   GradSync(const SyncOptions& opt, MPI_Comm comm, const Ops& ops, float* grads, const ParamTable& table,
            Tracer* tracer);
+  // Collective over comm: joins the NCCL communicator (parallel.sync = nccl); nothing otherwise.
+  // An error on any rank (rank 0 could not make the NCCL id, say) is reported on every rank.
+  void connect();
   ~GradSync();
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -106,7 +112,7 @@ struct GradSync {
   size_t next_launch_ = 0;        // buckets [0, next_launch_) have been started this step
   std::vector<float> gather_buf_, scatter_buf_;
   bool device_ = false;            // buffers live in device memory: stage through staging_
-  std::vector<float> staging_;
+  float* staging_ = nullptr;       // page-locked host copy of the gradients (GPU, world > 1 only)
   std::unique_ptr<NcclSync> nccl_;
   // communication thread (overlap)
   std::thread thread_;

@@ -1,5 +1,6 @@
 #include "model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/dropout_hash.h"
@@ -282,10 +283,31 @@ uint64_t drop_key(const Activations& a, int layer, int site) {
 
 }  // namespace
 
+namespace {
+// Every id that indexes a table is checked on the host before it reaches an op: the embedding
+// kernels (CPU and CUDA) read table rows without a bounds check, and on a GPU an id out of range
+// is a silent wrong answer or an asynchronous fault reported far from its cause.
+void check_ids(const int32_t* ids, size_t n, int limit, const char* what, const char* fix) {
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= limit)
+      fail(what, " ", ids[i], " at position ", i, " of the batch is outside [0, ", limit, "): ", fix);
+}
+}  // namespace
+
 void Model::load_batch(Activations& a, const Batch& b) const {
   a.allocate(*this, b.B, b.T);
   const size_t N = static_cast<size_t>(b.B) * b.T;
   if (!b.tokens) fail("internal: a batch without tokens");
+  const char* fix = "the data was made for a larger vocabulary or another tokenizer; set model.vocab_size "
+                    "to the tokenizer's size (or leave it 0 to take it from the data)";
+  check_ids(b.tokens, N, desc.vocab_size, "token id", fix);
+  if (desc.head == HeadKind::lm && b.targets) check_ids(b.targets, N, desc.vocab_size, "target id", fix);
+  if (desc.head == HeadKind::classifier && b.labels)
+    check_ids(b.labels, static_cast<size_t>(b.B), desc.num_labels, "label",
+              "the data has more classes than model.num_labels; raise model.num_labels");
+  if (b.token_types)
+    check_ids(b.token_types, N, std::max(desc.type_vocab_size, 1), "token type",
+              "raise model.type_vocab_size, or make the data without token types");
   ops->copy_to_device(a.tokens, b.tokens, N * sizeof(int32_t));
   if (desc.head == HeadKind::lm && b.targets) ops->copy_to_device(a.targets, b.targets, N * sizeof(int32_t));
   if (desc.head == HeadKind::classifier && b.labels)

@@ -424,6 +424,12 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
   }
   err = agree_on_error(comm, err);
   if (!err.empty()) throw CollectiveError(err);
+  // Collective set-up that must wait until every rank got this far (the NCCL communicator).
+  try {
+    r.sync->connect();
+  } catch (const Error& e) {
+    throw CollectiveError(e.what());  // connect() reports the same error on every rank
+  }
 
   const TrainConfig& tc = cfg.train;
   const int T = cfg.model.seq_len, lb = r.sampler->local_batch();
