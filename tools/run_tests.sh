@@ -2,7 +2,7 @@
 # The whole test suite (what `make test` and .ci/run run):
 #   1. serial unit tests:   llmpi-tests --gtest_filter=-Mpi*
 #   2. MPI tests, each in its own `mpiexec` with its own time limit, so a deadlock fails that test
-#      instead of hanging the suite: Mpi* under -n 2, MpiN4* under -n 4
+#      instead of hanging the suite: Mpi* under -n 2, MpiN4* under -n 4, MpiN6* under -n 6
 #   3. command-line checks: tests/cli/*.sh (exit codes and messages of the real programs)
 # Logs go to $BUILD/test-logs/. The last line is "llmpi tests: N passed, N failed".
 set -u
@@ -40,7 +40,7 @@ if [ $rc != 0 ] && [ "$n_bad" = 0 ]; then record "unit test binary (crashed or t
 echo "== MPI tests (each under its own time limit of ${MPI_TIMEOUT}s)"
 tests=$("$BIN" --gtest_filter='Mpi*' --gtest_list_tests | awk '/^[^ ]/{suite=$1} /^  /{print suite $1}')
 for t in $tests; do
-  np=2; case "$t" in MpiN4*) np=4 ;; esac
+  np=2; case "$t" in MpiN4*) np=4 ;; MpiN6*) np=6 ;; esac
   log=$LOGS/$t.log
   timeout --kill-after=10 "$MPI_TIMEOUT" mpiexec -n $np "$BIN" --gtest_filter="$t" >"$log" 2>&1
   record "$t (-n $np)" $? "$log"

@@ -1,7 +1,8 @@
 // llmpi-prep: turn text / JSONL into HDF5 token files (DIR/train.h5, DIR/val.h5), and inspect
 // token files. Serial; needs no MPI_Init.
 //
-//   llmpi-prep --tokenizer byte|gpt2 [--gpt2-encoder P --gpt2-merges P] --input FILE...
+//   llmpi-prep --tokenizer byte|gpt2|hf:PATH|wordpiece:PATH [--gpt2-encoder P --gpt2-merges P]
+//              [--lowercase] --input FILE...
 //              --out DIR [--val-fraction 0.05] [--input-format auto|text|jsonl]
 //              [--split-docs blank-line|file] [--seed N] [--allow-special]
 //   llmpi-prep inspect FILE [--show N] [--gpt2-encoder P --gpt2-merges P]
@@ -12,8 +13,9 @@
 //   2. choose the validation documents: round(val_fraction x documents) of them, picked by a
 //      partial Fisher-Yates shuffle driven by the project's PRNG seeded with --seed;
 //   3. tokenize the documents in input order, joining each split's documents with eot_id
-//      between them, and write train.h5 and val.h5 (as *.new files first, renamed into place
-//      only when both are complete, so a failure leaves no partial or mismatched file).
+//      between them, and write train.h5 and val.h5 (as *.new files first, then manifest.json
+//      naming both with their content hashes, then the renames, so a failure leaves no partial
+//      file and an interrupted run no pair that llmpi-train accepts).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -32,6 +34,8 @@
 #include <string_view>
 #include <vector>
 
+#include "data/dataset_identity.h"
+#include "data/content_hash.h"
 #include "data/token_file.h"
 #include "runtime/error.h"
 #include "runtime/rng.h"
@@ -154,6 +158,7 @@ struct Progress {
 struct PrepOptions {
   std::string tokenizer;
   std::string gpt2_encoder, gpt2_merges;
+  bool lowercase = false;  // wordpiece:PATH only
   std::vector<std::string> inputs;
   std::string out;
   double val_fraction = 0.05;
@@ -164,13 +169,14 @@ struct PrepOptions {
 };
 
 int run_prep(const PrepOptions& o) {
-  if (o.tokenizer.empty()) fail("give --tokenizer byte or --tokenizer gpt2 (see --help)");
+  if (o.tokenizer.empty())
+    fail("give --tokenizer byte, gpt2, hf:PATH/tokenizer.json or wordpiece:PATH/vocab.txt (see --help)");
   if (o.inputs.empty()) fail("give at least one --input FILE (see --help)");
   if (o.out.empty()) fail("give the output directory with --out DIR (see --help)");
   if (!(o.val_fraction > 0.0 && o.val_fraction < 1.0))
     fail("--val-fraction ", o.val_fraction, " must be between 0 and 1 (exclusive), e.g. 0.05, "
          "so that both train.h5 and val.h5 get documents");
-  Tokenizer tok = load_tokenizer(o.tokenizer, o.gpt2_encoder, o.gpt2_merges);
+  Tokenizer tok = load_tokenizer(o.tokenizer, o.gpt2_encoder, o.gpt2_merges, o.lowercase);
 
   // 1. Read the inputs and cut them into documents.
   std::vector<std::string> contents;  // file bytes (text documents point into these)
@@ -256,12 +262,22 @@ int run_prep(const PrepOptions& o) {
   attrs.eot_id = tok.eot_id;
   attrs.tokenizer = tok.description;
   attrs.created_by = "llmpi-prep";
-  // Both files are first written as *.h5.new (each itself via .tmp + rename), then renamed into
-  // place together, so a failure leaves the previous train.h5/val.h5 pair as it was.
+  // One unit (data/dataset_identity.h): both files are first written as *.h5.new (each itself
+  // via .tmp + rename), then manifest.json naming both with their content hashes, then the files
+  // are renamed into place. Killed at any moment, the directory holds either a matching pair or
+  // files that training refuses because they disagree with the manifest.
   const std::string train_new = train_path + ".new", val_new = val_path + ".new";
+  for (const std::string& f : leftover_prep_files(o.out))
+    std::fprintf(stderr, "llmpi-prep: note: '%s' was left by an interrupted llmpi-prep run; replacing it\n",
+                 f.c_str());
   try {
     write_token_file(train_new, train, attrs);
     write_token_file(val_new, val, attrs);
+    DatasetIdentity train_id = dataset_identity(open_token_file_info(train_new));
+    DatasetIdentity val_id = dataset_identity(open_token_file_info(val_new));
+    train_id.path = train_path;
+    val_id.path = val_path;
+    write_prep_manifest(o.out, {train_id, val_id}, "llmpi-prep");
     if (std::rename(train_new.c_str(), train_path.c_str()) != 0 ||
         std::rename(val_new.c_str(), val_path.c_str()) != 0)
       fail("cannot rename the new token files into '", o.out, "': ", std::strerror(errno),
@@ -283,6 +299,8 @@ int run_prep(const PrepOptions& o) {
               with_commas(int64_t(train.size())).c_str(), train_path.c_str());
   std::printf("  val:   %12s documents %14s tokens -> %s\n", with_commas(n_val).c_str(),
               with_commas(int64_t(val.size())).c_str(), val_path.c_str());
+  std::printf("  manifest: %s (names both files with their content hashes)\n",
+              (std::filesystem::path(o.out) / kPrepManifestName).string().c_str());
   std::printf("  tokenized in %.2f s (%.2fM tokens/s)\n", tok_seconds,
               tok_seconds > 0 ? (train.size() + val.size()) / tok_seconds / 1e6 : 0.0);
   return 0;
@@ -292,6 +310,8 @@ struct InspectOptions {
   std::string file;
   int64_t show = 64;
   std::string gpt2_encoder, gpt2_merges;
+  std::string tokenizer;  // hf:PATH / wordpiece:PATH, to decode such files
+  bool lowercase = false;
 };
 
 // Text for the terminal: printable bytes as they are, others as escapes, newlines kept.
@@ -318,12 +338,19 @@ int run_inspect(const InspectOptions& o) {
   int64_t eots = 0;
   std::vector<int32_t> block;
   const int64_t kBlock = 1 << 20;
+  Fnv1a64 content;  // checked against the content_fnv1a64 attribute
   for (int64_t start = 0; start < r.n_tokens(); start += kBlock) {
     int64_t count = std::min(kBlock, r.n_tokens() - start);
     block.resize(size_t(count));
     r.read(start, count, block.data());
-    for (int32_t id : block) eots += id == info.eot_id;
+    for (int32_t id : block) {
+      eots += id == info.eot_id;
+      content.add_le(uint32_t(id), 4);
+    }
   }
+  if (!info.content_hash.empty() && content.hex() != info.content_hash)
+    fail("token file '", info.path, "' is damaged: its tokens hash to fnv1a64 ", content.hex(),
+         " but its content_fnv1a64 attribute says ", info.content_hash, "; remake it with llmpi-prep");
 
   std::printf("file:        %s\n", info.path.c_str());
   std::printf("format:      %s, version %d\n", kTokenFileFormat, info.version);
@@ -331,6 +358,9 @@ int run_inspect(const InspectOptions& o) {
   std::printf("vocab_size:  %s\n", with_commas(info.vocab_size).c_str());
   std::printf("eot_id:      %s\n", with_commas(info.eot_id).c_str());
   std::printf("created_by:  %s\n", info.created_by.empty() ? "(not recorded)" : info.created_by.c_str());
+  std::printf("content:     %s\n", info.content_hash.empty()
+                                       ? "no content hash (an older file)"
+                                       : ("fnv1a64 " + info.content_hash + " (verified)").c_str());
   if (info.chunk > 0)
     std::printf("dtype:       %s, chunks of %s tokens\n", info.dtype.c_str(), with_commas(info.chunk).c_str());
   else
@@ -352,6 +382,13 @@ int run_inspect(const InspectOptions& o) {
   if (kind == "byte") {
     tok = byte_tokenizer();
     have = true;
+  } else if ((kind == "hf" || kind == "wordpiece") && !o.tokenizer.empty()) {
+    tok = load_tokenizer(o.tokenizer, "", "", o.lowercase);
+    have = true;
+    if (tok.description != info.tokenizer)
+      std::fprintf(stderr, "llmpi-prep: note: the file was made with tokenizer '%s' but --tokenizer "
+                   "gives '%s'; the decoded text may be wrong\n",
+                   info.tokenizer.c_str(), tok.description.c_str());
   } else if (kind == "gpt2" && !o.gpt2_encoder.empty() && !o.gpt2_merges.empty()) {
     tok = load_gpt2_tokenizer(o.gpt2_encoder, o.gpt2_merges);
     have = true;
@@ -365,6 +402,8 @@ int run_inspect(const InspectOptions& o) {
     std::printf("decoded:\n%s\n", printable(decode(tok, ids)).c_str());
   } else if (kind == "gpt2") {
     std::printf("(give --gpt2-encoder and --gpt2-merges to see these tokens as text)\n");
+  } else if (kind == "hf" || kind == "wordpiece") {
+    std::printf("(give --tokenizer %s:PATH to see these tokens as text)\n", kind.c_str());
   }
   return 0;
 }
@@ -384,13 +423,23 @@ Documents and the train/val split:
 Tokenizers:
   byte   ids 0..255 = bytes, 256 = end-of-text (vocab 257); needs no files
   gpt2   GPT-2 BPE (vocab 50257, end-of-text 50256) from OpenAI's encoder.json and vocab.bpe
+  hf:PATH/tokenizer.json   a Hugging Face tokenizer: byte-level BPE (GPT-2), BPE with byte
+         fallback and the metaspace (LLaMA), or WordPiece (BERT), with its normalizer, added and
+         special tokens (--allow-special: matched in the text); end-of-text = the first of
+         <|endoftext|>, </s>, <|end_of_text|>, <eos>, [SEP] it has
+  wordpiece:PATH/vocab.txt [--lowercase]   BERT's plain vocabulary (uncased models need
+         --lowercase, which also strips accents); end-of-text = [SEP]
 
-Outputs: DIR/train.h5 and DIR/val.h5 (HDF5, dataset 'tokens'; see DESIGN.md), each written to
-a .tmp name and renamed, so a failed run leaves no partial file. Progress goes to stderr,
-the summary to stdout; exit code 0 on success, 1 on error.
+Outputs: DIR/train.h5 and DIR/val.h5 (HDF5, dataset 'tokens'; see DESIGN.md) and
+DIR/manifest.json, written as one unit: both files as *.new first, then the manifest naming
+them with their content hashes, then the renames. A run killed at any point leaves no partial
+file, and llmpi-train refuses a train/val pair that disagrees with the manifest (rerun
+llmpi-prep; it reports and replaces leftover *.new files). Progress goes to stderr, the
+summary to stdout; exit code 0 on success, 1 on error.
 
 Inspect a token file:
   llmpi-prep inspect DIR/train.h5 [--show 64] [--gpt2-encoder P --gpt2-merges P]
+                    [--tokenizer hf:PATH|wordpiece:PATH [--lowercase]]
 
 Examples:
   llmpi-prep --tokenizer byte --input input.txt --out data/shakespeare-char
@@ -414,7 +463,15 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
 
   PrepOptions p;
-  app.add_option("--tokenizer", p.tokenizer, "byte | gpt2")->type_name("KIND")->check(CLI::IsMember({"byte", "gpt2"}));
+  app.add_option("--tokenizer", p.tokenizer, "byte | gpt2 | hf:PATH/tokenizer.json | wordpiece:PATH/vocab.txt")
+      ->type_name("KIND")
+      ->check([](const std::string& v) {
+        return v == "byte" || v == "gpt2" || v.rfind("hf:", 0) == 0 || v.rfind("wordpiece:", 0) == 0
+                   ? std::string()
+                   : "unknown tokenizer '" + v + "'; use byte, gpt2, hf:PATH/tokenizer.json or wordpiece:PATH/vocab.txt";
+      });
+  app.add_flag("--lowercase", p.lowercase,
+               "lower-case and strip accents (--tokenizer wordpiece: of an uncased BERT vocab.txt)");
   app.add_option("--gpt2-encoder", p.gpt2_encoder, "path to GPT-2 encoder.json (--tokenizer gpt2)")
       ->type_name("PATH");
   app.add_option("--gpt2-merges", p.gpt2_merges, "path to GPT-2 vocab.bpe (--tokenizer gpt2)")
@@ -442,6 +499,9 @@ int main(int argc, char** argv) {
   inspect->add_option("--show", in.show, "how many leading tokens to print")->capture_default_str();
   inspect->add_option("--gpt2-encoder", in.gpt2_encoder, "GPT-2 encoder.json, to decode gpt2 tokens");
   inspect->add_option("--gpt2-merges", in.gpt2_merges, "GPT-2 vocab.bpe, to decode gpt2 tokens");
+  inspect->add_option("--tokenizer", in.tokenizer, "hf:PATH or wordpiece:PATH, to decode such tokens")
+      ->type_name("KIND");
+  inspect->add_flag("--lowercase", in.lowercase, "with --tokenizer wordpiece:PATH of an uncased vocab");
 
   try {
     app.parse(argc, argv);

@@ -2,9 +2,11 @@
 //   mpiexec -n 8 llmpi-train --config run.json [--set key.path=value]...
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <new>
 #include <string>
 #include <vector>
 
+#include "hf/hf_import.h"
 #include "model/model_desc.h"
 #include "runtime/config.h"
 #include "runtime/mpi_env.h"
@@ -38,6 +40,9 @@ static std::string keys_help() {
        "runtime.threads 0 = cores / ranks on the node.\n"
        "parallel.sync: \"gather_scatter\" | \"allreduce\" | \"weights\" | \"nccl\". runtime.device: \"auto\" | \"cpu\" | \"cuda\".\n"
        "train.optimizer: \"adamw\" | \"sgd\". train.on_nonfinite: \"abort\" | \"skip\". Also: --resume auto|PATH, --dry-run.\n"
+       "runtime.memory_check: refuse (at start-up) a configuration whose memory estimate exceeds what the node has.\n"
+       "run.dir is locked by the run (run.dir/LOCK); a new run in a directory holding an earlier one needs\n"
+       "--resume auto, another run.dir, or --overwrite.\n"
        "Writes run.dir/config.json (resolved), metrics.jsonl (per logged step) and eval.jsonl.\n";
   return s;
 }
@@ -56,6 +61,16 @@ int main(int argc, char** argv) {
   app.add_option("--resume", opts.resume,
                  "continue from a checkpoint: 'auto' = the newest in run.dir/checkpoints (start fresh if none), "
                  "or a checkpoint file");
+  app.add_option("--resume-override", opts.resume_overrides,
+                 "with --resume: accept a deliberate change of this key (train.global_batch, train.seed, ...) "
+                 "that resuming would refuse; recorded in the log and metrics.jsonl (repeatable)");
+  app.add_flag("--overwrite", opts.overwrite,
+               "start a new run in a run.dir that holds an earlier one, moving its files into "
+               "run.dir/previous-<date>/ (nothing is deleted)");
+  app.add_option("--init-from", opts.init_from,
+                 "start from the weights of a Hugging Face model directory (config.json + model.safetensors or "
+                 "model.safetensors.index.json; GPT-2, LLaMA or BERT): its config.json sets model.*")
+      ->type_name("DIR");
   app.add_flag("--dry-run", opts.dry_run,
                "check the configuration, data, world size (and checkpoint) on every rank, then exit without training");
   app.footer(keys_help());
@@ -72,7 +87,12 @@ int main(int argc, char** argv) {
     std::string err;
     Config cfg;
     try {
-      cfg = load_config(config_path, sets);
+      if (opts.init_from.empty()) {
+        cfg = load_config(config_path, sets);
+      } else {
+        const HfConfig hf = read_hf_config(opts.init_from);
+        cfg = load_config(config_path, sets, &hf.source);
+      }
     } catch (const Error& e) {
       err = e.what();
     }
@@ -89,6 +109,10 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const Error& e) {
     fatal(e.what());  // one rank mid-run: abort the whole job
+  } catch (const std::bad_alloc&) {
+    // One rank mid-run (start-up allocations are agreed in train()): a clean message, then end the job.
+    fatal("out of memory (std::bad_alloc) on this rank: use a smaller train.global_batch, model.seq_len or model, "
+          "or fewer ranks per node (--dry-run prints the memory estimate)");
   }
   return 0;
 }

@@ -2,6 +2,7 @@
 // format probe. Layout and attributes: see classification_file.h.
 #include "data/classification_file.h"
 
+#include "data/content_hash.h"
 #include "data/h5_util.h"
 #include "data/token_file.h"
 
@@ -323,6 +324,8 @@ void write_classification_file(const std::string& path, const ClassificationExam
     if (!file.valid())
       fail("cannot create classification file '", tmp, "'", h5::detail(),
            "; check that its directory exists and is writable");
+    h5::reserve_space(file, uint64_t(n) * (L * 6 + 4) + (1u << 20), path, describe(tmp),
+                      "free space or write the file somewhere else");
     write_dataset(file, kInputIds, n, L, ex.input_ids, tmp);
     write_dataset(file, kTokenTypeIds, n, L, ex.token_type_ids, tmp);
     write_dataset(file, kAttentionMask, n, L, ex.attention_mask, tmp);
@@ -337,6 +340,12 @@ void write_classification_file(const std::string& path, const ClassificationExam
     h5::write_int_attr(file, "pad_id", a.pad_id, what);
     h5::write_string_attr(file, "tokenizer", a.tokenizer, what);
     h5::write_string_attr(file, "created_by", a.created_by, what);
+    Fnv1a64 content;  // the bytes the file stores, dataset by dataset
+    for (int32_t v : ex.input_ids) content.add_le(uint32_t(v), 4);
+    for (int32_t v : ex.token_type_ids) content.add_le(uint32_t(v), 1);
+    for (int32_t v : ex.attention_mask) content.add_le(uint32_t(v), 1);
+    for (int32_t v : ex.labels) content.add_le(uint32_t(v), 4);
+    h5::write_string_attr(file, kContentHashAttr, content.hex(), what);
 
     if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0 || file.reset() < 0)
       fail("cannot finish writing classification file '", tmp, "'", h5::detail(),
@@ -401,6 +410,7 @@ void ClassificationReader::open(const std::string& path) {
   if (!read_string_attr(file, "tokenizer", info.tokenizer, path))
     fail("classification file '", path, "' has no 'tokenizer' attribute; ", kRemake);
   read_string_attr(file, "created_by", info.created_by, path);  // optional
+  read_string_attr(file, kContentHashAttr, info.content_hash, path);  // optional (older files)
 
   // The datasets: input_ids fixes [N, L]; the others must agree with it.
   std::vector<hsize_t> ids_dims, dims;

@@ -17,6 +17,9 @@
 //                    pad_id                                 (int64) in [0, vocab_size)
 //                    tokenizer   = Tokenizer::description
 //                    created_by  = the program that wrote it, e.g. "llmpi-prep glue"
+//                    content_fnv1a64 = FNV-1a 64 (data/content_hash.h) of input_ids (int32 LE),
+//                                  then token_type_ids and attention_mask (one byte each), then
+//                                  labels (int32 LE), 16 hex digits; older files have none
 //
 // Every problem (missing file, not HDF5, not a classification file — in particular a
 // language-modelling token file —, unsupported version, damaged or truncated file, shape or type
@@ -56,7 +59,8 @@ struct ClassificationInfo {
   std::vector<std::string> label_names;
   int64_t pad_id = 0;
   std::string tokenizer;
-  std::string created_by;  // "" when absent
+  std::string created_by;    // "" when absent
+  std::string content_hash;  // content_fnv1a64, "" when absent (an older file)
 };
 
 // n examples of seq_len tokens, row-major: input_ids, token_type_ids and attention_mask hold

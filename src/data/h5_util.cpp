@@ -1,6 +1,7 @@
 #include "data/h5_util.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -29,6 +30,37 @@ herr_t Id::reset() {
 }
 
 void quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+// No H5_term_library at exit (see h5_util.h). H5dont_atexit works only before the library
+// initialises, and static initialisers elsewhere may already use HDF5 (H5T_* constants call
+// H5open), so this runs as a constructor of priority 101, before every ordinary static initialiser.
+__attribute__((constructor(101))) static void no_hdf5_exit_handler() { H5dont_atexit(); }
+
+void reserve_space(hid_t file, uint64_t bytes, const std::string& path, const std::string& what,
+                   const std::string& remedy) {
+  void* handle = nullptr;
+  if (H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) < 0 || !handle) {
+    H5Eclear2(H5E_DEFAULT);
+    return;  // not the POSIX (sec2) driver: nothing to reserve on
+  }
+  const int fd = *static_cast<int*>(handle);
+  if (::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, off_t(bytes)) == 0) return;
+  const int err = errno;
+  if (err != ENOSPC && err != EDQUOT) return;  // EOPNOTSUPP and the like: write without it
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct statvfs vfs;
+  std::string free_text;
+  if (::statvfs(dir.c_str(), &vfs) == 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, ", and %.1f MB are free there", double(vfs.f_bavail) * vfs.f_frsize / 1e6);
+    free_text = buf;
+  }
+  char need[64];
+  std::snprintf(need, sizeof need, "%.1f MB", double(bytes) / 1e6);
+  fail("cannot write ", what, ": it needs about ", need, " in '", dir, "'", free_text, " (",
+       std::strerror(err), "); ", remedy);
+}
 
 static herr_t first_error_cb(unsigned, const H5E_error2_t* e, void* data) {
   auto* s = static_cast<std::string*>(data);

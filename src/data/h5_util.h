@@ -31,6 +31,18 @@ struct Id {
 
 // HDF5 prints its whole error stack to stderr by default; we turn failures into Errors instead.
 void quiet();
+
+// HDF5's exit handler is switched off (H5dont_atexit, from a static initializer in h5_util.cpp):
+// when a write fails (disk full), H5Fclose fails too and leaves the file half-closed in HDF5's
+// table, and the exit handler then crashes closing it. Every handle we open is an Id closed by
+// its destructor, so there is nothing left for the handler to do; the operating system closes
+// what a failed close leaves behind.
+
+// Reserve `bytes` of disk for an HDF5 file being written (fallocate with FALLOC_FL_KEEP_SIZE on
+// the file's descriptor), so that a disk without room fails here, with the sizes in the message,
+// before anything large is written. File systems without fallocate skip the reservation.
+void reserve_space(hid_t file, uint64_t bytes, const std::string& path, const std::string& what,
+                   const std::string& remedy);
 // The innermost message on HDF5's error stack, as " (HDF5: ...)", and clear the stack.
 std::string detail();
 

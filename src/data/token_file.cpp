@@ -2,6 +2,7 @@
 // Layout and attributes: see token_file.h.
 #include "data/token_file.h"
 
+#include "data/content_hash.h"
 #include "data/h5_util.h"
 
 #include <fcntl.h>
@@ -72,6 +73,8 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
     // /tokens: 1-D, fixed size (unlimited when empty, since a chunk may not exceed a fixed
     // extent), chunked.
     const hsize_t n = tokens.size();
+    h5::reserve_space(file, uint64_t(n) * (u16 ? 2 : 4) + (1u << 20), path, describe(tmp),
+                      "free space or choose another --out");
     const hsize_t maxdim = n ? n : H5S_UNLIMITED;
     const hsize_t chunk = n ? std::min(n, kChunkTokens) : kChunkTokens;
     Id space(H5Screate_simple(1, &n, &maxdim), H5Sclose);
@@ -95,6 +98,9 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
     h5::write_int_attr(file, "eot_id", a.eot_id, describe(tmp));
     h5::write_string_attr(file, "tokenizer", a.tokenizer, describe(tmp));
     h5::write_string_attr(file, "created_by", a.created_by, describe(tmp));
+    Fnv1a64 content;
+    for (uint32_t t : tokens) content.add_le(t, 4);
+    h5::write_string_attr(file, kContentHashAttr, content.hex(), describe(tmp));
 
     if (dset.reset() < 0 || space.reset() < 0 || dcpl.reset() < 0 ||
         H5Fflush(file, H5F_SCOPE_GLOBAL) < 0 || file.reset() < 0)
@@ -167,6 +173,7 @@ void TokenReader::open(const std::string& path) {
   if (!read_string_attr(file, "tokenizer", info.tokenizer, path))
     fail("token file '", path, "' has no 'tokenizer' attribute; remake it with llmpi-prep");
   read_string_attr(file, "created_by", info.created_by, path);  // optional
+  read_string_attr(file, kContentHashAttr, info.content_hash, path);  // optional (older files)
 
   // /tokens: a 1-D dataset of unsigned 16- or 32-bit integers.
   htri_t exists = H5Lexists(file, "tokens", H5P_DEFAULT);

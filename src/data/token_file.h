@@ -10,6 +10,9 @@
 //                    eot_id                          (int64)
 //                    tokenizer  = Tokenizer::description, e.g. "byte", "gpt2:fnv1a64=..."
 //                    created_by = the program that wrote it, e.g. "llmpi-prep"
+//                    content_fnv1a64 = FNV-1a 64 of the tokens, each as a uint32 little-endian,
+//                                 16 hex digits (data/content_hash.h). Files written before it
+//                                 existed have none; they still load (training warns).
 //
 // Every problem (missing file, not HDF5, not an llmpi token file, unsupported version, damaged
 // or truncated file, id out of range, read out of range) is an llmpi::Error naming the file and
@@ -43,6 +46,7 @@ struct TokenFileInfo {
   int64_t eot_id = 0;
   std::string tokenizer;
   std::string created_by;  // "" when absent
+  std::string content_hash;  // content_fnv1a64, "" when absent (an older file)
   int64_t n_tokens = 0;
   int dtype_bytes = 0;  // 2 (uint16) or 4 (uint32)
   std::string dtype;    // "uint16" | "uint32"

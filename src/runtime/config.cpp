@@ -25,8 +25,10 @@ const json& config_defaults() {
                  "eps": 1e-8, "optimizer": "adamw", "grad_clip": 1.0, "seed": 1337, "log_every": 10,
                  "eval_every": 100, "eval_batches": 8, "on_nonfinite": "abort"},
     "parallel": {"sync": "allreduce", "bucket_mb": 25.0, "first_bucket_mb": 1.0, "overlap": false,
-                 "poll_us": 50, "average_every": 1},
-    "runtime":  {"device": "auto", "threads": 0, "trace_steps": 20, "step_timeout_s": 0.0},
+                 "poll_us": 50, "average_every": 1, "pp_stages": 1, "microbatches": 1,
+                 "schedule": "1f1b", "virtual_stages": 1, "stage_layers": []},
+    "runtime":  {"device": "auto", "threads": 0, "trace_steps": 20, "step_timeout_s": 0.0,
+                 "memory_check": true},
     "run":      {"dir": "runs/default"},
     "checkpoint": {"every": 0, "keep": 3}
   })");
@@ -131,6 +133,9 @@ static void check_type(const std::string& path, const json& value, const json& d
     ok = value.is_string();
   } else if (def.is_boolean()) {
     ok = value.is_boolean();
+  } else if (def.is_array()) {  // a list of integers (parallel.stage_layers)
+    ok = value.is_array();
+    for (const json& e : value) ok = ok && (e.is_number_integer() || e.is_number_unsigned());
   }
   if (!ok)
     fail(source, ": '", path, "' must be ", type_name(def), " (like ", def.dump(), "), got ",
@@ -248,8 +253,14 @@ static Config extract(const json& r) {
   c.parallel.overlap = p["overlap"];
   c.parallel.poll_us = as_int<int>(p["poll_us"], "parallel.poll_us");
   c.parallel.average_every = as_int<int>(p["average_every"], "parallel.average_every");
+  c.parallel.pp_stages = as_int<int>(p["pp_stages"], "parallel.pp_stages");
+  c.parallel.microbatches = as_int<int>(p["microbatches"], "parallel.microbatches");
+  c.parallel.schedule = p["schedule"];
+  c.parallel.virtual_stages = as_int<int>(p["virtual_stages"], "parallel.virtual_stages");
+  for (const json& e : p["stage_layers"]) c.parallel.stage_layers.push_back(as_int<int>(e, "parallel.stage_layers"));
   c.runtime.trace_steps = as_int<int>(r["runtime"]["trace_steps"], "runtime.trace_steps");
   c.runtime.step_timeout_s = r["runtime"]["step_timeout_s"];
+  c.runtime.memory_check = r["runtime"]["memory_check"];
   c.train.on_nonfinite = t["on_nonfinite"];
   c.checkpoint.every = as_int<int64_t>(r["checkpoint"]["every"], "checkpoint.every");
   c.checkpoint.keep = as_int<int>(r["checkpoint"]["keep"], "checkpoint.keep");
@@ -307,6 +318,15 @@ static Config extract(const json& r) {
   require(c.parallel.first_bucket_mb > 0, "parallel.first_bucket_mb", "must be > 0");
   require(c.parallel.poll_us >= 0, "parallel.poll_us", "must be >= 0 (0 = blocking collectives)");
   require(c.parallel.average_every >= 1, "parallel.average_every", "must be >= 1");
+  require(c.parallel.pp_stages >= 1, "parallel.pp_stages", "must be >= 1 (1 = no pipeline)");
+  require(c.parallel.microbatches >= 1, "parallel.microbatches", "must be >= 1");
+  require(c.parallel.virtual_stages >= 1, "parallel.virtual_stages", "must be >= 1");
+  require(c.parallel.schedule == "gpipe" || c.parallel.schedule == "1f1b" || c.parallel.schedule == "interleaved" ||
+              c.parallel.schedule == "zb-h1",
+          "parallel.schedule", "must be \"gpipe\", \"1f1b\", \"interleaved\" or \"zb-h1\", got \"" +
+                                   c.parallel.schedule + "\"");
+  for (int n : c.parallel.stage_layers)
+    require(n >= 0, "parallel.stage_layers", "must list layer counts >= 0, one per (virtual) stage");
   require(!(c.parallel.overlap && c.parallel.sync == "weights"), "parallel.overlap",
           "applies to gradient averaging; \"weights\" averages parameters after the step: set it to false");
   require(c.runtime.device == "auto" || c.runtime.device == "cpu" || c.runtime.device == "cuda",
@@ -322,8 +342,99 @@ static Config extract(const json& r) {
   return c;
 }
 
+// JSON allows an object to repeat a key, and nlohmann keeps the last one: in a configuration
+// that silently drops a setting (or, for a repeated section, resets the first one's keys to their
+// defaults). This walks the text the parser has already accepted (so it is well-formed, with
+// comments allowed) and reports the first key seen twice in one object, with both positions.
+static void check_duplicate_keys(const std::string& text, const std::string& source) {
+  struct Frame {
+    bool object;
+    std::string path;  // "train" for the keys of the train section; "" at the top level
+    std::vector<std::pair<std::string, std::pair<int, int>>> keys;  // key and its line:col
+    bool expect_key = false;
+    std::string last_key;
+  };
+  std::vector<Frame> stack;
+  int line = 1, col = 1;
+  auto where = [](std::pair<int, int> p) {
+    return "line " + std::to_string(p.first) + ", column " + std::to_string(p.second);
+  };
+  size_t i = 0;
+  auto advance = [&](size_t n) {
+    for (size_t k = 0; k < n && i < text.size(); k++, i++) {
+      if (text[i] == '\n') line++, col = 1;
+      else if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) col++;  // count characters, not bytes
+    }
+  };
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c == '/' && i + 1 < text.size() && text[i + 1] == '/') {
+      while (i < text.size() && text[i] != '\n') advance(1);
+    } else if (c == '/' && i + 1 < text.size() && text[i + 1] == '*') {
+      advance(2);
+      while (i < text.size() && !(text[i] == '*' && i + 1 < text.size() && text[i + 1] == '/')) advance(1);
+      advance(2);
+    } else if (c == '"') {
+      const std::pair<int, int> at{line, col};
+      size_t j = i + 1;
+      while (j < text.size() && text[j] != '"') j += text[j] == '\\' ? 2 : 1;
+      const std::string token = text.substr(i, j + 1 - i);
+      advance(j + 1 - i);
+      if (stack.empty() || !stack.back().object || !stack.back().expect_key) continue;
+      Frame& f = stack.back();
+      f.expect_key = false;
+      const std::string key = json::parse(token).get<std::string>();  // unescaped: "\u0061" is "a"
+      f.last_key = key;
+      for (auto& [k, first] : f.keys) {
+        if (k != key) continue;
+        if (f.path.empty() && stack.size() == 1)
+          fail(source, ": section '", key, "' appears twice (", where(first), " and ", where(at),
+               "); JSON keeps only the last one: merge them into one '", key, "' section");
+        fail(source, ": duplicate key '", f.path.empty() ? key : f.path + "." + key, "' at ", where(first), " and ",
+             where(at), "; JSON keeps only the last one: remove one of them");
+      }
+      f.keys.push_back({key, at});
+    } else {
+      if (c == '{' || c == '[') {
+        std::string path;
+        if (!stack.empty() && stack.back().object)
+          path = stack.back().path.empty() ? stack.back().last_key : stack.back().path + "." + stack.back().last_key;
+        else if (!stack.empty())
+          path = stack.back().path;
+        stack.push_back({c == '{', path, {}, c == '{', ""});
+      } else if (c == '}' || c == ']') {
+        if (!stack.empty()) stack.pop_back();
+      } else if (c == ',') {
+        if (!stack.empty() && stack.back().object) stack.back().expect_key = true;
+      }
+      advance(1);
+    }
+  }
+}
+
+// Model values from another source (llmpi-train --init-from): its fixed values must agree with
+// what the user set; its defaults apply where the user set nothing.
+static void apply_model_source(json& resolved, std::vector<std::string>& given, const ModelSource& src) {
+  for (auto& [k, v] : src.fixed.items()) {
+    const std::string path = "model." + k;
+    // 0 where 0 means "automatic" (vocab_size, ffn_dim, max_seq_len, n_kv_head) is no conflict.
+    const bool automatic = resolved["model"][k] == 0 && config_defaults()["model"].value(k, json()) == 0;
+    if (std::find(given.begin(), given.end(), path) != given.end() && resolved["model"][k] != v && !automatic)
+      fail("config: '", path, "' is set to ", resolved["model"][k].dump(), " but ", src.name, " has ", v.dump(),
+           ": remove '", path, "' from the configuration (the weights decide it)");
+    resolved["model"][k] = v;
+    given.push_back(path);
+  }
+  for (auto& [k, v] : src.defaults.items()) {
+    const std::string path = "model." + k;
+    if (std::find(given.begin(), given.end(), path) != given.end()) continue;
+    resolved["model"][k] = v;
+    given.push_back(path);
+  }
+}
+
 Config parse_config(const std::string& text, const std::string& source,
-                    const std::vector<std::string>& overrides) {
+                    const std::vector<std::string>& overrides, const ModelSource* model_source) {
   json user;
   try {
     user = json::parse(text, nullptr, true, /*ignore_comments=*/true);
@@ -333,10 +444,12 @@ Config parse_config(const std::string& text, const std::string& source,
     auto p = what.find("] ");
     fail(source, ": malformed JSON: ", p == std::string::npos ? what : what.substr(p + 2));
   }
+  check_duplicate_keys(text, source);
   json resolved = config_defaults();
   std::vector<std::string> given;  // keys the user set
   merge_user(resolved, user, source, given);
   for (auto& o : overrides) apply_override(resolved, o, given);
+  if (model_source) apply_model_source(resolved, given, *model_source);
   // The model section holds the chosen family's keys only, with that family's defaults for
   // those the user did not set; a key of another family is an error.
   const std::string family = resolved["model"]["family"];
@@ -356,12 +469,13 @@ Config parse_config(const std::string& text, const std::string& source,
   return extract(resolved);
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   const ModelSource* model_source) {
   std::ifstream in(path);
   if (!in) fail("cannot read config file '", path, "': check the path given to --config");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_config(ss.str(), path, overrides);
+  return parse_config(ss.str(), path, overrides, model_source);
 }
 
 }  // namespace llmpi

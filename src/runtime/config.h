@@ -46,12 +46,19 @@ struct ParallelConfig {
   bool overlap;            // reduce buckets on a communication thread during backward
   int poll_us;             // overlap: poll the nonblocking collective every poll_us (0 = blocking call)
   int average_every;       // weights: average parameters every k steps
+  // Pipeline parallelism (pipeline/pipeline_step.h); pp_stages 1 = none.
+  int pp_stages;           // stages per pipeline; world = data-parallel replicas × pp_stages
+  int microbatches;        // micro-batches per step per replica (must divide the per-replica batch)
+  std::string schedule;    // "gpipe" | "1f1b" | "interleaved" | "zb-h1"
+  int virtual_stages;      // interleaved: model chunks per stage
+  std::vector<int> stage_layers;  // blocks per (virtual) stage, in order; empty = balanced by cost
 };
 struct RuntimeConfig {
   std::string device;      // "auto" | "cpu" | "cuda"
   int threads;             // OpenMP/OpenBLAS threads per rank; 0 = cores on the node / ranks on it
   int trace_steps;         // record trace-rank{N}.json for the first trace_steps steps (0 = off)
   double step_timeout_s;   // abort when one phase of a step takes longer (0 = off)
+  bool memory_check;       // refuse a configuration whose memory estimate exceeds what the node has
 };
 struct RunConfig {
   std::string dir;
@@ -79,10 +86,20 @@ const nlohmann::json& config_defaults();
 // The model.* keys of one family with that family's defaults (throws Error for an unknown family).
 nlohmann::json family_model_defaults(const std::string& family);
 
+// model.* values that come from elsewhere (llmpi-train --init-from: a Hugging Face config.json,
+// hf/hf_import.h). `fixed` values must equal any value the user set for the key (else an error
+// naming both); `defaults` apply to keys the user did not set.
+struct ModelSource {
+  std::string name;  // e.g. "'dir/config.json'"
+  nlohmann::json fixed = nlohmann::json::object(), defaults = nlohmann::json::object();
+};
+
 // Parse JSON text (source names it in messages), apply `key.path=value` overrides (value parsed as
-// JSON when it parses, else taken as a string), validate, and fill the structs.
+// JSON when it parses, else taken as a string), then the model source's values, validate, and
+// fill the structs.
 Config parse_config(const std::string& json_text, const std::string& source,
-                    const std::vector<std::string>& overrides = {});
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+                    const std::vector<std::string>& overrides = {}, const ModelSource* model_source = nullptr);
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                   const ModelSource* model_source = nullptr);
 
 }  // namespace llmpi

@@ -1,4 +1,4 @@
-// The byte tokenizer, and what both tokenizers share: load_tokenizer, special-token splitting,
+// The byte tokenizer, and what all tokenizers share: load_tokenizer, special-token splitting,
 // encode/decode dispatch, FNV-1a.
 //
 // byte tokenizer: id = byte value (0..255), end-of-text = 256, vocab_size = 257.
@@ -27,7 +27,20 @@ Tokenizer byte_tokenizer() {
 }
 
 Tokenizer load_tokenizer(std::string_view kind, const std::string& encoder_path,
-                         const std::string& merges_path) {
+                         const std::string& merges_path, bool lowercase) {
+  const bool wordpiece = kind.substr(0, 10) == "wordpiece:";
+  if (lowercase && !wordpiece)
+    fail("--lowercase is for --tokenizer wordpiece:PATH/vocab.txt (a tokenizer.json says itself "
+         "whether it lower-cases); drop it");
+  if (kind.substr(0, 3) == "hf:" || wordpiece) {
+    if (!encoder_path.empty() || !merges_path.empty())
+      fail("tokenizer '", kind, "' takes no GPT-2 encoder/merges files; drop them");
+    std::string path(kind.substr(wordpiece ? 10 : 3));
+    if (path.empty())
+      fail("tokenizer '", kind, "' names no file: give ", wordpiece ? "wordpiece:PATH/vocab.txt"
+           : "hf:PATH/tokenizer.json");
+    return wordpiece ? load_wordpiece_vocab(path, lowercase) : load_hf_tokenizer(path);
+  }
   if (kind == "byte") {
     if (!encoder_path.empty() || !merges_path.empty())
       fail("tokenizer 'byte' takes no files, but GPT-2 encoder/merges paths were given; "
@@ -40,12 +53,15 @@ Tokenizer load_tokenizer(std::string_view kind, const std::string& encoder_path,
            "--gpt2-merges PATH/vocab.bpe (OpenAI's GPT-2 BPE files)");
     return load_gpt2_tokenizer(encoder_path, merges_path);
   }
-  fail("unknown tokenizer '", kind, "'; use 'byte' or 'gpt2'");
+  fail("unknown tokenizer '", kind, "'; use byte, gpt2, hf:PATH/tokenizer.json or "
+       "wordpiece:PATH/vocab.txt");
 }
 
 // Encode a run of text that holds no special tokens.
 static void encode_plain(const Tokenizer& tok, std::string_view text, std::vector<uint32_t>& out) {
-  if (tok.kind == TokenizerKind::byte) {
+  if (tok.kind == TokenizerKind::hf) {
+    hf_encode(tok, text, out, false);
+  } else if (tok.kind == TokenizerKind::byte) {
     out.reserve(out.size() + text.size());
     for (unsigned char c : text) out.push_back(c);
   } else {
@@ -57,6 +73,10 @@ static void encode_plain(const Tokenizer& tok, std::string_view text, std::vecto
 // encoded as plain text and each cut becomes eot_id.
 void encode_append(const Tokenizer& tok, std::string_view text, std::vector<uint32_t>& out,
                    bool allow_special) {
+  if (tok.kind == TokenizerKind::hf) {
+    hf_encode(tok, text, out, allow_special);
+    return;
+  }
   if (!allow_special) {
     encode_plain(tok, text, out);
     return;
@@ -82,7 +102,9 @@ void decode_append(const Tokenizer& tok, int64_t id, std::string& out) {
   if (id < 0 || id >= tok.vocab_size)
     fail("cannot decode token id ", id, ": tokenizer '", tok.name, "' has ids 0..",
          tok.vocab_size - 1, "; the ids come from a different tokenizer or vocabulary");
-  if (tok.kind == TokenizerKind::byte) {
+  if (tok.kind == TokenizerKind::hf) {
+    hf_decode_append(tok, id, out, out.empty());
+  } else if (tok.kind == TokenizerKind::byte) {
     if (id == tok.eot_id)
       out += kEndOfText;
     else
@@ -92,7 +114,19 @@ void decode_append(const Tokenizer& tok, int64_t id, std::string& out) {
   }
 }
 
+void DecodeStream::append(int64_t id, std::string& out) {
+  if (tok->kind == TokenizerKind::hf && id >= 0 && id < tok->vocab_size) {
+    hf_decode_append(*tok, id, out, at_start);
+  } else {
+    std::string piece;  // (byte and gpt2 tokens decode alone; decode_append checks the id)
+    decode_append(*tok, id, piece);
+    out += piece;
+  }
+  at_start = false;
+}
+
 std::string decode(const Tokenizer& tok, const std::vector<uint32_t>& ids) {
+  if (tok.kind == TokenizerKind::hf) return hf_decode(tok, ids.data(), ids.size());
   std::string out;
   out.reserve(ids.size() * (tok.kind == TokenizerKind::byte ? 1 : 4));
   for (uint32_t id : ids) decode_append(tok, id, out);
@@ -100,6 +134,17 @@ std::string decode(const Tokenizer& tok, const std::vector<uint32_t>& ids) {
 }
 
 std::string decode(const Tokenizer& tok, const std::vector<int32_t>& ids) {
+  if (tok.kind == TokenizerKind::hf) {
+    std::vector<uint32_t> u;
+    u.reserve(ids.size());
+    for (int32_t id : ids) {
+      if (id < 0 || id >= tok.vocab_size)
+        fail("cannot decode token id ", id, ": tokenizer '", tok.name, "' has ids 0..",
+             tok.vocab_size - 1, "; the ids come from a different tokenizer or vocabulary");
+      u.push_back(uint32_t(id));
+    }
+    return hf_decode(tok, u.data(), u.size());
+  }
   std::string out;
   out.reserve(ids.size() * (tok.kind == TokenizerKind::byte ? 1 : 4));
   for (int32_t id : ids) decode_append(tok, id, out);

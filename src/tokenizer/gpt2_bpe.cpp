@@ -34,6 +34,7 @@
 
 #include "runtime/error.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
 namespace llmpi {
 
@@ -625,5 +626,14 @@ void gpt2_encode_plain(const Tokenizer& tok, std::string_view text, std::vector<
 void gpt2_decode_append(const Tokenizer& tok, int64_t id, std::string& out) {
   out += tok.bpe->id_bytes[size_t(id)];
 }
+
+// Shared with the hf tokenizers (declared in unicode.h).
+namespace unicode {
+void byte_level_alphabet(uint32_t (&byte_to_cp)[256]) { bytes_to_unicode(byte_to_cp); }
+bool is_letter_or_number(uint32_t cp) {
+  CharClass c = classify(cp);
+  return c == kLetter || c == kNumber;
+}
+}  // namespace unicode
 
 }  // namespace llmpi

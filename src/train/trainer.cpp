@@ -21,12 +21,19 @@
 #include "metrics/metrics.h"
 #include "metrics/trace.h"
 #include "data/classification_file.h"
+#include "data/dataset_identity.h"
 #include "model/transformer.h"
 #include "checkpoint/checkpoint.h"
+#include "hf/hf_import.h"
 #include "optim/optimizer.h"
+#include "pipeline/pipeline_step.h"
+#include "runtime/parallel_groups.h"
 #include "runtime/mpi_env.h"
 #include "runtime/signals.h"
 #include "runtime/watchdog.h"
+#include "train/memory_estimate.h"
+#include "train/resume_contract.h"
+#include "train/run_dir.h"
 
 namespace llmpi {
 
@@ -89,6 +96,9 @@ struct DataSplit {
   int64_t vocab_size() const {
     return classification ? examples_file.info().vocab_size : tokens_file.info().vocab_size;
   }
+  DatasetIdentity identity() const {
+    return classification ? dataset_identity(examples_file.info()) : dataset_identity(tokens_file.info());
+  }
   Batch read(const std::vector<int64_t>& ids) {
     const size_t B = ids.size();
     Batch b;
@@ -137,6 +147,19 @@ struct Run {
   std::string ckpt_dir;
   int64_t start_step = 0;
   std::string resumed_from;  // checkpoint path, "" when starting fresh
+  // Pipeline parallelism (parallel.pp_stages > 1): the topology and this rank's stage; then
+  // model, acts, opt and sync are not used (pipeline/pipeline_step.h).
+  std::unique_ptr<ParallelGroups> groups;
+  std::unique_ptr<Pipeline> pipe;
+  SyncStats pipe_sync;  // this step's data-parallel sync, summed over the stage's chunks
+  std::string data_json;     // identity of the train and val files (stored in checkpoints)
+  RunDirClaim claim;         // rank 0: run.dir's lock, held for the life of the run (train/run_dir.h)
+  std::string lineage;       // this run's lineage id, kept across resumes (stored in checkpoints)
+  std::vector<std::string> resume_overrides;  // --resume-override keys
+  std::vector<ContractRow> accepted_changes;  // resume-contract changes they accepted (logged)
+  bool node_has_rank0 = false;                // rank 0 runs on this rank's node
+  MemoryEstimate memory;                      // this rank's estimate (train/memory_estimate.h)
+  std::string memory_note;                    // what the node has, for the start-up lines
 };
 
 // Keep only the lines of a JSON Lines file whose "step" passes `keep` (a resumed run drops what
@@ -156,28 +179,15 @@ void trim_jsonl(const std::string& path, const std::function<bool(int64_t)>& kee
 // belongs to this model and configuration.
 void resume_from(Run& r, const std::string& path) {
   CheckpointInfo info = read_checkpoint_info(path);
-  const ModelDesc& m = r.model->desc;
+  const ModelDesc& m = r.pipe ? r.pipe->desc : r.model->desc;
+  const ParamTable& table = r.pipe ? r.pipe->whole_table : r.model->table;  // checkpoints hold the whole model
   if (info.desc.family != m.family)
     fail("checkpoint '", path, "' holds a ", family_name(info.desc.family), " model, but this configuration has "
          "model.family \"", family_name(m.family), "\": resume it with model.family \"",
          family_name(info.desc.family), "\", or start a new run.dir");
-  // Everything that shapes the parameters or the function must agree; dropout and init_std may change.
-  nlohmann::json theirs = model_desc_json(info.desc), ours = model_desc_json(m);
-  for (const char* k : {"init_std", "dropout", "attn_dropout"}) theirs.erase(k), ours.erase(k);
-  std::string first, also;
-  for (auto& [k, v] : ours.items()) {
-    if (theirs[k] == v) continue;
-    const std::string key = "model." + (k == "max_seq_len" ? std::string("seq_len") : k);
-    if (first.empty())
-      first = key + " " + theirs[k].dump() + ", but this configuration has " + v.dump();
-    else
-      also += (also.empty() ? "" : ", ") + key + " " + theirs[k].dump() + " vs " + v.dump();
-  }
-  if (!first.empty())
-    fail("checkpoint '", path, "' was made for ", first, also.empty() ? "" : " (also: " + also + ")",
-         ": resume with the configuration the checkpoint was made with (stored in it, and in the run's "
-         "config.json), or start a new run.dir");
-  if (info.param_table_json != param_table_json(r.model->table) || info.n != r.model->table.numel)
+  // The model description, global batch, seed, ... (train/resume_contract.h); dropout and init_std may change.
+  r.accepted_changes = check_resume_contract(info, resume_contract_rows(info, r.cfg, m, r.data_json), r.resume_overrides);
+  if (info.param_table_json != param_table_json(table) || info.n != table.numel)
     fail("checkpoint '", path, "' holds a different parameter layout than this model; start a new run.dir");
   if (info.optimizer != r.cfg.train.optimizer)
     fail("checkpoint '", path, "' was made with train.optimizer \"", info.optimizer, "\", but this configuration has \"",
@@ -185,40 +195,75 @@ void resume_from(Run& r, const std::string& path) {
   if (info.rows > 1 && (r.cfg.parallel.sync != "weights" || info.rows != r.world))
     fail("checkpoint '", path, "' holds the separate parameters of ", info.rows, " ranks (sync \"weights\"): resume it "
          "with parallel.sync \"weights\" on ", info.rows, " ranks");
+  if (!info.checksummed && r.rank == 0)
+    std::fprintf(stderr, "llmpi-train: warning: checkpoint '%s' has no checksums (an older llmpi wrote it); "
+                 "it is loaded unverified\n", path.c_str());
   const size_t n = info.n;
-  std::vector<float> params(n), mom(r.opt->sgd ? 0 : n), vel(r.opt->sgd ? 0 : n);
-  read_checkpoint_row(info, info.rows > 1 ? r.rank : 0, params.data(), r.opt->sgd ? nullptr : mom.data(),
-                      r.opt->sgd ? nullptr : vel.data());
-  r.ops->copy_to_device(r.model->params, params.data(), n * sizeof(float));
-  if (!r.opt->sgd) {
+  const bool sgd = r.cfg.train.optimizer == "sgd";
+  std::vector<float> params(n), mom(sgd ? 0 : n), vel(sgd ? 0 : n);
+  read_checkpoint_row(info, info.rows > 1 ? r.rank : 0, params.data(), sgd ? nullptr : mom.data(),
+                      sgd ? nullptr : vel.data());
+  if (r.pipe) {  // every stage takes its tensors by name
+    r.pipe->load_whole(params.data(), sgd ? nullptr : mom.data(), sgd ? nullptr : vel.data(), info.optimizer_t);
+  } else {
+    r.ops->copy_to_device(r.model->params, params.data(), n * sizeof(float));
+    r.opt->t = info.optimizer_t;
+  }
+  if (!sgd && !r.pipe) {
     r.ops->copy_to_device(r.opt->m, mom.data(), n * sizeof(float));
     r.ops->copy_to_device(r.opt->v, vel.data(), n * sizeof(float));
   }
-  r.opt->t = info.optimizer_t;
   r.start_step = info.step;
   r.resumed_from = path;
+  if (!info.lineage.empty()) r.lineage = info.lineage;  // a resumed run continues its lineage
+}
+
+// --resume auto: the newest checkpoint that verifies. Damaged ones (unreadable, truncated, a
+// checksum mismatch) are skipped with a warning saying why; any other refusal (another model,
+// a changed contract) stops. Every rank takes the same decision without talking to the others:
+// all read the same row (or, for per-rank rows, verify every row).
+void resume_auto(Run& r) {
+  std::string skipped;
+  for (const std::string& path : checkpoints_newest_first(r.ckpt_dir)) {
+    try {
+      CheckpointInfo info = read_checkpoint_info(path);
+      if (info.rows > 1) verify_checkpoint(info);
+      resume_from(r, path);
+      return;
+    } catch (const CheckpointDamaged& e) {
+      if (r.rank == 0)
+        std::fprintf(stderr, "llmpi-train: warning: skipping checkpoint '%s': %s\n", path.c_str(), e.what());
+      skipped += std::string(skipped.empty() ? "" : "; ") + e.what();
+    }
+  }
+  if (!skipped.empty())
+    fail("no checkpoint in '", r.ckpt_dir, "' can be resumed, every one is damaged (", skipped,
+         "); start a new run.dir, or move the damaged files away to start this one afresh");
 }
 
 // Write a checkpoint of the state after `steps_done` steps. Collective: with sync "weights" every
 // rank's parameters are gathered into one file. Rank 0 writes; its success or failure is agreed
 // so every rank continues or stops together. Returns the path.
 std::string save_checkpoint(Run& r, int64_t steps_done) {
-  const size_t n = r.model->table.numel;
-  const bool per_rank = r.sync->opt.method == SyncMethod::weights && r.world > 1;
+  const ParamTable& table = r.pipe ? r.pipe->whole_table : r.model->table;
+  const size_t n = table.numel;
+  const bool per_rank = !r.pipe && r.sync->opt.method == SyncMethod::weights && r.world > 1;
   const int rows = per_rank ? r.world : 1;
   CheckpointData d;
   CheckpointInfo& i = d.info;
   i.step = steps_done;
-  i.optimizer_t = r.opt->t;
+  i.optimizer_t = r.pipe ? r.pipe->optimizer_t() : r.opt->t;
   i.optimizer = r.cfg.train.optimizer;
   i.sync = r.cfg.parallel.sync;
   i.world_size = r.world;
   i.rows = rows;
   i.seed = r.cfg.train.seed;
-  i.desc = r.model->desc;
+  i.desc = r.pipe ? r.pipe->desc : r.model->desc;
   i.n = n;
   i.config_json = r.cfg.resolved.dump();
-  i.param_table_json = param_table_json(r.model->table);
+  i.param_table_json = param_table_json(table);
+  i.data_json = r.data_json;
+  i.lineage = r.lineage;
   // Host copies of this rank's state, gathered to rank 0 when every rank's row is needed.
   auto collect = [&](const float* src, std::vector<float>& out) {
     std::vector<float> mine(n);
@@ -230,10 +275,15 @@ std::string save_checkpoint(Run& r, int64_t steps_done) {
     if (r.rank == 0) out.resize(n * rows);
     MPI_Gather(mine.data(), (int)n, MPI_FLOAT, r.rank == 0 ? out.data() : nullptr, (int)n, MPI_FLOAT, 0, r.comm);
   };
-  collect(r.model->params, d.params);
-  if (!r.opt->sgd) {
-    collect(r.opt->m, d.m);
-    collect(r.opt->v, d.v);
+  if (r.pipe) {  // the whole model, gathered by name from the stages to rank 0
+    d.params = r.pipe->gather_whole(0);
+    if (r.cfg.train.optimizer != "sgd") d.m = r.pipe->gather_whole(1), d.v = r.pipe->gather_whole(2);
+  } else {
+    collect(r.model->params, d.params);
+    if (!r.opt->sgd) {
+      collect(r.opt->m, d.m);
+      collect(r.opt->v, d.v);
+    }
   }
   const std::string path = checkpoint_path(r.ckpt_dir, steps_done);
   std::string err;
@@ -241,7 +291,7 @@ std::string save_checkpoint(Run& r, int64_t steps_done) {
     try {
       make_dirs(r.ckpt_dir);
       write_checkpoint(path, d);
-      prune_checkpoints(r.ckpt_dir, r.cfg.checkpoint.keep);
+      prune_checkpoints(r.ckpt_dir, r.cfg.checkpoint.keep, r.lineage);
     } catch (const Error& e) {
       err = e.what();
     }
@@ -249,6 +299,23 @@ std::string save_checkpoint(Run& r, int64_t steps_done) {
   err = agree_on_error(r.comm, err);
   if (!err.empty()) throw CollectiveError(err);
   return path;
+}
+
+// --init-from: the parameters of a Hugging Face model directory (hf/hf_import.h); every rank
+// reads the tensors it holds from the memory-mapped files. Rank 0 prints what was initialised
+// instead (a BertModel's classifier) and what the files hold that the model does not use.
+void init_from_hf(Run& r, const TrainOptions& o) {
+  std::vector<float> host(r.model->table.numel);
+  std::vector<std::string> notes;
+  load_hf_params(o.init_from, r.model->desc, r.model->table, r.cfg.train.seed, host.data(), &notes);
+  r.ops->copy_to_device(r.model->params, host.data(), host.size() * sizeof(float));
+  if (r.rank == 0 && o.print)
+    for (const std::string& n : notes) std::printf("init-from: %s\n", n.c_str());
+}
+
+std::string absolute_path(const std::string& p) {
+  char buf[4096];
+  return realpath(p.c_str(), buf) ? std::string(buf) : p;
 }
 
 // What the sync method exchanges, bucket by bucket: written once to run_dir/comm_plan.json.
@@ -269,19 +336,121 @@ nlohmann::json comm_plan(const Run& r) {
           {"expected_bytes_sent_per_pass_rank0", g.expected_bytes_per_pass(t.numel)}, {"buckets", buckets}};
 }
 
+// The configuration as this run resolved it: the model.* values left to a default (vocab_size 0 =
+// from the data; ffn_dim, max_seq_len, n_kv_head 0) replaced by what the model got. Written to
+// config.json and stored in checkpoints, so both say the same.
+void resolve_config(nlohmann::json& resolved, const ModelDesc& d) {
+  nlohmann::json& m = resolved["model"];
+  m["vocab_size"] = d.vocab_size;
+  if (m.contains("ffn_dim")) m["ffn_dim"] = d.ffn_dim;
+  if (m.contains("max_seq_len")) m["max_seq_len"] = d.max_seq_len;
+  if (m.contains("n_kv_head")) m["n_kv_head"] = d.n_kv_head;
+}
+
+// Rank 0 takes run.dir (its lock; refuses to start a new run over an earlier one unless
+// --overwrite) and draws the lineage id; every rank learns the outcome. See train/run_dir.h.
+void claim_run_directory(Run& r, const TrainOptions& o) {
+  std::string err;
+  char lineage[17] = {0};
+  if (r.rank == 0) {
+    try {
+      if (o.write_run_dir) r.claim = claim_run_dir(r.cfg.run.dir, !o.resume.empty(), o.overwrite, o.dry_run);
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    std::snprintf(lineage, sizeof lineage, "%s", new_lineage_id().c_str());
+    if (o.print)
+      for (const std::string& note : r.claim.notes) std::fprintf(stderr, "llmpi-train: %s\n", note.c_str());
+  }
+  err = agree_on_error(r.comm, err);
+  if (!err.empty()) throw CollectiveError(err);
+  MPI_Bcast(lineage, sizeof lineage, MPI_CHAR, 0, r.comm);
+  r.lineage = lineage;
+}
+
+// This rank's memory estimate against what its node (and GPU) has; an Error, with the numbers and
+// the largest global batch that would fit, when it cannot fit. See train/memory_estimate.h.
+void check_memory(Run& r, const ModelDesc& desc, int local_size) {
+  const Config& c = r.cfg;
+  const int lb = r.sampler->local_batch(), T = c.model.seq_len;
+  auto estimate = [&](int b, int rank) { return estimate_memory(desc, b, T, c, r.world, rank, r.on_gpu); };
+  r.memory = estimate(lb, r.rank);
+  // The node runs local_size ranks of this configuration, one of them perhaps rank 0 (which
+  // holds gather/checkpoint buffers the others do not).
+  auto node_need = [&](int b) {
+    const double other = estimate(b, r.world > 1 ? 1 : 0).host_bytes();
+    return r.node_has_rank0 ? estimate(b, 0).host_bytes() + (local_size - 1) * other : local_size * other;
+  };
+  std::string source;
+  const double host_avail = host_memory_available(&source);
+  double gpu_free = -1, gpu_total = 0;
+  if (r.on_gpu) {
+    size_t f = 0, t = 0;
+    cuda_mem_info(&f, &t);
+    gpu_free = (double)f, gpu_total = (double)t;
+  }
+  const double gpu_reserve = 256e6;  // cuBLAS workspaces and kernels' own buffers (not estimated)
+  auto fits = [&](int b) {
+    if (host_avail >= 0 && node_need(b) > host_avail) return false;
+    return gpu_free < 0 || estimate(b, r.rank).device_bytes() + gpu_reserve <= gpu_free;
+  };
+  r.memory_note = "node: " + format_bytes(node_need(lb)) + " for " + std::to_string(local_size) + " rank" +
+                  (local_size > 1 ? "s" : "") + " of " +
+                  (host_avail >= 0 ? format_bytes(host_avail) + " available (" + source + ")" : std::string("unknown"));
+  if (r.on_gpu) r.memory_note += "; GPU: " + format_bytes(gpu_free) + " free of " + format_bytes(gpu_total);
+  if (r.groups) {  // a pipeline stage holds only its layers: the whole-model estimate is an upper bound
+    r.memory_note += " (whole model; with parallel.pp_stages > 1 each stage holds a part: not checked)";
+    return;
+  }
+  if (!c.runtime.memory_check || fits(lb)) return;
+  int best = 0;  // the largest local batch that fits (memory grows with the batch)
+  for (int lo = 1, hi = lb - 1; lo <= hi;) {
+    const int mid = lo + (hi - lo) / 2;
+    if (fits(mid)) best = mid, lo = mid + 1;
+    else hi = mid - 1;
+  }
+  const std::string where = r.on_gpu && estimate(lb, r.rank).device_bytes() + gpu_reserve > gpu_free
+                                ? "the GPU has " + format_bytes(gpu_free) + " free"
+                                : "the node has " + format_bytes(host_avail) + " available (" + source + ") for " +
+                                      std::to_string(local_size) + " rank" + (local_size > 1 ? "s" : "") +
+                                      " needing " + format_bytes(node_need(lb));
+  const std::string fix =
+      best > 0 ? "the largest train.global_batch that fits is " + std::to_string(best * r.world) + " (" +
+                     std::to_string(best) + " per rank); or use a shorter model.seq_len or fewer ranks per node"
+               : "even one sequence per rank does not fit: the model itself (parameters, gradients and optimizer "
+                 "state: " + format_bytes(r.memory.params + r.memory.grads + r.memory.optimizer) +
+                     ") is too large here; use a smaller model, or fewer ranks per node";
+  fail("this configuration needs about ", format_bytes(r.on_gpu ? r.memory.device_bytes() : r.memory.host_bytes()),
+       " per rank (", r.memory.describe(), ") but ", where, ": ", fix,
+       " (runtime.memory_check=false skips this check)");
+}
+
 void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   if (o.resume == "auto" && !o.write_run_dir) fail("--resume auto needs a run directory");
   r.cfg = cfg;
   r.comm = comm;
   MPI_Comm_rank(comm, &r.rank);
   MPI_Comm_size(comm, &r.world);
+  if (!o.resume_overrides.empty() && o.resume.empty())
+    fail("--resume-override accepts a change when resuming: use it together with --resume");
+  if (o.overwrite && !o.resume.empty())
+    fail("--overwrite starts a new run over an earlier one; with --resume the earlier run continues: use one of them");
+  r.resume_overrides = o.resume_overrides;
+  if (!o.init_from.empty() && cfg.parallel.pp_stages > 1)
+    fail("--init-from with pipeline stages (parallel.pp_stages > 1) is not supported yet: use parallel.pp_stages 1");
+  claim_run_directory(r, o);  // collective: agreed before anything else can fail
+  if (cfg.parallel.pp_stages > 1)  // collective; fails on every rank alike (runtime/parallel_groups.h)
+    r.groups = std::make_unique<ParallelGroups>(comm, cfg.parallel.pp_stages,
+                                                cfg.model.family != "bert" && cfg.model.tie_embeddings);
 
   // Node-local rank and size: threads per rank, GPU binding.
   MPI_Comm node;
   MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, r.rank, MPI_INFO_NULL, &node);
-  int local_rank = 0, local_size = 1;
+  int local_rank = 0, local_size = 1, lowest_rank = r.rank;
   MPI_Comm_rank(node, &local_rank);
   MPI_Comm_size(node, &local_size);
+  MPI_Allreduce(MPI_IN_PLACE, &lowest_rank, 1, MPI_INT, MPI_MIN, node);
+  r.node_has_rank0 = lowest_rank == 0;
   MPI_Comm_free(&node);
 
   // Device. Every rank learns whether every rank has a usable GPU before anyone can fail, so all
@@ -324,7 +493,9 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   if (cls && r.train_data.examples_file.info().num_labels > cfg.model.num_labels)
     fail("'", cfg.data.train, "' has ", r.train_data.examples_file.info().num_labels, " labels but model.num_labels is ",
          cfg.model.num_labels, ": set model.num_labels to ", r.train_data.examples_file.info().num_labels);
-  r.sampler = std::make_unique<Sampler>(r.train_windows, cfg.train.global_batch, r.world, r.rank, cfg.train.seed);
+  // With pipelines, the data-parallel replicas share the batch; every stage of one reads the same rows.
+  r.sampler = std::make_unique<Sampler>(r.train_windows, cfg.train.global_batch, r.groups ? r.groups->dp : r.world,
+                                        r.groups ? r.groups->dp_rank : r.rank, cfg.train.seed);
   if (!cfg.data.val.empty()) {
     r.has_val = true;
     r.val_data.open(cfg.data.val, cfg.model.family, cls, T);
@@ -337,13 +508,30 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
            ", fewer than one global batch (", cfg.train.global_batch,
            "): use a larger validation split (llmpi-prep --val-fraction) or a smaller batch");
   }
+  {  // Dataset identity (data/dataset_identity.h): one tokenizer, no half-replaced llmpi-prep output.
+    const DatasetIdentity train_id = r.train_data.identity();
+    const DatasetIdentity val_id = r.has_val ? r.val_data.identity() : DatasetIdentity();
+    for (const std::string& w : check_training_data(train_id, r.has_val ? &val_id : nullptr))
+      if (r.rank == 0) std::fprintf(stderr, "llmpi-train: warning: %s\n", w.c_str());
+    r.data_json = nlohmann::json{{"train", train_id.json()}, {"val", r.has_val ? val_id.json() : nlohmann::json()}}.dump();
+  }
 
-  // Model and optimizer.
+  // Model and optimizer, once the memory they need is known to be there.
   const ModelDesc desc = model_desc_from_config(cfg.model, vocab);
-  r.model = std::make_unique<Model>(desc, *r.ops);
-  r.model->init_params(cfg.train.seed);
-  r.acts = std::make_unique<Activations>(*r.model, r.sampler->local_batch(), T);
-  r.opt = std::make_unique<Optimizer>(*r.ops, r.model->table.numel, cfg.train.optimizer);
+  resolve_config(r.cfg.resolved, desc);
+  check_memory(r, desc, local_size);
+  try {
+    if (!r.groups) {
+      r.model = std::make_unique<Model>(desc, *r.ops);
+      r.model->init_params(cfg.train.seed);
+      if (!o.init_from.empty()) init_from_hf(r, o);
+      r.acts = std::make_unique<Activations>(*r.model, r.sampler->local_batch(), T);
+      r.opt = std::make_unique<Optimizer>(*r.ops, r.model->table.numel, cfg.train.optimizer);
+    }
+  } catch (const std::bad_alloc&) {
+    fail("out of memory while allocating the model (estimated need per rank: ", r.memory.describe(), "; ",
+         r.memory_note, "): use a smaller train.global_batch, model.seq_len or model, or fewer ranks per node");
+  }
   SyncOptions so;
   so.method = parse_sync_method(cfg.parallel.sync);
   so.bucket_mb = cfg.parallel.bucket_mb;
@@ -352,13 +540,19 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   so.poll_us = cfg.parallel.poll_us;
   so.average_every = cfg.parallel.average_every;
   r.tracer.rank = r.rank;
-  r.sync = std::make_unique<GradSync>(so, comm, *r.ops, r.model->grads, r.model->table, &r.tracer);
+  if (r.groups)
+    r.pipe = std::make_unique<Pipeline>(desc, *r.ops, *r.groups, cfg.parallel, so, cfg.train.optimizer,
+                                        r.sampler->local_batch(), T, cfg.train.seed, &r.tracer);
+  else
+    r.sync = std::make_unique<GradSync>(so, comm, *r.ops, r.model->grads, r.model->table, &r.tracer);
 
   // Resume: every rank reads its state (a shared file system, as for the data).
   r.ckpt_dir = cfg.run.dir + "/checkpoints";
   if (!o.resume.empty()) {
-    const std::string path = o.resume == "auto" ? latest_checkpoint(r.ckpt_dir) : o.resume;
-    if (!path.empty()) resume_from(r, path);
+    if (o.resume == "auto")
+      resume_auto(r);
+    else
+      resume_from(r, o.resume);
   }
   r.watchdog = std::make_unique<Watchdog>(cfg.runtime.step_timeout_s);
 
@@ -366,9 +560,7 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   // run logged after its checkpoint.
   if (r.rank == 0 && o.write_run_dir && !o.dry_run) {
     make_dirs(cfg.run.dir);
-    nlohmann::json resolved = cfg.resolved;
-    resolved["model"]["vocab_size"] = vocab;
-    write_file_atomic(cfg.run.dir + "/config.json", resolved.dump(2) + "\n");
+    write_file_atomic(cfg.run.dir + "/config.json", r.cfg.resolved.dump(2) + "\n");
     const bool append = r.start_step > 0;
     if (append) {
       trim_jsonl(cfg.run.dir + "/metrics.jsonl", [&](int64_t s) { return s < r.start_step; });
@@ -377,7 +569,9 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
     r.metrics = std::make_unique<JsonlWriter>(cfg.run.dir + "/metrics.jsonl", append);
     r.evals = std::make_unique<JsonlWriter>(cfg.run.dir + "/eval.jsonl", append);
     std::remove((cfg.run.dir + "/PREEMPTED").c_str());
-    write_file_atomic(cfg.run.dir + "/comm_plan.json", comm_plan(r).dump(1) + "\n");
+    if (!r.pipe) write_file_atomic(cfg.run.dir + "/comm_plan.json", comm_plan(r).dump(1) + "\n");
+    if (!o.init_from.empty())  // llmpi-export copies the tokenizer files from there
+      write_file_atomic(cfg.run.dir + "/init_from.json", nlohmann::json{{"dir", absolute_path(o.init_from)}}.dump() + "\n");
   }
 }
 
@@ -390,6 +584,21 @@ EvalResult evaluate(Run& r, int64_t step) {
   r.watchdog->enter("evaluation", step);
   const int G = r.cfg.train.global_batch, lb = G / r.world;
   int64_t batches = std::min<int64_t>(r.cfg.train.eval_batches, r.val_windows / G);
+  if (r.pipe) {  // along the pipeline; the last stage holds the loss (pipeline/pipeline_step.h)
+    const int dp = r.groups->dp, plb = G / dp;
+    PipelineEval pe;
+    for (int64_t k = 0; k < batches; k++) {
+      std::vector<int64_t> w(plb);
+      for (int i = 0; i < plb; i++) w[i] = k * G + (int64_t)r.groups->dp_rank * plb + i;
+      r.pipe->evaluate(r.val_data.read(w), pe);
+    }
+    double sums[3] = {pe.loss_sum, pe.correct, pe.counted}, total[3];
+    MPI_Allreduce(sums, total, 3, MPI_DOUBLE, MPI_SUM, r.comm);
+    EvalResult e;
+    e.loss = (float)(total[0] / ((double)batches * dp));
+    if (r.pipe->desc.head == HeadKind::classifier) e.accuracy = total[2] > 0 ? total[1] / total[2] : 0.0;
+    return e;
+  }
   const bool cls = r.model->desc.head == HeadKind::classifier;
   double sums[3] = {0, 0, 0};  // loss, correct, counted
   r.acts->dropout = DropoutContext{};  // no dropout
@@ -421,12 +630,18 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     setup(r, cfg, comm, o);
   } catch (const Error& e) {
     err = e.what();
+  } catch (const std::bad_alloc&) {
+    err = "out of memory during start-up (estimated need per rank: " + r.memory.describe() + "; " + r.memory_note +
+          "): use a smaller train.global_batch, model.seq_len or model, or fewer ranks per node";
   }
   err = agree_on_error(comm, err);
   if (!err.empty()) throw CollectiveError(err);
   // Collective set-up that must wait until every rank got this far (the NCCL communicator).
   try {
-    r.sync->connect();
+    if (r.pipe)
+      r.pipe->connect();
+    else
+      r.sync->connect();
   } catch (const Error& e) {
     throw CollectiveError(e.what());  // connect() reports the same error on every rank
   }
@@ -434,11 +649,13 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
   const TrainConfig& tc = cfg.train;
   const int T = cfg.model.seq_len, lb = r.sampler->local_batch();
   const bool print = o.print && r.rank == 0;
-  Model& model = *r.model;
+  const ModelDesc& desc = r.pipe ? r.pipe->desc : r.model->desc;
+  const size_t numel = r.pipe ? r.pipe->whole_table.numel : r.model->table.numel;
   Watchdog& wd = *r.watchdog;
   TrainResult res;
-  res.n_params = (int64_t)model.table.numel;
-  res.flops_per_token = flops_per_token(model.desc, model.table.numel, T);
+  res.n_params = (int64_t)numel;
+  res.flops_per_token = flops_per_token(desc, numel, T);
+  if (r.groups && o.print) print_topology(*r.groups, r.pipe->describe_layers());  // collective
   res.start_step = r.start_step;
   const double tokens_per_step = (double)tc.global_batch * T;
 
@@ -446,7 +663,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     const bool gpu = r.ops->on_gpu();
     std::printf("llmpi-train: %d rank%s × %d thread%s, device %s\n", r.world, r.world > 1 ? "s" : "", r.threads,
                 r.threads > 1 ? "s" : "", gpu ? ("cuda: " + cuda_device_name()).c_str() : "cpu");
-    const ModelDesc& d = model.desc;
+    const ModelDesc& d = desc;
     std::printf("model %s: %d layers, %d heads%s, d_model %d, ffn %d, seq_len %d, vocab %d%s: %.2fM parameters, "
                 "%.1f MFLOP/token (training)\n",
                 family_name(d.family), d.n_layer, d.n_head,
@@ -457,19 +674,31 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     std::printf("data: %s: %lld windows (%lld steps/epoch at global batch %d = %d per rank)%s%s\n",
                 cfg.data.train.c_str(), (long long)r.train_windows, (long long)r.sampler->steps_per_epoch(),
                 tc.global_batch, lb, r.has_val ? "; val " : "", r.has_val ? cfg.data.val.c_str() : "");
-    const GradSync& g = *r.sync;
-    std::printf("sync: %s of %zu fp32 values (%.1f MB) in %zu bucket%s (bucket_mb %g, first %g), overlap %s%s; "
-                "rank 0 sends ~%.1f MB per %s (tensors per bucket: comm_plan.json)\n",
-                sync_method_name(g.opt.method), model.table.numel, model.table.numel * 4 / 1e6, g.buckets.size(),
-                g.buckets.size() == 1 ? "" : "s", g.opt.bucket_mb, g.opt.first_bucket_mb,
-                g.opt.overlap ? "on" : "off",
-                g.opt.method == SyncMethod::weights ? (", parameters every " + std::to_string(g.opt.average_every) +
-                                                       " step(s)").c_str() : "",
-                g.expected_bytes_per_pass(model.table.numel) / 1e6,
-                g.opt.method == SyncMethod::weights ? "average" : "step");
+    if (r.pipe) {
+      std::printf("pipeline: %d stages × %d data-parallel replicas, schedule %s, %d micro-batches of %d%s; "
+                  "gradient sync %s per stage\n", r.groups->pp, r.groups->dp, schedule_kind_name(r.pipe->kind),
+                  r.pipe->M, r.pipe->micro_batch,
+                  r.pipe->v > 1 ? (", " + std::to_string(r.pipe->v) + " chunks per stage").c_str() : "",
+                  cfg.parallel.sync.c_str());
+    } else {
+      const GradSync& g = *r.sync;
+      std::printf("sync: %s of %zu fp32 values (%.1f MB) in %zu bucket%s (bucket_mb %g, first %g), overlap %s%s; "
+                  "rank 0 sends ~%.1f MB per %s (tensors per bucket: comm_plan.json)\n",
+                  sync_method_name(g.opt.method), numel, numel * 4 / 1e6, g.buckets.size(),
+                  g.buckets.size() == 1 ? "" : "s", g.opt.bucket_mb, g.opt.first_bucket_mb,
+                  g.opt.overlap ? "on" : "off",
+                  g.opt.method == SyncMethod::weights ? (", parameters every " + std::to_string(g.opt.average_every) +
+                                                         " step(s)").c_str() : "",
+                  g.expected_bytes_per_pass(numel) / 1e6,
+                  g.opt.method == SyncMethod::weights ? "average" : "step");
+    }
+    std::printf("memory per rank (estimate): %s; %s\n", r.memory.describe().c_str(), r.memory_note.c_str());
     if (!r.resumed_from.empty())
-      std::printf("resumed from %s at step %lld\n", r.resumed_from.c_str(), (long long)r.start_step);
-    else if (o.resume == "auto")
+      std::printf("resumed from %s at step %lld (lineage %s)\n", r.resumed_from.c_str(), (long long)r.start_step,
+                  r.lineage.c_str());
+    if (!r.accepted_changes.empty())
+      std::printf("resume: accepted changes (--resume-override): %s\n", describe_changes(r.accepted_changes).c_str());
+    if (o.resume == "auto" && r.resumed_from.empty())
       std::printf("no checkpoint in %s: starting at step 0\n", r.ckpt_dir.c_str());
     if (o.write_run_dir && !o.dry_run) std::printf("run dir: %s\n", cfg.run.dir.c_str());
     std::fflush(stdout);
@@ -522,22 +751,36 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     wd.enter("data", step);
     const Batch batch = r.train_data.read(r.sampler->windows(step));
     const double t1 = now_ms();
-    wd.enter("forward", step);
-    model.zero_grads();
-    r.acts->dropout = DropoutContext{true, tc.seed, step, r.rank, 0};
-    float local_loss = model.forward(*r.acts, batch, true);
-    const double t2 = now_ms();
-    wd.enter("backward", step);
-    r.sync->begin_step();
-    model.backward(*r.acts, [&](size_t k) { r.sync->on_ready(k); });
-    if (r.on_gpu) cuda_synchronize();  // so backward_ms is the GPU's time, not the launch time
-    const double t3 = now_ms();
-    wd.enter("gradient sync", step);
-    r.sync->finish();  // gradient methods: every rank now holds the averaged gradient
-    const double t4 = now_ms();
-    // With "weights" the gradient (and so its norm and clipping) is this rank's own.
-    wd.enter("optimizer", step);
-    const double grad_norm = clip_grad_norm(*r.ops, model.grads, model.table.numel, tc.grad_clip);
+    float local_loss = 0;
+    double t2, t3, t4, grad_norm;
+    if (r.pipe) {  // the schedule's forwards and backwards, the tied sum, the data-parallel sync
+      wd.enter("pipeline forward/backward", step);
+      const PipelineStepStats ps = r.pipe->forward_backward(step, batch);
+      local_loss = (float)ps.local_loss;  // 0 except on the last stage (the loss reduction divides by dp)
+      r.pipe_sync = ps.sync;
+      // Forwards and backwards interleave: forward_ms holds the whole schedule, backward_ms the tied sum.
+      t4 = now_ms(), t3 = t4 - ps.sync_ms, t2 = t3 - ps.tied_ms;
+      wd.enter("optimizer", step);
+      grad_norm = r.pipe->clip_grad_norm(tc.grad_clip);  // over every stage
+    } else {
+      wd.enter("forward", step);
+      Model& model = *r.model;
+      model.zero_grads();
+      r.acts->dropout = DropoutContext{true, tc.seed, step, r.rank, 0};
+      local_loss = model.forward(*r.acts, batch, true);
+      t2 = now_ms();
+      wd.enter("backward", step);
+      r.sync->begin_step();
+      model.backward(*r.acts, [&](size_t k) { r.sync->on_ready(k); });
+      if (r.on_gpu) cuda_synchronize();  // so backward_ms is the GPU's time, not the launch time
+      t3 = now_ms();
+      wd.enter("gradient sync", step);
+      r.sync->finish();  // gradient methods: every rank now holds the averaged gradient
+      t4 = now_ms();
+      // With "weights" the gradient (and so its norm and clipping) is this rank's own.
+      wd.enter("optimizer", step);
+      grad_norm = clip_grad_norm(*r.ops, model.grads, model.table.numel, tc.grad_clip);
+    }
     // The global loss and whether any rank saw a non-finite loss or gradient norm, in one collective.
     double mine[2] = {local_loss, std::isfinite(local_loss) && std::isfinite(grad_norm) ? 0.0 : 1.0}, all[2];
     if (r.world > 1) {
@@ -546,7 +789,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     } else {
       all[0] = mine[0], all[1] = mine[1];
     }
-    const float loss = (float)(all[0] / r.world);
+    const float loss = (float)(all[0] / (r.groups ? r.groups->dp : r.world));
     const bool nonfinite = all[1] > 0;
     const double lr = lr_at(tc, step);
     if (nonfinite) {
@@ -562,12 +805,15 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
       }
     } else {
       wd.enter("optimizer", step);
-      r.opt->step(model.params, model.grads, model.table, lr, tc);
+      if (r.pipe)
+        r.pipe->optimizer_step(lr, tc);
+      else
+        r.opt->step(r.model->params, r.model->grads, r.model->table, lr, tc);
     }
     if (r.on_gpu) cuda_synchronize();
     const double t5 = now_ms();
     wd.enter("parameter averaging", step);
-    r.sync->average_params(model.params, step);  // "weights" only, every average_every steps
+    if (r.sync) r.sync->average_params(r.model->params, step);  // "weights" only, every average_every steps
     const double t6 = now_ms();
     wd.enter(nullptr, step);
 
@@ -583,19 +829,25 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     res.step_ms.push_back(step_ms);
 
     const bool last = step + 1 == tc.steps;
-    if (step % tc.log_every == 0 || last || nonfinite) {
+    const bool overridden = step == r.start_step && !r.accepted_changes.empty();  // logged with the first step
+    if (step % tc.log_every == 0 || last || nonfinite || overridden) {
       std::vector<double> recent(res.step_ms.begin() + (res.step_ms.size() > 1 ? 1 : 0), res.step_ms.end());
       const double med_ms = median(recent);
       const double tok_s = tokens_per_step / (step_ms / 1000.0);
-      const SyncStats& s = r.sync->step;
-      if (r.metrics)
-        r.metrics->write({{"step", step}, {"epoch", r.sampler->epoch_of(step)}, {"loss", loss}, {"lr", lr},
+      const SyncStats& s = r.pipe ? r.pipe_sync : r.sync->step;
+      if (r.metrics) {
+        nlohmann::json line = {{"step", step}, {"epoch", r.sampler->epoch_of(step)}, {"loss", loss}, {"lr", lr},
                           {"tokens_per_s", tok_s}, {"step_ms", step_ms}, {"data_ms", t1 - t0},
                           {"forward_ms", t2 - t1}, {"backward_ms", t3 - t2}, {"comm_ms", s.comm_ms},
                           {"exposed_comm_ms", s.exposed_comm_ms}, {"optim_ms", t5 - t4},
                           {"bytes_communicated", s.bytes_sent + s.bytes_received},
                           {"bytes_sent", s.bytes_sent}, {"bytes_received", s.bytes_received},
-                          {"collectives", s.collectives}, {"grad_norm", grad_norm}, {"skipped", nonfinite}});
+                          {"collectives", s.collectives}, {"grad_norm", grad_norm}, {"skipped", nonfinite}};
+        if (overridden)
+          for (const ContractRow& c : r.accepted_changes)
+            line["resume_overrides"].push_back({{"key", c.key}, {"checkpoint", c.was}, {"now", c.now}});
+        r.metrics->write(line);
+      }
       if (print) {
         std::printf("step %6lld/%lld | loss %.4f | lr %.2e | %7.0f tok/s | %6.1f ms/step | ETA %s\n",
                     (long long)step, (long long)tc.steps, loss, lr, tok_s, step_ms,
@@ -645,8 +897,14 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
   if (o.write_run_dir && cfg.runtime.trace_steps > 0)
     r.tracer.write(cfg.run.dir + "/trace-rank" + std::to_string(r.rank) + ".json");
   if (return_params) {
-    res.final_params.resize(model.table.numel);
-    r.ops->copy_to_host(res.final_params.data(), model.params, model.table.numel * sizeof(float));
+    if (r.pipe) {  // the whole model, by name, on every rank
+      res.final_params = r.pipe->gather_whole(0);
+      res.final_params.resize(numel);
+      MPI_Bcast(res.final_params.data(), (int)numel, MPI_FLOAT, 0, comm);
+    } else {
+      res.final_params.resize(numel);
+      r.ops->copy_to_host(res.final_params.data(), r.model->params, numel * sizeof(float));
+    }
   }
   return res;
 }

@@ -28,8 +28,12 @@ struct TrainOptions {
   bool print = true;            // rank 0 prints progress lines
   bool write_run_dir = true;    // rank 0 writes config.json, metrics.jsonl, eval.jsonl, checkpoints
   std::string resume;           // "" = start fresh, "auto" = newest checkpoint in run.dir (if any), or a path
+  std::string init_from;        // a Hugging Face model directory whose weights start the run (hf/hf_import.h);
+                                // cfg must have been made with its config.json (read_hf_config → ModelSource)
   bool dry_run = false;         // validate everything, train nothing
   int64_t preempt_after_step = -1;  // tests: behave as if a pre-emption signal came during this step
+  bool overwrite = false;       // a new run over an earlier one in run.dir: move its files aside (train/run_dir.h)
+  std::vector<std::string> resume_overrides;  // resume-contract keys whose change is accepted (train/resume_contract.h)
 };
 
 struct TrainResult {

@@ -1,0 +1,198 @@
+#include "train/memory_estimate.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "comm/grad_sync.h"
+#include "model/transformer.h"
+
+namespace llmpi {
+
+namespace {
+
+size_t aligned16(size_t floats) { return (floats + 15) / 16 * 16; }  // the model's 64-byte tensor alignment
+
+}  // namespace
+
+// The tensors of Activations::allocate (model/transformer.cpp), whole model:
+//   input, dresidual, tmp                                   3 · N·C
+//   [embedding norm] emb_sum N·C, mean N, rstd N
+//   per layer: norm1 N·C, mean N, rstd N, qkv N·QKV, atty N·H·hd, att B·H·T², res_attn N·C,
+//              norm2 N·C, mean N, rstd N, fc N·FC, act N·F, res_mlp N·C, [post-norm: out N·C]
+//   LM head: final norm N·C, mean N, rstd N, logits N·V, losses N
+//   classifier: cls, pooled_pre, pooled, pooled_drop B·C each, logits B·K, losses B
+// each rounded up to 16 floats; plus the ids (4 · N int32) and the host loss row.
+size_t activation_bytes(const ModelDesc& d, int B, int T) {
+  const size_t N = (size_t)B * T, C = d.d_model, att = (size_t)B * d.n_head * T * T;
+  const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = (size_t)d.n_head * d.head_dim();
+  std::vector<size_t> plan = {N * C, N * C, N * C};
+  if (d.embedding_norm) plan.insert(plan.end(), {N * C, N, N});
+  for (int l = 0; l < d.n_layer; l++) {
+    plan.insert(plan.end(), {N * C, N, N, N * QKV, N * AY, att, N * C, N * C, N, N, N * FC, N * F, N * C});
+    if (!d.pre_norm) plan.push_back(N * C);
+  }
+  const size_t rows = d.head == HeadKind::lm ? N : (size_t)B;
+  if (d.head == HeadKind::lm)
+    plan.insert(plan.end(), {N * C, N, N, N * (size_t)d.vocab_size, N});
+  else
+    plan.insert(plan.end(), {B * C, B * C, B * C, B * C, (size_t)B * d.num_labels, (size_t)B});
+  size_t total = 0;
+  for (size_t s : plan) total += aligned16(s);
+  return total * sizeof(float) + 4 * N * sizeof(int32_t) + rows * sizeof(float);
+}
+
+// Model::ensure_scratch: d_a, d_b N·C; d_qkv N·QKV; d_fc N·FC; d_act N·F; d_att B·H·T²; 3·B·C.
+size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
+  const size_t N = (size_t)B * T, C = d.d_model;
+  const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), N * d.ffn_dim,
+                          (size_t)B * d.n_head * T * T, 3 * (size_t)B * C};
+  size_t total = 0;
+  for (size_t s : sizes) total += aligned16(s);
+  return total * sizeof(float);
+}
+
+MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_len, const Config& cfg, int world,
+                               int rank, bool on_gpu) {
+  MemoryEstimate e;
+  e.on_gpu = on_gpu;
+  e.local_batch = local_batch;
+  e.seq_len = seq_len;
+  const ParamTable table = build_param_table(desc);
+  const double n = (double)table.numel, nb = n * sizeof(float);
+  e.n_params = (int64_t)table.numel;
+  e.params = e.grads = nb;
+  const bool adamw = cfg.train.optimizer == "adamw";
+  e.optimizer = adamw ? 2 * nb : 0;
+  e.activations = (double)activation_bytes(desc, local_batch, seq_len);
+  e.scratch = (double)backward_scratch_bytes(desc, local_batch, seq_len);
+  // Gradient synchronisation.
+  const std::string& sync = cfg.parallel.sync;
+  if (world > 1 && sync == "gather_scatter" && rank == 0) {
+    size_t largest = 0;
+    for (const Bucket& b : make_buckets(table, cfg.parallel.bucket_mb,
+                                        cfg.parallel.overlap ? cfg.parallel.first_bucket_mb : cfg.parallel.bucket_mb))
+      largest = std::max(largest, b.end - b.begin);
+    e.sync_buffers += 2.0 * world * largest * sizeof(float);
+  }
+  if (world > 1 && on_gpu && sync != "nccl") e.sync_buffers += nb;  // pinned staging copy
+  // Checkpoints (and resume, which reads the same arrays): host copies of params (+ m, v).
+  const double arrays = adamw ? 3 : 1;
+  if (sync == "weights" && world > 1)
+    e.checkpoint_staging = rank == 0 ? arrays * world * nb + nb : nb;
+  else
+    e.checkpoint_staging = arrays * nb;
+  // The batch on the host: inputs and targets (LM) or the example rows (classifier), plus a window.
+  e.data = 5.0 * local_batch * (seq_len + 1) * sizeof(int32_t);
+  return e;
+}
+
+std::string format_bytes(double b) {
+  char buf[32];
+  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f kB", b / 1e3);
+  return buf;
+}
+
+std::string MemoryEstimate::describe() const {
+  std::string s = "params " + format_bytes(params) + " + grads " + format_bytes(grads);
+  if (optimizer > 0) s += " + AdamW state " + format_bytes(optimizer);
+  s += " + activations " + format_bytes(activations) + " (" + std::to_string(local_batch) + " × " +
+       std::to_string(seq_len) + " tokens) + backward scratch " + format_bytes(scratch);
+  if (on_gpu) s += " = " + format_bytes(device_bytes()) + " on the GPU; host: ";
+  else s += " + ";
+  if (sync_buffers > 0) s += "sync buffers " + format_bytes(sync_buffers) + " + ";
+  s += "checkpoint staging " + format_bytes(checkpoint_staging) + " + batch " + format_bytes(data) + " = " +
+       format_bytes(host_bytes());
+  return s;
+}
+
+namespace {
+
+// A number from a one-line file ("max" = no limit: -1).
+double read_number_file(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  if (!(in >> s)) return -1;
+  if (s == "max") return -1;
+  try {
+    return std::stod(s);
+  } catch (...) {
+    return -1;
+  }
+}
+
+// This process's memory cgroup path from /proc/self/cgroup: v2 ("0::/path") or v1 ("N:memory:/path").
+std::string cgroup_path(bool v2) {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (v2 && line.rfind("0::", 0) == 0) return line.substr(3);
+    if (!v2) {
+      auto a = line.find(':'), b = line.find(':', a + 1);
+      if (a == std::string::npos || b == std::string::npos) continue;
+      std::string ctrls = "," + line.substr(a + 1, b - a - 1) + ",";
+      if (ctrls.find(",memory,") != std::string::npos) return line.substr(b + 1);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+double host_memory_available(std::string* source) {
+  double avail = -1;
+  std::string from = "MemAvailable";
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    double kb;
+    while (in >> key >> kb) {
+      std::getline(in, unit);
+      if (key == "MemAvailable:") avail = kb * 1024;
+    }
+  }
+  // A memory cgroup's limit, less what the group uses, when it is tighter. The limit files are
+  // looked for at the group's own path and at the mount root (a container sees its own group there).
+  // Usage counts the page cache, which the kernel reclaims before it kills: like container
+  // runtimes, count the inactive file pages (memory.stat) as free.
+  auto stat_value = [](const std::string& path, const char* key) {
+    std::ifstream in(path);
+    std::string k;
+    double v;
+    while (in >> k >> v)
+      if (k == key) return v;
+    return 0.0;
+  };
+  auto consider = [&](double limit, double usage, const std::string& what) {
+    if (limit <= 0 || limit > 1e18 || usage < 0) return;
+    const double left = std::max(0.0, limit - usage);
+    if (avail < 0 || left < avail) avail = left, from = what;
+  };
+  const std::string p2 = cgroup_path(true);
+  for (const std::string& dir : {"/sys/fs/cgroup" + p2, std::string("/sys/fs/cgroup")}) {
+    const double lim = read_number_file(dir + "/memory.max");
+    if (lim > 0) {
+      consider(lim, read_number_file(dir + "/memory.current") - stat_value(dir + "/memory.stat", "inactive_file"),
+               "cgroup memory.max");
+      break;
+    }
+  }
+  const std::string p1 = cgroup_path(false);
+  for (const std::string& dir : {"/sys/fs/cgroup/memory" + p1, std::string("/sys/fs/cgroup/memory")}) {
+    const double lim = read_number_file(dir + "/memory.limit_in_bytes");
+    if (lim > 0) {
+      consider(lim,
+               read_number_file(dir + "/memory.usage_in_bytes") - stat_value(dir + "/memory.stat", "total_inactive_file"),
+               "cgroup memory.limit_in_bytes");
+      break;
+    }
+  }
+  if (source) *source = from;
+  return avail;
+}
+
+}  // namespace llmpi

@@ -1,0 +1,67 @@
+// How much memory one rank of a run needs, estimated before anything is allocated, and how much
+// the node (and the GPU) has, so that a configuration that cannot fit is refused with the numbers
+// instead of dying of std::bad_alloc or the out-of-memory killer.
+//
+//   parameters, gradients      n floats each (n from the parameter table, exact)
+//   optimizer                  AdamW: m and v, 2n floats; SGD: none
+//   activations                one micro-batch of B sequences × T tokens, exactly the tensors
+//                              Activations::allocate lays out (model/transformer.cpp; per layer
+//                              about 12·N·C + N·(QKV + FC + F) + B·H·T² floats, N = B·T), the
+//                              device copies of the ids and the host loss row
+//   backward scratch           what Model::ensure_scratch allocates for one backward
+//   sync buffers               gather_scatter: rank 0 gathers and scatters world × the largest
+//                              bucket; an MPI method on the GPU: one pinned host copy (n floats)
+//   checkpoint staging         host copies written to a checkpoint: params (+ m, v); with sync
+//                              "weights", rank 0 gathers every rank's rows
+//   data                       the batch on the host (ids, targets, ...)
+//
+// On the CPU backend everything is host memory. On CUDA, parameters, gradients, optimizer state,
+// activations and scratch are device memory; the rest is host memory. Not counted: the MPI,
+// OpenBLAS, HDF5 and CUDA libraries' own buffers and the program itself (already resident when the
+// estimate is compared with MemAvailable), and NCCL's internal buffers.
+//
+// The parameter, gradient, optimizer, activation and scratch byte counts equal what the code
+// allocates (tests/test_memory_estimate.cpp counts the real allocations); the peak RSS of a step
+// is within the tolerance stated there.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "model/model_desc.h"
+#include "runtime/config.h"
+
+namespace llmpi {
+
+struct MemoryEstimate {
+  // Bytes on this rank.
+  double params = 0, grads = 0, optimizer = 0, activations = 0, scratch = 0;  // backend memory
+  double sync_buffers = 0, checkpoint_staging = 0, data = 0;                 // host memory
+  bool on_gpu = false;
+  int local_batch = 0, seq_len = 0;
+  int64_t n_params = 0;
+  double device_bytes() const { return on_gpu ? params + grads + optimizer + activations + scratch : 0; }
+  double host_bytes() const {
+    return (on_gpu ? 0 : params + grads + optimizer + activations + scratch) + sync_buffers + checkpoint_staging + data;
+  }
+  // One line: "params 3.4 MB + grads 3.4 MB + AdamW 6.7 MB + activations ... = 45.1 MB"
+  std::string describe() const;
+};
+
+// What one rank of this run needs: the model `desc`, `local_batch` sequences of `seq_len` tokens,
+// and the configuration's optimizer, sync method and checkpointing.
+MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_len, const Config& cfg, int world,
+                               int rank, bool on_gpu);
+
+// The bytes of one micro-batch's Activations, and of one backward's scratch (as the model allocates).
+size_t activation_bytes(const ModelDesc& desc, int B, int T);
+size_t backward_scratch_bytes(const ModelDesc& desc, int B, int T);
+
+// Host memory this process may still use: MemAvailable (/proc/meminfo), lowered to what the
+// memory cgroup (v2 memory.max − memory.current, or v1 limit − usage) leaves. `source` says which.
+double host_memory_available(std::string* source = nullptr);
+
+// "1.5 GB", "350 MB"
+std::string format_bytes(double bytes);
+
+}  // namespace llmpi

@@ -1,0 +1,60 @@
+// Who owns a run directory, and what happens to a run that is already in it.
+//
+//   lock      run.dir/LOCK, an advisory flock(2) taken by rank 0 for the life of the run. The file
+//             names the holder ("host H", "pid P", "started T" lines). A second run in the same
+//             directory fails at start-up with an error naming that holder. Stale locks: a process
+//             that died released its flock with it, so the next run simply gets the lock (and says
+//             whose it takes over when the file still names a holder); a lock that is still held
+//             but names a pid on this host that no longer exists (a child that inherited the
+//             descriptor) is replaced by a new file. The holder removes the file when it ends.
+//             A file system without lock support (flock fails with ENOLCK, EOPNOTSUPP, ...) gets
+//             a warning, not an error: ownership cannot be enforced there.
+//   new runs  a run started without --resume in a directory that already holds one (checkpoints,
+//             or a non-empty metrics.jsonl / eval.jsonl) is refused, naming the ways out:
+//             --resume auto, another run.dir, or --overwrite, which moves the earlier run's files
+//             into run.dir/previous-YYYYmmdd-HHMMSS/ (UTC; nothing is deleted).
+//   lineage   every run has an id, stored in its checkpoints and kept across resumes; pruning
+//             (checkpoint.keep) removes only checkpoints of the run's own lineage.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace llmpi {
+
+// The files a run writes into run.dir (what --overwrite moves aside). trace-rank*.json too.
+extern const char* const kRunFiles[];
+
+struct RunDirLock {
+  std::string path;  // run.dir/LOCK
+  int fd = -1;       // -1: not held (dry run, or a file system without locks)
+  RunDirLock() = default;
+  ~RunDirLock();     // removes the file and releases the lock
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+};
+
+struct RunDirClaim {
+  std::unique_ptr<RunDirLock> lock;  // held for the life of the run (null: nothing claimed)
+  std::vector<std::string> notes;    // lines for rank 0 to print (lock taken over, files moved aside)
+};
+
+// Rank 0 at start-up. Creates `dir` (writes) or only inspects it (dry_run: creates nothing and
+// takes no lock, but reports a directory in use or an earlier run exactly as a real start would).
+// Throws Error naming the holder, or the earlier run and the ways out.
+RunDirClaim claim_run_dir(const std::string& dir, bool resuming, bool overwrite, bool dry_run);
+
+// What dir holds of an earlier run, e.g. "3 checkpoints (newest step 40), metrics.jsonl (40 lines)";
+// "" when it holds none.
+std::string describe_existing_run(const std::string& dir);
+
+// Move the run files of dir into a new dir/previous-YYYYmmdd-HHMMSS[-N]/; returns that folder.
+std::string move_run_aside(const std::string& dir);
+
+// A new random lineage id (16 hex digits).
+std::string new_lineage_id();
+
+// The host name (for lock files and messages).
+std::string host_name();
+
+}  // namespace llmpi

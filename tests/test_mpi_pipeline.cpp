@@ -1,0 +1,239 @@
+// Pipeline parallelism under MPI (pipeline/pipeline_step.h): training with S stages, every
+// schedule, equals non-pipelined training on one rank with the same global batch (1e-5 relative,
+// per-step loss and final parameters, 10 steps) for gpt2 (tied embedding: the copies on the first
+// and last stage) and llama (untied), bert on S = 2; data parallelism × pipelines (2 × 2 on 4
+// ranks, 2 × 3 on 6) equals one rank too; checkpoints are the whole model by name: a pipelined
+// run resumes bit for bit, and a PP = 2 checkpoint resumes with PP = 1 and the reverse.
+//   Mpi*        -n 2: S = 2
+//   MpiN4*      -n 4: S = 4, and DP 2 × PP 2
+//   MpiN6*      -n 6: DP 2 × PP 3
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "mpi_test_data.h"
+#include "train/trainer.h"
+
+using namespace llmpi;
+using namespace llmpi::testing_support;
+
+namespace {
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 1e30;
+  double d2 = 0, r2 = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    const double d = (double)a[i] - b[i];
+    d2 += d * d;
+    r2 += (double)b[i] * b[i];
+  }
+  return std::sqrt(d2 / r2);
+}
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// The training file of a family (made once, shared by the ranks) and its --set lines.
+std::vector<std::string> family_sets(const std::string& family, const std::string& dir) {
+  std::vector<std::string> sets = {"model.family=" + family, "train.steps=10", "train.grad_clip=1.0"};
+  if (family == "bert") {
+    sets.push_back("data.train=" + make_pattern_examples(MPI_COMM_WORLD, dir, "cls.h5", 512, 32, 64, 31));
+    sets.insert(sets.end(), {"model.dropout=0", "model.attn_dropout=0", "model.num_labels=2"});
+  } else {
+    sets.push_back("data.train=" + make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 32));
+    if (family == "llama") sets.insert(sets.end(), {"model.n_head=4", "model.n_kv_head=2"});
+  }
+  return sets;
+}
+
+Config make_config(const std::vector<std::string>& base, const std::vector<std::string>& extra) {
+  std::vector<std::string> sets = base;
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  std::string train;
+  for (auto& s : sets)
+    if (s.rfind("data.train=", 0) == 0) train = s.substr(11);
+  return tiny_config(train, sets);
+}
+
+// One rank, no pipeline (rank 0 only; the others get an empty result).
+TrainResult one_rank(const Config& cfg) {
+  MPI_Comm solo;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
+  TrainResult r;
+  if (world_rank() == 0) {
+    r = train(cfg, solo, quiet_options(false), true);
+    MPI_Comm_free(&solo);
+  }
+  return r;
+}
+
+void expect_equal(const TrainResult& one, const TrainResult& pipe, const std::string& what) {
+  std::vector<float> p0 = pipe.final_params;
+  MPI_Bcast(p0.data(), (int)p0.size(), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  EXPECT_EQ(p0, pipe.final_params) << what << ": ranks report different parameters";
+  if (world_rank() != 0) return;
+  ASSERT_EQ(pipe.losses.size(), one.losses.size()) << what;
+  for (size_t s = 0; s < one.losses.size(); s++)
+    EXPECT_LT(std::fabs(pipe.losses[s] - one.losses[s]) / one.losses[s], 1e-5) << what << " step " << s;
+  const double d = rel_diff(pipe.final_params, one.final_params);
+  EXPECT_LT(d, 1e-5) << what;
+  std::printf("%-40s loss %.6f -> %.6f (1 rank %.6f -> %.6f), params rel diff %.1e\n", what.c_str(),
+              pipe.losses.front(), pipe.losses.back(), one.losses.front(), one.losses.back(), d);
+}
+
+// Every schedule with S = world / dp stages equals one rank.
+void every_schedule_equals_one_rank(const std::string& family, int n_layer, std::vector<std::string> schedules) {
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  const int S = world_size();
+  std::vector<std::string> base = family_sets(family, dir);
+  base.push_back("model.n_layer=" + std::to_string(n_layer));
+  const TrainResult one = one_rank(make_config(base, {}));
+  for (const std::string& sched : schedules) {
+    std::vector<std::string> sets = {"parallel.pp_stages=" + std::to_string(S), "parallel.microbatches=4",
+                                     "parallel.schedule=" + sched};
+    if (sched == "interleaved") sets.push_back("parallel.virtual_stages=2");
+    const TrainResult pipe = train(make_config(base, sets), MPI_COMM_WORLD, quiet_options(false), true);
+    expect_equal(one, pipe, family + " S=" + std::to_string(S) + " " + sched);
+  }
+  if (world_rank() == 0 && family != "bert") EXPECT_LT(one.losses.back(), one.losses.front()) << "no progress";
+}
+
+const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "interleaved", "zb-h1"};
+
+}  // namespace
+
+TEST(MpiPipeline, Gpt2TwoStagesEverySchedule) { every_schedule_equals_one_rank("gpt2", 4, kSchedules); }
+TEST(MpiPipeline, LlamaTwoStagesEverySchedule) { every_schedule_equals_one_rank("llama", 4, kSchedules); }
+TEST(MpiPipeline, BertTwoStages) { every_schedule_equals_one_rank("bert", 2, {"1f1b", "gpipe"}); }
+
+// Explicit layer counts, and overlapped bucketed sync inside the stages, change nothing; the
+// validation loss evaluated along the pipeline equals one rank's.
+TEST(MpiPipeline, ExplicitStageLayersOverlapAndEvaluation) {
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  std::vector<std::string> base = family_sets("gpt2", dir);
+  base.insert(base.end(), {"model.n_layer=3", "train.eval_every=5", "train.eval_batches=2",
+                           "data.val=" + make_pattern_file(MPI_COMM_WORLD, dir, "val.h5", 4000, 64, 33)});
+  const TrainResult one = one_rank(make_config(base, {}));
+  const TrainResult pipe =
+      train(make_config(base, {"parallel.pp_stages=2", "parallel.microbatches=8", "parallel.stage_layers=[1,2]",
+                               "parallel.bucket_mb=0.01", "parallel.overlap=true"}),
+            MPI_COMM_WORLD, quiet_options(false), true);
+  expect_equal(one, pipe, "gpt2 S=2 stage_layers [1,2] overlap");
+  if (world_rank() == 0) {
+    ASSERT_EQ(pipe.val_losses.size(), 3u);  // steps 0, 5, 10
+    ASSERT_EQ(one.val_losses.size(), 3u);
+    for (size_t i = 0; i < 3; i++)
+      EXPECT_LT(std::fabs(pipe.val_losses[i] - one.val_losses[i]) / one.val_losses[i], 1e-5) << "eval " << i;
+  }
+}
+
+// Checkpoints hold the whole model by name: PP=2 resumes bit for bit; PP=2 -> PP=1 (on one rank)
+// and PP=1 -> PP=2 continue the same training (to summation order).
+TEST(MpiPipeline, CheckpointsResumeAcrossStageCounts) {
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  std::vector<std::string> base = family_sets("gpt2", dir);
+  base.push_back("model.n_layer=4");
+  auto cfg = [&](const std::string& run, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"train.steps=8", "train.warmup_steps=2", "checkpoint.every=3", "run.dir=" + run});
+    return make_config(base, extra);
+  };
+  const std::vector<std::string> pp2 = {"parallel.pp_stages=2", "parallel.microbatches=4", "parallel.schedule=1f1b"};
+  TrainOptions o = quiet_options(true);
+  const TrainResult whole = train(cfg(dir + "/whole", pp2), MPI_COMM_WORLD, o, true);
+  TrainOptions cut = o;
+  cut.preempt_after_step = 4;  // 5 steps done
+  const TrainResult first = train(cfg(dir + "/cut", pp2), MPI_COMM_WORLD, cut, true);
+  ASSERT_TRUE(first.preempted);
+  TrainOptions again = o;
+  again.resume = "auto";
+  const TrainResult second = train(cfg(dir + "/cut", pp2), MPI_COMM_WORLD, again, true);
+  ASSERT_EQ(second.start_step, 5);
+  std::vector<float> joined = first.losses;
+  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  EXPECT_EQ(joined, whole.losses) << "PP=2 resume: per-step losses must match bit for bit";
+  EXPECT_EQ(second.final_params, whole.final_params) << "PP=2 resume: parameters must match bit for bit";
+
+  // The PP=2 checkpoint of step 5 resumed without a pipeline on one rank.
+  MPI_Comm solo;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
+  const std::string ckpt = first.last_checkpoint;
+  TrainResult flat;
+  if (world_rank() == 0) {
+    TrainOptions r = quiet_options(false);
+    r.resume = ckpt;
+    flat = train(cfg(dir + "/flat", {}), solo, r, true);
+    MPI_Comm_free(&solo);
+    EXPECT_EQ(flat.start_step, 5);
+    EXPECT_LT(rel_diff(flat.final_params, whole.final_params), 1e-5) << "PP=2 checkpoint resumed with PP=1";
+    for (size_t s = 0; s < flat.losses.size(); s++)
+      EXPECT_LT(std::fabs(flat.losses[s] - whole.losses[5 + s]) / whole.losses[5 + s], 1e-5) << "step " << 5 + s;
+  }
+  // And a PP=1 checkpoint (one rank) resumed with PP=2.
+  std::string flat_ckpt;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
+  if (world_rank() == 0) {
+    TrainOptions c1 = o;
+    c1.preempt_after_step = 4;
+    flat_ckpt = train(cfg(dir + "/flat1", {}), solo, c1, true).last_checkpoint;
+    MPI_Comm_free(&solo);
+  }
+  char buf[512] = {0};
+  std::snprintf(buf, sizeof buf, "%s", flat_ckpt.c_str());
+  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
+  TrainOptions r2 = quiet_options(false);
+  r2.resume = buf;
+  const TrainResult piped = train(cfg(dir + "/piped", pp2), MPI_COMM_WORLD, r2, true);
+  EXPECT_EQ(piped.start_step, 5);
+  if (world_rank() == 0) EXPECT_LT(rel_diff(piped.final_params, whole.final_params), 1e-5) << "PP=1 -> PP=2";
+}
+
+// A bad stage count or micro-batch count is refused on every rank with the fix.
+TEST(MpiPipeline, BadSettingsAreRefused) {
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  std::vector<std::string> base = family_sets("gpt2", dir);
+  auto refused = [&](std::vector<std::string> sets, const std::string& needle) {
+    try {
+      train(make_config(base, sets), MPI_COMM_WORLD, quiet_options(false));
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused({"parallel.pp_stages=2", "parallel.microbatches=3"}, "does not divide the 8 sequences");
+  refused({"parallel.pp_stages=2", "model.n_layer=1"}, "fewer than the 2 (virtual) pipeline stages");
+  refused({"parallel.pp_stages=2", "parallel.stage_layers=[2,1]"}, "parallel.stage_layers lists 2 counts summing to 3");
+  refused({"parallel.pp_stages=2", "parallel.schedule=interleaved", "parallel.microbatches=1",
+           "parallel.virtual_stages=2"}, "to be a multiple of parallel.pp_stages");
+}
+
+TEST(MpiN4Pipeline, Gpt2FourStagesEverySchedule) { every_schedule_equals_one_rank("gpt2", 8, kSchedules); }
+TEST(MpiN4Pipeline, LlamaFourStagesEverySchedule) { every_schedule_equals_one_rank("llama", 8, kSchedules); }
+
+// 2 data-parallel replicas × 2 stages on 4 ranks equals one rank.
+TEST(MpiN4Pipeline, TwoPipelinesOfTwoStagesEqualOneRank) {
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  for (const std::string family : {"gpt2", "llama"}) {
+    std::vector<std::string> base = family_sets(family, dir);
+    base.push_back("model.n_layer=4");
+    const TrainResult one = one_rank(make_config(base, {}));
+    const TrainResult pipe = train(make_config(base, {"parallel.pp_stages=2", "parallel.microbatches=2"}),
+                                   MPI_COMM_WORLD, quiet_options(false), true);
+    expect_equal(one, pipe, family + " DP2 x PP2");
+  }
+}
+
+// 2 pipelines × 3 stages on 6 ranks (the course's picture) runs, and equals one rank.
+TEST(MpiN6Pipeline, TwoPipelinesOfThreeStages) {
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  std::vector<std::string> base = family_sets("gpt2", dir);
+  base.push_back("model.n_layer=3");
+  const TrainResult one = one_rank(make_config(base, {}));
+  const TrainResult pipe = train(make_config(base, {"parallel.pp_stages=3", "parallel.microbatches=4"}),
+                                 MPI_COMM_WORLD, quiet_options(false), true);
+  expect_equal(one, pipe, "gpt2 DP2 x PP3");
+}
