@@ -265,49 +265,9 @@ CharClass classify(uint32_t cp) {
   return kOther;
 }
 
-constexpr uint32_t kInvalidCodePoint = 0xFFFFFFFFu;
-
-// Decode the UTF-8 sequence at s[pos] (pos < s.size()); returns its length in bytes and sets cp.
-// Strict: overlong forms, surrogates, values above U+10FFFF and truncated sequences are invalid,
-// and an invalid byte is returned alone as kInvalidCodePoint.
-size_t utf8_next(std::string_view s, size_t pos, uint32_t& cp) {
-  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
-  unsigned char c = b(pos);
-  if (c < 0x80) {
-    cp = c;
-    return 1;
-  }
-  size_t len;
-  uint32_t v, min;
-  if ((c & 0xE0) == 0xC0) {
-    len = 2, v = c & 0x1F, min = 0x80;
-  } else if ((c & 0xF0) == 0xE0) {
-    len = 3, v = c & 0x0F, min = 0x800;
-  } else if ((c & 0xF8) == 0xF0) {
-    len = 4, v = c & 0x07, min = 0x10000;
-  } else {
-    cp = kInvalidCodePoint;
-    return 1;
-  }
-  if (pos + len > s.size()) {
-    cp = kInvalidCodePoint;
-    return 1;
-  }
-  for (size_t i = 1; i < len; i++) {
-    unsigned char d = b(pos + i);
-    if ((d & 0xC0) != 0x80) {
-      cp = kInvalidCodePoint;
-      return 1;
-    }
-    v = (v << 6) | (d & 0x3F);
-  }
-  if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) {
-    cp = kInvalidCodePoint;
-    return 1;
-  }
-  cp = v;
-  return len;
-}
+// UTF-8 decoding is tokenizer/unicode.h's (strict: an invalid byte comes back alone as kInvalid).
+using unicode::kInvalid;
+using unicode::utf8_decode;
 
 // Class and byte length of the character at s[pos].
 CharClass class_at(std::string_view s, size_t pos, size_t& len) {
@@ -317,8 +277,8 @@ CharClass class_at(std::string_view s, size_t pos, size_t& len) {
     return classify(c);
   }
   uint32_t cp;
-  len = utf8_next(s, pos, cp);
-  return cp == kInvalidCodePoint ? kOther : classify(cp);
+  len = utf8_decode(s, pos, cp);
+  return cp == kInvalid ? kOther : classify(cp);
 }
 
 // End of the run of characters of class `cls` starting at pos.
@@ -443,8 +403,8 @@ bool unicode_to_bytes(std::string_view text, const std::vector<int>& cp_to_byte,
   out.clear();
   for (size_t i = 0; i < text.size();) {
     uint32_t cp;
-    i += utf8_next(text, i, cp);
-    if (cp == kInvalidCodePoint || cp >= cp_to_byte.size() || cp_to_byte[cp] < 0) return false;
+    i += utf8_decode(text, i, cp);
+    if (cp == kInvalid || cp >= cp_to_byte.size() || cp_to_byte[cp] < 0) return false;
     out.push_back(static_cast<char>(cp_to_byte[cp]));
   }
   return true;

@@ -31,18 +31,6 @@ bool exists(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0;
 }
 
-// mkdir -p
-void make_dirs(const std::string& path) {
-  std::string cur;
-  for (size_t i = 0; i <= path.size(); i++) {
-    if (i == path.size() || path[i] == '/') {
-      if (!cur.empty() && mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-        fail("cannot create run directory '", path, "' (at '", cur, "'): ", std::strerror(errno),
-             "; choose a writable run.dir");
-    }
-    if (i < path.size()) cur += path[i];
-  }
-}
 
 std::string utc_now(const char* fmt) {
   char buf[64];
@@ -186,6 +174,18 @@ std::unique_ptr<RunDirLock> take_lock(const std::string& dir, bool probe_only, s
 }
 
 }  // namespace
+
+void make_dirs(const std::string& path) {
+  std::string cur;
+  for (size_t i = 0; i <= path.size(); i++) {
+    if (i == path.size() || path[i] == '/') {
+      if (!cur.empty() && mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+        fail("cannot create run directory '", path, "' (at '", cur, "'): ", std::strerror(errno),
+             "; choose a writable run.dir");
+    }
+    if (i < path.size()) cur += path[i];
+  }
+}
 
 RunDirLock::~RunDirLock() {
   if (fd >= 0) {

@@ -57,4 +57,7 @@ std::string new_lineage_id();
 // The host name (for lock files and messages).
 std::string host_name();
 
+// mkdir -p: creates dir and its parents; an error names the part that could not be made.
+void make_dirs(const std::string& dir);
+
 }  // namespace llmpi

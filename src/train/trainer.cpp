@@ -39,19 +39,6 @@ namespace llmpi {
 
 namespace {
 
-// mkdir -p
-void make_dirs(const std::string& path) {
-  std::string cur;
-  for (size_t i = 0; i <= path.size(); i++) {
-    if (i == path.size() || path[i] == '/') {
-      if (!cur.empty() && mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-        fail("cannot create run directory '", path, "' (at '", cur, "'): ", std::strerror(errno),
-             "; choose a writable run.dir");
-    }
-    if (i < path.size()) cur += path[i];
-  }
-}
-
 int default_threads(int local_ranks) {
   cpu_set_t set;
   int cores = 1;
