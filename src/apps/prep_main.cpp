@@ -6,6 +6,8 @@
 //              --out DIR [--val-fraction 0.05] [--input-format auto|text|jsonl]
 //              [--split-docs blank-line|file] [--seed N] [--allow-special]
 //   llmpi-prep inspect FILE [--show N] [--gpt2-encoder P --gpt2-merges P]
+//   llmpi-prep glue --task rte --data-dir DIR --tokenizer hf:PATH|wordpiece:PATH [--lowercase]
+//              [--max-seq-len 128] --out DIR        (data/glue.h: GLUE TSVs to classification files)
 //
 // Preparing runs in three steps, so that bad input fails before anything is written:
 //   1. read every input and cut it into documents (text: runs of non-blank lines, or one
@@ -36,6 +38,7 @@
 
 #include "data/dataset_identity.h"
 #include "data/content_hash.h"
+#include "data/glue.h"
 #include "data/token_file.h"
 #include "runtime/error.h"
 #include "runtime/rng.h"
@@ -437,6 +440,14 @@ file, and llmpi-train refuses a train/val pair that disagrees with the manifest 
 llmpi-prep; it reports and replaces leftover *.new files). Progress goes to stderr, the
 summary to stdout; exit code 0 on success, 1 on error.
 
+GLUE tasks to classification files (model.family bert):
+  llmpi-prep glue --task rte|mrpc|sst-2|qnli|cola --data-dir GLUE/RTE
+                  --tokenizer hf:PATH/tokenizer.json|wordpiece:PATH/vocab.txt [--lowercase]
+                  [--max-seq-len 128] --out DIR
+  reads train.tsv and dev.tsv of --data-dir (split on tabs only), writes [CLS] s1 [SEP] s2 [SEP]
+  with token types, truncated longest-first and padded with [PAD] to --max-seq-len, as
+  OUT/train.h5, OUT/dev.h5 and OUT/manifest.json (one unit, as above).
+
 Inspect a token file:
   llmpi-prep inspect DIR/train.h5 [--show 64] [--gpt2-encoder P --gpt2-merges P]
                     [--tokenizer hf:PATH|wordpiece:PATH [--lowercase]]
@@ -457,7 +468,7 @@ std::string one_line(std::string s) {
 
 int main(int argc, char** argv) {
   CLI::App app{"llmpi-prep: tokenize text or JSONL into HDF5 token files (DIR/train.h5, DIR/val.h5) "
-               "for llmpi-train, or inspect a token file.",
+               "for llmpi-train, GLUE tasks into classification files (glue), or inspect a token file.",
                "llmpi-prep"};
   app.footer(kFooter);
   app.require_subcommand(0, 1);
@@ -503,6 +514,20 @@ int main(int argc, char** argv) {
       ->type_name("KIND");
   inspect->add_flag("--lowercase", in.lowercase, "with --tokenizer wordpiece:PATH of an uncased vocab");
 
+  GluePrepOptions g;
+  CLI::App* glue = app.add_subcommand(
+      "glue", "GLUE task TSVs (train.tsv, dev.tsv) to classification files for model.family bert");
+  glue->add_option("--task", g.task, "rte | mrpc | sst-2 | qnli | cola")->required();
+  glue->add_option("--data-dir", g.data_dir, "the task's GLUE folder (train.tsv, dev.tsv)")
+      ->type_name("DIR")->required();
+  glue->add_option("--tokenizer", g.tokenizer, "hf:PATH/tokenizer.json | wordpiece:PATH/vocab.txt")
+      ->type_name("KIND")->required();
+  glue->add_flag("--lowercase", g.lowercase, "with --tokenizer wordpiece:PATH of an uncased vocab");
+  glue->add_option("--max-seq-len", g.max_seq_len, "tokens per example, after truncation and padding")
+      ->capture_default_str();
+  glue->add_option("--out", g.out, "output directory (train.h5, dev.h5, manifest.json)")
+      ->type_name("DIR")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -512,6 +537,10 @@ int main(int argc, char** argv) {
   }
   try {
     if (inspect->parsed()) return run_inspect(in);
+    if (glue->parsed()) {
+      run_glue_prep(g);
+      return 0;
+    }
     return run_prep(p);
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -1313,6 +1313,16 @@ TemplateEncoding encode_with_template(const Tokenizer& tok, std::string_view a,
   std::vector<uint32_t> ids_a, ids_b;
   hf_encode(tok, a, ids_a, allow_special);
   if (b) hf_encode(tok, *b, ids_b, allow_special);
+  return apply_template(tok, ids_a, b ? &ids_b : nullptr);
+}
+
+TemplateEncoding apply_template(const Tokenizer& tok, const std::vector<uint32_t>& ids_a,
+                                const std::vector<uint32_t>* b) {
+  if (tok.kind != TokenizerKind::hf)
+    fail("tokenizer '", tok.name, "' has no post-processor template; apply_template needs "
+         "an hf: or wordpiece: tokenizer");
+  static const std::vector<uint32_t> kNone;
+  const std::vector<uint32_t>& ids_b = b ? *b : kNone;
   TemplateEncoding e;
   const HfTokenizer& t = *tok.hf;
   if (!t.has_template) {

@@ -105,6 +105,10 @@ struct TemplateEncoding {
 TemplateEncoding encode_with_template(const Tokenizer& tok, std::string_view a,
                                       const std::string_view* b = nullptr,
                                       bool allow_special = true);
+// The template alone, around ids already encoded (b null: a single text). The number of ids it
+// adds to a pair is apply_template(tok, {}, &empty).ids.size(): what truncation must leave room for.
+TemplateEncoding apply_template(const Tokenizer& tok, const std::vector<uint32_t>& a,
+                                const std::vector<uint32_t>* b = nullptr);
 
 // 64-bit FNV-1a, continued from `h` (start with kFnv1a64Offset).
 inline constexpr uint64_t kFnv1a64Offset = 14695981039346656037ull;
