@@ -63,8 +63,10 @@ check "stale lock file of a dead run: taken over with a message, exit 0" \
 run="$tmp/stale2"
 mkdir -p "$run"
 printf 'host %s\npid 999999999\n' "$(hostname)" >"$run/LOCK"
-flock -n "$run/LOCK" sleep 60 & holder=$!
-wait_for "! flock -n '$run/LOCK' true" 10
+# Blocking flock: a non-blocking one could lose a race with the probe below (which takes the lock
+# for an instant) and exit, leaving the lock free.
+flock "$run/LOCK" sleep 60 & holder=$!
+wait_for "! flock -n '$run/LOCK' true" 30 || echo "warning: the helper process did not take the lock" >&2
 run_train stale2 --set run.dir="$run" --set train.steps=2
 check "held lock naming a dead pid on this host: replaced, exit 0" \
   "[ $rc = 0 ] && grep -q 'names host $(hostname), pid 999999999, which no longer exists: taking it over' '$tmp/stale2.err'"
