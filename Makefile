@@ -5,6 +5,9 @@
 #   make test       install missing packages, build, run unit + MPI integration tests
 #   make deps       install missing Debian packages (as root), or print the command to run
 #   make bench      the reference-configuration throughput benchmark (see docs/PERF.md)
+#   make glue       the course's BERT-on-RTE assignment: fine-tune all-MiniLM-L6-v2 on GLUE RTE, time the
+#                   sync methods, count the traffic (tools/glue_course.py; docs/GLUE.md). GLUE_DIR=,
+#                   GLUE_ARGS= (e.g. --parts train), REF_PYTHON= (a Python with torch for the reference)
 # Variables: BUILD=dir (default build; build-san with SAN=1), SAN=1 (ASan + UBSan), CUDA=0|1, NP=ranks for `run` (default 2), JOBS=parallel compiles for `run` (default nproc), OPT=-O3 flags.
 
 # SAN=1 builds into its own directory (build-san) so it never mixes objects with the normal build.
@@ -169,6 +172,10 @@ test: all
 
 bench: all
 	BUILD=$(BUILD) /usr/bin/python3 bench/run_reference.py
+
+.PHONY: glue
+glue: all pretrained
+	python3 tools/glue_course.py --build $(BUILD) $(if $(GLUE_DIR),--glue-dir $(GLUE_DIR)) $(GLUE_ARGS)
 
 clean:
 	rm -rf $(BUILD)

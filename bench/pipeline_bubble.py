@@ -9,7 +9,11 @@ record forwards and backwards inside it), and the F/B/BI spans inside it are its
 bubble = 1 - computation / schedule time, averaged over the traced steps and the ranks. The
 activation memory per stage is what the run allocates (the "topology:" lines at start-up).
 
-  bench/pipeline_bubble.py [--stages 2] [--micro 2,4,8] [--out docs/pipeline_bubble.json]
+  bench/pipeline_bubble.py [--stages 2] [--micro 2,4,8] [--schedules gpipe,1f1b,interleaved,zb-h1]
+                           [--steps 5] [--out docs/pipeline_bubble.json]
+
+Formulas: GPipe and 1F1B (S-1)/(M+S-1), interleaved (S-1)/(v·M+S-1), zb-h1 (S-1)/(3M+S-1) (F = BI
+= W; bench-pipeline_schedule_sim --measure gives it for the measured F, BI, W).
 
 Needs only the Python standard library (matplotlib optional, for --plot PNG). Run on an idle
 machine: with more ranks than cores the measured bubble includes time-sharing.
@@ -50,7 +54,7 @@ def run(train, run_dir, S, M, schedule, v, n_layer, d_model, batch, steps):
     for line in out.splitlines():
         m = re.match(r"topology: rank (\d+): .*?stage (\d+)/", line)
         if m:
-            act_mb[int(m.group(1))] = sum(float(x) for x in re.findall(r"\(([\d.]+) MB\)", line))
+            act_mb[int(m.group(1))] = round(sum(float(x) for x in re.findall(r"\(([\d.]+) MB\)", line)), 2)
     per_rank = []
     step_ms = []
     for path in sorted(glob.glob(os.path.join(run_dir, "trace-rank*.json"))):
@@ -73,6 +77,7 @@ def main():
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--micro", default="2,4,8")
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--schedules", default="gpipe,1f1b,interleaved,zb-h1")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     S = args.stages
@@ -80,12 +85,13 @@ def main():
     train = make_data(tmp)
     rows = []
     for M in [int(x) for x in args.micro.split(",")]:
-        for schedule, v in [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)]:
+        for schedule in args.schedules.split(","):
+            v = 2 if schedule == "interleaved" else 1
             if schedule == "interleaved" and M % S:
                 continue
             r = run(train, os.path.join(tmp, f"{schedule}-{M}"), S, M, schedule, v, n_layer=4 * S // 2 * 2,
                     d_model=128, batch=2 * max(8, M), steps=args.steps)
-            formula = (S - 1) / (v * M + S - 1)
+            formula = (S - 1) / ((3 if schedule == "zb-h1" else v) * M + S - 1)
             r.update({"schedule": schedule, "S": S, "M": M, "v": v, "formula": formula})
             rows.append(r)
             print(f"S={S} M={M:2d} {schedule:12s} bubble measured {r['bubble']:.3f} "

@@ -104,7 +104,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* weight, int N, int C, int OC) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
   if (dinp != nullptr) sgemm_rm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
-  sgemm_rm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  if (dweight != nullptr) sgemm_rm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
   if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);
 }
 

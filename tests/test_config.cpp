@@ -86,3 +86,19 @@ TEST(Config, MissingFileNamesPath) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/run.json"), std::string::npos);
   }
 }
+
+// Epoch-based runs: train.epochs or train.steps, not both; the schedule names are checked.
+TEST(Config, EpochsAndScheduleKeys) {
+  Config c = parse_config(kMinimal, "run.json", {"train.epochs=3", "train.drop_last=false", "train.lr_schedule=linear"});
+  EXPECT_EQ(c.train.epochs, 3);
+  EXPECT_FALSE(c.train.drop_last);
+  EXPECT_EQ(c.train.lr_schedule, "linear");
+  std::string e = error_of(kMinimal, {"train.epochs=3", "train.steps=100"});
+  EXPECT_NE(e.find("both 'train.steps' (100) and 'train.epochs' (3) are set"), std::string::npos) << e;
+  EXPECT_EQ(error_of(kMinimal, {"train.epochs=3", "train.steps=0"}), "");  // 0 steps: measured in epochs
+  e = error_of(kMinimal, {"train.lr_schedule=step"});
+  EXPECT_NE(e.find("'train.lr_schedule' must be \"cosine\", \"linear\" or \"constant\""), std::string::npos) << e;
+  e = error_of(kMinimal, {"train.epochs=-1"});
+  EXPECT_NE(e.find("'train.epochs' must be >= 0"), std::string::npos) << e;
+  EXPECT_EQ(error_of(kMinimal, {"train.eval_batches=0"}), "");  // 0 = the whole validation file
+}

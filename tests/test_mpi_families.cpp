@@ -70,6 +70,7 @@ void two_ranks_equal_one(const std::string& family) {
   };
   const std::vector<Variant> variants = {
       {"allreduce", {"parallel.sync=allreduce"}},
+      {"allreduce per tensor", {"parallel.sync=allreduce", "parallel.bucket_mb=0"}},
       {"gather_scatter", {"parallel.sync=gather_scatter"}},
       {"allreduce bucketed+overlap", {"parallel.sync=allreduce", "parallel.bucket_mb=0.02",
                                       "parallel.first_bucket_mb=0.005", "parallel.overlap=true"}},
@@ -166,5 +167,44 @@ TEST(MpiFamilies, BertReportsAccuracyAndRefusesTokenFiles) {
     EXPECT_NE(std::string(e.what()).find("is a language-modelling token file, but model.family bert"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// Fine-tuning as GLUE runs it: train.epochs with the last partial batch kept (70 examples, global
+// batch 8: 9 steps per epoch, the last of 6), linear decay after a warm-up, an evaluation at every
+// epoch end over the whole dev file (13 examples: partial batches, uneven across ranks, every
+// example counted once). 2 ranks equal 1 rank, for each gradient method.
+TEST(MpiFamilies, BertEpochsWithPartialBatchesTwoRanksEqualOneRank) {
+  std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  FamilySetup f = setup_family("bert", dir);
+  f.train = make_pattern_examples(MPI_COMM_WORLD, dir, "train70.h5", 70, 32, 64, 41);
+  const std::string val = make_pattern_examples(MPI_COMM_WORLD, dir, "val13.h5", 13, 32, 64, 43);
+  const std::vector<std::string> epochs = {"train.steps=0", "train.epochs=2", "train.drop_last=false",
+                                           "train.lr_schedule=linear", "train.warmup_steps=2", "train.min_lr_ratio=0",
+                                           "data.val=" + val, "train.eval_batches=0"};
+  MPI_Comm solo;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
+  TrainResult one;
+  if (world_rank() == 0) {
+    one = train(family_config(f, epochs), solo, quiet_options(false), true);
+    MPI_Comm_free(&solo);
+    ASSERT_EQ(one.losses.size(), 18u) << "2 epochs of ceil(70 / 8) = 9 steps";
+    EXPECT_EQ(one.eval_steps, (std::vector<int64_t>{0, 9, 18})) << "an evaluation at every epoch end";
+    EXPECT_EQ(one.val_counted, (std::vector<int64_t>{13, 13, 13}));
+    EXPECT_EQ(one.val_f1.size(), 3u);
+  }
+  for (const char* sync : {"parallel.sync=allreduce", "parallel.sync=gather_scatter"}) {
+    std::vector<std::string> sets = epochs;
+    sets.push_back(sync);
+    TrainResult two = train(family_config(f, sets), MPI_COMM_WORLD, quiet_options(false), true);
+    EXPECT_EQ(two.val_counted, (std::vector<int64_t>{13, 13, 13})) << sync;
+    if (world_rank() != 0) continue;
+    ASSERT_EQ(two.losses.size(), 18u);
+    for (size_t s = 0; s < 18; s++)
+      EXPECT_LT(std::fabs(two.losses[s] - one.losses[s]) / one.losses[s], 1e-5) << sync << " step " << s;
+    EXPECT_LT(rel_diff(two.final_params, one.final_params), 1e-5) << sync;
+    ASSERT_EQ(two.val_losses.size(), 3u);
+    for (size_t e = 0; e < 3; e++)
+      EXPECT_LT(std::fabs(two.val_losses[e] - one.val_losses[e]) / one.val_losses[e], 1e-5) << sync << " eval " << e;
   }
 }

@@ -79,3 +79,50 @@ TEST(Sampler, ClearErrors) {
     EXPECT_NE(std::string(e.what()).find("fewer than one global batch"), std::string::npos) << e.what();
   }
 }
+
+// drop_last = false: ceil(n / G) steps per epoch; the last step reads the remaining samples,
+// padded up to a multiple of the world size with the epoch's first samples (as DistributedSampler
+// pads); every sample of the epoch is read, the padding is the only repetition, and when the world
+// size divides the remainder every world size reads the same samples at every step.
+TEST(Sampler, KeepLastPartialBatch) {
+  for (int64_t n : {9, 37, 70, 100}) {
+    for (int world : {1, 2, 3, 4}) {
+      const int G = 2 * world;
+      std::vector<Sampler> ranks;
+      for (int r = 0; r < world; r++) ranks.emplace_back(n, G, world, r, 7, /*drop_last=*/false);
+      const int64_t spe = ranks[0].steps_per_epoch();
+      ASSERT_EQ(spe, (n + G - 1) / G);
+      for (int64_t epoch = 0; epoch < 2; epoch++) {
+        std::multiset<int64_t> seen;
+        std::vector<size_t> last_sizes;
+        for (int64_t k = 0; k < spe; k++)
+          for (auto& s : ranks) {
+            std::vector<int64_t> w = s.windows(epoch * spe + k);
+            if (k + 1 < spe || n % G == 0) {
+              EXPECT_EQ(w.size(), (size_t)G / world);
+            }
+            if (k + 1 == spe) last_sizes.push_back(w.size());
+            seen.insert(w.begin(), w.end());
+          }
+        const int64_t g = n - (spe - 1) * G, padded = (g + world - 1) / world * world;
+        for (size_t sz : last_sizes) EXPECT_EQ(sz, (size_t)(padded / world)) << "n=" << n << " world=" << world;
+        std::set<int64_t> distinct(seen.begin(), seen.end());
+        EXPECT_EQ(distinct.size(), (size_t)n) << "every sample is read, n=" << n << " world=" << world;
+        EXPECT_EQ(seen.size(), (size_t)((spe - 1) * G + padded)) << "only the padding repeats";
+        for (int64_t w : seen) ASSERT_TRUE(w >= 0 && w < n);
+      }
+    }
+  }
+  // 70 samples, global batch 8: 9 steps, the last of 6 samples; 1 and 2 ranks read the same ones.
+  Sampler one(70, 8, 1, 0, 3, false), a(70, 8, 2, 0, 3, false), b(70, 8, 2, 1, 3, false);
+  for (int64_t step = 0; step < 18; step++) {
+    std::vector<int64_t> both = a.windows(step), second = b.windows(step);
+    both.insert(both.end(), second.begin(), second.end());
+    EXPECT_EQ(both, one.windows(step)) << "step " << step;
+  }
+  EXPECT_EQ(one.windows(8).size(), 6u);
+  // Fewer samples than one global batch: one partial step per epoch.
+  Sampler small(3, 8, 2, 1, 3, false);
+  EXPECT_EQ(small.steps_per_epoch(), 1);
+  EXPECT_EQ(small.windows(0).size(), 2u);
+}

@@ -2,7 +2,7 @@
 """Generate src/tokenizer/unicode_tables.cpp: the Unicode tables the Hugging Face tokenizers need.
 
 Needs: Python 3.9+, PyPI `tokenizers` (0.2x). Not run by the build; its output is committed.
-  /work/venv-ref/bin/python tools/gen_unicode_tables.py > src/tokenizer/unicode_tables.cpp
+  python3 tools/gen_unicode_tables.py > src/tokenizer/unicode_tables.cpp
 
 The tables describe what the `tokenizers` library (Rust) does to each code point, so the oracle
 is the library itself: every code point (surrogates excluded) is run through its normalizers and

@@ -17,7 +17,7 @@ Parts (default: all that can run):
               without a warning and gave the same outputs (needs --build)
   pretrained  the real all-MiniLM-L6-v2 (`make pretrained` unpacks it into
               pretrained/all-MiniLM-L6-v2): token ids and a slice of the last hidden state for the
-              first RTE dev sentence pairs (/work/shared/data/glue/RTE/dev.tsv, or
+              first RTE dev sentence pairs (../shared/data/glue/RTE/dev.tsv beside the repository, or
               $LLMPI_SHARED_DATA/glue/RTE/dev.tsv) → OUT/minilm_rte.json
 """
 import argparse
@@ -82,7 +82,8 @@ def part_roundtrip(out, build):
 
 
 def rte_pairs(n):
-    base = os.environ.get("LLMPI_SHARED_DATA", "/work/shared/data")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base = os.environ.get("LLMPI_SHARED_DATA", os.path.join(repo, "..", "shared", "data"))
     path = os.path.join(base, "glue", "RTE", "dev.tsv")
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))

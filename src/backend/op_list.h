@@ -63,7 +63,9 @@
   X(void, matmul_forward, (float* out, const float* inp, const float* weight, const float* bias,   \
                            int N, int C, int OC))                                                  \
   /* dinp[N,C] += dout.weight; dweight[OC,C] += dout^T.inp; dbias[OC] += sum_n dout               \
-     (dinp and dbias may be null: skipped) */                                                      \
+     (dinp, dweight and dbias may be null: skipped; with dinp null, weight is not read, and with   \
+     dweight and dbias null, inp is not: a zero-bubble pipeline computes the input gradient and    \
+     the weight gradient in two calls, which equal the one call bit for bit) */                    \
   X(void, matmul_backward, (float* dinp, float* dweight, float* dbias, const float* dout,          \
                             const float* inp, const float* weight, int N, int C, int OC))          \
                                                                                                    \

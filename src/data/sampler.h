@@ -7,6 +7,12 @@
 // permuted windows [k*G, (k+1)*G) with k = s mod steps_per_epoch and G = global_batch; rank r
 // takes the contiguous share [r*G/W, (r+1)*G/W). So the same seed and global batch give the same
 // samples at the same step for any world size W dividing G.
+//
+// drop_last = false (GLUE fine-tuning, as PyTorch's DataLoader without drop_last): the epoch has
+// ceil(S / G) steps and its last step takes the g = S mod G remaining samples. g is padded up to
+// a multiple of W with the epoch's first samples again (as DistributedSampler pads), and every
+// rank takes g_padded / W of them, so ranks average equal-sized means. A 1-rank and a W-rank run
+// then agree whenever W divides g (no padding is needed).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -17,13 +23,17 @@ struct Sampler {
   int64_t n_windows = 0;
   int global_batch = 0, world = 1, rank = 0;
   uint64_t seed = 0;
+  bool drop_last = true;
 
-  // Throws Error when W does not divide G or the data has fewer than G windows.
-  Sampler(int64_t n_windows, int global_batch, int world, int rank, uint64_t seed);
-  int64_t steps_per_epoch() const { return n_windows / global_batch; }
+  // Throws Error when W does not divide G or (drop_last) the data has fewer than G windows.
+  Sampler(int64_t n_windows, int global_batch, int world, int rank, uint64_t seed, bool drop_last = true);
+  int64_t steps_per_epoch() const {
+    return drop_last ? n_windows / global_batch : (n_windows + global_batch - 1) / global_batch;
+  }
   int local_batch() const { return global_batch / world; }
   int64_t epoch_of(int64_t step) const { return step / steps_per_epoch(); }
-  // The window ids this rank reads at global step `step` (local_batch() of them).
+  // The window ids this rank reads at global step `step`: local_batch() of them, fewer in the last
+  // step of an epoch when drop_last is false and the data does not fill it.
   std::vector<int64_t> windows(int64_t step);
 
  private:

@@ -199,7 +199,18 @@ Activations::~Activations() {
   if (model) {
     model->ops->free(mem_);
     model->ops->free(ids_);
+    model->ops->free(kept);
   }
+}
+
+void Activations::reserve_kept(size_t floats) {
+  if (!model) fail("internal: reserve_kept before allocate");
+  if (floats <= kept_floats) return;
+  model->ops->free(kept);
+  bytes_ -= kept_floats * sizeof(float);
+  kept = static_cast<float*>(model->ops->alloc(floats * sizeof(float)));
+  kept_floats = floats;
+  bytes_ += floats * sizeof(float);
 }
 
 void Activations::allocate(const Model& m, int B_, int T_) {
@@ -210,7 +221,12 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   if (model) {
     model->ops->free(mem_);
     model->ops->free(ids_);
+    model->ops->free(kept);
   }
+  kept = nullptr;
+  kept_floats = kept_used = 0;
+  deferred.clear();
+  weight_grads_pending = false;
   model = &m;
   B = B_;
   T = T_;
@@ -464,13 +480,104 @@ void Model::ensure_scratch(int B, int T) {
   }
 }
 
-void Model::begin_backward() { tracker_.reset(table); }
+namespace {
+size_t round16(size_t n) { return (n + 15) / 16 * 16; }  // kept tensors start 64-byte aligned
+}  // namespace
+
+void Model::begin_backward() {
+  mode_ = BackwardMode::whole;
+  input_only_pass_ = nullptr;
+  tracker_.reset(table);
+}
+
+void Model::begin_backward(Activations& a, BackwardMode mode) {
+  if (mode == BackwardMode::whole) return begin_backward();
+  if (a.weight_grads_pending) fail("internal: an input-only backward over activations whose weight_backward has not run");
+  mode_ = mode;
+  input_only_pass_ = &a;
+  reserve_input_only(a);
+  a.deferred.clear();
+  a.kept_used = 0;
+  a.weight_grads_pending = true;
+}
+
+size_t Model::kept_floats(int B, int T) const {
+  // Per block the output gradients of the projection, the MLP input layer, the attention output
+  // and QKV; in the classifier head the pooler's (the LM head's and the classifier's own are the
+  // logits gradient, which stays in the activations).
+  const ModelDesc& d = desc;
+  const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
+  size_t n = (part.l1 - part.l0) * (2 * round16(N * C) + round16(N * d.fc_dim()) + round16(N * d.qkv_dim()));
+  if (part.head && d.head == HeadKind::classifier) n += round16(static_cast<size_t>(B) * C);
+  return n;
+}
 
 void Model::finished(int slot, std::initializer_list<int> roles, const ReadyFn& ready) {
+  if (mode_ == BackwardMode::input_only) return;  // weight_backward reports
   for (int r : roles)
-    for (int i : role_slices[slot][r]) tracker_.done(static_cast<size_t>(i));
+    if (r >= 0)
+      for (int i : role_slices[slot][r]) tracker_.done(static_cast<size_t>(i));
   const size_t k = tracker_.advance();
   if (k && ready) ready(k);
+}
+
+void Model::dense_backward(Activations& a, float* dinp, const float* dout, bool dout_kept, const float* inp, int slot,
+                           int weight_role, int bias_role, int N, int C, int OC, bool last, const ReadyFn& ready) {
+  const Ops& o = *ops;
+  const BlockTensors& w = slot == 0 ? pe : pb[slot - 1];
+  const BlockTensors& g = slot == 0 ? ge : gb[slot - 1];
+  float* dbias = bias_role >= 0 ? g[bias_role] : nullptr;
+  if (mode_ == BackwardMode::whole) {
+    o.matmul_backward(dinp, g[weight_role], dbias, dout, inp, w[weight_role], N, C, OC);
+    if (last) finished(slot, {weight_role, bias_role}, ready);
+    return;
+  }
+  if (input_only_pass_ != &a) fail("internal: an input-only backward continued on other activations");
+  if (dinp) o.matmul_backward(dinp, nullptr, nullptr, dout, inp, w[weight_role], N, C, OC);
+  if (!dout_kept) {
+    const size_t n = static_cast<size_t>(N) * OC;
+    float* copy = kept_buffer(a, n);
+    o.copy(copy, dout, n * sizeof(float));
+    dout = copy;
+  }
+  a.deferred.push_back({slot, weight_role, bias_role, dout, inp, N, C, OC});
+}
+
+float* Model::kept_buffer(Activations& a, size_t n) const {
+  if (a.kept_used + round16(n) > a.kept_floats) fail("internal: the kept output gradients overflow");
+  float* p = a.kept + a.kept_used;
+  a.kept_used += round16(n);
+  return p;
+}
+
+void Model::weight_backward(Activations& a, const ReadyFn& ready) {
+  if (!a.weight_grads_pending)
+    fail("internal: weight_backward without an input-only backward of these activations");
+  // Leave the input-only pass (if it is this one), and track readiness afresh: every tensor
+  // without a deferred gradient is final now; the deferred ones as their gradients land.
+  mode_ = BackwardMode::whole;
+  input_only_pass_ = nullptr;
+  tracker_.reset(table);
+  std::vector<char> deferred_slice(table.slices.size(), 0);
+  for (const Activations::DeferredDense& j : a.deferred)
+    for (int r : {j.weight_role, j.bias_role})
+      if (r >= 0)
+        for (int i : role_slices[j.slot][r]) deferred_slice[i] = 1;
+  for (size_t i = 0; i < deferred_slice.size(); i++)
+    if (!deferred_slice[i]) tracker_.done(i);
+  finished(0, {}, ready);
+  // dW[OC,C] += dout^T · inp; db[OC] += Σ_n dout (matmul_backward without dinp)
+  for (const Activations::DeferredDense& j : a.deferred) {
+    const BlockTensors& g = j.slot == 0 ? ge : gb[j.slot - 1];
+    const BlockTensors& w = j.slot == 0 ? pe : pb[j.slot - 1];
+    ops->matmul_backward(nullptr, g[j.weight_role], j.bias_role >= 0 ? g[j.bias_role] : nullptr, j.dout, j.inp,
+                         w[j.weight_role], j.N, j.C, j.OC);
+    finished(j.slot, {j.weight_role, j.bias_role}, ready);
+  }
+  if (!tracker_.complete()) fail("internal: weight_backward left gradients unreported");
+  a.deferred.clear();
+  a.kept_used = 0;
+  a.weight_grads_pending = false;
 }
 
 void Model::head_backward(Activations& a, const ReadyFn& ready) {
@@ -485,10 +592,9 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
     const float* xf = d.final_norm ? a.final_norm : x;
     const bool tied = d.tie_embeddings;
     o.zero(d_a_, NC * sizeof(float));
-    o.matmul_backward(d_a_, tied ? ge[kTokEmb] : ge[kLmHead], nullptr, a.logits, xf, tied ? pe[kTokEmb] : pe[kLmHead],
-                      N, C, d.vocab_size);
-    if (!tied) finished(0, {kLmHead}, ready);
-    if (tied && !part.embedding) finished(0, {kTokEmb}, ready);  // this part's copy gets no more
+    // A tied matrix held with the embedding gets its embedding gradient later in a whole pass.
+    dense_backward(a, d_a_, a.logits, true, xf, 0, tied ? kTokEmb : kLmHead, -1, N, C, d.vocab_size,
+                   !(tied && part.embedding), ready);
     o.zero(a.dresidual, NC * sizeof(float));
     if (d.final_norm) {
       norm_backward(o, d, a.dresidual, ge[kFinalNormW], ge[kFinalNormB], d_a_, x, pe[kFinalNormW], a.final_mean,
@@ -502,9 +608,8 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
     float *dpd = d_small_, *dpre = d_small_ + BC, *ddrop = d_small_ + 2 * BC;
     const bool drop = a.dropout.training && d.dropout > 0;
     o.zero(dpd, BC * sizeof(float));
-    o.matmul_backward(dpd, ge[kClsW], ge[kClsB], a.logits, drop ? a.pooled_drop : a.pooled, pe[kClsW], B, C,
-                      d.num_labels);
-    finished(0, {kClsW, kClsB}, ready);
+    dense_backward(a, dpd, a.logits, true, drop ? a.pooled_drop : a.pooled, 0, kClsW, kClsB, B, C, d.num_labels, true,
+                   ready);
     if (drop) {
       o.zero(ddrop, BC * sizeof(float));
       o.dropout_backward(ddrop, dpd, BC, d.dropout, drop_key(a, d.n_layer, kDropPooler));
@@ -514,8 +619,7 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
     o.tanh_backward(dpre, a.pooled, dpd, BC);
     float* dcls = d_small_;  // dpd is consumed
     o.zero(dcls, BC * sizeof(float));
-    o.matmul_backward(dcls, ge[kPoolerW], ge[kPoolerB], dpre, a.cls, pe[kPoolerW], B, C, C);
-    finished(0, {kPoolerW, kPoolerB}, ready);
+    dense_backward(a, dcls, dpre, false, a.cls, 0, kPoolerW, kPoolerB, B, C, C, true, ready);
     o.zero(a.dresidual, NC * sizeof(float));
     o.first_token_backward(a.dresidual, dcls, B, T, C);
   }
@@ -538,20 +642,30 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
     o.dropout_backward(into, g, NC, p, drop_key(a, l, site));
     return into;
   };
+  // An input-only pass writes the gradients of fc and qkv straight into the kept buffers that
+  // weight_backward reads (no copy); a whole pass into scratch.
+  const bool keep = mode_ == BackwardMode::input_only;
+  float *d_fc = d_fc_, *d_qkv = d_qkv_;
   auto act_backward = [&](const Activations::Layer& L) {
-    o.zero(d_fc_, static_cast<size_t>(N) * FC * sizeof(float));
+    o.zero(d_fc, static_cast<size_t>(N) * FC * sizeof(float));
     switch (d.mlp) {
-      case MlpKind::gelu_tanh: o.gelu_backward(d_fc_, L.fc, d_act_, static_cast<size_t>(N) * F); break;
-      case MlpKind::gelu_erf: o.gelu_erf_backward(d_fc_, L.fc, d_act_, static_cast<size_t>(N) * F); break;
-      case MlpKind::swiglu: o.swiglu_backward(d_fc_, L.fc, d_act_, N, F); break;
+      case MlpKind::gelu_tanh: o.gelu_backward(d_fc, L.fc, d_act_, static_cast<size_t>(N) * F); break;
+      case MlpKind::gelu_erf: o.gelu_erf_backward(d_fc, L.fc, d_act_, static_cast<size_t>(N) * F); break;
+      case MlpKind::swiglu: o.swiglu_backward(d_fc, L.fc, d_act_, N, F); break;
     }
   };
+  // A block's dense layer (inp [N, in] -> [N, out]); its output gradient is d_fc / d_qkv (kept in
+  // an input-only pass), or scratch or dres (copied in an input-only pass).
+  auto dense = [&](float* dinp, const float* dout, const float* inp, int slot, int wrole, int brole, int in, int out) {
+    const bool kept = keep && (dout == d_fc || dout == d_qkv);
+    dense_backward(a, dinp, dout, kept, inp, slot, wrole, brole, N, in, out, true, ready);
+  };
   auto attention_backward = [&](const Activations::Layer& L, const BlockTensors& w, int l) {
-    o.attention_backward(d_qkv_, d_att_, d_a_, L.qkv, L.att, mask, B, T, NH, NKV, hs, d.causal, pa,
+    o.attention_backward(d_qkv, d_att_, d_a_, L.qkv, L.att, mask, B, T, NH, NKV, hs, d.causal, pa,
                          drop_key(a, l, kDropAttnProbs));
     if (!d.learned_positions) {
-      o.rope_backward(d_qkv_, B, T, NH, hs, QKV, static_cast<float>(d.rope_theta));
-      o.rope_backward(d_qkv_ + AY, B, T, NKV, hs, QKV, static_cast<float>(d.rope_theta));
+      o.rope_backward(d_qkv, B, T, NH, hs, QKV, static_cast<float>(d.rope_theta));
+      o.rope_backward(d_qkv + AY, B, T, NKV, hs, QKV, static_cast<float>(d.rope_theta));
     }
   };
   for (int l = to - 1; l >= from; l--) {
@@ -560,28 +674,28 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
     const BlockTensors& g = gb[i];
     const Activations::Layer& L = a.layers[i];
     const float* x = i == 0 ? a.input : a.layers[i - 1].out;
+    if (keep) {
+      d_fc = kept_buffer(a, static_cast<size_t>(N) * FC);
+      d_qkv = kept_buffer(a, static_cast<size_t>(N) * QKV);
+    }
     if (d.pre_norm) {
       // out = res_attn + drop(P act(F N2(res_attn))); dres = d out.
       const float* dproj = through_dropout(dres, d_b_, l, kDropMlpOut);
       o.zero(d_act_, static_cast<size_t>(N) * F * sizeof(float));
-      o.matmul_backward(d_act_, g[kProjW], g[kProjB], dproj, L.act, w[kProjW], N, F, C);
-      finished(slot, {kProjW, kProjB}, ready);
+      dense(d_act_, dproj, L.act, slot, kProjW, kProjB, F, C);
       act_backward(L);
       o.zero(d_a_, NC * sizeof(float));
-      o.matmul_backward(d_a_, g[kFcW], g[kFcB], d_fc_, L.norm2, w[kFcW], N, C, FC);
-      finished(slot, {kFcW, kFcB}, ready);
+      dense(d_a_, d_fc, L.norm2, slot, kFcW, kFcB, C, FC);
       norm_backward(o, d, dres, g[kNorm2W], g[kNorm2B], d_a_, L.res_attn, w[kNorm2W], L.norm2_mean, L.norm2_rstd, N);
       finished(slot, {kNorm2W, kNorm2B}, ready);
       // dres = d res_attn; res_attn = x + drop(O attention(QKV N1(x))).
       const float* dao = through_dropout(dres, d_b_, l, kDropAttnOut);
       o.zero(d_a_, NC * sizeof(float));
-      o.matmul_backward(d_a_, g[kAttnOutW], g[kAttnOutB], dao, L.atty, w[kAttnOutW], N, AY, C);
-      finished(slot, {kAttnOutW, kAttnOutB}, ready);
-      o.zero(d_qkv_, static_cast<size_t>(N) * QKV * sizeof(float));
+      dense(d_a_, dao, L.atty, slot, kAttnOutW, kAttnOutB, AY, C);
+      o.zero(d_qkv, static_cast<size_t>(N) * QKV * sizeof(float));
       attention_backward(L, w, l);
       o.zero(d_b_, NC * sizeof(float));
-      o.matmul_backward(d_b_, g[kQkvW], g[kQkvB], d_qkv_, L.norm1, w[kQkvW], N, C, QKV);
-      finished(slot, {kQkvW, kQkvB}, ready);
+      dense(d_b_, d_qkv, L.norm1, slot, kQkvW, kQkvB, C, QKV);
       norm_backward(o, d, dres, g[kNorm1W], g[kNorm1B], d_b_, x, w[kNorm1W], L.norm1_mean, L.norm1_rstd, N);
       finished(slot, {kNorm1W, kNorm1B}, ready);
     } else {
@@ -592,22 +706,18 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
       finished(slot, {kNorm2W, kNorm2B}, ready);
       const float* dproj = through_dropout(d_b_, dres, l, kDropMlpOut);  // dres is free now
       o.zero(d_act_, static_cast<size_t>(N) * F * sizeof(float));
-      o.matmul_backward(d_act_, g[kProjW], g[kProjB], dproj, L.act, w[kProjW], N, F, C);
-      finished(slot, {kProjW, kProjB}, ready);
+      dense(d_act_, dproj, L.act, slot, kProjW, kProjB, F, C);
       act_backward(L);
-      o.matmul_backward(d_b_, g[kFcW], g[kFcB], d_fc_, L.norm1, w[kFcW], N, C, FC);  // d_b_ = d h
-      finished(slot, {kFcW, kFcB}, ready);
+      dense(d_b_, d_fc, L.norm1, slot, kFcW, kFcB, C, FC);  // d_b_ = d h
       o.zero(dres, NC * sizeof(float));
       norm_backward(o, d, dres, g[kNorm1W], g[kNorm1B], d_b_, L.res_attn, w[kNorm1W], L.norm1_mean, L.norm1_rstd, N);
       finished(slot, {kNorm1W, kNorm1B}, ready);
       const float* dao = through_dropout(dres, d_b_, l, kDropAttnOut);
       o.zero(d_a_, NC * sizeof(float));
-      o.matmul_backward(d_a_, g[kAttnOutW], g[kAttnOutB], dao, L.atty, w[kAttnOutW], N, AY, C);
-      finished(slot, {kAttnOutW, kAttnOutB}, ready);
-      o.zero(d_qkv_, static_cast<size_t>(N) * QKV * sizeof(float));
+      dense(d_a_, dao, L.atty, slot, kAttnOutW, kAttnOutB, AY, C);
+      o.zero(d_qkv, static_cast<size_t>(N) * QKV * sizeof(float));
       attention_backward(L, w, l);
-      o.matmul_backward(dres, g[kQkvW], g[kQkvB], d_qkv_, x, w[kQkvW], N, C, QKV);  // dres = d x
-      finished(slot, {kQkvW, kQkvB}, ready);
+      dense(dres, d_qkv, x, slot, kQkvW, kQkvB, C, QKV);  // dres = d x
     }
   }
 }

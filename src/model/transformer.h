@@ -22,6 +22,17 @@
 // Gradient convention: backward ADDS into the model's grads (zero_grads() once per step), so
 // micro-batches accumulate. grads_ready(k) is called whenever the gradient prefix [0, k) of the
 // flat buffer is final (derived from the table: see GradReadyTracker), ending with k = numel.
+//
+// Split backward (zero-bubble pipelines): a backward begun with BackwardMode::input_only computes
+// what flows to the previous layers — the hidden-state gradient, and on the way the norms' and
+// embeddings' parameter gradients — but not the weight and bias gradients of the dense layers
+// (dW = dout^T · inp, db = Σ dout: half of a dense layer's backward FLOPs). For each dense layer
+// it records in the Activations the layer's input (an activation, kept anyway) and its output
+// gradient, in the Activations' `kept` buffer (written there directly, or copied from the
+// backward's scratch, which the next layer reuses). weight_backward(a) later adds those
+// gradients; the two together add exactly what one whole backward adds, bit for bit (the same
+// GEMMs on the same operands). The gradient-ready calls come from weight_backward: a tensor is
+// final only after its weight gradient.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -63,6 +74,12 @@ struct Batch {
   const int32_t* labels = nullptr;
 };
 
+// Which gradients a backward computes (see "Split backward" above).
+enum class BackwardMode {
+  whole,       // every gradient
+  input_only,  // all but the dense layers' weight and bias gradients, which weight_backward adds
+};
+
 // What keys the dropout masks of one forward (counter-based: backend/dropout_hash.h).
 struct DropoutContext {
   bool training = false;  // dropout applies only while training
@@ -96,6 +113,22 @@ struct Activations {
   float* tmp = nullptr;       // [N, C] forward scratch (a branch's output before the residual add)
   bool has_mask = false;      // the batch carried an attention mask
   std::vector<float> losses_host;
+
+  // The deferred half of an input-only backward (Model::weight_backward): per dense layer, in
+  // backward order, the gradient it owes and the operands — the layer's input (an activation
+  // above, or logits) and its output gradient (in `kept`, unless it is an activation already).
+  struct DeferredDense {
+    int slot, weight_role, bias_role;  // Model::role_slices slot; bias_role -1: the layer has none
+    const float* dout;                 // [N, OC]
+    const float* inp;                  // [N, C]
+    int N, C, OC;
+  };
+  std::vector<DeferredDense> deferred;
+  bool weight_grads_pending = false;   // an input-only backward ran; weight_backward has not
+  float* kept = nullptr;               // backend memory for the output gradients (kept_floats)
+  size_t kept_floats = 0, kept_used = 0;
+  // Allocates `floats` for kept (once; counted in bytes()). Model::reserve_input_only sizes it.
+  void reserve_kept(size_t floats);
 
   Activations() = default;
   Activations(const Model& m, int B, int T) { allocate(m, B, T); }
@@ -154,10 +187,23 @@ struct Model {
 
   // ---- and backward, in reverse; a.dresidual carries the hidden-state gradient between them ----
   using ReadyFn = std::function<void(size_t)>;
-  void begin_backward();                                     // resets the gradient-ready tracking
+  // A backward pass is begin_backward, then head_backward?, blocks_backward, embed_backward? on
+  // one Activations; one pass runs to its end before the next begins.
+  void begin_backward();                                     // a whole pass: resets the gradient-ready tracking
+  // input_only: the pass records its dense layers' weight gradients in a (ready is not called)
+  void begin_backward(Activations& a, BackwardMode mode);
   void head_backward(Activations& a, const ReadyFn& ready);  // a.dresidual = d loss / d output
   void blocks_backward(Activations& a, int from, int to, const ReadyFn& ready);  // to > from, runs to-1 .. from
   void embed_backward(Activations& a, const ReadyFn& ready);
+  // After an input-only pass on a (other passes may run in between): adds the deferred weight
+  // and bias gradients, in backward order, and reports readiness as a whole backward does — every
+  // tensor without a deferred gradient is final at once (all of its backward ran). So ready may
+  // be given only to the step's last weight_backward, after every other backward of the step.
+  void weight_backward(Activations& a, const ReadyFn& ready);
+  // Floats an input-only backward keeps per micro-batch of B x T, and their allocation in a
+  // (call once per Activations to have the memory counted up front; the pass allocates it anyway).
+  size_t kept_floats(int B, int T) const;
+  void reserve_input_only(Activations& a) const { a.reserve_kept(kept_floats(a.B, a.T)); }
 
   // ---- the whole part, as the trainer uses it ----
   float forward(Activations& a, const Batch& b, bool need_grad, float grad_scale = 1.0f) const;
@@ -168,13 +214,21 @@ struct Model {
 
  private:
   GradReadyTracker tracker_;
+  BackwardMode mode_ = BackwardMode::whole;
+  const Activations* input_only_pass_ = nullptr;  // the Activations of the input-only pass running
   // Backward scratch, grown on demand.
   float* scratch_ = nullptr;
   size_t scratch_floats_ = 0;
   float *d_a_ = nullptr, *d_b_ = nullptr, *d_qkv_ = nullptr, *d_fc_ = nullptr, *d_act_ = nullptr,
         *d_att_ = nullptr, *d_small_ = nullptr;
   void ensure_scratch(int B, int T);
-  void finished(int slot, std::initializer_list<int> roles, const ReadyFn& ready);
+  void finished(int slot, std::initializer_list<int> roles, const ReadyFn& ready);  // no-op in an input-only pass
+  // A dense layer's backward: dinp += dout · W now (dinp may be null); dW += dout^T · inp and
+  // db += Σ dout now (reported finished when `last`: no other contribution in this pass) or, in
+  // an input-only pass, recorded in a (dout copied unless dout_kept: it lives in a already).
+  void dense_backward(Activations& a, float* dinp, const float* dout, bool dout_kept, const float* inp, int slot,
+                      int weight_role, int bias_role, int N, int C, int OC, bool last, const ReadyFn& ready);
+  float* kept_buffer(Activations& a, size_t n) const;  // the next n floats of a.kept (an input-only pass)
 };
 
 }  // namespace llmpi

@@ -38,10 +38,11 @@ void Optimizer::step(float* params, const float* grads, const ParamTable& table,
 
 double lr_at(const TrainConfig& tc, int64_t s) {
   if (s < tc.warmup_steps) return tc.lr * (double)(s + 1) / (double)tc.warmup_steps;
-  double min_lr = tc.lr * tc.min_lr_ratio;
-  int64_t decay_steps = tc.steps - tc.warmup_steps;
-  if (decay_steps <= 0) return tc.lr;
-  double progress = std::min(1.0, (double)(s - tc.warmup_steps) / (double)decay_steps);
+  const double min_lr = tc.lr * tc.min_lr_ratio;
+  const int64_t decay_steps = tc.steps - tc.warmup_steps;
+  if (tc.lr_schedule == "constant" || decay_steps <= 0) return tc.lr;
+  const double progress = std::min(1.0, (double)(s - tc.warmup_steps) / (double)decay_steps);
+  if (tc.lr_schedule == "linear") return min_lr + (1.0 - progress) * (tc.lr - min_lr);
   return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (tc.lr - min_lr);
 }
 

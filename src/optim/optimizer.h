@@ -28,8 +28,11 @@ struct Optimizer {
   void step(float* params, const float* grads, const ParamTable& table, double lr, const TrainConfig& tc);
 };
 
-// Learning rate at (0-based) step s: linear warm-up lr·(s+1)/W for s < W, then cosine decay from
-// lr to lr·min_lr_ratio at s = steps.
+// Learning rate at (0-based) step s: linear warm-up lr·(s+1)/W for s < W, then (train.lr_schedule)
+// cosine decay from lr to lr·min_lr_ratio at s = steps, or linear decay
+//   lr_s = min_lr + (lr − min_lr)·(1 − (s − W)/(steps − W)),
+// which with min_lr_ratio 0 is transformers' get_linear_schedule_with_warmup (the rate used for
+// step s is lr·(steps − s)/(steps − W)), or constant lr.
 double lr_at(const TrainConfig& tc, int64_t s);
 
 // Global L2 norm of grads (n floats); when max_norm > 0 and the norm exceeds it, grads are scaled

@@ -5,12 +5,15 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include "backend/cuda_ops.h"
+#include "hf/hf_import.h"
 #include "metrics/metrics.h"
 #include "metrics/trace.h"
 #include "runtime/error.h"
+#include "runtime/mpi_env.h"
 
 namespace llmpi {
 
@@ -111,8 +114,10 @@ Pipeline::Pipeline(const ModelDesc& d, const Ops& o, const ParallelGroups& group
       if (last.role != kTokEmb) fail("internal: the tied token embedding is not the last tensor of a stage");
       ch.ready_cap = last.offset;
     }
-    for (int i = 0; i < std::max(1, peak.per_chunk[c]); i++)
+    for (int i = 0; i < std::max(1, peak.per_chunk[c]); i++) {
       ch.slots.push_back(std::make_unique<Activations>(*ch.model, micro_batch, T));
+      if (kind == ScheduleKind::zb_h1) ch.model->reserve_input_only(*ch.slots.back());  // counted up front
+    }
   }
 }
 
@@ -183,10 +188,17 @@ PipelineStepStats Pipeline::forward_backward(int64_t step, const Batch& batch) {
     ch.model->zero_grads();
     ch.sync->begin_step();
   }
-  // The index of each chunk's last backward: it hands gradient buckets to the sync.
-  std::vector<size_t> last_backward(v, 0);
-  for (size_t i = 0; i < actions.size(); i++)
-    if (actions[i].type == ActionType::B || actions[i].type == ActionType::BI) last_backward[actions[i].chunk] = i;
+  // The index of each chunk's last backward (B, or W when split): it hands gradient buckets to the
+  // sync. A W reports every tensor without a weight gradient as final at once, so the last W must
+  // come after the last BI.
+  std::vector<size_t> last_backward(v, 0), last_input_backward(v, 0);
+  for (size_t i = 0; i < actions.size(); i++) {
+    const ActionType t = actions[i].type;
+    if (t == ActionType::B || t == ActionType::W) last_backward[actions[i].chunk] = i;
+    if (t == ActionType::BI) last_input_backward[actions[i].chunk] = i;
+  }
+  for (int c = 0; c < v; c++)
+    if (last_input_backward[c] > last_backward[c]) fail("internal: a schedule whose last W precedes its last BI");
 
   // Activation slots: (micro-batch, chunk) -> slot; free slots per chunk; sends in flight per slot.
   std::map<std::pair<int, int>, int> slot_of;
@@ -205,10 +217,28 @@ PipelineStepStats Pipeline::forward_backward(int64_t step, const Batch& batch) {
   auto acts = [&](const Action& a) -> Activations& {
     auto it = slot_of.find({a.mb, a.chunk});
     if (it != slot_of.end()) return *chunks[a.chunk].slots[it->second];
-    if (free_slots[a.chunk].empty()) fail("internal: no free activation slot for ", action_string(a));
-    const int slot = free_slots[a.chunk].back();
-    free_slots[a.chunk].pop_back();
-    wait_sends(a.chunk, slot);
+    // A free slot whose sends have completed. Never wait for a send here: above MPI's eager limit
+    // a send completes only when its receiver posts the receive, which may sit behind a receive
+    // of ours in the receiver's list (seen with interleaved, S = 2, M = 4, 16 KB messages). With
+    // no such slot, one more is allocated; it stays for the next steps.
+    PipelineChunk& chunk = chunks[a.chunk];
+    std::vector<int>& free = free_slots[a.chunk];
+    int slot = -1;
+    for (size_t k = free.size(); k-- > 0 && slot < 0;) {
+      std::vector<MPI_Request>& r = sends[a.chunk][free[k]];
+      int done = 1;
+      if (!r.empty()) MPI_Testall((int)r.size(), r.data(), &done, MPI_STATUSES_IGNORE);
+      if (!done) continue;
+      r.clear();
+      slot = free[k];
+      free.erase(free.begin() + (long)k);
+    }
+    if (slot < 0) {
+      chunk.slots.push_back(std::make_unique<Activations>(*chunk.model, micro_batch, T));
+      if (kind == ScheduleKind::zb_h1) chunk.model->reserve_input_only(*chunk.slots.back());
+      sends[a.chunk].emplace_back();
+      slot = (int)chunk.slots.size() - 1;
+    }
     slot_of[{a.mb, a.chunk}] = slot;
     Activations& x = *chunks[a.chunk].slots[slot];
     chunks[a.chunk].model->load_batch(x, micro(batch, a.mb));
@@ -277,7 +307,8 @@ PipelineStepStats Pipeline::forward_backward(int64_t step, const Batch& batch) {
         Model::ReadyFn ready;
         if (i == last_backward[a.chunk])
           ready = [&ch](size_t k) { ch.sync->on_ready(std::min(k, ch.ready_cap)); };
-        md.begin_backward();
+        // BI: the input gradient only; the dense layers' weight gradients wait in x for W.
+        md.begin_backward(x, a.type == ActionType::BI ? BackwardMode::input_only : BackwardMode::whole);
         if (ch.part.head) md.head_backward(x, ready);
         md.blocks_backward(x, ch.part.l0, ch.part.l1, ready);
         if (ch.part.embedding) md.embed_backward(x, ready);
@@ -292,14 +323,24 @@ PipelineStepStats Pipeline::forward_backward(int64_t step, const Batch& batch) {
         break;
       }
       case ActionType::W: {
-        // See the header: the weight gradient was computed with BI; W frees the activations.
+        // The weight gradients BI deferred; then the activations are free.
         auto it = slot_of.find({a.mb, a.chunk});
         if (it == slot_of.end()) fail("internal: W of ", action_string(a), " without its activations");
+        const double t0 = now_ms();
+        Model::ReadyFn ready;
+        if (i == last_backward[a.chunk])
+          ready = [&ch](size_t k) { ch.sync->on_ready(std::min(k, ch.ready_cap)); };
+        md.weight_backward(*ch.slots[it->second], ready);
+        if (ops.on_gpu()) cuda_synchronize();
+        const double t1 = now_ms();
+        st.compute_ms += t1 - t0;
+        if (traced) tracer->span(action_string(a), 0, t0, t1, "{\"step\":" + std::to_string(step) + "}");
         free_slots[a.chunk].push_back(it->second);
         slot_of.erase(it);
         break;
       }
     }
+    if (after_compute && a.is_compute()) after_compute(a);
   }
   for (int c = 0; c < v; c++)
     for (size_t s = 0; s < sends[c].size(); s++) wait_sends(c, (int)s);
@@ -436,6 +477,38 @@ void Pipeline::load_whole(const float* params, const float* m, const float* vv, 
     if (m && ch.opt->m) load(m, ch.opt->m);
     if (vv && ch.opt->v) load(vv, ch.opt->v);
     ch.opt->t = optimizer_t;
+  }
+}
+
+void Pipeline::init_from_hf(const std::string& dir, std::vector<std::string>* notes) {
+  std::vector<std::string> mine;
+  std::string err;
+  try {
+    for (PipelineChunk& ch : chunks) {
+      std::vector<float> host(ch.model->table.numel);
+      load_hf_params(dir, desc, ch.model->table, seed, host.data(), &mine);
+      ops.copy_to_device(ch.model->params, host.data(), host.size() * sizeof(float));
+    }
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  err = agree_on_error(g.world, err);
+  if (!err.empty()) fail(err);  // the same error on every rank
+  // The notes of the pipeline's stages, to its stage 0, one per line.
+  std::string text;
+  for (const std::string& n : mine) text += n + "\n";
+  int len = (int)text.size();
+  std::vector<int> lens(S), offs(S, 0);
+  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, g.pipeline);
+  for (int s = 1; s < S; s++) offs[s] = offs[s - 1] + lens[s - 1];
+  std::string all(g.stage == 0 ? offs[S - 1] + lens[S - 1] : 0, '\0');
+  MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, 0, g.pipeline);
+  if (!notes || g.world_rank != 0) return;
+  std::set<std::string> seen;
+  for (size_t b = 0, e; b < all.size(); b = e + 1) {
+    e = all.find('\n', b);
+    const std::string line = all.substr(b, e - b);
+    if (seen.insert(line).second) notes->push_back(line);
   }
 }
 

@@ -21,15 +21,23 @@
 //   clipping   the global norm sums every chunk's squares over the pipeline (the tied matrix
 //              once), so every stage scales by the same factor and sees the same non-finite norm.
 //   memory     a chunk keeps as many Activations as its schedule has micro-batches in flight
-//              (activation_peak): S - s for 1F1B, M for GPipe.
-//   zb-h1      runs in its zero-bubble order, but BI computes the input and the weight gradient
-//              together (the backend's matmul_backward has no input-only form yet) and W only
-//              releases the activations: the order and the memory are zb-h1's, the bubble is not.
+//              (activation_peak): S - s for 1F1B, M for GPipe; plus one whenever every free slot
+//              still has a send in flight: a step never waits for a send before its end (above
+//              MPI's eager limit a send waits for its receiver, which may wait for us: deadlock).
+//   zb-h1      BI is the model's input-only backward (model/transformer.h "Split backward"): the
+//              hidden-state gradient the previous stage waits for, with the norms' and embeddings'
+//              parameter gradients; the dense layers' weight and bias gradients (half their
+//              FLOPs) wait in the micro-batch's Activations, with a copy of each layer's output
+//              gradient, until its W adds them. W is where the chunk's last gradients become
+//              final, so the last W (not the last BI) hands buckets to the sync. The kept output
+//              gradients cost per slot about 2·C + fc + qkv floats per token and layer, counted in
+//              the slot's bytes.
 //   device     CPU backend only so far: messages go straight from backend memory, which on a GPU
 //              would need CUDA-aware MPI or host staging (refused with that message).
 #pragma once
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,6 +99,9 @@ struct Pipeline {
   std::vector<PipelineChunk> chunks;    // chunk c = virtual stage c·S + stage
   ParamTable whole_table;               // the whole model's table (checkpoints are by name)
   Tracer* tracer = nullptr;
+  // Called after each compute action (F, B, BI, W) of forward_backward: tests look at the
+  // gradients between actions.
+  std::function<void(const Action&)> after_compute;
 
   // Builds the chunks (initialised from seed), their optimizers and syncs. Not collective.
   Pipeline(const ModelDesc& d, const Ops& ops, const ParallelGroups& g, const ParallelConfig& pc,
@@ -112,6 +123,12 @@ struct Pipeline {
   std::vector<float> gather_whole(int which);
   // Every rank takes its tensors by name from whole-model buffers (m, v may be null).
   void load_whole(const float* params, const float* m, const float* v, int64_t optimizer_t);
+  // --init-from: every rank reads its chunks' tensors by name from a Hugging Face model directory
+  // (hf/hf_import.h; a tied head's copy reads the embedding), tensors the files lack keep their
+  // seeded values, as on one rank. Collective over the world: an error on any rank (a tensor
+  // missing for some stage) is thrown on every rank. World rank 0 gets the notes of every stage
+  // of its pipeline (each once) in *notes.
+  void init_from_hf(const std::string& dir, std::vector<std::string>* notes);
   int64_t optimizer_t() const { return chunks.front().opt->t; }
   size_t local_numel() const;
   std::string describe_layers() const;  // "layers [0,2) + embedding"

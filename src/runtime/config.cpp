@@ -20,8 +20,8 @@ const json& config_defaults() {
                  "type_vocab_size": 2, "init_std": 0.02, "norm_eps": 1e-5, "rope_theta": 10000.0,
                  "dropout": 0.0, "attn_dropout": 0.0, "tie_embeddings": true},
     "data":     {"train": "", "val": ""},
-    "train":    {"steps": 1000, "global_batch": 16, "lr": 3e-4, "min_lr_ratio": 0.1,
-                 "warmup_steps": 0, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
+    "train":    {"steps": 1000, "epochs": 0, "global_batch": 16, "drop_last": true, "lr": 3e-4,
+                 "lr_schedule": "cosine", "min_lr_ratio": 0.1, "warmup_steps": 0, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
                  "eps": 1e-8, "optimizer": "adamw", "grad_clip": 1.0, "seed": 1337, "log_every": 10,
                  "eval_every": 100, "eval_batches": 8, "on_nonfinite": "abort"},
     "parallel": {"sync": "allreduce", "bucket_mb": 25.0, "first_bucket_mb": 1.0, "overlap": false,
@@ -232,6 +232,9 @@ static Config extract(const json& r) {
   c.data = {r["data"]["train"], r["data"]["val"]};
   auto& t = r["train"];
   c.train.steps = as_int<int64_t>(t["steps"], "train.steps");
+  c.train.epochs = as_int<int>(t["epochs"], "train.epochs");
+  c.train.drop_last = t["drop_last"];
+  c.train.lr_schedule = t["lr_schedule"];
   c.train.global_batch = as_int<int>(t["global_batch"], "train.global_batch");
   c.train.lr = t["lr"];
   c.train.min_lr_ratio = t["min_lr_ratio"];
@@ -307,7 +310,10 @@ static Config extract(const json& r) {
   require(c.train.grad_clip >= 0, "train.grad_clip", "must be >= 0 (0 = no clipping)");
   require(c.train.log_every >= 1, "train.log_every", "must be >= 1");
   require(c.train.eval_every >= 0, "train.eval_every", "must be >= 0 (0 = evaluate only at the end)");
-  require(c.train.eval_batches >= 1, "train.eval_batches", "must be >= 1");
+  require(c.train.eval_batches >= 0, "train.eval_batches", "must be >= 0 (0 = the whole validation file)");
+  require(c.train.epochs >= 0, "train.epochs", "must be >= 0 (0 = run train.steps steps)");
+  require(c.train.lr_schedule == "cosine" || c.train.lr_schedule == "linear" || c.train.lr_schedule == "constant",
+          "train.lr_schedule", "must be \"cosine\", \"linear\" or \"constant\", got \"" + c.train.lr_schedule + "\"");
   require(c.train.optimizer == "adamw" || c.train.optimizer == "sgd", "train.optimizer",
           "must be \"adamw\" or \"sgd\", got \"" + c.train.optimizer + "\"");
   require(c.parallel.sync == "gather_scatter" || c.parallel.sync == "allreduce" || c.parallel.sync == "weights" ||
@@ -466,6 +472,12 @@ Config parse_config(const std::string& text, const std::string& source,
     fam[k] = resolved["model"][k];
   }
   resolved["model"] = fam;
+  const bool steps_given = std::find(given.begin(), given.end(), "train.steps") != given.end();
+  const bool epochs_given = std::find(given.begin(), given.end(), "train.epochs") != given.end();
+  if (steps_given && epochs_given && resolved["train"]["epochs"] != 0 && resolved["train"]["steps"] != 0)
+    fail(source, ": both 'train.steps' (", resolved["train"]["steps"].dump(), ") and 'train.epochs' (",
+         resolved["train"]["epochs"].dump(), ") are set; a run is measured in one of them: remove one or set it to 0 "
+         "(e.g. --set train.epochs=0 --set train.steps=N)");
   return extract(resolved);
 }
 

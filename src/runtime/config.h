@@ -27,16 +27,19 @@ struct DataConfig {
   std::string train, val;  // HDF5 token files from llmpi-prep; val may be ""
 };
 struct TrainConfig {
-  int64_t steps;
+  int64_t steps;           // steps to run (with epochs > 0: set by the trainer to epochs × steps per epoch)
+  int epochs;              // > 0: run this many passes over the training data instead of `steps`
   int global_batch;        // sequences per step, summed over ranks
-  double lr, min_lr_ratio; // peak LR; cosine decays to lr * min_lr_ratio at `steps`
+  bool drop_last;          // true: an epoch's last partial global batch is dropped; false: it is a shorter step
+  std::string lr_schedule; // "cosine" | "linear" | "constant" after the warm-up
+  double lr, min_lr_ratio; // peak LR; cosine/linear decay to lr * min_lr_ratio at `steps`
   int64_t warmup_steps;    // linear warm-up from lr/warmup to lr
   double weight_decay, beta1, beta2, eps;
   std::string optimizer;   // "adamw" | "sgd"
   double grad_clip;        // global-norm clip; 0 = off
   uint64_t seed;
   int64_t log_every, eval_every;  // eval_every 0 = only at the end
-  int eval_batches;        // global batches of the val file per evaluation
+  int eval_batches;        // global batches of the val file per evaluation; 0 = the whole file
   std::string on_nonfinite;  // "abort" | "skip": a non-finite loss or gradient norm
 };
 struct ParallelConfig {

@@ -32,6 +32,7 @@ ResumeContract resume_contract_rows(const CheckpointInfo& ckpt, const Config& cf
   c.add("model.seq_len", was("model", "seq_len"), now["model"]["seq_len"]);
   c.add("train.global_batch", was("train", "global_batch"), now["train"]["global_batch"]);
   c.add("train.seed", was("train", "seed"), now["train"]["seed"]);
+  c.add("train.drop_last", was("train", "drop_last"), now["train"]["drop_last"]);  // which samples each step reads
   // The data files by identity (tokenizer, content hash, size), not by path: a moved file is the
   // same data, a remade one is not. Checkpoints before dataset identities have no 'data'.
   const nlohmann::json data_was = nlohmann::json::parse(ckpt.data_json.empty() ? "null" : ckpt.data_json, nullptr, false);

@@ -18,6 +18,7 @@
 #include "comm/grad_sync.h"
 #include "data/sampler.h"
 #include "data/token_file.h"
+#include "metrics/classification_metrics.h"
 #include "metrics/metrics.h"
 #include "metrics/trace.h"
 #include "data/classification_file.h"
@@ -289,13 +290,18 @@ std::string save_checkpoint(Run& r, int64_t steps_done) {
 }
 
 // --init-from: the parameters of a Hugging Face model directory (hf/hf_import.h); every rank
-// reads the tensors it holds from the memory-mapped files. Rank 0 prints what was initialised
-// instead (a BertModel's classifier) and what the files hold that the model does not use.
+// reads the tensors it holds from the memory-mapped files (a pipeline stage its own, by name).
+// Rank 0 prints what was initialised instead (a BertModel's classifier) and what the files hold
+// that the model does not use.
 void init_from_hf(Run& r, const TrainOptions& o) {
-  std::vector<float> host(r.model->table.numel);
   std::vector<std::string> notes;
-  load_hf_params(o.init_from, r.model->desc, r.model->table, r.cfg.train.seed, host.data(), &notes);
-  r.ops->copy_to_device(r.model->params, host.data(), host.size() * sizeof(float));
+  if (r.pipe) {
+    r.pipe->init_from_hf(o.init_from, &notes);  // collective
+  } else {
+    std::vector<float> host(r.model->table.numel);
+    load_hf_params(o.init_from, r.model->desc, r.model->table, r.cfg.train.seed, host.data(), &notes);
+    r.ops->copy_to_device(r.model->params, host.data(), host.size() * sizeof(float));
+  }
   if (r.rank == 0 && o.print)
     for (const std::string& n : notes) std::printf("init-from: %s\n", n.c_str());
 }
@@ -423,8 +429,6 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   if (o.overwrite && !o.resume.empty())
     fail("--overwrite starts a new run over an earlier one; with --resume the earlier run continues: use one of them");
   r.resume_overrides = o.resume_overrides;
-  if (!o.init_from.empty() && cfg.parallel.pp_stages > 1)
-    fail("--init-from with pipeline stages (parallel.pp_stages > 1) is not supported yet: use parallel.pp_stages 1");
   claim_run_directory(r, o);  // collective: agreed before anything else can fail
   if (cfg.parallel.pp_stages > 1)  // collective; fails on every rank alike (runtime/parallel_groups.h)
     r.groups = std::make_unique<ParallelGroups>(comm, cfg.parallel.pp_stages,
@@ -481,8 +485,15 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
     fail("'", cfg.data.train, "' has ", r.train_data.examples_file.info().num_labels, " labels but model.num_labels is ",
          cfg.model.num_labels, ": set model.num_labels to ", r.train_data.examples_file.info().num_labels);
   // With pipelines, the data-parallel replicas share the batch; every stage of one reads the same rows.
+  if (r.groups && !cfg.train.drop_last)
+    fail("train.drop_last=false (a shorter last step per epoch) does not work with pipeline stages, whose "
+         "micro-batches split a full batch: set train.drop_last=true, or parallel.pp_stages=1");
   r.sampler = std::make_unique<Sampler>(r.train_windows, cfg.train.global_batch, r.groups ? r.groups->dp : r.world,
-                                        r.groups ? r.groups->dp_rank : r.rank, cfg.train.seed);
+                                        r.groups ? r.groups->dp_rank : r.rank, cfg.train.seed, cfg.train.drop_last);
+  if (cfg.train.epochs > 0) {  // a run measured in epochs: the step count follows from the data
+    r.cfg.train.steps = cfg.train.epochs * r.sampler->steps_per_epoch();
+    r.cfg.resolved["train"]["steps"] = r.cfg.train.steps;
+  }
   if (!cfg.data.val.empty()) {
     r.has_val = true;
     r.val_data.open(cfg.data.val, cfg.model.family, cls, T);
@@ -490,7 +501,8 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
       fail("'", cfg.data.val, "' has vocabulary ", r.val_data.vocab_size(), " but the model has ", vocab,
            ": make train and val files with the same tokenizer");
     r.val_windows = r.val_data.n_samples;
-    if (r.val_windows < cfg.train.global_batch)
+    // Without pipelines an evaluation batch may be partial (evaluate()); a pipeline splits full ones.
+    if (r.val_windows < (r.groups ? cfg.train.global_batch : 1))
       fail("'", cfg.data.val, "' holds ", r.val_windows, cls ? " examples" : " windows of seq_len+1 tokens",
            ", fewer than one global batch (", cfg.train.global_batch,
            "): use a larger validation split (llmpi-prep --val-fraction) or a smaller batch");
@@ -532,6 +544,7 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
                                         r.sampler->local_batch(), T, cfg.train.seed, &r.tracer);
   else
     r.sync = std::make_unique<GradSync>(so, comm, *r.ops, r.model->grads, r.model->table, &r.tracer);
+  if (r.pipe && !o.init_from.empty()) init_from_hf(r, o);
 
   // Resume: every rank reads its state (a shared file system, as for the data).
   r.ckpt_dir = cfg.run.dir + "/checkpoints";
@@ -562,16 +575,25 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   }
 }
 
-// Mean loss over the validation batches, averaged over ranks, and (classifier) the accuracy.
+// The validation split in global batches of G, in file order: batch k is samples
+// [kG, min(N, (k+1)G)), shared out as evenly as it goes (the first g mod W ranks take one more), so
+// a partial last batch is evaluated too and every sample counts exactly once over the ranks.
+// train.eval_batches > 0 evaluates only the first that many batches. The loss is the mean over
+// samples (per-sample losses are token means for the language models); a classifier also sums
+// a confusion matrix over the ranks: accuracy, and for two labels F1 of label 1 and Matthews
+// correlation (metrics/classification_metrics.h).
 struct EvalResult {
   float loss = 0;
   double accuracy = -1;  // < 0: not a classifier
+  double f1 = -1, mcc = -1;  // two-label classifiers only
+  int64_t counted = 0;   // samples evaluated, over all ranks
 };
 EvalResult evaluate(Run& r, int64_t step) {
   r.watchdog->enter("evaluation", step);
-  const int G = r.cfg.train.global_batch, lb = G / r.world;
-  int64_t batches = std::min<int64_t>(r.cfg.train.eval_batches, r.val_windows / G);
-  if (r.pipe) {  // along the pipeline; the last stage holds the loss (pipeline/pipeline_step.h)
+  const int G = r.cfg.train.global_batch;
+  const int64_t N = r.val_windows;
+  if (r.pipe) {  // along the pipeline, in whole batches; the last stage holds the loss (pipeline/pipeline_step.h)
+    const int64_t batches = r.cfg.train.eval_batches > 0 ? std::min<int64_t>(r.cfg.train.eval_batches, N / G) : N / G;
     const int dp = r.groups->dp, plb = G / dp;
     PipelineEval pe;
     for (int64_t k = 0; k < batches; k++) {
@@ -583,28 +605,42 @@ EvalResult evaluate(Run& r, int64_t step) {
     MPI_Allreduce(sums, total, 3, MPI_DOUBLE, MPI_SUM, r.comm);
     EvalResult e;
     e.loss = (float)(total[0] / ((double)batches * dp));
+    e.counted = batches * G;
     if (r.pipe->desc.head == HeadKind::classifier) e.accuracy = total[2] > 0 ? total[1] / total[2] : 0.0;
     return e;
   }
+  const int64_t all_batches = (N + G - 1) / G;
+  const int64_t batches =
+      r.cfg.train.eval_batches > 0 ? std::min<int64_t>(r.cfg.train.eval_batches, all_batches) : all_batches;
   const bool cls = r.model->desc.head == HeadKind::classifier;
-  double sums[3] = {0, 0, 0};  // loss, correct, counted
+  ConfusionMatrix cm(cls ? r.model->desc.num_labels : 0);
+  double sums[2] = {0, 0};  // sum of per-sample losses, samples
   r.acts->dropout = DropoutContext{};  // no dropout
   for (int64_t k = 0; k < batches; k++) {
-    std::vector<int64_t> w(lb);
-    for (int i = 0; i < lb; i++) w[i] = k * G + (int64_t)r.rank * lb + i;
+    const int64_t begin = k * G, g = std::min<int64_t>(G, N - begin);
+    const int64_t base = g / r.world, extra = g % r.world;
+    const int64_t mine = base + (r.rank < extra ? 1 : 0);
+    const int64_t first = begin + r.rank * base + std::min<int64_t>(r.rank, extra);
+    if (mine == 0) continue;
+    std::vector<int64_t> w(mine);
+    for (int64_t i = 0; i < mine; i++) w[i] = first + i;
     Batch b = r.val_data.read(w);
-    sums[0] += r.model->forward(*r.acts, b, false);
+    sums[0] += (double)r.model->forward(*r.acts, b, false) * (double)mine;
+    sums[1] += (double)mine;
     if (cls) {
       std::vector<int> pred = r.model->predictions(*r.acts);
-      for (int i = 0; i < lb; i++) sums[1] += pred[i] == b.labels[i];
-      sums[2] += lb;
+      for (int64_t i = 0; i < mine; i++) cm.add(b.labels[i], pred[i]);
     }
   }
-  double total[3];
-  MPI_Allreduce(sums, total, 3, MPI_DOUBLE, MPI_SUM, r.comm);
+  MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, r.comm);
+  if (cls) MPI_Allreduce(MPI_IN_PLACE, cm.counts.data(), (int)cm.counts.size(), MPI_DOUBLE, MPI_SUM, r.comm);
   EvalResult e;
-  e.loss = (float)(total[0] / ((double)batches * r.world));
-  if (cls) e.accuracy = total[2] > 0 ? total[1] / total[2] : 0.0;
+  e.loss = sums[1] > 0 ? (float)(sums[0] / sums[1]) : 0.0f;
+  e.counted = (int64_t)sums[1];
+  if (cls) {
+    e.accuracy = cm.accuracy();
+    if (cm.K == 2) e.f1 = cm.f1(1), e.mcc = cm.matthews();
+  }
   return e;
 }
 
@@ -633,8 +669,9 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     throw CollectiveError(e.what());  // connect() reports the same error on every rank
   }
 
-  const TrainConfig& tc = cfg.train;
+  const TrainConfig& tc = r.cfg.train;  // train.steps resolved (train.epochs)
   const int T = cfg.model.seq_len, lb = r.sampler->local_batch();
+  const int64_t steps_per_epoch = r.sampler->steps_per_epoch();
   const bool print = o.print && r.rank == 0;
   const ModelDesc& desc = r.pipe ? r.pipe->desc : r.model->desc;
   const size_t numel = r.pipe ? r.pipe->whole_table.numel : r.model->table.numel;
@@ -644,7 +681,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
   res.flops_per_token = flops_per_token(desc, numel, T);
   if (r.groups && o.print) print_topology(*r.groups, r.pipe->describe_layers());  // collective
   res.start_step = r.start_step;
-  const double tokens_per_step = (double)tc.global_batch * T;
+  const double tokens_per_full_step = (double)tc.global_batch * T;
 
   if (print) {
     const bool gpu = r.ops->on_gpu();
@@ -658,9 +695,16 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
                 d.ffn_dim, T, d.vocab_size,
                 d.head == HeadKind::classifier ? (", " + std::to_string(d.num_labels) + " labels").c_str() : "",
                 res.n_params / 1e6, res.flops_per_token / 1e6);
-    std::printf("data: %s: %lld windows (%lld steps/epoch at global batch %d = %d per rank)%s%s\n",
-                cfg.data.train.c_str(), (long long)r.train_windows, (long long)r.sampler->steps_per_epoch(),
-                tc.global_batch, lb, r.has_val ? "; val " : "", r.has_val ? cfg.data.val.c_str() : "");
+    std::printf("data: %s: %lld %s (%lld steps/epoch at global batch %d = %d per rank%s)%s%s\n",
+                cfg.data.train.c_str(), (long long)r.train_windows, desc.head == HeadKind::classifier ? "examples" : "windows",
+                (long long)steps_per_epoch, tc.global_batch, lb,
+                tc.drop_last ? (r.train_windows % tc.global_batch ? ", last partial batch dropped" : "")
+                             : (r.train_windows % tc.global_batch ? ", last step partial" : ""),
+                r.has_val ? "; val " : "", r.has_val ? cfg.data.val.c_str() : "");
+    if (tc.epochs > 0)
+      std::printf("schedule: %d epoch%s = %lld steps, lr %s from %.3g%s\n", tc.epochs, tc.epochs > 1 ? "s" : "",
+                  (long long)tc.steps, tc.lr_schedule.c_str(), tc.lr,
+                  tc.warmup_steps > 0 ? (" after " + std::to_string(tc.warmup_steps) + " warm-up steps").c_str() : "");
     if (r.pipe) {
       std::printf("pipeline: %d stages × %d data-parallel replicas, schedule %s, %d micro-batches of %d%s; "
                   "gradient sync %s per stage\n", r.groups->pp, r.groups->dp, schedule_kind_name(r.pipe->kind),
@@ -705,17 +749,21 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     EvalResult e = evaluate(r, step);
     res.eval_steps.push_back(step);
     res.val_losses.push_back(e.loss);
+    res.val_counted.push_back(e.counted);
     if (e.accuracy >= 0) res.val_accuracy.push_back(e.accuracy);
+    if (e.f1 >= 0) res.val_f1.push_back(e.f1), res.val_mcc.push_back(e.mcc);
+    const double epoch = (double)step / (double)steps_per_epoch;
     if (r.evals) {
-      nlohmann::json line = {{"step", step}, {"val_loss", e.loss}};
+      nlohmann::json line = {{"step", step}, {"epoch", epoch}, {"val_loss", e.loss}, {"examples", e.counted}};
       if (e.accuracy >= 0) line["accuracy"] = e.accuracy;
+      if (e.f1 >= 0) line["f1"] = e.f1, line["mcc"] = e.mcc;
       r.evals->write(line);
     }
     if (print) {
-      if (e.accuracy >= 0)
-        std::printf("eval  step %6lld | val_loss %.4f | accuracy %.4f\n", (long long)step, e.loss, e.accuracy);
-      else
-        std::printf("eval  step %6lld | val_loss %.4f\n", (long long)step, e.loss);
+      std::printf("eval  step %6lld (epoch %.2f) | val_loss %.4f", (long long)step, epoch, e.loss);
+      if (e.accuracy >= 0) std::printf(" | accuracy %.4f", e.accuracy);
+      if (e.f1 >= 0) std::printf(" | f1 %.4f | mcc %.4f", e.f1, e.mcc);
+      std::printf(" | %lld %s\n", (long long)e.counted, desc.head == HeadKind::classifier ? "examples" : "windows");
       std::fflush(stdout);
     }
   };
@@ -812,12 +860,14 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
       r.tracer.span("optimizer", 0, t4, t5, args);
     }
     const double step_ms = t6 - t0;
+    const double tokens_per_step = r.pipe ? tokens_per_full_step : tokens_per_full_step * batch.B / lb;
     res.losses.push_back(loss);
     res.step_ms.push_back(step_ms);
 
     const bool last = step + 1 == tc.steps;
     const bool overridden = step == r.start_step && !r.accepted_changes.empty();  // logged with the first step
-    if (step % tc.log_every == 0 || last || nonfinite || overridden) {
+    // The first five steps are always shown (the losses of the first minibatches).
+    if (step % tc.log_every == 0 || step < 5 || last || nonfinite || overridden) {
       std::vector<double> recent(res.step_ms.begin() + (res.step_ms.size() > 1 ? 1 : 0), res.step_ms.end());
       const double med_ms = median(recent);
       const double tok_s = tokens_per_step / (step_ms / 1000.0);
@@ -842,7 +892,8 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
         std::fflush(stdout);
       }
     }
-    if ((tc.eval_every > 0 && (step + 1) % tc.eval_every == 0) || last) do_eval(step + 1);
+    const bool epoch_end = tc.epochs > 0 && (step + 1) % steps_per_epoch == 0;
+    if ((tc.eval_every > 0 && (step + 1) % tc.eval_every == 0) || epoch_end || last) do_eval(step + 1);
     if (cfg.checkpoint.every > 0 && ((step + 1) % cfg.checkpoint.every == 0 || last)) {
       checkpoint(step + 1);
       saved_at = step + 1;
@@ -870,7 +921,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
 
   if (res.step_ms.size() > 1) {
     std::vector<double> after_first(res.step_ms.begin() + 1, res.step_ms.end());
-    res.tokens_per_s_median = tokens_per_step / (median(after_first) / 1000.0);
+    res.tokens_per_s_median = tokens_per_full_step / (median(after_first) / 1000.0);
   }
   if (print && !res.losses.empty() && !res.preempted) {
     std::printf("done: %lld steps, median %.0f tokens/s, train loss %.4f -> %.4f", (long long)tc.steps,

@@ -42,6 +42,8 @@ struct TrainResult {
   std::vector<int64_t> eval_steps;         // steps after which validation ran
   std::vector<float> val_losses;           // the validation loss at each
   std::vector<double> val_accuracy;        // classifier: the validation accuracy at each
+  std::vector<double> val_f1, val_mcc;     // two-label classifier: F1 of label 1, Matthews correlation
+  std::vector<int64_t> val_counted;        // samples evaluated at each, over all ranks
   std::vector<double> step_ms;             // wall time of each step on this rank
   double tokens_per_s_median = 0;          // global tokens/s, median over steps after the first
   int64_t n_params = 0;

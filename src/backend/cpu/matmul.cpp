@@ -102,12 +102,15 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 // dweight[OC,C] += dout[N,OC]^T · inp[N,C]           (sgemm, beta = 1)
 // dbias[OC]     += Σ_n dout[n, :]                    (column sum; threads split the columns,
 //                                                     each column summed in row order)
+// Each of the three is skipped when its output is null; they are independent, so calling with
+// dinp alone and then with dweight, dbias alone gives the same bits as one call with all three.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
   if (dinp != nullptr)
     sgemm_on_omp_threads(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
-  sgemm_on_omp_threads(CblasTrans, CblasNoTrans, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
+  if (dweight != nullptr)
+    sgemm_on_omp_threads(CblasTrans, CblasNoTrans, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
   if (dbias != nullptr) {
 #pragma omp parallel if (static_cast<long long>(N) * OC > (1 << 16) && OC >= 32)
     {
