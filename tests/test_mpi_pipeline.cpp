@@ -304,7 +304,7 @@ TEST(MpiPipeline, ZeroBubbleDefersTheWeightGradient) { zero_bubble_defers_the_we
 // --init-from with stages: every stage reads its own tensors by name from the Hugging Face
 // directory (gpt2's tied head copy reads the embedding). With lr 0 the gathered parameters after a
 // step are bit for bit those of a PP = 1 run from the same directory (and not the seeded ones),
-// and so is the first loss; with a learning rate, 5 steps equal PP = 1 to 1e-5.
+// and the first loss equals PP = 1's to rounding; with a learning rate, 5 steps equal PP = 1 to 1e-5.
 TEST(MpiPipeline, InitFromHuggingFaceEqualsOneRank) {
   std::string fixtures;
   for (std::string base : {"tests/fixtures/hf/", "../tests/fixtures/hf/"})
@@ -333,7 +333,9 @@ TEST(MpiPipeline, InitFromHuggingFaceEqualsOneRank) {
       EXPECT_EQ(pipe.final_params, one.final_params) << family << ": PP=2 --init-from differs from PP=1";
       EXPECT_NE(pipe.final_params, seeded.final_params) << family << ": --init-from left the seeded values";
       ASSERT_EQ(pipe.losses.size(), 1u);
-      EXPECT_EQ(pipe.losses[0], one.losses[0]) << family;
+      // The loss is the same function of the same parameters, but reduced in another order (the
+      // mean of 4 micro-batch means against one mean of 8 rows), so it agrees to rounding only.
+      EXPECT_NEAR(pipe.losses[0], one.losses[0], 1e-6 * std::fabs(one.losses[0])) << family;
     }
     // and training from there, with SGD: gpt2's key bias has an analytically zero gradient (a
     // constant added to every key's score), so its gradient is rounding noise, which differs with

@@ -12,7 +12,10 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 # For a SAN=1 build (ignored by a normal one); the programs run under mpiexec inherit these.
 # ASan/UBSan reports fail the test (UBSan halts on the first error); leaks are reported except
 # those inside third-party libraries (MPICH, UCX, HDF5, OpenBLAS, ...: tools/sanitizer/lsan.supp).
-export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1}
+# allocator_may_return_null=1: an allocation too large to satisfy fails the way it does without
+# ASan (operator new throws std::bad_alloc, which llmpi reports as a clean error; tested by
+# cli/run_dir), instead of ASan aborting the process.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1:allocator_may_return_null=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$(cd "$(dirname "$0")" && pwd)/sanitizer/lsan.supp:print_suppressions=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 LOGS=$BUILD/test-logs
