@@ -22,6 +22,7 @@
 #include "tokenizer/tokenizer.h"
 
 using namespace llmpi;
+using llmpi::test::error_of;
 using llmpi::test::TempDirTest;
 namespace fs = std::filesystem;
 
@@ -43,15 +44,6 @@ std::string read_all(const std::string& path) {
   std::ostringstream ss;
   ss << f.rdbuf();
   return ss.str();
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 std::vector<uint32_t> ids_of(const Tokenizer& tok, const std::string& s) {

@@ -20,8 +20,10 @@
 
 #include "runtime/error.h"
 #include "tokenizer/tokenizer.h"
+#include "file_test_util.h"
 
 using namespace llmpi;
+using llmpi::test::error_of;
 using nlohmann::json;
 
 namespace {
@@ -51,15 +53,6 @@ json read_json(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error("cannot open " + path);
   return json::parse(f);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // A short description of where two id lists first differ.

@@ -15,8 +15,10 @@
 
 #include "runtime/error.h"
 #include "tokenizer/tokenizer.h"
+#include "file_test_util.h"
 
 using namespace llmpi;
+using llmpi::test::error_of;
 
 namespace {
 
@@ -62,15 +64,6 @@ const Tokenizer* gpt2() {
   (void)tok
 
 using Ids = std::vector<uint32_t>;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 }  // namespace
 
