@@ -54,6 +54,28 @@ std::vector<Bucket> make_buckets(const ParamTable& t, double bucket_mb, double f
   return out;
 }
 
+void piece_counts(size_t n, int world, std::vector<int>& counts, std::vector<int>& displs) {
+  counts.assign(world, 0);
+  displs.assign(world, 0);
+  const size_t base = n / world, extra = n % world;
+  size_t off = 0;
+  for (int r = 0; r < world; r++) {
+    counts[r] = (int)(base + ((size_t)r < extra ? 1 : 0));
+    displs[r] = (int)off;
+    off += counts[r];
+  }
+}
+
+std::vector<ShardPiece> shard_pieces(const std::vector<Bucket>& buckets, int world, int rank) {
+  std::vector<ShardPiece> out;
+  std::vector<int> counts, displs;
+  for (const Bucket& b : buckets) {
+    piece_counts(b.end - b.begin, world, counts, displs);
+    out.push_back({b.begin + displs[rank], b.begin + displs[rank] + counts[rank]});
+  }
+  return out;
+}
+
 GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, const ParamTable& t, Tracer* tr)
     : opt(o), comm(c), grads(g), table(&t), ops(&ops_), tracer(tr) {
   MPI_Comm_rank(comm, &rank);

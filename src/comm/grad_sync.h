@@ -67,6 +67,17 @@ struct Bucket {
 // Contiguous buckets over the table's slices (see above). Every slice is in exactly one bucket.
 std::vector<Bucket> make_buckets(const ParamTable& table, double bucket_mb, double first_bucket_mb);
 
+// ZeRO-1 (parallel.zero 1): every bucket is cut into `world` contiguous pieces, piece r of n
+// floats holding n/world floats, one more for the first n mod world ranks. Rank r owns piece r of
+// every bucket: its optimizer state covers exactly those floats. One piece per bucket, in bucket
+// order (a piece may be empty when a bucket has fewer floats than there are ranks).
+struct ShardPiece {
+  size_t begin, end;  // float offsets into the flat buffer, [begin, end)
+};
+std::vector<ShardPiece> shard_pieces(const std::vector<Bucket>& buckets, int world, int rank);
+// The piece sizes and offsets (relative to the bucket's begin) of every rank, for one bucket.
+void piece_counts(size_t n, int world, std::vector<int>& counts, std::vector<int>& displs);
+
 struct SyncStats {
   double comm_ms = 0;          // wall time inside collectives (summed over buckets)
   double exposed_comm_ms = 0;  // time the compute thread waited for communication

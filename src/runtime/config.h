@@ -55,6 +55,9 @@ struct ParallelConfig {
   std::string schedule;    // "gpipe" | "1f1b" | "interleaved" | "zb-h1"
   int virtual_stages;      // interleaved: model chunks per stage
   std::vector<int> stage_layers;  // blocks per (virtual) stage, in order; empty = balanced by cost
+  // Sharded optimizer (comm/grad_sync.h "ZeRO-1"): 1 = each data-parallel rank keeps the AdamW
+  // moments of its shard only; gradients are reduce-scattered, parameters all-gathered.
+  int zero = 0;
 };
 struct RuntimeConfig {
   std::string device;      // "auto" | "cpu" | "cuda"

@@ -66,15 +66,24 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   e.params = e.grads = nb;
   const bool adamw = cfg.train.optimizer == "adamw";
   e.optimizer = adamw ? 2 * nb : 0;
+  const std::vector<Bucket> buckets =
+      make_buckets(table, cfg.parallel.bucket_mb, cfg.parallel.overlap ? cfg.parallel.first_bucket_mb : cfg.parallel.bucket_mb);
+  if (cfg.parallel.zero == 1 && world > 1) {
+    // ZeRO-1: the moments of this rank's shard only (comm/grad_sync.h), and a receive buffer for
+    // the largest piece of one reduce-scatter.
+    size_t mine = 0, largest_piece = 0;
+    for (const ShardPiece& p : shard_pieces(buckets, world, rank)) mine += p.end - p.begin;
+    for (const Bucket& b : buckets) largest_piece = std::max(largest_piece, (b.end - b.begin + world - 1) / world);
+    e.optimizer = adamw ? 2.0 * mine * sizeof(float) : 0;
+    e.sync_buffers += (double)largest_piece * sizeof(float);
+  }
   e.activations = (double)activation_bytes(desc, local_batch, seq_len);
   e.scratch = (double)backward_scratch_bytes(desc, local_batch, seq_len);
   // Gradient synchronisation.
   const std::string& sync = cfg.parallel.sync;
   if (world > 1 && sync == "gather_scatter" && rank == 0) {
     size_t largest = 0;
-    for (const Bucket& b : make_buckets(table, cfg.parallel.bucket_mb,
-                                        cfg.parallel.overlap ? cfg.parallel.first_bucket_mb : cfg.parallel.bucket_mb))
-      largest = std::max(largest, b.end - b.begin);
+    for (const Bucket& b : buckets) largest = std::max(largest, b.end - b.begin);
     e.sync_buffers += 2.0 * world * largest * sizeof(float);
   }
   if (world > 1 && on_gpu && sync != "nccl") e.sync_buffers += nb;  // pinned staging copy

@@ -3,7 +3,9 @@
 // instead of dying of std::bad_alloc or the out-of-memory killer.
 //
 //   parameters, gradients      n floats each (n from the parameter table, exact)
-//   optimizer                  AdamW: m and v, 2n floats; SGD: none
+//   optimizer                  AdamW: m and v, 2n floats; SGD: none. With parallel.zero 1 only this
+//                              rank's shard (about 2n/world floats: exactly its pieces of every
+//                              bucket, comm/grad_sync.h), plus one reduce-scatter receive buffer
 //   activations                one micro-batch of B sequences × T tokens, exactly the tensors
 //                              Activations::allocate lays out (model/transformer.cpp; per layer
 //                              about 12·N·C + N·(QKV + FC + F) + B·H·T² floats, N = B·T), the
