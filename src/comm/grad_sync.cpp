@@ -13,6 +13,16 @@
 
 namespace llmpi {
 
+namespace {
+
+// The trace's name for one collective pass over bucket b.
+std::string bucket_label(SyncMethod m, bool zero, bool params, size_t b) {
+  if (params) return "all-gather parameters bucket " + std::to_string(b);
+  return std::string(sync_method_name(m)) + (zero ? " reduce-scatter" : "") + " bucket " + std::to_string(b);
+}
+
+}  // namespace
+
 SyncMethod parse_sync_method(const std::string& name) {
   if (name == "gather_scatter") return SyncMethod::gather_scatter;
   if (name == "allreduce") return SyncMethod::allreduce;
@@ -83,6 +93,18 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
   device_ = ops->on_gpu();
   // The small first bucket only helps when collectives start during backward (overlap).
   buckets = make_buckets(t, opt.bucket_mb, opt.overlap ? opt.first_bucket_mb : opt.bucket_mb);
+  if (opt.zero && opt.method == SyncMethod::weights)
+    fail("parallel.zero 1 shards the optimizer state of ranks that average gradients; parallel.sync \"weights\" "
+         "gives every rank its own optimizer over every parameter: use \"allreduce\" or \"gather_scatter\"");
+  if (opt.zero && opt.method == SyncMethod::nccl)
+    fail("parallel.zero 1 with parallel.sync \"nccl\" is not implemented yet (its reduce-scatter and all-gather "
+         "need a GPU to be verified): use parallel.zero 0 with nccl, or an MPI method (\"allreduce\") with zero 1");
+  shard = shard_pieces(buckets, opt.zero ? world : 1, opt.zero ? rank : 0);
+  if (opt.zero && world > 1) {
+    size_t largest = 0;
+    for (const Bucket& b : buckets) largest = std::max(largest, (b.end - b.begin + world - 1) / world);
+    piece_buf_.resize(largest);
+  }
   if (opt.method == SyncMethod::nccl) {
     std::string why;
     if (!device_)
@@ -129,9 +151,13 @@ double GradSync::expected_bytes_per_pass(size_t n) const {
   const double bytes = (double)n * sizeof(float);
   if (world == 1) return 0;
   switch (opt.method) {
-    case SyncMethod::gather_scatter:  // root: (W-1)·B in by gather, out by scatter; others B each way
+    case SyncMethod::gather_scatter:
+      // root: (W-1)·B in by gather, out by scatter; others B each way. Zero (sent): the root
+      // scatters the others' pieces, ~(W-1)/W·B, and W-1 copies of the gathered bucket; the
+      // others send B and their piece, ~B/W.
+      if (opt.zero) return rank == 0 ? (world - 1) * bytes / world + (world - 1) * bytes : bytes + bytes / world;
       return rank == 0 ? (world - 1) * bytes : bytes;
-    default:  // all-reduce (bandwidth-optimal algorithms): 2(W-1)/W · B each way
+    default:  // all-reduce (bandwidth-optimal algorithms), or reduce-scatter + all-gather: 2(W-1)/W · B each way
       return 2.0 * (world - 1) / world * bytes;
   }
 }
@@ -156,18 +182,25 @@ void GradSync::wait_request(MPI_Request* req) {
   }
 }
 
-// One collective pass over base[begin, begin + n): afterwards it holds the mean over ranks.
+// One collective pass over base[begin, begin + n): afterwards it holds the mean over ranks (with
+// zero: only this rank's piece of it does).
 void GradSync::reduce(float* base, size_t begin, size_t n, const std::string& label) {
   const double t0 = now_ms();
   // On the GPU: through the host staging buffer.
   float* data = device_ ? staging_ + begin : base + begin;
   if (device_) ops->copy_to_host(data, base + begin, n * sizeof(float));
   const bool poll = opt.overlap && opt.poll_us > 0;
-  double t_collective_end = 0;
   const int count = (int)n;
+  const float inv = 1.0f / (float)world;
+  const double bytes = (double)n * sizeof(float);
+  std::vector<int> counts, displs;
+  if (opt.zero) piece_counts(n, world, counts, displs);
+  const size_t mine = opt.zero ? (size_t)counts[rank] : n, at = opt.zero ? (size_t)displs[rank] : 0;
+  double sent = 0, received = 0;
   int collectives = 0;
   if (opt.method == SyncMethod::gather_scatter) {
-    // Gather every rank's slice at the root, average there, scatter W copies of the mean back.
+    // Gather every rank's slice at the root, average there, scatter the mean back: W copies of it,
+    // or (zero) each rank's piece.
     if (rank == 0) {
       gather_buf_.resize(n * world);
       scatter_buf_.resize(n * world);
@@ -181,24 +214,42 @@ void GradSync::reduce(float* base, size_t begin, size_t n, const std::string& la
       MPI_Gather(data, count, MPI_FLOAT, gbuf, count, MPI_FLOAT, 0, comm);
     }
     if (rank == 0) {
-      const float inv = 1.0f / (float)world;
       for (size_t i = 0; i < n; i++) {
         float s = 0;
         for (int r = 0; r < world; r++) s += gather_buf_[(size_t)r * n + i];
         scatter_buf_[i] = s * inv;
       }
-      for (int r = 1; r < world; r++) std::copy(scatter_buf_.begin(), scatter_buf_.begin() + n, scatter_buf_.begin() + (size_t)r * n);
+      if (!opt.zero)
+        for (int r = 1; r < world; r++) std::copy(scatter_buf_.begin(), scatter_buf_.begin() + n, scatter_buf_.begin() + (size_t)r * n);
     }
     float* sbuf = rank == 0 ? scatter_buf_.data() : nullptr;
+    MPI_Request req;
+    if (opt.zero && poll)
+      MPI_Iscatterv(sbuf, counts.data(), displs.data(), MPI_FLOAT, data + at, (int)mine, MPI_FLOAT, 0, comm, &req);
+    else if (opt.zero)
+      MPI_Scatterv(sbuf, counts.data(), displs.data(), MPI_FLOAT, data + at, (int)mine, MPI_FLOAT, 0, comm);
+    else if (poll)
+      MPI_Iscatter(sbuf, count, MPI_FLOAT, data, count, MPI_FLOAT, 0, comm, &req);
+    else
+      MPI_Scatter(sbuf, count, MPI_FLOAT, data, count, MPI_FLOAT, 0, comm);
+    if (poll) wait_request(&req);
+    collectives = 2;
+    // root: (W−1)·B in, the others' copies or pieces out; the others: B out, B or their piece in
+    const double back = opt.zero ? (double)mine * sizeof(float) : bytes;
+    sent = rank == 0 ? (opt.zero ? bytes - back : (world - 1) * bytes) : bytes;
+    received = rank == 0 ? (world - 1) * bytes : back;
+  } else if (opt.zero) {
+    // Reduce-scatter: the sum of piece r arrives at rank r.
     if (poll) {
       MPI_Request req;
-      MPI_Iscatter(sbuf, count, MPI_FLOAT, data, count, MPI_FLOAT, 0, comm, &req);
+      MPI_Ireduce_scatter(data, piece_buf_.data(), counts.data(), MPI_FLOAT, MPI_SUM, comm, &req);
       wait_request(&req);
     } else {
-      MPI_Scatter(sbuf, count, MPI_FLOAT, data, count, MPI_FLOAT, 0, comm);
+      MPI_Reduce_scatter(data, piece_buf_.data(), counts.data(), MPI_FLOAT, MPI_SUM, comm);
     }
-    collectives = 2;
-    t_collective_end = now_ms();
+    for (size_t i = 0; i < mine; i++) data[at + i] = piece_buf_[i] * inv;
+    collectives = 1;
+    sent = received = (world - 1) * bytes / world;  // bandwidth-optimal reduce-scatter
   } else {
     if (poll) {
       MPI_Request req;
@@ -207,19 +258,77 @@ void GradSync::reduce(float* base, size_t begin, size_t n, const std::string& la
     } else {
       MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm);
     }
-    t_collective_end = now_ms();  // the division below is local work, not communication
-    const float inv = 1.0f / (float)world;
     for (size_t i = 0; i < n; i++) data[i] *= inv;
     collectives = 1;
+    sent = received = expected_bytes_per_pass(n);
   }
+  // (The averaging multiply is local work; at about 1 ns a float it is counted as communication.)
+  const double t_end = now_ms();
+  if (device_) ops->copy_to_device(base + begin + at, data + at, mine * sizeof(float));
+  account(t0, t_end, now_ms(), sent, received, collectives, label, n);
+}
+
+// zero: every rank's piece of bucket b (final on its owner) into every rank's copy of the bucket.
+void GradSync::all_gather(float* base, size_t b, const std::string& label) {
+  const double t0 = now_ms();
+  const size_t begin = buckets[b].begin, n = buckets[b].end - begin;
+  std::vector<int> counts, displs;
+  piece_counts(n, world, counts, displs);
+  const size_t mine = counts[rank], at = displs[rank];
+  float* data = device_ ? staging_ + begin : base + begin;
+  if (device_) ops->copy_to_host(data + at, base + begin + at, mine * sizeof(float));
+  const bool poll = opt.overlap && opt.poll_us > 0;
+  const double bytes = (double)n * sizeof(float);
+  double sent = 0, received = 0;
+  int collectives = 0;
+  MPI_Request req;
+  if (opt.method == SyncMethod::gather_scatter) {
+    // Through rank 0: gather the pieces, scatter W copies of the whole bucket.
+    if (rank == 0) {
+      gather_buf_.resize(n * world);
+      scatter_buf_.resize(n * world);
+    }
+    float* gbuf = rank == 0 ? gather_buf_.data() : nullptr;
+    if (poll) {
+      MPI_Igatherv(data + at, (int)mine, MPI_FLOAT, gbuf, counts.data(), displs.data(), MPI_FLOAT, 0, comm, &req);
+      wait_request(&req);
+    } else {
+      MPI_Gatherv(data + at, (int)mine, MPI_FLOAT, gbuf, counts.data(), displs.data(), MPI_FLOAT, 0, comm);
+    }
+    if (rank == 0)
+      for (int r = 0; r < world; r++) std::copy(gather_buf_.begin(), gather_buf_.begin() + n, scatter_buf_.begin() + (size_t)r * n);
+    float* sbuf = rank == 0 ? scatter_buf_.data() : nullptr;
+    if (poll) {
+      MPI_Iscatter(sbuf, (int)n, MPI_FLOAT, data, (int)n, MPI_FLOAT, 0, comm, &req);
+      wait_request(&req);
+    } else {
+      MPI_Scatter(sbuf, (int)n, MPI_FLOAT, data, (int)n, MPI_FLOAT, 0, comm);
+    }
+    collectives = 2;
+    sent = rank == 0 ? (world - 1) * bytes : mine * sizeof(float);
+    received = rank == 0 ? bytes - mine * sizeof(float) : bytes;
+  } else {
+    if (poll) {
+      MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(), displs.data(), MPI_FLOAT, comm, &req);
+      wait_request(&req);
+    } else {
+      MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(), displs.data(), MPI_FLOAT, comm);
+    }
+    collectives = 1;
+    sent = received = (world - 1) * bytes / world;
+  }
+  const double t_end = now_ms();
   if (device_) ops->copy_to_device(base + begin, data, n * sizeof(float));
-  const double t1 = now_ms();
-  const double bytes = expected_bytes_per_pass(n);
+  account(t0, t_end, now_ms(), sent, received, collectives, label, n);
+}
+
+void GradSync::account(double t0, double t_end, double t1, double sent, double received, int collectives,
+                       const std::string& label, size_t n) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    step.comm_ms += t_collective_end - t0;
-    step.bytes_sent += bytes;
-    step.bytes_received += bytes;
+    step.comm_ms += t_end - t0;
+    step.bytes_sent += sent;
+    step.bytes_received += received;
     step.collectives += collectives;
   }
   if (tracer && tracer->enabled) {
@@ -231,16 +340,19 @@ void GradSync::reduce(float* base, size_t begin, size_t n, const std::string& la
 
 void GradSync::comm_loop() {
   for (;;) {
-    size_t b;
+    Job job;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stop_
-      b = queue_.front();
+      job = queue_.front();
       queue_.pop_front();
     }
-    const Bucket& bk = buckets[b];
-    reduce(grads, bk.begin, bk.end - bk.begin, std::string(sync_method_name(opt.method)) + " bucket " + std::to_string(b));
+    const Bucket& bk = buckets[job.bucket];
+    if (job.params)
+      all_gather(params_, job.bucket, bucket_label(opt.method, opt.zero, true, job.bucket));
+    else
+      reduce(grads, bk.begin, bk.end - bk.begin, bucket_label(opt.method, opt.zero, false, job.bucket));
     {
       std::lock_guard<std::mutex> lock(mu_);
       completed_++;
@@ -249,13 +361,18 @@ void GradSync::comm_loop() {
   }
 }
 
-void GradSync::launch(size_t b) {
+void GradSync::launch(size_t b, bool params) {
   if (!thread_.joinable()) return;  // no overlap: finish() reduces every bucket in order
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(b);
+    queue_.push_back({b, params});
   }
   cv_work_.notify_one();
+}
+
+void GradSync::wait_all(size_t jobs) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_done_.wait(lock, [&] { return completed_ == jobs; });
 }
 
 void GradSync::on_ready(size_t k) {
@@ -280,16 +397,77 @@ void GradSync::finish() {
   }
   if (thread_.joinable()) {
     while (next_launch_ < buckets.size()) launch(next_launch_++);
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_done_.wait(lock, [&] { return completed_ == buckets.size(); });
+    wait_all(buckets.size());
   } else {
     for (size_t b = 0; b < buckets.size(); b++)
       reduce(grads, buckets[b].begin, buckets[b].end - buckets[b].begin,
-             std::string(sync_method_name(opt.method)) + " bucket " + std::to_string(b));
+             bucket_label(opt.method, opt.zero, false, b));
   }
   const double t1 = now_ms();
   step.exposed_comm_ms += t1 - t0;
   if (tracer && tracer->enabled && thread_.joinable()) tracer->span("wait for gradients", 0, t0, t1);
+}
+
+void GradSync::gather_params(float* params, const std::function<void(size_t)>& update) {
+  if (!opt.zero || world == 1) {
+    for (size_t b = 0; b < buckets.size(); b++) update(b);
+    return;
+  }
+  const double t0 = now_ms();
+  double update_ms = 0;
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      completed_ = 0;
+      params_ = params;
+    }
+    for (size_t b = 0; b < buckets.size(); b++) {
+      const double u0 = now_ms();
+      update(b);
+      if (device_) cuda_synchronize();  // the piece is on the device before the thread copies it
+      update_ms += now_ms() - u0;
+      launch(b, true);
+    }
+    wait_all(buckets.size());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      completed_ = buckets.size();  // as after finish()
+    }
+  } else {
+    for (size_t b = 0; b < buckets.size(); b++) {
+      const double u0 = now_ms();
+      update(b);
+      update_ms += now_ms() - u0;
+      all_gather(params, b, bucket_label(opt.method, opt.zero, true, b));
+    }
+  }
+  const double t1 = now_ms();
+  step.exposed_comm_ms += t1 - t0 - update_ms;
+  if (tracer && tracer->enabled && thread_.joinable()) tracer->span("update and gather parameters", 0, t0, t1);
+}
+
+void GradSync::gather_sharded(const float* compact, std::vector<float>& full) {
+  if (rank == 0) full.assign(table->numel, 0.0f);
+  std::vector<int> counts, displs;
+  size_t off = 0;
+  for (size_t b = 0; b < buckets.size(); b++) {
+    const size_t n = buckets[b].end - buckets[b].begin;
+    if (!opt.zero || world == 1) {
+      if (rank == 0) std::copy(compact + off, compact + off + n, full.begin() + buckets[b].begin);
+      off += shard[b].end - shard[b].begin;
+      continue;
+    }
+    piece_counts(n, world, counts, displs);
+    MPI_Gatherv(compact + off, counts[rank], MPI_FLOAT, rank == 0 ? full.data() + buckets[b].begin : nullptr,
+                counts.data(), displs.data(), MPI_FLOAT, 0, comm);
+    off += counts[rank];
+  }
+}
+
+std::vector<float> GradSync::pieces_of(const float* full) const {
+  std::vector<float> out;
+  for (const ShardPiece& p : shard) out.insert(out.end(), full + p.begin, full + p.end);
+  return out;
 }
 
 bool GradSync::average_params(float* params, int64_t s) {

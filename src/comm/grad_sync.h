@@ -16,6 +16,22 @@
 // first_bucket_mb when overlapping (DDP's trick: the first collective starts early). bucket_mb 0 = one collective
 // per parameter tensor; a huge bucket_mb = one collective for the whole gradient.
 //
+// ZeRO-1 (parallel.zero 1, SyncOptions::zero): rank r owns piece r of every bucket (shard_pieces)
+// and keeps AdamW moments for those floats only (optim/optimizer.h). Per bucket, the gradient is
+// reduce-scattered instead of all-reduced, so after finish() the averaged gradient is final only
+// in this rank's pieces (the rest of the buffer holds this rank's own, unaveraged gradient and is
+// not read); the optimizer updates the pieces and gather_params() all-gathers every bucket, after
+// which every rank holds the same full parameters. Per rank and step that moves (W−1)/W·B for the
+// reduce-scatter and (W−1)/W·B for the all-gather: all-reduce's 2(W−1)/W·B. The methods:
+//   allreduce       MPI_Reduce_scatter (pieces of n/W floats) + MPI_Allgatherv in place
+//   gather_scatter  through rank 0: MPI_Gather, average, MPI_Scatterv of the pieces; then
+//                   MPI_Gatherv of the updated pieces and MPI_Scatter of W copies of the bucket
+//   weights         refused: every rank steps its own optimizer over every parameter
+//   nccl            refused so far (not written; needs a GPU to verify)
+// With overlap, the reduce-scatters run on the communication thread during backward as the
+// all-reduces do, and each bucket's all-gather runs there while the optimizer updates the next
+// bucket's piece.
+//
 // Overlap (parallel.overlap): a communication thread owns the collectives. Backward reports
 // finished gradient prefixes (on_ready); every bucket that is complete is queued at once and
 // reduced by that thread while backward goes on with earlier layers; finish() waits for the
@@ -30,6 +46,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -57,6 +74,7 @@ struct SyncOptions {
   bool overlap = false;
   int poll_us = 50;
   int average_every = 1;
+  bool zero = false;  // ZeRO-1 (above)
 };
 
 struct Bucket {
@@ -116,8 +134,24 @@ struct GradSync {
   // weights: average `params` over ranks when (step + 1) % average_every == 0. Returns whether it did.
   bool average_params(float* params, int64_t step);
 
-  // Expected bytes one rank sends (and receives) for one collective pass over n floats.
+  // Expected bytes one rank sends (and receives) for one collective pass over n floats (with
+  // zero: the reduce-scatter and the all-gather together).
   double expected_bytes_per_pass(size_t n_floats) const;
+
+  // ZeRO-1. shard: this rank's piece of every bucket (the whole bucket when zero is off).
+  std::vector<ShardPiece> shard;
+  // After finish(): update(b) is called for every bucket b in order (the optimizer on piece b),
+  // and bucket b's parameters are all-gathered from their owners, so that every rank holds the
+  // full updated parameters; with overlap, bucket b's all-gather runs while update(b+1) computes.
+  // Without zero (or at world size 1) it only calls update(b) for every b.
+  void gather_params(float* params, const std::function<void(size_t)>& update);
+  // Checkpoints: the per-rank state `compact` (host memory; the concatenation of this rank's
+  // pieces in bucket order, as optim/optimizer.h stores m and v) assembled in the flat layout on
+  // rank 0 of comm, into `full` (resized there to the table's numel; untouched elsewhere).
+  // Collective over comm.
+  void gather_sharded(const float* compact, std::vector<float>& full);
+  // The reverse, with no communication: this rank's pieces of a flat-layout `full` (host memory).
+  std::vector<float> pieces_of(const float* full) const;
 
  private:
   size_t next_launch_ = 0;        // buckets [0, next_launch_) have been started this step
@@ -129,13 +163,25 @@ struct GradSync {
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
-  std::deque<size_t> queue_;
+  struct Job {
+    size_t bucket;
+    bool params;  // all-gather parameters (zero), else average the gradient
+  };
+  std::deque<Job> queue_;
+  float* params_ = nullptr;        // gather_params' buffer, for the communication thread
+  std::vector<float> piece_buf_;   // reduce-scatter's receive buffer (one piece)
   size_t completed_ = 0;
   bool stop_ = false;
 
-  void launch(size_t b);
-  // One collective pass over base[begin, begin + n) (gradients or parameters), averaged.
+  void launch(size_t b, bool params = false);
+  void wait_all(size_t jobs);
+  // One collective pass over base[begin, begin + n) (gradients or parameters), averaged; with
+  // zero, gradients are reduce-scattered (mean in this rank's piece only).
   void reduce(float* base, size_t begin, size_t n, const std::string& label);
+  // zero: bucket b's pieces of base, each from its owner, gathered into every rank's copy.
+  void all_gather(float* base, size_t b, const std::string& label);
+  void account(double t0, double t_end, double t1, double sent, double received, int collectives,
+               const std::string& label, size_t n);
   void comm_loop();
   void wait_request(MPI_Request* req);
 };

@@ -1,11 +1,15 @@
 // The optimizer (AdamW with decoupled weight decay, or plain SGD), the learning-rate schedule,
-// and global-norm clipping. AdamW's moments m and v use the parameters' flat layout (one buffer
-// each, backend memory); SGD keeps no state.
+// and global-norm clipping. AdamW's moments m and v cover the ranges of the flat buffer this rank
+// updates: the whole buffer, or with ZeRO-1 (parallel.zero 1) only this rank's shard, its piece
+// of every bucket (comm/grad_sync.h shard_pieces). The moments of range k are stored contiguously
+// at state_offset[k], the ranges one after another (backend memory); SGD keeps no state.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "backend/ops.h"
+#include "comm/grad_sync.h"
 #include "params/param_table.h"
 #include "runtime/config.h"
 
@@ -14,18 +18,26 @@ namespace llmpi {
 struct Optimizer {
   const Ops* ops;
   bool sgd;  // train.optimizer == "sgd"
-  size_t n;
+  std::vector<ShardPiece> ranges;    // flat-buffer ranges this optimizer updates, in order
+  std::vector<size_t> state_offset;  // where range k's moments start in m and v
+  size_t n = 0;                      // floats of state per moment: the ranges' total
   float* m = nullptr;
   float* v = nullptr;
   int64_t t = 0;  // steps taken (bias correction uses t+1 on the next step)
 
-  Optimizer(const Ops& ops, size_t n, const std::string& kind);
+  // The whole buffer of n_params floats (ranges empty), or only `ranges`.
+  Optimizer(const Ops& ops, size_t n_params, const std::string& kind, const std::vector<ShardPiece>& ranges = {});
   ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update of every slice of the table; weight decay only where slice.decay.
+  // One update of every range (t advances once); weight decay only where slice.decay.
   void step(float* params, const float* grads, const ParamTable& table, double lr, const TrainConfig& tc);
+  // The same in parts (ZeRO-1 all-gathers a bucket while the next range is updated): begin_step
+  // advances t, then update_range(k) for every k, each exactly once.
+  void begin_step() { t++; }
+  void update_range(size_t k, float* params, const float* grads, const ParamTable& table, double lr,
+                    const TrainConfig& tc);
 };
 
 // Learning rate at (0-based) step s: linear warm-up lr·(s+1)/W for s < W, then (train.lr_schedule)
@@ -38,5 +50,12 @@ double lr_at(const TrainConfig& tc, int64_t s);
 // Global L2 norm of grads (n floats); when max_norm > 0 and the norm exceeds it, grads are scaled
 // by max_norm/norm. Returns the norm before clipping.
 double clip_grad_norm(const Ops& ops, float* grads, size_t n, double max_norm);
+// The same when each rank of `comm` holds the final gradient only in its `pieces` (ZeRO-1): the
+// squares of the pieces below `limit` (floats past it are not counted: a tied copy), summed over
+// comm; only the pieces are scaled. Collective over comm.
+double clip_grad_norm_sharded(const Ops& ops, float* grads, const std::vector<ShardPiece>& pieces, size_t limit,
+                              MPI_Comm comm, double max_norm);
+// The squares of grads in `pieces` below `limit` (one rank's part of a sharded norm).
+double sum_squares_of_pieces(const Ops& ops, const float* grads, const std::vector<ShardPiece>& pieces, size_t limit);
 
 }  // namespace llmpi

@@ -104,8 +104,10 @@ Pipeline::Pipeline(const ModelDesc& d, const Ops& o, const ParallelGroups& group
     ch.part = virtual_stage_part(layer_counts, ch.vstage);
     ch.model = std::make_unique<Model>(d, ops, ch.part);
     ch.model->init_params(seed);
-    ch.opt = std::make_unique<Optimizer>(ops, ch.model->table.numel, optimizer);
     ch.sync = std::make_unique<GradSync>(so, g.data, ops, ch.model->grads, ch.model->table, tracer);
+    // ZeRO-1 over the stage's data-parallel group: the moments of this rank's pieces only.
+    ch.opt = std::make_unique<Optimizer>(ops, ch.model->table.numel, optimizer,
+                                         so.zero ? ch.sync->shard : std::vector<ShardPiece>{});
     ch.tied = tied_lm && (ch.part.embedding != ch.part.head);
     ch.tied_copy = ch.tied && ch.part.head;
     ch.ready_cap = ch.model->table.numel;
@@ -368,10 +370,17 @@ PipelineStepStats Pipeline::forward_backward(int64_t step, const Batch& batch) {
   return st;
 }
 
+// With ZeRO-1 a rank holds the averaged gradient only in its pieces: the squares of the pieces are
+// summed over every rank (each stage's data-parallel group covers the stage's chunks once).
 double Pipeline::clip_grad_norm(double max_norm) {
+  const bool zero = chunks.front().sync->opt.zero;
   double local = 0, total = 0;
-  for (PipelineChunk& ch : chunks) local += ops.sum_squares(ch.model->grads, ch.tied_copy ? ch.ready_cap : ch.model->table.numel);
-  MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, g.pipeline);
+  for (PipelineChunk& ch : chunks) {
+    const size_t counted = ch.tied_copy ? ch.ready_cap : ch.model->table.numel;  // the tied matrix once
+    local += zero ? sum_squares_of_pieces(ops, ch.model->grads, ch.sync->shard, counted)
+                  : ops.sum_squares(ch.model->grads, counted);
+  }
+  MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, zero ? g.world : g.pipeline);
   const double norm = std::sqrt(total);
   if (max_norm > 0 && norm > max_norm && std::isfinite(norm))
     for (PipelineChunk& ch : chunks) ops.scale(ch.model->grads, (float)(max_norm / norm), ch.model->table.numel);
@@ -379,7 +388,16 @@ double Pipeline::clip_grad_norm(double max_norm) {
 }
 
 void Pipeline::optimizer_step(double lr, const TrainConfig& tc) {
-  for (PipelineChunk& ch : chunks) ch.opt->step(ch.model->params, ch.model->grads, ch.model->table, lr, tc);
+  for (PipelineChunk& ch : chunks) {
+    if (!ch.sync->opt.zero) {
+      ch.opt->step(ch.model->params, ch.model->grads, ch.model->table, lr, tc);
+      continue;
+    }
+    ch.opt->begin_step();  // ZeRO-1: this rank's piece of each bucket, then the bucket all-gathered
+    ch.sync->gather_params(ch.model->params, [&](size_t b) {
+      ch.opt->update_range(b, ch.model->params, ch.model->grads, ch.model->table, lr, tc);
+    });
+  }
 }
 
 // ---- evaluation ----------------------------------------------------------------------------------
@@ -418,7 +436,18 @@ void Pipeline::evaluate(const Batch& batch, PipelineEval& e) {
 // ---- checkpoints ---------------------------------------------------------------------------------
 
 std::vector<float> Pipeline::gather_whole(int which) {
+  // ZeRO-1: a chunk's moments are first assembled from its data-parallel group on replica 0.
+  std::vector<std::vector<float>> assembled(chunks.size());
+  for (size_t c = 0; which != 0 && c < chunks.size(); c++) {
+    PipelineChunk& ch = chunks[c];
+    if (!ch.sync->opt.zero) continue;
+    std::vector<float> mine(ch.opt->n);
+    ops.copy_to_host(mine.data(), which == 1 ? ch.opt->m : ch.opt->v, mine.size() * sizeof(float));
+    ch.sync->gather_sharded(mine.data(), assembled[c]);  // collective over the data-parallel group
+  }
   auto buffer = [&](PipelineChunk& ch) -> const float* {
+    const size_t c = &ch - chunks.data();
+    if (!assembled[c].empty()) return assembled[c].data();  // host memory (pipelines run on the CPU)
     return which == 0 ? ch.model->params : which == 1 ? ch.opt->m : ch.opt->v;
   };
   std::vector<float> whole;
@@ -471,11 +500,18 @@ void Pipeline::load_whole(const float* params, const float* m, const float* vv, 
         if (it == offset_of.end()) fail("internal: tensor ", sl.name, " is not in the whole model");
         std::copy(src + it->second, src + it->second + sl.numel, host.begin() + sl.offset);
       }
-      ops.copy_to_device(dst, host.data(), host.size() * sizeof(float));
+      if (dst) ops.copy_to_device(dst, host.data(), host.size() * sizeof(float));
     };
     load(params, ch.model->params);
-    if (m && ch.opt->m) load(m, ch.opt->m);
-    if (vv && ch.opt->v) load(vv, ch.opt->v);
+    // The moments: the chunk's layout, or with ZeRO-1 this rank's pieces of it.
+    auto load_state = [&](const float* src, float* dst) {
+      if (!ch.sync->opt.zero) return load(src, dst);
+      load(src, nullptr);
+      const std::vector<float> mine = ch.sync->pieces_of(host.data());
+      ops.copy_to_device(dst, mine.data(), mine.size() * sizeof(float));
+    };
+    if (m && ch.opt->m) load_state(m, ch.opt->m);
+    if (vv && ch.opt->v) load_state(vv, ch.opt->v);
     ch.opt->t = optimizer_t;
   }
 }

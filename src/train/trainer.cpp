@@ -197,9 +197,10 @@ void resume_from(Run& r, const std::string& path) {
     r.ops->copy_to_device(r.model->params, params.data(), n * sizeof(float));
     r.opt->t = info.optimizer_t;
   }
-  if (!sgd && !r.pipe) {
-    r.ops->copy_to_device(r.opt->m, mom.data(), n * sizeof(float));
-    r.ops->copy_to_device(r.opt->v, vel.data(), n * sizeof(float));
+  if (!sgd && !r.pipe) {  // with ZeRO-1 this rank's pieces only (the file holds the whole flat layout)
+    const std::vector<float> m_mine = r.sync->pieces_of(mom.data()), v_mine = r.sync->pieces_of(vel.data());
+    r.ops->copy_to_device(r.opt->m, m_mine.data(), r.opt->n * sizeof(float));
+    r.ops->copy_to_device(r.opt->v, v_mine.data(), r.opt->n * sizeof(float));
   }
   r.start_step = info.step;
   r.resumed_from = path;
@@ -268,7 +269,13 @@ std::string save_checkpoint(Run& r, int64_t steps_done) {
     if (r.cfg.train.optimizer != "sgd") d.m = r.pipe->gather_whole(1), d.v = r.pipe->gather_whole(2);
   } else {
     collect(r.model->params, d.params);
-    if (!r.opt->sgd) {
+    if (!r.opt->sgd && r.sync->opt.zero) {  // ZeRO-1: every rank's pieces, assembled on rank 0
+      std::vector<float> mine(r.opt->n);
+      r.ops->copy_to_host(mine.data(), r.opt->m, mine.size() * sizeof(float));
+      r.sync->gather_sharded(mine.data(), d.m);
+      r.ops->copy_to_host(mine.data(), r.opt->v, mine.size() * sizeof(float));
+      r.sync->gather_sharded(mine.data(), d.v);
+    } else if (!r.opt->sgd) {
       collect(r.opt->m, d.m);
       collect(r.opt->v, d.v);
     }
@@ -325,7 +332,9 @@ nlohmann::json comm_plan(const Run& r) {
   }
   return {{"method", sync_method_name(g.opt.method)}, {"world_size", r.world}, {"bucket_mb", g.opt.bucket_mb},
           {"first_bucket_mb", g.opt.first_bucket_mb}, {"overlap", g.opt.overlap}, {"poll_us", g.opt.poll_us},
-          {"average_every", g.opt.average_every}, {"dtype", "float32"}, {"total_floats", t.numel},
+          {"average_every", g.opt.average_every}, {"zero", g.opt.zero ? 1 : 0},
+          {"optimizer_state_floats_this_rank", r.opt->sgd ? 0 : 2 * r.opt->n}, {"dtype", "float32"},
+          {"total_floats", t.numel},
           {"expected_bytes_sent_per_pass_rank0", g.expected_bytes_per_pass(t.numel)}, {"buckets", buckets}};
 }
 
@@ -525,7 +534,6 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
       r.model->init_params(cfg.train.seed);
       if (!o.init_from.empty()) init_from_hf(r, o);
       r.acts = std::make_unique<Activations>(*r.model, r.sampler->local_batch(), T);
-      r.opt = std::make_unique<Optimizer>(*r.ops, r.model->table.numel, cfg.train.optimizer);
     }
   } catch (const std::bad_alloc&) {
     fail("out of memory while allocating the model (estimated need per rank: ", r.memory.describe(), "; ",
@@ -538,12 +546,17 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   so.overlap = cfg.parallel.overlap;
   so.poll_us = cfg.parallel.poll_us;
   so.average_every = cfg.parallel.average_every;
+  so.zero = cfg.parallel.zero == 1;
   r.tracer.rank = r.rank;
   if (r.groups)
     r.pipe = std::make_unique<Pipeline>(desc, *r.ops, *r.groups, cfg.parallel, so, cfg.train.optimizer,
                                         r.sampler->local_batch(), T, cfg.train.seed, &r.tracer);
-  else
+  else {
     r.sync = std::make_unique<GradSync>(so, comm, *r.ops, r.model->grads, r.model->table, &r.tracer);
+    // With ZeRO-1 the optimizer keeps the moments of this rank's pieces only (comm/grad_sync.h).
+    r.opt = std::make_unique<Optimizer>(*r.ops, r.model->table.numel, cfg.train.optimizer,
+                                        so.zero ? r.sync->shard : std::vector<ShardPiece>{});
+  }
   if (r.pipe && !o.init_from.empty()) init_from_hf(r, o);
 
   // Resume: every rank reads its state (a shared file system, as for the data).
@@ -678,6 +691,10 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
   Watchdog& wd = *r.watchdog;
   TrainResult res;
   res.n_params = (int64_t)numel;
+  if (r.pipe)
+    for (const PipelineChunk& ch : r.pipe->chunks) res.optimizer_state_floats += ch.opt->sgd ? 0 : 2 * ch.opt->n;
+  else
+    res.optimizer_state_floats = r.opt->sgd ? 0 : 2 * (int64_t)r.opt->n;
   res.flops_per_token = flops_per_token(desc, numel, T);
   if (r.groups && o.print) print_topology(*r.groups, r.pipe->describe_layers());  // collective
   res.start_step = r.start_step;
@@ -719,7 +736,10 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
                   g.buckets.size() == 1 ? "" : "s", g.opt.bucket_mb, g.opt.first_bucket_mb,
                   g.opt.overlap ? "on" : "off",
                   g.opt.method == SyncMethod::weights ? (", parameters every " + std::to_string(g.opt.average_every) +
-                                                         " step(s)").c_str() : "",
+                                                         " step(s)").c_str()
+                  : g.opt.zero ? (", ZeRO-1: gradients reduce-scattered, parameters all-gathered, AdamW state for " +
+                                  std::to_string(r.opt->n) + " of " + std::to_string(numel) + " values").c_str()
+                               : "",
                   g.expected_bytes_per_pass(numel) / 1e6,
                   g.opt.method == SyncMethod::weights ? "average" : "step");
     }
@@ -814,7 +834,9 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
       t4 = now_ms();
       // With "weights" the gradient (and so its norm and clipping) is this rank's own.
       wd.enter("optimizer", step);
-      grad_norm = clip_grad_norm(*r.ops, model.grads, model.table.numel, tc.grad_clip);
+      grad_norm = r.sync->opt.zero  // ZeRO-1: each rank holds the averaged gradient in its pieces only
+                      ? clip_grad_norm_sharded(*r.ops, model.grads, r.sync->shard, model.table.numel, comm, tc.grad_clip)
+                      : clip_grad_norm(*r.ops, model.grads, model.table.numel, tc.grad_clip);
     }
     // The global loss and whether any rank saw a non-finite loss or gradient norm, in one collective.
     double mine[2] = {local_loss, std::isfinite(local_loss) && std::isfinite(grad_norm) ? 0.0 : 1.0}, all[2];
@@ -842,8 +864,14 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
       wd.enter("optimizer", step);
       if (r.pipe)
         r.pipe->optimizer_step(lr, tc);
-      else
+      else if (r.sync->opt.zero) {  // update this rank's piece of each bucket, all-gather the bucket
+        r.opt->begin_step();
+        r.sync->gather_params(r.model->params, [&](size_t b) {
+          r.opt->update_range(b, r.model->params, r.model->grads, r.model->table, lr, tc);
+        });
+      } else {
         r.opt->step(r.model->params, r.model->grads, r.model->table, lr, tc);
+      }
     }
     if (r.on_gpu) cuda_synchronize();
     const double t5 = now_ms();
@@ -863,6 +891,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     const double tokens_per_step = r.pipe ? tokens_per_full_step : tokens_per_full_step * batch.B / lb;
     res.losses.push_back(loss);
     res.step_ms.push_back(step_ms);
+    res.bytes_sent_last_step = (r.pipe ? r.pipe_sync : r.sync->step).bytes_sent;
 
     const bool last = step + 1 == tc.steps;
     const bool overridden = step == r.start_step && !r.accepted_changes.empty();  // logged with the first step

@@ -52,6 +52,8 @@ struct TrainResult {
   bool preempted = false;                  // stopped by a pre-emption signal, after a checkpoint
   std::string last_checkpoint;             // path of the newest checkpoint written ("" = none)
   std::vector<float> final_params;         // filled when requested (tests)
+  int64_t optimizer_state_floats = 0;      // AdamW m + v held by this rank (ZeRO-1: its shard's)
+  double bytes_sent_last_step = 0;         // this rank's gradient (and ZeRO-1 parameter) traffic, last step
 };
 
 TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& opt = {},

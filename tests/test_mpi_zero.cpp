@@ -1,0 +1,246 @@
+// ZeRO-1 (parallel.zero 1) under MPI. -n 2: with every MPI method that can express it, sharded
+// training equals unsharded training (1e-6 relative over 10 steps), each rank keeps half the
+// AdamW state, the step moves the same bytes as an all-reduce; checkpoints hold the whole state,
+// so a run resumes bit for bit on the same world size and continues on another one exactly as an
+// unsharded checkpoint would. -n 4 (MpiN4Zero): 4 data-parallel ranks, and 2 replicas × 2
+// pipeline stages.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "checkpoint/checkpoint.h"
+#include "mpi_test_data.h"
+#include "train/trainer.h"
+
+using namespace llmpi;
+using namespace llmpi::testing_support;
+
+namespace {
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d2 = 0, r2 = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    const double d = (double)a[i] - b[i];
+    d2 += d * d;
+    r2 += (double)b[i] * b[i];
+  }
+  return std::sqrt(d2 / r2);
+}
+
+// Whether every rank's vector equals rank 0's bit for bit.
+bool same_on_every_rank(const std::vector<float>& p, MPI_Comm comm) {
+  std::vector<float> p0 = p;
+  MPI_Bcast(p0.data(), (int)p0.size(), MPI_FLOAT, 0, comm);
+  int same = p0 == p, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, comm);
+  return all == 1;
+}
+
+Config zero_config(const std::string& train, std::vector<std::string> extra) {
+  extra.insert(extra.begin(), "train.steps=10");
+  extra.insert(extra.begin(), "train.warmup_steps=2");
+  return tiny_config(train, extra);
+}
+
+// The state a checkpoint file holds.
+struct Saved {
+  std::vector<float> params, m, v;
+};
+Saved read_saved(const std::string& path) {
+  CheckpointInfo info = read_checkpoint_info(path);
+  Saved s;
+  s.params.resize(info.n), s.m.resize(info.n), s.v.resize(info.n);
+  read_checkpoint_row(info, 0, s.params.data(), s.m.data(), s.v.data());
+  return s;
+}
+
+TrainOptions with(bool write, const std::string& resume = "", int64_t preempt = -1) {
+  TrainOptions o = quiet_options(write);
+  o.resume = resume;
+  o.preempt_after_step = preempt;
+  return o;
+}
+
+}  // namespace
+
+TEST(MpiZero, EqualsUnshardedWithEveryMpiMethod) {
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  const std::string tr = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 31);
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  struct Variant {
+    const char* name;
+    std::vector<std::string> sets;
+  };
+  // The tiny model has ~28k parameters (0.11 MB): bucket_mb 0.02 gives several buckets.
+  const std::vector<Variant> variants = {
+      {"allreduce, one bucket", {"parallel.sync=allreduce", "parallel.bucket_mb=1e9"}},
+      {"allreduce, per tensor", {"parallel.sync=allreduce", "parallel.bucket_mb=0"}},
+      {"allreduce, bucketed+overlap (polling)", {"parallel.sync=allreduce", "parallel.bucket_mb=0.02",
+                                                 "parallel.first_bucket_mb=0.005", "parallel.overlap=true"}},
+      {"allreduce, per tensor+overlap (blocking)", {"parallel.sync=allreduce", "parallel.bucket_mb=0",
+                                                    "parallel.overlap=true", "parallel.poll_us=0"}},
+      {"gather_scatter, bucketed", {"parallel.sync=gather_scatter", "parallel.bucket_mb=0.02"}},
+      {"gather_scatter, bucketed+overlap", {"parallel.sync=gather_scatter", "parallel.bucket_mb=0.02",
+                                            "parallel.first_bucket_mb=0.005", "parallel.overlap=true"}},
+  };
+  for (const Variant& v : variants) {
+    auto sets0 = v.sets, sets1 = v.sets;
+    sets0.push_back("parallel.zero=0");
+    sets1.push_back("parallel.zero=1");
+    const TrainResult a = train(zero_config(tr, sets0), MPI_COMM_WORLD, quiet_options(false), true);
+    const TrainResult b = train(zero_config(tr, sets1), MPI_COMM_WORLD, quiet_options(false), true);
+    // After the all-gather every rank holds the same parameters, bit for bit.
+    EXPECT_TRUE(same_on_every_rank(b.final_params, MPI_COMM_WORLD)) << v.name;
+    const double d = rel_diff(b.final_params, a.final_params);
+    EXPECT_LT(d, 1e-6) << v.name;
+    ASSERT_EQ(a.losses.size(), 10u);
+    ASSERT_EQ(b.losses.size(), 10u);
+    double worst_loss = 0;
+    for (size_t s = 0; s < a.losses.size(); s++)
+      worst_loss = std::max(worst_loss, std::fabs((double)b.losses[s] - a.losses[s]) / a.losses[s]);
+    EXPECT_LT(worst_loss, 1e-6) << v.name;
+    EXPECT_NE(a.final_params, std::vector<float>()) << v.name;
+    // Optimizer state per rank: 2n unsharded; with zero 1 about 2n/W, exactly 2n over the ranks.
+    EXPECT_EQ(a.optimizer_state_floats, 2 * a.n_params) << v.name;
+    int64_t total = 0;
+    MPI_Allreduce(&b.optimizer_state_floats, &total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_EQ(total, 2 * b.n_params) << v.name;
+    EXPECT_LE(std::llabs(b.optimizer_state_floats - 2 * b.n_params / world), 2 * 64) << v.name;
+    // Bytes: reduce-scatter + all-gather = an all-reduce's 2(W-1)/W·S (the bandwidth-optimal
+    // methods); through rank 0 the others send S + their piece instead of S.
+    const double S = 4.0 * a.n_params;
+    if (v.sets[0] == "parallel.sync=allreduce") {
+      EXPECT_NEAR(a.bytes_sent_last_step, 2.0 * (world - 1) / world * S, 1.0) << v.name;
+      EXPECT_NEAR(b.bytes_sent_last_step, a.bytes_sent_last_step, 1.0) << v.name;
+    } else if (world_rank() != 0) {
+      EXPECT_NEAR(a.bytes_sent_last_step, S, 1.0) << v.name;
+      EXPECT_NEAR(b.bytes_sent_last_step, S + S / world, 64.0 * 4) << v.name;
+    }
+    if (world_rank() == 0)
+      std::printf("%-42s zero 1 vs 0: params %.1e, losses %.1e; AdamW floats per rank %lld vs %lld; "
+                  "bytes sent per step %.0f vs %.0f\n",
+                  v.name, d, worst_loss, (long long)b.optimizer_state_floats, (long long)a.optimizer_state_floats,
+                  b.bytes_sent_last_step, a.bytes_sent_last_step);
+  }
+}
+
+// Same world size: an interrupted ZeRO-1 run resumes bit for bit (clipping on). Another world
+// size: the file holds the whole state in the flat layout, so with clipping off (so that the
+// reduction order of the norm does not matter) a ZeRO-1 checkpoint is bit-identical to an
+// unsharded one at 2 ranks, and a run resumed from either on 1 rank — or from a 1-rank
+// checkpoint on 2 ranks with ZeRO-1 — continues exactly as the unsharded run does.
+TEST(MpiZero, CheckpointsHoldTheWholeStateAndResumeOnAnyWorldSize) {
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  const std::string tr = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 32);
+  auto cfg = [&](const std::string& run, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"train.steps=12", "checkpoint.every=4", "run.dir=" + run, "parallel.bucket_mb=0.02"});
+    return zero_config(tr, extra);
+  };
+  {  // Same world size, bit for bit.
+    const TrainResult whole = train(cfg(dir + "/whole", {"parallel.zero=1"}), MPI_COMM_WORLD, with(true), true);
+    const TrainResult first = train(cfg(dir + "/cut", {"parallel.zero=1"}), MPI_COMM_WORLD, with(true, "", 5), true);
+    ASSERT_TRUE(first.preempted);
+    const TrainResult second = train(cfg(dir + "/cut", {"parallel.zero=1"}), MPI_COMM_WORLD, with(true, "auto"), true);
+    ASSERT_EQ(second.start_step, 6);
+    std::vector<float> joined = first.losses;
+    joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+    EXPECT_EQ(joined, whole.losses) << "per-step losses must match bit for bit";
+    EXPECT_EQ(second.final_params, whole.final_params) << "final parameters must match bit for bit";
+  }
+  // Another world size. Clipping off: the norm's reduction order is then irrelevant.
+  const std::vector<std::string> noclip = {"train.grad_clip=0"};
+  auto run_set = [&](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const TrainResult z0 = train(cfg(dir + "/z0", run_set(noclip, {"parallel.zero=0"})), MPI_COMM_WORLD, with(true), true);
+  const TrainResult z1 = train(cfg(dir + "/z1", run_set(noclip, {"parallel.zero=1"})), MPI_COMM_WORLD, with(true), true);
+  {
+    const Saved a = read_saved(checkpoint_path(dir + "/z0/checkpoints", 8));
+    const Saved b = read_saved(checkpoint_path(dir + "/z1/checkpoints", 8));
+    EXPECT_EQ(a.params, b.params) << "2 ranks: a ZeRO-1 checkpoint equals an unsharded one";
+    EXPECT_EQ(a.m, b.m);
+    EXPECT_EQ(a.v, b.v);
+    EXPECT_EQ(z0.final_params, z1.final_params);
+  }
+  MPI_Comm solo;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
+  if (world_rank() == 0) {
+    // 2 ranks -> 1 rank: resumed from the step-8 checkpoint of either run.
+    auto resume_on_one = [&](const std::string& from, const std::string& run, const std::string& zero) {
+      TrainOptions o = with(true, checkpoint_path(from + "/checkpoints", 8));
+      return train(cfg(run, run_set(noclip, {"parallel.zero=" + zero})), solo, o, true);
+    };
+    const TrainResult r0 = resume_on_one(dir + "/z0", dir + "/one-from-z0", "0");
+    const TrainResult r1 = resume_on_one(dir + "/z1", dir + "/one-from-z1", "1");
+    ASSERT_EQ(r0.start_step, 8);
+    ASSERT_EQ(r1.start_step, 8);
+    EXPECT_EQ(r1.losses, r0.losses) << "2 -> 1 rank: a ZeRO-1 checkpoint resumes as an unsharded one";
+    EXPECT_EQ(r1.final_params, r0.final_params);
+    EXPECT_LT(rel_diff(r1.final_params, z1.final_params), 1e-5) << "and continues the 2-rank run";
+    // 1 rank, for the next check: 8 steps with checkpoints.
+    train(cfg(dir + "/solo", noclip), solo, with(true), false);
+    MPI_Comm_free(&solo);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  {  // 1 rank -> 2 ranks, with and without ZeRO-1: the same continuation, bit for bit.
+    const std::string from = checkpoint_path(dir + "/solo/checkpoints", 8);
+    const TrainResult a = train(cfg(dir + "/two-z0", run_set(noclip, {"parallel.zero=0"})), MPI_COMM_WORLD,
+                                with(true, from), true);
+    const TrainResult b = train(cfg(dir + "/two-z1", run_set(noclip, {"parallel.zero=1"})), MPI_COMM_WORLD,
+                                with(true, from), true);
+    ASSERT_EQ(b.start_step, 8);
+    EXPECT_EQ(b.losses, a.losses) << "1 -> 2 ranks: ZeRO-1 continues exactly as unsharded training";
+    EXPECT_EQ(b.final_params, a.final_params);
+  }
+}
+
+// -n 4: four data-parallel ranks (quarters of the state), and 2 replicas × 2 pipeline stages
+// (each stage's state halved over its replicas; the checkpoint gathers it by name and resumes
+// bit for bit).
+TEST(MpiN4Zero, FourRanksAndPipelineStages) {
+  int world = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  ASSERT_EQ(world, 4) << "run under mpiexec -n 4";
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  const std::string tr = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 20000, 64, 33);
+  auto run = [&](std::vector<std::string> sets, const std::string& zero, int steps) {
+    sets.insert(sets.end(), {"parallel.zero=" + zero, "train.steps=" + std::to_string(steps), "parallel.bucket_mb=0.02"});
+    return train(zero_config(tr, sets), MPI_COMM_WORLD, quiet_options(false), true);
+  };
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{"parallel.sync=allreduce", "parallel.overlap=true"},
+        std::vector<std::string>{"parallel.sync=allreduce", "parallel.pp_stages=2", "parallel.microbatches=2"}}) {
+    const TrainResult a = run(sets, "0", 5), b = run(sets, "1", 5);
+    EXPECT_TRUE(same_on_every_rank(b.final_params, MPI_COMM_WORLD)) << sets.back();
+    EXPECT_LT(rel_diff(b.final_params, a.final_params), 1e-6) << sets.back();
+    for (size_t s = 0; s < a.losses.size(); s++)
+      EXPECT_LT(std::fabs((double)b.losses[s] - a.losses[s]) / a.losses[s], 1e-6) << sets.back() << " step " << s;
+    const int dp = sets.size() == 3 ? 2 : 4;
+    int64_t total_a = 0, total_b = 0;
+    MPI_Allreduce(&a.optimizer_state_floats, &total_a, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&b.optimizer_state_floats, &total_b, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_EQ(total_b * dp, total_a) << sets.back() << ": the state is divided by the data-parallel size";
+    if (world_rank() == 0)
+      std::printf("%s: zero 1 vs 0 params %.1e; AdamW floats over the ranks %lld vs %lld (dp %d)\n",
+                  sets.back().c_str(), rel_diff(b.final_params, a.final_params), (long long)total_b,
+                  (long long)total_a, dp);
+  }
+  // Pipeline + ZeRO-1 checkpoint: interrupted and resumed = uninterrupted, bit for bit.
+  auto ck = [&](const std::string& run_dir) {
+    return zero_config(tr, {"parallel.zero=1", "parallel.pp_stages=2", "parallel.microbatches=2", "train.steps=8",
+                            "checkpoint.every=4", "run.dir=" + run_dir, "parallel.bucket_mb=0.02"});
+  };
+  const TrainResult whole = train(ck(dir + "/pp-whole"), MPI_COMM_WORLD, with(true), true);
+  const TrainResult first = train(ck(dir + "/pp-cut"), MPI_COMM_WORLD, with(true, "", 4), true);
+  ASSERT_TRUE(first.preempted);
+  const TrainResult second = train(ck(dir + "/pp-cut"), MPI_COMM_WORLD, with(true, "auto"), true);
+  ASSERT_EQ(second.start_step, 5);
+  std::vector<float> joined = first.losses;
+  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  EXPECT_EQ(joined, whole.losses);
+  EXPECT_EQ(second.final_params, whole.final_params);
+}
