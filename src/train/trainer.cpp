@@ -148,6 +148,7 @@ struct Run {
   bool node_has_rank0 = false;                // rank 0 runs on this rank's node
   MemoryEstimate memory;                      // this rank's estimate (train/memory_estimate.h)
   std::string memory_note;                    // what the node has, for the start-up lines
+  double rss_before_model = -1;               // peak RSS before the model was allocated
 };
 
 // Keep only the lines of a JSON Lines file whose "step" passes `keep` (a resumed run drops what
@@ -527,6 +528,7 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   // Model and optimizer, once the memory they need is known to be there.
   const ModelDesc desc = model_desc_from_config(cfg.model, vocab);
   resolve_config(r.cfg.resolved, desc);
+  r.rss_before_model = peak_rss_bytes();  // libraries, MPI, open files: what no estimate counts
   check_memory(r, desc, local_size);
   try {
     if (!r.groups) {
@@ -952,12 +954,37 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     std::vector<double> after_first(res.step_ms.begin() + 1, res.step_ms.end());
     res.tokens_per_s_median = tokens_per_full_step / (median(after_first) / 1000.0);
   }
+  // Peak resident memory: every rank's, the smallest and largest printed (what llmpi-plan predicts).
+  res.peak_rss_bytes = peak_rss_bytes();
+  double rss_lo = res.peak_rss_bytes, rss_hi = res.peak_rss_bytes;
+  if (r.world > 1) {
+    MPI_Allreduce(MPI_IN_PLACE, &rss_lo, 1, MPI_DOUBLE, MPI_MIN, comm);
+    MPI_Allreduce(MPI_IN_PLACE, &rss_hi, 1, MPI_DOUBLE, MPI_MAX, comm);
+  }
+  std::vector<double> rss_all(r.world, res.peak_rss_bytes);
+  if (r.world > 1)
+    MPI_Gather(&res.peak_rss_bytes, 1, MPI_DOUBLE, rss_all.data(), 1, MPI_DOUBLE, 0, comm);
+  if (r.rank == 0 && o.write_run_dir && !res.losses.empty()) {
+    // summary.json: what a run measured, for tools (llmpi-plan's check compares its projection).
+    std::vector<double> after_first(res.step_ms.begin() + (res.step_ms.size() > 1 ? 1 : 0), res.step_ms.end());
+    const nlohmann::json summary = {{"steps_run", res.losses.size()}, {"start_step", r.start_step},
+                                    {"median_step_ms", median(after_first)},
+                                    {"tokens_per_s_median", res.tokens_per_s_median},
+                                    {"peak_rss_bytes_per_rank", rss_all}, {"world_size", r.world},
+                                    {"rss_before_model_bytes_rank0", r.rss_before_model},
+                                    {"memory_estimate_bytes_rank0", r.memory.host_bytes()},
+                                    {"optimizer_state_floats_rank0", res.optimizer_state_floats}};
+    write_file_atomic(cfg.run.dir + "/summary.json", summary.dump(1) + "\n");
+  }
   if (print && !res.losses.empty() && !res.preempted) {
     std::printf("done: %lld steps, median %.0f tokens/s, train loss %.4f -> %.4f", (long long)tc.steps,
                 res.tokens_per_s_median, res.losses.front(), res.losses.back());
     if (res.val_losses.size() >= 2)
       std::printf(", val loss %.4f -> %.4f", res.val_losses.front(), res.val_losses.back());
     if (res.skipped_steps) std::printf(", %lld non-finite steps skipped", (long long)res.skipped_steps);
+    if (rss_hi > 0)
+      std::printf(", peak RSS per rank %s%s", format_bytes(rss_lo).c_str(),
+                  rss_hi > rss_lo * 1.005 ? (" – " + format_bytes(rss_hi)).c_str() : "");
     std::printf("\n");
     std::fflush(stdout);
   }

@@ -54,6 +54,7 @@ struct TrainResult {
   std::vector<float> final_params;         // filled when requested (tests)
   int64_t optimizer_state_floats = 0;      // AdamW m + v held by this rank (ZeRO-1: its shard's)
   double bytes_sent_last_step = 0;         // this rank's gradient (and ZeRO-1 parameter) traffic, last step
+  double peak_rss_bytes = -1;              // this rank's peak resident set at the end (VmHWM)
 };
 
 TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& opt = {},
