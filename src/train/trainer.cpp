@@ -973,6 +973,14 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
                                     {"peak_rss_bytes_per_rank", rss_all}, {"world_size", r.world},
                                     {"rss_before_model_bytes_rank0", r.rss_before_model},
                                     {"memory_estimate_bytes_rank0", r.memory.host_bytes()},
+                                    {"memory_estimate_rank0", {{"params", r.memory.params}, {"grads", r.memory.grads},
+                                                               {"optimizer", r.memory.optimizer},
+                                                               {"activations", r.memory.activations},
+                                                               {"scratch", r.memory.scratch},
+                                                               {"sync_buffers", r.memory.sync_buffers},
+                                                               {"checkpoint_staging", r.memory.checkpoint_staging},
+                                                               {"data", r.memory.data}}},
+                                    {"checkpoints_written", !res.last_checkpoint.empty()},
                                     {"optimizer_state_floats_rank0", res.optimizer_state_floats}};
     write_file_atomic(cfg.run.dir + "/summary.json", summary.dump(1) + "\n");
   }

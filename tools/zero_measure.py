@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""zero_measure.py — what ZeRO-1 (parallel.zero 1) saves and what it sends, measured.
+
+  python3 tools/zero_measure.py [--build build] [--data build/demo] [--out bench/results/zero-DATE.json]
+                                [--parts memory,traffic] [--worlds 1,2,4]
+
+memory   For each world size W and zero 0/1: llmpi-train runs 3 steps of a GPT-2-shaped model
+         (8 layers, d_model 512, seq 64, byte vocabulary: 25.4M parameters, so the AdamW moments
+         are 203 MB unsharded) at global batch 4, one thread per rank, and writes summary.json:
+         every rank's peak RSS (VmHWM), the RSS before the model was allocated, the estimate
+         and the AdamW floats this rank holds. Printed: AdamW MB per rank, peak RSS, and the
+         estimate (less its checkpoint staging: no checkpoint is written) + the pre-model RSS
+         against rank 0's peak.
+traffic  Two ranks across a bare veth pair in two network namespaces (tools/netns_link.sh
+         --rate none; needs root): the bytes rank 0's interface sent per step, as the
+         difference between a 6-step and a 2-step run (start-up traffic cancels), for
+         allreduce and gather_scatter with zero 0 and 1, next to llmpi's own count
+         (metrics.jsonl bytes_sent).
+
+Needs only the Python standard library, the built programs (make) and the demo data (make demo-data).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = ["model.family=gpt2", "model.n_layer=8", "model.n_head=8", "model.d_model=512", "model.seq_len=64",
+         "model.vocab_size=0", "train.global_batch=4", "train.log_every=1", "train.eval_every=0", "data.val=",
+         "runtime.threads=1", "runtime.trace_steps=0", "parallel.bucket_mb=25"]
+
+
+def say(msg):
+    print("zero_measure: " + msg, file=sys.stderr, flush=True)
+
+
+def die(msg):
+    say("error: " + msg)
+    sys.exit(2)
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class Measure:
+    def __init__(self, a):
+        self.a = a
+        self.train_bin = os.path.join(a.build, "llmpi-train")
+        if not os.access(self.train_bin, os.X_OK):
+            die(f"{self.train_bin} not found: run `make` first")
+        self.train_file = os.path.join(a.data, "train.h5")
+        if not os.path.exists(self.train_file):
+            die(f"{self.train_file} not found: run `make demo-data` (or give --data)")
+        self.tmp = tempfile.mkdtemp(prefix="llmpi-zero-")
+
+    def args(self, run_dir, sets):
+        args = [self.train_bin, "--config", os.path.join(ROOT, "data", "demo.json"), "--set",
+                "data.train=" + self.train_file, "--set", "run.dir=" + run_dir]
+        for s in MODEL + sets:
+            args += ["--set", s]
+        return args
+
+    def run(self, cmd, run_dir):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        say("run: " + " ".join(cmd))
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        if p.returncode != 0:
+            sys.stdout.write(p.stdout[-3000:])
+            die(f"llmpi-train failed (exit {p.returncode})")
+        return p.stdout
+
+    def part_memory(self):
+        rows = []
+        for w in self.a.worlds:
+            for zero in (0, 1):
+                run = os.path.join(self.tmp, f"mem-w{w}-z{zero}")
+                sets = [f"parallel.zero={zero}", "train.steps=3"]
+                self.run(["mpiexec", "-n", str(w)] + self.args(run, sets), run)
+                s = json.load(open(os.path.join(run, "summary.json")))
+                peak = max(s["peak_rss_bytes_per_rank"])
+                # No checkpoint is written in 3 steps: its staging copies are never allocated.
+                est = s["memory_estimate_bytes_rank0"] - s["memory_estimate_rank0"]["checkpoint_staging"]
+                predicted = est + s["rss_before_model_bytes_rank0"]
+                row = {"world": w, "zero": zero, "adamw_bytes_rank0": 4 * s["optimizer_state_floats_rank0"],
+                       "peak_rss_bytes_max": peak, "peak_rss_bytes_per_rank": s["peak_rss_bytes_per_rank"],
+                       "rss_before_model_bytes_rank0": s["rss_before_model_bytes_rank0"],
+                       "estimate_bytes_rank0_without_checkpoint_staging": est,
+                       "estimate_plus_pre_model_rss_error": predicted / s["peak_rss_bytes_per_rank"][0] - 1}
+                rows.append(row)
+                say(f"W={w} zero={zero}: AdamW {row['adamw_bytes_rank0'] / 1e6:.1f} MB/rank, peak RSS "
+                    f"{peak / 1e6:.1f} MB, estimate + pre-model RSS {predicted / 1e6:.1f} MB "
+                    f"({100 * row['estimate_plus_pre_model_rss_error']:+.1f}%)")
+        return rows
+
+    def part_traffic(self):
+        if os.geteuid() != 0:
+            say("traffic: skipped (needs root for the network namespaces)")
+            return []
+        rows = []
+        for sync in ("allreduce", "gather_scatter"):
+            for zero in (0, 1):
+                tx = {}
+                for steps in (2, 6):
+                    run = os.path.join(self.tmp, f"net-{sync}-z{zero}-s{steps}")
+                    stats = run + "-link.json"
+                    sets = [f"parallel.zero={zero}", f"parallel.sync={sync}", f"train.steps={steps}"]
+                    cmd = [os.path.join(ROOT, "tools", "netns_link.sh"), "--quiet", "--rate", "none", "--stats", stats,
+                           "mpi", "--"] + self.args(run, sets)
+                    self.run(cmd, run)
+                    link = json.load(open(stats))
+                    tx[steps] = (link["a"]["tx_bytes"], link["b"]["tx_bytes"])
+                    counted = statistics.median(x["bytes_sent"] for x in read_jsonl(os.path.join(run, "metrics.jsonl")))
+                row = {"sync": sync, "zero": zero,
+                       "measured_sent_per_step_rank0": (tx[6][0] - tx[2][0]) / 4,
+                       "measured_sent_per_step_rank1": (tx[6][1] - tx[2][1]) / 4,
+                       "llmpi_count_sent_per_step_rank0": counted}
+                rows.append(row)
+                say(f"{sync} zero={zero}: veth sent per step rank 0 {row['measured_sent_per_step_rank0'] / 1e6:.2f} MB, "
+                    f"rank 1 {row['measured_sent_per_step_rank1'] / 1e6:.2f} MB; llmpi counts "
+                    f"{counted / 1e6:.2f} MB (rank 0)")
+        return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--data", default=os.path.join(ROOT, "build", "demo"))
+    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results",
+                                                 f"zero-{datetime.date.today().isoformat()}.json"))
+    p.add_argument("--parts", default="memory,traffic")
+    p.add_argument("--worlds", default="1,2,4")
+    a = p.parse_args()
+    a.worlds = [int(x) for x in a.worlds.split(",")]
+    m = Measure(a)
+    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "machine": f"{platform.node()}, {os.cpu_count()} cores", "model": MODEL,
+           "command": " ".join(sys.argv)}
+    parts = a.parts.split(",")
+    if "memory" in parts:
+        res["memory"] = m.part_memory()
+    if "traffic" in parts:
+        res["traffic"] = m.part_traffic()
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out + ".tmp", "w") as f:
+        json.dump(res, f, indent=1)
+    os.replace(a.out + ".tmp", a.out)
+    shutil.rmtree(m.tmp, ignore_errors=True)
+    say("wrote " + a.out)
+
+
+if __name__ == "__main__":
+    main()
