@@ -97,8 +97,9 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
     fail("parallel.zero 1 shards the optimizer state of ranks that average gradients; parallel.sync \"weights\" "
          "gives every rank its own optimizer over every parameter: use \"allreduce\" or \"gather_scatter\"");
   if (opt.zero && opt.method == SyncMethod::nccl)
-    fail("parallel.zero 1 with parallel.sync \"nccl\" is not implemented yet (its reduce-scatter and all-gather "
-         "need a GPU to be verified): use parallel.zero 0 with nccl, or an MPI method (\"allreduce\") with zero 1");
+    fail("parallel.zero 1 with parallel.sync \"nccl\" is not implemented (NCCL takes one rank per GPU, so its "
+         "reduce-scatter could only be verified on a machine with two or more GPUs, which we have not had): use "
+         "parallel.zero 0 with nccl, or zero 1 with \"allreduce\" (staged through host memory)");
   shard = shard_pieces(buckets, opt.zero ? world : 1, opt.zero ? rank : 0);
   if (opt.zero && world > 1) {
     size_t largest = 0;

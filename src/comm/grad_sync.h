@@ -27,7 +27,8 @@
 //   gather_scatter  through rank 0: MPI_Gather, average, MPI_Scatterv of the pieces; then
 //                   MPI_Gatherv of the updated pieces and MPI_Scatter of W copies of the bucket
 //   weights         refused: every rank steps its own optimizer over every parameter
-//   nccl            refused so far (not written; needs a GPU to verify)
+//   nccl            refused: not written, since NCCL takes one rank per GPU and a ZeRO-1 step can
+//                   only be checked with two or more GPUs (the lent machines have one)
 // With overlap, the reduce-scatters run on the communication thread during backward as the
 // all-reduces do, and each bucket's all-gather runs there while the optimizer updates the next
 // bucket's piece.

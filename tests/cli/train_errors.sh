@@ -38,11 +38,13 @@ expect_error unknown-family "'model.family' must be \"gpt2\", \"llama\" or \"ber
 expect_error gqa-divides "'model.n_kv_head' (4) must divide 'model.n_head' (6)" --config "$tmp/missing.json" --set model.family=llama --set model.n_head=6 --set model.d_model=96 --set model.n_kv_head=4
 expect_error pp-divides "parallel.pp_stages 3 does not divide the 2 ranks" --config "$tmp/missing.json" --set parallel.pp_stages=3
 expect_error pp-schedule "'parallel.schedule' must be \"gpipe\", \"1f1b\", \"interleaved\" or \"zb-h1\"" --config "$tmp/missing.json" --set parallel.schedule=pipedream
+expect_error zero-value "'parallel.zero' must be 0 (every rank keeps the whole optimizer state) or 1" --config "$tmp/missing.json" --set parallel.zero=2
+expect_error zero-weights "\"weights\" gives every rank its own optimizer over every parameter" --config "$tmp/missing.json" --set parallel.zero=1 --set parallel.sync=weights
 
 timeout 60 mpiexec -n 1 "$TRAIN" --help >"$tmp/help" 2>&1; rc=$?
 if [ $rc != 0 ] || ! grep -q "train.global_batch" "$tmp/help" || ! grep -q "parallel.sync" "$tmp/help" ||
    ! grep -q "^ llama:" "$tmp/help" || ! grep -q "^ bert:" "$tmp/help" || ! grep -q "model.n_kv_head" "$tmp/help" ||
-   ! grep -q "model.num_labels  *default 2" "$tmp/help" || ! grep -q "parallel.pp_stages" "$tmp/help"; then
+   ! grep -q "model.num_labels  *default 2" "$tmp/help" || ! grep -q "parallel.pp_stages" "$tmp/help" || ! grep -q "parallel.zero" "$tmp/help"; then
   echo "FAIL --help: exit $rc"; cat "$tmp/help"; status=1
 else echo "ok   --help lists the configuration keys, per model family"; fi
 exit $status
