@@ -17,13 +17,14 @@
 #   train_cpu/gpu  llmpi-train 50 steps on a tiny GPT-2 on runtime.device=cpu, then =cuda; the
 #                  losses are compared step by step (relative 1e-3)
 #   mpi_staging    2 ranks sharing the GPU through parallel.sync=allreduce (host staging)
+#   mpi_staging_zero  the same with parallel.zero=1 (ZeRO-1); losses vs mpi_staging's (1e-5)
 #   nccl_world1    parallel.sync=nccl at world size 1
 #   bench_bB       bench-gpu_gpt2 at batch 8, 16, 32, 64 (fp32; T = 1024)
 # Writes OUTDIR/gpu_verify.log (everything) and OUTDIR/gpu_verify.json (one record per step:
 # name, rc, seconds, and the figures it found). Exit status: the number of failed steps.
 set -uo pipefail
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
 if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then usage; exit 0; fi
 
 BUILD=${BUILD:-build}
@@ -114,10 +115,14 @@ step train_cpu 300 "$MPIEXEC" -n 1 "$TRAIN" "${common[@]}" --set run.dir="$OUT/r
 record train_cpu $STEP_RC $STEP_SECONDS
 step train_gpu 300 "$MPIEXEC" -n 1 "$TRAIN" "${common[@]}" --set run.dir="$OUT/run-gpu" --set runtime.device=cuda
 gpu_rc=$STEP_RC; gpu_s=$STEP_SECONDS
+# compare_losses A B: "steps_in_A steps_in_B largest_relative_difference" of two metrics.jsonl files.
+compare_losses() {
+  awk 'FNR==1{f++} match($0, /"loss": ?-?[0-9.eE+-]+/){v=substr($0,RSTART,RLENGTH); sub(/"loss": ?/,"",v); l[f, ++n[f]]=v+0}
+    END{m=0; for(i=1;i<=n[1];i++){d=l[1,i]-l[2,i]; if(d<0)d=-d; a=l[1,i]<0?-l[1,i]:l[1,i]; r=a>0?d/a:d; if(r>m)m=r}
+        printf "%d %d %.3g", n[1], n[2], m}' "$1" "$2" 2>/dev/null
+}
 # Step-by-step loss comparison from the two metrics.jsonl files (relative 1e-3).
-cmp=$(awk 'FNR==1{f++} match($0, /"loss": ?-?[0-9.eE+-]+/){v=substr($0,RSTART,RLENGTH); sub(/"loss": ?/,"",v); l[f, ++n[f]]=v+0}
-  END{m=0; for(i=1;i<=n[1];i++){d=l[1,i]-l[2,i]; if(d<0)d=-d; a=l[1,i]<0?-l[1,i]:l[1,i]; r=a>0?d/a:d; if(r>m)m=r}
-      printf "%d %d %.3g", n[1], n[2], m}' "$OUT/run-cpu/metrics.jsonl" "$OUT/run-gpu/metrics.jsonl" 2>/dev/null)
+cmp=$(compare_losses "$OUT/run-cpu/metrics.jsonl" "$OUT/run-gpu/metrics.jsonl")
 read -r ncpu ngpu maxrel <<<"${cmp:-0 0 nan}"
 if [ "$gpu_rc" = 0 ] && { [ "$ncpu" = 0 ] || [ "$ncpu" != "$ngpu" ] || awk -v m="$maxrel" 'BEGIN{exit !(m > 1e-3 || m != m)}'; }; then gpu_rc=3; fi
 record train_gpu "$gpu_rc" "$gpu_s" "\"steps_cpu\": $ncpu, \"steps_gpu\": $ngpu, \"max_rel_loss_diff\": \"$maxrel\""
@@ -125,6 +130,14 @@ record train_gpu "$gpu_rc" "$gpu_s" "\"steps_cpu\": $ncpu, \"steps_gpu\": $ngpu,
 step mpi_staging 300 "$MPIEXEC" -n 2 "$TRAIN" "${common[@]}" --set run.dir="$OUT/run-mpi2" --set runtime.device=cuda \
   --set parallel.sync=allreduce --set parallel.overlap=false
 record mpi_staging $STEP_RC $STEP_SECONDS
+# ZeRO-1 through the same staging (reduce-scatter + all-gather): the losses of the run above (1e-5).
+step mpi_staging_zero 300 "$MPIEXEC" -n 2 "$TRAIN" "${common[@]}" --set run.dir="$OUT/run-mpi2-zero" \
+  --set runtime.device=cuda --set parallel.sync=allreduce --set parallel.overlap=false --set parallel.zero=1
+zero_rc=$STEP_RC; zero_s=$STEP_SECONDS
+cmp=$(compare_losses "$OUT/run-mpi2/metrics.jsonl" "$OUT/run-mpi2-zero/metrics.jsonl")
+read -r nz0 nz1 zrel <<<"${cmp:-0 0 nan}"
+if [ "$zero_rc" = 0 ] && { [ "$nz0" = 0 ] || [ "$nz0" != "$nz1" ] || awk -v m="$zrel" 'BEGIN{exit !(m > 1e-5 || m != m)}'; }; then zero_rc=3; fi
+record mpi_staging_zero "$zero_rc" "$zero_s" "\"steps\": $nz1, \"max_rel_loss_diff_vs_zero0\": \"$zrel\""
 step nccl_world1 300 "$MPIEXEC" -n 1 "$TRAIN" "${common[@]}" --set run.dir="$OUT/run-nccl" --set runtime.device=cuda \
   --set parallel.sync=nccl
 record nccl_world1 $STEP_RC $STEP_SECONDS
