@@ -24,7 +24,7 @@
 # name, rc, seconds, and the figures it found). Exit status: the number of failed steps.
 set -uo pipefail
 
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
 if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then usage; exit 0; fi
 
 BUILD=${BUILD:-build}
