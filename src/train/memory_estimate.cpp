@@ -152,6 +152,20 @@ std::string cgroup_path(bool v2) {
 
 }  // namespace
 
+double peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmHWM:") {
+      double kb = -1;
+      in >> kb;
+      return kb * 1024;
+    }
+    std::getline(in, key);
+  }
+  return -1;
+}
+
 double host_memory_available(std::string* source) {
   double avail = -1;
   std::string from = "MemAvailable";

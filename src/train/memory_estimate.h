@@ -63,6 +63,9 @@ size_t backward_scratch_bytes(const ModelDesc& desc, int B, int T);
 // memory cgroup (v2 memory.max − memory.current, or v1 limit − usage) leaves. `source` says which.
 double host_memory_available(std::string* source = nullptr);
 
+// This process's peak resident set (VmHWM of /proc/self/status) in bytes; -1 when unknown.
+double peak_rss_bytes();
+
 // "1.5 GB", "350 MB"
 std::string format_bytes(double bytes);
 
