@@ -98,7 +98,7 @@ CUDA_MODE_STAMP := $(BUILD)/.mode-$(if $(strip $(NVCC)),cuda,nocuda)$(if $(filte
 # Library: every .cpp under src/ except the program mains in src/apps/.
 LIB_SRC  := $(shell find src -name '*.cpp' -not -path 'src/apps/*' | sort)
 LIB_OBJ  := $(LIB_SRC:%.cpp=$(BUILD)/obj/%.o)
-APPS     := llmpi-train llmpi-prep llmpi-demo-corpus llmpi-export llmpi-sample
+APPS     := llmpi-train llmpi-prep llmpi-demo-corpus llmpi-export llmpi-sample llmpi-plan
 APP_BINS := $(APPS:%=$(BUILD)/%)
 TEST_SRC := $(sort $(wildcard tests/*.cpp))
 TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)

@@ -44,6 +44,40 @@ size_t activation_bytes(const ModelDesc& d, int B, int T) {
   return total * sizeof(float) + 4 * N * sizeof(int32_t) + rows * sizeof(float);
 }
 
+// Activations::allocate for a part: input, dresidual, tmp; the embedding norm's tensors only with
+// the embedding; blocks [l0, l1); the head's only with the head. The ids (4 · N int32) are always
+// allocated, and the host loss row (Model::rows_for_loss) too.
+size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T) {
+  const size_t N = (size_t)B * T, C = d.d_model, att = (size_t)B * d.n_head * T * T;
+  const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = (size_t)d.n_head * d.head_dim();
+  const int l1 = part.l1 < 0 ? d.n_layer : part.l1;
+  std::vector<size_t> plan = {N * C, N * C, N * C};
+  if (part.embedding && d.embedding_norm) plan.insert(plan.end(), {N * C, N, N});
+  for (int l = part.l0; l < l1; l++) {
+    plan.insert(plan.end(), {N * C, N, N, N * QKV, N * AY, att, N * C, N * C, N, N, N * FC, N * F, N * C});
+    if (!d.pre_norm) plan.push_back(N * C);
+  }
+  if (part.head) {
+    if (d.head == HeadKind::lm)
+      plan.insert(plan.end(), {N * C, N, N, N * (size_t)d.vocab_size, N});
+    else
+      plan.insert(plan.end(), {B * C, B * C, B * C, B * C, (size_t)B * d.num_labels, (size_t)B});
+  }
+  const size_t rows = d.head == HeadKind::lm ? N : (size_t)B;
+  size_t total = 0;
+  for (size_t s : plan) total += aligned16(s);
+  return total * sizeof(float) + 4 * N * sizeof(int32_t) + rows * sizeof(float);
+}
+
+// Model::kept_floats.
+size_t kept_bytes(const ModelDesc& d, const ModelPart& part, int B, int T) {
+  const size_t N = (size_t)B * T, C = d.d_model;
+  const int l1 = part.l1 < 0 ? d.n_layer : part.l1;
+  size_t n = (size_t)(l1 - part.l0) * (2 * aligned16(N * C) + aligned16(N * d.fc_dim()) + aligned16(N * d.qkv_dim()));
+  if (part.head && d.head == HeadKind::classifier) n += aligned16((size_t)B * C);
+  return n * sizeof(float);
+}
+
 // Model::ensure_scratch: d_a, d_b N·C; d_qkv N·QKV; d_fc N·FC; d_act N·F; d_att B·H·T²; 3·B·C.
 size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
   const size_t N = (size_t)B * T, C = d.d_model;

@@ -31,6 +31,7 @@
 #include <string>
 
 #include "model/model_desc.h"
+#include "model/transformer.h"
 #include "runtime/config.h"
 
 namespace llmpi {
@@ -58,6 +59,15 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
 // The bytes of one micro-batch's Activations, and of one backward's scratch (as the model allocates).
 size_t activation_bytes(const ModelDesc& desc, int B, int T);
 size_t backward_scratch_bytes(const ModelDesc& desc, int B, int T);
+
+// The same for a part of the model (a pipeline chunk: model/transformer.h ModelPart), as
+// Activations::allocate lays it out for that part: the embedding norm only with the embedding, the
+// head's tensors only with the head. activation_bytes(d, B, T) equals the whole part's value.
+size_t activation_bytes(const ModelDesc& desc, const ModelPart& part, int B, int T);
+// What an input-only backward (zb-h1's BI) keeps per micro-batch in Activations::kept for that
+// part: Model::kept_floats (per block 2·N·C + N·fc + N·qkv floats, each rounded to 16; the
+// classifier head's pooler output gradient), in bytes.
+size_t kept_bytes(const ModelDesc& desc, const ModelPart& part, int B, int T);
 
 // Host memory this process may still use: MemAvailable (/proc/meminfo), lowered to what the
 // memory cgroup (v2 memory.max − memory.current, or v1 limit − usage) leaves. `source` says which.

@@ -1,0 +1,326 @@
+// llmpi-plan: memory per rank, step time and scaling efficiency of a run before it is run
+// (src/plan/plan.h; docs/SCALING.md). One process, no MPI launch:
+//   llmpi-plan --config run.json [--set k=v]... --world 512 --pp 8 --microbatches 32 --zero 1
+//              --device h100 --link ib-ndr [--json plan.json]
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+
+#include "data/token_file.h"
+#include "metrics/metrics.h"
+#include "model/model_desc.h"
+#include "plan/plan.h"
+#include "plan/profile.h"
+#include "runtime/config.h"
+#include "runtime/error.h"
+#include "train/memory_estimate.h"
+
+using namespace llmpi;
+
+namespace {
+
+const char* kDefaultLinks = "bench/results/links-2026-11-23.json";
+
+bool file_exists(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0;
+}
+
+// Whether the configuration names a training file (in the JSON or by --set): without one the model
+// needs model.vocab_size or --vocab, and config validation gets a placeholder.
+bool names_train_file(const std::string& path, const std::vector<std::string>& sets) {
+  bool named = false;
+  std::ifstream in(path);
+  if (in) {
+    try {
+      const nlohmann::json j = nlohmann::json::parse(in, nullptr, true, true);
+      named = j.contains("data") && j["data"].is_object() && j["data"].contains("train") &&
+              j["data"]["train"].is_string() && !j["data"]["train"].get<std::string>().empty();
+    } catch (...) {
+      // load_config reports the malformed file
+    }
+  }
+  for (const std::string& s : sets)
+    if (s.rfind("data.train=", 0) == 0) named = s.size() > 11;
+  return named;
+}
+
+std::string gb(double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  return buf;
+}
+
+std::string fmt_s(double s) {
+  char buf[32];
+  if (s >= 1) std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
+  else std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"llmpi-plan: memory per rank, step time and scaling efficiency of a training run, before running it.\n"
+               "Usage: llmpi-plan --config run.json [--set key=value]... --world W [--pp S] [--microbatches M] "
+               "[--zero 0|1]\n       [--device h100|h200|cpu] [--link CLASS] [--intra-link CLASS] [--json OUT]\n"
+               "Memory is exact for fp32 (the code as built) and a projection for bf16 (not implemented yet); time is\n"
+               "a model (docs/SCALING.md): per-layer compute from --profile or the device table, the pipeline\n"
+               "simulated, data-parallel sync from an alpha-beta model of the links."};
+  std::string config_path, device_name = "cpu", link_name, intra_name, links_path, precision = "fp32", json_out;
+  std::string profile_in, profile_out, schedule;
+  std::vector<std::string> sets;
+  int world = 1, pp = 0, microbatches = 0, zero = -1, vocab = 0, ranks_per_node = 0, nics_per_node = 0;
+  int cores_per_rank = 0, profile_reps = 5, node_cores = 0;
+  double mfu = 0;
+  bool profile = false;
+  app.add_option("--config", config_path, "JSON run configuration (as llmpi-train reads it)")->required();
+  app.add_option("--set", sets, "override one configuration key, e.g. --set model.n_layer=48 (repeatable)");
+  app.add_option("--vocab", vocab,
+                 "vocabulary size when model.vocab_size is 0 and there is no data.train file to take it from");
+  app.add_option("--world", world, "ranks in the run (data-parallel replicas x pipeline stages; default 1)");
+  app.add_option("--pp", pp, "pipeline stages (default: parallel.pp_stages)");
+  app.add_option("--microbatches", microbatches, "micro-batches per step per replica (default: parallel.microbatches)");
+  app.add_option("--zero", zero, "the run's ZeRO stage, 0 or 1 (default: parallel.zero); both are always planned");
+  app.add_option("--schedule", schedule,
+                 "the run's schedule: gpipe, 1f1b or zb-h1 (default: parallel.schedule); all three are planned");
+  app.add_option("--device", device_name, "device table entry: h100, h200 or cpu (this machine; default)");
+  app.add_option("--precision", precision,
+                 "precision of the compute for the time: fp32 (the code as built; default), tf32 or bf16 (projections)");
+  app.add_option("--mfu", mfu, "assumed fraction of the device's peak reached by the compute (default: the device's, "
+                               "printed; not used with a profile)");
+  app.add_option("--cores-per-rank", cores_per_rank, "cpu: cores per rank (default runtime.threads, or 1)");
+  app.add_option("--cores-per-node", node_cores,
+                 "cpu: cores of a node (default: this machine's); ranks x cores per rank beyond it share the cores, "
+                 "which slows the compute by that ratio");
+  app.add_option("--link", link_name, "link class between nodes: shm, loopback, netns-1gbit, netns-10gbit (measured), "
+                                      "1gbe, 10gbe, 100gbe, ib-hdr, ib-ndr, nvlink (nominal); default ib-ndr on GPUs, "
+                                      "none on cpu (needed when the ranks span nodes)");
+  app.add_option("--intra-link", intra_name, "link class inside a node (default nvlink on GPUs, shm on cpu)");
+  app.add_option("--gpus-per-node", ranks_per_node,
+                 "ranks per node (default 8 on GPUs; cpu: all ranks on one node)");
+  app.add_option("--nics-per-node", nics_per_node,
+                 "network ports per node shared by its ranks (default one per GPU; cpu: 1)");
+  app.add_option("--links", links_path, std::string("measured links file of bench-allreduce_bw (default ") +
+                                            kDefaultLinks + " when it exists)");
+  app.add_flag("--profile", profile, "measure the per-layer costs on this machine's CPU backend (a few seconds)");
+  app.add_option("--profile-reps", profile_reps, "repetitions per measured cost (median; default 5)");
+  app.add_option("--profile-out", profile_out, "write the measured (or table) per-layer costs to this JSON file");
+  app.add_option("--profile-in", profile_in, "read per-layer costs from a file written by --profile-out");
+  app.add_option("--json", json_out, "write the whole plan (every stage, schedule, ZeRO stage and precision) as JSON");
+  app.footer(
+      "\nLink classes: measured ones come from the links file (tools/measure_links.sh runs bench/allreduce_bw.cpp);\n"
+      "nominal ones are published line rates with typical latencies (docs/SCALING.md lists the sources). A\n"
+      "data-parallel collective that spans nodes is modelled in two levels (inside the node over --intra-link,\n"
+      "across nodes over --link).\n"
+      "Scaling efficiency = tokens/s at the world size / (world x tokens/s of one rank doing the whole global batch).\n"
+      "Exit status 2 on bad input.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+
+  try {
+    const bool has_data = names_train_file(config_path, sets);
+    std::vector<std::string> all_sets = sets;
+    if (!has_data) all_sets.push_back("data.train=(none: llmpi-plan)");
+    const Config cfg = load_config(config_path, all_sets);
+    int V = cfg.model.vocab_size;
+    if (V > 0 && vocab > 0 && vocab != V)
+      fail("--vocab ", vocab, " contradicts model.vocab_size ", V, ": give one of them");
+    if (V == 0) V = vocab;
+    if (V == 0) {
+      if (!has_data)
+        fail("model.vocab_size is 0 (take it from the data) but the configuration names no data.train file: set "
+             "model.vocab_size, or give --vocab N");
+      if (cfg.model.family == "bert")
+        fail("model.vocab_size is 0: give --vocab N (or set model.vocab_size) for a bert plan");
+      V = (int)open_token_file_info(cfg.data.train).vocab_size;
+    }
+    PlanInputs in = plan_inputs_from_config(cfg, model_desc_from_config(cfg.model, V), world);
+    if (pp > 0) in.pp = pp;
+    if (microbatches > 0) in.microbatches = microbatches;
+    if (zero >= 0) in.zero = zero;
+    if (in.zero != 0 && in.zero != 1) fail("--zero must be 0 or 1");
+    in.schedule = schedule.empty() ? cfg.parallel.schedule : schedule;
+    if (in.schedule != "gpipe" && in.schedule != "1f1b" && in.schedule != "zb-h1" && in.schedule != "interleaved")
+      fail("unknown schedule '", in.schedule, "': use gpipe, 1f1b or zb-h1");
+    if (pp > 0 && pp != cfg.parallel.pp_stages) in.stage_layers.clear();  // balanced for the new stage count
+    in.device = find_device(device_name);
+    in.precision = parse_precision(precision);
+    if (in.precision != Precision::fp32 && !in.device.gpu)
+      fail("--precision ", precision, " is a GPU projection: use --precision fp32 with --device cpu");
+    if (mfu < 0 || mfu > 1) fail("--mfu must be in (0, 1]");
+    in.mfu = mfu;
+    if (cores_per_rank > 0) in.cores_per_rank = cores_per_rank;
+    if (!in.device.gpu) in.node_cores = node_cores > 0 ? node_cores : (int)std::thread::hardware_concurrency();
+    if (in.world < 1 || in.pp < 1) fail("--world and --pp must be >= 1");
+    if (in.world % in.pp != 0)
+      fail("the world size ", in.world, " is not divisible by the pipeline stages ", in.pp,
+           ": choose --world a multiple of --pp");
+    // Links: the measured file when one is named or the default exists.
+    in.fabric.ranks_per_node = ranks_per_node > 0 ? ranks_per_node
+                                                  : (in.device.gpu ? in.device.default_ranks_per_node : in.world);
+    in.fabric.nics_per_node = nics_per_node > 0 ? nics_per_node : (in.device.gpu ? in.fabric.ranks_per_node : 1);
+    const std::string intra = intra_name.empty() ? (in.device.gpu ? "nvlink" : "shm") : intra_name;
+    const std::string inter = link_name.empty() ? (in.device.gpu ? "ib-ndr" : "") : link_name;
+    const bool spans_nodes = in.world > in.fabric.ranks_per_node;
+    const bool within_node = std::min(in.world, in.fabric.ranks_per_node) > 1;
+    // The measured links file: read when named, or (the default file) when a link in use is not nominal.
+    auto nominal = [](const std::string& n) {
+      for (const Link& l : nominal_links())
+        if (l.name == n) return true;
+      return false;
+    };
+    LinkFile file;
+    const LinkFile* fp = nullptr;
+    const bool needs_file = (within_node && !nominal(intra)) || (spans_nodes && !inter.empty() && !nominal(inter));
+    if (!links_path.empty()) {
+      file = read_link_file(links_path);
+      fp = &file;
+    } else if (needs_file && file_exists(kDefaultLinks)) {
+      file = read_link_file(kDefaultLinks);
+      fp = &file;
+    }
+    if (within_node) in.fabric.intra = find_link(intra, fp);
+    if (spans_nodes) {
+      if (inter.empty())
+        fail("the run spans ", (in.world + in.fabric.ranks_per_node - 1) / in.fabric.ranks_per_node, " nodes of ",
+             in.fabric.ranks_per_node, " ranks: give the link between nodes with --link (one of ", link_names_list(fp), ")");
+      in.fabric.inter = find_link(inter, fp);
+    }
+    // Costs: a profile read back, measured now, or the device table.
+    if (!profile_in.empty() && profile) fail("--profile measures and --profile-in reads: give one of them");
+    PlanResult r = plan(in);  // validates the inputs (and gives the micro-batch)
+    if (!profile_in.empty()) {
+      std::ifstream pin(profile_in);
+      if (!pin) fail("cannot read the profile '", profile_in, "': write one with --profile --profile-out FILE");
+      nlohmann::json j;
+      try {
+        j = nlohmann::json::parse(pin);
+      } catch (const std::exception& e) {
+        fail("'", profile_in, "' is not valid JSON (", e.what(), ")");
+      }
+      in.profile = LayerCosts::from_json(j.contains("costs") ? j["costs"] : j, profile_in);
+      in.have_profile = true;
+    } else if (profile) {
+      if (in.device.gpu) fail("--profile measures this machine's CPU backend: use --device cpu with it");
+      std::fprintf(stderr, "llmpi-plan: profiling one micro-batch of %d x %d tokens (%d repetitions)...\n",
+                   r.micro_batch, in.seq_len, profile_reps);
+      in.profile = measure_profile(in.desc, r.micro_batch, in.seq_len, profile_reps, in.cores_per_rank);
+      in.have_profile = true;
+    }
+    if (in.have_profile) r = plan(in);
+    if (!profile_out.empty()) {
+      nlohmann::json pj = {{"format", "llmpi-plan-profile"}, {"version", 1}, {"model", model_desc_json(in.desc)},
+                           {"costs", r.costs.to_json()}};
+      write_file_atomic(profile_out, pj.dump(2) + "\n");
+    }
+
+    // ---- the report ----
+    const ModelDesc& d = in.desc;
+    const int S = in.pp;
+    std::printf("model %s: %d layers, d_model %d, %d heads, ffn %d, seq_len %d, vocab %d: %.2fM parameters, %.3g "
+                "FLOP/token\n",
+                family_name(d.family), d.n_layer, d.d_model, d.n_head, d.ffn_dim, in.seq_len, d.vocab_size,
+                build_param_table(d).numel / 1e6, r.flops_per_token);
+    std::printf("run: world %d = %d data-parallel x %d stage%s; global batch %d -> %d per replica, %d micro-batch%s of "
+                "%d; sync %s%s, buckets %g MB, optimizer %s\n",
+                in.world, r.dp, S, S > 1 ? "s" : "", in.global_batch, r.local_batch, S > 1 ? in.microbatches : 1,
+                S > 1 && in.microbatches > 1 ? "es" : "", r.micro_batch, in.sync.c_str(), in.overlap ? " (overlap)" : "",
+                in.bucket_mb, in.optimizer.c_str());
+    if (S > 1) {
+      std::printf("layers per stage:");
+      for (int n : r.layer_counts) std::printf(" %d", n);
+      std::printf(" (embedding on stage 0, head on stage %d)\n", S - 1);
+    }
+    std::printf("device: %s (%s)\n", in.device.name.c_str(), in.device.source.c_str());
+    std::printf("costs: %s\n", r.costs.source.c_str());
+    if (within_node) std::printf("link inside a node: %s (%s)\n", in.fabric.intra.name.c_str(), in.fabric.intra.source.c_str());
+    if (spans_nodes)
+      std::printf("link between nodes: %s (%s), %d ranks and %d NICs per node\n", in.fabric.inter.name.c_str(),
+                  in.fabric.inter.source.c_str(), in.fabric.ranks_per_node, in.fabric.nics_per_node);
+    std::string run_sch = S > 1 ? in.schedule : "-";
+    if (run_sch == "interleaved") {
+      std::printf("(the run's schedule 'interleaved' is not planned: its memory is shown as 1f1b's)\n");
+      run_sch = "1f1b";
+    }
+    for (const char* prec : {"fp32", "bf16"}) {
+      std::printf("\nmemory per rank, %s%s, schedule %s, ZeRO-%d:\n", prec,
+                  std::string(prec) == "bf16" ? " (PROJECTION: bf16 weights + fp32 master, grads, AdamW)" : " (the code as built)",
+                  run_sch.c_str(), in.zero);
+      std::printf("  %-5s %-26s %6s %10s %10s %10s %12s %10s %10s %10s\n", "stage", "holds", "slots", "params", "grads",
+                  "optimizer", "activations", "scratch", "buffers", "total");
+      for (int s = 0; s < S; s++) {
+        const MemoryRow* m = r.memory_row(prec, run_sch, in.zero, s);
+        if (!m) continue;
+        const ModelPart& p = r.stages[s].part;
+        std::string holds = "layers [" + std::to_string(p.l0) + "," + std::to_string(p.l1 < 0 ? d.n_layer : p.l1) + ")";
+        if (p.embedding) holds += " +emb";
+        if (p.head) holds += " +head";
+        std::printf("  %-5d %-26s %6d %10s %10s %10s %12s %10s %10s %10s\n", s, holds.c_str(), m->slots,
+                    gb(m->params).c_str(), gb(m->grads).c_str(), gb(m->optimizer).c_str(), gb(m->activations).c_str(),
+                    gb(m->scratch).c_str(), gb(m->buffers).c_str(), gb(m->total).c_str());
+      }
+    }
+    std::printf("\nlargest rank (GB), every schedule and ZeRO stage%s:\n",
+                in.device.memory_bytes > 0 ? (" (device has " + gb(in.device.memory_bytes) + ")").c_str() : "");
+    std::printf("  %-8s %-6s %12s %12s\n", "schedule", "zero", "fp32", "bf16");
+    std::vector<std::string> schs = S > 1 ? std::vector<std::string>{"gpipe", "1f1b", "zb-h1"} : std::vector<std::string>{"-"};
+    for (const std::string& sch : schs)
+      for (int z = 0; z <= 1; z++) {
+        double mx[2] = {0, 0};
+        int i = 0;
+        for (const char* prec : {"fp32", "bf16"}) {
+          for (int s = 0; s < S; s++)
+            if (const MemoryRow* m = r.memory_row(prec, sch, z, s)) mx[i] = std::max(mx[i], m->total);
+          i++;
+        }
+        std::printf("  %-8s %-6d %12.2f %12.2f%s\n", sch.c_str(), z, mx[0] / 1e9, mx[1] / 1e9,
+                    in.device.memory_bytes > 0 && mx[1] > in.device.memory_bytes ? "  (bf16 does not fit)" : "");
+      }
+    std::printf("\ntime per step (%s compute; %s):\n", precision_name(in.precision),
+                r.mfu_assumed > 0 ? ("MFU " + std::to_string(r.mfu_assumed).substr(0, 5) + " assumed").c_str()
+                                  : "measured profile");
+    std::printf("  %-8s %-4s %10s %10s %10s %10s %10s %10s %12s %6s %6s\n", "schedule", "zero", "compute", "bubble",
+                "sync", "exposed", "optimizer", "step", "tokens/s", "MFU", "eff.");
+    for (const TimeRow& t : r.time)
+      std::printf("  %-8s %-4d %10s %10s %10s %10s %10s %10s %12.0f %5.1f%% %5.1f%%\n", t.schedule.c_str(), t.zero,
+                  fmt_s(t.compute_s).c_str(), fmt_s(t.bubble_s).c_str(), fmt_s(t.sync_s).c_str(),
+                  fmt_s(t.exposed_sync_s).c_str(), fmt_s(t.optimizer_s).c_str(), fmt_s(t.step_s).c_str(), t.tokens_per_s,
+                  100 * t.mfu, 100 * t.efficiency);
+    std::printf("  (one rank alone: %.0f tokens/s; efficiency = tokens/s / (%d x that))\n", r.single_rank_tokens_per_s,
+                in.world);
+    for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
+    if (!json_out.empty()) {
+      nlohmann::json j = r.to_json();
+      j["inputs"] = {{"config", config_path}, {"set", sets}, {"world", in.world}, {"pp", in.pp},
+                     {"microbatches", in.microbatches}, {"zero", in.zero}, {"schedule", in.schedule},
+                     {"sync", in.sync}, {"overlap", in.overlap}, {"bucket_mb", in.bucket_mb},
+                     {"device", in.device.name}, {"device_source", in.device.source},
+                     {"precision", precision_name(in.precision)}, {"cores_per_rank", in.cores_per_rank},
+                     {"ranks_per_node", in.fabric.ranks_per_node}, {"nics_per_node", in.fabric.nics_per_node},
+                     {"intra_link", within_node ? in.fabric.intra.name : ""},
+                     {"inter_link", spans_nodes ? in.fabric.inter.name : ""},
+                     {"links_file", fp ? fp->path : ""}};
+      j["model"] = model_desc_json(d);
+      j["seq_len"] = in.seq_len;
+      j["global_batch"] = in.global_batch;
+      j["n_params"] = build_param_table(d).numel;
+      write_file_atomic(json_out, j.dump(2) + "\n");
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "llmpi-plan: error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

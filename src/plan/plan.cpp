@@ -1,0 +1,548 @@
+#include "plan/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <tuple>
+
+#include "comm/grad_sync.h"
+#include "pipeline/pipeline_step.h"
+#include "runtime/config.h"
+#include "runtime/error.h"
+#include "train/memory_estimate.h"
+
+namespace llmpi {
+
+// ---- devices ---------------------------------------------------------------------------------------
+// H100 SXM5 and H200 SXM: NVIDIA's data sheets (dense, without sparsity): 989 TFLOP/s bf16,
+// 494.7 TF32, 67 FP32; H100 80 GB HBM3 at 3.35 TB/s, H200 141 GB HBM3e at 4.8 TB/s.
+// cpu: this machine, one core: OpenBLAS sgemm on the gpt2 reference shapes with both cores busy,
+// 87.8 GFLOP/s (median of 5 rounds, docs/PERF.md "make bench", 2026-11-23); its default MFU is the
+// measured utilisation of that ceiling by the CPU trainer (93.6 % of the executed FLOPs, same run).
+// Its memory bandwidth (embedding, optimizer) is an assumption: 10 GB/s per core, not measured.
+const std::vector<DeviceSpec>& device_table() {
+  static const std::vector<DeviceSpec> t = [] {
+    DeviceSpec h100;
+    h100.name = "h100";
+    h100.gpu = true;
+    h100.fp32 = 67e12, h100.tf32 = 494.7e12, h100.bf16 = 989e12;
+    h100.memory_bytes = 80e9, h100.memory_bw = 3.35e12;
+    h100.default_mfu = 0.40;
+    h100.default_ranks_per_node = 8;
+    h100.source = "NVIDIA H100 SXM5 data sheet (dense): 989 TFLOP/s bf16, 494.7 TF32, 67 FP32; 80 GB at 3.35 TB/s";
+    DeviceSpec h200 = h100;
+    h200.name = "h200";
+    h200.memory_bytes = 141e9, h200.memory_bw = 4.8e12;
+    h200.source = "NVIDIA H200 SXM data sheet (dense): H100's compute; 141 GB at 4.8 TB/s";
+    DeviceSpec cpu;
+    cpu.name = "cpu";
+    cpu.gpu = false;
+    cpu.fp32 = cpu.tf32 = cpu.bf16 = 87.8e9;  // per core; no bf16 or TF32 units used
+    cpu.memory_bytes = 0;
+    cpu.memory_bw = 10e9;
+    cpu.default_mfu = 0.936;
+    cpu.default_ranks_per_node = 0;  // 0 = every rank on this one node
+    cpu.source = "this machine: sgemm 87.8 GFLOP/s per core (bench-sgemm_rate in `make bench`, docs/PERF.md, "
+                 "2026-11-23); MFU default 0.936 = the trainer's measured share of it; memory bandwidth 10 GB/s "
+                 "per core assumed";
+    return std::vector<DeviceSpec>{h100, h200, cpu};
+  }();
+  return t;
+}
+
+std::string device_names_list() {
+  std::string s;
+  for (const DeviceSpec& d : device_table()) s += (s.empty() ? "" : ", ") + d.name;
+  return s;
+}
+
+DeviceSpec find_device(const std::string& name) {
+  for (const DeviceSpec& d : device_table())
+    if (d.name == name) return d;
+  fail("unknown device '", name, "': use one of ", device_names_list());
+}
+
+Precision parse_precision(const std::string& s) {
+  if (s == "fp32") return Precision::fp32;
+  if (s == "tf32") return Precision::tf32;
+  if (s == "bf16") return Precision::bf16;
+  fail("unknown precision '", s, "': use fp32 (the code as built), tf32 or bf16 (projections)");
+}
+const char* precision_name(Precision p) {
+  return p == Precision::fp32 ? "fp32" : p == Precision::tf32 ? "tf32" : "bf16";
+}
+
+static double device_peak(const DeviceSpec& d, Precision p, int cores) {
+  const double per = p == Precision::fp32 ? d.fp32 : p == Precision::tf32 ? d.tf32 : d.bf16;
+  return d.gpu ? per : per * std::max(1, cores);
+}
+
+// ---- costs ------------------------------------------------------------------------------------------
+
+nlohmann::json LayerCosts::to_json() const {
+  return {{"micro_batch", micro_batch}, {"seq_len", seq_len}, {"embed_f", embed_f}, {"embed_b", embed_b},
+          {"block_f", block_f}, {"block_b", block_b}, {"block_bi", block_bi}, {"head_f", head_f},
+          {"head_b", head_b}, {"head_bi", head_bi}, {"opt_per_param", opt_per_param}, {"source", source}};
+}
+
+LayerCosts LayerCosts::from_json(const nlohmann::json& j, const std::string& where) {
+  LayerCosts c;
+  auto num = [&](const char* k) {
+    if (!j.is_object() || !j.contains(k) || !j[k].is_number() || j[k].get<double>() < 0)
+      fail(where, ": '", k, "' is missing or not a number >= 0: write the profile with llmpi-plan --profile --profile-out");
+    return j[k].get<double>();
+  };
+  c.micro_batch = (int)num("micro_batch");
+  c.seq_len = (int)num("seq_len");
+  if (c.micro_batch < 1 || c.seq_len < 1) fail(where, ": micro_batch and seq_len must be >= 1");
+  c.embed_f = num("embed_f"), c.embed_b = num("embed_b");
+  c.block_f = num("block_f"), c.block_b = num("block_b"), c.block_bi = num("block_bi");
+  c.head_f = num("head_f"), c.head_b = num("head_b"), c.head_bi = num("head_bi");
+  c.opt_per_param = num("opt_per_param");
+  if (c.block_bi > c.block_b || c.head_bi > c.head_b) fail(where, ": an input-gradient backward exceeds the whole backward");
+  c.source = j.contains("source") && j["source"].is_string() ? j["source"].get<std::string>() : where;
+  return c;
+}
+
+LayerCosts LayerCosts::scaled_to(int mb) const {
+  if (mb == micro_batch) return *this;
+  LayerCosts c = *this;
+  const double r = (double)mb / micro_batch;
+  for (double* x : {&c.embed_f, &c.embed_b, &c.block_f, &c.block_b, &c.block_bi, &c.head_f, &c.head_b, &c.head_bi})
+    *x *= r;
+  c.micro_batch = mb;
+  c.source += " (scaled linearly from micro-batch " + std::to_string(micro_batch) + " to " + std::to_string(mb) + ")";
+  return c;
+}
+
+LayerCosts costs_from_device(const ModelDesc& d, int B, int T, const DeviceSpec& dev, Precision p, double mfu,
+                             int cores) {
+  if (mfu <= 0) mfu = dev.default_mfu;
+  const double rate = device_peak(dev, p, cores) * mfu;
+  const double bw = dev.memory_bw * (dev.gpu ? 1 : std::max(1, cores));
+  const double N = (double)B * T, C = d.d_model;
+  const ParamTable blk = build_param_table(d, ModelPart{0, 1, false, false});
+  double dense = 0;  // dense weights of one block
+  for (const ParamSlice& s : blk.slices)
+    if (s.role == kQkvW || s.role == kAttnOutW || s.role == kFcW || s.role == kProjW) dense += (double)s.numel;
+  const double attn = 4.0 * T * C;  // scores and weighted values, per token, forward
+  LayerCosts c;
+  c.micro_batch = B, c.seq_len = T;
+  c.block_f = N * (2 * dense + attn) / rate;
+  c.block_b = 2 * c.block_f;
+  c.block_bi = c.block_b - N * 2 * dense / rate;
+  const double head = d.head == HeadKind::lm ? 2.0 * d.vocab_size * C : 2.0 * C * C + 2.0 * C * d.num_labels;
+  const double head_rows = d.head == HeadKind::lm ? N : (double)B;
+  c.head_f = head_rows * head / rate;
+  c.head_b = 2 * c.head_f;
+  c.head_bi = c.head_f;
+  const double elt = p == Precision::bf16 ? 2 : 4;
+  c.embed_f = 3 * N * C * elt / bw;
+  c.embed_b = 3 * N * C * elt / bw;
+  c.opt_per_param = 28.0 / bw;
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "device table %s %s: %.4g TFLOP/s peak x MFU %.3f (assumed)", dev.name.c_str(),
+                precision_name(p), device_peak(dev, p, cores) / 1e12, mfu);
+  c.source = buf;
+  return c;
+}
+
+// ---- the pipeline with per-stage costs ---------------------------------------------------------------
+// The loop of simulate_schedule (pipeline/schedule.cpp), with a cost per stage and a message time.
+PipelineSim simulate_pipeline(ScheduleKind kind, int S, int M, const std::vector<StageCost>& cost,
+                              const std::vector<double>& msg_s) {
+  std::vector<std::vector<Action>> lists(S);
+  for (int s = 0; s < S; s++) lists[s] = build_schedule(kind, S, M, s, 1);
+  std::map<std::tuple<int, int, int>, double> arrives;  // (receiver, grad, mb) → arrival time
+  std::vector<size_t> pos(S, 0);
+  std::vector<double> clock(S, 0), ready(S, 0);
+  PipelineSim r;
+  r.end.assign(S, 0), r.busy.assign(S, 0), r.last_grad_start.assign(S, 0), r.last_grad_len.assign(S, 0);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int s = 0; s < S; s++) {
+      while (pos[s] < lists[s].size()) {
+        const Action& a = lists[s][pos[s]];
+        if (a.type == ActionType::SendAct || a.type == ActionType::SendGrad) {
+          const bool grad = a.type == ActionType::SendGrad;
+          const int boundary = grad ? a.peer : s;  // between stages boundary and boundary + 1
+          arrives[{a.peer, grad, a.mb}] = clock[s] + msg_s[boundary];
+        } else if (a.type == ActionType::RecvAct || a.type == ActionType::RecvGrad) {
+          auto it = arrives.find({s, a.type == ActionType::RecvGrad, a.mb});
+          if (it == arrives.end()) break;
+          ready[s] = std::max(ready[s], it->second);
+        } else {
+          const StageCost& c = cost[s];
+          const double d = a.type == ActionType::F ? c.f : a.type == ActionType::B ? c.b
+                           : a.type == ActionType::BI ? c.bi : c.b - c.bi;
+          const double start = std::max(clock[s], ready[s]);
+          clock[s] = start + d;
+          ready[s] = 0;
+          r.busy[s] += d;
+          if (a.type == ActionType::B || a.type == ActionType::W) r.last_grad_start[s] = start, r.last_grad_len[s] = d;
+        }
+        pos[s]++;
+        progress = true;
+      }
+    }
+  }
+  r.completed = true;
+  for (int s = 0; s < S; s++) {
+    if (pos[s] < lists[s].size()) r.completed = false;
+    r.end[s] = clock[s];
+    r.makespan = std::max(r.makespan, clock[s]);
+  }
+  return r;
+}
+
+// ---- results ----------------------------------------------------------------------------------------
+
+const MemoryRow* PlanResult::memory_row(const std::string& precision, const std::string& schedule, int zero,
+                                        int stage) const {
+  for (const MemoryRow& m : memory)
+    if (m.precision == precision && m.schedule == schedule && m.zero == zero && m.stage == stage) return &m;
+  return nullptr;
+}
+const TimeRow* PlanResult::time_row(const std::string& schedule, int zero) const {
+  for (const TimeRow& t : time)
+    if (t.schedule == schedule && t.zero == zero) return &t;
+  return nullptr;
+}
+
+nlohmann::json PlanResult::to_json() const {
+  nlohmann::json j;
+  j["dp"] = dp;
+  j["micro_batch"] = micro_batch;
+  j["local_batch"] = local_batch;
+  j["layer_counts"] = layer_counts;
+  j["costs"] = costs.to_json();
+  j["peak_flops_per_rank"] = peak_flops;
+  j["mfu_assumed"] = mfu_assumed;
+  j["flops_per_token"] = flops_per_token;
+  j["single_rank_tokens_per_s"] = single_rank_tokens_per_s;
+  j["oversubscription"] = oversubscription;
+  j["p2p_message_bytes"] = p2p_message_bytes;
+  j["p2p_s"] = p2p_s;
+  j["dp_ranks_per_node"] = dp_ranks_per_node;
+  j["notes"] = notes;
+  for (const StageMemory& s : stages)
+    j["stages"].push_back({{"stage", s.stage}, {"layers", {s.part.l0, s.part.l1}}, {"embedding", s.part.embedding},
+                           {"head", s.part.head}, {"n_params", s.n_params}, {"shard_params", s.shard_params},
+                           {"activation_slot_bytes_fp32", s.activation_slot}, {"kept_slot_bytes_fp32", s.kept_slot},
+                           {"scratch_bytes_fp32", s.scratch}, {"zero_recv_buffer_bytes", s.zero_recv_buffer},
+                           {"gather_scatter_buffer_bytes", s.gather_scatter_buffers}});
+  for (const MemoryRow& m : memory)
+    j["memory"].push_back({{"precision", m.precision}, {"schedule", m.schedule}, {"zero", m.zero}, {"stage", m.stage},
+                           {"slots", m.slots}, {"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},
+                           {"activations", m.activations}, {"scratch", m.scratch}, {"buffers", m.buffers},
+                           {"total", m.total}});
+  for (const TimeRow& t : time)
+    j["time"].push_back({{"schedule", t.schedule}, {"zero", t.zero}, {"compute_s", t.compute_s}, {"bubble_s", t.bubble_s},
+                         {"sync_s", t.sync_s}, {"exposed_sync_s", t.exposed_sync_s}, {"optimizer_s", t.optimizer_s},
+                         {"step_s", t.step_s}, {"tokens_per_s", t.tokens_per_s}, {"mfu", t.mfu},
+                         {"efficiency", t.efficiency}, {"dp_bytes_sent_per_rank", t.bytes_per_rank}});
+  return j;
+}
+
+// ---- the plan ---------------------------------------------------------------------------------------
+
+namespace {
+
+bool is_head_role(int r) {
+  return r == kFinalNormW || r == kFinalNormB || r == kLmHead || r == kPoolerW || r == kPoolerB || r == kClsW ||
+         r == kClsB;
+}
+
+// For each bucket, the fraction of the stage's last backward after which it is final: the
+// backward runs head, blocks l1-1 .. l0, embedding (the table's order); a tensor is final after its
+// component, the embedding tables (and a tied copy, handed over last) at the very end.
+std::vector<double> bucket_ready_fractions(const ParamTable& t, const std::vector<Bucket>& buckets, const ModelPart& part,
+                                           int n_layer, const LayerCosts& c) {
+  const int l1 = part.l1 < 0 ? n_layer : part.l1;
+  const double head = part.head ? c.head_b : 0, emb = part.embedding ? c.embed_b : 0;
+  const double total = head + (l1 - part.l0) * c.block_b + emb;
+  auto ready = [&](const ParamSlice& s) {
+    if (total <= 0) return 1.0;
+    if (s.layer >= 0) return (head + (l1 - s.layer) * c.block_b) / total;
+    if (is_head_role(s.role)) return head / total;
+    return 1.0;
+  };
+  std::vector<double> f;
+  for (const Bucket& b : buckets) {
+    double r = 0;
+    for (size_t i = b.first_slice; i <= b.last_slice; i++) r = std::max(r, ready(t.slices[i]));
+    f.push_back(r);
+  }
+  return f;
+}
+
+}  // namespace
+
+PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int world) {
+  PlanInputs in;
+  in.desc = desc;
+  in.seq_len = cfg.model.seq_len;
+  in.global_batch = cfg.train.global_batch;
+  in.world = world;
+  in.pp = cfg.parallel.pp_stages;
+  in.microbatches = cfg.parallel.microbatches;
+  in.stage_layers = cfg.parallel.stage_layers;
+  in.zero = cfg.parallel.zero;
+  in.schedule = cfg.parallel.schedule;
+  in.sync = cfg.parallel.sync;
+  in.optimizer = cfg.train.optimizer;
+  in.bucket_mb = cfg.parallel.bucket_mb;
+  in.first_bucket_mb = cfg.parallel.first_bucket_mb;
+  in.overlap = cfg.parallel.overlap;
+  in.device = find_device("cpu");
+  in.cores_per_rank = cfg.runtime.threads > 0 ? cfg.runtime.threads : 1;
+  in.fabric.ranks_per_node = world;
+  in.fabric.nics_per_node = 1;
+  return in;
+}
+
+PlanResult plan(const PlanInputs& in) {
+  const ModelDesc& d = in.desc;
+  const int W = in.world, S = in.pp, T = in.seq_len, G = in.global_batch;
+  if (W < 1) fail("--world must be >= 1");
+  if (S < 1) fail("--pp must be >= 1");
+  if (W % S != 0) fail("the world size ", W, " is not divisible by the pipeline stages ", S, ": choose --world a multiple of --pp");
+  if (T < 1 || T > d.max_seq_len) fail("model.seq_len ", T, " must be in [1, max_seq_len ", d.max_seq_len, "]");
+  if (d.vocab_size < 1) fail("the model has no vocabulary size: set model.vocab_size or give --vocab N (or a data.train file)");
+  PlanResult r;
+  r.dp = W / S;
+  if (G % r.dp != 0)
+    fail("train.global_batch ", G, " is not divisible by the ", r.dp, " data-parallel replicas (world ", W, " / pp ", S,
+         "): choose a global batch that is a multiple of ", r.dp);
+  r.local_batch = G / r.dp;
+  const int M = S > 1 ? in.microbatches : 1;
+  if (M < 1) fail("--microbatches must be >= 1");
+  if (r.local_batch % M != 0)
+    fail("parallel.microbatches ", M, " does not divide the ", r.local_batch, " sequences each pipeline replica gets per "
+         "step (train.global_batch ", G, " / ", r.dp, " replicas): choose micro-batches dividing ", r.local_batch);
+  r.micro_batch = r.local_batch / M;
+  const bool zb_possible = S > 1;
+  if (in.sync != "allreduce" && in.sync != "gather_scatter" && in.sync != "nccl")
+    fail("parallel.sync '", in.sync, "' is not planned: use allreduce, gather_scatter or nccl (\"weights\" exchanges no "
+         "gradients and does not combine with pipelines)");
+  const bool adamw = in.optimizer == "adamw";
+  r.layer_counts = S > 1 ? split_layers(d, T, S, in.stage_layers) : std::vector<int>{d.n_layer};
+  const bool gs = in.sync == "gather_scatter";
+  const int rpn = std::max(1, in.fabric.ranks_per_node);
+  auto node_of = [&](long rank) { return rank / rpn; };
+
+  // ---- memory ----
+  std::vector<ParamTable> tables;
+  std::vector<std::vector<Bucket>> buckets;
+  const double first_mb = in.overlap ? in.first_bucket_mb : in.bucket_mb;
+  for (int s = 0; s < S; s++) {
+    StageMemory sm;
+    sm.stage = s;
+    sm.part = S > 1 ? virtual_stage_part(r.layer_counts, s) : ModelPart::whole();
+    tables.push_back(build_param_table(d, sm.part));
+    buckets.push_back(make_buckets(tables.back(), in.bucket_mb, first_mb));
+    sm.n_params = (int64_t)tables.back().numel;
+    size_t shard = 0, largest_piece = 0, largest_bucket = 0;
+    for (const ShardPiece& p : shard_pieces(buckets.back(), r.dp, 0)) shard += p.end - p.begin;
+    for (const Bucket& b : buckets.back()) {
+      largest_piece = std::max(largest_piece, (b.end - b.begin + r.dp - 1) / r.dp);
+      largest_bucket = std::max(largest_bucket, b.end - b.begin);
+    }
+    sm.shard_params = (int64_t)shard;
+    sm.zero_recv_buffer = r.dp > 1 ? (double)largest_piece * 4 : 0;
+    sm.gather_scatter_buffers = gs && r.dp > 1 ? 2.0 * r.dp * largest_bucket * 4 : 0;
+    sm.activation_slot = (double)activation_bytes(d, sm.part, r.micro_batch, T);
+    sm.kept_slot = (double)kept_bytes(d, sm.part, r.micro_batch, T);
+    sm.scratch = (double)backward_scratch_bytes(d, r.micro_batch, T);
+    r.stages.push_back(sm);
+  }
+  std::vector<std::string> schedules;
+  if (S > 1) schedules = {"gpipe", "1f1b", "zb-h1"};
+  else schedules = {"-"};
+  if (S > 1 && in.schedule == "interleaved")
+    r.notes.push_back("the run's schedule 'interleaved' is not planned (gpipe, 1f1b and zb-h1 are)");
+  std::map<std::string, std::vector<int>> slots;  // schedule → per stage
+  for (const std::string& sch : schedules)
+    for (int s = 0; s < S; s++)
+      slots[sch].push_back(S > 1 ? std::max(1, activation_peak(build_schedule(parse_schedule_kind(sch), S, M, s), 1).total) : 1);
+  const double ids_bytes = 4.0 * r.micro_batch * T * 4 + (d.head == HeadKind::lm ? (double)r.micro_batch * T : r.micro_batch) * 4;
+  for (const char* prec : {"fp32", "bf16"}) {
+    const bool bf = std::string(prec) == "bf16";
+    for (const std::string& sch : schedules)
+      for (int z = 0; z <= 1; z++)
+        for (int s = 0; s < S; s++) {
+          const StageMemory& sm = r.stages[s];
+          const bool sharded = z == 1 && r.dp > 1;
+          const double n = (double)sm.n_params, own = sharded ? (double)sm.shard_params : n;
+          MemoryRow m;
+          m.precision = prec, m.schedule = sch, m.zero = z, m.stage = s, m.slots = slots[sch][s];
+          m.params = bf ? 2 * n + 4 * own : 4 * n;  // bf16: bf16 weights + fp32 master weights (sharded by ZeRO-1)
+          m.grads = 4 * n;
+          m.optimizer = adamw ? 8 * own : 0;
+          const double kept = sch == "zb-h1" ? sm.kept_slot : 0;
+          const double slot = bf ? (sm.activation_slot - ids_bytes) / 2 + ids_bytes + kept / 2 : sm.activation_slot + kept;
+          m.activations = m.slots * slot;
+          m.scratch = bf ? sm.scratch / 2 : sm.scratch;
+          m.buffers = (sharded ? sm.zero_recv_buffer : 0) + sm.gather_scatter_buffers;
+          m.total = m.params + m.grads + m.optimizer + m.activations + m.scratch + m.buffers;
+          r.memory.push_back(m);
+        }
+  }
+  if (!zb_possible) r.notes.push_back("pp = 1: one activation slot of the whole local batch (no micro-batches)");
+
+  // ---- time ----
+  r.costs = in.have_profile ? in.profile.scaled_to(r.micro_batch)
+                            : costs_from_device(d, r.micro_batch, T, in.device, in.precision, in.mfu, in.cores_per_rank);
+  if (in.have_profile && in.profile.seq_len != T)
+    fail("the profile was measured at seq_len ", in.profile.seq_len, " but the run has ", T,
+         ": measure it again with --profile at this configuration");
+  if (!in.device.gpu && in.node_cores > 0) {
+    const int on_node = std::min(W, rpn);
+    r.oversubscription = std::max(1.0, (double)on_node * std::max(1, in.cores_per_rank) / in.node_cores);
+    if (r.oversubscription > 1) {
+      LayerCosts& k = r.costs;
+      for (double* x : {&k.embed_f, &k.embed_b, &k.block_f, &k.block_b, &k.block_bi, &k.head_f, &k.head_b, &k.head_bi,
+                        &k.opt_per_param})
+        *x *= r.oversubscription;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "%d ranks x %d core(s) on a node of %d cores: compute slowed by %.2f (shared cores)",
+                    on_node, std::max(1, in.cores_per_rank), in.node_cores, r.oversubscription);
+      r.notes.push_back(buf);
+      k.source += std::string(", x ") + std::to_string(r.oversubscription).substr(0, 4) + " for shared cores";
+    }
+  }
+  const LayerCosts& c = r.costs;
+  r.mfu_assumed = in.have_profile ? 0 : (in.mfu > 0 ? in.mfu : in.device.default_mfu);
+  r.peak_flops = device_peak(in.device, in.precision, in.cores_per_rank);
+  const ParamTable whole = build_param_table(d);
+  r.flops_per_token = flops_per_token(d, whole.numel, T);
+  std::vector<StageCost> sc(S);
+  for (int s = 0; s < S; s++) {
+    const ModelPart& p = r.stages[s].part;
+    const int nb = (p.l1 < 0 ? d.n_layer : p.l1) - p.l0;
+    sc[s].f = (p.embedding ? c.embed_f : 0) + nb * c.block_f + (p.head ? c.head_f : 0);
+    sc[s].b = (p.embedding ? c.embed_b : 0) + nb * c.block_b + (p.head ? c.head_b : 0);
+    sc[s].bi = (p.embedding ? c.embed_b : 0) + nb * c.block_bi + (p.head ? c.head_bi : 0);
+  }
+  // Point-to-point messages: one hidden state (or its gradient) of the micro-batch.
+  const double elt = in.precision == Precision::bf16 ? 2 : 4;
+  r.p2p_message_bytes = (double)r.micro_batch * T * d.d_model * elt;
+  Link inter = in.fabric.inter;
+  inter.beta_s_per_byte *= in.fabric.inter_beta_scale();
+  for (LinkPoint& pt : inter.points)
+    for (OpFit& o : pt.ops) o.b_s_per_byte *= in.fabric.inter_beta_scale(), o.beta_s_per_byte *= in.fabric.inter_beta_scale();
+  auto same_node_everywhere = [&](int sa, int sb) {
+    for (int q = 0; q < r.dp; q++)
+      if (node_of((long)q * S + sa) != node_of((long)q * S + sb)) return false;
+    return true;
+  };
+  for (int s = 0; s + 1 < S; s++) {
+    const Link& l = same_node_everywhere(s, s + 1) ? in.fabric.intra : inter;
+    double a, b;
+    l.alpha_beta(CollOp::sendrecv, 2, &a, &b);
+    r.p2p_s.push_back(p2p_time(r.p2p_message_bytes, a, b));
+  }
+  // The data-parallel group of stage s: ranks q·S + s; how many of them share stage s's node.
+  for (int s = 0; s < S; s++) {
+    int k = 0;
+    for (int q = 0; q < r.dp; q++)
+      if (node_of((long)q * S + s) == node_of(s)) k++;
+    r.dp_ranks_per_node.push_back(k);
+  }
+  const bool tied = S > 1 && d.head == HeadKind::lm && d.tie_embeddings;
+  double tied_s = 0;
+  if (tied) {
+    const Link& l = same_node_everywhere(0, S - 1) ? in.fabric.intra : inter;
+    tied_s = collective_time(l, CollOp::allreduce, 2, (double)d.vocab_size * d.d_model * 4);
+  }
+  // The reference: one rank computing the whole global batch micro-batch by micro-batch.
+  const double per_mb = c.embed_f + c.embed_b + d.n_layer * (c.block_f + c.block_b) + c.head_f + c.head_b;
+  const double opt_scale = adamw ? 1.0 : 12.0 / 28.0;  // SGD: reads p, g, writes p
+  // (one rank alone has its cores to itself: undo the sharing)
+  const double t1 = ((double)G / r.micro_batch * per_mb + c.opt_per_param * opt_scale * (double)whole.numel) / r.oversubscription;
+  r.single_rank_tokens_per_s = (double)G * T / t1;
+
+  for (const std::string& sch : schedules) {
+    const ScheduleKind kind = S > 1 ? parse_schedule_kind(sch) : ScheduleKind::gpipe;
+    const PipelineSim sim = simulate_pipeline(kind, S, M, sc, r.p2p_s.empty() ? std::vector<double>{0} : r.p2p_s);
+    if (!sim.completed) fail("internal: the simulated ", sch, " pipeline did not complete");
+    for (int z = 0; z <= 1; z++) {
+      const bool sharded = z == 1 && r.dp > 1;
+      TimeRow best;
+      best.schedule = sch, best.zero = z, best.step_s = -1;
+      for (int s = 0; s < S; s++) {
+        const std::vector<Bucket>& bk = buckets[s];
+        const std::vector<double> frac = bucket_ready_fractions(tables[s], bk, r.stages[s].part, d.n_layer, c);
+        const int k = r.dp_ranks_per_node[s];
+        double channel = 0, sync_total = 0, bytes = 0;
+        std::vector<double> ag_i(bk.size(), 0);
+        for (size_t i = 0; i < bk.size(); i++) {
+          const double nbytes = (double)(bk[i].end - bk[i].begin) * 4;  // fp32 gradients (also with bf16)
+          double t, t_ag = 0;
+          if (gs) {
+            const double g = group_collective_time(in.fabric, CollOp::allreduce, r.dp, k, nbytes, true);
+            // ZeRO-1 through the root: gather + scatter of pieces, then gather of pieces + broadcast.
+            t = sharded ? g * (1.0 + 1.0 / r.dp) / 2 : g;
+            t_ag = sharded ? t : 0;
+            bytes += r.dp > 1 ? (r.dp - 1) * nbytes : 0;
+          } else if (sharded) {
+            t = group_collective_time(in.fabric, CollOp::reduce_scatter, r.dp, k, nbytes);
+            t_ag = group_collective_time(in.fabric, CollOp::allgather, r.dp, k, nbytes);
+            bytes += 2.0 * (r.dp - 1) / r.dp * nbytes;
+          } else {
+            t = group_collective_time(in.fabric, CollOp::allreduce, r.dp, k, nbytes);
+            bytes += r.dp > 1 ? 2.0 * (r.dp - 1) / r.dp * nbytes : 0;
+          }
+          const double ready = in.overlap ? sim.last_grad_start[s] + sim.last_grad_len[s] * frac[i] : sim.end[s];
+          channel = std::max(channel, ready) + t;
+          sync_total += t + t_ag;
+          ag_i[i] = t_ag;
+        }
+        double exposed = std::max(0.0, channel - sim.end[s]);
+        if (tied && (s == 0 || s == S - 1)) exposed += tied_s, sync_total += tied_s;
+        const double own = sharded ? (double)r.stages[s].shard_params : (double)r.stages[s].n_params;
+        const double opt = c.opt_per_param * opt_scale * own;
+        // ZeRO-1 (GradSync::gather_params): the rank updates its piece of bucket i, then bucket i is
+        // all-gathered; with overlap the communication thread gathers bucket i while the piece of
+        // bucket i+1 is updated, without it the two alternate.
+        double tail = opt;
+        if (sharded) {
+          const std::vector<ShardPiece> pieces = shard_pieces(bk, r.dp, 0);
+          double update_end = 0, gather_end = 0, serial = 0;
+          for (size_t i = 0; i < bk.size(); i++) {
+            const double u = c.opt_per_param * opt_scale * (double)(pieces[i].end - pieces[i].begin);
+            update_end += u;
+            gather_end = std::max(gather_end, update_end) + ag_i[i];
+            serial += u + ag_i[i];
+          }
+          tail = in.overlap ? std::max(update_end, gather_end) : serial;
+        }
+        const double ag = tail - opt;  // the all-gather time the step waits for
+        const double step = sim.end[s] + exposed + tail;
+        if (step > best.step_s) {
+          best.step_s = step;
+          best.compute_s = sim.busy[s];
+          best.bubble_s = sim.end[s] - sim.busy[s];
+          best.sync_s = sync_total;
+          best.exposed_sync_s = exposed + ag;
+          best.optimizer_s = opt;
+          best.bytes_per_rank = bytes;
+        }
+      }
+      best.tokens_per_s = (double)G * T / best.step_s;
+      best.mfu = best.tokens_per_s * r.flops_per_token / (W * r.peak_flops);
+      best.efficiency = best.tokens_per_s / (W * r.single_rank_tokens_per_s);
+      r.time.push_back(best);
+    }
+  }
+  if (in.overlap)
+    r.notes.push_back("overlap: buckets reduced on one channel as the stage's last backward finishes them "
+                      "(communication assumed not to slow the computation)");
+  if (r.p2p_s.size() && S > 1)
+    r.notes.push_back("pipeline messages: a micro-batch's hidden state each way, alpha + n*beta per message");
+  return r;
+}
+
+}  // namespace llmpi

@@ -1,0 +1,180 @@
+// llmpi-plan's model: memory per rank, step time and scaling of a run before it is run
+// (docs/SCALING.md says how each number is modelled and where it could be wrong).
+//
+// Memory, per pipeline stage (world = DP × PP; every rank of a stage holds the same):
+//   parameters, gradients   the stage's parameter table (build_param_table of its ModelPart, the
+//                           parts split_layers / virtual_stage_part give, exactly as the pipeline
+//                           builds them); pp = 1: the whole model
+//   optimizer               AdamW m and v: 2 floats per parameter; ZeRO-1: only the rank's shard
+//                           (its piece of every bucket, comm/grad_sync.h shard_pieces; the largest
+//                           shard, rank 0's, is reported)
+//   activations             slots × activation_bytes(part, micro-batch, T), slots =
+//                           activation_peak(build_schedule(...)) of the stage; zb-h1 adds each
+//                           slot's kept output gradients (kept_bytes); pp = 1: one slot of the
+//                           whole local batch (the trainer does not split it)
+//   scratch                 backward_scratch_bytes at the micro-batch
+//   sync buffers            ZeRO-1's reduce-scatter receive buffer; gather_scatter's root buffers
+// Precision: fp32 is the code as built (those byte counts are exact). bf16 is a PROJECTION (bf16 is
+// not implemented): bf16 weights (2 B) + fp32 master weights (4 B, divided by DP with ZeRO-1 on a
+// GPU) + fp32 gradients + fp32 AdamW moments, activations and scratch at 2 B per element (ids and
+// the host loss row as they are).
+//
+// Time, per step: the stages' compute (per micro-batch costs of the embedding, one block and the
+// head, split into forward, input-gradient and weight-gradient backward) from a measured profile or
+// from the device table (FLOPs / (peak × assumed MFU)); the pipeline simulated with those costs and
+// the point-to-point activation messages (simulate_pipeline); the data-parallel sync per bucket
+// with the α-β model of link_model.h (hidden behind the stage's last backward when
+// parallel.overlap, as far as the buckets become ready); the tied-embedding gradient sum between
+// the first and last stage; the optimizer over the rank's parameters (its shard with ZeRO-1); and
+// ZeRO-1's parameter all-gather after it.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model_desc.h"
+#include "model/transformer.h"
+#include "pipeline/schedule.h"
+#include "plan/link_model.h"
+
+namespace llmpi {
+
+// ---- devices -----------------------------------------------------------------------------------------
+struct DeviceSpec {
+  std::string name;
+  bool gpu = false;
+  double fp32 = 0, tf32 = 0, bf16 = 0;  // dense peak FLOP/s per rank (cpu: per core, × cores per rank)
+  double memory_bytes = 0;              // per rank (cpu: 0 = not checked)
+  double memory_bw = 0;                 // bytes/s (the embedding and the optimizer are bandwidth-bound)
+  double default_mfu = 0.4;             // assumed fraction of the peak the GEMM-bound work reaches
+  int default_ranks_per_node = 8;
+  std::string source;
+};
+const std::vector<DeviceSpec>& device_table();  // h100, h200, cpu
+std::string device_names_list();
+DeviceSpec find_device(const std::string& name);  // throws Error listing the valid names
+
+// ---- compute costs -----------------------------------------------------------------------------------
+// Seconds for one micro-batch of micro_batch × seq_len tokens. A block's (and the head's) backward
+// b = bi (input gradient) + w (weight gradient).
+struct LayerCosts {
+  int micro_batch = 0, seq_len = 0;
+  double embed_f = 0, embed_b = 0;
+  double block_f = 0, block_b = 0, block_bi = 0;
+  double head_f = 0, head_b = 0, head_bi = 0;
+  double opt_per_param = 0;  // one AdamW update of one parameter
+  std::string source;        // "device table h100 bf16, MFU 0.40" or "measured ..."
+  nlohmann::json to_json() const;
+  static LayerCosts from_json(const nlohmann::json& j, const std::string& where);  // throws Error
+  // The same costs at another micro-batch size (linear in the tokens: what the table model says;
+  // a measured profile is scaled the same way and says so).
+  LayerCosts scaled_to(int micro_batch) const;
+};
+
+enum class Precision { fp32, tf32, bf16 };
+Precision parse_precision(const std::string& s);  // throws Error
+const char* precision_name(Precision p);
+
+// FLOP counts behind the table model (per micro-batch of B × T tokens): a block's forward is
+// 2 · (its dense weights) + 4 · T · C per token (scores and weighted values), its backward twice
+// that, of which the weight gradients are 2 · (dense weights) per token; the LM head 2 · V · C per
+// token forward. The embedding and the optimizer are memory traffic: 3 · N · C · 4 bytes each way;
+// AdamW reads p, g, m, v and writes p, m, v (28 bytes per parameter).
+LayerCosts costs_from_device(const ModelDesc& d, int micro_batch, int T, const DeviceSpec& dev, Precision p,
+                             double mfu, int cores_per_rank);
+
+// ---- the simulated pipeline ----------------------------------------------------------------------------
+struct StageCost {
+  double f = 0, b = 0, bi = 0;  // bi ≤ b; W = b − bi
+};
+struct PipelineSim {
+  bool completed = false;
+  double makespan = 0;
+  std::vector<double> end, busy;             // per stage: when its last compute ends, its compute time
+  std::vector<double> last_grad_start, last_grad_len;  // per stage: the last B (or W) that makes gradients final
+};
+// simulate_schedule (pipeline/schedule.h) with per-stage costs and a message time: a message sent
+// at t is received at t + msg_s[boundary] (boundary s: between stages s and s+1). With equal costs
+// and msg_s 0 its makespan equals simulate_schedule's.
+PipelineSim simulate_pipeline(ScheduleKind kind, int S, int M, const std::vector<StageCost>& cost,
+                              const std::vector<double>& msg_s);
+
+// ---- the plan ---------------------------------------------------------------------------------------
+struct PlanInputs {
+  ModelDesc desc;
+  int seq_len = 0, global_batch = 0;
+  int world = 1, pp = 1, microbatches = 1;
+  std::vector<int> stage_layers;                 // empty = split_layers' balance
+  int zero = 0;                                  // the run's choice (both are always planned)
+  std::string schedule = "1f1b";                 // the run's choice (every schedule is planned)
+  std::string sync = "allreduce";                // allreduce | gather_scatter | nccl
+  std::string optimizer = "adamw";
+  double bucket_mb = 25, first_bucket_mb = 1;
+  bool overlap = false;
+  DeviceSpec device;
+  Precision precision = Precision::fp32;         // for the time (memory is given for fp32 and bf16)
+  double mfu = 0;                                // 0 = the device's default
+  int cores_per_rank = 1;
+  Fabric fabric;                                 // links and ranks per node
+  int node_cores = 0;                            // cpu: cores of a node (0 = enough); more ranks × cores
+                                                 // per rank than that share the cores: compute slows
+                                                 // by the ratio
+  bool have_profile = false;                     // use `profile` (scaled to the micro-batch) instead of the table
+  LayerCosts profile;
+};
+
+struct StageMemory {  // one stage's rank
+  int stage = 0;
+  ModelPart part;
+  int64_t n_params = 0, shard_params = 0;        // the stage's parameters; ZeRO-1: its largest shard
+  double activation_slot = 0, kept_slot = 0, scratch = 0;   // fp32 bytes of one slot, zb-h1's kept, scratch
+  double zero_recv_buffer = 0, gather_scatter_buffers = 0;  // fp32 bytes
+};
+struct MemoryRow {
+  std::string precision, schedule;  // schedule "-" with pp = 1
+  int zero = 0, stage = 0, slots = 0;
+  double params = 0, grads = 0, optimizer = 0, activations = 0, scratch = 0, buffers = 0, total = 0;
+};
+struct TimeRow {
+  std::string schedule;
+  int zero = 0;
+  double compute_s = 0;         // the busiest stage's compute (forward + backward of its micro-batches)
+  double bubble_s = 0;          // pipeline idle time of that stage, message times included
+  double sync_s = 0;            // data-parallel communication of the slowest stage, all of it
+  double exposed_sync_s = 0;    // the part the step waits for (+ tied sum, + ZeRO-1 all-gather)
+  double optimizer_s = 0;
+  double step_s = 0, tokens_per_s = 0, mfu = 0, efficiency = 0;
+  double bytes_per_rank = 0;    // data-parallel bytes one rank sends per step (the algorithm's)
+};
+struct PlanResult {
+  int dp = 1, micro_batch = 0, local_batch = 0;
+  std::vector<int> layer_counts;
+  std::vector<StageMemory> stages;
+  std::vector<MemoryRow> memory;
+  std::vector<TimeRow> time;
+  LayerCosts costs;             // at the micro-batch
+  double peak_flops = 0, mfu_assumed = 0, flops_per_token = 0;
+  double single_rank_tokens_per_s = 0;   // the reference for the scaling efficiency
+  double oversubscription = 1;          // cpu: compute costs multiplied by this (ranks sharing cores)
+  double p2p_message_bytes = 0;
+  std::vector<double> p2p_s;             // per stage boundary
+  std::vector<int> dp_ranks_per_node;    // per stage: members of its DP group on one node
+  std::vector<std::string> notes;
+  nlohmann::json to_json() const;
+  // The row for (precision, schedule, zero, stage), or null.
+  const MemoryRow* memory_row(const std::string& precision, const std::string& schedule, int zero, int stage) const;
+  const TimeRow* time_row(const std::string& schedule, int zero) const;
+};
+
+// The inputs a run's configuration gives (model, batch, parallel.*, optimizer, runtime.threads as
+// cores per rank) for `world` ranks of the CPU device, all on one node; the caller sets the links
+// (fabric.intra / inter) and, for a measured profile, `profile`.
+struct Config;
+PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int world);
+
+// Throws Error (one clear line naming the fix) on impossible inputs: world not divisible by pp,
+// micro-batches not dividing the per-replica batch, more stages than layers, ...
+PlanResult plan(const PlanInputs& in);
+
+}  // namespace llmpi

@@ -1,0 +1,441 @@
+// llmpi-plan's model (src/plan/): memory per stage against the code's own allocations and the
+// start-up estimate, ZeRO-1's shard, activation slots per schedule, the α-β formulas, the measured
+// links file, and the step time against the schedule simulation plus hand-computed sync terms.
+// Serial and deterministic: no timing is measured here.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "comm/grad_sync.h"
+#include "model_test_util.h"
+#include "pipeline/pipeline_step.h"
+#include "plan/link_model.h"
+#include "plan/plan.h"
+#include "runtime/config.h"
+#include "runtime/error.h"
+#include "train/memory_estimate.h"
+
+using namespace llmpi;
+
+namespace {
+
+std::string fixture(const std::string& rel) {
+  for (std::string base : {"tests/fixtures/", "../tests/fixtures/"})
+    if (std::ifstream(base + rel).good()) return base + rel;
+  return "";
+}
+
+Link simple_link(const std::string& name, double alpha, double beta) {
+  Link l;
+  l.name = name;
+  l.alpha_s = alpha;
+  l.beta_s_per_byte = beta;
+  return l;
+}
+
+// A plan of desc on one node of world ranks over one simple link.
+PlanInputs inputs(const ModelDesc& d, int T, int G, int world, int pp, int M) {
+  PlanInputs in;
+  in.desc = d;
+  in.seq_len = T;
+  in.global_batch = G;
+  in.world = world;
+  in.pp = pp;
+  in.microbatches = M;
+  in.device = find_device("cpu");
+  in.fabric.intra = in.fabric.inter = simple_link("test", 1e-5, 1e-9);
+  in.fabric.ranks_per_node = world;
+  return in;
+}
+
+// A synthetic profile: every cost given.
+LayerCosts synthetic_costs(int mb, int T) {
+  LayerCosts c;
+  c.micro_batch = mb, c.seq_len = T;
+  c.embed_f = 0, c.embed_b = 0;
+  c.block_f = 1.0, c.block_b = 2.0, c.block_bi = 1.2;
+  c.head_f = 0, c.head_b = 0, c.head_bi = 0;
+  c.opt_per_param = 1e-6;
+  c.source = "synthetic";
+  return c;
+}
+
+size_t host_loss_row(const ModelDesc& d, int B, int T) { return (d.head == HeadKind::lm ? (size_t)B * T : B) * 4; }
+
+}  // namespace
+
+// pp = 1, ZeRO-0: the plan's per-rank bytes are estimate_memory's, for every family.
+TEST(PlanMemory, OneStageEqualsTheStartupEstimate) {
+  for (const std::string fam : {"gpt2", "llama", "bert"}) {
+    const int T = 12, world = 2, G = 6;
+    const ModelDesc d = test::desc_of(fam, 3, 2, 16, T, 37);
+    Config cfg = parse_config("{}", "test", {"data.train=-", "train.global_batch=6", "model.seq_len=12"});
+    PlanInputs in = plan_inputs_from_config(cfg, d, world);  // the run's own configuration
+    EXPECT_EQ(in.global_batch, G);
+    EXPECT_EQ(in.pp, 1);
+    in.fabric.intra = simple_link("test", 1e-5, 1e-9);
+    const PlanResult r = plan(in);
+    const MemoryEstimate e = estimate_memory(d, G / world, T, cfg, world, 0, false);
+    const MemoryRow* m = r.memory_row("fp32", "-", 0, 0);
+    ASSERT_TRUE(m) << fam;
+    EXPECT_EQ(m->params, e.params) << fam;
+    EXPECT_EQ(m->grads, e.grads) << fam;
+    EXPECT_EQ(m->optimizer, e.optimizer) << fam;
+    EXPECT_EQ(m->activations, e.activations) << fam;
+    EXPECT_EQ(m->scratch, e.scratch) << fam;
+    EXPECT_EQ(m->slots, 1);
+    // ZeRO-1 the same way (the estimate counts the shard and the reduce-scatter receive buffer).
+    cfg.parallel.zero = 1;
+    const MemoryEstimate ez = estimate_memory(d, G / world, T, cfg, world, 0, false);
+    const MemoryRow* mz = r.memory_row("fp32", "-", 1, 0);
+    ASSERT_TRUE(mz);
+    EXPECT_EQ(mz->optimizer, ez.optimizer) << fam;
+    EXPECT_EQ(mz->buffers, ez.sync_buffers) << fam;
+  }
+}
+
+// activation_bytes / kept_bytes of a part equal what Activations allocates for that part.
+TEST(PlanMemory, PartActivationBytesEqualTheAllocations) {
+  for (const std::string fam : {"gpt2", "llama", "bert"}) {
+    const int B = 2, T = 8;
+    const ModelDesc d = test::desc_of(fam, 4, 2, 16, T, 37);
+    EXPECT_EQ(activation_bytes(d, ModelPart::whole(), B, T), activation_bytes(d, B, T)) << fam;
+    for (const ModelPart p : {ModelPart{0, 1, true, false}, ModelPart{1, 3, false, false}, ModelPart{3, 4, false, true},
+                              ModelPart{0, 0, true, false}, ModelPart::whole()}) {
+      Model m(d, cpu_ops(), p);
+      Activations a(m, B, T);
+      EXPECT_EQ(a.bytes() + host_loss_row(d, B, T), activation_bytes(d, p, B, T)) << fam << " part " << p.l0;
+      const size_t before = a.bytes();
+      m.reserve_input_only(a);
+      EXPECT_EQ(a.bytes() - before, kept_bytes(d, p, B, T)) << fam << " part " << p.l0;
+    }
+  }
+}
+
+// pp = 2: each stage's parameters are its chunk's table, built the way the pipeline builds it.
+TEST(PlanMemory, StagesHoldTheirChunksParameters) {
+  const int T = 8;
+  const ModelDesc d = test::desc_of("gpt2", 5, 2, 16, T, 37);
+  for (int S : {2, 3}) {
+    PlanInputs in = inputs(d, T, 8, 2 * S, S, 2);  // 2 replicas x 4 sequences, two micro-batches of 2
+    const PlanResult r = plan(in);
+    const std::vector<int> counts = split_layers(d, T, S, {});
+    ASSERT_EQ(r.layer_counts, counts);
+    size_t sum = 0;
+    for (int s = 0; s < S; s++) {
+      const ModelPart p = virtual_stage_part(counts, s);
+      Model m(d, cpu_ops(), p);  // the real model of the chunk
+      const MemoryRow* row = r.memory_row("fp32", "1f1b", 0, s);
+      ASSERT_TRUE(row);
+      EXPECT_EQ(row->params, 4.0 * m.table.numel) << "stage " << s;
+      EXPECT_EQ(row->grads, 4.0 * m.table.numel);
+      EXPECT_EQ(row->optimizer, 8.0 * m.table.numel);
+      EXPECT_EQ(r.stages[s].activation_slot, (double)activation_bytes(d, p, 2, T));
+      sum += m.table.numel;
+    }
+    // The tied LM head's copy of the token embedding is the only tensor held twice.
+    EXPECT_EQ(sum, build_param_table(d).numel + (size_t)d.vocab_size * d.d_model);
+  }
+}
+
+// ZeRO-1: the optimizer holds 2 floats for each float of the rank's shard, about 1/DP of ZeRO-0's.
+TEST(PlanMemory, ZeroOneShardsTheOptimizerState) {
+  const int T = 8;
+  const ModelDesc d = test::desc_of("llama", 4, 2, 32, T, 101);
+  for (int dp : {2, 4, 8}) {
+    PlanInputs in = inputs(d, T, 2 * dp * 2, 2 * dp, 2, 2);
+    in.bucket_mb = 0.002;  // many buckets: the shard is a piece of each
+    const PlanResult r = plan(in);
+    for (int s = 0; s < 2; s++) {
+      const ParamTable t = build_param_table(d, virtual_stage_part(r.layer_counts, s));
+      size_t mine = 0;
+      for (const ShardPiece& p : shard_pieces(make_buckets(t, in.bucket_mb, in.bucket_mb), dp, 0)) mine += p.end - p.begin;
+      const MemoryRow* z0 = r.memory_row("fp32", "1f1b", 0, s);
+      const MemoryRow* z1 = r.memory_row("fp32", "1f1b", 1, s);
+      ASSERT_TRUE(z0 && z1);
+      EXPECT_EQ(z1->optimizer, 2.0 * 4 * mine);
+      EXPECT_NEAR(z1->optimizer / z0->optimizer, 1.0 / dp, 0.02) << "dp " << dp;
+      EXPECT_EQ(z1->params, z0->params);
+      // bf16 projection: fp32 master weights sharded too, bf16 weights and fp32 grads whole.
+      const MemoryRow* b1 = r.memory_row("bf16", "1f1b", 1, s);
+      ASSERT_TRUE(b1);
+      EXPECT_EQ(b1->params, 2.0 * t.numel + 4.0 * mine);
+      EXPECT_EQ(b1->grads, 4.0 * t.numel);
+    }
+  }
+}
+
+// Activation slots per schedule are activation_peak's; zb-h1 adds the kept output gradients.
+TEST(PlanMemory, SlotsPerScheduleAreTheActivationPeak) {
+  const int T = 8;
+  const ModelDesc d = test::desc_of("gpt2", 8, 2, 16, T, 37);
+  for (int S : {2, 4})
+    for (int M : {1, 4, 8}) {
+      PlanInputs in = inputs(d, T, 2 * 8, 2 * S, S, M);
+      const PlanResult r = plan(in);
+      for (const char* sch : {"gpipe", "1f1b", "zb-h1"})
+        for (int s = 0; s < S; s++) {
+          const int peak = activation_peak(build_schedule(parse_schedule_kind(sch), S, M, s), 1).total;
+          const MemoryRow* m = r.memory_row("fp32", sch, 0, s);
+          ASSERT_TRUE(m);
+          EXPECT_EQ(m->slots, std::max(1, peak)) << sch << " S " << S << " M " << M << " stage " << s;
+          const double slot = r.stages[s].activation_slot + (std::string(sch) == "zb-h1" ? r.stages[s].kept_slot : 0);
+          EXPECT_EQ(m->activations, m->slots * slot);
+        }
+    }
+}
+
+// ---- communication ----
+
+TEST(PlanComm, AlphaBetaFormulasOnHandComputedCases) {
+  const double a = 1e-5, b = 1e-9, S = 1e6;
+  EXPECT_DOUBLE_EQ(ring_allreduce_time(4, S, a, b), 2 * 3 * 1e-5 + 2.0 * 3 / 4 * 1e-3);  // 1.56 ms
+  EXPECT_DOUBLE_EQ(reduce_scatter_time(4, S, a, b), 3e-5 + 0.75e-3);
+  EXPECT_DOUBLE_EQ(allgather_time(4, S, a, b), 3e-5 + 0.75e-3);
+  EXPECT_DOUBLE_EQ(gather_scatter_time(4, S, a, b), 2 * 3 * (1e-5 + 1e-3));
+  EXPECT_DOUBLE_EQ(p2p_time(S, a, b), 1e-5 + 1e-3);
+  EXPECT_EQ(ring_allreduce_time(1, S, a, b), 0);
+  // Two levels: 8 ranks, 4 per node: reduce-scatter inside, all-reduce across 2 nodes on S/4,
+  // all-gather inside.
+  Fabric f;
+  f.intra = simple_link("in", 1e-6, 1e-11);
+  f.inter = simple_link("out", 1e-5, 1e-9);
+  f.ranks_per_node = 4, f.nics_per_node = 4;
+  const double hand = (3 * 1e-6 + 0.75 * S * 1e-11) + (2 * 1 * 1e-5 + 2.0 * 1 / 2 * (S / 4) * 1e-9) +
+                      (3 * 1e-6 + 0.75 * S * 1e-11);
+  EXPECT_DOUBLE_EQ(group_collective_time(f, CollOp::allreduce, 8, 4, S), hand);
+  EXPECT_DOUBLE_EQ(group_collective_time(f, CollOp::allreduce, 4, 4, S), ring_allreduce_time(4, S, 1e-6, 1e-11));
+  EXPECT_DOUBLE_EQ(group_collective_time(f, CollOp::allreduce, 8, 1, S), ring_allreduce_time(8, S, 1e-5, 1e-9));
+  // One NIC for 4 ranks: the inter-node β four times larger.
+  f.nics_per_node = 1;
+  EXPECT_DOUBLE_EQ(group_collective_time(f, CollOp::allreduce, 8, 1, S), ring_allreduce_time(8, S, 1e-5, 4e-9));
+  // ZeRO-1's reduce-scatter + all-gather move what one all-reduce moves.
+  f.nics_per_node = 4;
+  EXPECT_NEAR(group_collective_time(f, CollOp::reduce_scatter, 8, 4, S) + group_collective_time(f, CollOp::allgather, 8, 4, S),
+              hand, 1e-15);
+}
+
+TEST(PlanComm, ReadsTheMeasuredLinksFile) {
+  const std::string path = fixture("plan/links.json");
+  ASSERT_FALSE(path.empty()) << "run the tests from the project root (tests/fixtures/plan/links.json not found)";
+  const LinkFile f = read_link_file(path);
+  EXPECT_EQ(f.date, "2026-11-23 (fixture)");
+  ASSERT_EQ(f.links.size(), 2u);  // loopback (two world sizes) and netns-1gbit
+  const Link lo = find_link("loopback", &f);
+  ASSERT_TRUE(lo.measured);
+  ASSERT_EQ(lo.points.size(), 2u);
+  EXPECT_EQ(lo.points[0].world, 2);
+  EXPECT_EQ(lo.points[1].world, 4);
+  EXPECT_DOUBLE_EQ(lo.alpha_s, 4e-6);  // the point-to-point's
+  EXPECT_DOUBLE_EQ(lo.beta_s_per_byte, 3e-10);
+  // A measured world size: the fit itself.
+  EXPECT_DOUBLE_EQ(collective_time(lo, CollOp::allreduce, 2, 1e6), 2e-5 + 5e-10 * 1e6);
+  EXPECT_DOUBLE_EQ(collective_time(lo, CollOp::allreduce, 4, 1e6), 7e-5 + 8e-10 * 1e6);
+  EXPECT_DOUBLE_EQ(collective_time(lo, CollOp::reduce_scatter, 2, 1e6), 1e-5 + 2.5e-10 * 1e6);
+  // Another world size: the formula with the nearest measured world's derived α-β.
+  EXPECT_DOUBLE_EQ(collective_time(lo, CollOp::allreduce, 8, 1e6), ring_allreduce_time(8, 1e6, 1.1e-5, 5.4e-10));
+  EXPECT_DOUBLE_EQ(collective_time(lo, CollOp::reduce_scatter, 8, 1e6), reduce_scatter_time(8, 1e6, 1e-5, 5e-10));
+  // shm is the loopback entry when the file has no shm of its own.
+  const Link shm = find_link("shm", &f);
+  EXPECT_EQ(shm.name, "shm");
+  EXPECT_DOUBLE_EQ(collective_time(shm, CollOp::allreduce, 2, 1e6), 2e-5 + 5e-10 * 1e6);
+  const Link g1 = find_link("netns-1gbit", &f);
+  EXPECT_NEAR(g1.gbit_s(), 8e-9 / 8.6e-9, 1e-12);
+  // Missing measured entries, unknown names and a missing file are clear errors.
+  auto message = [](auto fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message([&] { find_link("netns-10gbit", &f); }).find("has no entry"), std::string::npos);
+  const std::string unknown = message([&] { find_link("carrier-pigeon", &f); });
+  EXPECT_NE(unknown.find("ib-ndr"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("netns-1gbit"), std::string::npos) << unknown;
+  EXPECT_NE(message([] { find_link("loopback", nullptr); }).find("--links"), std::string::npos);
+  EXPECT_NE(message([] { read_link_file("/nonexistent/links.json"); }).find("bench-allreduce_bw"), std::string::npos);
+  EXPECT_NE(message([] { parse_link_file(nlohmann::json::parse(R"({"links": [{"name": "x", "world": 2,
+      "ops": {"allreduce": {"a_s": 1, "b_s_per_byte": "fast"}}}]})"), "bad.json"); }).find("b_s_per_byte"), std::string::npos);
+  // A fit written as null (the bench could not make one) is an op not measured.
+  EXPECT_EQ(g1.fit(CollOp::reduce_scatter, 2), nullptr);
+  EXPECT_NE(g1.fit(CollOp::allreduce, 2), nullptr);
+  // Nominal classes need no file.
+  EXPECT_NEAR(find_link("ib-ndr", nullptr).gbit_s(), 400, 1e-9);
+  EXPECT_NEAR(find_link("nvlink", nullptr).beta_s_per_byte, 1 / 450e9, 1e-24);
+}
+
+// ---- time ----
+
+// With equal stage costs and no message time, simulate_pipeline is simulate_schedule.
+TEST(PlanTime, SimulationEqualsTheScheduleSimulation) {
+  for (const char* sch : {"gpipe", "1f1b", "zb-h1"})
+    for (int S : {2, 4})
+      for (int M : {1, 4, 8}) {
+        const ScheduleKind k = parse_schedule_kind(sch);
+        const PipelineSim p = simulate_pipeline(k, S, M, std::vector<StageCost>(S, {1.0, 2.5, 1.5}), std::vector<double>(S, 0));
+        const SimResult q = simulate_schedule(k, S, M, 1, 1.0, 2.5, 1.5);
+        ASSERT_TRUE(p.completed && q.completed);
+        EXPECT_DOUBLE_EQ(p.makespan, q.makespan) << sch << " S " << S << " M " << M;
+      }
+  // A message time delays the dependent stage: with GPipe, S = 2, M = 1, f = 1, b = 2 and 0.5 s
+  // per message the step is F0 1 + msg + F1 1 + B1 2 + msg + B0 2 = 7.
+  const PipelineSim p = simulate_pipeline(ScheduleKind::gpipe, 2, 1, {{1, 2, 1}, {1, 2, 1}}, {0.5});
+  EXPECT_DOUBLE_EQ(p.makespan, 7.0);
+}
+
+// Step time at pp = S with a synthetic profile = the schedule's makespan + the sync terms by hand.
+TEST(PlanTime, PipelineStepIsMakespanPlusSyncByHand) {
+  const int T = 8, S = 2, M = 4, world = 4, dp = 2, G = 16;
+  const ModelDesc d = test::desc_of("gpt2", 4, 2, 16, T, 37);
+  PlanInputs in = inputs(d, T, G, world, S, M);
+  in.stage_layers = {2, 2};
+  in.fabric.intra = simple_link("test", 1e-4, 1e-8);  // messages cost α + nβ too
+  in.have_profile = true;
+  in.profile = synthetic_costs(G / dp / M, T);
+  const PlanResult r = plan(in);
+  const LayerCosts& c = in.profile;
+  const double msg = 1e-4 + (double)(G / dp / M) * T * d.d_model * 4 * 1e-8;
+  EXPECT_DOUBLE_EQ(r.p2p_s.at(0), msg);
+  for (const char* sch : {"gpipe", "1f1b", "zb-h1"}) {
+    const PipelineSim sim = simulate_pipeline(parse_schedule_kind(sch), S, M,
+                                              std::vector<StageCost>(S, {2 * c.block_f, 2 * c.block_b, 2 * c.block_bi}), {msg});
+    double expect = 0;
+    for (int s = 0; s < S; s++) {
+      const ParamTable t = build_param_table(d, virtual_stage_part({2, 2}, s));
+      double sync = 0;
+      for (const Bucket& b : make_buckets(t, in.bucket_mb, in.bucket_mb))
+        sync += ring_allreduce_time(dp, 4.0 * (b.end - b.begin), 1e-4, 1e-8);
+      const double tied = ring_allreduce_time(2, 4.0 * d.vocab_size * d.d_model, 1e-4, 1e-8);  // the tied wte sum
+      expect = std::max(expect, sim.end[s] + sync + tied + c.opt_per_param * t.numel);
+    }
+    const TimeRow* row = r.time_row(sch, 0);
+    ASSERT_TRUE(row);
+    EXPECT_NEAR(row->step_s, expect, 1e-12 * expect) << sch;
+    EXPECT_NEAR(row->tokens_per_s, (double)G * T / expect, 1e-9 * row->tokens_per_s);
+  }
+  // The equal-cost, zero-message case: exactly simulate_schedule's makespan.
+  in.fabric.intra = simple_link("free", 0, 0);
+  const PlanResult r0 = plan(in);
+  for (const char* sch : {"gpipe", "1f1b", "zb-h1"}) {
+    const SimResult q = simulate_schedule(parse_schedule_kind(sch), S, M, 1, 2 * c.block_f, 2 * c.block_b, 2 * c.block_bi);
+    std::vector<double> end(S, 0);  // each stage's last compute
+    for (const SimEvent& e : q.events) end[e.stage] = std::max(end[e.stage], e.end);
+    double expect = 0;
+    for (int s = 0; s < S; s++)
+      expect = std::max(expect, end[s] + c.opt_per_param * build_param_table(d, virtual_stage_part({2, 2}, s)).numel);
+    EXPECT_DOUBLE_EQ(*std::max_element(end.begin(), end.end()), q.makespan);
+    const TimeRow* row = r0.time_row(sch, 0);
+    ASSERT_TRUE(row);
+    EXPECT_NEAR(row->step_s, expect, 1e-12 * expect) << sch;
+    EXPECT_EQ(row->sync_s, 0) << sch;
+  }
+}
+
+// One rank: no communication, so the efficiency is exactly 1; overlap hides part of the sync and
+// never exposes more than the whole sync.
+TEST(PlanTime, EfficiencyAndOverlap) {
+  const int T = 8;
+  const ModelDesc d = test::desc_of("llama", 4, 2, 16, T, 37);
+  PlanInputs one = inputs(d, T, 4, 1, 1, 1);
+  one.have_profile = true;
+  one.profile = synthetic_costs(4, T);
+  const PlanResult r1 = plan(one);
+  EXPECT_DOUBLE_EQ(r1.time_row("-", 0)->efficiency, 1.0);
+  EXPECT_EQ(r1.time_row("-", 0)->sync_s, 0);
+  PlanInputs in = inputs(d, T, 8, 4, 1, 1);
+  in.have_profile = true;
+  in.profile = synthetic_costs(2, T);
+  in.bucket_mb = 0.001;  // several buckets
+  in.first_bucket_mb = 0.001;
+  const PlanResult no = plan(in);
+  const TimeRow* a = no.time_row("-", 0);
+  EXPECT_NEAR(a->exposed_sync_s, a->sync_s, 1e-9 * a->sync_s);  // nothing overlaps
+  in.overlap = true;
+  const PlanResult ov = plan(in);
+  const TimeRow* b = ov.time_row("-", 0);
+  EXPECT_DOUBLE_EQ(b->sync_s, a->sync_s);
+  EXPECT_LT(b->exposed_sync_s, a->exposed_sync_s);
+  EXPECT_GT(b->exposed_sync_s, 0);  // the embedding's bucket is final only at the very end
+  EXPECT_LT(a->efficiency, 1.0);
+  EXPECT_GT(b->efficiency, a->efficiency);
+}
+
+// ZeRO-1 without overlap: reduce-scatter every bucket after backward, then for every bucket update
+// the rank's piece and all-gather the bucket (GradSync::gather_params), all in turn.
+TEST(PlanTime, ZeroOneReduceScattersThenUpdatesAndGathersEachBucket) {
+  const int T = 8, L = 4, world = 2;
+  const ModelDesc d = test::desc_of("llama", L, 2, 32, T, 37);
+  PlanInputs in = inputs(d, T, 4, world, 1, 1);
+  in.bucket_mb = 0.004;
+  in.have_profile = true;
+  in.profile = synthetic_costs(2, T);
+  const PlanResult r = plan(in);
+  const ParamTable t = build_param_table(d);
+  const std::vector<Bucket> bk = make_buckets(t, in.bucket_mb, in.bucket_mb);
+  ASSERT_GT(bk.size(), 2u);
+  const std::vector<ShardPiece> pieces = shard_pieces(bk, world, 0);
+  const LayerCosts& c = in.profile;
+  double rs = 0, tail = 0;
+  for (size_t i = 0; i < bk.size(); i++) {
+    const double bytes = 4.0 * (bk[i].end - bk[i].begin);
+    rs += reduce_scatter_time(world, bytes, 1e-5, 1e-9);
+    tail += c.opt_per_param * (pieces[i].end - pieces[i].begin) + allgather_time(world, bytes, 1e-5, 1e-9);
+  }
+  const double expect = L * (c.block_f + c.block_b) + rs + tail;
+  const TimeRow* z1 = r.time_row("-", 1);
+  ASSERT_TRUE(z1);
+  EXPECT_NEAR(z1->step_s, expect, 1e-12 * expect);
+  // ZeRO-0: one all-reduce per bucket, then the whole optimizer.
+  double ar = 0;
+  for (const Bucket& b : bk) ar += ring_allreduce_time(world, 4.0 * (b.end - b.begin), 1e-5, 1e-9);
+  const double expect0 = L * (c.block_f + c.block_b) + ar + c.opt_per_param * t.numel;
+  EXPECT_NEAR(r.time_row("-", 0)->step_s, expect0, 1e-12 * expect0);
+  // With overlap the gathers run behind the updates: never slower.
+  in.overlap = true;
+  in.first_bucket_mb = in.bucket_mb;
+  EXPECT_LT(plan(in).time_row("-", 1)->step_s, expect);
+}
+
+// More ranks than cores on a CPU node: the compute of each rank slows by the ratio; one rank alone
+// (the efficiency's reference) does not.
+TEST(PlanTime, SharedCoresSlowTheComputeByTheRatio) {
+  const int T = 8;
+  const ModelDesc d = test::desc_of("gpt2", 2, 2, 16, T, 37);
+  PlanInputs in = inputs(d, T, 8, 4, 1, 1);
+  in.have_profile = true;
+  in.profile = synthetic_costs(2, T);
+  const PlanResult alone = plan(in);
+  in.node_cores = 2;  // 4 ranks x 1 core on 2 cores
+  const PlanResult shared = plan(in);
+  EXPECT_DOUBLE_EQ(shared.oversubscription, 2.0);
+  EXPECT_DOUBLE_EQ(shared.time_row("-", 0)->compute_s, 2 * alone.time_row("-", 0)->compute_s);
+  EXPECT_DOUBLE_EQ(shared.single_rank_tokens_per_s, alone.single_rank_tokens_per_s);
+  in.node_cores = 4;
+  EXPECT_DOUBLE_EQ(plan(in).oversubscription, 1.0);
+}
+
+TEST(PlanInputsCheck, ImpossibleRunsAreRefusedWithTheFix) {
+  const ModelDesc d = test::desc_of("gpt2", 4, 2, 16, 8, 37);
+  auto message = [&](PlanInputs in) {
+    try {
+      plan(in);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message(inputs(d, 8, 16, 6, 4, 1)).find("not divisible by the pipeline stages"), std::string::npos);
+  EXPECT_NE(message(inputs(d, 8, 16, 4, 2, 3)).find("does not divide"), std::string::npos);
+  EXPECT_NE(message(inputs(d, 8, 15, 4, 2, 1)).find("global_batch"), std::string::npos);
+  EXPECT_NE(message(inputs(d, 8, 16, 8, 8, 1)).find("fewer than"), std::string::npos);  // 4 layers, 8 stages
+  try {
+    find_device("tpu");
+    ADD_FAILURE() << "an unknown device was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("h100, h200, cpu"), std::string::npos) << e.what();
+  }
+}
