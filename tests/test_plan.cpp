@@ -439,3 +439,21 @@ TEST(PlanInputsCheck, ImpossibleRunsAreRefusedWithTheFix) {
     EXPECT_NE(std::string(e.what()).find("h100, h200, cpu"), std::string::npos) << e.what();
   }
 }
+
+// A measured op with a large-message fit: collectives of at least min_bytes are timed with it,
+// smaller ones with the all-size fit; the formulas at other world sizes take β from it.
+TEST(PlanLinks, LargeMessageFitTakesOverAboveItsThreshold) {
+  const nlohmann::json j = nlohmann::json::parse(R"({"date": "d", "links": [{"name": "slow", "world": 2,
+    "ranks_per_node": 1, "ops": {"allreduce": {"a_s": 1e-5, "b_s_per_byte": 1e-9, "alpha_s": 5e-6,
+    "beta_s_per_byte": 1e-9, "fit_large": {"a_s": 2e-3, "b_s_per_byte": 8e-9, "alpha_s": 1e-3,
+    "beta_s_per_byte": 8e-9, "min_bytes": 4e6}}}}]})");
+  const LinkFile f = parse_link_file(j, "inline");
+  ASSERT_EQ(f.links.size(), 1u);
+  const Link& l = f.links[0];
+  EXPECT_DOUBLE_EQ(collective_time(l, CollOp::allreduce, 2, 1e6), 1e-5 + 1e-9 * 1e6);
+  EXPECT_DOUBLE_EQ(collective_time(l, CollOp::allreduce, 2, 1e7), 2e-3 + 8e-9 * 1e7);
+  double a = 0, b = 0;
+  l.alpha_beta(CollOp::allreduce, 8, &a, &b);
+  EXPECT_DOUBLE_EQ(a, 5e-6);  // latency from the small messages
+  EXPECT_DOUBLE_EQ(b, 8e-9);  // bandwidth from the large ones
+}

@@ -223,17 +223,26 @@ void GradSync::reduce(float* base, size_t begin, size_t n, const std::string& la
       if (!opt.zero)
         for (int r = 1; r < world; r++) std::copy(scatter_buf_.begin(), scatter_buf_.begin() + n, scatter_buf_.begin() + (size_t)r * n);
     }
+    // zero: the pieces padded to c = ceil(n/W) floats each and scattered with MPI_Scatter (MPICH's
+    // Scatterv is as slow as its Allgatherv when ranks share cores; see all_gather).
+    const size_t c = (n + world - 1) / world;
+    if (opt.zero && rank == 0)
+      for (int r = world - 1; r >= 0; r--)  // in place, from the back: piece r moves to r·c ≥ displs[r]
+        std::copy_backward(scatter_buf_.begin() + displs[r], scatter_buf_.begin() + displs[r] + counts[r],
+                           scatter_buf_.begin() + (size_t)r * c + counts[r]);
+    if (opt.zero) gather_send_.resize(c);
     float* sbuf = rank == 0 ? scatter_buf_.data() : nullptr;
     MPI_Request req;
     if (opt.zero && poll)
-      MPI_Iscatterv(sbuf, counts.data(), displs.data(), MPI_FLOAT, data + at, (int)mine, MPI_FLOAT, 0, comm, &req);
+      MPI_Iscatter(sbuf, (int)c, MPI_FLOAT, gather_send_.data(), (int)c, MPI_FLOAT, 0, comm, &req);
     else if (opt.zero)
-      MPI_Scatterv(sbuf, counts.data(), displs.data(), MPI_FLOAT, data + at, (int)mine, MPI_FLOAT, 0, comm);
+      MPI_Scatter(sbuf, (int)c, MPI_FLOAT, gather_send_.data(), (int)c, MPI_FLOAT, 0, comm);
     else if (poll)
       MPI_Iscatter(sbuf, count, MPI_FLOAT, data, count, MPI_FLOAT, 0, comm, &req);
     else
       MPI_Scatter(sbuf, count, MPI_FLOAT, data, count, MPI_FLOAT, 0, comm);
     if (poll) wait_request(&req);
+    if (opt.zero) std::copy(gather_send_.begin(), gather_send_.begin() + mine, data + at);
     collectives = 2;
     // root: (W−1)·B in, the others' copies or pieces out; the others: B out, B or their piece in
     const double back = opt.zero ? (double)mine * sizeof(float) : bytes;
@@ -309,14 +318,24 @@ void GradSync::all_gather(float* base, size_t b, const std::string& label) {
     sent = rank == 0 ? (world - 1) * bytes : mine * sizeof(float);
     received = rank == 0 ? bytes - mine * sizeof(float) : bytes;
   } else {
+    // MPI_Allgather of equal pieces of c = ceil(n/W) floats (the shorter ones padded) into a
+    // W·c buffer, then each piece copied into place. Not MPI_Allgatherv: MPICH 4.0's Allgatherv
+    // took 4.4 s where Allgather took 44 ms for 24 MB on 4 ranks sharing 2 cores (its pipelined
+    // ring waits for the scheduler at every 32 kB piece; docs/PERF.md).
+    const size_t c = (n + world - 1) / world;
+    gather_send_.assign(c, 0.0f);
+    gather_recv_.resize(c * world);
+    std::copy(data + at, data + at + mine, gather_send_.begin());
     if (poll) {
-      MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(), displs.data(), MPI_FLOAT, comm, &req);
+      MPI_Iallgather(gather_send_.data(), (int)c, MPI_FLOAT, gather_recv_.data(), (int)c, MPI_FLOAT, comm, &req);
       wait_request(&req);
     } else {
-      MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(), displs.data(), MPI_FLOAT, comm);
+      MPI_Allgather(gather_send_.data(), (int)c, MPI_FLOAT, gather_recv_.data(), (int)c, MPI_FLOAT, comm);
     }
+    for (int r = 0; r < world; r++)
+      std::copy(gather_recv_.begin() + (size_t)r * c, gather_recv_.begin() + (size_t)r * c + counts[r], data + displs[r]);
     collectives = 1;
-    sent = received = (world - 1) * bytes / world;
+    sent = received = (world - 1) * (double)c * sizeof(float);
   }
   const double t_end = now_ms();
   if (device_) ops->copy_to_device(base + begin, data, n * sizeof(float));

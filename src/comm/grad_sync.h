@@ -23,7 +23,8 @@
 // not read); the optimizer updates the pieces and gather_params() all-gathers every bucket, after
 // which every rank holds the same full parameters. Per rank and step that moves (W−1)/W·B for the
 // reduce-scatter and (W−1)/W·B for the all-gather: all-reduce's 2(W−1)/W·B. The methods:
-//   allreduce       MPI_Reduce_scatter (pieces of n/W floats) + MPI_Allgatherv in place
+//   allreduce       MPI_Reduce_scatter (pieces of n/W floats) + MPI_Allgather of the pieces padded
+//                   to ceil(n/W) floats (MPICH's Allgatherv is pathologically slow when ranks share cores)
 //   gather_scatter  through rank 0: MPI_Gather, average, MPI_Scatterv of the pieces; then
 //                   MPI_Gatherv of the updated pieces and MPI_Scatter of W copies of the bucket
 //   weights         refused: every rank steps its own optimizer over every parameter
@@ -171,6 +172,7 @@ struct GradSync {
   std::deque<Job> queue_;
   float* params_ = nullptr;        // gather_params' buffer, for the communication thread
   std::vector<float> piece_buf_;   // reduce-scatter's receive buffer (one piece)
+  std::vector<float> gather_send_, gather_recv_;  // all-gather: one padded piece, and W of them
   size_t completed_ = 0;
   bool stop_ = false;
 

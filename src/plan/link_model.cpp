@@ -34,8 +34,9 @@ void Link::alpha_beta(CollOp op, int p, double* alpha, double* beta) const {
   for (const LinkPoint& pt : points)
     if (pt.ops[(int)op].present && (!best || std::abs(pt.world - p) < std::abs(best->world - p))) best = &pt;
   if (best) {
-    *alpha = best->ops[(int)op].alpha_s;
-    *beta = best->ops[(int)op].beta_s_per_byte;
+    const OpFit& f = best->ops[(int)op];
+    *alpha = f.alpha_s;
+    *beta = f.has_large ? f.large_beta_s_per_byte : f.beta_s_per_byte;
   }
 }
 
@@ -96,6 +97,16 @@ LinkFile parse_link_file(const nlohmann::json& j, const std::string& path) {
       fit.beta_s_per_byte = number_field(o, "beta_s_per_byte", w);
       if (fit.b_s_per_byte <= 0 || fit.beta_s_per_byte <= 0)
         fail(w, ": b_s_per_byte and beta_s_per_byte must be > 0 (a fit that did not work)");
+      if (o.contains("fit_large") && o["fit_large"].is_object()) {
+        const nlohmann::json& L = o["fit_large"];
+        fit.has_large = true;
+        fit.large_min_bytes = number_field(L, "min_bytes", w + ".fit_large");
+        fit.large_a_s = number_field(L, "a_s", w + ".fit_large");
+        fit.large_b_s_per_byte = number_field(L, "b_s_per_byte", w + ".fit_large");
+        fit.large_beta_s_per_byte = number_field(L, "beta_s_per_byte", w + ".fit_large");
+        if (fit.large_b_s_per_byte <= 0 || fit.large_beta_s_per_byte <= 0)
+          fail(w, ".fit_large: b_s_per_byte and beta_s_per_byte must be > 0 (a fit that did not work)");
+      }
       any++;
     }
     if (!any) fail(where, ": 'ops' holds no fit of allreduce, reduce_scatter, allgather or sendrecv");
@@ -233,7 +244,7 @@ double p2p_time(double n, double a, double b) { return a + n * b; }
 
 double collective_time(const Link& link, CollOp op, int p, double bytes) {
   if (p <= 1) return 0;
-  if (const OpFit* f = link.fit(op, p)) return f->a_s + f->b_s_per_byte * bytes;
+  if (const OpFit* f = link.fit(op, p)) return f->time(bytes);
   double a, b;
   link.alpha_beta(op, p, &a, &b);
   switch (op) {
@@ -262,7 +273,8 @@ double group_collective_time(const Fabric& f, CollOp op, int p, int k, double by
   const double sc = f.inter_beta_scale();
   inter.beta_s_per_byte *= sc;
   for (LinkPoint& pt : inter.points)
-    for (OpFit& o : pt.ops) o.b_s_per_byte *= sc, o.beta_s_per_byte *= sc;
+    for (OpFit& o : pt.ops)
+      o.b_s_per_byte *= sc, o.beta_s_per_byte *= sc, o.large_b_s_per_byte *= sc, o.large_beta_s_per_byte *= sc;
   if (gs) {
     if (k >= p) return gather_scatter_time(f.intra, p, bytes);
     double ai, bi, ae, be;

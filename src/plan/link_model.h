@@ -42,6 +42,14 @@ struct OpFit {
   bool present = false;
   double a_s = 0, b_s_per_byte = 0;          // t(S) = a_s + b_s_per_byte · S, one collective at `world`
   double alpha_s = 0, beta_s_per_byte = 0;   // the per-message α-β derived from it
+  // The file's "fit_large" (sizes >= large_min_bytes only), when present: no straight line fits
+  // these links over four decades of sizes (docs/PERF.md "Links"), so a collective of at least
+  // large_min_bytes is timed with this one, and β for the formulas is taken from it.
+  bool has_large = false;
+  double large_min_bytes = 0, large_a_s = 0, large_b_s_per_byte = 0, large_beta_s_per_byte = 0;
+  double time(double bytes) const {
+    return has_large && bytes >= large_min_bytes ? large_a_s + large_b_s_per_byte * bytes : a_s + b_s_per_byte * bytes;
+  }
 };
 
 struct LinkPoint {  // one measured world size of a link
@@ -59,7 +67,8 @@ struct Link {
   // The fit measured for op at world p, or null.
   const OpFit* fit(CollOp op, int p) const;
   // α and β for the formulas of op: the measured op's derived α-β at the nearest measured world
-  // size (the point-to-point's for gather_scatter and sendrecv), else the link's own.
+  // size (the point-to-point's for gather_scatter and sendrecv; β from its large-message fit when
+  // the file has one), else the link's own.
   void alpha_beta(CollOp op, int p, double* alpha, double* beta) const;
 };
 

@@ -351,7 +351,9 @@ PlanResult plan(const PlanInputs& in) {
       largest_bucket = std::max(largest_bucket, b.end - b.begin);
     }
     sm.shard_params = (int64_t)shard;
-    sm.zero_recv_buffer = r.dp > 1 ? (double)largest_piece * 4 : 0;
+    // ZeRO-1: the reduce-scatter's receive piece; with allreduce also the all-gather's padded
+    // send piece and its W pieces (comm/grad_sync.cpp)
+    sm.zero_recv_buffer = r.dp > 1 ? (double)largest_piece * 4 * (gs ? 1 : r.dp + 2) : 0;
     sm.gather_scatter_buffers = gs && r.dp > 1 ? 2.0 * r.dp * largest_bucket * 4 : 0;
     sm.activation_slot = (double)activation_bytes(d, sm.part, r.micro_batch, T);
     sm.kept_slot = (double)kept_bytes(d, sm.part, r.micro_batch, T);
@@ -432,7 +434,10 @@ PlanResult plan(const PlanInputs& in) {
   Link inter = in.fabric.inter;
   inter.beta_s_per_byte *= in.fabric.inter_beta_scale();
   for (LinkPoint& pt : inter.points)
-    for (OpFit& o : pt.ops) o.b_s_per_byte *= in.fabric.inter_beta_scale(), o.beta_s_per_byte *= in.fabric.inter_beta_scale();
+    for (OpFit& o : pt.ops) {
+      const double sc = in.fabric.inter_beta_scale();
+      o.b_s_per_byte *= sc, o.beta_s_per_byte *= sc, o.large_b_s_per_byte *= sc, o.large_beta_s_per_byte *= sc;
+    }
   auto same_node_everywhere = [&](int sa, int sb) {
     for (int q = 0; q < r.dp; q++)
       if (node_of((long)q * S + sa) != node_of((long)q * S + sb)) return false;

@@ -109,6 +109,8 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
     for (const ShardPiece& p : shard_pieces(buckets, world, rank)) mine += p.end - p.begin;
     for (const Bucket& b : buckets) largest_piece = std::max(largest_piece, (b.end - b.begin + world - 1) / world);
     e.optimizer = adamw ? 2.0 * mine * sizeof(float) : 0;
+    // ... and the all-gather's padded piece and W padded pieces (comm/grad_sync.cpp), allreduce only
+    if (cfg.parallel.sync != "gather_scatter") e.sync_buffers += (double)(world + 1) * largest_piece * sizeof(float);
     e.sync_buffers += (double)largest_piece * sizeof(float);
   }
   e.activations = (double)activation_bytes(desc, local_batch, seq_len);
