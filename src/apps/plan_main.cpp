@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "data/token_file.h"
 #include "metrics/metrics.h"
@@ -30,6 +31,19 @@ const char* kDefaultLinks = "bench/results/links-2026-11-23.json";
 bool file_exists(const std::string& p) {
   struct stat st;
   return stat(p.c_str(), &st) == 0;
+}
+
+// The default links file: relative to the working directory (the repository root), else to the
+// program (build/llmpi-plan -> build/../bench/results/...), so the planner works from anywhere.
+std::string default_links_file() {
+  if (file_exists(kDefaultLinks)) return kDefaultLinks;
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return "";
+  std::string dir(exe, (size_t)n);
+  dir = dir.substr(0, dir.find_last_of('/'));
+  const std::string p = dir + "/../" + kDefaultLinks;
+  return file_exists(p) ? p : "";
 }
 
 // Whether the configuration names a training file (in the JSON or by --set): without one the model
@@ -187,8 +201,8 @@ int main(int argc, char** argv) {
     if (!links_path.empty()) {
       file = read_link_file(links_path);
       fp = &file;
-    } else if (needs_file && file_exists(kDefaultLinks)) {
-      file = read_link_file(kDefaultLinks);
+    } else if (needs_file && !default_links_file().empty()) {
+      file = read_link_file(default_links_file());
       fp = &file;
     }
     if (within_node) in.fabric.intra = find_link(intra, fp);

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""plan_check.py — llmpi-plan's projections against measured runs on this machine.
+
+  python3 tools/plan_check.py [--build build] [--data build/demo] [--out bench/results/plan-check-DATE.json]
+                              [--parts memory,time] [--steps 12] [--links none,1gbit,10gbit]
+
+memory  Four configurations of a GPT-2-shaped model (8 layers, d_model 512, seq 64, byte
+        vocabulary: 25.4M parameters) at global batch 4: 2 ranks, 2 ranks with ZeRO-1, 2 pipeline
+        stages (2 micro-batches), 4 ranks with ZeRO-1. Each runs 3 steps and writes every rank's
+        peak RSS (summary.json); llmpi-plan gives the rank's bytes (its stage's row). The plan is
+        compared with the peak RSS after adding what no plan can know: the RSS the process had
+        before the model was allocated (MPI, the libraries, the open data file; measured by the
+        same run) and the host batch. Bound: 10%.
+time    A GPT-2-shaped model of 3.3M parameters (4 layers, d_model 256, seq 128, global batch 8), one
+        thread per rank, `--steps` steps; the measured median step (after the first) against the plan's
+        step time, the plan's per-layer costs measured by `llmpi-plan --profile` at the same
+        micro-batch just before. World 1, 2 and 4 on loopback (MPICH's shared memory), and 2 and 4
+        ranks across a simulated 1 and 10 Gbit/s link (tools/netns_link.sh, needs root; with 4 ranks
+        two in each namespace; the planner takes those links' measured fits at that world size,
+        bench/results/links-*.json). 4 ranks share the 2 cores: the plan's compute is slowed by
+        the ratio (--cores-per-node). Bound: 25%.
+
+Needs the Python standard library, the built programs (make) and the demo data (make demo-data).
+Exit status: 0 when every comparison is within its bound, 1 otherwise, 2 on errors.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MEM_MODEL = ["model.family=gpt2", "model.n_layer=8", "model.n_head=8", "model.d_model=512", "model.seq_len=64",
+             "train.global_batch=4"]
+TIME_MODEL = ["model.family=gpt2", "model.n_layer=4", "model.n_head=4", "model.d_model=256", "model.seq_len=128",
+              "train.global_batch=8"]
+COMMON = ["train.log_every=1", "train.eval_every=0", "data.val=", "runtime.threads=1", "runtime.trace_steps=0",
+          "model.vocab_size=0"]
+MEMORY_BOUND, TIME_BOUND = 0.10, 0.25
+
+
+def say(msg):
+    print("plan_check: " + msg, file=sys.stderr, flush=True)
+
+
+def die(msg):
+    say("error: " + msg)
+    sys.exit(2)
+
+
+class Check:
+    def __init__(self, a):
+        self.a = a
+        self.train_bin = os.path.join(a.build, "llmpi-train")
+        self.plan_bin = os.path.join(a.build, "llmpi-plan")
+        for b in (self.train_bin, self.plan_bin):
+            if not os.access(b, os.X_OK):
+                die(f"{b} not found: run `make` first")
+        self.train_file = os.path.join(a.data, "train.h5")
+        if not os.path.exists(self.train_file):
+            die(f"{self.train_file} not found: run `make demo-data` (or give --data)")
+        self.tmp = tempfile.mkdtemp(prefix="llmpi-plan-check-")
+        self.env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+    def sets(self, model, extra):
+        out = []
+        for s in COMMON + model + ["data.train=" + self.train_file] + extra:
+            out += ["--set", s]
+        return out
+
+    def run(self, cmd, done_file=None, limit_s=900):
+        """Runs cmd. With done_file: once that file exists the run has finished its work; if the
+        processes then do not exit within 30 s (MPICH over TCP between network namespaces can hang
+        in MPI_Finalize), they are sent SIGTERM (tools/netns_link.sh removes its namespaces on
+        SIGTERM) and the run counts."""
+        say("run: " + " ".join(cmd))
+        log = tempfile.TemporaryFile(mode="w+")
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=self.env,
+                             start_new_session=True)
+        t0, done_at = time.time(), None
+        while p.poll() is None:
+            time.sleep(0.5)
+            if done_at is None and done_file and os.path.exists(done_file):
+                done_at = time.time()
+            if (done_at and time.time() - done_at > 30) or time.time() - t0 > limit_s:
+                say("the run " + ("finished its work but did not exit" if done_at else "ran past its limit") +
+                    ": stopping it")
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+                break
+        log.seek(0)
+        out = log.read()
+        if p.returncode != 0 and not (done_file and os.path.exists(done_file)):
+            sys.stdout.write(out[-3000:])
+            die(f"{os.path.basename(cmd[0])} failed (exit {p.returncode})")
+        return out
+
+    def train(self, world, model, extra, link=None):
+        run_dir = os.path.join(self.tmp, f"run-{len(os.listdir(self.tmp))}")
+        args = [self.train_bin, "--config", os.path.join(ROOT, "data", "demo.json"), "--set", "run.dir=" + run_dir]
+        args += self.sets(model, extra)
+        if link is None:
+            cmd = ["mpiexec", "-n", str(world)] + args
+        elif world == 2:
+            cmd = [os.path.join(ROOT, "tools", "netns_link.sh"), "--quiet", "--rate", link, "--latency", "1ms",
+                   "mpi", "--"] + args
+        else:  # world/2 ranks in each namespace, the launch tools/netns_link.sh's `mpi` form makes
+            h = world // 2
+            q = " ".join("'" + x + "'" for x in args)
+            inner = ('exec mpiexec -genv UCX_TLS tcp,self -genv MPIR_CVAR_NOLOCAL 1 '
+                     f'-n {h} -env UCX_NET_DEVICES "$LLMPI_NETNS_DEV_A" ip netns exec "$LLMPI_NETNS_A" {q} : '
+                     f'-n {h} -env UCX_NET_DEVICES "$LLMPI_NETNS_DEV_B" ip netns exec "$LLMPI_NETNS_B" {q}')
+            cmd = [os.path.join(ROOT, "tools", "netns_link.sh"), "--quiet", "--rate", link, "--latency", "1ms",
+                   "run", "--", "bash", "-c", inner]
+        summary = os.path.join(run_dir, "summary.json")
+        self.run(cmd, done_file=summary)
+        return json.load(open(summary))
+
+    def plan(self, world, model, extra, plan_args):
+        out = os.path.join(self.tmp, f"plan-{len(os.listdir(self.tmp))}.json")
+        self.run([self.plan_bin, "--config", os.path.join(ROOT, "data", "demo.json")] + self.sets(model, extra) +
+                 ["--world", str(world), "--json", out] + plan_args)
+        return json.load(open(out))
+
+    def part_memory(self):
+        rows = []
+        configs = [("2 ranks", 2, ["parallel.zero=0"]), ("2 ranks, ZeRO-1", 2, ["parallel.zero=1"]),
+                   ("2 pipeline stages (1F1B, 2 micro-batches)", 2,
+                    ["parallel.pp_stages=2", "parallel.microbatches=2", "parallel.zero=0"]),
+                   ("4 ranks, ZeRO-1", 4, ["parallel.zero=1"])]
+        for name, world, extra in configs:
+            s = self.train(world, MEM_MODEL, extra + ["train.steps=3"])
+            p = self.plan(world, MEM_MODEL, extra, ["--profile-reps", "1"])
+            zero = 1 if "parallel.zero=1" in extra else 0
+            pp = 2 if "parallel.pp_stages=2" in extra else 1
+            sched = "1f1b" if pp > 1 else "-"
+            pre = s["rss_before_model_bytes_rank0"]
+            batch = s["memory_estimate_rank0"]["data"]
+            for rank, peak in enumerate(s["peak_rss_bytes_per_rank"]):
+                stage = rank % pp if pp > 1 else 0
+                row = next(m for m in p["memory"] if m["precision"] == "fp32" and m["schedule"] == sched and
+                           m["zero"] == zero and m["stage"] == stage)
+                predicted = row["total"] + batch + pre
+                err = predicted / peak - 1
+                rows.append({"config": name, "world": world, "rank": rank, "stage": stage, "plan_bytes": row["total"],
+                             "host_batch_bytes": batch, "rss_before_model_bytes": pre, "predicted_bytes": predicted,
+                             "peak_rss_bytes": peak, "error": err, "within_bound": abs(err) <= MEMORY_BOUND})
+                say(f"memory {name}, rank {rank}: plan {row['total'] / 1e6:.1f} MB + pre-model {pre / 1e6:.1f} MB = "
+                    f"{predicted / 1e6:.1f} MB vs peak RSS {peak / 1e6:.1f} MB ({100 * err:+.1f}%)")
+        return rows
+
+    def part_time(self):
+        rows = []
+        links = [x for x in self.a.links.split(",") if x]
+        runs = [(1, None), (2, None), (4, None)]
+        if os.geteuid() == 0:
+            for rate in links:
+                if rate != "none":
+                    runs += [(2, rate), (4, rate)]
+        else:
+            say("time: the simulated links need root; loopback only")
+        for world, rate in runs:
+            extra = ["parallel.zero=0", f"train.steps={self.a.steps}"]
+            s = self.train(world, TIME_MODEL, extra, rate)
+            link = "loopback" if rate is None else "netns-" + rate
+            # The whole run is one "node" for the planner: the measured link at that world size is
+            # the layout that was measured (for netns: half the ranks in each namespace).
+            plan_args = ["--profile", "--profile-reps", "5", "--intra-link", link, "--gpus-per-node", str(world),
+                         "--cores-per-node", str(os.cpu_count())]
+            p = self.plan(world, TIME_MODEL, extra, plan_args)
+            t = next(x for x in p["time"] if x["schedule"] == "-" and x["zero"] == 0)
+            measured = s["median_step_ms"] / 1e3
+            err = t["step_s"] / measured - 1
+            rows.append({"world": world, "link": link, "measured_step_s": measured, "plan_step_s": t["step_s"],
+                         "plan_compute_s": t["compute_s"], "plan_exposed_sync_s": t["exposed_sync_s"],
+                         "plan_optimizer_s": t["optimizer_s"], "oversubscription": p.get("oversubscription", 1),
+                         "error": err, "within_bound": abs(err) <= TIME_BOUND})
+            say(f"time W={world} {link}: plan {1e3 * t['step_s']:.1f} ms (compute {1e3 * t['compute_s']:.1f}, "
+                f"sync {1e3 * t['exposed_sync_s']:.1f}) vs measured {1e3 * measured:.1f} ms ({100 * err:+.1f}%)")
+        return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--data", default=os.path.join(ROOT, "build", "demo"))
+    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results",
+                                                 f"plan-check-{datetime.date.today().isoformat()}.json"))
+    p.add_argument("--parts", default="memory,time")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--links", default="1gbit,10gbit")
+    a = p.parse_args()
+    c = Check(a)
+    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "machine": f"{platform.node()}, {os.cpu_count()} cores", "command": " ".join(sys.argv),
+           "bounds": {"memory": MEMORY_BOUND, "time": TIME_BOUND}}
+    with open("/proc/loadavg") as f:
+        res["loadavg_before"] = f.read().split()[:3]
+    parts = a.parts.split(",")
+    if "memory" in parts:
+        res["memory"] = c.part_memory()
+    if "time" in parts:
+        res["time"] = c.part_time()
+    with open("/proc/loadavg") as f:
+        res["loadavg_after"] = f.read().split()[:3]
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out + ".tmp", "w") as f:
+        json.dump(res, f, indent=1)
+    os.replace(a.out + ".tmp", a.out)
+    shutil.rmtree(c.tmp, ignore_errors=True)
+    bad = [r for part in ("memory", "time") for r in res.get(part, []) if not r["within_bound"]]
+    say(f"wrote {a.out}; {len(bad)} comparison(s) outside the bound")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
