@@ -42,6 +42,10 @@ double status_bytes(const char* key) {
 }  // namespace
 
 TEST(MpiPlanCheck, PlanMatchesAShortMeasuredRun) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "under AddressSanitizer (make SAN=1) the RSS holds its shadow memory and redzones and "
+                  "every op runs slower than the profile's: the plan is checked in the normal build";
+#endif
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
