@@ -178,6 +178,11 @@ double SimResult::bubble_fraction() const {
 }
 
 SimResult simulate_schedule(ScheduleKind kind, int S, int M, int v, double f, double b, double b_input) {
+  return simulate_schedule(kind, S, M, v, std::vector<StageCost>(S, {f, b, b_input}), {});
+}
+
+SimResult simulate_schedule(ScheduleKind kind, int S, int M, int v, const std::vector<StageCost>& cost,
+                            const std::vector<double>& msg_s) {
   std::vector<std::vector<Action>> lists(S);
   for (int s = 0; s < S; s++) lists[s] = build_schedule(kind, S, M, s, v);
   // A message is identified by (receiver stage, is gradient, micro-batch, receiver's chunk).
@@ -197,18 +202,20 @@ SimResult simulate_schedule(ScheduleKind kind, int S, int M, int v, double f, do
           int chunk = a.chunk;
           if (!grad && s == S - 1) chunk++;
           if (grad && s == 0) chunk--;
-          sent[{a.peer, grad, a.mb, chunk}] = clock[s];
+          const size_t boundary = grad ? (s == 0 ? S - 1 : s - 1) : s;  // the wrap is boundary S-1
+          sent[{a.peer, grad, a.mb, chunk}] = clock[s] + (boundary < msg_s.size() ? msg_s[boundary] : 0.0);
         } else if (a.type == ActionType::RecvAct || a.type == ActionType::RecvGrad) {
           auto it = sent.find({s, a.type == ActionType::RecvGrad, a.mb, a.chunk});
           if (it == sent.end()) break;  // wait
           ready[s] = std::max(ready[s], it->second);
         } else {
-          const double cost = a.type == ActionType::F ? f : a.type == ActionType::B ? b
-                              : a.type == ActionType::BI ? b_input : b - b_input;
+          const StageCost& c = cost[s];
+          const double d = a.type == ActionType::F ? c.f : a.type == ActionType::B ? c.b
+                           : a.type == ActionType::BI ? c.bi : c.b - c.bi;
           const double start = std::max(clock[s], ready[s]);
-          clock[s] = start + cost;
+          clock[s] = start + d;
           ready[s] = 0;
-          r.busy[s] += cost;
+          r.busy[s] += d;
           r.events.push_back({s, a, start, clock[s]});
         }
         pos[s]++;
@@ -217,6 +224,7 @@ SimResult simulate_schedule(ScheduleKind kind, int S, int M, int v, double f, do
     }
   }
   r.completed = true;
+  r.end = clock;
   for (int s = 0; s < S; s++) {
     if (pos[s] < lists[s].size()) {
       r.completed = false;

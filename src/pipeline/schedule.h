@@ -72,8 +72,9 @@ ActivationPeak activation_peak(const std::vector<Action>& actions, int v);
 
 // Simulation of all S lists together, with compute costs f, b (the whole backward; BI and W cost
 // b_input and b - b_input) and instant messages: a stage runs its list in order, a compute starts
-// when the stage is free and its received input has been sent. Sends never block. Used by the
-// tests (no deadlock, dependencies, clock cycles) and for the expected bubble fraction.
+// when the stage is free and its received input has arrived. Sends never block. Used by the
+// tests (no deadlock, dependencies, clock cycles), for the expected bubble fraction, and by
+// llmpi-plan with a cost per stage and a message time (the second form).
 struct SimEvent {
   int stage;
   Action action;
@@ -85,9 +86,18 @@ struct SimResult {
   std::vector<SimEvent> events;   // compute actions, in the order they were simulated
   double makespan = 0;
   std::vector<double> busy;       // per stage: time spent computing
+  std::vector<double> end;        // per stage: when its last compute ends
   double bubble_fraction() const; // 1 - mean(busy) / makespan
 };
 SimResult simulate_schedule(ScheduleKind kind, int S, int M, int v = 1, double f = 1, double b = 2,
                             double b_input = 1);
+// The same with stage s's costs in cost[s] and messages that take time: one sent at t across
+// boundary k (between stages k and k+1; k = S-1 for the wrap between the last stage and the first)
+// arrives at t + msg_s[k] (0 where msg_s has no entry).
+struct StageCost {
+  double f = 0, b = 0, bi = 0;  // bi ≤ b; W = b − bi
+};
+SimResult simulate_schedule(ScheduleKind kind, int S, int M, int v, const std::vector<StageCost>& cost,
+                            const std::vector<double>& msg_s);
 
 }  // namespace llmpi

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <tuple>
 
 #include "comm/grad_sync.h"
 #include "pipeline/pipeline_step.h"
@@ -149,51 +148,18 @@ LayerCosts costs_from_device(const ModelDesc& d, int B, int T, const DeviceSpec&
 }
 
 // ---- the pipeline with per-stage costs ---------------------------------------------------------------
-// The loop of simulate_schedule (pipeline/schedule.cpp), with a cost per stage and a message time.
 PipelineSim simulate_pipeline(ScheduleKind kind, int S, int M, const std::vector<StageCost>& cost,
                               const std::vector<double>& msg_s) {
-  std::vector<std::vector<Action>> lists(S);
-  for (int s = 0; s < S; s++) lists[s] = build_schedule(kind, S, M, s, 1);
-  std::map<std::tuple<int, int, int>, double> arrives;  // (receiver, grad, mb) → arrival time
-  std::vector<size_t> pos(S, 0);
-  std::vector<double> clock(S, 0), ready(S, 0);
+  const SimResult sim = simulate_schedule(kind, S, M, 1, cost, msg_s);
   PipelineSim r;
-  r.end.assign(S, 0), r.busy.assign(S, 0), r.last_grad_start.assign(S, 0), r.last_grad_len.assign(S, 0);
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (int s = 0; s < S; s++) {
-      while (pos[s] < lists[s].size()) {
-        const Action& a = lists[s][pos[s]];
-        if (a.type == ActionType::SendAct || a.type == ActionType::SendGrad) {
-          const bool grad = a.type == ActionType::SendGrad;
-          const int boundary = grad ? a.peer : s;  // between stages boundary and boundary + 1
-          arrives[{a.peer, grad, a.mb}] = clock[s] + msg_s[boundary];
-        } else if (a.type == ActionType::RecvAct || a.type == ActionType::RecvGrad) {
-          auto it = arrives.find({s, a.type == ActionType::RecvGrad, a.mb});
-          if (it == arrives.end()) break;
-          ready[s] = std::max(ready[s], it->second);
-        } else {
-          const StageCost& c = cost[s];
-          const double d = a.type == ActionType::F ? c.f : a.type == ActionType::B ? c.b
-                           : a.type == ActionType::BI ? c.bi : c.b - c.bi;
-          const double start = std::max(clock[s], ready[s]);
-          clock[s] = start + d;
-          ready[s] = 0;
-          r.busy[s] += d;
-          if (a.type == ActionType::B || a.type == ActionType::W) r.last_grad_start[s] = start, r.last_grad_len[s] = d;
-        }
-        pos[s]++;
-        progress = true;
-      }
-    }
-  }
-  r.completed = true;
-  for (int s = 0; s < S; s++) {
-    if (pos[s] < lists[s].size()) r.completed = false;
-    r.end[s] = clock[s];
-    r.makespan = std::max(r.makespan, clock[s]);
-  }
+  r.completed = sim.completed;
+  r.makespan = sim.makespan;
+  r.end = sim.end;
+  r.busy = sim.busy;
+  r.last_grad_start.assign(S, 0), r.last_grad_len.assign(S, 0);
+  for (const SimEvent& e : sim.events)  // events are in simulation order: the last B or W wins
+    if (e.action.type == ActionType::B || e.action.type == ActionType::W)
+      r.last_grad_start[e.stage] = e.start, r.last_grad_len[e.stage] = e.end - e.start;
   return r;
 }
 

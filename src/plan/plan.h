@@ -85,18 +85,15 @@ LayerCosts costs_from_device(const ModelDesc& d, int micro_batch, int T, const D
                              double mfu, int cores_per_rank);
 
 // ---- the simulated pipeline ----------------------------------------------------------------------------
-struct StageCost {
-  double f = 0, b = 0, bi = 0;  // bi ≤ b; W = b − bi
-};
 struct PipelineSim {
   bool completed = false;
   double makespan = 0;
   std::vector<double> end, busy;             // per stage: when its last compute ends, its compute time
   std::vector<double> last_grad_start, last_grad_len;  // per stage: the last B (or W) that makes gradients final
 };
-// simulate_schedule (pipeline/schedule.h) with per-stage costs and a message time: a message sent
-// at t is received at t + msg_s[boundary] (boundary s: between stages s and s+1). With equal costs
-// and msg_s 0 its makespan equals simulate_schedule's.
+// simulate_schedule (pipeline/schedule.h) with per-stage costs (StageCost) and a message time: a
+// message sent at t is received at t + msg_s[boundary] (boundary s: between stages s and s+1),
+// and what the plan needs from it per stage.
 PipelineSim simulate_pipeline(ScheduleKind kind, int S, int M, const std::vector<StageCost>& cost,
                               const std::vector<double>& msg_s);
 
