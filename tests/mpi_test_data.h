@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -88,6 +89,27 @@ inline TrainOptions quiet_options(bool write_run_dir) {
   o.print = false;
   o.write_run_dir = write_run_dir;
   return o;
+}
+
+// Options for a test's train() call: quiet, with or without a run directory, resuming from
+// `resume` ("" = no, "auto", or a checkpoint path), pre-empted after step `preempt` (-1 = never).
+inline TrainOptions train_options(bool write_run_dir, const std::string& resume = "", int64_t preempt = -1) {
+  TrainOptions o = quiet_options(write_run_dir);
+  o.resume = resume;
+  o.preempt_after_step = preempt;
+  return o;
+}
+
+// Relative L2 difference |a - b| / |b| of two parameter vectors (1e30 when their sizes differ).
+inline double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 1e30;
+  double d2 = 0, r2 = 0;
+  for (size_t i = 0; i < a.size(); i++) {
+    const double d = (double)a[i] - b[i];
+    d2 += d * d;
+    r2 += (double)b[i] * b[i];
+  }
+  return std::sqrt(d2 / r2);
 }
 
 inline std::string make_pattern_file(MPI_Comm comm, const std::string& dir, const std::string& name,

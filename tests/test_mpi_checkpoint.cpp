@@ -21,13 +21,6 @@ Config ckpt_config(const std::string& train, const std::string& run_dir, std::ve
   return tiny_config(train, sets);
 }
 
-TrainOptions with(bool write, const std::string& resume = "", int64_t preempt = -1) {
-  TrainOptions o = quiet_options(write);
-  o.resume = resume;
-  o.preempt_after_step = preempt;
-  return o;
-}
-
 }  // namespace
 
 TEST(MpiCheckpoint, ResumeContinuesBitIdentically) {
@@ -35,14 +28,14 @@ TEST(MpiCheckpoint, ResumeContinuesBitIdentically) {
   std::string tr = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 21);
   for (std::string sync : {"allreduce", "weights"}) {
     std::vector<std::string> extra = {"parallel.sync=" + sync, "parallel.average_every=4"};
-    TrainResult whole = train(ckpt_config(tr, dir + "/whole-" + sync, extra), MPI_COMM_WORLD, with(true), true);
+    TrainResult whole = train(ckpt_config(tr, dir + "/whole-" + sync, extra), MPI_COMM_WORLD, train_options(true), true);
     // Interrupted after step 5 (6 steps done; mid-way between the step-4 and step-8 checkpoints)...
     const std::string run = dir + "/cut-" + sync;
-    TrainResult first = train(ckpt_config(tr, run, extra), MPI_COMM_WORLD, with(true, "", 5), true);
+    TrainResult first = train(ckpt_config(tr, run, extra), MPI_COMM_WORLD, train_options(true, "", 5), true);
     ASSERT_TRUE(first.preempted);
     ASSERT_EQ(first.losses.size(), 6u);
     // ...and resumed from the newest checkpoint.
-    TrainResult second = train(ckpt_config(tr, run, extra), MPI_COMM_WORLD, with(true, "auto"), true);
+    TrainResult second = train(ckpt_config(tr, run, extra), MPI_COMM_WORLD, train_options(true, "auto"), true);
     ASSERT_EQ(second.start_step, 6) << sync;
     ASSERT_EQ(second.losses.size(), 6u);
     std::vector<float> joined = first.losses;
@@ -68,10 +61,10 @@ TEST(MpiCheckpoint, RefusesMismatchedCheckpoints) {
   std::string dir = shared_temp_dir(MPI_COMM_WORLD);
   std::string tr = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 22);
   const std::string run = dir + "/run";
-  train(ckpt_config(tr, run, {"train.steps=4"}), MPI_COMM_WORLD, with(true));
+  train(ckpt_config(tr, run, {"train.steps=4"}), MPI_COMM_WORLD, train_options(true));
   auto expect_error = [&](std::vector<std::string> extra, const std::string& needle) {
     try {
-      train(ckpt_config(tr, run, extra), MPI_COMM_WORLD, with(true, "auto"));
+      train(ckpt_config(tr, run, extra), MPI_COMM_WORLD, train_options(true, "auto"));
       ADD_FAILURE() << "no error for " << needle;
     } catch (const CollectiveError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -82,14 +75,14 @@ TEST(MpiCheckpoint, RefusesMismatchedCheckpoints) {
   expect_error({"train.optimizer=sgd"}, "train.optimizer \"adamw\"");
   // A file that is not a checkpoint, given by path.
   try {
-    TrainOptions o = with(true, tr);
+    TrainOptions o = train_options(true, tr);
     train(ckpt_config(tr, run), MPI_COMM_WORLD, o);
     ADD_FAILURE() << "a token file was accepted as a checkpoint";
   } catch (const CollectiveError& e) {
     EXPECT_NE(std::string(e.what()).find("is not an llmpi checkpoint"), std::string::npos) << e.what();
   }
   // The matching configuration resumes (nothing left to do at step 4 of 4, but it loads).
-  TrainResult ok = train(ckpt_config(tr, run, {"train.steps=6"}), MPI_COMM_WORLD, with(true, "auto"));
+  TrainResult ok = train(ckpt_config(tr, run, {"train.steps=6"}), MPI_COMM_WORLD, train_options(true, "auto"));
   EXPECT_EQ(ok.start_step, 4);
   EXPECT_EQ(ok.losses.size(), 2u);
 }
@@ -101,14 +94,14 @@ TEST(MpiCheckpoint, NonFiniteStepsAbortOrSkip) {
   std::vector<std::string> blowup = {"train.optimizer=sgd", "train.lr=1e30", "train.grad_clip=0",
                                      "train.warmup_steps=0", "checkpoint.every=0", "train.steps=5"};
   try {
-    train(ckpt_config(tr, dir + "/a", blowup), MPI_COMM_WORLD, with(false));
+    train(ckpt_config(tr, dir + "/a", blowup), MPI_COMM_WORLD, train_options(false));
     ADD_FAILURE() << "no error with on_nonfinite=abort";
   } catch (const CollectiveError& e) {
     EXPECT_NE(std::string(e.what()).find("non-finite loss or gradient norm at step"), std::string::npos) << e.what();
   }
   auto skip = blowup;
   skip.push_back("train.on_nonfinite=skip");
-  TrainResult r = train(ckpt_config(tr, dir + "/b", skip), MPI_COMM_WORLD, with(false), true);
+  TrainResult r = train(ckpt_config(tr, dir + "/b", skip), MPI_COMM_WORLD, train_options(false), true);
   EXPECT_EQ(r.losses.size(), 5u);
   EXPECT_GE(r.skipped_steps, 1);
   for (float p : r.final_params) ASSERT_TRUE(std::isfinite(p)) << "a skipped step must not touch the parameters";

@@ -18,16 +18,6 @@ using namespace llmpi::testing_support;
 
 namespace {
 
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double d2 = 0, r2 = 0;
-  for (size_t i = 0; i < a.size(); i++) {
-    const double d = (double)a[i] - b[i];
-    d2 += d * d;
-    r2 += (double)b[i] * b[i];
-  }
-  return std::sqrt(d2 / r2);
-}
-
 // The family's tiny model on a file of its kind (made once per test, shared by the ranks).
 struct FamilySetup {
   std::string family, train;

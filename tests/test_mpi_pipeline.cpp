@@ -28,17 +28,6 @@ using namespace llmpi::testing_support;
 
 namespace {
 
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return 1e30;
-  double d2 = 0, r2 = 0;
-  for (size_t i = 0; i < a.size(); i++) {
-    const double d = (double)a[i] - b[i];
-    d2 += d * d;
-    r2 += (double)b[i] * b[i];
-  }
-  return std::sqrt(d2 / r2);
-}
-
 int world_size() {
   int n = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &n);

@@ -23,16 +23,6 @@ Config sync_config(const std::string& train, std::vector<std::string> extra) {
   return tiny_config(train, extra);
 }
 
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double d2 = 0, r2 = 0;
-  for (size_t i = 0; i < a.size(); i++) {
-    double d = (double)a[i] - b[i];
-    d2 += d * d;
-    r2 += (double)b[i] * b[i];
-  }
-  return std::sqrt(d2 / r2);
-}
-
 // max over ranks of the relative difference between this rank's params and rank 0's.
 double spread_across_ranks(const std::vector<float>& p) {
   std::vector<float> p0 = p;

@@ -19,16 +19,6 @@ using namespace llmpi::testing_support;
 
 namespace {
 
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double d2 = 0, r2 = 0;
-  for (size_t i = 0; i < a.size(); i++) {
-    const double d = (double)a[i] - b[i];
-    d2 += d * d;
-    r2 += (double)b[i] * b[i];
-  }
-  return std::sqrt(d2 / r2);
-}
-
 // Whether every rank's vector equals rank 0's bit for bit.
 bool same_on_every_rank(const std::vector<float>& p, MPI_Comm comm) {
   std::vector<float> p0 = p;
@@ -54,13 +44,6 @@ Saved read_saved(const std::string& path) {
   s.params.resize(info.n), s.m.resize(info.n), s.v.resize(info.n);
   read_checkpoint_row(info, 0, s.params.data(), s.m.data(), s.v.data());
   return s;
-}
-
-TrainOptions with(bool write, const std::string& resume = "", int64_t preempt = -1) {
-  TrainOptions o = quiet_options(write);
-  o.resume = resume;
-  o.preempt_after_step = preempt;
-  return o;
 }
 
 }  // namespace
@@ -140,10 +123,10 @@ TEST(MpiZero, CheckpointsHoldTheWholeStateAndResumeOnAnyWorldSize) {
     return zero_config(tr, extra);
   };
   {  // Same world size, bit for bit.
-    const TrainResult whole = train(cfg(dir + "/whole", {"parallel.zero=1"}), MPI_COMM_WORLD, with(true), true);
-    const TrainResult first = train(cfg(dir + "/cut", {"parallel.zero=1"}), MPI_COMM_WORLD, with(true, "", 5), true);
+    const TrainResult whole = train(cfg(dir + "/whole", {"parallel.zero=1"}), MPI_COMM_WORLD, train_options(true), true);
+    const TrainResult first = train(cfg(dir + "/cut", {"parallel.zero=1"}), MPI_COMM_WORLD, train_options(true, "", 5), true);
     ASSERT_TRUE(first.preempted);
-    const TrainResult second = train(cfg(dir + "/cut", {"parallel.zero=1"}), MPI_COMM_WORLD, with(true, "auto"), true);
+    const TrainResult second = train(cfg(dir + "/cut", {"parallel.zero=1"}), MPI_COMM_WORLD, train_options(true, "auto"), true);
     ASSERT_EQ(second.start_step, 6);
     std::vector<float> joined = first.losses;
     joined.insert(joined.end(), second.losses.begin(), second.losses.end());
@@ -156,8 +139,8 @@ TEST(MpiZero, CheckpointsHoldTheWholeStateAndResumeOnAnyWorldSize) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
   };
-  const TrainResult z0 = train(cfg(dir + "/z0", run_set(noclip, {"parallel.zero=0"})), MPI_COMM_WORLD, with(true), true);
-  const TrainResult z1 = train(cfg(dir + "/z1", run_set(noclip, {"parallel.zero=1"})), MPI_COMM_WORLD, with(true), true);
+  const TrainResult z0 = train(cfg(dir + "/z0", run_set(noclip, {"parallel.zero=0"})), MPI_COMM_WORLD, train_options(true), true);
+  const TrainResult z1 = train(cfg(dir + "/z1", run_set(noclip, {"parallel.zero=1"})), MPI_COMM_WORLD, train_options(true), true);
   {
     const Saved a = read_saved(checkpoint_path(dir + "/z0/checkpoints", 8));
     const Saved b = read_saved(checkpoint_path(dir + "/z1/checkpoints", 8));
@@ -171,7 +154,7 @@ TEST(MpiZero, CheckpointsHoldTheWholeStateAndResumeOnAnyWorldSize) {
   if (world_rank() == 0) {
     // 2 ranks -> 1 rank: resumed from the step-8 checkpoint of either run.
     auto resume_on_one = [&](const std::string& from, const std::string& run, const std::string& zero) {
-      TrainOptions o = with(true, checkpoint_path(from + "/checkpoints", 8));
+      TrainOptions o = train_options(true, checkpoint_path(from + "/checkpoints", 8));
       return train(cfg(run, run_set(noclip, {"parallel.zero=" + zero})), solo, o, true);
     };
     const TrainResult r0 = resume_on_one(dir + "/z0", dir + "/one-from-z0", "0");
@@ -182,16 +165,16 @@ TEST(MpiZero, CheckpointsHoldTheWholeStateAndResumeOnAnyWorldSize) {
     EXPECT_EQ(r1.final_params, r0.final_params);
     EXPECT_LT(rel_diff(r1.final_params, z1.final_params), 1e-5) << "and continues the 2-rank run";
     // 1 rank, for the next check: 8 steps with checkpoints.
-    train(cfg(dir + "/solo", noclip), solo, with(true), false);
+    train(cfg(dir + "/solo", noclip), solo, train_options(true), false);
     MPI_Comm_free(&solo);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   {  // 1 rank -> 2 ranks, with and without ZeRO-1: the same continuation, bit for bit.
     const std::string from = checkpoint_path(dir + "/solo/checkpoints", 8);
     const TrainResult a = train(cfg(dir + "/two-z0", run_set(noclip, {"parallel.zero=0"})), MPI_COMM_WORLD,
-                                with(true, from), true);
+                                train_options(true, from), true);
     const TrainResult b = train(cfg(dir + "/two-z1", run_set(noclip, {"parallel.zero=1"})), MPI_COMM_WORLD,
-                                with(true, from), true);
+                                train_options(true, from), true);
     ASSERT_EQ(b.start_step, 8);
     EXPECT_EQ(b.losses, a.losses) << "1 -> 2 ranks: ZeRO-1 continues exactly as unsharded training";
     EXPECT_EQ(b.final_params, a.final_params);
@@ -234,10 +217,10 @@ TEST(MpiN4Zero, FourRanksAndPipelineStages) {
     return zero_config(tr, {"parallel.zero=1", "parallel.pp_stages=2", "parallel.microbatches=2", "train.steps=8",
                             "checkpoint.every=4", "run.dir=" + run_dir, "parallel.bucket_mb=0.02"});
   };
-  const TrainResult whole = train(ck(dir + "/pp-whole"), MPI_COMM_WORLD, with(true), true);
-  const TrainResult first = train(ck(dir + "/pp-cut"), MPI_COMM_WORLD, with(true, "", 4), true);
+  const TrainResult whole = train(ck(dir + "/pp-whole"), MPI_COMM_WORLD, train_options(true), true);
+  const TrainResult first = train(ck(dir + "/pp-cut"), MPI_COMM_WORLD, train_options(true, "", 4), true);
   ASSERT_TRUE(first.preempted);
-  const TrainResult second = train(ck(dir + "/pp-cut"), MPI_COMM_WORLD, with(true, "auto"), true);
+  const TrainResult second = train(ck(dir + "/pp-cut"), MPI_COMM_WORLD, train_options(true, "auto"), true);
   ASSERT_EQ(second.start_step, 5);
   std::vector<float> joined = first.losses;
   joined.insert(joined.end(), second.losses.begin(), second.losses.end());
