@@ -29,11 +29,10 @@ import json
 import os
 import platform
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
+
+from llmpi_runs import run_command, write_json_atomic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEM_MODEL = ["model.family=gpt2", "model.n_layer=8", "model.n_head=8", "model.d_model=512", "model.seq_len=64",
@@ -74,36 +73,11 @@ class Check:
             out += ["--set", s]
         return out
 
-    def run(self, cmd, done_file=None, limit_s=900):
-        """Runs cmd. With done_file: once that file exists the run has finished its work; if the
-        processes then do not exit within 30 s (MPICH over TCP between network namespaces can hang
-        in MPI_Finalize), they are sent SIGTERM (tools/netns_link.sh removes its namespaces on
-        SIGTERM) and the run counts."""
-        say("run: " + " ".join(cmd))
-        log = tempfile.TemporaryFile(mode="w+")
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=self.env,
-                             start_new_session=True)
-        t0, done_at = time.time(), None
-        while p.poll() is None:
-            time.sleep(0.5)
-            if done_at is None and done_file and os.path.exists(done_file):
-                done_at = time.time()
-            if (done_at and time.time() - done_at > 30) or time.time() - t0 > limit_s:
-                say("the run " + ("finished its work but did not exit" if done_at else "ran past its limit") +
-                    ": stopping it")
-                os.killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
-                break
-        log.seek(0)
-        out = log.read()
-        if p.returncode != 0 and not (done_file and os.path.exists(done_file)):
-            sys.stdout.write(out[-3000:])
-            die(f"{os.path.basename(cmd[0])} failed (exit {p.returncode})")
-        return out
+    def run(self, cmd, done_file=None):
+        try:
+            return run_command(cmd, self.env, say, done_file)
+        except RuntimeError as e:
+            die(str(e))
 
     def train(self, world, model, extra, link=None):
         run_dir = os.path.join(self.tmp, f"run-{len(os.listdir(self.tmp))}")
@@ -213,10 +187,7 @@ def main():
         res["time"] = c.part_time()
     with open("/proc/loadavg") as f:
         res["loadavg_after"] = f.read().split()[:3]
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out + ".tmp", "w") as f:
-        json.dump(res, f, indent=1)
-    os.replace(a.out + ".tmp", a.out)
+    write_json_atomic(a.out, res)
     shutil.rmtree(c.tmp, ignore_errors=True)
     bad = [r for part in ("memory", "time") for r in res.get(part, []) if not r["within_bound"]]
     say(f"wrote {a.out}; {len(bad)} comparison(s) outside the bound")

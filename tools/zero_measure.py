@@ -26,9 +26,10 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
+
+from llmpi_runs import run_command, write_json_atomic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = ["model.family=gpt2", "model.n_layer=8", "model.n_head=8", "model.d_model=512", "model.seq_len=64",
@@ -70,13 +71,11 @@ class Measure:
 
     def run(self, cmd, run_dir):
         shutil.rmtree(run_dir, ignore_errors=True)
-        say("run: " + " ".join(cmd))
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        if p.returncode != 0:
-            sys.stdout.write(p.stdout[-3000:])
-            die(f"llmpi-train failed (exit {p.returncode})")
-        return p.stdout
+        try:
+            return run_command(cmd, env, say)
+        except RuntimeError as e:
+            die(str(e))
 
     def part_memory(self):
         rows = []
@@ -149,10 +148,7 @@ def main():
         res["memory"] = m.part_memory()
     if "traffic" in parts:
         res["traffic"] = m.part_traffic()
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out + ".tmp", "w") as f:
-        json.dump(res, f, indent=1)
-    os.replace(a.out + ".tmp", a.out)
+    write_json_atomic(a.out, res)
     shutil.rmtree(m.tmp, ignore_errors=True)
     say("wrote " + a.out)
 
