@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -950,25 +951,22 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     }
   }
 
-  if (res.step_ms.size() > 1) {
-    std::vector<double> after_first(res.step_ms.begin() + 1, res.step_ms.end());
-    res.tokens_per_s_median = tokens_per_full_step / (median(after_first) / 1000.0);
-  }
-  // Peak resident memory: every rank's, the smallest and largest printed (what llmpi-plan predicts).
+  // The median step after the first (which allocates and warms up), when there is one.
+  const std::vector<double> after_first(res.step_ms.begin() + (res.step_ms.size() > 1 ? 1 : 0), res.step_ms.end());
+  const double median_step_ms = after_first.empty() ? 0 : median(after_first);
+  if (res.step_ms.size() > 1) res.tokens_per_s_median = tokens_per_full_step / (median_step_ms / 1000.0);
+  // Peak resident memory: every rank's, on rank 0 (what llmpi-plan predicts); the smallest and
+  // largest are printed.
   res.peak_rss_bytes = peak_rss_bytes();
-  double rss_lo = res.peak_rss_bytes, rss_hi = res.peak_rss_bytes;
-  if (r.world > 1) {
-    MPI_Allreduce(MPI_IN_PLACE, &rss_lo, 1, MPI_DOUBLE, MPI_MIN, comm);
-    MPI_Allreduce(MPI_IN_PLACE, &rss_hi, 1, MPI_DOUBLE, MPI_MAX, comm);
-  }
   std::vector<double> rss_all(r.world, res.peak_rss_bytes);
   if (r.world > 1)
     MPI_Gather(&res.peak_rss_bytes, 1, MPI_DOUBLE, rss_all.data(), 1, MPI_DOUBLE, 0, comm);
+  const double rss_lo = *std::min_element(rss_all.begin(), rss_all.end());
+  const double rss_hi = *std::max_element(rss_all.begin(), rss_all.end());
   if (r.rank == 0 && o.write_run_dir && !res.losses.empty()) {
     // summary.json: what a run measured, for tools (llmpi-plan's check compares its projection).
-    std::vector<double> after_first(res.step_ms.begin() + (res.step_ms.size() > 1 ? 1 : 0), res.step_ms.end());
     const nlohmann::json summary = {{"steps_run", res.losses.size()}, {"start_step", r.start_step},
-                                    {"median_step_ms", median(after_first)},
+                                    {"median_step_ms", median_step_ms},
                                     {"tokens_per_s_median", res.tokens_per_s_median},
                                     {"peak_rss_bytes_per_rank", rss_all}, {"world_size", r.world},
                                     {"rss_before_model_bytes_rank0", r.rss_before_model},
