@@ -21,7 +21,7 @@
 
 namespace llmpi {
 
-const char* const kRunFiles[] = {"config.json", "metrics.jsonl", "eval.jsonl", "comm_plan.json", "PREEMPTED",
+const char* const kRunFiles[] = {"config.json", "metrics.jsonl", "eval.jsonl", "comm_plan.json", "summary.json", "PREEMPTED",
                                  "checkpoints", nullptr};
 
 namespace {
