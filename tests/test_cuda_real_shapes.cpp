@@ -10,8 +10,8 @@
 //                     dominant token (bitwise), AdamW / sum_squares / scale at 124,439,808 elements,
 //                     one GPT-2 124M step CPU vs GPU, and two GPU steps giving the same bits
 //   NcclSync.*        world size 1: averaging is the identity, bit for bit (NcclSync directly,
-//                     every bucket size, boundaries inside "tensors"; and GradSync with
-//                     parallel.sync = nccl around a real backward)
+//                     every bucket size, boundaries inside "tensors"; in bf16 the gradient's bf16
+//                     rounding; and GradSync with parallel.sync = nccl around a real backward)
 //
 // Tolerances: the ops' 1e-5 (norm-wise relative, as in test_cuda_ops.cpp and docs/GPU.md) unless a
 // comment argues otherwise. Long fp32 sums are where the two backends legitimately differ most: a
@@ -776,6 +776,31 @@ TEST(NcclSync, WorldOneAveragingIsTheIdentity) {
   sync->synchronize();
   EXPECT_SAME_BITS(g.get(), h);
   EXPECT_THROW(sync->ready(total + 1), Error);
+}
+
+// parallel.grad_dtype bf16 through NCCL at world size 1: each bucket is rounded to bfloat16 on the
+// device, averaged as ncclBfloat16 (over one rank: unchanged) and widened back, so the gradient
+// comes back as exactly its bf16 rounding (the host's bf16_round: nearest, ties to even), and
+// half the bytes are counted.
+TEST(NcclSync, Bf16WorldOneGivesTheBf16Rounding) {
+  REQUIRE_NCCL();
+  auto sync = nccl_sync_create(MPI_COMM_SELF);
+  const size_t total = 1000003;
+  auto h = random_floats(total, 820, -3.0f, 3.0f);
+  h[0] = 1.0f + 0x1p-8f;      // a tie: to even (1.0)
+  h[1] = 1.0f + 3 * 0x1p-8f;  // a tie: to even (1 + 2^-6)
+  h[2] = 1e-30f;
+  std::vector<float> expect(total);
+  for (size_t i = 0; i < total; i++) expect[i] = bf16_widen(bf16_round(h[i]));
+  ASSERT_NE(bit_difference(expect, h), "") << "the rounding must change something";
+  for (size_t bucket : {size_t(0), size_t(4099), total}) {
+    Dev g(h);
+    sync->begin(g.f(), total, bucket, /*bf16=*/true);
+    for (size_t k : {size_t(1), size_t(5000), size_t(5001), size_t(777777), total}) sync->ready(k);
+    sync->finish();
+    EXPECT_EQ(sync->bytes_reduced(), total * 2) << "bucket_floats " << bucket;
+    EXPECT_SAME_BITS(g.get(), expect) << "bucket_floats " << bucket;
+  }
 }
 
 // GradSync with parallel.sync = nccl around a real backward of a small GPT-2 on the GPU, as the

@@ -66,7 +66,7 @@ NcclId NcclSync::make_id() { no_nccl(); }
 NcclSync::NcclSync(const NcclId&, int, int) { no_nccl(); }
 NcclSync::~NcclSync() = default;
 void NcclSync::allreduce_avg(float*, size_t) { no_nccl(); }
-void NcclSync::begin(float*, size_t, size_t) { no_nccl(); }
+void NcclSync::begin(float*, size_t, size_t, bool) { no_nccl(); }
 void NcclSync::ready(size_t) { no_nccl(); }
 void NcclSync::finish() { no_nccl(); }
 void NcclSync::synchronize() { no_nccl(); }

@@ -42,7 +42,10 @@ class NcclSync {
   // Bucketed averaging of a flat gradient of `total` floats whose prefixes become final in order.
   // ready(k): the prefix [0, k) is final; the pending range [start, k) is launched as one bucket
   // once it holds at least bucket_floats floats (0: at every call), and always when k == total.
-  void begin(float* grads, size_t total, size_t bucket_floats);
+  // bf16: each bucket is rounded to bfloat16 (RNE) into a device staging buffer on the
+  // communication stream, averaged there as ncclBfloat16, and widened back into grads (half the
+  // bytes; parallel.grad_dtype "bf16").
+  void begin(float* grads, size_t total, size_t bucket_floats, bool bf16 = false);
   void ready(size_t k);
   // Launches what is left, then makes the compute stream wait for every bucket (no host wait).
   void finish();
@@ -60,6 +63,8 @@ class NcclSync {
   int rank_ = 0, world_ = 1;
   float* grads_ = nullptr;
   size_t total_ = 0, bucket_floats_ = 0, start_ = 0, buckets_ = 0, bytes_ = 0;
+  bool bf16_ = false;
+  void launch_bucket(size_t begin, size_t count);  // grads_[begin, begin + count), fp32 or bf16
 };
 
 }  // namespace llmpi

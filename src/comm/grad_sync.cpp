@@ -21,6 +21,14 @@ std::string bucket_label(SyncMethod m, bool zero, bool params, size_t b) {
   return std::string(sync_method_name(m)) + (zero ? " reduce-scatter" : "") + " bucket " + std::to_string(b);
 }
 
+// MPI_Op for parallel.grad_dtype "bf16": inout[i] = bf16(float(in[i]) + float(inout[i])), over
+// MPI_UINT16_T elements holding bfloat16 bits. Commutative (fp32 addition of two values is).
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; i++) b[i] = bf16_round(bf16_widen(a[i]) + bf16_widen(b[i]));
+}
+
 }  // namespace
 
 SyncMethod parse_sync_method(const std::string& name) {
@@ -100,6 +108,9 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
     fail("parallel.zero 1 with parallel.sync \"nccl\" is not implemented (NCCL takes one rank per GPU, so its "
          "reduce-scatter could only be verified on a machine with two or more GPUs, which we have not had): use "
          "parallel.zero 0 with nccl, or zero 1 with \"allreduce\" (staged through host memory)");
+  if (opt.bf16 && opt.method != SyncMethod::allreduce && opt.method != SyncMethod::nccl)
+    fail("parallel.grad_dtype \"bf16\" is implemented for parallel.sync \"allreduce\" (with or without zero 1) and "
+         "\"nccl\", not \"", sync_method_name(opt.method), "\": use one of those, or grad_dtype \"fp32\"");
   shard = shard_pieces(buckets, opt.zero ? world : 1, opt.zero ? rank : 0);
   if (opt.zero && world > 1) {
     size_t largest = 0;
@@ -121,6 +132,7 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
     // Pinned, so the device-host copies run at full speed; not needed when nothing is exchanged.
     if (world > 1) staging_ = static_cast<float*>(cuda_host_alloc(t.numel * sizeof(float)));
   }
+  if (opt.bf16 && world > 1) MPI_Op_create(&bf16_sum, 1, &bf16_sum_);
   if (opt.overlap && world > 1) {
     int provided = 0;
     MPI_Query_thread(&provided);
@@ -146,11 +158,18 @@ GradSync::~GradSync() {
     cv_work_.notify_all();
     thread_.join();
   }
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (bf16_sum_ != MPI_OP_NULL && !finalized) MPI_Op_free(&bf16_sum_);
 }
 
 double GradSync::expected_bytes_per_pass(size_t n) const {
   const double bytes = (double)n * sizeof(float);
   if (world == 1) return 0;
+  if (opt.bf16) {  // allreduce or nccl: the gradient in bf16; with zero, the all-gather in fp32
+    const double grad = (double)n * grad_wire_bytes();
+    return (world - 1.0) / world * (opt.zero ? grad + bytes : 2.0 * grad);
+  }
   switch (opt.method) {
     case SyncMethod::gather_scatter:
       // root: (W-1)·B in by gather, out by scatter; others B each way. Zero (sent): the root
@@ -168,7 +187,7 @@ void GradSync::begin_step() {
   next_launch_ = 0;
   if (nccl_) {
     const size_t bucket_floats = opt.bucket_mb > 0 ? (size_t)(opt.bucket_mb * 1e6 / sizeof(float)) : 0;
-    nccl_->begin(grads, table->numel, bucket_floats);
+    nccl_->begin(grads, table->numel, bucket_floats, opt.bf16);
   }
   std::lock_guard<std::mutex> lock(mu_);
   completed_ = 0;
@@ -248,29 +267,45 @@ void GradSync::reduce(float* base, size_t begin, size_t n, const std::string& la
     const double back = opt.zero ? (double)mine * sizeof(float) : bytes;
     sent = rank == 0 ? (opt.zero ? bytes - back : (world - 1) * bytes) : bytes;
     received = rank == 0 ? (world - 1) * bytes : back;
-  } else if (opt.zero) {
-    // Reduce-scatter: the sum of piece r arrives at rank r.
-    if (poll) {
-      MPI_Request req;
-      MPI_Ireduce_scatter(data, piece_buf_.data(), counts.data(), MPI_FLOAT, MPI_SUM, comm, &req);
-      wait_request(&req);
-    } else {
-      MPI_Reduce_scatter(data, piece_buf_.data(), counts.data(), MPI_FLOAT, MPI_SUM, comm);
-    }
-    for (size_t i = 0; i < mine; i++) data[at + i] = piece_buf_[i] * inv;
-    collectives = 1;
-    sent = received = (world - 1) * bytes / world;  // bandwidth-optimal reduce-scatter
   } else {
-    if (poll) {
-      MPI_Request req;
-      MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm, &req);
-      wait_request(&req);
-    } else {
-      MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_FLOAT, MPI_SUM, comm);
+    // All-reduce, or (zero) reduce-scatter: the sum of piece r arrives at rank r. In fp32 on
+    // `data`, or with bf16 on its rounded copy wire_ (the header's "Gradient type on the wire").
+    const bool bf16 = opt.bf16;
+    void* buf = data;
+    if (bf16) {
+      wire_.resize(n);
+      for (size_t i = 0; i < n; i++) wire_[i] = bf16_round(data[i]);
+      buf = wire_.data();
     }
-    for (size_t i = 0; i < n; i++) data[i] *= inv;
+    const MPI_Datatype type = bf16 ? MPI_UINT16_T : MPI_FLOAT;
+    const MPI_Op sum = bf16 ? bf16_sum_ : MPI_SUM;
+    MPI_Request req;
+    if (opt.zero) {
+      if (bf16) wire_piece_.resize(mine);
+      void* piece = bf16 ? static_cast<void*>(wire_piece_.data()) : static_cast<void*>(piece_buf_.data());
+      if (poll) {
+        MPI_Ireduce_scatter(buf, piece, counts.data(), type, sum, comm, &req);
+        wait_request(&req);
+      } else {
+        MPI_Reduce_scatter(buf, piece, counts.data(), type, sum, comm);
+      }
+      for (size_t i = 0; i < mine; i++) data[at + i] = (bf16 ? bf16_widen(wire_piece_[i]) : piece_buf_[i]) * inv;
+      // bandwidth-optimal reduce-scatter
+      sent = received = (world - 1) * ((double)n * grad_wire_bytes()) / world;
+    } else {
+      if (poll) {
+        MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, sum, comm, &req);
+        wait_request(&req);
+      } else {
+        MPI_Allreduce(MPI_IN_PLACE, buf, count, type, sum, comm);
+      }
+      if (bf16)
+        for (size_t i = 0; i < n; i++) data[i] = bf16_widen(wire_[i]) * inv;
+      else
+        for (size_t i = 0; i < n; i++) data[i] *= inv;
+      sent = received = expected_bytes_per_pass(n);
+    }
     collectives = 1;
-    sent = received = expected_bytes_per_pass(n);
   }
   // (The averaging multiply is local work; at about 1 ns a float it is counted as communication.)
   const double t_end = now_ms();

@@ -34,6 +34,17 @@
 // all-reduces do, and each bucket's all-gather runs there while the optimizer updates the next
 // bucket's piece.
 //
+// Gradient type on the wire (parallel.grad_dtype, SyncOptions::bf16): "fp32", or "bf16" for half
+// the bytes. With bf16 each bucket is rounded to bfloat16 (round to nearest even) into a staging
+// buffer of 2-byte elements, reduced with a user-defined MPI_Op over MPI_UINT16_T that adds two
+// bf16 values in fp32 and rounds the sum to bf16, and widened back to fp32 (times 1/W). The
+// all-reduce (allreduce) and ZeRO-1's reduce-scatter do so; ZeRO-1's all-gather of parameters
+// stays fp32 (every rank must hold the same parameters). With nccl: ncclAllReduce over
+// ncclBfloat16 (backend/nccl_sync.h). Refused for gather_scatter and weights. Accuracy: each
+// rank's gradient is rounded once (relative error ≤ 2^-8, bf16's unit roundoff) and every partial
+// sum once more, so an averaged element is within about (1 + ⌈log2 W⌉)·2^-8 of the fp32 average
+// (relative to the magnitudes summed). Host staging on the GPU stays fp32 (PCIe); MPI moves bf16.
+//
 // Overlap (parallel.overlap): a communication thread owns the collectives. Backward reports
 // finished gradient prefixes (on_ready); every bucket that is complete is queued at once and
 // reduced by that thread while backward goes on with earlier layers; finish() waits for the
@@ -47,6 +58,8 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -77,6 +90,7 @@ struct SyncOptions {
   int poll_us = 50;
   int average_every = 1;
   bool zero = false;  // ZeRO-1 (above)
+  bool bf16 = false;  // gradients exchanged as bfloat16 (parallel.grad_dtype "bf16"; above)
 };
 
 struct Bucket {
@@ -97,6 +111,23 @@ struct ShardPiece {
 std::vector<ShardPiece> shard_pieces(const std::vector<Bucket>& buckets, int world, int rank);
 // The piece sizes and offsets (relative to the bucket's begin) of every rank, for one bucket.
 void piece_counts(size_t n, int world, std::vector<int>& counts, std::vector<int>& displs);
+
+// bfloat16 as the exchange stores it (the top 16 bits of an IEEE float): rounding to nearest,
+// ties to even (a NaN stays a quiet NaN; values past the largest bf16 round to infinity), and
+// the exact widening back.
+inline uint16_t bf16_round(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float bf16_widen(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
 
 struct SyncStats {
   double comm_ms = 0;          // wall time inside collectives (summed over buckets)
@@ -136,8 +167,10 @@ struct GradSync {
   // weights: average `params` over ranks when (step + 1) % average_every == 0. Returns whether it did.
   bool average_params(float* params, int64_t step);
 
+  // Bytes of one gradient element in the exchange: 2 with bf16, else 4.
+  size_t grad_wire_bytes() const { return opt.bf16 ? 2 : sizeof(float); }
   // Expected bytes one rank sends (and receives) for one collective pass over n floats (with
-  // zero: the reduce-scatter and the all-gather together).
+  // zero: the reduce-scatter, in grad_wire_bytes() per element, and the all-gather, in fp32).
   double expected_bytes_per_pass(size_t n_floats) const;
 
   // ZeRO-1. shard: this rank's piece of every bucket (the whole bucket when zero is off).
@@ -172,6 +205,8 @@ struct GradSync {
   std::deque<Job> queue_;
   float* params_ = nullptr;        // gather_params' buffer, for the communication thread
   std::vector<float> piece_buf_;   // reduce-scatter's receive buffer (one piece)
+  std::vector<uint16_t> wire_, wire_piece_;  // bf16: a bucket, and reduce-scatter's piece
+  MPI_Op bf16_sum_ = MPI_OP_NULL;  // bf16: the sum of two bf16 values, in fp32, rounded to bf16
   std::vector<float> gather_send_, gather_recv_;  // all-gather: one padded piece, and W of them
   size_t completed_ = 0;
   bool stop_ = false;

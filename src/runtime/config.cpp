@@ -26,7 +26,8 @@ const json& config_defaults() {
                  "eval_every": 100, "eval_batches": 8, "on_nonfinite": "abort"},
     "parallel": {"sync": "allreduce", "bucket_mb": 25.0, "first_bucket_mb": 1.0, "overlap": false,
                  "poll_us": 50, "average_every": 1, "pp_stages": 1, "microbatches": 1,
-                 "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [], "zero": 0},
+                 "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [], "zero": 0,
+                 "grad_dtype": "fp32"},
     "runtime":  {"device": "auto", "threads": 0, "trace_steps": 20, "step_timeout_s": 0.0,
                  "memory_check": true},
     "run":      {"dir": "runs/default"},
@@ -260,6 +261,7 @@ static Config extract(const json& r) {
   c.parallel.microbatches = as_int<int>(p["microbatches"], "parallel.microbatches");
   c.parallel.schedule = p["schedule"];
   c.parallel.zero = as_int<int>(p["zero"], "parallel.zero");
+  c.parallel.grad_dtype = p["grad_dtype"];
   c.parallel.virtual_stages = as_int<int>(p["virtual_stages"], "parallel.virtual_stages");
   for (const json& e : p["stage_layers"]) c.parallel.stage_layers.push_back(as_int<int>(e, "parallel.stage_layers"));
   c.runtime.trace_steps = as_int<int>(r["runtime"]["trace_steps"], "runtime.trace_steps");
@@ -329,6 +331,12 @@ static Config extract(const json& r) {
   require(c.parallel.zero == 0 || c.parallel.zero == 1, "parallel.zero",
           "must be 0 (every rank keeps the whole optimizer state) or 1 (ZeRO-1: each data-parallel rank keeps "
           "the AdamW moments of its 1/DP shard), got " + std::to_string(c.parallel.zero));
+  require(c.parallel.grad_dtype == "fp32" || c.parallel.grad_dtype == "bf16", "parallel.grad_dtype",
+          "must be \"fp32\" or \"bf16\" (the gradient's type on the wire), got \"" + c.parallel.grad_dtype + "\"");
+  require(c.parallel.grad_dtype == "fp32" || c.parallel.sync == "allreduce" || c.parallel.sync == "nccl",
+          "parallel.grad_dtype",
+          "\"bf16\" is implemented for parallel.sync \"allreduce\" (with or without zero 1) and \"nccl\", not \"" +
+              c.parallel.sync + "\": use one of those, or grad_dtype \"fp32\"");
   require(!(c.parallel.zero == 1 && c.parallel.sync == "weights"), "parallel.zero",
           "shards the optimizer state of ranks that average gradients; \"weights\" gives every rank its own "
           "optimizer over every parameter: use parallel.sync \"allreduce\" or \"gather_scatter\" with zero 1, "

@@ -58,6 +58,9 @@ struct ParallelConfig {
   // Sharded optimizer (comm/grad_sync.h "ZeRO-1"): 1 = each data-parallel rank keeps the AdamW
   // moments of its shard only; gradients are reduce-scattered, parameters all-gathered.
   int zero = 0;
+  // The gradient's type in the exchange (comm/grad_sync.h): "fp32" | "bf16" (half the bytes;
+  // each bucket rounded to bfloat16, summed in fp32 and rounded again at every reduction step).
+  std::string grad_dtype = "fp32";
 };
 struct RuntimeConfig {
   std::string device;      // "auto" | "cpu" | "cuda"

@@ -330,13 +330,13 @@ nlohmann::json comm_plan(const Run& r) {
     for (size_t i = b.first_slice; i <= b.last_slice; i++)
       tensors.push_back({{"name", t.slices[i].name}, {"shape", t.slices[i].shape}, {"dtype", "float32"}});
     buckets.push_back({{"offset", b.begin}, {"floats", b.end - b.begin}, {"bytes", (b.end - b.begin) * 4},
-                       {"tensors", tensors}});
+                       {"wire_bytes", (b.end - b.begin) * g.grad_wire_bytes()}, {"tensors", tensors}});
   }
   return {{"method", sync_method_name(g.opt.method)}, {"world_size", r.world}, {"bucket_mb", g.opt.bucket_mb},
           {"first_bucket_mb", g.opt.first_bucket_mb}, {"overlap", g.opt.overlap}, {"poll_us", g.opt.poll_us},
           {"average_every", g.opt.average_every}, {"zero", g.opt.zero ? 1 : 0},
           {"optimizer_state_floats_this_rank", r.opt->sgd ? 0 : 2 * r.opt->n}, {"dtype", "float32"},
-          {"total_floats", t.numel},
+          {"grad_dtype", g.opt.bf16 ? "bf16" : "fp32"}, {"total_floats", t.numel},
           {"expected_bytes_sent_per_pass_rank0", g.expected_bytes_per_pass(t.numel)}, {"buckets", buckets}};
 }
 
@@ -550,6 +550,7 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   so.poll_us = cfg.parallel.poll_us;
   so.average_every = cfg.parallel.average_every;
   so.zero = cfg.parallel.zero == 1;
+  so.bf16 = cfg.parallel.grad_dtype == "bf16";
   r.tracer.rank = r.rank;
   if (r.groups)
     r.pipe = std::make_unique<Pipeline>(desc, *r.ops, *r.groups, cfg.parallel, so, cfg.train.optimizer,

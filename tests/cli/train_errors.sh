@@ -40,6 +40,8 @@ expect_error pp-divides "parallel.pp_stages 3 does not divide the 2 ranks" --con
 expect_error pp-schedule "'parallel.schedule' must be \"gpipe\", \"1f1b\", \"interleaved\" or \"zb-h1\"" --config "$tmp/missing.json" --set parallel.schedule=pipedream
 expect_error zero-value "'parallel.zero' must be 0 (every rank keeps the whole optimizer state) or 1" --config "$tmp/missing.json" --set parallel.zero=2
 expect_error zero-weights "\"weights\" gives every rank its own optimizer over every parameter" --config "$tmp/missing.json" --set parallel.zero=1 --set parallel.sync=weights
+expect_error grad-dtype-value "'parallel.grad_dtype' must be \"fp32\" or \"bf16\"" --config "$tmp/missing.json" --set parallel.grad_dtype=fp16
+expect_error grad-dtype-method "\"bf16\" is implemented for parallel.sync \"allreduce\" (with or without zero 1) and \"nccl\", not \"gather_scatter\"" --config "$tmp/missing.json" --set parallel.grad_dtype=bf16 --set parallel.sync=gather_scatter
 
 timeout 60 mpiexec -n 1 "$TRAIN" --help >"$tmp/help" 2>&1; rc=$?
 if [ $rc != 0 ] || ! grep -q "train.global_batch" "$tmp/help" || ! grep -q "parallel.sync" "$tmp/help" ||
