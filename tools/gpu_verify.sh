@@ -18,19 +18,21 @@
 #   real_shapes    llmpi-tests --gtest_filter='*CudaRealShape*' (GPT-2 124M shapes: V = 50257,
 #                  T = 1024, N = 65536 rows, 124M-element AdamW, a whole step CPU vs GPU, bitwise
 #                  repeatability), a step of its own so a slow one cannot cost the op tests' results
+#                  (in both: a test that skipped with "no GPU: ..." fails the step)
 #   memcheck       compute-sanitizer memcheck on the small op tests, CudaOps.* and
 #                  Cases/CudaAttention.* (racecheck, initcheck: likewise)
 #   train_cpu/gpu  llmpi-train 50 steps on a tiny GPT-2 on runtime.device=cpu, then =cuda; the
 #                  losses are compared step by step (relative 1e-3)
 #   mpi_staging    2 ranks sharing the GPU through parallel.sync=allreduce (host staging)
 #   mpi_staging_zero  the same with parallel.zero=1 (ZeRO-1); losses vs mpi_staging's (1e-5)
-#   nccl_world1    parallel.sync=nccl at world size 1
+#   nccl_world1    parallel.sync=nccl at world size 1 (the communicator's set-up: GradSync makes no
+#                  collective call at world 1; NcclSync.* in cuda_tests runs the collectives)
 #   bench_bB       bench-gpu_gpt2 at batch 8, 16, 32, 64 (fp32; T = 1024)
 # Writes OUTDIR/gpu_verify.log (everything) and OUTDIR/gpu_verify.json (one record per step:
 # name, rc, seconds, and the figures it found). Exit status: the number of failed steps.
 set -uo pipefail
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; }
 if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then usage; exit 0; fi
 
 BUILD=${BUILD:-build}
@@ -103,7 +105,12 @@ gtest_step() {
   if [ "$rc" = 0 ] && grep -q 'no GPU: ' "$OUT/$1.out"; then
     rc=4; echo "   | GPU tests skipped: $(grep -m1 -o 'no GPU: .*' "$OUT/$1.out")" >>"$LOG"
   fi
-  record "$1" $rc $STEP_SECONDS "\"passed\": ${passed:-0}, \"failed\": ${nfail:-0}, \"skipped\": ${nskip:-0}"
+  local extra=""  # real_shapes: the GPT-2 124M step's largest gradient difference, CPU vs GPU
+  if [ "$1" = real_shapes ]; then
+    local worst; worst=$(grep -oP 'largest gradient difference: \K[0-9.e+-]+' "$OUT/$1.out" | tail -1)
+    extra=", \"gpt2_step_max_grad_rel_diff\": ${worst:-null}"
+  fi
+  record "$1" $rc $STEP_SECONDS "\"passed\": ${passed:-0}, \"failed\": ${nfail:-0}, \"skipped\": ${nskip:-0}$extra"
 }
 gtest_step cuda_tests 420 '*Cuda*:NcclSync*:-*CudaRealShape*'
 gtest_step real_shapes 600 '*CudaRealShape*'
