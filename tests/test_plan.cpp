@@ -167,6 +167,30 @@ TEST(PlanMemory, ZeroOneShardsTheOptimizerState) {
   }
 }
 
+// parallel.grad_dtype "bf16": the gradient exchange moves half the bytes, so an all-reduce step
+// sends half (and takes less time), a ZeRO-1 step three quarters (its all-gather moves fp32
+// parameters); gather_scatter is refused as the trainer refuses it.
+TEST(PlanTime, Bf16GradientsHalveTheGradientBytes) {
+  const int T = 8;
+  const ModelDesc d = test::desc_of("gpt2", 2, 2, 32, T, 101);
+  PlanInputs in = inputs(d, T, 8, 4, 1, 1);
+  const PlanResult f = plan(in);
+  in.grad_bf16 = true;
+  const PlanResult b = plan(in);
+  ASSERT_EQ(f.time.size(), b.time.size());
+  int rows = 0;
+  for (size_t i = 0; i < f.time.size(); i++) {
+    ASSERT_EQ(f.time[i].zero, b.time[i].zero);
+    ASSERT_GT(f.time[i].bytes_per_rank, 0);
+    EXPECT_DOUBLE_EQ(b.time[i].bytes_per_rank, (f.time[i].zero ? 0.75 : 0.5) * f.time[i].bytes_per_rank);
+    EXPECT_LT(b.time[i].sync_s, f.time[i].sync_s);
+    rows++;
+  }
+  EXPECT_GT(rows, 0);
+  in.sync = "gather_scatter";
+  EXPECT_THROW(plan(in), Error);
+}
+
 // Activation slots per schedule are activation_peak's; zb-h1 adds the kept output gradients.
 TEST(PlanMemory, SlotsPerScheduleAreTheActivationPeak) {
   const int T = 8;

@@ -258,6 +258,7 @@ PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int
   in.zero = cfg.parallel.zero;
   in.schedule = cfg.parallel.schedule;
   in.sync = cfg.parallel.sync;
+  in.grad_bf16 = cfg.parallel.grad_dtype == "bf16";
   in.optimizer = cfg.train.optimizer;
   in.bucket_mb = cfg.parallel.bucket_mb;
   in.first_bucket_mb = cfg.parallel.first_bucket_mb;
@@ -296,6 +297,8 @@ PlanResult plan(const PlanInputs& in) {
   const bool adamw = in.optimizer == "adamw";
   r.layer_counts = S > 1 ? split_layers(d, T, S, in.stage_layers) : std::vector<int>{d.n_layer};
   const bool gs = in.sync == "gather_scatter";
+  if (gs && in.grad_bf16)
+    fail("parallel.grad_dtype \"bf16\" is not implemented for parallel.sync \"gather_scatter\": use \"allreduce\" or \"nccl\"");
   const int rpn = std::max(1, in.fabric.ranks_per_node);
   auto node_of = [&](long rank) { return rank / rpn; };
 
@@ -451,6 +454,9 @@ PlanResult plan(const PlanInputs& in) {
         std::vector<double> ag_i(bk.size(), 0);
         for (size_t i = 0; i < bk.size(); i++) {
           const double nbytes = (double)(bk[i].end - bk[i].begin) * 4;  // fp32 gradients (also with bf16)
+          // the gradient on the wire: 2 bytes a float with parallel.grad_dtype "bf16" (the ZeRO-1
+          // all-gather moves parameters: fp32)
+          const double gbytes = in.grad_bf16 ? nbytes / 2 : nbytes;
           double t, t_ag = 0;
           if (gs) {
             const double g = group_collective_time(in.fabric, CollOp::allreduce, r.dp, k, nbytes, true);
@@ -459,12 +465,12 @@ PlanResult plan(const PlanInputs& in) {
             t_ag = sharded ? t : 0;
             bytes += r.dp > 1 ? (r.dp - 1) * nbytes : 0;
           } else if (sharded) {
-            t = group_collective_time(in.fabric, CollOp::reduce_scatter, r.dp, k, nbytes);
+            t = group_collective_time(in.fabric, CollOp::reduce_scatter, r.dp, k, gbytes);
             t_ag = group_collective_time(in.fabric, CollOp::allgather, r.dp, k, nbytes);
-            bytes += 2.0 * (r.dp - 1) / r.dp * nbytes;
+            bytes += (double)(r.dp - 1) / r.dp * (gbytes + nbytes);
           } else {
-            t = group_collective_time(in.fabric, CollOp::allreduce, r.dp, k, nbytes);
-            bytes += r.dp > 1 ? 2.0 * (r.dp - 1) / r.dp * nbytes : 0;
+            t = group_collective_time(in.fabric, CollOp::allreduce, r.dp, k, gbytes);
+            bytes += r.dp > 1 ? 2.0 * (r.dp - 1) / r.dp * gbytes : 0;
           }
           const double ready = in.overlap ? sim.last_grad_start[s] + sim.last_grad_len[s] * frac[i] : sim.end[s];
           channel = std::max(channel, ready) + t;

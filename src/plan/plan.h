@@ -106,6 +106,7 @@ struct PlanInputs {
   int zero = 0;                                  // the run's choice (both are always planned)
   std::string schedule = "1f1b";                 // the run's choice (every schedule is planned)
   std::string sync = "allreduce";                // allreduce | gather_scatter | nccl
+  bool grad_bf16 = false;                        // parallel.grad_dtype "bf16": gradients exchanged in bf16
   std::string optimizer = "adamw";
   double bucket_mb = 25, first_bucket_mb = 1;
   bool overlap = false;
