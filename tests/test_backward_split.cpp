@@ -143,11 +143,11 @@ TEST(MatmulBackwardSplit, InputThenWeightEqualsOneCall) {
     const std::vector<float> dx0 = random_vector((size_t)s.N * s.C, 4), dw0 = random_vector((size_t)s.OC * s.C, 5),
                              db0 = random_vector((size_t)s.OC, 6);
     std::vector<float> dx1 = dx0, dw1 = dw0, db1 = db0, dx2 = dx0, dw2 = dw0, db2 = db0;
-    o.matmul_backward(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), s.N, s.C, s.OC);
-    o.matmul_backward(dx2.data(), nullptr, nullptr, dout.data(), nullptr, w.data(), s.N, s.C, s.OC);  // inp unread
+    o.matmul_backward(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), s.N, s.C, s.OC, GemmPrecision::fp32);
+    o.matmul_backward(dx2.data(), nullptr, nullptr, dout.data(), nullptr, w.data(), s.N, s.C, s.OC, GemmPrecision::fp32);  // inp unread
     EXPECT_EQ(dw2, dw0);
     EXPECT_EQ(db2, db0);
-    o.matmul_backward(nullptr, dw2.data(), db2.data(), dout.data(), x.data(), nullptr, s.N, s.C, s.OC);  // weight unread
+    o.matmul_backward(nullptr, dw2.data(), db2.data(), dout.data(), x.data(), nullptr, s.N, s.C, s.OC, GemmPrecision::fp32);  // weight unread
     EXPECT_EQ(dx1, dx2);
     EXPECT_EQ(dw1, dw2);
     EXPECT_EQ(db1, db2);

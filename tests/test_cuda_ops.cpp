@@ -326,9 +326,9 @@ TEST(CudaOps, MatmulForward) {
   const auto x = random_floats(N * C, 19), w = random_floats(OC * C, 20), b = random_floats(OC, 21);
   for (bool with_bias : {true, false}) {
     std::vector<float> ref(N * OC);
-    cpu().matmul_forward(ref.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N, C, OC);
+    cpu().matmul_forward(ref.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N, C, OC, GemmPrecision::fp32);
     Dev dx(x), dw(w), db(b), out(nans(N * OC));
-    gpu().matmul_forward(out.f(), dx.f(), dw.f(), with_bias ? db.f() : nullptr, N, C, OC);
+    gpu().matmul_forward(out.f(), dx.f(), dw.f(), with_bias ? db.f() : nullptr, N, C, OC, GemmPrecision::fp32);
     EXPECT_LT(rel(out.get(), ref), kOpTol) << "bias " << with_bias;
   }
 }
@@ -344,10 +344,10 @@ TEST(CudaOps, MatmulBackward) {
     const bool all = variant == 0;
     auto rdx = dx0, rdw = dw0, rdb = db0;
     cpu().matmul_backward(all ? rdx.data() : nullptr, rdw.data(), all ? rdb.data() : nullptr,
-                          dout.data(), x.data(), w.data(), N, C, OC);
+                          dout.data(), x.data(), w.data(), N, C, OC, GemmPrecision::fp32);
     Dev gx(x), gw(w), gdout(dout), gdx(dx0), gdw(dw0), gdb(db0);
     gpu().matmul_backward(all ? gdx.f() : nullptr, gdw.f(), all ? gdb.f() : nullptr, gdout.f(),
-                          gx.f(), gw.f(), N, C, OC);
+                          gx.f(), gw.f(), N, C, OC, GemmPrecision::fp32);
     EXPECT_LT(rel(added(gdw.get(), dw0), added(rdw, dw0)), kOpTol) << variant;
     if (all) {
       EXPECT_LT(rel(added(gdx.get(), dx0), added(rdx, dx0)), kOpTol);
