@@ -39,6 +39,8 @@ static std::string keys_help() {
        "classification file (input_ids, token_type_ids, attention_mask, labels) and reports accuracy.\n"
        "runtime.threads 0 = cores / ranks on the node.\n"
        "parallel.sync: \"gather_scatter\" | \"allreduce\" | \"weights\" | \"nccl\". runtime.device: \"auto\" | \"cpu\" | \"cuda\".\n"
+       "runtime.precision: the dense layers' GEMMs: \"fp32\" | \"bf16\" (operands rounded to bf16, fp32 accumulation;\n"
+       "weights, gradients, optimizer and every other op stay fp32) | \"tf32\" (CUDA tensor cores only).\n"
        "train.optimizer: \"adamw\" | \"sgd\". train.on_nonfinite: \"abort\" | \"skip\". Also: --resume auto|PATH, --dry-run.\n"
        "runtime.memory_check: refuse (at start-up) a configuration whose memory estimate exceeds what the node has.\n"
        "run.dir is locked by the run (run.dir/LOCK); a new run in a directory holding an earlier one needs\n"
