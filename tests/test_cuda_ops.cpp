@@ -985,11 +985,12 @@ TEST_P(CudaModel, LossAndEveryGradientMatchCpu) {
 }
 
 namespace {
-// 50 AdamW steps of the model case on the CPU and the GPU side by side, the dense GEMMs of both in
-// `prec`; the largest relative gap between their losses (ADD_FAILURE when the CPU did not learn).
-double training_curve_gap(const ModelCase& c, GemmPrecision prec) {
+// `steps` AdamW steps of the model case on the CPU and the GPU side by side, the dense GEMMs of
+// both in `prec`; the largest relative gap between their losses (ADD_FAILURE when the CPU did not
+// learn).
+double training_curve_gap(const ModelCase& c, GemmPrecision prec, int steps) {
   const ModelDesc d = model_desc(c);
-  const int B = 4, T = 32, steps = 50;
+  const int B = 4, T = 32;
   Model mc(d, cpu(), ModelPart::whole(), prec), mg(d, gpu(), ModelPart::whole(), prec);
   Activations ac(mc, B, T), ag(mg, B, T);
   mc.init_params(11);
@@ -998,7 +999,7 @@ double training_curve_gap(const ModelCase& c, GemmPrecision prec) {
   float* cm = static_cast<float*>(cpu().alloc(n * sizeof(float)));
   float* cv = static_cast<float*>(cpu().alloc(n * sizeof(float)));
   Dev gm(n * sizeof(float)), gv(n * sizeof(float));
-  // A small fixed data set of 4 batches, so the loss falls visibly within 50 steps.
+  // A small fixed data set of 4 batches, so the loss falls visibly within 20 steps.
   std::vector<RandomBatch> data;
   data.reserve(4);  // a RandomBatch's Batch points into its own vectors: never reallocate
   for (int k = 0; k < 4; k++) data.emplace_back(d, B, T, 70 + k);
@@ -1037,15 +1038,59 @@ double training_curve_gap(const ModelCase& c, GemmPrecision prec) {
 
 TEST_P(CudaModel, AdamWTrainingFollowsCpuLossCurve) {
   REQUIRE_GPU();
-  EXPECT_LT(training_curve_gap(GetParam(), GemmPrecision::fp32), kCurveTol);
+  EXPECT_LT(training_curve_gap(GetParam(), GemmPrecision::fp32, 50), kCurveTol);
 }
 
-// bf16 GEMMs on the GPU follow the CPU's bf16 emulation (the same rounded operands; only the fp32
-// sums' order differs, which now and then flips an operand's bf16 rounding: unverified on a GPU
-// whether 1e-3 holds over 50 steps as it does for fp32).
+// bf16 models on the GPU against the CPU's bf16 emulation. The ops agree to 1e-5 (the same rounded
+// operands, exact products; MatmulBf16MatchesCpuEmulation), but a model amplifies the fp32
+// summation-order differences: now and then one flips an operand's bf16 rounding, a 2^-8 relative
+// change. Measured on the CPU with these models (an fp32 perturbation of one ulp in every parameter
+// standing in for the GPU's other summation order; docs/GPU.md "Precision modes"): the loss moves
+// by < 1e-6 and a gradient tensor by up to 2.8e-3 (the query/key weights, whose gradient is small
+// and cancels), against 6.5e-7 in fp32; over 20 AdamW steps the loss curves part by up to 1.1e-3
+// (50 steps: 9e-3, fp32 8e-6). So: loss 1e-5, gradients 1e-2 (norm-wise per tensor; a tensor
+// whose gradient is zero up to rounding, like a bidirectional key bias's, absolutely), and a
+// 20-step curve within the bf16-vs-fp32 tolerance, 1e-2.
+TEST_P(CudaModel, Bf16LossAndEveryGradientMatchCpuBf16) {
+  REQUIRE_GPU();
+  const ModelCase& c = GetParam();
+  const ModelDesc d = model_desc(c);
+  const int B = 3, T = 32;
+  RandomBatch rb(d, B, T, 60);
+  Model mc(d, cpu(), ModelPart::whole(), GemmPrecision::bf16), mg(d, gpu(), ModelPart::whole(), GemmPrecision::bf16);
+  Activations ac(mc, B, T), ag(mg, B, T);
+  ac.dropout = ag.dropout = dropout_context(c, 1);
+  mc.init_params(7);
+  mg.init_params(7);
+  mc.zero_grads();
+  mg.zero_grads();
+  const float lc = mc.forward(ac, rb.b, true);
+  const float lg = mg.forward(ag, rb.b, true);
+  EXPECT_LT(std::fabs(lg - lc) / std::fabs(lc), 1e-5) << lg << " vs " << lc;
+  mc.backward(ac);
+  mg.backward(ag);
+  const auto gc = mc.grads_host(), gg = mg.grads_host();
+  ASSERT_EQ(gc.size(), gg.size());
+  double all2 = 0;
+  for (float g : gc) all2 += static_cast<double>(g) * g;
+  for (const ParamSlice& s : mc.table.slices) {
+    const std::vector<float> a(gg.begin() + s.offset, gg.begin() + s.offset + s.numel);
+    const std::vector<float> r(gc.begin() + s.offset, gc.begin() + s.offset + s.numel);
+    double r2 = 0, d2 = 0;
+    for (size_t k = 0; k < r.size(); k++) {
+      r2 += static_cast<double>(r[k]) * r[k];
+      d2 += (static_cast<double>(a[k]) - r[k]) * (static_cast<double>(a[k]) - r[k]);
+    }
+    if (r2 < 1e-12 * all2)  // zero in exact arithmetic: both sides rounding noise
+      EXPECT_LT(std::sqrt(d2), 1e-5 * std::sqrt(all2)) << s.name;
+    else
+      EXPECT_LT(std::sqrt(d2 / r2), 1e-2) << s.name;
+  }
+}
+
 TEST_P(CudaModel, Bf16TrainingFollowsCpuBf16LossCurve) {
   REQUIRE_GPU();
-  EXPECT_LT(training_curve_gap(GetParam(), GemmPrecision::bf16), kCurveTol);
+  EXPECT_LT(training_curve_gap(GetParam(), GemmPrecision::bf16, 20), 1e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaModel, ::testing::ValuesIn(kModelCases),
