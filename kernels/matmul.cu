@@ -12,12 +12,13 @@
 //   tf32  cublasGemmEx, fp32 A/B/C, CUBLAS_COMPUTE_32F_FAST_TF32 (tensor cores, TF32 inputs)
 //   bf16  the operands converted to bf16 (__float2bfloat16_rn, round to nearest even) into the
 //         kWsGemm workspace by to_bf16_kernel, then cublasGemmEx with bf16 A/B, fp32 C and
-//         CUBLAS_COMPUTE_32F (fp32 accumulation). The weight is converted on every call: a pass
-//         reading 4 and writing 2 bytes per parameter, next to a GEMM that does 2·N FLOPs per
-//         parameter (N = B·T rows, thousands), so it costs well under 1% at GPT-2 shapes; a
-//         persistent bf16 copy refreshed by the optimizer would save the pass for 2 bytes per
-//         parameter of memory and a second place to keep in step. The scratch holds all operands
-//         of one call (largest: the LM head's backward, N·V + V·C + N·C bf16 values).
+//         CUBLAS_COMPUTE_32F (fp32 accumulation). Every operand is converted on every call. For
+//         the weight that is cheap (4 bytes read, 2 written per parameter, next to 2·N FLOPs per
+//         parameter, N = B·T rows); for the activations and output gradients it is memory
+//         traffic comparable to a quarter of a GPT-2 step at the MFU target (docs/GPU.md
+//         "Precision modes"): the fast version has the producing ops write bf16 themselves. The
+//         scratch holds all operands of one call (largest: the LM head's backward,
+//         N·V + V·C + N·C bf16 values).
 #include <cuda_bf16.h>
 
 #include "cuda_common.cuh"
