@@ -1,8 +1,9 @@
-// bench-gpu_gpt2: GPT-2 124M training throughput on one GPU with the CUDA backend (fp32).
+// bench-gpu_gpt2: GPT-2 124M training throughput on one GPU with the CUDA backend (fp32; the dense
+// layers' GEMMs in --precision).
 //
 //   build/bench-gpu_gpt2 [--batch B] [--seq-len T] [--steps S] [--warmup W] [--json OUT]
 //                        [--layers L] [--heads H] [--d-model C] [--vocab V] [--device D]
-//                        [--gemm N]
+//                        [--gemm N] [--precision fp32|tf32|bf16]
 //
 // Defaults: GPT-2 124M (12 layers, 12 heads, d_model 768, vocab 50257, seq_len 1024), batch 8
 // per GPU, 3 warm-up + 20 timed steps. A step is what the trainer does on one rank: zero grads,
@@ -44,12 +45,14 @@ struct Options {
   int layers = 12, heads = 12, d_model = 768, vocab = 50257;
   int device = 0, gemm = 8192;
   std::string json;
+  llmpi::GemmPrecision precision = llmpi::GemmPrecision::fp32;  // the dense layers' GEMMs (runtime.precision)
 };
 
 void usage() {
   std::printf(
       "usage: %s [--batch B] [--seq-len T] [--steps S] [--warmup W] [--json OUT]\n"
-      "          [--layers L] [--heads H] [--d-model C] [--vocab V] [--device D] [--gemm N]\n",
+      "          [--layers L] [--heads H] [--d-model C] [--vocab V] [--device D] [--gemm N]\n"
+      "          [--precision fp32|tf32|bf16]\n",
       kProg);
 }
 
@@ -67,6 +70,13 @@ bool parse(int argc, char** argv, Options& o) {
     const char* v = argv[++i];
     if (a == "--json") {
       o.json = v;
+      continue;
+    }
+    if (a == "--precision") {
+      if (!llmpi::parse_gemm_precision(v, &o.precision)) {
+        std::fprintf(stderr, "%s: --precision wants fp32, tf32 or bf16, got '%s'\n", kProg, v);
+        return false;
+      }
       continue;
     }
     char* end = nullptr;
@@ -139,7 +149,8 @@ int run(const Options& o) {
     const ModelDesc desc = model_desc_from_config(mc, o.vocab);
     const int B = o.batch, T = o.seq_len, N = B * T;
     const Ops& ops = cuda_ops();
-    Model model(desc, ops);
+    Model model(desc, ops, ModelPart::whole(), o.precision);
+    std::printf("dense GEMMs: %s\n", gemm_precision_name(o.precision));
     model.init_params(1234);
     Activations acts(model, B, T);
     const size_t n = model.table.numel;
@@ -223,7 +234,7 @@ int run(const Options& o) {
       nlohmann::json j = {
           {"benchmark", "gpu_gpt2"},
           {"device", dev},
-          {"precision", "fp32"},
+          {"precision", gemm_precision_name(o.precision)},
           {"model",
            {{"n_layer", o.layers}, {"n_head", o.heads}, {"d_model", o.d_model},
             {"vocab_size", o.vocab}, {"seq_len", T}, {"params", n}}},

@@ -52,9 +52,10 @@ cublasHandle_t cublas();
 // Scratch buffers that persist between calls and grow on demand (never shrink). A slot's content
 // is valid only within one op (ops on the one stream never overlap, so slots are reused freely).
 // kWsAttn: attention's dropped probabilities (forward, one batch element) and per-query-head
-// dK/dV before their group sums (backward).
+// dK/dV before their group sums (backward). kWsGemm: a bf16 dense layer's operands converted to
+// bf16 (matmul.cu), all of one call side by side.
 enum WorkspaceSlot {
-  kWsPartials = 0, kWsSortKeys, kWsSortVals, kWsSortTemp, kWsReduce, kWsFlag, kWsAttn, kWsSlots
+  kWsPartials = 0, kWsSortKeys, kWsSortVals, kWsSortTemp, kWsReduce, kWsFlag, kWsAttn, kWsGemm, kWsSlots
 };
 void* workspace(WorkspaceSlot slot, size_t bytes);
 size_t workspace_bytes();  // all slots together

@@ -1,11 +1,26 @@
-// Dense layer on cuBLAS sgemm (pure fp32, no TF32), row-major as in backend/ops.h, plus the
-// deterministic column-sum kernels used for dbias.
+// Dense layer on cuBLAS, row-major as in backend/ops.h, plus the deterministic column-sum kernels
+// used for dbias.
 //
 //   forward   out[N,OC]     = inp[N,C] · W[OC,C]^T + bias[OC]
-//             (bias rows written by a kernel first, then sgemm with beta = 1)
-//   backward  dinp[N,C]    += dout[N,OC] · W[OC,C]          sgemm NN, beta = 1
-//             dW[OC,C]     += dout[N,OC]^T · inp[N,C]       sgemm TN, beta = 1
-//             dbias[OC]    += Σ_n dout[n, :]                two-pass column sum (below)
+//             (bias rows written by a kernel first, then the GEMM with beta = 1)
+//   backward  dinp[N,C]    += dout[N,OC] · W[OC,C]          GEMM NN, beta = 1
+//             dW[OC,C]     += dout[N,OC]^T · inp[N,C]       GEMM TN, beta = 1
+//             dbias[OC]    += Σ_n dout[n, :]                two-pass column sum (below), fp32
+//
+// The GEMMs' precision (backend/gemm_precision.h):
+//   fp32  cublasSgemm, pure fp32 (the handle's math mode is CUBLAS_DEFAULT_MATH: no TF32)
+//   tf32  cublasGemmEx, fp32 A/B/C, CUBLAS_COMPUTE_32F_FAST_TF32 (tensor cores, TF32 inputs)
+//   bf16  the operands converted to bf16 (__float2bfloat16_rn, round to nearest even) into the
+//         kWsGemm workspace by to_bf16_kernel, then cublasGemmEx with bf16 A/B, fp32 C and
+//         CUBLAS_COMPUTE_32F (fp32 accumulation). Every operand is converted on every call. For
+//         the weight that is cheap (4 bytes read, 2 written per parameter, next to 2·N FLOPs per
+//         parameter, N = B·T rows); for the activations and output gradients it is memory
+//         traffic comparable to a quarter of a GPT-2 step at the MFU target (docs/GPU.md
+//         "Precision modes"): the fast version has the producing ops write bf16 themselves. The
+//         scratch holds all operands of one call (largest: the LM head's backward,
+//         N·V + V·C + N·C bf16 values).
+#include <cuda_bf16.h>
+
 #include "cuda_common.cuh"
 
 namespace llmpi::cuda {
@@ -52,6 +67,50 @@ __global__ void colsum_final_kernel(float* __restrict__ colsum, const float* __r
   colsum[j] += s;
 }
 
+// dst[i] = bf16(src[i]), round to nearest even (backend/bf16.h is the host twin). The first
+// 4·n4 elements four at a time (16-byte loads; the host passes n4 = 0 unless src is 16-byte and
+// dst 8-byte aligned), the rest one at a time.
+__global__ void to_bf16_kernel(__nv_bfloat16* __restrict__ dst, const float* __restrict__ src, size_t n,
+                               size_t n4) {
+  for (size_t i = grid_first(); i < n4; i += grid_stride()) {
+    const float4 v = reinterpret_cast<const float4*>(src)[i];
+    __nv_bfloat162* d = reinterpret_cast<__nv_bfloat162*>(dst) + 2 * i;
+    d[0] = __floats2bfloat162_rn(v.x, v.y);
+    d[1] = __floats2bfloat162_rn(v.z, v.w);
+  }
+  for (size_t i = 4 * n4 + grid_first(); i < n; i += grid_stride()) dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+void to_bf16(__nv_bfloat16* dst, const float* src, size_t n) {
+  if (n == 0) return;
+  const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0;
+  const size_t n4 = vec ? n / 4 : 0;
+  to_bf16_kernel<<<grid_for(vec ? n4 + n % 4 : n, 256), 256, 0, compute_stream()>>>(dst, src, n, n4);
+  LLMPI_LAUNCH_CHECK("to_bf16");
+}
+
+// bf16 elements from one 256-byte boundary to the next at or after n.
+size_t bf16_span(size_t n) { return (n + 127) / 128 * 128; }
+
+// Row-major C[M,N] = op(A) op(B) + beta C as sgemm_rm (alpha = 1), with bf16 A and B.
+void gemm_bf16_rm(bool transA, bool transB, int M, int N, int K, const __nv_bfloat16* A, int lda,
+                  const __nv_bfloat16* B, int ldb, float beta, float* C, int ldc) {
+  const float alpha = 1.0f;
+  LLMPI_CUBLAS_CHECK(cublasGemmEx(cublas(), op(transB), op(transA), N, M, K, &alpha, B, CUDA_R_16BF, ldb, A,
+                                  CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+}
+
+// The same with fp32 operands: sgemm (fp32) or TF32 tensor-op math (tf32). Not for bf16.
+void gemm_f32_rm(GemmPrecision prec, bool transA, bool transB, int M, int N, int K, const float* A, int lda,
+                 const float* B, int ldb, float beta, float* C, int ldc) {
+  if (prec != GemmPrecision::tf32) return sgemm_rm(transA, transB, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  const float alpha = 1.0f;
+  LLMPI_CUBLAS_CHECK(cublasGemmEx(cublas(), op(transB), op(transA), N, M, K, &alpha, B, CUDA_R_32F, ldb, A,
+                                  CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_TF32,
+                                  CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace
 
 void sgemm_rm(bool transA, bool transB, int M, int N, int K, float alpha, const float* A, int lda,
@@ -83,7 +142,7 @@ void add_column_sums(float* colsum, const float* x, int N, int M) {
 }
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC) {
+                    int C, int OC, GemmPrecision prec) {
   if (N <= 0 || OC <= 0) return;
   cudaStream_t s = compute_stream();
   float beta = 0.0f;
@@ -97,14 +156,40 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
       LLMPI_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(N) * OC * sizeof(float), s));
     return;
   }
-  sgemm_rm(false, true, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+  if (prec != GemmPrecision::bf16)
+    return gemm_f32_rm(prec, false, true, N, OC, C, inp, C, weight, C, beta, out, OC);
+  const size_t ni = static_cast<size_t>(N) * C, nw = static_cast<size_t>(OC) * C;
+  auto* ws = static_cast<__nv_bfloat16*>(workspace(kWsGemm, (bf16_span(ni) + nw) * sizeof(__nv_bfloat16)));
+  __nv_bfloat16 *inp16 = ws, *w16 = ws + bf16_span(ni);
+  to_bf16(inp16, inp, ni);
+  to_bf16(w16, weight, nw);
+  gemm_bf16_rm(false, true, N, OC, C, inp16, C, w16, C, beta, out, OC);
 }
 
+// bf16: dout is converted once for both GEMMs, weight only with dinp, inp only with dweight
+// (so a split call converts what it reads, and the two halves equal the whole call bit for bit).
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC) {
+                     const float* weight, int N, int C, int OC, GemmPrecision prec) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
-  if (dinp != nullptr) sgemm_rm(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
-  if (dweight != nullptr) sgemm_rm(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  if (prec != GemmPrecision::bf16) {
+    if (dinp != nullptr) gemm_f32_rm(prec, false, false, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
+    if (dweight != nullptr) gemm_f32_rm(prec, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
+  } else if (dinp != nullptr || dweight != nullptr) {
+    const size_t nd = static_cast<size_t>(N) * OC, nw = dinp ? static_cast<size_t>(OC) * C : 0,
+                 ni = dweight ? static_cast<size_t>(N) * C : 0;
+    auto* ws = static_cast<__nv_bfloat16*>(
+        workspace(kWsGemm, (bf16_span(nd) + bf16_span(nw) + ni) * sizeof(__nv_bfloat16)));
+    __nv_bfloat16 *dout16 = ws, *w16 = ws + bf16_span(nd), *inp16 = w16 + bf16_span(nw);
+    to_bf16(dout16, dout, nd);
+    if (dinp != nullptr) {
+      to_bf16(w16, weight, nw);
+      gemm_bf16_rm(false, false, N, C, OC, dout16, OC, w16, C, 1.0f, dinp, C);
+    }
+    if (dweight != nullptr) {
+      to_bf16(inp16, inp, ni);
+      gemm_bf16_rm(true, false, OC, C, N, dout16, OC, inp16, C, 1.0f, dweight, C);
+    }
+  }
   if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);
 }
 

@@ -1,10 +1,10 @@
 // The split backward of zero-bubble pipelines (model/transformer.h "Split backward"):
 //  - matmul_backward with the input gradient alone, then the weight and bias gradients alone,
 //    adds the same bits as one call with all three (small and threaded shapes);
-//  - for every family (and with dropout), on the whole model and on block ranges cut as pipeline
-//    stages: input-only backwards of two micro-batches, then their weight_backward (in the zb-h1
-//    order BI0 BI1 W0 W1), give bit for bit the hidden-state gradients and the accumulated
-//    parameter gradients of two whole backwards;
+//  - for every family (and with dropout, and with bf16 GEMMs), on the whole model and on block
+//    ranges cut as pipeline stages: input-only backwards of two micro-batches, then their
+//    weight_backward (in the zb-h1 order BI0 BI1 W0 W1), give bit for bit the hidden-state
+//    gradients and the accumulated parameter gradients of two whole backwards;
 //  - the weight work really is deferred: after an input-only backward every dense layer's weight
 //    and bias gradient is untouched while the other tensors already have their gradient, and
 //    weight_backward adds exactly the rest; only weight_backward reports gradients ready (growing
@@ -35,6 +35,7 @@ struct SplitCase {
   const char* name;
   const char* family;
   std::vector<std::string> extra;
+  GemmPrecision precision = GemmPrecision::fp32;  // the dense layers' GEMMs (runtime.precision)
 };
 std::ostream& operator<<(std::ostream& os, const SplitCase& c) { return os << c.name; }
 
@@ -45,6 +46,9 @@ const SplitCase kCases[] = {
     {"llama_gqa", "llama", {"model.n_kv_head=1"}},
     {"bert", "bert", {"model.num_labels=3"}},
     {"bert_dropout", "bert", {"model.num_labels=3", "model.dropout=0.1", "model.attn_dropout=0.1"}},
+    // bf16 GEMMs: the deferred weight gradients round the same operands the whole backward does
+    {"gpt2_bf16", "gpt2", {}, GemmPrecision::bf16},
+    {"bert_bf16", "bert", {"model.num_labels=3"}, GemmPrecision::bf16},
 };
 
 // The roles whose gradient an input-only backward defers (a dense layer's weight and bias).
@@ -80,8 +84,8 @@ struct PartPair {
   Model whole, split;
   std::vector<std::unique_ptr<Activations>> aw, as;  // per micro-batch
   std::vector<RandomBatch> batches;
-  PartPair(const ModelDesc& d_, ModelPart p, int B_, int T_, int micro)
-      : d(d_), part(p), B(B_), T(T_), whole(d_, cpu_ops(), p), split(d_, cpu_ops(), p) {
+  PartPair(const ModelDesc& d_, ModelPart p, int B_, int T_, int micro, GemmPrecision prec = GemmPrecision::fp32)
+      : d(d_), part(p), B(B_), T(T_), whole(d_, cpu_ops(), p, prec), split(d_, cpu_ops(), p, prec) {
     whole.init_params(5);
     split.init_params(5);
     whole.zero_grads();
@@ -143,11 +147,11 @@ TEST(MatmulBackwardSplit, InputThenWeightEqualsOneCall) {
     const std::vector<float> dx0 = random_vector((size_t)s.N * s.C, 4), dw0 = random_vector((size_t)s.OC * s.C, 5),
                              db0 = random_vector((size_t)s.OC, 6);
     std::vector<float> dx1 = dx0, dw1 = dw0, db1 = db0, dx2 = dx0, dw2 = dw0, db2 = db0;
-    o.matmul_backward(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), s.N, s.C, s.OC);
-    o.matmul_backward(dx2.data(), nullptr, nullptr, dout.data(), nullptr, w.data(), s.N, s.C, s.OC);  // inp unread
+    o.matmul_backward(dx1.data(), dw1.data(), db1.data(), dout.data(), x.data(), w.data(), s.N, s.C, s.OC, GemmPrecision::fp32);
+    o.matmul_backward(dx2.data(), nullptr, nullptr, dout.data(), nullptr, w.data(), s.N, s.C, s.OC, GemmPrecision::fp32);  // inp unread
     EXPECT_EQ(dw2, dw0);
     EXPECT_EQ(db2, db0);
-    o.matmul_backward(nullptr, dw2.data(), db2.data(), dout.data(), x.data(), nullptr, s.N, s.C, s.OC);  // weight unread
+    o.matmul_backward(nullptr, dw2.data(), db2.data(), dout.data(), x.data(), nullptr, s.N, s.C, s.OC, GemmPrecision::fp32);  // weight unread
     EXPECT_EQ(dx1, dx2);
     EXPECT_EQ(dw1, dw2);
     EXPECT_EQ(db1, db2);
@@ -161,7 +165,7 @@ TEST_P(BackwardSplit, InputThenWeightEqualsWholeBackward) {
   const int B = 2, T = 8, micro = 2;
   for (const ModelPart& p : parts_of(d.n_layer)) {
     SCOPED_TRACE(part_name(p));
-    PartPair pp(d, p, B, T, micro);
+    PartPair pp(d, p, B, T, micro, GetParam().precision);
     const size_t NC = (size_t)B * T * d.d_model;
     for (int m = 0; m < micro; m++) {
       pp.forward(pp.whole, *pp.aw[m], micro);

@@ -487,10 +487,10 @@ TEST(CpuOps, MatmulForward) {
     const auto bias = random_floats(s.OC, 24);
     const auto xd = to_double(x), wd = to_double(w), bd = to_double(bias);
     std::vector<float> out(s.N * s.OC, kNaN);
-    ops().matmul_forward(out.data(), x.data(), w.data(), bias.data(), s.N, s.C, s.OC);
+    ops().matmul_forward(out.data(), x.data(), w.data(), bias.data(), s.N, s.C, s.OC, GemmPrecision::fp32);
     EXPECT_LT(rel_err(out, ref_matmul(xd, wd, &bd, s.N, s.C, s.OC)), kFwdTol);
     std::fill(out.begin(), out.end(), kNaN);  // without bias the old content must not leak in
-    ops().matmul_forward(out.data(), x.data(), w.data(), nullptr, s.N, s.C, s.OC);
+    ops().matmul_forward(out.data(), x.data(), w.data(), nullptr, s.N, s.C, s.OC, GemmPrecision::fp32);
     EXPECT_LT(rel_err(out, ref_matmul(xd, wd, nullptr, s.N, s.C, s.OC)), kFwdTol);
   }
 }
@@ -502,7 +502,7 @@ TEST(CpuOps, MatmulBackward) {
   const auto dx0 = random_floats(N * C, 29), dw0 = random_floats(OC * C, 30);
   const auto db0 = random_floats(OC, 31);
   auto dx = dx0, dw = dw0, db = db0;
-  ops().matmul_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, C, OC);
+  ops().matmul_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, C, OC, GemmPrecision::fp32);
   const auto xd = to_double(x), wd = to_double(w), bd = to_double(bias);
   const auto gx = fd_grad(
       [&](const std::vector<double>& v) { return dot(ref_matmul(v, wd, &bd, N, C, OC), dout); }, xd, {});
@@ -516,7 +516,7 @@ TEST(CpuOps, MatmulBackward) {
 
   // dinp and dbias may be null: dweight is unchanged by skipping them.
   auto dw2 = dw0;
-  ops().matmul_backward(nullptr, dw2.data(), nullptr, dout.data(), x.data(), w.data(), N, C, OC);
+  ops().matmul_backward(nullptr, dw2.data(), nullptr, dout.data(), x.data(), w.data(), N, C, OC, GemmPrecision::fp32);
   EXPECT_EQ(0, std::memcmp(dw2.data(), dw.data(), dw.size() * sizeof(float)));
 }
 
@@ -528,7 +528,7 @@ TEST(CpuOps, MatmulBackwardOddShape) {
   const auto dx0 = random_floats(N * C, 35), dw0 = random_floats(OC * C, 36);
   const auto db0 = random_floats(OC, 37);
   auto dx = dx0, dw = dw0, db = db0;
-  ops().matmul_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, C, OC);
+  ops().matmul_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, C, OC, GemmPrecision::fp32);
   // Linear in each argument: the exact gradients are the products themselves, in double.
   std::vector<double> gx(N * C, 0.0), gw(OC * C, 0.0), gb(OC, 0.0);
   for (int n = 0; n < N; n++)
@@ -1457,7 +1457,7 @@ std::vector<std::vector<float>> run_all_ops(bool with_attention) {
   ops().embedding_forward(emb.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
   ops().layernorm_forward(ln.data(), mean.data(), rstd.data(), emb.data(), lw.data(), lb.data(), N, C,
                           1e-5f);
-  ops().matmul_forward(qkv.data(), ln.data(), w.data(), bias.data(), N, C, OC);
+  ops().matmul_forward(qkv.data(), ln.data(), w.data(), bias.data(), N, C, OC, GemmPrecision::fp32);
   if (with_attention)
     ops().attention_forward(att_out.data(), att.data(), qkv.data(), nullptr, B, T, NH, NH, C / NH,
                             true, 0.0f, 0);
@@ -1466,18 +1466,18 @@ std::vector<std::vector<float>> run_all_ops(bool with_attention) {
   ops().residual_forward(res.data(), gl.data(), emb.data(), res.size());
   // Logits: the residual stream against wte (tied output), then softmax + xent.
   std::vector<float> logits(static_cast<size_t>(N) * V), losses(N);
-  ops().matmul_forward(logits.data(), res.data(), wte.data(), nullptr, N, C, V);
+  ops().matmul_forward(logits.data(), res.data(), wte.data(), nullptr, N, C, V, GemmPrecision::fp32);
   ops().softmax_xent(logits.data(), losses.data(), tgt.data(), N, V, 1.0f / N);
   std::vector<float> dres(N * C), dwte(V * C), dwpe(T * C), dgl(N * C), datt(N * C),
       dqkv(N * OC), dln(N * C), dw(OC * C), db(OC), dlw(C), dlb(C);
   ops().matmul_backward(dres.data(), dwte.data(), nullptr, logits.data(), res.data(), wte.data(), N,
-                        C, V);
+                        C, V, GemmPrecision::fp32);
   ops().gelu_backward(datt.data(), att_out.data(), dres.data(), datt.size());
   if (with_attention)
     ops().attention_backward(dqkv.data(), scratch.data(), datt.data(), qkv.data(), att.data(),
                              nullptr, B, T, NH, NH, C / NH, true, 0.0f, 0);
   else dqkv.assign(dqkv.size(), 0.25f);
-  ops().matmul_backward(dln.data(), dw.data(), db.data(), dqkv.data(), ln.data(), w.data(), N, C, OC);
+  ops().matmul_backward(dln.data(), dw.data(), db.data(), dqkv.data(), ln.data(), w.data(), N, C, OC, GemmPrecision::fp32);
   ops().layernorm_backward(dres.data(), dlw.data(), dlb.data(), dln.data(), emb.data(), lw.data(),
                            mean.data(), rstd.data(), N, C);
   ops().embedding_backward(dwte.data(), dwpe.data(), dres.data(), inp.data(), B, T, C);
@@ -1548,13 +1548,13 @@ std::vector<std::vector<float>> run_new_ops() {
   ops().embedding_forward(emb.data(), tok.data(), wte.data(), nullptr, B, T, C);
   ops().embedding_add_forward(emb.data(), types.data(), wtt.data(), N, C);
   ops().rmsnorm_forward(nrm.data(), rstd.data(), emb.data(), nw.data(), N, C, 1e-6f);
-  ops().matmul_forward(qkv.data(), nrm.data(), wqkv.data(), nullptr, N, C, W);
+  ops().matmul_forward(qkv.data(), nrm.data(), wqkv.data(), nullptr, N, C, W, GemmPrecision::fp32);
   ops().rope_forward(qkv.data(), B, T, NH, hs, W, 10000.0f);
   ops().rope_forward(qkv.data() + NH * hs, B, T, NKV, hs, W, 10000.0f);
   ops().attention_forward(ao.data(), att.data(), qkv.data(), mask.data(), B, T, NH, NKV, hs, false,
                           0.1f, 31);
   ops().dropout_forward(ao.data(), ao.data(), ao.size(), 0.1f, 32);
-  ops().matmul_forward(up.data(), ao.data(), wup.data(), nullptr, N, C, 2 * F);
+  ops().matmul_forward(up.data(), ao.data(), wup.data(), nullptr, N, C, 2 * F, GemmPrecision::fp32);
   ops().swiglu_forward(sw.data(), up.data(), N, F);
   ops().gelu_erf_forward(ge.data(), sw.data(), ge.size());
   ops().first_token_forward(cls.data(), emb.data(), B, T, C);
@@ -1568,14 +1568,14 @@ std::vector<std::vector<float>> run_new_ops() {
   ops().swiglu_backward(dup.data(), up.data(), dsw.data(), N, F);
   std::vector<float> dao_drop(N * C);
   ops().matmul_backward(dao_drop.data(), dwup.data(), nullptr, dup.data(), ao.data(), wup.data(), N,
-                        C, 2 * F);
+                        C, 2 * F, GemmPrecision::fp32);
   ops().dropout_backward(dao.data(), dao_drop.data(), dao.size(), 0.1f, 32);
   ops().attention_backward(dqkv.data(), scratch.data(), dao.data(), qkv.data(), att.data(),
                            mask.data(), B, T, NH, NKV, hs, false, 0.1f, 31);
   ops().rope_backward(dqkv.data(), B, T, NH, hs, W, 10000.0f);
   ops().rope_backward(dqkv.data() + NH * hs, B, T, NKV, hs, W, 10000.0f);
   ops().matmul_backward(dnrm.data(), dwqkv.data(), nullptr, dqkv.data(), nrm.data(), wqkv.data(), N,
-                        C, W);
+                        C, W, GemmPrecision::fp32);
   ops().rmsnorm_backward(demb.data(), dnw.data(), dnrm.data(), emb.data(), nw.data(), rstd.data(), N,
                          C);
   ops().tanh_backward(dcls.data(), pool.data(), dpool.data(), dcls.size());

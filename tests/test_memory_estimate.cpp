@@ -105,6 +105,27 @@ TEST(MemoryEstimate, CheckpointAndSyncBuffersFollowTheConfiguration) {
   EXPECT_LT(estimate_memory(d, 2, 8, cfg, 1, 0, false).activations, estimate_memory(d, 3, 8, cfg, 1, 0, false).activations);
 }
 
+// runtime.precision bf16 adds the GEMMs' operand scratch: the largest dense call's operands side by
+// side, here the LM head's backward (dout N·V, W V·C, inp N·C; the first two padded), as fp32
+// copies on the CPU and bf16 (plus the workspace's quarter of headroom) on the GPU; nothing in
+// fp32 or tf32.
+TEST(MemoryEstimate, Bf16CountsTheGemmOperandScratch) {
+  const int B = 3, T = 8, V = 501, C = 16;
+  const ModelDesc d = test::desc_of("gpt2", 2, 2, C, T, V);
+  Config cfg = config_with("adamw");
+  const double fp32 = estimate_memory(d, B, T, cfg, 1, 0, false).scratch;
+  cfg.runtime.precision = "tf32";
+  EXPECT_EQ(estimate_memory(d, B, T, cfg, 1, 0, true).scratch, estimate_memory(d, B, T, config_with("adamw"), 1, 0, true).scratch);
+  cfg.runtime.precision = "bf16";
+  const size_t N = (size_t)B * T;
+  auto pad = [](size_t n, size_t q) { return (n + q - 1) / q * q; };
+  EXPECT_EQ(estimate_memory(d, B, T, cfg, 1, 0, false).scratch - fp32,
+            4.0 * (pad(N * V, 16) + pad((size_t)V * C, 16) + N * C));
+  EXPECT_EQ(gemm_operand_scratch_bytes(d, B, T, GemmPrecision::bf16, true),
+            (pad(N * V, 128) + pad((size_t)V * C, 128) + N * C) * 2 * 5 / 4);
+  EXPECT_EQ(gemm_operand_scratch_bytes(d, B, T, GemmPrecision::fp32, false), 0u);
+}
+
 TEST(MemoryEstimate, PeakRssOfOneStepMatches) {
   // Activations dominate (about 190 MB), as they do when a batch does not fit.
   const int B = 32, T = 256;

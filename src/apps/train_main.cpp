@@ -41,6 +41,8 @@ static std::string keys_help() {
        "parallel.sync: \"gather_scatter\" | \"allreduce\" | \"weights\" | \"nccl\". runtime.device: \"auto\" | \"cpu\" | \"cuda\".\n"
        "parallel.grad_dtype: \"fp32\" | \"bf16\" (gradients exchanged as bfloat16: half the bytes; with\n"
        "parallel.sync \"allreduce\", zero 0 or 1, and \"nccl\").\n"
+       "runtime.precision: the dense layers' GEMMs: \"fp32\" | \"bf16\" (operands rounded to bf16, fp32 accumulation;\n"
+       "weights, gradients, optimizer and every other op stay fp32) | \"tf32\" (CUDA tensor cores only).\n"
        "train.optimizer: \"adamw\" | \"sgd\". train.on_nonfinite: \"abort\" | \"skip\". Also: --resume auto|PATH, --dry-run.\n"
        "runtime.memory_check: refuse (at start-up) a configuration whose memory estimate exceeds what the node has.\n"
        "run.dir is locked by the run (run.dir/LOCK); a new run in a directory holding an earlier one needs\n"

@@ -24,6 +24,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/gemm_precision.h"
+
 // clang-format off
 #define LLMPI_OPS(X)                                                                               \
   /* ---- memory: alloc is zero-filled and aligned to >= 64 bytes ---- */                          \
@@ -59,15 +61,18 @@
   X(void, rmsnorm_backward, (float* dinp, float* dweight, const float* dout, const float* inp,     \
                              const float* weight, const float* rstd, int N, int C))                \
                                                                                                    \
-  /* ---- dense layer: out[N,OC] = inp[N,C] . weight[OC,C]^T + bias[OC] (bias may be null) ---- */ \
+  /* ---- dense layer: out[N,OC] = inp[N,C] . weight[OC,C]^T + bias[OC] (bias may be null) ----   \
+     prec: the GEMMs' operand precision (backend/gemm_precision.h; fp32 accumulation and outputs  \
+     always; bias and dbias are fp32 sums); tf32 throws Error on the CPU */                       \
   X(void, matmul_forward, (float* out, const float* inp, const float* weight, const float* bias,   \
-                           int N, int C, int OC))                                                  \
+                           int N, int C, int OC, GemmPrecision prec))                              \
   /* dinp[N,C] += dout.weight; dweight[OC,C] += dout^T.inp; dbias[OC] += sum_n dout               \
      (dinp, dweight and dbias may be null: skipped; with dinp null, weight is not read, and with   \
      dweight and dbias null, inp is not: a zero-bubble pipeline computes the input gradient and    \
      the weight gradient in two calls, which equal the one call bit for bit) */                    \
   X(void, matmul_backward, (float* dinp, float* dweight, float* dbias, const float* dout,          \
-                            const float* inp, const float* weight, int N, int C, int OC))          \
+                            const float* inp, const float* weight, int N, int C, int OC,           \
+                            GemmPrecision prec))                                                   \
                                                                                                    \
   /* ---- rotary position embedding, Hugging Face rotate-half convention, IN PLACE ----           \
      x holds N = B*T rows of `stride` floats; the first nh*hs floats of a row are nh heads of hs   \

@@ -168,7 +168,7 @@ constexpr int kGemvBlock = 512;
 
 void dense(const Ops& o, float* out, const float* inp, const float* weight, const float* bias, int N, int C,
            int OC) {
-  if (N != 1) return o.matmul_forward(out, inp, weight, bias, N, C, OC);
+  if (N != 1) return o.matmul_forward(out, inp, weight, bias, N, C, OC, GemmPrecision::fp32);  // sampling: fp32
   const int blocks = (OC + kGemvBlock - 1) / kGemvBlock;
   const bool par = blocks > 1 && 2.0 * C * OC > 1e6 && !omp_in_parallel();
   cpu::SerialBlas serial(par);

@@ -138,8 +138,11 @@ ParamTable build_param_table(const ModelDesc& d, const ModelPart& part_in) {
 
 // ---- the model ------------------------------------------------------------------------------------
 
-Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p) : desc(d), part(p), ops(&o) {
+Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision prec)
+    : desc(d), part(p), ops(&o), precision(prec) {
   if (part.l1 < 0) part.l1 = d.n_layer;
+  if (prec == GemmPrecision::tf32 && !o.on_gpu())
+    fail("runtime.precision \"tf32\" is a CUDA tensor-core mode; use \"fp32\" or \"bf16\" on the CPU");
   if (d.n_layer < 1 || d.n_head < 1 || d.d_model % d.n_head != 0 || d.n_kv_head < 1 || d.n_head % d.n_kv_head != 0)
     fail("model: inconsistent shape (n_layer ", d.n_layer, ", n_head ", d.n_head, ", n_kv_head ", d.n_kv_head,
          ", d_model ", d.d_model, ")");
@@ -369,13 +372,13 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
       norm_forward(o, d, L.norm1, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], N);
       h = L.norm1;
     }
-    o.matmul_forward(L.qkv, h, w[kQkvW], w[kQkvB], N, C, QKV);
+    o.matmul_forward(L.qkv, h, w[kQkvW], w[kQkvB], N, C, QKV, precision);
     if (!d.learned_positions) {
       o.rope_forward(L.qkv, B, T, NH, hs, QKV, static_cast<float>(d.rope_theta));
       o.rope_forward(L.qkv + AY, B, T, NKV, hs, QKV, static_cast<float>(d.rope_theta));
     }
     o.attention_forward(L.atty, L.att, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa, drop_key(a, l, kDropAttnProbs));
-    o.matmul_forward(a.tmp, L.atty, w[kAttnOutW], w[kAttnOutB], N, AY, C);
+    o.matmul_forward(a.tmp, L.atty, w[kAttnOutW], w[kAttnOutB], N, AY, C, precision);
     if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropAttnOut));
     o.residual_forward(L.res_attn, x, a.tmp, NC);
     // MLP: branch input N2(res_attn) (pre-norm) or norm1 = LN1(res_attn) (post-norm).
@@ -387,13 +390,13 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
       norm_forward(o, d, L.norm1, L.norm1_mean, L.norm1_rstd, L.res_attn, w[kNorm1W], w[kNorm1B], N);
       h2 = L.norm1;
     }
-    o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC);
+    o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC, precision);
     switch (d.mlp) {
       case MlpKind::gelu_tanh: o.gelu_forward(L.act, L.fc, static_cast<size_t>(N) * F); break;
       case MlpKind::gelu_erf: o.gelu_erf_forward(L.act, L.fc, static_cast<size_t>(N) * F); break;
       case MlpKind::swiglu: o.swiglu_forward(L.act, L.fc, N, F); break;
     }
-    o.matmul_forward(a.tmp, L.act, w[kProjW], w[kProjB], N, F, C);
+    o.matmul_forward(a.tmp, L.act, w[kProjW], w[kProjB], N, F, C, precision);
     if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropMlpOut));
     o.residual_forward(L.res_mlp, d.pre_norm ? L.res_attn : L.norm1, a.tmp, NC);
     if (!d.pre_norm)
@@ -415,20 +418,20 @@ float Model::head_forward(Activations& a, bool need_grad, float grad_scale) cons
     }
     const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
     rows = N;
-    o.matmul_forward(a.logits, xf, W, nullptr, N, C, d.vocab_size);
+    o.matmul_forward(a.logits, xf, W, nullptr, N, C, d.vocab_size, precision);
     o.softmax_xent(a.logits, a.losses, a.targets, N, d.vocab_size, need_grad ? grad_scale / static_cast<float>(N) : 0.0f);
   } else {
     rows = B;
     const size_t BC = static_cast<size_t>(B) * C;
     o.first_token_forward(a.cls, x, B, T, C);
-    o.matmul_forward(a.pooled_pre, a.cls, pe[kPoolerW], pe[kPoolerB], B, C, C);
+    o.matmul_forward(a.pooled_pre, a.cls, pe[kPoolerW], pe[kPoolerB], B, C, C, precision);
     o.tanh_forward(a.pooled, a.pooled_pre, BC);
     const float* pd = a.pooled;
     if (a.dropout.training && d.dropout > 0) {
       o.dropout_forward(a.pooled_drop, a.pooled, BC, d.dropout, drop_key(a, d.n_layer, kDropPooler));
       pd = a.pooled_drop;
     }
-    o.matmul_forward(a.logits, pd, pe[kClsW], pe[kClsB], B, C, d.num_labels);
+    o.matmul_forward(a.logits, pd, pe[kClsW], pe[kClsB], B, C, d.num_labels, precision);
     o.softmax_xent(a.logits, a.losses, a.targets, B, d.num_labels, need_grad ? grad_scale / static_cast<float>(B) : 0.0f);
   }
   o.copy_to_host(a.losses_host.data(), a.losses, static_cast<size_t>(rows) * sizeof(float));
@@ -528,12 +531,12 @@ void Model::dense_backward(Activations& a, float* dinp, const float* dout, bool 
   const BlockTensors& g = slot == 0 ? ge : gb[slot - 1];
   float* dbias = bias_role >= 0 ? g[bias_role] : nullptr;
   if (mode_ == BackwardMode::whole) {
-    o.matmul_backward(dinp, g[weight_role], dbias, dout, inp, w[weight_role], N, C, OC);
+    o.matmul_backward(dinp, g[weight_role], dbias, dout, inp, w[weight_role], N, C, OC, precision);
     if (last) finished(slot, {weight_role, bias_role}, ready);
     return;
   }
   if (input_only_pass_ != &a) fail("internal: an input-only backward continued on other activations");
-  if (dinp) o.matmul_backward(dinp, nullptr, nullptr, dout, inp, w[weight_role], N, C, OC);
+  if (dinp) o.matmul_backward(dinp, nullptr, nullptr, dout, inp, w[weight_role], N, C, OC, precision);
   if (!dout_kept) {
     const size_t n = static_cast<size_t>(N) * OC;
     float* copy = kept_buffer(a, n);
@@ -571,7 +574,7 @@ void Model::weight_backward(Activations& a, const ReadyFn& ready) {
     const BlockTensors& g = j.slot == 0 ? ge : gb[j.slot - 1];
     const BlockTensors& w = j.slot == 0 ? pe : pb[j.slot - 1];
     ops->matmul_backward(nullptr, g[j.weight_role], j.bias_role >= 0 ? g[j.bias_role] : nullptr, j.dout, j.inp,
-                         w[j.weight_role], j.N, j.C, j.OC);
+                         w[j.weight_role], j.N, j.C, j.OC, precision);
     finished(j.slot, {j.weight_role, j.bias_role}, ready);
   }
   if (!tracker_.complete()) fail("internal: weight_backward left gradients unreported");

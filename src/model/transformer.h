@@ -1,5 +1,6 @@
 // The shared transformer core: one decoder/encoder stack for every family of model_desc.h, run
-// over a backend's Ops (fp32).
+// over a backend's Ops (fp32; the dense layers' GEMMs in the Model's `precision`, fp32 | tf32 |
+// bf16: backend/gemm_precision.h — weights, gradients and every other op stay fp32).
 //
 //   embedding  x0 = [LN_emb]( wte[tokens] + [wpe[t]] + [tte[types]] ), dropout
 //   block l    pre-norm  (gpt2, llama):  x = x + drop(attn(N1(x)));   x = x + drop(mlp(N2(x)))
@@ -150,6 +151,7 @@ struct Model {
   ModelDesc desc;
   ModelPart part;
   const Ops* ops;
+  GemmPrecision precision;  // of the dense layers' GEMMs (tf32 only on a GPU backend)
   ParamTable table;
   float* params = nullptr;  // table.numel floats, backend memory
   float* grads = nullptr;   // same layout
@@ -159,7 +161,8 @@ struct Model {
   // head, slot 1 + i = local block i.
   std::vector<std::vector<std::vector<int>>> role_slices;
 
-  Model(const ModelDesc& d, const Ops& ops, const ModelPart& part = ModelPart::whole());
+  Model(const ModelDesc& d, const Ops& ops, const ModelPart& part = ModelPart::whole(),
+        GemmPrecision precision = GemmPrecision::fp32);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;

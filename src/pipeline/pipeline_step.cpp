@@ -76,7 +76,7 @@ ModelPart virtual_stage_part(const std::vector<int>& counts, int k) {
 
 Pipeline::Pipeline(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, const ParallelConfig& pc,
                    const SyncOptions& so, const std::string& optimizer, int local_batch, int T_, uint64_t seed_,
-                   Tracer* tr)
+                   Tracer* tr, GemmPrecision precision)
     : g(groups), ops(o), desc(d), kind(parse_schedule_kind(pc.schedule)), S(groups.pp), M(pc.microbatches),
       v(pc.virtual_stages), T(T_), seed(seed_), tracer(tr) {
   check_schedule_params(kind, S, M, v);
@@ -102,7 +102,7 @@ Pipeline::Pipeline(const ModelDesc& d, const Ops& o, const ParallelGroups& group
     PipelineChunk& ch = chunks[c];
     ch.vstage = virtual_stage(S, g.stage, c);
     ch.part = virtual_stage_part(layer_counts, ch.vstage);
-    ch.model = std::make_unique<Model>(d, ops, ch.part);
+    ch.model = std::make_unique<Model>(d, ops, ch.part, precision);
     ch.model->init_params(seed);
     ch.sync = std::make_unique<GradSync>(so, g.data, ops, ch.model->grads, ch.model->table, tracer);
     // ZeRO-1 over the stage's data-parallel group: the moments of this rank's pieces only.

@@ -103,9 +103,11 @@ struct Pipeline {
   // gradients between actions.
   std::function<void(const Action&)> after_compute;
 
-  // Builds the chunks (initialised from seed), their optimizers and syncs. Not collective.
+  // Builds the chunks (initialised from seed; dense GEMMs in `precision`), their optimizers and
+  // syncs. Not collective.
   Pipeline(const ModelDesc& d, const Ops& ops, const ParallelGroups& g, const ParallelConfig& pc,
-           const SyncOptions& so, const std::string& optimizer, int local_batch, int T, uint64_t seed, Tracer* tracer);
+           const SyncOptions& so, const std::string& optimizer, int local_batch, int T, uint64_t seed, Tracer* tracer,
+           GemmPrecision precision = GemmPrecision::fp32);
   void connect();  // collective: each chunk's GradSync::connect()
 
   // Forward and backward of the replica's batch (batch.B = local batch rows, split into M

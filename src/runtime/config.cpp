@@ -7,6 +7,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "backend/gemm_precision.h"
 #include "runtime/error.h"
 
 namespace llmpi {
@@ -28,7 +29,7 @@ const json& config_defaults() {
                  "poll_us": 50, "average_every": 1, "pp_stages": 1, "microbatches": 1,
                  "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [], "zero": 0,
                  "grad_dtype": "fp32"},
-    "runtime":  {"device": "auto", "threads": 0, "trace_steps": 20, "step_timeout_s": 0.0,
+    "runtime":  {"device": "auto", "precision": "fp32", "threads": 0, "trace_steps": 20, "step_timeout_s": 0.0,
                  "memory_check": true},
     "run":      {"dir": "runs/default"},
     "checkpoint": {"every": 0, "keep": 3}
@@ -271,6 +272,7 @@ static Config extract(const json& r) {
   c.checkpoint.every = as_int<int64_t>(r["checkpoint"]["every"], "checkpoint.every");
   c.checkpoint.keep = as_int<int>(r["checkpoint"]["keep"], "checkpoint.keep");
   c.runtime.device = r["runtime"]["device"];
+  c.runtime.precision = r["runtime"]["precision"];
   c.runtime.threads = as_int<int>(r["runtime"]["threads"], "runtime.threads");
   c.run.dir = r["run"]["dir"];
 
@@ -353,6 +355,12 @@ static Config extract(const json& r) {
           "applies to gradient averaging; \"weights\" averages parameters after the step: set it to false");
   require(c.runtime.device == "auto" || c.runtime.device == "cpu" || c.runtime.device == "cuda",
           "runtime.device", "must be \"auto\", \"cpu\" or \"cuda\", got \"" + c.runtime.device + "\"");
+  GemmPrecision gemm_precision;
+  require(parse_gemm_precision(c.runtime.precision, &gemm_precision), "runtime.precision",
+          "must be \"fp32\", \"tf32\" or \"bf16\" (the dense layers' GEMMs; tf32 only on CUDA), got \"" +
+              c.runtime.precision + "\"");
+  require(!(gemm_precision == GemmPrecision::tf32 && c.runtime.device == "cpu"), "runtime.precision",
+          "\"tf32\" is a CUDA tensor-core mode; use \"fp32\" or \"bf16\" with runtime.device \"cpu\"");
   require(c.runtime.threads >= 0, "runtime.threads", "must be >= 0 (0 = cores / ranks per node)");
   require(c.runtime.trace_steps >= 0, "runtime.trace_steps", "must be >= 0 (0 = no trace)");
   require(c.runtime.step_timeout_s >= 0, "runtime.step_timeout_s", "must be >= 0 (0 = no limit)");

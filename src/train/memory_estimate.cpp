@@ -88,6 +88,32 @@ size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
   return total * sizeof(float);
 }
 
+// A bf16 dense layer's rounded operands (backend/cpu/matmul.cpp, kernels/matmul.cu): per call all of
+// them side by side in one buffer (its forward inp·W^T, its backward dout, W and inp), each but the
+// last padded to 16 floats (CPU: fp32 copies) or 128 bf16 values (CUDA, whose workspace also takes
+// a quarter of headroom when it grows). The buffer grows to the largest call: the LM head's backward.
+size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecision precision, bool on_gpu) {
+  if (precision != GemmPrecision::bf16) return 0;
+  const size_t pad = on_gpu ? 128 : 16;
+  auto span = [&](size_t n) { return (n + pad - 1) / pad * pad; };
+  size_t most = 0;
+  auto dense = [&](size_t rows, size_t in, size_t out) {
+    most = std::max({most, span(rows * in) + out * in, span(rows * out) + span(out * in) + rows * in});
+  };
+  const size_t N = (size_t)B * T, C = d.d_model, AY = (size_t)d.n_head * d.head_dim();
+  dense(N, C, d.qkv_dim());
+  dense(N, AY, C);
+  dense(N, C, d.fc_dim());
+  dense(N, d.ffn_dim, C);
+  if (d.head == HeadKind::lm) {
+    dense(N, C, d.vocab_size);
+  } else {
+    dense(B, C, C);
+    dense(B, C, d.num_labels);
+  }
+  return on_gpu ? most * 2 * 5 / 4 : most * sizeof(float);
+}
+
 MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_len, const Config& cfg, int world,
                                int rank, bool on_gpu) {
   MemoryEstimate e;
@@ -115,6 +141,9 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   }
   e.activations = (double)activation_bytes(desc, local_batch, seq_len);
   e.scratch = (double)backward_scratch_bytes(desc, local_batch, seq_len);
+  GemmPrecision precision = GemmPrecision::fp32;
+  parse_gemm_precision(cfg.runtime.precision, &precision);
+  e.scratch += (double)gemm_operand_scratch_bytes(desc, local_batch, seq_len, precision, on_gpu);
   // Gradient synchronisation.
   const std::string& sync = cfg.parallel.sync;
   if (world > 1 && sync == "gather_scatter" && rank == 0) {

@@ -10,7 +10,9 @@
 //                              Activations::allocate lays out (model/transformer.cpp; per layer
 //                              about 12·N·C + N·(QKV + FC + F) + B·H·T² floats, N = B·T), the
 //                              device copies of the ids and the host loss row
-//   backward scratch           what Model::ensure_scratch allocates for one backward
+//   backward scratch           what Model::ensure_scratch allocates for one backward, plus with
+//                              runtime.precision bf16 the dense layers' rounded operands
+//                              (gemm_operand_scratch_bytes)
 //   sync buffers               gather_scatter: rank 0 gathers and scatters world × the largest
 //                              bucket; an MPI method on the GPU: one pinned host copy (n floats)
 //   checkpoint staging         host copies written to a checkpoint: params (+ m, v); with sync
@@ -59,6 +61,9 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
 // The bytes of one micro-batch's Activations, and of one backward's scratch (as the model allocates).
 size_t activation_bytes(const ModelDesc& desc, int B, int T);
 size_t backward_scratch_bytes(const ModelDesc& desc, int B, int T);
+// The scratch the dense layers' GEMMs use for their bf16 operands (0 unless precision is bf16):
+// the largest call's operands, as fp32 copies on the CPU, bf16 on the GPU.
+size_t gemm_operand_scratch_bytes(const ModelDesc& desc, int B, int T, GemmPrecision precision, bool on_gpu);
 
 // The same for a part of the model (a pipeline chunk: model/transformer.h ModelPart), as
 // Activations::allocate lays it out for that part: the embedding norm only with the embedding, the

@@ -133,6 +133,7 @@ struct Run {
   std::unique_ptr<JsonlWriter> metrics, evals;
   std::unique_ptr<Watchdog> watchdog;
   bool on_gpu = false;
+  GemmPrecision precision = GemmPrecision::fp32;  // runtime.precision: the dense layers' GEMMs
   std::string ckpt_dir;
   int64_t start_step = 0;
   std::string resumed_from;  // checkpoint path, "" when starting fresh
@@ -473,6 +474,10 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   } else {
     r.ops = &cpu_ops();
   }
+  parse_gemm_precision(cfg.runtime.precision, &r.precision);  // validated by parse_config
+  if (r.precision == GemmPrecision::tf32 && !use_cuda)  // runtime.device "auto" without GPUs (same on every rank)
+    fail("runtime.precision \"tf32\" is a CUDA tensor-core mode, but this run is on the CPU: use \"fp32\" or "
+         "\"bf16\", or runtime.device \"cuda\" on GPUs");
 
   r.threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : default_threads(local_size);
   // OpenBLAS's count is what the dense layers may use; they run their GEMMs on OpenMP's threads,
@@ -533,7 +538,7 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   check_memory(r, desc, local_size);
   try {
     if (!r.groups) {
-      r.model = std::make_unique<Model>(desc, *r.ops);
+      r.model = std::make_unique<Model>(desc, *r.ops, ModelPart::whole(), r.precision);
       r.model->init_params(cfg.train.seed);
       if (!o.init_from.empty()) init_from_hf(r, o);
       r.acts = std::make_unique<Activations>(*r.model, r.sampler->local_batch(), T);
@@ -554,7 +559,7 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   r.tracer.rank = r.rank;
   if (r.groups)
     r.pipe = std::make_unique<Pipeline>(desc, *r.ops, *r.groups, cfg.parallel, so, cfg.train.optimizer,
-                                        r.sampler->local_batch(), T, cfg.train.seed, &r.tracer);
+                                        r.sampler->local_batch(), T, cfg.train.seed, &r.tracer, r.precision);
   else {
     r.sync = std::make_unique<GradSync>(so, comm, *r.ops, r.model->grads, r.model->table, &r.tracer);
     // With ZeRO-1 the optimizer keeps the moments of this rank's pieces only (comm/grad_sync.h).
@@ -706,8 +711,12 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
 
   if (print) {
     const bool gpu = r.ops->on_gpu();
-    std::printf("llmpi-train: %d rank%s × %d thread%s, device %s\n", r.world, r.world > 1 ? "s" : "", r.threads,
-                r.threads > 1 ? "s" : "", gpu ? ("cuda: " + cuda_device_name()).c_str() : "cpu");
+    std::printf("llmpi-train: %d rank%s × %d thread%s, device %s, GEMMs %s%s\n", r.world, r.world > 1 ? "s" : "",
+                r.threads, r.threads > 1 ? "s" : "", gpu ? ("cuda: " + cuda_device_name()).c_str() : "cpu",
+                gemm_precision_name(r.precision),
+                r.precision == GemmPrecision::bf16 ? " (bf16 operands, fp32 accumulation; weights, gradients, "
+                                                     "optimizer and other ops fp32)"
+                : r.precision == GemmPrecision::tf32 ? " (TF32 tensor-op math)" : "");
     const ModelDesc& d = desc;
     std::printf("model %s: %d layers, %d heads%s, d_model %d, ffn %d, seq_len %d, vocab %d%s: %.2fM parameters, "
                 "%.1f MFLOP/token (training)\n",
@@ -970,6 +979,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
                                     {"median_step_ms", median_step_ms},
                                     {"tokens_per_s_median", res.tokens_per_s_median},
                                     {"peak_rss_bytes_per_rank", rss_all}, {"world_size", r.world},
+                                    {"gemm_precision", gemm_precision_name(r.precision)},
                                     {"rss_before_model_bytes_rank0", r.rss_before_model},
                                     {"memory_estimate_bytes_rank0", r.memory.host_bytes()},
                                     {"memory_estimate_rank0", {{"params", r.memory.params}, {"grads", r.memory.grads},

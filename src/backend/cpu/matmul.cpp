@@ -1,13 +1,22 @@
 // Dense layer on OpenBLAS sgemm. Row-major throughout; transposes are expressed with the BLAS
 // transpose flags, never with copies.
+//
+// Precision (backend/gemm_precision.h): fp32 is plain sgemm. bf16 is emulated exactly: the GEMM
+// operands are rounded to bf16 (round to nearest even, backend/bf16.h) into a per-thread fp32
+// scratch buffer and the same sgemm runs on the rounded copies; a product of two bf16 values is
+// exact in fp32, so this is a bf16 GEMM with fp32 accumulation, as the tensor cores compute it up
+// to summation order. Bias and dbias stay fp32 (dbias sums the unrounded dout). tf32 is refused.
 #include <cblas.h>
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "backend/bf16.h"
 #include "backend/cpu/cpu_ops.h"
+#include "runtime/error.h"
 
 
 namespace llmpi::cpu {
@@ -72,14 +81,45 @@ void sgemm_on_omp_threads(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, 
   }
 }
 
+// At least `floats` floats of this thread's bf16-operand scratch (grown on demand, never shrunk;
+// its content is valid within one call).
+float* bf16_scratch(size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf.data();
+}
+
+// dst[i] = round_to_bf16(src[i]), i < n
+void round_into_bf16(float* dst, const float* src, size_t n) {
+#pragma omp parallel for schedule(static) if (n > (1 << 18) && !omp_in_parallel())
+  for (size_t i = 0; i < n; i++) dst[i] = round_to_bf16(src[i]);
+}
+
+size_t round16(size_t n) { return (n + 15) / 16 * 16; }
+
+void check_cpu_precision(GemmPrecision prec) {
+  if (prec == GemmPrecision::tf32)
+    fail("runtime.precision \"tf32\" is a CUDA tensor-core mode; use \"fp32\" or \"bf16\" on the CPU");
+}
+
 }  // namespace
 
 // out[N,OC] = inp[N,C] · weight[OC,C]^T + bias[OC]
 // With a bias, out is first filled with the bias rows and sgemm accumulates (beta = 1); this
 // costs the same single pass over out as sgemm's own beta = 0 clearing would.
+// bf16: inp and weight are replaced by rounded copies first.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC) {
+                    int C, int OC, GemmPrecision prec) {
+  check_cpu_precision(prec);
   if (N <= 0 || OC <= 0) return;
+  if (prec == GemmPrecision::bf16 && C > 0) {
+    const size_t ni = static_cast<size_t>(N) * C, nw = static_cast<size_t>(OC) * C;
+    float* s = bf16_scratch(round16(ni) + nw);
+    round_into_bf16(s, inp, ni);
+    round_into_bf16(s + round16(ni), weight, nw);
+    inp = s;
+    weight = s + round16(ni);
+  }
   float beta = 0.0f;
   if (bias != nullptr) {
 #pragma omp parallel for schedule(static) if (static_cast<long long>(N) * OC > (1 << 16))
@@ -104,13 +144,32 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 //                                                     each column summed in row order)
 // Each of the three is skipped when its output is null; they are independent, so calling with
 // dinp alone and then with dweight, dbias alone gives the same bits as one call with all three.
+// bf16: the two GEMMs read rounded copies of dout, weight (for dinp) and inp (for dweight); the
+// column sum reads the fp32 dout.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC) {
+                     const float* weight, int N, int C, int OC, GemmPrecision prec) {
+  check_cpu_precision(prec);
   if (N <= 0 || OC <= 0 || C <= 0) return;
+  const float* dout_g = dout;  // the GEMMs' dout
+  if (prec == GemmPrecision::bf16 && (dinp != nullptr || dweight != nullptr)) {
+    const size_t nd = static_cast<size_t>(N) * OC, nw = dinp ? static_cast<size_t>(OC) * C : 0,
+                 ni = dweight ? static_cast<size_t>(N) * C : 0;
+    float* s = bf16_scratch(round16(nd) + round16(nw) + ni);
+    round_into_bf16(s, dout, nd);
+    dout_g = s;
+    if (dinp) {
+      round_into_bf16(s + round16(nd), weight, nw);
+      weight = s + round16(nd);
+    }
+    if (dweight) {
+      round_into_bf16(s + round16(nd) + round16(nw), inp, ni);
+      inp = s + round16(nd) + round16(nw);
+    }
+  }
   if (dinp != nullptr)
-    sgemm_on_omp_threads(CblasNoTrans, CblasNoTrans, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
+    sgemm_on_omp_threads(CblasNoTrans, CblasNoTrans, N, C, OC, dout_g, OC, weight, C, 1.0f, dinp, C);
   if (dweight != nullptr)
-    sgemm_on_omp_threads(CblasTrans, CblasNoTrans, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
+    sgemm_on_omp_threads(CblasTrans, CblasNoTrans, OC, C, N, dout_g, OC, inp, C, 1.0f, dweight, C);
   if (dbias != nullptr) {
 #pragma omp parallel if (static_cast<long long>(N) * OC > (1 << 16) && OC >= 32)
     {
