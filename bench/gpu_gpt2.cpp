@@ -13,11 +13,16 @@
 // Reports (table on stdout, the same numbers as JSON with --json):
 //   tokens/s and ms per step (median over the timed steps; forward / backward / optimizer parts,
 //   each ended by a device synchronisation),
-//   MFU = tokens/s × training FLOPs per token (6 N + 12 L T C) ÷ the measured rate of a large
-//   cuBLAS sgemm (an --gemm cube, fp32, no TF32) on the same card in the same run,
-//   GPU memory: used after the run minus used before the model (cudaMemGetInfo), against the
-//   analytic plan: params + grads + 2 AdamW moments (4 × 4 bytes × N) + the model's activation
-//   buffer + the backend's scratch workspace.
+//   achieved FLOP/s = tokens/s × training FLOPs per token (6 N + 12 L T C: flops_per_token),
+//   MFU three ways: against the card's published dense bf16 peak (H100 SXM 989 TFLOP/s: the
+//   figure llm.c and the issue quote, whatever --precision is), against the published dense peak
+//   of the run's own precision (fp32 67, tf32 494.7, bf16 989 on an H100 SXM), and against the
+//   measured rate of a large cuBLAS GEMM of the run's precision (an --gemm cube) on the same card
+//   in the same run,
+//   GPU memory: the peak of (used now − used before the model) sampled after every forward,
+//   backward and optimizer phase (cudaMemGetInfo), against the analytic plan: params + grads +
+//   2 AdamW moments (4 × 4 bytes × N) + the model's activation buffer + the backend's scratch
+//   workspace.
 // Exit status: 0 measured; 2 when built without CUDA or no usable GPU (the reason is printed).
 #include <algorithm>
 #include <chrono>
@@ -111,6 +116,27 @@ bool parse(int argc, char** argv, Options& o) {
   return true;
 }
 
+// Published dense (no sparsity) peaks, TFLOP/s, from NVIDIA's data sheets, matched against the
+// name cudaGetDeviceProperties gives (first match wins, so the specific names come first).
+struct CardPeak {
+  const char* name_part;
+  const char* card;
+  double fp32, tf32, bf16;
+};
+const CardPeak kCardPeaks[] = {
+    {"H100 PCIe", "H100 PCIe", 51.2, 378.0, 756.0},
+    {"H100 NVL", "H100 NVL", 60.0, 417.5, 835.5},
+    {"GH200", "GH200", 67.0, 494.7, 989.4},
+    {"H200", "H200 SXM", 67.0, 494.7, 989.4},
+    {"H100", "H100 SXM5", 67.0, 494.7, 989.4},
+    {"A100", "A100 SXM4", 19.5, 156.0, 312.0},
+};
+const CardPeak* card_peak(const std::string& device_name) {
+  for (const CardPeak& c : kCardPeaks)
+    if (device_name.find(c.name_part) != std::string::npos) return &c;
+  return nullptr;
+}
+
 #ifdef LLMPI_HAVE_CUDA
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -137,9 +163,23 @@ int run(const Options& o) {
     const std::string dev = cuda_device_name();
     std::printf("%s on %s, %.1f GiB\n", kProg, dev.c_str(), total / 1073741824.0);
 
-    // The card's fp32 GEMM ceiling, measured.
-    const double gemm_tflops = cuda_sgemm_tflops(o.gemm, o.gemm, o.gemm, 10);
-    std::printf("cuBLAS sgemm %d^3 (fp32, no TF32): %.1f TFLOP/s\n", o.gemm, gemm_tflops);
+    // The card's GEMM ceiling in the run's precision, measured; and its published peaks.
+    const std::string prec = gemm_precision_name(o.precision);
+    const double gemm_tflops = cuda_gemm_tflops(o.gemm, o.gemm, o.gemm, 10, prec);
+    std::printf("cuBLAS GEMM %d^3 (%s operands, fp32 accumulation): %.1f TFLOP/s\n", o.gemm,
+                prec.c_str(), gemm_tflops);
+    const CardPeak* peak = card_peak(dev);
+    const double peak_bf16 = peak ? peak->bf16 : 0.0;
+    const double peak_own = !peak                     ? 0.0
+                            : prec == "fp32" ? peak->fp32
+                            : prec == "tf32" ? peak->tf32
+                                                    : peak->bf16;
+    if (peak)
+      std::printf("published dense peaks of the %s: fp32 %.1f, tf32 %.1f, bf16 %.1f TFLOP/s\n",
+                  peak->card, peak->fp32, peak->tf32, peak->bf16);
+    else
+      std::printf("no published peak known for '%s': MFU is reported against the measured GEMM only\n",
+                  dev.c_str());
 
     ModelConfig mc = parse_config("{}", "bench", {"data.train=-"}).model;
     mc.n_layer = o.layers;
@@ -168,6 +208,12 @@ int run(const Options& o) {
 
     std::vector<double> step_ms, fwd_ms, bwd_ms, opt_ms;
     float loss = 0.0f;
+    size_t peak_used = 0;  // the most memory in use (above free0) seen after any phase
+    auto sample_memory = [&] {
+      size_t f = 0, t = 0;
+      cuda_mem_info(&f, &t);
+      if (free0 > f) peak_used = std::max(peak_used, free0 - f);
+    };
     for (int s = 1; s <= o.warmup + o.steps; s++) {
       const double t0 = now_ms();
       model.zero_grads();
@@ -178,9 +224,11 @@ int run(const Options& o) {
       batch.targets = tg.data();
       loss = model.forward(acts, batch, true);  // ends with a device->host copy
       const double t1 = now_ms();
+      sample_memory();
       model.backward(acts);
       cuda_synchronize();
       const double t2 = now_ms();
+      sample_memory();
       const double norm = std::sqrt(ops.sum_squares(model.grads, n));
       if (norm > 1.0) ops.scale(model.grads, static_cast<float>(1.0 / norm), n);
       for (const ParamSlice& sl : model.table.slices)
@@ -189,6 +237,7 @@ int run(const Options& o) {
                          sl.decay ? 0.1f : 0.0f, s);
       cuda_synchronize();
       const double t3 = now_ms();
+      sample_memory();
       if (s > o.warmup) {
         step_ms.push_back(t3 - t0);
         fwd_ms.push_back(t1 - t0);
@@ -196,15 +245,15 @@ int run(const Options& o) {
         opt_ms.push_back(t3 - t2);
       }
     }
-    size_t free1 = 0;
-    cuda_mem_info(&free1, &total);
 
     const double ms = median(step_ms);
     const double tok_s = N / (ms * 1e-3);
     const double flops_tok = flops_per_token(desc, n, T);
     const double achieved_tflops = tok_s * flops_tok / 1e12;
     const double mfu = achieved_tflops / gemm_tflops;
-    const double used_gib = (free0 - free1) / 1073741824.0;
+    const double mfu_bf16_peak = peak ? achieved_tflops / peak_bf16 : 0.0;
+    const double mfu_own_peak = peak ? achieved_tflops / peak_own : 0.0;
+    const double used_gib = peak_used / 1073741824.0;
     const double state_b = 4.0 * n * sizeof(float);
     const double act_b = static_cast<double>(acts.bytes());
     const double ws_b = static_cast<double>(cuda_workspace_bytes());
@@ -222,9 +271,15 @@ int run(const Options& o) {
     std::printf("%-34s %12.2f\n", "  clip + AdamW ms", median(opt_ms));
     std::printf("%-34s %12.3e\n", "training FLOPs/token", flops_tok);
     std::printf("%-34s %12.2f\n", "achieved TFLOP/s", achieved_tflops);
-    std::printf("%-34s %12.2f\n", "sgemm TFLOP/s (measured)", gemm_tflops);
-    std::printf("%-34s %11.1f%%\n", "MFU vs measured sgemm", 100.0 * mfu);
-    std::printf("%-34s %12.2f\n", "GPU memory used by the run, GiB", used_gib);
+    std::printf("%-34s %12s\n", "precision (dense GEMMs)", prec.c_str());
+    if (peak) {
+      std::printf("%-34s %11.1f%%\n", "MFU vs published bf16 peak", 100.0 * mfu_bf16_peak);
+      std::printf("%-34s %11.1f%%\n", ("MFU vs published " + prec + " peak").c_str(),
+                  100.0 * mfu_own_peak);
+    }
+    std::printf("%-34s %12.2f\n", "GEMM TFLOP/s (measured)", gemm_tflops);
+    std::printf("%-34s %11.1f%%\n", "MFU vs measured GEMM", 100.0 * mfu);
+    std::printf("%-34s %12.2f\n", "peak GPU memory of the run, GiB", used_gib);
     std::printf("%-34s %12.2f\n", "analytic plan, GiB", plan_gib);
     std::printf("%-34s %12.2f\n", "  params+grads+m+v, GiB", state_b / 1073741824.0);
     std::printf("%-34s %12.2f\n", "  activations+tokens, GiB", act_b / 1073741824.0);
@@ -235,6 +290,12 @@ int run(const Options& o) {
           {"benchmark", "gpu_gpt2"},
           {"device", dev},
           {"precision", gemm_precision_name(o.precision)},
+          {"card", peak ? peak->card : ""},
+          {"published_peak_tflops",
+           {{"fp32", peak ? peak->fp32 : 0.0}, {"tf32", peak ? peak->tf32 : 0.0},
+            {"bf16", peak ? peak->bf16 : 0.0}}},
+          {"mfu_vs_published_bf16_peak", mfu_bf16_peak},
+          {"mfu_vs_published_own_peak", mfu_own_peak},
           {"model",
            {{"n_layer", o.layers}, {"n_head", o.heads}, {"d_model", o.d_model},
             {"vocab_size", o.vocab}, {"seq_len", T}, {"params", n}}},
@@ -251,10 +312,10 @@ int run(const Options& o) {
           {"step_ms_all", step_ms},
           {"flops_per_token", flops_tok},
           {"achieved_tflops", achieved_tflops},
-          {"sgemm_tflops", gemm_tflops},
-          {"sgemm_size", o.gemm},
-          {"mfu", mfu},
-          {"memory_used_bytes", free0 - free1},
+          {"gemm_tflops", gemm_tflops},
+          {"gemm_size", o.gemm},
+          {"mfu_vs_measured_gemm", mfu},
+          {"peak_memory_bytes", peak_used},
           {"memory_total_bytes", total},
           {"plan_bytes",
            {{"params_grads_moments", state_b}, {"activations_tokens", act_b},

@@ -1,6 +1,8 @@
 // The CUDA backend's op table (the ops and their contracts: backend/op_list.h; API:
 // backend/cuda_ops.h), device selection, and the device queries used by the trainer and the
 // benchmarks.
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -24,6 +26,18 @@ __global__ void fill_pattern_kernel(float* x, size_t n, uint32_t seed) {
     h *= 0x7feb352du;
     h ^= h >> 15;
     x[i] = static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+  }
+}
+
+// The same pattern, rounded to bf16 (for the bf16 GEMM rate).
+__global__ void fill_pattern_bf16_kernel(__nv_bfloat16* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 16;
+    h *= 0x7feb352du;
+    h ^= h >> 15;
+    x[i] = __float2bfloat16_rn(static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
   }
 }
 
@@ -132,24 +146,42 @@ void launch_check(const char* name, const char* file, int line) {
 }
 }  // namespace cuda
 
-double cuda_sgemm_tflops(int M, int N, int K, int iters) {
-  if (M <= 0 || N <= 0 || K <= 0 || iters <= 0) fail("cuda_sgemm_tflops: bad sizes");
+double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math) {
+  if (M <= 0 || N <= 0 || K <= 0 || iters <= 0) fail("cuda_gemm_tflops: bad sizes");
+  if (math != "fp32" && math != "tf32" && math != "bf16")
+    fail("cuda_gemm_tflops: math '", math, "' is not fp32, tf32 or bf16");
+  const bool bf16 = math == "bf16";
   cudaStream_t s = cuda::compute_stream();
   const size_t na = static_cast<size_t>(M) * K, nb = static_cast<size_t>(N) * K,
                nc = static_cast<size_t>(M) * N;
-  float* a = static_cast<float*>(cuda::alloc(na * sizeof(float)));
-  float* b = static_cast<float*>(cuda::alloc(nb * sizeof(float)));
+  const size_t elem = bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
+  void* a = cuda::alloc(na * elem);
+  void* b = cuda::alloc(nb * elem);
   float* c = static_cast<float*>(cuda::alloc(nc * sizeof(float)));
-  fill_pattern_kernel<<<cuda::grid_for(na, 256), 256, 0, s>>>(a, na, 1u);
-  fill_pattern_kernel<<<cuda::grid_for(nb, 256), 256, 0, s>>>(b, nb, 2u);
+  if (bf16) {
+    fill_pattern_bf16_kernel<<<cuda::grid_for(na, 256), 256, 0, s>>>(static_cast<__nv_bfloat16*>(a), na, 1u);
+    fill_pattern_bf16_kernel<<<cuda::grid_for(nb, 256), 256, 0, s>>>(static_cast<__nv_bfloat16*>(b), nb, 2u);
+  } else {
+    fill_pattern_kernel<<<cuda::grid_for(na, 256), 256, 0, s>>>(static_cast<float*>(a), na, 1u);
+    fill_pattern_kernel<<<cuda::grid_for(nb, 256), 256, 0, s>>>(static_cast<float*>(b), nb, 2u);
+  }
   LLMPI_LAUNCH_CHECK("fill_pattern");
+  // Row-major C[M,N] = A[M,K] . B[N,K]^T is column-major C^T[N,M] = (B^T)^T[N,K] . A^T[K,M].
+  const cudaDataType_t in_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasComputeType_t compute = math == "tf32" ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const float one = 1.0f, zero = 0.0f;
   cudaEvent_t e0, e1;
   LLMPI_CUDA_CHECK(cudaEventCreate(&e0));
   LLMPI_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<float> ms;
   for (int it = 0; it < iters + 3; it++) {
     LLMPI_CUDA_CHECK(cudaEventRecord(e0, s));
-    cuda::sgemm_rm(false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N);
+    if (math == "fp32")
+      cuda::sgemm_rm(false, true, M, N, K, 1.0f, static_cast<const float*>(a), K,
+                     static_cast<const float*>(b), K, 0.0f, c, N);
+    else
+      LLMPI_CUBLAS_CHECK(cublasGemmEx(cuda::cublas(), CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, b, in_type, K, a,
+                                      in_type, K, &zero, c, CUDA_R_32F, N, compute, CUBLAS_GEMM_DEFAULT));
     LLMPI_CUDA_CHECK(cudaEventRecord(e1, s));
     LLMPI_CUDA_CHECK(cudaEventSynchronize(e1));
     float t = 0.0f;

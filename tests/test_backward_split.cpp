@@ -188,10 +188,11 @@ TEST_P(BackwardSplit, InputThenWeightEqualsWholeBackward) {
           zero &= gs[i] == 0.0f;
           same &= gs[i] == gw[i];
         }
-        if (deferred_whole(pp.split, s))
+        if (deferred_whole(pp.split, s)) {
           EXPECT_TRUE(zero) << s.name << ": a weight gradient was computed before weight_backward";
-        else if (!(s.role == kTokEmb && p.head && d.head == HeadKind::lm && d.tie_embeddings))
+        } else if (!(s.role == kTokEmb && p.head && d.head == HeadKind::lm && d.tie_embeddings)) {
           EXPECT_TRUE(same) << s.name << ": computed by the input-only backward, but differently";
+        }
       }
     }
     // Micro-batch 1's input-only backward runs before micro-batch 0's weight gradient (zb-h1).

@@ -495,9 +495,10 @@ TEST(CudaRealShape, MatmulBiasColumnSumsAt65536Rows) {
     const auto db0 = random_floats(OC, 723);
     auto rdb = db0;
     cpu().matmul_backward(nullptr, nullptr, rdb.data(), dout.data(), inp.data(), weight.data(), N,
-                          C, OC);
+                          C, OC, GemmPrecision::fp32);
     Dev gdout(dout), ginp(inp), gweight(weight), gdb(db0);
-    gpu().matmul_backward(nullptr, nullptr, gdb.f(), gdout.f(), ginp.f(), gweight.f(), N, C, OC);
+    gpu().matmul_backward(nullptr, nullptr, gdb.f(), gdout.f(), ginp.f(), gweight.f(), N, C, OC,
+                          GemmPrecision::fp32);
     expect_long_sum(added(gdb.get(), db0), added(rdb, db0), column_sums(dout, N, OC),
                     "dbias OC=" + std::to_string(OC));
   }

@@ -1,39 +1,63 @@
 #!/usr/bin/env bash
 # One command that verifies the CUDA backend on a GPU machine, within a fixed budget.
 #
-#   tools/gpu_verify.sh OUTDIR
+#   tools/gpu_verify.sh OUTDIR [GROUP|STEP ...]        (default: every group, in order)
+#   tools/gpu_verify.sh --pack                         (here: pack the binaries for the GPU machine)
+#   tools/gpu_verify.sh --list                         (the groups and their steps)
 #
 # Run it from the project root. It uses the llmpi binaries on PATH if there are any (a GPU machine
 # without MPICH/HDF5: `source .device/env.sh` first, after packing them here with
 #   make CUDA=1 -j2 && tools/gpu_verify.sh --pack
-# which calls ../shared/device/pack.sh, or $PACK_SH, with every binary this script needs), else
-# those in ${BUILD:-build}/.
+# which calls ../shared/device/pack.sh, or $PACK_SH, with every binary this script needs and
+# records the commit in .device/commit), else those in ${BUILD:-build}/.
 #
-# Steps, each under its own time limit so one failure cannot eat the budget (seconds, override
-# with LIMIT_<STEP>=N):
-#   gpu            nvidia-smi
-#   cuda_tests     llmpi-tests --gtest_filter='*Cuda*:NcclSync*:-*CudaRealShape*' (ops, models,
-#                  NCCL at world 1; '*Cuda*' so the parameterised Cases/CudaAttention.* and
-#                  Families/CudaModel.* are included)
-#   real_shapes    llmpi-tests --gtest_filter='*CudaRealShape*' (GPT-2 124M shapes: V = 50257,
-#                  T = 1024, N = 65536 rows, 124M-element AdamW, a whole step CPU vs GPU, bitwise
-#                  repeatability), a step of its own so a slow one cannot cost the op tests' results
-#                  (in both: a test that skipped with "no GPU: ..." fails the step)
-#   memcheck       compute-sanitizer memcheck on the small op tests, CudaOps.* and
-#                  Cases/CudaAttention.* (racecheck, initcheck: likewise)
-#   train_cpu/gpu  llmpi-train 50 steps on a tiny GPT-2 on runtime.device=cpu, then =cuda; the
-#                  losses are compared step by step (relative 1e-3)
-#   mpi_staging    2 ranks sharing the GPU through parallel.sync=allreduce (host staging)
-#   mpi_staging_zero  the same with parallel.zero=1 (ZeRO-1); losses vs mpi_staging's (1e-5)
-#   nccl_world1    parallel.sync=nccl at world size 1 (the communicator's set-up: GradSync makes no
-#                  collective call at world 1; NcclSync.* in cuda_tests runs the collectives)
-#   bench_bB       bench-gpu_gpt2 at batch 8, 16, 32, 64 (fp32; T = 1024)
-# Writes OUTDIR/gpu_verify.log (everything) and OUTDIR/gpu_verify.json (one record per step:
-# name, rc, seconds, and the figures it found). Exit status: the number of failed steps.
+# Groups (each sized to finish inside one 10-minute call of a lent machine; run them as separate
+# calls: `tests shapes`, then `sanitize`, then `train`, then `bench`):
+#   tests     gpu           nvidia-smi
+#             cuda_tests    llmpi-tests --gtest_filter='*Cuda*:NcclSync*:-*CudaRealShape*' (ops,
+#                           models, NCCL at world 1; '*Cuda*' so the parameterised suites count)
+#   shapes    real_shapes   llmpi-tests --gtest_filter='*CudaRealShape*' (GPT-2 124M shapes:
+#                           V = 50257, T = 1024, N = 65536 rows, 124M-element AdamW, a whole step
+#                           CPU vs GPU, bitwise repeatability)
+#   sanitize  memcheck, racecheck, initcheck: compute-sanitizer on the small op tests
+#                           (CudaOps.* and Cases/CudaAttention.*)
+#   train     train_cpu, train_gpu   llmpi-train 50 steps on a tiny GPT-2, runtime.device=cpu then
+#                           cuda; losses compared step by step (relative 1e-3)
+#             mpi_staging   2 ranks sharing the GPU through parallel.sync=allreduce (host staging);
+#                           losses vs train_cpu (1e-3)
+#             mpi_staging_zero  the same with parallel.zero=1; losses vs mpi_staging's (1e-5)
+#             nccl_world1   parallel.sync=nccl at world size 1; losses vs train_cpu (1e-3) (this
+#                           checks the communicator's set-up: GradSync makes no collective call at
+#                           world 1; NcclSync.* in cuda_tests runs the collectives)
+#   bench     bench_fp32_bB  bench-gpu_gpt2 --batch B (B = 8, 16, 32, 64; T = 1024)
+#
+# Every step runs under its own time limit (seconds; LIMIT_<STEP>=N overrides one), and the whole
+# run under DEADLINE (seconds, default 570): a step that would start with less than 20 s left is
+# recorded as not run (rc 124), so the log and the JSON are complete before a 600 s call ends.
+# OUTDIR gets two files only (a lent machine returns at most 8): gpu_verify.log (every command,
+# the last 40 lines of each step's output, all of it (up to 400 lines) for a failed step) and
+# gpu_verify.json (one record per step: name, rc, seconds, and what it measured, the benchmark's
+# figures included). Step outputs and run directories go to $WORK (default
+# ${TMPDIR:-/tmp}/gpu_verify-work). Exit status: the number of failed steps.
 set -uo pipefail
 
-usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; }
+GROUPS_ALL="tests shapes sanitize train bench"
+group_steps() {
+  case $1 in
+    tests) echo "gpu cuda_tests" ;;
+    shapes) echo "real_shapes" ;;
+    sanitize) echo "memcheck racecheck initcheck" ;;
+    train) echo "train_cpu train_gpu mpi_staging mpi_staging_zero nccl_world1" ;;
+    bench) echo "bench_fp32_b8 bench_fp32_b16 bench_fp32_b32 bench_fp32_b64" ;;
+    *) return 1 ;;
+  esac
+}
+usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//'; }
 if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then usage; exit 0; fi
+if [ "${1:-}" = "--list" ]; then
+  for g in $GROUPS_ALL; do echo "$g: $(group_steps "$g")"; done
+  exit 0
+fi
 
 BUILD=${BUILD:-build}
 BINS="llmpi-tests llmpi-train llmpi-prep llmpi-demo-corpus bench-gpu_gpt2"
@@ -41,20 +65,40 @@ if [ "${1:-}" = "--pack" ]; then
   PACK_SH=${PACK_SH:-../shared/device/pack.sh}
   [ -x "$PACK_SH" ] || { echo "gpu_verify: no pack script at $PACK_SH (set PACK_SH=)" >&2; exit 2; }
   paths=(); for b in $BINS; do
-    f=$BUILD/$b; [ "$b" = bench-gpu_gpt2 ] || [ -x "$f" ] || { echo "gpu_verify: $f missing: run make CUDA=1 first" >&2; exit 2; }
-    [ -x "$f" ] && paths+=("$f")
+    f=$BUILD/$b; [ -x "$f" ] || { echo "gpu_verify: $f missing: run make CUDA=1 first" >&2; exit 2; }
+    paths+=("$f")
   done
-  exec "$PACK_SH" "${paths[@]}"
+  "$PACK_SH" "${paths[@]}" || exit $?
+  # The GPU machine gets a copy of the working tree without .git: the commit travels in the pack.
+  rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || rev="$rev+changes"
+  echo "$rev" >.device/commit
+  echo "gpu_verify: packed at commit $rev"
+  exit 0
 fi
-[ $# -eq 1 ] || { usage >&2; exit 2; }
-OUT=$1
+[ $# -ge 1 ] || { usage >&2; exit 2; }
+OUT=$1; shift
+# The steps to run, in the order of the groups above.
+[ $# -gt 0 ] || set -- $GROUPS_ALL
+wanted=" "
+for a in "$@"; do
+  if s=$(group_steps "$a"); then wanted+="$s "
+  elif [[ " $(for g in $GROUPS_ALL; do group_steps "$g"; done | tr '\n' ' ') " == *" $a "* ]]; then wanted+="$a "
+  else echo "gpu_verify: unknown group or step '$a' (--list shows them)" >&2; exit 2; fi
+done
+wants() { [[ "$wanted" == *" $1 "* ]]; }
+
 mkdir -p "$OUT" || exit 2
+WORK=${WORK:-${TMPDIR:-/tmp}/gpu_verify-work}
+rm -rf "$WORK" && mkdir -p "$WORK" || exit 2
 LOG=$OUT/gpu_verify.log
 JSON=$OUT/gpu_verify.json
 : >"$LOG"
 echo "[" >"$JSON"
 first_record=1
 failed=0
+DEADLINE=${DEADLINE:-570}
+START=$(date +%s)
 
 bin() {  # the path of a program: on PATH (packed) or in $BUILD
   if command -v "$1" >/dev/null 2>&1; then command -v "$1"; else echo "$BUILD/$1"; fi
@@ -69,110 +113,148 @@ record() {
   first_record=0
   printf '  {"step": "%s", "rc": %d, "seconds": %s%s}' "$1" "$2" "$3" "${4:+, $4}" >>"$JSON"
   if [ "$2" = 0 ]; then echo "== $1: ok (${3}s)" | tee -a "$LOG"
-  else failed=$((failed + 1)); echo "== $1: FAILED rc=$2 (${3}s)" | tee -a "$LOG"; fi
+  else
+    failed=$((failed + 1)); echo "== $1: FAILED rc=$2 (${3}s)" | tee -a "$LOG"
+    if [ -s "$WORK/$1.out" ] && [ "$(wc -l <"$WORK/$1.out")" -gt 40 ]; then
+      echo "   | --- the whole output (first 400 lines) ---" >>"$LOG"
+      head -n 400 "$WORK/$1.out" | sed 's/^/   | /' >>"$LOG"
+    fi
+  fi
 }
 
-# step NAME DEFAULT_LIMIT CMD... : runs CMD under its limit, output to the log and NAME.out
+# step NAME DEFAULT_LIMIT CMD... : runs CMD under its limit (and the deadline), output to
+# $WORK/NAME.out and its tail to the log. Sets STEP_RC and STEP_SECONDS.
 step() {
   local name=$1 limit=$2; shift 2
   local var="LIMIT_${name^^}"; limit=${!var:-$limit}
+  local left=$((DEADLINE - ($(date +%s) - START)))
+  if [ "$left" -lt 20 ]; then
+    echo "== $name: not run, ${left}s left of DEADLINE=$DEADLINE" | tee -a "$LOG"
+    : >"$WORK/$name.out"; STEP_RC=124; STEP_SECONDS=0; return
+  fi
+  [ "$limit" -le "$left" ] || limit=$left
   echo "== $name (limit ${limit}s): $*" | tee -a "$LOG"
   local t0; t0=$(date +%s.%N)
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.out" 2>&1
+  timeout --kill-after=10 "$limit" "$@" >"$WORK/$name.out" 2>&1
   local rc=$?
   local dt; dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
-  tail -n 40 "$OUT/$name.out" | sed 's/^/   | /' >>"$LOG"
+  tail -n 40 "$WORK/$name.out" | sed 's/^/   | /' >>"$LOG"
   STEP_RC=$rc; STEP_SECONDS=$dt
 }
 
-git_rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-echo "gpu_verify: commit $git_rev, $(date -u +%Y-%m-%dT%H:%M:%SZ), out $OUT" | tee -a "$LOG"
+if [ -f .device/commit ]; then git_rev=$(cat .device/commit)
+else git_rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown); fi
+echo "gpu_verify: commit $git_rev, $(date -u +%Y-%m-%dT%H:%M:%SZ), out $OUT, steps:$wanted" | tee -a "$LOG"
 
-step gpu 30 nvidia-smi
-card=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)
-record gpu $STEP_RC $STEP_SECONDS "\"card\": \"${card}\", \"commit\": \"$git_rev\""
+if wants gpu; then
+  step gpu 30 nvidia-smi
+  card=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)
+  record gpu $STEP_RC $STEP_SECONDS "\"card\": \"${card}\", \"commit\": \"$git_rev\""
+fi
 
 # gtest_step NAME LIMIT FILTER: the tests matching FILTER; records passed, failed and skipped counts
 # (a GPU test that skipped, "no GPU: ...", did not verify anything: the count says so).
 gtest_step() {
   step "$1" "$2" "$TESTS" --gtest_filter="$3" --gtest_brief=1
   local passed nfail nskip
-  passed=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$OUT/$1.out" | tail -1)
-  nfail=$(grep -oP '^\[  FAILED  \] \K[0-9]+(?= test)' "$OUT/$1.out" | tail -1)
-  nskip=$(grep -oP '^\[  SKIPPED \] \K[0-9]+' "$OUT/$1.out" | tail -1)
+  passed=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$WORK/$1.out" | tail -1)
+  nfail=$(grep -oP '^\[  FAILED  \] \K[0-9]+(?= test)' "$WORK/$1.out" | tail -1)
+  nskip=$(grep -oP '^\[  SKIPPED \] \K[0-9]+' "$WORK/$1.out" | tail -1)
   # On the machine this script is for, a test that skipped for want of a GPU is a failure.
   local rc=$STEP_RC
-  if [ "$rc" = 0 ] && grep -q 'no GPU: ' "$OUT/$1.out"; then
-    rc=4; echo "   | GPU tests skipped: $(grep -m1 -o 'no GPU: .*' "$OUT/$1.out")" >>"$LOG"
+  if [ "$rc" = 0 ] && grep -q 'no GPU: ' "$WORK/$1.out"; then
+    rc=4; echo "   | GPU tests skipped: $(grep -m1 -o 'no GPU: .*' "$WORK/$1.out")" >>"$LOG"
   fi
   local extra=""  # real_shapes: the GPT-2 124M step's largest gradient difference, CPU vs GPU
   if [ "$1" = real_shapes ]; then
-    local worst; worst=$(grep -oP 'largest gradient difference: \K[0-9.e+-]+' "$OUT/$1.out" | tail -1)
+    local worst; worst=$(grep -oP 'largest gradient difference: \K[0-9.e+-]+' "$WORK/$1.out" | tail -1)
     extra=", \"gpt2_step_max_grad_rel_diff\": ${worst:-null}"
   fi
   record "$1" $rc $STEP_SECONDS "\"passed\": ${passed:-0}, \"failed\": ${nfail:-0}, \"skipped\": ${nskip:-0}$extra"
 }
-gtest_step cuda_tests 420 '*Cuda*:NcclSync*:-*CudaRealShape*'
-gtest_step real_shapes 600 '*CudaRealShape*'
+wants cuda_tests && gtest_step cuda_tests 480 '*Cuda*:NcclSync*:-*CudaRealShape*'
+wants real_shapes && gtest_step real_shapes 560 '*CudaRealShape*'
 
-if command -v compute-sanitizer >/dev/null 2>&1; then
-  for tool in memcheck racecheck initcheck; do
-    step "$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 99 "$TESTS" \
-      --gtest_filter='CudaOps.*:Cases/CudaAttention.*' --gtest_brief=1
-    errs=$(grep -oP 'ERROR SUMMARY: \K[0-9]+' "$OUT/$tool.out" | tail -1)
-    record "$tool" $STEP_RC $STEP_SECONDS "\"errors\": ${errs:-null}"
-  done
-else
-  record compute_sanitizer 127 0 "\"why\": \"compute-sanitizer not on PATH\""
-fi
+for tool in memcheck racecheck initcheck; do
+  wants $tool || continue
+  if ! command -v compute-sanitizer >/dev/null 2>&1; then
+    record "$tool" 127 0 "\"why\": \"compute-sanitizer not on PATH\""; continue
+  fi
+  step "$tool" 180 compute-sanitizer --tool "$tool" --error-exitcode 99 "$TESTS" \
+    --gtest_filter='CudaOps.*:Cases/CudaAttention.*' --gtest_brief=1
+  errs=$(grep -oP 'ERROR SUMMARY: \K[0-9]+' "$WORK/$tool.out" | tail -1)
+  record "$tool" $STEP_RC $STEP_SECONDS "\"errors\": ${errs:-null}"
+done
 
-# A tiny data set and config for the trainer comparisons (byte tokens, 2 layers).
-DATA=$OUT/data
-mkdir -p "$DATA"
-"$CORPUS" --out "$DATA/corpus.txt" --seed 7 --megabytes 1 >>"$LOG" 2>&1 &&
-  "$PREP" --tokenizer byte --input "$DATA/corpus.txt" --out "$DATA" >>"$LOG" 2>&1
-cat >"$DATA/run.json" <<EOF
-{"data": {"train": "$DATA/train.h5", "val": "$DATA/val.h5"},
- "model": {"family": "gpt2", "n_layer": 2, "n_head": 4, "d_model": 128, "seq_len": 128},
- "train": {"global_batch": 8, "steps": 50, "lr": 3e-3, "warmup_steps": 5, "eval_every": 0, "log_every": 1}}
-EOF
-common=(--config "$DATA/run.json" --set checkpoint.every=0)
-
-step train_cpu 300 "$MPIEXEC" -n 1 "$TRAIN" "${common[@]}" --set run.dir="$OUT/run-cpu" --set runtime.device=cpu
-record train_cpu $STEP_RC $STEP_SECONDS
-step train_gpu 300 "$MPIEXEC" -n 1 "$TRAIN" "${common[@]}" --set run.dir="$OUT/run-gpu" --set runtime.device=cuda
-gpu_rc=$STEP_RC; gpu_s=$STEP_SECONDS
 # compare_losses A B: "steps_in_A steps_in_B largest_relative_difference" of two metrics.jsonl files.
+# A missing file counts as a run without steps (mawk stops at a file it cannot open).
 compare_losses() {
+  if [ ! -f "$1" ] || [ ! -f "$2" ]; then
+    local f c=""; for f in "$1" "$2"; do c+="$( [ -f "$f" ] && awk '/"loss"/{n++} END{print n+0}' "$f" || echo 0) "; done
+    echo "${c}nan"
+    return
+  fi
   awk 'FNR==1{f++} match($0, /"loss": ?-?[0-9.eE+-]+/){v=substr($0,RSTART,RLENGTH); sub(/"loss": ?/,"",v); l[f, ++n[f]]=v+0}
     END{m=0; for(i=1;i<=n[1];i++){d=l[1,i]-l[2,i]; if(d<0)d=-d; a=l[1,i]<0?-l[1,i]:l[1,i]; r=a>0?d/a:d; if(r>m)m=r}
         printf "%d %d %.3g", n[1], n[2], m}' "$1" "$2" 2>/dev/null
 }
-# Step-by-step loss comparison from the two metrics.jsonl files (relative 1e-3).
-cmp=$(compare_losses "$OUT/run-cpu/metrics.jsonl" "$OUT/run-gpu/metrics.jsonl")
-read -r ncpu ngpu maxrel <<<"${cmp:-0 0 nan}"
-if [ "$gpu_rc" = 0 ] && { [ "$ncpu" = 0 ] || [ "$ncpu" != "$ngpu" ] || awk -v m="$maxrel" 'BEGIN{exit !(m > 1e-3 || m != m)}'; }; then gpu_rc=3; fi
-record train_gpu "$gpu_rc" "$gpu_s" "\"steps_cpu\": $ncpu, \"steps_gpu\": $ngpu, \"max_rel_loss_diff\": \"$maxrel\""
+# train_step NAME LIMIT REFERENCE_RUN TOLERANCE RANKS SETTINGS...: llmpi-train into $WORK/run-NAME;
+# with a reference run, its losses are compared step by step (relative TOLERANCE).
+train_step() {
+  local name=$1 limit=$2 ref=$3 tol=$4 np=$5; shift 5
+  local sets=(); for s in "$@"; do sets+=(--set "$s"); done
+  step "$name" "$limit" "$MPIEXEC" -n "$np" "$TRAIN" --config "$DATA/run.json" --set checkpoint.every=0 \
+    --set run.dir="$WORK/run-$name" "${sets[@]}"
+  local rc=$STEP_RC extra=""
+  if [ -n "$ref" ]; then
+    local cmp na nb rel
+    cmp=$(compare_losses "$WORK/run-$ref/metrics.jsonl" "$WORK/run-$name/metrics.jsonl")
+    read -r na nb rel <<<"${cmp:-0 0 nan}"
+    if [ "$rc" = 0 ] && { [ "$na" = 0 ] || [ "$na" != "$nb" ] || awk -v m="$rel" -v t="$tol" 'BEGIN{exit !(m > t || m != m)}'; }; then rc=3; fi
+    extra="\"steps\": $nb, \"reference\": \"$ref\", \"steps_reference\": $na, \"max_rel_loss_diff\": \"$rel\", \"tolerance\": $tol"
+  fi
+  record "$name" "$rc" "$STEP_SECONDS" "$extra"
+}
+if wants train_cpu || wants train_gpu || wants mpi_staging || wants mpi_staging_zero || wants nccl_world1; then
+  # A tiny data set and config for the trainer comparisons (byte tokens, 2 layers).
+  DATA=$WORK/data
+  mkdir -p "$DATA"
+  "$CORPUS" --out "$DATA/corpus.txt" --seed 7 --megabytes 1 >>"$LOG" 2>&1 &&
+    "$PREP" --tokenizer byte --input "$DATA/corpus.txt" --out "$DATA" >>"$LOG" 2>&1
+  cat >"$DATA/run.json" <<EOF
+{"data": {"train": "$DATA/train.h5", "val": "$DATA/val.h5"},
+ "model": {"family": "gpt2", "n_layer": 2, "n_head": 4, "d_model": 128, "seq_len": 128},
+ "train": {"global_batch": 8, "steps": 50, "lr": 3e-3, "warmup_steps": 5, "eval_every": 0, "log_every": 1}}
+EOF
+  # The CPU run is the reference of every GPU run below: it runs whenever one of them does.
+  train_step train_cpu 120 "" 0 1 runtime.device=cpu
+  wants train_gpu && train_step train_gpu 120 train_cpu 1e-3 1 runtime.device=cuda
+  wants mpi_staging && train_step mpi_staging 150 train_cpu 1e-3 2 runtime.device=cuda parallel.sync=allreduce \
+    parallel.overlap=false
+  # ZeRO-1 through the same staging (reduce-scatter + all-gather): the losses of the run above.
+  wants mpi_staging_zero && train_step mpi_staging_zero 150 mpi_staging 1e-5 2 runtime.device=cuda \
+    parallel.sync=allreduce parallel.overlap=false parallel.zero=1
+  wants nccl_world1 && train_step nccl_world1 120 train_cpu 1e-3 1 runtime.device=cuda parallel.sync=nccl
+fi
 
-step mpi_staging 300 "$MPIEXEC" -n 2 "$TRAIN" "${common[@]}" --set run.dir="$OUT/run-mpi2" --set runtime.device=cuda \
-  --set parallel.sync=allreduce --set parallel.overlap=false
-record mpi_staging $STEP_RC $STEP_SECONDS
-# ZeRO-1 through the same staging (reduce-scatter + all-gather): the losses of the run above (1e-5).
-step mpi_staging_zero 300 "$MPIEXEC" -n 2 "$TRAIN" "${common[@]}" --set run.dir="$OUT/run-mpi2-zero" \
-  --set runtime.device=cuda --set parallel.sync=allreduce --set parallel.overlap=false --set parallel.zero=1
-zero_rc=$STEP_RC; zero_s=$STEP_SECONDS
-cmp=$(compare_losses "$OUT/run-mpi2/metrics.jsonl" "$OUT/run-mpi2-zero/metrics.jsonl")
-read -r nz0 nz1 zrel <<<"${cmp:-0 0 nan}"
-if [ "$zero_rc" = 0 ] && { [ "$nz0" = 0 ] || [ "$nz0" != "$nz1" ] || awk -v m="$zrel" 'BEGIN{exit !(m > 1e-5 || m != m)}'; }; then zero_rc=3; fi
-record mpi_staging_zero "$zero_rc" "$zero_s" "\"steps\": $nz1, \"max_rel_loss_diff_vs_zero0\": \"$zrel\""
-step nccl_world1 300 "$MPIEXEC" -n 1 "$TRAIN" "${common[@]}" --set run.dir="$OUT/run-nccl" --set runtime.device=cuda \
-  --set parallel.sync=nccl
-record nccl_world1 $STEP_RC $STEP_SECONDS
-
+# bench_step NAME PRECISION BATCH: bench-gpu_gpt2 (GPT-2 124M, T = 1024), its JSON folded into the record.
+bench_step() {
+  local name=$1 prec=$2 b=$3
+  step "$name" 140 "$BENCH" --batch "$b" --precision "$prec" --steps 8 --warmup 2 --json "$WORK/$name.json"
+  local fig=""
+  if [ -s "$WORK/$name.json" ]; then
+    fig=$(python3 -c 'import json,sys
+j=json.load(open(sys.argv[1]))
+keys=["precision","batch","tokens_per_s","ms_per_step","forward_ms","backward_ms","optim_ms","achieved_tflops",
+      "gemm_tflops","mfu_vs_measured_gemm","mfu_vs_published_bf16_peak","mfu_vs_published_own_peak",
+      "peak_memory_bytes","last_loss","device"]
+print(", ".join("\"%s\": %s" % (k, json.dumps(j.get(k))) for k in keys))' "$WORK/$name.json" 2>/dev/null ||
+      grep -oP '"tokens_per_s":\s*\K[0-9.e+]+' "$WORK/$name.json" | head -1 | sed 's/^/"tokens_per_s": /')
+  fi
+  record "$name" $STEP_RC $STEP_SECONDS "$fig"
+}
 for b in 8 16 32 64; do
-  step "bench_b$b" 240 "$BENCH" --batch "$b" --json "$OUT/bench_b$b.json"
-  tps=$(grep -oP '"tokens_per_s":\s*\K[0-9.e+]+' "$OUT/bench_b$b.json" 2>/dev/null | head -1)
-  record "bench_b$b" $STEP_RC $STEP_SECONDS "\"tokens_per_s\": ${tps:-null}"
+  wants "bench_fp32_b$b" && bench_step "bench_fp32_b$b" fp32 "$b"
 done
 
 echo "" >>"$JSON"; echo "]" >>"$JSON"

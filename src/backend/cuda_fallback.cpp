@@ -29,7 +29,7 @@ void* cuda_compute_stream() { no_cuda("cuda_compute_stream"); }
 void* cuda_host_alloc(size_t) { no_cuda("cuda_host_alloc"); }
 void cuda_host_free(void*) {}
 bool cuda_sync_check_enabled() { return false; }
-double cuda_sgemm_tflops(int, int, int, int) { no_cuda("cuda_sgemm_tflops"); }
+double cuda_gemm_tflops(int, int, int, int, const std::string&) { no_cuda("cuda_gemm_tflops"); }
 
 }  // namespace llmpi
 #endif  // LLMPI_HAVE_CUDA

@@ -45,8 +45,10 @@ void cuda_host_free(void* p);                          // null is fine
 // synchronisation of the compute stream and a check, so an asynchronous fault (an illegal address,
 // a device-side assert) is reported at the op that caused it instead of at a later call.
 bool cuda_sync_check_enabled();
-// Measured rate of a row-major fp32 sgemm C[M,N] = A[M,K] B[N,K]^T on the compute stream
-// (cuBLAS, no TF32), in TFLOP/s: median of `iters` timed calls after 3 warm-up calls.
-double cuda_sgemm_tflops(int M, int N, int K, int iters);
+// Measured rate of a row-major GEMM C[M,N] = A[M,K] B[N,K]^T (fp32 C) on the compute stream, in
+// TFLOP/s: median of `iters` timed calls after 3 warm-up calls. math: "fp32" (cublasSgemm, no
+// TF32), "tf32" (fp32 operands, CUBLAS_COMPUTE_32F_FAST_TF32) or "bf16" (bf16 operands, fp32
+// accumulation): the ceiling each precision mode's dense layers can reach on this card.
+double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math = "fp32");
 
 }  // namespace llmpi
