@@ -977,9 +977,24 @@ TEST_P(CudaModel, LossAndEveryGradientMatchCpu) {
   mg.backward(ag);
   const auto gc = mc.grads_host(), gg = mg.grads_host();
   ASSERT_EQ(gc.size(), gg.size());
+  auto norm = [](const float* x, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += static_cast<double>(x[i]) * x[i];
+    return std::sqrt(s);
+  };
+  const double all = norm(gc.data(), gc.size());
   for (const ParamSlice& s : mc.table.slices) {
     const std::vector<float> a(gg.begin() + s.offset, gg.begin() + s.offset + s.numel);
     const std::vector<float> r(gc.begin() + s.offset, gc.begin() + s.offset + s.numel);
+    // A gradient that is zero in exact arithmetic (BERT's key bias: it adds the same q·b_k to
+    // every score of a row, which softmax ignores) is rounding noise on both sides, so relative
+    // to itself it differs by O(1). Measured on the CPU: the key biases' norms are 1.2e-12 and
+    // 1.6e-12 of the whole gradient's, the smallest real one (query bias) 7.3e-6. Such a
+    // tensor must stay noise on the GPU too: below 1e-9 of the whole gradient.
+    if (norm(r.data(), r.size()) < 1e-9 * all) {
+      EXPECT_LT(norm(a.data(), a.size()), 1e-9 * all) << s.name << " (zero in exact arithmetic)";
+      continue;
+    }
     EXPECT_LT(rel(a, r), kModelTol) << s.name;
   }
 }
