@@ -35,6 +35,7 @@ struct SplitCase {
   const char* name;
   const char* family;
   std::vector<std::string> extra;
+  AttentionImpl attention = AttentionImpl::full;
 };
 std::ostream& operator<<(std::ostream& os, const SplitCase& c) { return os << c.name; }
 
@@ -45,6 +46,11 @@ const SplitCase kCases[] = {
     {"llama_gqa", "llama", {"model.n_kv_head=1"}},
     {"bert", "bert", {"model.num_labels=3"}},
     {"bert_dropout", "bert", {"model.num_labels=3", "model.dropout=0.1", "model.attn_dropout=0.1"}},
+    // fused attention (flash_attention_*): not a dense layer, so the split is unaffected
+    {"gpt2_fused", "gpt2", {"model.dropout=0.2"}, AttentionImpl::fused},
+    {"llama_gqa_fused", "llama", {"model.n_kv_head=1"}, AttentionImpl::fused},
+    {"bert_dropout_fused", "bert", {"model.num_labels=3", "model.dropout=0.1", "model.attn_dropout=0.1"},
+     AttentionImpl::fused},
 };
 
 // The roles whose gradient an input-only backward defers (a dense layer's weight and bias).
@@ -66,6 +72,7 @@ class BackwardSplit : public ::testing::TestWithParam<SplitCase> {
   ModelDesc desc() const {
     ModelDesc d = desc_of(GetParam().family, 3, 2, 16, 8, 29, GetParam().extra);
     d.init_std = 0.2;
+    d.attention = GetParam().attention;
     return d;
   }
 };

@@ -9,7 +9,12 @@
 //    out exactly 0 there);
 //  - backward against central finite differences of a double reference on a tiny case, with and
 //    without dropout;
-//  - the same bits with 1 and 2 OpenMP threads.
+//  - the same bits with 1 and 2 OpenMP threads;
+//  - whole models of every family (gpt2; llama with grouped K/V heads; bert with a padding mask
+//    and attention dropout): the same loss and gradients with runtime.attention full and fused,
+//    whole and split (zero-bubble input-only + weight) backward, and the activations' memory
+//    holding lse [B, NH, T] per layer instead of P [B, NH, T, T]. (That a fused model's split
+//    backward equals its whole backward bit for bit: test_backward_split.cpp's fused cases.)
 // (CUDA against these ops: tests/test_cuda_ops.cpp, CudaFlashAttention.)
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -23,6 +28,8 @@
 #include "backend/dropout_hash.h"
 #include "backend/ops.h"
 #include "grad_check.h"
+#include "model/transformer.h"
+#include "model_test_util.h"
 #include "runtime/error.h"
 
 using namespace llmpi;
@@ -292,4 +299,117 @@ TEST(CpuFlashAttention, RejectsBadDropoutAndGrouping) {
   EXPECT_THROW(backend().flash_attention_forward(out.data(), lse.data(), qkv.data(), nullptr, 1, 4, 3,
                                              2, 8, true, 0.0f, 0),
                Error);
+}
+
+// ---- whole models ----------------------------------------------------------------------------
+
+namespace {
+
+struct ModelCase {
+  const char* name;
+  const char* family;
+  std::vector<std::string> extra;
+  bool dropout;  // run forward and backward with dropout (the same keys for both)
+};
+
+const ModelCase kModelCases[] = {
+    {"gpt2", "gpt2", {}, false},
+    {"llama_gqa", "llama", {"model.n_kv_head=2"}, false},
+    {"bert_mask_dropout", "bert", {"model.num_labels=3", "model.dropout=0.1", "model.attn_dropout=0.2"}, true},
+};
+
+constexpr double kModelTol = 1e-5;
+
+struct ModelRun {
+  float loss = 0;
+  std::vector<float> grads;
+  size_t act_bytes = 0;
+};
+
+// One forward and backward (whole, or split: input-only then weight_backward) of a fresh model.
+ModelRun run_model(const ModelCase& c, AttentionImpl impl, bool split) {
+  ModelDesc d = desc_of(c.family, 2, 4, 64, 67, 97, c.extra);
+  d.attention = impl;
+  const int B = 3, T = 67;  // two row blocks of the CPU ops
+  RandomBatch rb(d, B, T, 60);
+  Model m(d, cpu_ops());
+  Activations a(m, B, T);
+  a.dropout.training = c.dropout;
+  a.dropout.seed = 99;
+  a.dropout.step = 3;
+  m.init_params(7);
+  m.zero_grads();
+  ModelRun r;
+  r.loss = m.forward(a, rb.b, true);
+  if (split) {
+    m.begin_backward(a, BackwardMode::input_only);
+    m.head_backward(a, {});
+    m.blocks_backward(a, m.l0(), m.l1(), {});
+    m.embed_backward(a, {});
+    m.weight_backward(a, {});
+  } else {
+    m.backward(a);
+  }
+  r.grads = m.grads_host();
+  r.act_bytes = a.bytes();
+  return r;
+}
+
+}  // namespace
+
+TEST(FlashAttentionModel, EveryFamilyGivesTheSameLossAndGradientsAsFullAttention) {
+  for (const ModelCase& c : kModelCases)
+    for (bool split : {false, true}) {
+      SCOPED_TRACE(std::string(c.name) + (split ? " split backward" : " whole backward"));
+      const ModelRun full = run_model(c, AttentionImpl::full, split);
+      const ModelRun fused = run_model(c, AttentionImpl::fused, split);
+      EXPECT_LT(std::fabs(fused.loss - full.loss) / std::fabs(full.loss), kModelTol)
+          << fused.loss << " vs " << full.loss;
+      ASSERT_EQ(fused.grads.size(), full.grads.size());
+      EXPECT_LT(rel(fused.grads, full.grads), kModelTol);
+      // per tensor too, so a small tensor's error is not hidden by the large ones; relative to
+      // the tensor's norm, but at least 1e-3 of the whole gradient's RMS per element: the key
+      // bias's gradient is 0 in exact arithmetic (softmax ignores a shift common to all keys),
+      // so both sides hold rounding noise there
+      const ModelDesc d = desc_of(c.family, 2, 4, 64, 67, 97, c.extra);
+      const ParamTable table = build_param_table(d);
+      double all = 0.0;
+      for (float g : full.grads) all += (double)g * g;
+      const double rms = std::sqrt(all / full.grads.size());
+      for (const ParamSlice& s : table.slices) {
+        double num = 0.0, den = 0.0;
+        for (size_t k = s.offset; k < s.offset + s.numel; k++) {
+          num += ((double)fused.grads[k] - full.grads[k]) * ((double)fused.grads[k] - full.grads[k]);
+          den += (double)full.grads[k] * full.grads[k];
+        }
+        const double floor = 1e-3 * rms * std::sqrt((double)s.numel);
+        EXPECT_LT(std::sqrt(num) / std::max(std::sqrt(den), floor), kModelTol) << s.name;
+      }
+      // memory: per layer P [B, NH, T, T] replaced by lse [B, NH, T] (each rounded to 16 floats)
+      const size_t B = 3, T = 67, NH = 4, L = 2;
+      auto r16 = [](size_t n) { return (n + 15) / 16 * 16; };
+      EXPECT_EQ(full.act_bytes - fused.act_bytes, L * (r16(B * NH * T * T) - r16(B * NH * T)) * sizeof(float));
+    }
+}
+
+// Activations allocated under one implementation are re-allocated when the model's changes (a
+// model whose desc changed after allocation would otherwise read a null lse or a short att).
+TEST(FlashAttentionModel, ActivationsFollowTheModelsAttention) {
+  ModelDesc d = desc_of("gpt2", 1, 2, 16, 8, 11);
+  Model m(d, cpu_ops());
+  m.init_params(1);
+  RandomBatch rb(d, 2, 8, 5);
+  Activations a(m, 2, 8);
+  EXPECT_EQ(a.attention, AttentionImpl::full);
+  EXPECT_NE(a.layers[0].att, nullptr);
+  EXPECT_EQ(a.layers[0].lse, nullptr);
+  const float full = m.forward(a, rb.b, false);
+  m.desc.attention = AttentionImpl::fused;
+  const float fused = m.forward(a, rb.b, false);  // load_batch re-allocates
+  EXPECT_EQ(a.attention, AttentionImpl::fused);
+  EXPECT_EQ(a.layers[0].att, nullptr);
+  EXPECT_NE(a.layers[0].lse, nullptr);
+  EXPECT_NEAR(fused, full, 1e-5 * std::fabs(full));
+  m.desc.attention = AttentionImpl::full;
+  EXPECT_THROW(m.blocks_forward(a, 0, 1), Error);  // allocated for fused: refused, not misread
 }

@@ -45,6 +45,15 @@ std::vector<std::string> family_tensor_names(Family f, int role, int layer) {
   return {};
 }
 
+AttentionImpl resolve_attention(const std::string& setting, bool on_gpu) {
+  if (setting == "full") return AttentionImpl::full;
+  if (setting == "fused") return AttentionImpl::fused;
+  if (setting == "auto") return on_gpu ? AttentionImpl::fused : AttentionImpl::full;
+  fail("runtime.attention must be \"auto\", \"full\" or \"fused\", got \"", setting, "\"");
+}
+
+const char* attention_impl_name(AttentionImpl a) { return a == AttentionImpl::fused ? "fused" : "full"; }
+
 ModelDesc model_desc_from_config(const ModelConfig& m, int vocab_size) {
   ModelDesc d;
   switch (parse_family(m.family)) {

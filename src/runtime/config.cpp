@@ -27,8 +27,8 @@ const json& config_defaults() {
     "parallel": {"sync": "allreduce", "bucket_mb": 25.0, "first_bucket_mb": 1.0, "overlap": false,
                  "poll_us": 50, "average_every": 1, "pp_stages": 1, "microbatches": 1,
                  "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [], "zero": 0},
-    "runtime":  {"device": "auto", "threads": 0, "trace_steps": 20, "step_timeout_s": 0.0,
-                 "memory_check": true},
+    "runtime":  {"device": "auto", "attention": "auto", "threads": 0, "trace_steps": 20,
+                 "step_timeout_s": 0.0, "memory_check": true},
     "run":      {"dir": "runs/default"},
     "checkpoint": {"every": 0, "keep": 3}
   })");
@@ -269,6 +269,7 @@ static Config extract(const json& r) {
   c.checkpoint.every = as_int<int64_t>(r["checkpoint"]["every"], "checkpoint.every");
   c.checkpoint.keep = as_int<int>(r["checkpoint"]["keep"], "checkpoint.keep");
   c.runtime.device = r["runtime"]["device"];
+  c.runtime.attention = r["runtime"]["attention"];
   c.runtime.threads = as_int<int>(r["runtime"]["threads"], "runtime.threads");
   c.run.dir = r["run"]["dir"];
 
@@ -345,6 +346,8 @@ static Config extract(const json& r) {
           "applies to gradient averaging; \"weights\" averages parameters after the step: set it to false");
   require(c.runtime.device == "auto" || c.runtime.device == "cpu" || c.runtime.device == "cuda",
           "runtime.device", "must be \"auto\", \"cpu\" or \"cuda\", got \"" + c.runtime.device + "\"");
+  require(c.runtime.attention == "auto" || c.runtime.attention == "full" || c.runtime.attention == "fused",
+          "runtime.attention", "must be \"auto\", \"full\" or \"fused\", got \"" + c.runtime.attention + "\"");
   require(c.runtime.threads >= 0, "runtime.threads", "must be >= 0 (0 = cores / ranks per node)");
   require(c.runtime.trace_steps >= 0, "runtime.trace_steps", "must be >= 0 (0 = no trace)");
   require(c.runtime.step_timeout_s >= 0, "runtime.step_timeout_s", "must be >= 0 (0 = no limit)");

@@ -527,7 +527,8 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   }
 
   // Model and optimizer, once the memory they need is known to be there.
-  const ModelDesc desc = model_desc_from_config(cfg.model, vocab);
+  ModelDesc desc = model_desc_from_config(cfg.model, vocab);
+  desc.attention = resolve_attention(cfg.runtime.attention, r.ops->on_gpu());  // how, not what: not in checkpoints
   resolve_config(r.cfg.resolved, desc);
   r.rss_before_model = peak_rss_bytes();  // libraries, MPI, open files: what no estimate counts
   check_memory(r, desc, local_size);
@@ -705,8 +706,9 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
 
   if (print) {
     const bool gpu = r.ops->on_gpu();
-    std::printf("llmpi-train: %d rank%s × %d thread%s, device %s\n", r.world, r.world > 1 ? "s" : "", r.threads,
-                r.threads > 1 ? "s" : "", gpu ? ("cuda: " + cuda_device_name()).c_str() : "cpu");
+    std::printf("llmpi-train: %d rank%s × %d thread%s, device %s, %s attention\n", r.world, r.world > 1 ? "s" : "",
+                r.threads, r.threads > 1 ? "s" : "", gpu ? ("cuda: " + cuda_device_name()).c_str() : "cpu",
+                attention_impl_name(desc.attention));
     const ModelDesc& d = desc;
     std::printf("model %s: %d layers, %d heads%s, d_model %d, ffn %d, seq_len %d, vocab %d%s: %.2fM parameters, "
                 "%.1f MFLOP/token (training)\n",
