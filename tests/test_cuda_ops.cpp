@@ -947,6 +947,7 @@ struct ModelCase {
   const char* family;
   std::vector<std::string> extra;  // model.* settings
   bool training_dropout;           // run forward/backward with dropout on (same keys both sides)
+  AttentionImpl attention = AttentionImpl::full;  // both models (fused: GPU kernels vs the CPU's fused ops)
 };
 std::ostream& operator<<(std::ostream& os, const ModelCase& c) { return os << c.name; }
 
@@ -960,10 +961,21 @@ const ModelCase kModelCases[] = {
      "bert",
      {"model.num_labels=3", "model.dropout=0.1", "model.attn_dropout=0.1"},
      true},
+    {"gpt2_fused", "gpt2", {}, false, AttentionImpl::fused},
+    {"llama_gqa_fused", "llama", {"model.n_kv_head=2"}, false, AttentionImpl::fused},
+    {"bert_dropout_fused",
+     "bert",
+     {"model.num_labels=3", "model.dropout=0.1", "model.attn_dropout=0.1"},
+     true,
+     AttentionImpl::fused},
 };
 
 // n_layer, n_head, d_model, seq_len, vocab
-ModelDesc model_desc(const ModelCase& c) { return desc_of(c.family, 2, 4, 64, 32, 97, c.extra); }
+ModelDesc model_desc(const ModelCase& c) {
+  ModelDesc d = desc_of(c.family, 2, 4, 64, 32, 97, c.extra);
+  d.attention = c.attention;
+  return d;
+}
 
 DropoutContext dropout_context(const ModelCase& c, int64_t step) {
   DropoutContext d;
