@@ -13,18 +13,20 @@
 # with LIMIT_<STEP>=N):
 #   gpu            nvidia-smi
 #   cuda_tests     llmpi-tests --gtest_filter='Cuda*:NcclSync*' (ops, model, real shapes)
-#   memcheck       compute-sanitizer memcheck on CudaOps.* (racecheck, initcheck: likewise)
+#   memcheck       compute-sanitizer memcheck on CudaOps.* and the small fused-attention cases
+#                  (racecheck, initcheck: likewise)
 #   train_cpu/gpu  llmpi-train 50 steps on a tiny GPT-2 on runtime.device=cpu, then =cuda; the
 #                  losses are compared step by step (relative 1e-3)
 #   mpi_staging    2 ranks sharing the GPU through parallel.sync=allreduce (host staging)
 #   mpi_staging_zero  the same with parallel.zero=1 (ZeRO-1); losses vs mpi_staging's (1e-5)
 #   nccl_world1    parallel.sync=nccl at world size 1
-#   bench_bB       bench-gpu_gpt2 at batch 8, 16, 32, 64 (fp32; T = 1024)
+#   bench_bB       bench-gpu_gpt2 at batch 8, 16, 32, 64 (fp32; T = 1024; fused attention, the
+#                  default on CUDA), and bench_b8_full: batch 8 with --attention full
 # Writes OUTDIR/gpu_verify.log (everything) and OUTDIR/gpu_verify.json (one record per step:
 # name, rc, seconds, and the figures it found). Exit status: the number of failed steps.
 set -uo pipefail
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
 if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then usage; exit 0; fi
 
 BUILD=${BUILD:-build}
@@ -91,7 +93,8 @@ record cuda_tests $STEP_RC $STEP_SECONDS "\"passed\": ${passed:-0}, \"failed\": 
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
   for tool in memcheck racecheck initcheck; do
-    step "$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 99 "$TESTS" --gtest_filter='CudaOps.*' --gtest_brief=1
+    step "$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 99 "$TESTS" \
+      --gtest_filter='CudaOps.*:Cases/CudaFlashAttention.*-*real_*' --gtest_brief=1
     errs=$(grep -oP 'ERROR SUMMARY: \K[0-9]+' "$OUT/$tool.out" | tail -1)
     record "$tool" $STEP_RC $STEP_SECONDS "\"errors\": ${errs:-null}"
   done
@@ -147,6 +150,9 @@ for b in 8 16 32 64; do
   tps=$(grep -oP '"tokens_per_s":\s*\K[0-9.e+]+' "$OUT/bench_b$b.json" 2>/dev/null | head -1)
   record "bench_b$b" $STEP_RC $STEP_SECONDS "\"tokens_per_s\": ${tps:-null}"
 done
+step bench_b8_full 240 "$BENCH" --batch 8 --attention full --json "$OUT/bench_b8_full.json"
+tps=$(grep -oP '"tokens_per_s":\s*\K[0-9.e+]+' "$OUT/bench_b8_full.json" 2>/dev/null | head -1)
+record bench_b8_full $STEP_RC $STEP_SECONDS "\"tokens_per_s\": ${tps:-null}"
 
 echo "" >>"$JSON"; echo "]" >>"$JSON"
 echo "gpu_verify: $failed step(s) failed; summary in $JSON" | tee -a "$LOG"
