@@ -7,10 +7,13 @@
 //    than the number of K/V heads), causal and bidirectional, key padding masks (including rows
 //    and whole sequences with no visible key), attention-probability dropout (the kept elements
 //    checked against dropout_keep directly, so both backends provably drop the same ones);
+//  - fused attention (flash_attention_*) against the CPU's fused ops over the same cases plus real
+//    shapes (T = 1024 and 1023, hs = 64), bitwise run to run;
 //  - dropout masks agree exactly with dropout_keep (and so with the CPU backend);
 //  - whole models of every family (gpt2, llama with and without grouped K/V heads, bert with and
-//    without dropout): loss and every parameter gradient within 1e-4 of the CPU model, and 50
-//    AdamW steps following the CPU loss curve within 1e-3 (relative).
+//    without dropout; and with fused attention): loss and every parameter gradient within 1e-4 of
+//    the CPU model (a tensor's error relative to its norm, floored at 1e-3 of the gradient's
+//    RMS), and 50 AdamW steps following the CPU loss curve within 1e-3 (relative).
 // Every GPU test skips ("no GPU: <reason>") when cuda_available() is false, so the suite passes on
 // machines without a GPU or built without CUDA; CudaBackend.AvailabilityMatchesMachine runs
 // everywhere and checks that the answer (and its reason) fits the machine.
@@ -1009,10 +1012,23 @@ TEST_P(CudaModel, LossAndEveryGradientMatchCpu) {
   mg.backward(ag);
   const auto gc = mc.grads_host(), gg = mg.grads_host();
   ASSERT_EQ(gc.size(), gg.size());
+  EXPECT_LT(rel(gg, gc), kModelTol) << "all gradients";
+  // Per tensor, relative to the tensor's norm but at least 1e-3 of the whole gradient's RMS per
+  // element: a tensor whose gradient is 0 in exact arithmetic holds only rounding noise on both
+  // sides (BERT's key bias: softmax ignores a shift common to all keys), where a plain relative
+  // error compares noise with noise.
+  double all = 0.0;
+  for (float g : gc) all += static_cast<double>(g) * g;
+  const double rms = std::sqrt(all / static_cast<double>(gc.size()));
   for (const ParamSlice& s : mc.table.slices) {
-    const std::vector<float> a(gg.begin() + s.offset, gg.begin() + s.offset + s.numel);
-    const std::vector<float> r(gc.begin() + s.offset, gc.begin() + s.offset + s.numel);
-    EXPECT_LT(rel(a, r), kModelTol) << s.name;
+    double num = 0.0, den = 0.0;
+    for (size_t k = s.offset; k < s.offset + s.numel; k++) {
+      const double dd = static_cast<double>(gg[k]) - gc[k];
+      num += dd * dd;
+      den += static_cast<double>(gc[k]) * gc[k];
+    }
+    const double floor = 1e-3 * rms * std::sqrt(static_cast<double>(s.numel));
+    EXPECT_LT(std::sqrt(num) / std::max(std::sqrt(den), floor), kModelTol) << s.name;
   }
 }
 
