@@ -144,7 +144,7 @@ int run(const Options& o) {
     mc.d_model = o.d_model;
     mc.seq_len = o.seq_len;
     ModelDesc desc = model_desc_from_config(mc, o.vocab);
-    desc.attention = resolve_attention(o.attention, true);
+    desc.attention = resolve_attention(o.attention, true, desc.head_dim());
     const int B = o.batch, T = o.seq_len, N = B * T;
     const Ops& ops = cuda_ops();
     Model model(desc, ops);

@@ -320,6 +320,7 @@ __global__ void __launch_bounds__(kDqRows)
 // ---- launch -----------------------------------------------------------------------------------------
 
 // The kernel instance for head size hs: HS = 16, 32, 64 or 128 (0: unsupported).
+// (kFusedAttentionMaxHeadDimCuda in model/model_desc.h is the largest: keep the two together.)
 int head_case(int hs) { return hs <= 16 ? 16 : hs <= 32 ? 32 : hs <= 64 ? 64 : hs <= 128 ? 128 : 0; }
 
 void check_flash_args(const char* op, int NH, int NKV, int hs, float p) {

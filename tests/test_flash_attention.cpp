@@ -413,3 +413,21 @@ TEST(FlashAttentionModel, ActivationsFollowTheModelsAttention) {
   m.desc.attention = AttentionImpl::full;
   EXPECT_THROW(m.blocks_forward(a, 0, 1), Error);  // allocated for fused: refused, not misread
 }
+
+// runtime.attention: auto is fused on a GPU when the kernels take the head size, full otherwise
+// and on the CPU; fused on a GPU with a head size above the kernels' is refused with the fix.
+TEST(FlashAttentionModel, ResolveAttention) {
+  EXPECT_EQ(resolve_attention("auto", false, 64), AttentionImpl::full);
+  EXPECT_EQ(resolve_attention("auto", true, 64), AttentionImpl::fused);
+  EXPECT_EQ(resolve_attention("auto", true, 256), AttentionImpl::full);
+  EXPECT_EQ(resolve_attention("full", true, 64), AttentionImpl::full);
+  EXPECT_EQ(resolve_attention("fused", false, 256), AttentionImpl::fused);  // the CPU takes any size
+  EXPECT_EQ(resolve_attention("fused", true, 128), AttentionImpl::fused);
+  try {
+    resolve_attention("fused", true, 256);
+    ADD_FAILURE() << "a head size of 256 was accepted for the CUDA kernels";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("set runtime.attention \"full\""), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(resolve_attention("flash", false, 64), Error);
+}

@@ -45,10 +45,16 @@ std::vector<std::string> family_tensor_names(Family f, int role, int layer) {
   return {};
 }
 
-AttentionImpl resolve_attention(const std::string& setting, bool on_gpu) {
+AttentionImpl resolve_attention(const std::string& setting, bool on_gpu, int head_dim) {
+  const bool kernels_take_it = head_dim <= kFusedAttentionMaxHeadDimCuda;
   if (setting == "full") return AttentionImpl::full;
-  if (setting == "fused") return AttentionImpl::fused;
-  if (setting == "auto") return on_gpu ? AttentionImpl::fused : AttentionImpl::full;
+  if (setting == "fused") {
+    if (on_gpu && !kernels_take_it)
+      fail("runtime.attention \"fused\": the CUDA kernels take head sizes up to ", kFusedAttentionMaxHeadDimCuda,
+           ", but model.d_model / model.n_head is ", head_dim, ": set runtime.attention \"full\" (or \"auto\")");
+    return AttentionImpl::fused;
+  }
+  if (setting == "auto") return on_gpu && kernels_take_it ? AttentionImpl::fused : AttentionImpl::full;
   fail("runtime.attention must be \"auto\", \"full\" or \"fused\", got \"", setting, "\"");
 }
 

@@ -72,10 +72,13 @@ struct ModelDesc {
 // The description the configuration asks for (model.* keys; vocab_size resolved by the caller).
 ModelDesc model_desc_from_config(const ModelConfig& m, int vocab_size);
 
-// runtime.attention ("auto" | "full" | "fused") for a run on a GPU or not: "auto" is fused on a
-// GPU (memory O(B NH T) instead of O(B NH T^2)) and full on the CPU (its GEMM-based full
-// attention is the faster one there). Throws Error for another value.
-AttentionImpl resolve_attention(const std::string& setting, bool on_gpu);
+// runtime.attention ("auto" | "full" | "fused") for a run on a GPU or not, with head size
+// head_dim: "auto" is fused on a GPU (memory O(B NH T) instead of O(B NH T^2)) when the CUDA
+// kernels take the head size (kFusedAttentionMaxHeadDimCuda), full otherwise and on the CPU (its
+// GEMM-based full attention is the faster one there). Throws Error for another value, and for
+// "fused" on a GPU with a head size the kernels do not take.
+constexpr int kFusedAttentionMaxHeadDimCuda = 128;  // kernels/flash_attention.cu
+AttentionImpl resolve_attention(const std::string& setting, bool on_gpu, int head_dim);
 const char* attention_impl_name(AttentionImpl a);
 
 // Stored in checkpoints; a checkpoint of one description is never loaded into another.

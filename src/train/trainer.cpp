@@ -528,7 +528,8 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
 
   // Model and optimizer, once the memory they need is known to be there.
   ModelDesc desc = model_desc_from_config(cfg.model, vocab);
-  desc.attention = resolve_attention(cfg.runtime.attention, r.ops->on_gpu());  // how, not what: not in checkpoints
+  // how, not what: not in checkpoints
+  desc.attention = resolve_attention(cfg.runtime.attention, r.ops->on_gpu(), desc.head_dim());
   resolve_config(r.cfg.resolved, desc);
   r.rss_before_model = peak_rss_bytes();  // libraries, MPI, open files: what no estimate counts
   check_memory(r, desc, local_size);
