@@ -5,6 +5,7 @@
 //   block l    pre-norm  (gpt2, llama):  x = x + drop(attn(N1(x)));   x = x + drop(mlp(N2(x)))
 //              post-norm (bert):         x = LN1(x + drop(attn(x)));  x = LN2(x + drop(mlp(x)))
 //              attn(h) = O( attention( rope?( QKV h ) ) )     mlp(h) = P( act( F h ) )
+//              attention: full (P stored per layer) or fused (lse per row), by desc.attention
 //   head       LM:          logits = N_f(x) · W^T (W = wte when tied, else lm_head); mean CE over positions
 //              classifier:  logits = C · drop(tanh(Pool · x[:, 0])); mean CE over sequences
 //
