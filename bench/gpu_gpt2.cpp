@@ -3,10 +3,11 @@
 //
 //   build/bench-gpu_gpt2 [--batch B] [--seq-len T] [--steps S] [--warmup W] [--json OUT]
 //                        [--layers L] [--heads H] [--d-model C] [--vocab V] [--device D]
-//                        [--gemm N] [--precision fp32|tf32|bf16]
+//                        [--gemm N] [--precision fp32|tf32|bf16] [--attention auto|full|fused]
 //
 // Defaults: GPT-2 124M (12 layers, 12 heads, d_model 768, vocab 50257, seq_len 1024), batch 8
-// per GPU, 3 warm-up + 20 timed steps. A step is what the trainer does on one rank: zero grads,
+// per GPU, 3 warm-up + 20 timed steps, attention as runtime.attention "auto" runs it on a GPU
+// (fused: kernels/flash_attention.cu; full stores the B x NH x T x T probabilities per layer). A step is what the trainer does on one rank: zero grads,
 // forward (fused softmax + cross-entropy), backward, global-norm clip at 1.0 (sum_squares +
 // scale), AdamW on every parameter (weight decay on the 2-D tensors only).
 //
@@ -51,13 +52,14 @@ struct Options {
   int device = 0, gemm = 8192;
   std::string json;
   llmpi::GemmPrecision precision = llmpi::GemmPrecision::fp32;  // the dense layers' GEMMs (runtime.precision)
+  std::string attention = "auto";
 };
 
 void usage() {
   std::printf(
       "usage: %s [--batch B] [--seq-len T] [--steps S] [--warmup W] [--json OUT]\n"
       "          [--layers L] [--heads H] [--d-model C] [--vocab V] [--device D] [--gemm N]\n"
-      "          [--precision fp32|tf32|bf16]\n",
+      "          [--precision fp32|tf32|bf16] [--attention auto|full|fused]\n",
       kProg);
 }
 
@@ -75,6 +77,10 @@ bool parse(int argc, char** argv, Options& o) {
     const char* v = argv[++i];
     if (a == "--json") {
       o.json = v;
+      continue;
+    }
+    if (a == "--attention") {
+      o.attention = v;
       continue;
     }
     if (a == "--precision") {
@@ -186,7 +192,8 @@ int run(const Options& o) {
     mc.n_head = o.heads;
     mc.d_model = o.d_model;
     mc.seq_len = o.seq_len;
-    const ModelDesc desc = model_desc_from_config(mc, o.vocab);
+    ModelDesc desc = model_desc_from_config(mc, o.vocab);
+    desc.attention = resolve_attention(o.attention, true, desc.head_dim());
     const int B = o.batch, T = o.seq_len, N = B * T;
     const Ops& ops = cuda_ops();
     Model model(desc, ops, ModelPart::whole(), o.precision);
@@ -261,8 +268,8 @@ int run(const Options& o) {
 
     std::printf("\nmodel: %d layers, %d heads, d_model %d, vocab %d, seq_len %d; %.2fM params\n",
                 o.layers, o.heads, o.d_model, o.vocab, T, n / 1e6);
-    std::printf("batch %d x %d = %d tokens/step, %d timed steps after %d warm-up, last loss %.4f\n\n",
-                B, T, N, o.steps, o.warmup, loss);
+    std::printf("batch %d x %d = %d tokens/step, %d timed steps after %d warm-up, last loss %.4f, %s attention\n\n",
+                B, T, N, o.steps, o.warmup, loss, attention_impl_name(desc.attention));
     std::printf("%-34s %12s\n", "metric", "value");
     std::printf("%-34s %12.0f\n", "tokens/s", tok_s);
     std::printf("%-34s %12.2f\n", "ms/step (median)", ms);
@@ -296,6 +303,7 @@ int run(const Options& o) {
             {"bf16", peak ? peak->bf16 : 0.0}}},
           {"mfu_vs_published_bf16_peak", mfu_bf16_peak},
           {"mfu_vs_published_own_peak", mfu_own_peak},
+                    {"attention", attention_impl_name(desc.attention)},
           {"model",
            {{"n_layer", o.layers}, {"n_head", o.heads}, {"d_model", o.d_model},
             {"vocab_size", o.vocab}, {"seq_len", T}, {"params", n}}},

@@ -52,8 +52,8 @@ cublasHandle_t cublas();
 // Scratch buffers that persist between calls and grow on demand (never shrink). A slot's content
 // is valid only within one op (ops on the one stream never overlap, so slots are reused freely).
 // kWsAttn: attention's dropped probabilities (forward, one batch element) and per-query-head
-// dK/dV before their group sums (backward). kWsGemm: a bf16 dense layer's operands converted to
-// bf16 (matmul.cu), all of one call side by side.
+// dK/dV before their group sums (backward); fused attention's D [B, NH, T] (backward). kWsGemm:
+// a bf16 dense layer's operands converted to bf16 (matmul.cu), all of one call side by side.
 enum WorkspaceSlot {
   kWsPartials = 0, kWsSortKeys, kWsSortVals, kWsSortTemp, kWsReduce, kWsFlag, kWsAttn, kWsGemm, kWsSlots
 };
@@ -105,6 +105,7 @@ void check_dropout_p(const char* op, float p);
 // matmul.cu: matmul_forward/backward       rope.cu: rope_forward/backward
 // attention.cu: attention_forward/backward  gelu.cu: gelu_forward/backward (tanh approximation)
 // activations.cu: gelu_erf, swiglu, tanh, dropout (forward/backward)
+// flash_attention.cu: flash_attention_forward/backward
 // residual.cu: residual_forward, first_token_forward/backward
 // softmax_xent.cu: softmax_xent             adamw.cu: adamw_update sgd_update sum_squares scale
 LLMPI_OPS(LLMPI_DECLARE_OP)

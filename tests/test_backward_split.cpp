@@ -36,6 +36,7 @@ struct SplitCase {
   const char* family;
   std::vector<std::string> extra;
   GemmPrecision precision = GemmPrecision::fp32;  // the dense layers' GEMMs (runtime.precision)
+  AttentionImpl attention = AttentionImpl::full;
 };
 std::ostream& operator<<(std::ostream& os, const SplitCase& c) { return os << c.name; }
 
@@ -49,6 +50,11 @@ const SplitCase kCases[] = {
     // bf16 GEMMs: the deferred weight gradients round the same operands the whole backward does
     {"gpt2_bf16", "gpt2", {}, GemmPrecision::bf16},
     {"bert_bf16", "bert", {"model.num_labels=3"}, GemmPrecision::bf16},
+    // fused attention (flash_attention_*): not a dense layer, so the split is unaffected
+    {"gpt2_fused", "gpt2", {"model.dropout=0.2"}, GemmPrecision::fp32, AttentionImpl::fused},
+    {"llama_gqa_fused", "llama", {"model.n_kv_head=1"}, GemmPrecision::fp32, AttentionImpl::fused},
+    {"bert_dropout_fused", "bert", {"model.num_labels=3", "model.dropout=0.1", "model.attn_dropout=0.1"},
+     GemmPrecision::fp32, AttentionImpl::fused},
 };
 
 // The roles whose gradient an input-only backward defers (a dense layer's weight and bias).
@@ -70,6 +76,7 @@ class BackwardSplit : public ::testing::TestWithParam<SplitCase> {
   ModelDesc desc() const {
     ModelDesc d = desc_of(GetParam().family, 3, 2, 16, 8, 29, GetParam().extra);
     d.init_std = 0.2;
+    d.attention = GetParam().attention;
     return d;
   }
 };

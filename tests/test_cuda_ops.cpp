@@ -7,10 +7,13 @@
 //    than the number of K/V heads), causal and bidirectional, key padding masks (including rows
 //    and whole sequences with no visible key), attention-probability dropout (the kept elements
 //    checked against dropout_keep directly, so both backends provably drop the same ones);
+//  - fused attention (flash_attention_*) against the CPU's fused ops over the same cases plus real
+//    shapes (T = 1024 and 1023, hs = 64), bitwise run to run;
 //  - dropout masks agree exactly with dropout_keep (and so with the CPU backend);
 //  - whole models of every family (gpt2, llama with and without grouped K/V heads, bert with and
-//    without dropout): loss and every parameter gradient within 1e-4 of the CPU model, and 50
-//    AdamW steps following the CPU loss curve within 1e-3 (relative).
+//    without dropout; and with fused attention): loss and every parameter gradient within 1e-4 of
+//    the CPU model (a tensor's error relative to its norm, floored at 1e-3 of the gradient's
+//    RMS), and 50 AdamW steps following the CPU loss curve within 1e-3 (relative).
 // Every GPU test skips ("no GPU: <reason>") when cuda_available() is false, so the suite passes on
 // machines without a GPU or built without CUDA; CudaBackend.AvailabilityMatchesMachine runs
 // everywhere and checks that the answer (and its reason) fits the machine.
@@ -672,6 +675,120 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{"dropout_mha_T67", 2, 67, 4, 4, 12, true, MaskKind::none, 0.1f}),
     [](const ::testing::TestParamInfo<AttnCase>& i) { return std::string(i.param.name); });
 
+// Fused attention (kernels/flash_attention.cu) against the CPU's fused ops (the oracle, which
+// tests/test_flash_attention.cpp ties to the full ops): out, lse (exactly -inf where no key is
+// visible), the added part of dqkv (and of its k/v columns alone), and the same bits on a second
+// run. The same cases as CudaAttention, plus real shapes (T = 1024 and 1023, hs = 64) and a head
+// size that is not a kernel instance (hs = 40 runs in the 64 instance, zero-padded).
+class CudaFlashAttention : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(CudaFlashAttention, MatchesCpuFlashForwardAndBackward) {
+  REQUIRE_GPU();
+  const AttnCase c = GetParam();
+  const int B = c.B, T = c.T, NH = c.NH, NKV = c.NKV, hs = c.hs;
+  const int W = (NH + 2 * NKV) * hs, C = NH * hs;
+  const uint32_t seed = 700 + static_cast<uint32_t>(B * 7 + T * 13 + NH * 17 + NKV * 19 + hs);
+  const uint64_t key = 0xfedcba0987654321ull + seed;
+  const size_t out_n = static_cast<size_t>(B) * T * C, lse_n = static_cast<size_t>(B) * NH * T;
+  const auto qkv = random_floats(static_cast<size_t>(B) * T * W, seed, -2.0f, 2.0f);
+  const auto mask = make_mask(c, seed + 1);
+  const int32_t* cmask = mask.empty() ? nullptr : mask.data();
+
+  std::vector<float> rout(out_n, kNaN), rlse(lse_n, kNaN);
+  cpu().flash_attention_forward(rout.data(), rlse.data(), qkv.data(), cmask, B, T, NH, NKV, hs,
+                                c.causal, c.dropout_p, key);
+  Dev gqkv(qkv), gout(nans(out_n)), glse(nans(lse_n));
+  Dev gmask(mask.empty() ? std::vector<int32_t>{0} : mask);
+  const int32_t* dmask = mask.empty() ? nullptr : gmask.i();
+  gpu().flash_attention_forward(gout.f(), glse.f(), gqkv.f(), dmask, B, T, NH, NKV, hs, c.causal,
+                                c.dropout_p, key);
+  const auto out = gout.get(), lse = glse.get();
+  ASSERT_TRUE(all_finite(out));
+  EXPECT_LT(rel(out, rout), kOpTol) << "forward out";
+  std::vector<float> lse_f, rlse_f;  // the finite entries; -inf must match exactly
+  for (size_t r = 0; r < lse_n; r++) {
+    if (rlse[r] == -INFINITY) {
+      ASSERT_EQ(lse[r], -INFINITY) << "lse row " << r;
+    } else {
+      lse_f.push_back(lse[r]);
+      rlse_f.push_back(rlse[r]);
+    }
+  }
+  EXPECT_LT(rel(lse_f, rlse_f), kOpTol) << "forward lse";
+
+  const auto dout = random_floats(out_n, seed + 2);
+  const auto dqkv0 = random_floats(qkv.size(), seed + 3);
+  auto rdqkv = dqkv0;
+  cpu().flash_attention_backward(rdqkv.data(), dout.data(), rout.data(), rlse.data(), qkv.data(),
+                                 cmask, B, T, NH, NKV, hs, c.causal, c.dropout_p, key);
+  Dev gdout(dout), gdqkv(dqkv0);
+  gpu().flash_attention_backward(gdqkv.f(), gdout.f(), gout.f(), glse.f(), gqkv.f(), dmask, B, T,
+                                 NH, NKV, hs, c.causal, c.dropout_p, key);
+  const auto gd = gdqkv.get();
+  ASSERT_TRUE(all_finite(gd));
+  const auto gadd = added(gd, dqkv0), radd = added(rdqkv, dqkv0);
+  EXPECT_LT(rel(gadd, radd), kOpTol) << "backward dqkv";
+  std::vector<float> gkv, rkv;
+  for (size_t r = 0; r < static_cast<size_t>(B) * T; r++)
+    for (int col = NH * hs; col < W; col++) {
+      gkv.push_back(gadd[r * W + col]);
+      rkv.push_back(radd[r * W + col]);
+    }
+  EXPECT_LT(rel(gkv, rkv), kOpTol) << "backward dk, dv";
+  // bitwise deterministic, forward and backward
+  Dev gout2(nans(out_n)), glse2(nans(lse_n)), gdqkv2(dqkv0);
+  gpu().flash_attention_forward(gout2.f(), glse2.f(), gqkv.f(), dmask, B, T, NH, NKV, hs,
+                                c.causal, c.dropout_p, key);
+  gpu().flash_attention_backward(gdqkv2.f(), gdout.f(), gout2.f(), glse2.f(), gqkv.f(), dmask, B,
+                                 T, NH, NKV, hs, c.causal, c.dropout_p, key);
+  EXPECT_EQ(gout2.get(), out) << "forward is not deterministic";
+  EXPECT_EQ(gdqkv2.get(), gd) << "backward is not deterministic";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CudaFlashAttention,
+    ::testing::Values(
+        AttnCase{"mha_tiny", 2, 5, 2, 2, 4, true, MaskKind::none, 0.0f},
+        AttnCase{"mha_one_position", 1, 1, 2, 2, 4, true, MaskKind::none, 0.0f},
+        AttnCase{"mha_T67", 2, 67, 4, 4, 12, true, MaskKind::none, 0.0f},
+        AttnCase{"mha_one_head_T130", 1, 130, 1, 1, 64, true, MaskKind::none, 0.0f},
+        AttnCase{"gqa_nkv2", 2, 67, 4, 2, 8, true, MaskKind::none, 0.0f},
+        AttnCase{"mqa_nkv1", 2, 67, 4, 1, 8, true, MaskKind::none, 0.0f},
+        AttnCase{"gqa_group4_nkv2", 2, 40, 8, 2, 16, true, MaskKind::none, 0.0f},
+        AttnCase{"gqa_group2_nkv3", 1, 33, 6, 3, 8, true, MaskKind::none, 0.0f},
+        AttnCase{"bidir_pad_nkv2", 3, 33, 4, 2, 8, false, MaskKind::padding, 0.0f},
+        AttnCase{"bidir_pad_nkv1", 3, 33, 4, 1, 8, false, MaskKind::padding, 0.0f},
+        AttnCase{"bidir_pad_mha", 4, 70, 4, 4, 16, false, MaskKind::padding, 0.0f},
+        AttnCase{"bidir_nomask", 2, 33, 4, 2, 8, false, MaskKind::none, 0.0f},
+        AttnCase{"causal_holes_nkv2", 3, 33, 4, 2, 8, true, MaskKind::holes, 0.0f},
+        AttnCase{"causal_holes_nkv1", 2, 67, 4, 1, 12, true, MaskKind::holes, 0.0f},
+        AttnCase{"dropout_causal_gqa", 2, 33, 4, 2, 8, true, MaskKind::none, 0.1f},
+        AttnCase{"dropout_bidir_pad_mqa", 3, 33, 4, 1, 8, false, MaskKind::padding, 0.2f},
+        AttnCase{"dropout_causal_holes_group4", 3, 40, 8, 2, 8, true, MaskKind::holes, 0.3f},
+        AttnCase{"hs32_gqa", 2, 100, 4, 2, 32, true, MaskKind::none, 0.1f},
+        AttnCase{"hs40_padded", 2, 70, 2, 2, 40, false, MaskKind::padding, 0.0f},
+        AttnCase{"hs128_bidir", 2, 90, 2, 1, 128, false, MaskKind::holes, 0.1f},
+        // real shapes: GPT-2 124M's head size and context, a full and an odd-length sequence
+        AttnCase{"real_T1024_hs64", 1, 1024, 12, 12, 64, true, MaskKind::none, 0.0f},
+        AttnCase{"real_T1023_hs64", 1, 1023, 4, 4, 64, true, MaskKind::none, 0.0f},
+        AttnCase{"real_T1024_hs64_gqa_dropout", 1, 1024, 8, 2, 64, true, MaskKind::none, 0.1f},
+        AttnCase{"real_T1023_hs64_bidir_pad", 2, 1023, 4, 4, 64, false, MaskKind::padding, 0.0f}),
+    [](const ::testing::TestParamInfo<AttnCase>& i) { return std::string(i.param.name); });
+
+TEST(CudaOps, FlashAttentionRejectsBadArguments) {
+  REQUIRE_GPU();
+  Dev qkv(std::vector<float>(4 * 3 * 256, 0.5f)), out(nans(4 * 256)), lse(nans(8));
+  EXPECT_THROW(gpu().flash_attention_forward(out.f(), lse.f(), qkv.f(), nullptr, 1, 4, 1, 1, 8,
+                                             true, 1.0f, 0),
+               Error);
+  EXPECT_THROW(gpu().flash_attention_forward(out.f(), lse.f(), qkv.f(), nullptr, 1, 4, 3, 2, 8,
+                                             true, 0.0f, 0),
+               Error);
+  EXPECT_THROW(gpu().flash_attention_forward(out.f(), lse.f(), qkv.f(), nullptr, 1, 4, 1, 1, 256,
+                                             true, 0.0f, 0),
+               Error);  // hs above 128
+}
+
 TEST(CudaOps, AttentionRejectsBadDropoutAndGrouping) {
   REQUIRE_GPU();
   Dev qkv(std::vector<float>(4 * 3 * 8, 0.5f)), out(nans(4 * 8)), att(nans(16));
@@ -927,6 +1044,7 @@ struct ModelCase {
   const char* family;
   std::vector<std::string> extra;  // model.* settings
   bool training_dropout;           // run forward/backward with dropout on (same keys both sides)
+  AttentionImpl attention = AttentionImpl::full;  // both models (fused: GPU kernels vs the CPU's fused ops)
 };
 std::ostream& operator<<(std::ostream& os, const ModelCase& c) { return os << c.name; }
 
@@ -940,10 +1058,21 @@ const ModelCase kModelCases[] = {
      "bert",
      {"model.num_labels=3", "model.dropout=0.1", "model.attn_dropout=0.1"},
      true},
+    {"gpt2_fused", "gpt2", {}, false, AttentionImpl::fused},
+    {"llama_gqa_fused", "llama", {"model.n_kv_head=2"}, false, AttentionImpl::fused},
+    {"bert_dropout_fused",
+     "bert",
+     {"model.num_labels=3", "model.dropout=0.1", "model.attn_dropout=0.1"},
+     true,
+     AttentionImpl::fused},
 };
 
 // n_layer, n_head, d_model, seq_len, vocab
-ModelDesc model_desc(const ModelCase& c) { return desc_of(c.family, 2, 4, 64, 32, 97, c.extra); }
+ModelDesc model_desc(const ModelCase& c) {
+  ModelDesc d = desc_of(c.family, 2, 4, 64, 32, 97, c.extra);
+  d.attention = c.attention;
+  return d;
+}
 
 DropoutContext dropout_context(const ModelCase& c, int64_t step) {
   DropoutContext d;

@@ -59,11 +59,16 @@ TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
     std::string family;
     std::vector<std::string> extra;
     std::string optimizer;
+    AttentionImpl attention = AttentionImpl::full;  // fused: lse per row instead of P, no T x T scratch
   };
   for (const Case& c : {Case{"gpt2", {}, "adamw"}, Case{"gpt2", {"model.tie_embeddings=false"}, "sgd"},
-                        Case{"llama", {"model.n_kv_head=1"}, "adamw"}, Case{"bert", {}, "adamw"}}) {
+                        Case{"llama", {"model.n_kv_head=1"}, "adamw"}, Case{"bert", {}, "adamw"},
+                        Case{"gpt2", {}, "adamw", AttentionImpl::fused},
+                        Case{"llama", {"model.n_kv_head=1"}, "adamw", AttentionImpl::fused},
+                        Case{"bert", {}, "adamw", AttentionImpl::fused}}) {
     const int B = 3, T = 12;
-    const ModelDesc d = test::desc_of(c.family, 2, 2, 16, T, 37, c.extra);
+    ModelDesc d = test::desc_of(c.family, 2, 2, 16, T, 37, c.extra);
+    d.attention = c.attention;
     const MemoryEstimate e = estimate_memory(d, B, T, config_with(c.optimizer), 1, 0, false);
     const Ops ops = counting_ops();
     g_allocated = 0;

@@ -1,9 +1,9 @@
 // Every family under MPI (-n 2): training on 2 ranks equals training on 1 rank with the same
 // global batch (1e-5 relative over 10 steps) for allreduce, gather_scatter and overlapped
 // buckets; an interrupted and resumed run repeats the uninterrupted one bit for bit; a checkpoint
-// of one family is refused by another. (gpt2 has the same checks in test_mpi_sync.cpp and
-// test_mpi_checkpoint.cpp; these add llama, with grouped K/V heads, and bert on a
-// classification file.)
+// of one family is refused by another; runtime.attention=fused trains like full. (gpt2 has the
+// same checks in test_mpi_sync.cpp and test_mpi_checkpoint.cpp; these add llama, with grouped K/V
+// heads, and bert on a classification file.)
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -135,6 +135,29 @@ TEST(MpiFamilies, BertTwoRanksEqualOneRank) { two_ranks_equal_one("bert"); }
 TEST(MpiFamilies, LlamaResumeIsBitIdentical) { resume_is_bit_identical("llama", {}); }
 TEST(MpiFamilies, BertResumeIsBitIdenticalWithDropout) {
   resume_is_bit_identical("bert", {"model.dropout=0.1", "model.attn_dropout=0.1"});
+}
+
+// runtime.attention=fused (flash_attention_*: lse per row, P recomputed in backward) trains like
+// runtime.attention=full on 2 ranks, for every family (bert with its padding masks and attention
+// dropout on): the same losses and final parameters to rounding (1e-5 relative over 10 steps).
+TEST(MpiFamilies, FusedAttentionTrainsLikeFullAttention) {
+  std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  for (const std::string family : {"gpt2", "llama", "bert"}) {
+    FamilySetup f = setup_family(family, dir);
+    if (family == "bert") f.sets.insert(f.sets.end(), {"model.dropout=0.1", "model.attn_dropout=0.1"});
+    TrainResult r[2];
+    const char* impl[2] = {"full", "fused"};
+    for (int k = 0; k < 2; k++)
+      r[k] = train(family_config(f, {"train.steps=10", std::string("runtime.attention=") + impl[k]}), MPI_COMM_WORLD,
+                   quiet_options(false), true);
+    if (world_rank() != 0) continue;
+    ASSERT_EQ(r[1].losses.size(), 10u);
+    for (int s = 0; s < 10; s++)
+      EXPECT_LT(std::fabs(r[1].losses[s] - r[0].losses[s]) / r[0].losses[s], 1e-5) << family << " step " << s;
+    EXPECT_LT(rel_diff(r[1].final_params, r[0].final_params), 1e-5) << family;
+    std::printf("%s: full vs fused attention, last loss %.7f vs %.7f, params rel diff %.1e\n", family.c_str(),
+                r[0].losses.back(), r[1].losses.back(), rel_diff(r[1].final_params, r[0].final_params));
+  }
 }
 
 // bert evaluates accuracy on a classification file, and a language-modelling file given to it is

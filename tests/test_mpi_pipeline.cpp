@@ -115,6 +115,12 @@ TEST(MpiPipeline, LargeMessagesEverySchedule) {
                                  {"train.global_batch=16", "model.seq_len=64", "model.d_model=64"});
 }
 TEST(MpiPipeline, BertTwoStages) { every_schedule_equals_one_rank("bert", 2, {"1f1b", "gpipe", "zb-h1"}); }
+// Fused attention (runtime.attention=fused: lse per layer in each activation slot) in the stages,
+// zero-bubble's split backward included.
+TEST(MpiPipeline, FusedAttentionTwoStages) {
+  every_schedule_equals_one_rank("llama", 4, {"1f1b", "zb-h1"}, {"runtime.attention=fused"});
+  every_schedule_equals_one_rank("bert", 2, {"zb-h1"}, {"runtime.attention=fused"});
+}
 
 // Explicit layer counts, and overlapped bucketed sync inside the stages, change nothing; the
 // validation loss evaluated along the pipeline equals one rank's.

@@ -66,11 +66,14 @@ size_t host_loss_row(const ModelDesc& d, int B, int T) { return (d.head == HeadK
 
 }  // namespace
 
-// pp = 1, ZeRO-0: the plan's per-rank bytes are estimate_memory's, for every family.
+// pp = 1, ZeRO-0: the plan's per-rank bytes are estimate_memory's, for every family and both
+// attention implementations (fused: lse per row instead of P, no T x T backward scratch).
 TEST(PlanMemory, OneStageEqualsTheStartupEstimate) {
+  for (const AttentionImpl att : {AttentionImpl::full, AttentionImpl::fused})
   for (const std::string fam : {"gpt2", "llama", "bert"}) {
     const int T = 12, world = 2, G = 6;
-    const ModelDesc d = test::desc_of(fam, 3, 2, 16, T, 37);
+    ModelDesc d = test::desc_of(fam, 3, 2, 16, T, 37);
+    d.attention = att;
     Config cfg = parse_config("{}", "test", {"data.train=-", "train.global_batch=6", "model.seq_len=12"});
     PlanInputs in = plan_inputs_from_config(cfg, d, world);  // the run's own configuration
     EXPECT_EQ(in.global_batch, G);
@@ -98,9 +101,11 @@ TEST(PlanMemory, OneStageEqualsTheStartupEstimate) {
 
 // activation_bytes / kept_bytes of a part equal what Activations allocates for that part.
 TEST(PlanMemory, PartActivationBytesEqualTheAllocations) {
+  for (const AttentionImpl att : {AttentionImpl::full, AttentionImpl::fused})
   for (const std::string fam : {"gpt2", "llama", "bert"}) {
     const int B = 2, T = 8;
-    const ModelDesc d = test::desc_of(fam, 4, 2, 16, T, 37);
+    ModelDesc d = test::desc_of(fam, 4, 2, 16, T, 37);
+    d.attention = att;
     EXPECT_EQ(activation_bytes(d, ModelPart::whole(), B, T), activation_bytes(d, B, T)) << fam;
     for (const ModelPart p : {ModelPart{0, 1, true, false}, ModelPart{1, 3, false, false}, ModelPart{3, 4, false, true},
                               ModelPart{0, 0, true, false}, ModelPart::whole()}) {

@@ -21,9 +21,11 @@
 #                           V = 50257, T = 1024, N = 65536 rows, 124M-element AdamW, a whole step
 #                           CPU vs GPU, bitwise repeatability)
 #   sanitize  memcheck, racecheck, initcheck: compute-sanitizer on the small op tests
-#                           (CudaOps.* and Cases/CudaAttention.*)
+#                           (CudaOps.*, Cases/CudaAttention.*, the small Cases/CudaFlashAttention.*)
 #   train     train_cpu, train_gpu   llmpi-train 50 steps on a tiny GPT-2, runtime.device=cpu then
-#                           cuda; losses compared step by step (relative 1e-3)
+#                           cuda (fused attention: runtime.attention auto); losses compared step by
+#                           step (relative 1e-3)
+#             train_gpu_full  the same with runtime.attention=full (the T×T kernels)
 #             mpi_staging   2 ranks sharing the GPU through parallel.sync=allreduce (host staging);
 #                           losses vs train_cpu (1e-3)
 #             mpi_staging_zero  the same with parallel.zero=1; losses vs mpi_staging's (1e-5)
@@ -37,7 +39,8 @@
 #                           "Precision modes" says why not tighter)
 #             mpi_bf16_sync 2 ranks, parallel.grad_dtype=bf16; losses vs mpi_staging (1e-3)
 #   bench_bf16, bench_fp32, bench_tf32
-#             bench_P_bB    bench-gpu_gpt2 --precision P --batch B (B = 8, 16, 32, 64; T = 1024)
+#             bench_P_bB    bench-gpu_gpt2 --precision P --batch B (B = 8, 16, 32, 64; T = 1024;
+#                           fused attention), and bench_bf16_b8_full: batch 8 with --attention full
 #
 # Every step runs under its own time limit (seconds; LIMIT_<STEP>=N overrides one), and the whole
 # run under DEADLINE (seconds, default 570): a step that would start with less than 20 s left is
@@ -55,10 +58,10 @@ group_steps() {
     tests) echo "gpu cuda_tests" ;;
     shapes) echo "real_shapes" ;;
     sanitize) echo "memcheck racecheck initcheck" ;;
-    train) echo "train_cpu train_gpu mpi_staging mpi_staging_zero nccl_world1 train_gpu_bf16 train_gpu_tf32" \
+    train) echo "train_cpu train_gpu train_gpu_full mpi_staging mpi_staging_zero nccl_world1 train_gpu_bf16 train_gpu_tf32" \
                 "train_cpu_bf16 train_gpu_bf16_vs_cpu mpi_bf16_sync" ;;
     bench_bf16|bench_fp32|bench_tf32)
-      local p=${1#bench_}; echo "bench_${p}_b8 bench_${p}_b16 bench_${p}_b32 bench_${p}_b64" ;;
+      local p=${1#bench_}; echo "bench_${p}_b8 bench_${p}_b16 bench_${p}_b32 bench_${p}_b64$([ "$p" = bf16 ] && echo " bench_bf16_b8_full")" ;;
     *) return 1 ;;
   esac
 }
@@ -191,7 +194,7 @@ for tool in memcheck racecheck initcheck; do
     record "$tool" 127 0 "\"why\": \"compute-sanitizer not on PATH\""; continue
   fi
   step "$tool" 180 compute-sanitizer --tool "$tool" --error-exitcode 99 "$TESTS" \
-    --gtest_filter='CudaOps.*:Cases/CudaAttention.*' --gtest_brief=1
+    --gtest_filter='CudaOps.*:Cases/CudaAttention.*:Cases/CudaFlashAttention.*-*real_*' --gtest_brief=1
   errs=$(grep -oP 'ERROR SUMMARY: \K[0-9]+' "$WORK/$tool.out" | tail -1)
   record "$tool" $STEP_RC $STEP_SECONDS "\"errors\": ${errs:-null}"
 done
@@ -244,6 +247,7 @@ EOF
   # The CPU run is the reference of every GPU run below: it runs whenever one of them does.
   train_step train_cpu 120 "" 0 1 runtime.device=cpu
   wants train_gpu && train_step train_gpu 120 train_cpu 1e-3 1 runtime.device=cuda
+  wants train_gpu_full && train_step train_gpu_full 120 train_cpu 1e-3 1 runtime.device=cuda runtime.attention=full
   wants mpi_staging && train_step mpi_staging 150 train_cpu 1e-3 2 runtime.device=cuda parallel.sync=allreduce \
     parallel.overlap=false
   # ZeRO-1 through the same staging (reduce-scatter + all-gather): the losses of the run above.
@@ -270,15 +274,17 @@ EOF
     parallel.overlap=false parallel.grad_dtype=bf16
 fi
 
-# bench_step NAME PRECISION BATCH: bench-gpu_gpt2 (GPT-2 124M, T = 1024), its JSON folded into the record.
+# bench_step NAME PRECISION BATCH [ATTENTION]: bench-gpu_gpt2 (GPT-2 124M, T = 1024), its JSON
+# folded into the record.
 bench_step() {
-  local name=$1 prec=$2 b=$3
-  step "$name" 140 "$BENCH" --batch "$b" --precision "$prec" --steps 8 --warmup 2 --json "$WORK/$name.json"
+  local name=$1 prec=$2 b=$3 att=${4:-auto}
+  step "$name" 140 "$BENCH" --batch "$b" --precision "$prec" --attention "$att" --steps 8 --warmup 2 \
+    --json "$WORK/$name.json"
   local fig=""
   if [ -s "$WORK/$name.json" ]; then
     fig=$(python3 -c 'import json,sys
 j=json.load(open(sys.argv[1]))
-keys=["precision","batch","tokens_per_s","ms_per_step","forward_ms","backward_ms","optim_ms","achieved_tflops",
+keys=["precision","attention","batch","tokens_per_s","ms_per_step","forward_ms","backward_ms","optim_ms","achieved_tflops",
       "gemm_tflops","mfu_vs_measured_gemm","mfu_vs_published_bf16_peak","mfu_vs_published_own_peak",
       "peak_memory_bytes","last_loss","device"]
 print(", ".join("\"%s\": %s" % (k, json.dumps(j.get(k))) for k in keys))' "$WORK/$name.json" 2>/dev/null ||
@@ -291,6 +297,10 @@ for p in bf16 fp32 tf32; do
     wants "bench_${p}_b$b" && bench_step "bench_${p}_b$b" "$p" "$b"
   done
 done
+wants bench_bf16_b8_full && bench_step bench_bf16_b8_full bf16 8 full
+step bench_b8_full 240 "$BENCH" --batch 8 --attention full --json "$OUT/bench_b8_full.json"
+tps=$(grep -oP '"tokens_per_s":\s*\K[0-9.e+]+' "$OUT/bench_b8_full.json" 2>/dev/null | head -1)
+record bench_b8_full $STEP_RC $STEP_SECONDS "\"tokens_per_s\": ${tps:-null}"
 
 echo "" >>"$JSON"; echo "]" >>"$JSON"
 echo "gpu_verify: $failed step(s) failed; summary in $JSON" | tee -a "$LOG"

@@ -170,6 +170,7 @@ int main(int argc, char** argv) {
       fail("unknown schedule '", in.schedule, "': use gpipe, 1f1b or zb-h1");
     if (pp > 0 && pp != cfg.parallel.pp_stages) in.stage_layers.clear();  // balanced for the new stage count
     in.device = find_device(device_name);
+    in.desc.attention = resolve_attention(cfg.runtime.attention, in.device.gpu, in.desc.head_dim());  // P or lse
     in.precision = parse_precision(precision);
     if (in.precision != Precision::fp32 && !in.device.gpu)
       fail("--precision ", precision, " is a GPU projection: use --precision fp32 with --device cpu");

@@ -45,6 +45,9 @@ static std::string keys_help() {
        "weights, gradients, optimizer and every other op stay fp32) | \"tf32\" (CUDA tensor cores only).\n"
        "train.optimizer: \"adamw\" | \"sgd\". train.on_nonfinite: \"abort\" | \"skip\". Also: --resume auto|PATH, --dry-run.\n"
        "runtime.memory_check: refuse (at start-up) a configuration whose memory estimate exceeds what the node has.\n"
+       "runtime.attention: \"auto\" (fused on cuda for head sizes <= 128, else full) | \"full\" (stores the T x T\n"
+       "probabilities per layer) | \"fused\" (flash-attention style: one log-sum-exp per query row, never a T x T\n"
+       "matrix; the same results to rounding).\n"
        "run.dir is locked by the run (run.dir/LOCK); a new run in a directory holding an earlier one needs\n"
        "--resume auto, another run.dir, or --overwrite.\n"
        "Writes run.dir/config.json (resolved), metrics.jsonl (per logged step) and eval.jsonl.\n";

@@ -98,6 +98,24 @@
                                const float* att, const int32_t* mask, int B, int T, int NH,        \
                                int NKV, int hs, bool causal, float dropout_p,                      \
                                uint64_t dropout_key))                                              \
+  /* ---- fused attention (flash-attention style): the same S, visibility, P, dropout and out as   \
+     attention_forward (same qkv layout, grouping, mask, element index e of (b,h,i,j) for          \
+     dropout_keep), but P is never stored: memory O(B NH T), never T x T.                          \
+     lse [B,NH,T]: lse_i = log Σ_{visible j} exp(S_ij) (so P_ij = exp(S_ij - lse_i)); a row with   \
+     no visible key has out = 0 and lse = -inf (its P is 0, as in attention_forward). */          \
+  X(void, flash_attention_forward, (float* out, float* lse, const float* qkv,                      \
+                                    const int32_t* mask, int B, int T, int NH, int NKV, int hs,    \
+                                    bool causal, float dropout_p, uint64_t dropout_key))           \
+  /* dqkv += the gradient of attention_forward, from out and lse of the forward (FlashAttention-2):\
+       P_ij = exp(S_ij - lse_i), P~ = P keep/(1-p), dV += P~^T dO, dP~ = dO V^T,                   \
+       D_i = Σ_d dO_id out_id (= Σ_j P~_ij dP~_ij = Σ_j P_ij dP_ij, out being the dropped output), \
+       dS = P~ ∘ dP~ - P ∘ D  (= P ∘ (dP - D), dP = dP~ keep/(1-p)),                                \
+       dQ += dS K / sqrt(hs), dK += dS^T Q / sqrt(hs) (K/V heads summed over their query heads).   \
+     Scratch is the backend's own and O(B NH T) at most. */                                        \
+  X(void, flash_attention_backward, (float* dqkv, const float* dout, const float* out,             \
+                                     const float* lse, const float* qkv, const int32_t* mask,      \
+                                     int B, int T, int NH, int NKV, int hs, bool causal,           \
+                                     float dropout_p, uint64_t dropout_key))                       \
                                                                                                    \
   /* ---- pointwise ---- */                                                                        \
   /* GELU, tanh approximation (GPT-2) */                                                           \

@@ -45,6 +45,21 @@ std::vector<std::string> family_tensor_names(Family f, int role, int layer) {
   return {};
 }
 
+AttentionImpl resolve_attention(const std::string& setting, bool on_gpu, int head_dim) {
+  const bool kernels_take_it = head_dim <= kFusedAttentionMaxHeadDimCuda;
+  if (setting == "full") return AttentionImpl::full;
+  if (setting == "fused") {
+    if (on_gpu && !kernels_take_it)
+      fail("runtime.attention \"fused\": the CUDA kernels take head sizes up to ", kFusedAttentionMaxHeadDimCuda,
+           ", but model.d_model / model.n_head is ", head_dim, ": set runtime.attention \"full\" (or \"auto\")");
+    return AttentionImpl::fused;
+  }
+  if (setting == "auto") return on_gpu && kernels_take_it ? AttentionImpl::fused : AttentionImpl::full;
+  fail("runtime.attention must be \"auto\", \"full\" or \"fused\", got \"", setting, "\"");
+}
+
+const char* attention_impl_name(AttentionImpl a) { return a == AttentionImpl::fused ? "fused" : "full"; }
+
 ModelDesc model_desc_from_config(const ModelConfig& m, int vocab_size) {
   ModelDesc d;
   switch (parse_family(m.family)) {

@@ -26,6 +26,12 @@ enum class Family { gpt2, llama, bert };
 enum class NormKind { layernorm, rmsnorm };
 enum class MlpKind { gelu_tanh, gelu_erf, swiglu };
 enum class HeadKind { lm, classifier };
+// How attention is computed (runtime.attention), not what: `full` stores the probabilities P
+// [B, NH, T, T] per layer for backward (attention_forward/backward); `fused` keeps one
+// log-sum-exp per query row [B, NH, T] and recomputes P in backward
+// (flash_attention_forward/backward), never holding a T x T matrix. Both give the same results
+// to rounding.
+enum class AttentionImpl { full, fused };
 
 const char* family_name(Family f);
 Family parse_family(const std::string& name);  // throws Error naming the known families
@@ -53,6 +59,9 @@ struct ModelDesc {
   double init_std = 0.02;
   float dropout = 0.0f;          // hidden dropout (training only)
   float attn_dropout = 0.0f;     // attention-probability dropout (training only)
+  // A runtime choice, not part of the architecture: left out of model_desc_json (checkpoints)
+  // and set by whoever runs the model (the trainer from runtime.attention: resolve_attention).
+  AttentionImpl attention = AttentionImpl::full;
 
   int head_dim() const { return d_model / n_head; }
   int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim(); }
@@ -62,6 +71,15 @@ struct ModelDesc {
 
 // The description the configuration asks for (model.* keys; vocab_size resolved by the caller).
 ModelDesc model_desc_from_config(const ModelConfig& m, int vocab_size);
+
+// runtime.attention ("auto" | "full" | "fused") for a run on a GPU or not, with head size
+// head_dim: "auto" is fused on a GPU (memory O(B NH T) instead of O(B NH T^2)) when the CUDA
+// kernels take the head size (kFusedAttentionMaxHeadDimCuda), full otherwise and on the CPU (its
+// GEMM-based full attention is the faster one there). Throws Error for another value, and for
+// "fused" on a GPU with a head size the kernels do not take.
+constexpr int kFusedAttentionMaxHeadDimCuda = 128;  // kernels/flash_attention.cu
+AttentionImpl resolve_attention(const std::string& setting, bool on_gpu, int head_dim);
+const char* attention_impl_name(AttentionImpl a);
 
 // Stored in checkpoints; a checkpoint of one description is never loaded into another.
 nlohmann::json model_desc_json(const ModelDesc& d);

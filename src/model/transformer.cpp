@@ -220,7 +220,7 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   const ModelDesc& d = m.desc;
   if (T_ > d.max_seq_len)
     fail("sequence length ", T_, " exceeds the model's max_seq_len ", d.max_seq_len);
-  if (model == &m && B == B_ && T == T_) return;
+  if (model == &m && B == B_ && T == T_ && attention == d.attention) return;
   if (model) {
     model->ops->free(mem_);
     model->ops->free(ids_);
@@ -233,7 +233,12 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   model = &m;
   B = B_;
   T = T_;
-  const size_t N = static_cast<size_t>(B) * T, C = d.d_model, att = static_cast<size_t>(B) * d.n_head * T * T;
+  attention = d.attention;
+  // Full attention keeps P [B, NH, T, T] per layer, fused attention one lse per query row.
+  const bool fused = attention == AttentionImpl::fused;
+  const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
+  const size_t att = fused ? 0 : static_cast<size_t>(B) * d.n_head * T * T;
+  const size_t lse = fused ? static_cast<size_t>(B) * d.n_head * T : 0;
   const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = static_cast<size_t>(d.n_head) * d.head_dim();
   std::vector<std::pair<float**, size_t>> plan = {{&input, N * C}, {&dresidual, N * C}, {&tmp, N * C}};
   if (m.part.embedding && d.embedding_norm)
@@ -241,9 +246,9 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   layers.assign(m.part.l1 - m.part.l0, {});
   for (Layer& L : layers) {
     plan.insert(plan.end(), {{&L.norm1, N * C}, {&L.norm1_mean, N}, {&L.norm1_rstd, N}, {&L.qkv, N * QKV},
-                             {&L.atty, N * AY}, {&L.att, att}, {&L.res_attn, N * C}, {&L.norm2, N * C},
-                             {&L.norm2_mean, N}, {&L.norm2_rstd, N}, {&L.fc, N * FC}, {&L.act, N * F},
-                             {&L.res_mlp, N * C}});
+                             {&L.atty, N * AY}, {fused ? &L.lse : &L.att, fused ? lse : att}, {&L.res_attn, N * C},
+                             {&L.norm2, N * C}, {&L.norm2_mean, N}, {&L.norm2_rstd, N}, {&L.fc, N * FC},
+                             {&L.act, N * F}, {&L.res_mlp, N * C}});
     if (!d.pre_norm) plan.push_back({&L.out, N * C});
   }
   if (m.part.head) {
@@ -293,6 +298,14 @@ void norm_backward(const Ops& o, const ModelDesc& d, float* dx, float* dw, float
     o.layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, d.d_model);
   else
     o.rmsnorm_backward(dx, dw, dout, x, w, rstd, N, d.d_model);
+}
+
+// The activations hold the attention state of the model's attention implementation (a desc
+// changed after they were allocated would leave att/lse null or too small).
+void check_attention_state(const Activations& a, const ModelDesc& d) {
+  if (a.attention != d.attention)
+    fail("internal: activations allocated for ", attention_impl_name(a.attention), " attention, but the model runs ",
+         attention_impl_name(d.attention), " attention (allocate them again)");
 }
 
 uint64_t drop_key(const Activations& a, int layer, int site) {
@@ -361,6 +374,7 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
   const size_t NC = static_cast<size_t>(N) * C;
   const float p = a.dropout.training ? d.dropout : 0.0f, pa = a.dropout.training ? d.attn_dropout : 0.0f;
   const int32_t* mask = a.has_mask ? a.attn_mask : nullptr;
+  check_attention_state(a, d);
   for (int l = from; l < to; l++) {
     const int i = l - part.l0;
     const BlockTensors& w = pb[i];
@@ -377,7 +391,11 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
       o.rope_forward(L.qkv, B, T, NH, hs, QKV, static_cast<float>(d.rope_theta));
       o.rope_forward(L.qkv + AY, B, T, NKV, hs, QKV, static_cast<float>(d.rope_theta));
     }
-    o.attention_forward(L.atty, L.att, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa, drop_key(a, l, kDropAttnProbs));
+    if (d.attention == AttentionImpl::fused)
+      o.flash_attention_forward(L.atty, L.lse, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa,
+                                drop_key(a, l, kDropAttnProbs));
+    else
+      o.attention_forward(L.atty, L.att, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa, drop_key(a, l, kDropAttnProbs));
     o.matmul_forward(a.tmp, L.atty, w[kAttnOutW], w[kAttnOutB], N, AY, C, precision);
     if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropAttnOut));
     o.residual_forward(L.res_attn, x, a.tmp, NC);
@@ -466,8 +484,10 @@ std::vector<int> Model::predictions(const Activations& a) const {
 void Model::ensure_scratch(int B, int T) {
   const ModelDesc& d = desc;
   const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
-  const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), N * d.ffn_dim,
-                          static_cast<size_t>(B) * d.n_head * T * T, 3 * static_cast<size_t>(B) * C};
+  // d_att_: full attention's T x T backward scratch (fused attention needs none)
+  const size_t att = d.attention == AttentionImpl::fused ? 0 : static_cast<size_t>(B) * d.n_head * T * T;
+  const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), N * d.ffn_dim, att,
+                          3 * static_cast<size_t>(B) * C};
   size_t total = 0;
   for (size_t s : sizes) total += (s + 15) / 16 * 16;
   if (total > scratch_floats_) {
@@ -636,6 +656,7 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
   const size_t NC = static_cast<size_t>(N) * C;
   const float p = a.dropout.training ? d.dropout : 0.0f, pa = a.dropout.training ? d.attn_dropout : 0.0f;
   const int32_t* mask = a.has_mask ? a.attn_mask : nullptr;
+  check_attention_state(a, d);
   ensure_scratch(B, T);
   float* dres = a.dresidual;  // holds d(block output); leaves holding d(block input)
   // d(branch output) from d(residual sum): the dropout mask applied to it, or itself.
@@ -664,8 +685,12 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
     dense_backward(a, dinp, dout, kept, inp, slot, wrole, brole, N, in, out, true, ready);
   };
   auto attention_backward = [&](const Activations::Layer& L, const BlockTensors& w, int l) {
-    o.attention_backward(d_qkv, d_att_, d_a_, L.qkv, L.att, mask, B, T, NH, NKV, hs, d.causal, pa,
-                         drop_key(a, l, kDropAttnProbs));
+    if (d.attention == AttentionImpl::fused)  // d_a_ = d atty; atty is the (dropped) output
+      o.flash_attention_backward(d_qkv, d_a_, L.atty, L.lse, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa,
+                                 drop_key(a, l, kDropAttnProbs));
+    else
+      o.attention_backward(d_qkv, d_att_, d_a_, L.qkv, L.att, mask, B, T, NH, NKV, hs, d.causal, pa,
+                           drop_key(a, l, kDropAttnProbs));
     if (!d.learned_positions) {
       o.rope_backward(d_qkv, B, T, NH, hs, QKV, static_cast<float>(d.rope_theta));
       o.rope_backward(d_qkv + AY, B, T, NKV, hs, QKV, static_cast<float>(d.rope_theta));

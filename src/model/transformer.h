@@ -6,6 +6,7 @@
 //   block l    pre-norm  (gpt2, llama):  x = x + drop(attn(N1(x)));   x = x + drop(mlp(N2(x)))
 //              post-norm (bert):         x = LN1(x + drop(attn(x)));  x = LN2(x + drop(mlp(x)))
 //              attn(h) = O( attention( rope?( QKV h ) ) )     mlp(h) = P( act( F h ) )
+//              attention: full (P stored per layer) or fused (lse per row), by desc.attention
 //   head       LM:          logits = N_f(x) · W^T (W = wte when tied, else lm_head); mean CE over positions
 //              classifier:  logits = C · drop(tanh(Pool · x[:, 0])); mean CE over sequences
 //
@@ -96,9 +97,13 @@ struct Activations {
   struct Layer {
     float *norm1, *norm1_mean, *norm1_rstd, *qkv, *atty, *att, *res_attn, *norm2, *norm2_mean, *norm2_rstd,
         *fc, *act, *res_mlp, *out;
+    // Attention's saved state: att [B, NH, T, T] (full attention) or lse [B, NH, T] (fused);
+    // the other is null (model_desc.h AttentionImpl).
+    float* lse;
   };
   const Model* model = nullptr;
   int B = 0, T = 0;
+  AttentionImpl attention = AttentionImpl::full;  // the model's when allocated (re-allocated on a change)
   DropoutContext dropout;
   // Ids on the device: tokens, targets (LM) or labels (classifier), token types, attention mask.
   int32_t *tokens = nullptr, *targets = nullptr, *token_types = nullptr, *attn_mask = nullptr;

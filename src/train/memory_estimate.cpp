@@ -15,18 +15,24 @@ namespace {
 
 size_t aligned16(size_t floats) { return (floats + 15) / 16 * 16; }  // the model's 64-byte tensor alignment
 
+// Attention's saved state per layer: P [B, H, T, T] (full) or lse [B, H, T] (fused).
+size_t attention_state_floats(const ModelDesc& d, int B, int T) {
+  const size_t rows = (size_t)B * d.n_head * T;
+  return d.attention == AttentionImpl::fused ? rows : rows * T;
+}
+
 }  // namespace
 
 // The tensors of Activations::allocate (model/transformer.cpp), whole model:
 //   input, dresidual, tmp                                   3 · N·C
 //   [embedding norm] emb_sum N·C, mean N, rstd N
-//   per layer: norm1 N·C, mean N, rstd N, qkv N·QKV, atty N·H·hd, att B·H·T², res_attn N·C,
+//   per layer: norm1 N·C, mean N, rstd N, qkv N·QKV, atty N·H·hd, att B·H·T² (fused: lse B·H·T), res_attn N·C,
 //              norm2 N·C, mean N, rstd N, fc N·FC, act N·F, res_mlp N·C, [post-norm: out N·C]
 //   LM head: final norm N·C, mean N, rstd N, logits N·V, losses N
 //   classifier: cls, pooled_pre, pooled, pooled_drop B·C each, logits B·K, losses B
 // each rounded up to 16 floats; plus the ids (4 · N int32) and the host loss row.
 size_t activation_bytes(const ModelDesc& d, int B, int T) {
-  const size_t N = (size_t)B * T, C = d.d_model, att = (size_t)B * d.n_head * T * T;
+  const size_t N = (size_t)B * T, C = d.d_model, att = attention_state_floats(d, B, T);
   const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = (size_t)d.n_head * d.head_dim();
   std::vector<size_t> plan = {N * C, N * C, N * C};
   if (d.embedding_norm) plan.insert(plan.end(), {N * C, N, N});
@@ -48,7 +54,7 @@ size_t activation_bytes(const ModelDesc& d, int B, int T) {
 // the embedding; blocks [l0, l1); the head's only with the head. The ids (4 · N int32) are always
 // allocated, and the host loss row (Model::rows_for_loss) too.
 size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T) {
-  const size_t N = (size_t)B * T, C = d.d_model, att = (size_t)B * d.n_head * T * T;
+  const size_t N = (size_t)B * T, C = d.d_model, att = attention_state_floats(d, B, T);
   const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = (size_t)d.n_head * d.head_dim();
   const int l1 = part.l1 < 0 ? d.n_layer : part.l1;
   std::vector<size_t> plan = {N * C, N * C, N * C};
@@ -78,11 +84,12 @@ size_t kept_bytes(const ModelDesc& d, const ModelPart& part, int B, int T) {
   return n * sizeof(float);
 }
 
-// Model::ensure_scratch: d_a, d_b N·C; d_qkv N·QKV; d_fc N·FC; d_act N·F; d_att B·H·T²; 3·B·C.
+// Model::ensure_scratch: d_a, d_b N·C; d_qkv N·QKV; d_fc N·FC; d_act N·F; d_att B·H·T² (fused: 0);
+// 3·B·C.
 size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
   const size_t N = (size_t)B * T, C = d.d_model;
-  const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), N * d.ffn_dim,
-                          (size_t)B * d.n_head * T * T, 3 * (size_t)B * C};
+  const size_t att = d.attention == AttentionImpl::fused ? 0 : (size_t)B * d.n_head * T * T;
+  const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), N * d.ffn_dim, att, 3 * (size_t)B * C};
   size_t total = 0;
   for (size_t s : sizes) total += aligned16(s);
   return total * sizeof(float);

@@ -532,7 +532,9 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   }
 
   // Model and optimizer, once the memory they need is known to be there.
-  const ModelDesc desc = model_desc_from_config(cfg.model, vocab);
+  ModelDesc desc = model_desc_from_config(cfg.model, vocab);
+  // how, not what: not in checkpoints
+  desc.attention = resolve_attention(cfg.runtime.attention, r.ops->on_gpu(), desc.head_dim());
   resolve_config(r.cfg.resolved, desc);
   r.rss_before_model = peak_rss_bytes();  // libraries, MPI, open files: what no estimate counts
   check_memory(r, desc, local_size);
@@ -711,8 +713,9 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
 
   if (print) {
     const bool gpu = r.ops->on_gpu();
-    std::printf("llmpi-train: %d rank%s × %d thread%s, device %s, GEMMs %s%s\n", r.world, r.world > 1 ? "s" : "",
-                r.threads, r.threads > 1 ? "s" : "", gpu ? ("cuda: " + cuda_device_name()).c_str() : "cpu",
+    std::printf("llmpi-train: %d rank%s × %d thread%s, device %s, %s attention, GEMMs %s%s\n", r.world,
+                r.world > 1 ? "s" : "", r.threads, r.threads > 1 ? "s" : "",
+                gpu ? ("cuda: " + cuda_device_name()).c_str() : "cpu", attention_impl_name(desc.attention),
                 gemm_precision_name(r.precision),
                 r.precision == GemmPrecision::bf16 ? " (bf16 operands, fp32 accumulation; weights, gradients, "
                                                      "optimizer and other ops fp32)"

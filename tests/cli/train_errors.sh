@@ -35,6 +35,7 @@ expect_error bad-set "unknown key 'train.lrr'" --config "$tmp/missing.json" --se
 expect_error no-config "--config is required"
 expect_error other-family-key "'model.rope_theta' does not apply to model.family \"gpt2\"" --config "$tmp/missing.json" --set model.rope_theta=500
 expect_error unknown-family "'model.family' must be \"gpt2\", \"llama\" or \"bert\"" --config "$tmp/missing.json" --set model.family=t5
+expect_error bad-attention "'runtime.attention' must be \"auto\", \"full\" or \"fused\"" --config "$tmp/missing.json" --set runtime.attention=flash
 expect_error gqa-divides "'model.n_kv_head' (4) must divide 'model.n_head' (6)" --config "$tmp/missing.json" --set model.family=llama --set model.n_head=6 --set model.d_model=96 --set model.n_kv_head=4
 expect_error pp-divides "parallel.pp_stages 3 does not divide the 2 ranks" --config "$tmp/missing.json" --set parallel.pp_stages=3
 expect_error pp-schedule "'parallel.schedule' must be \"gpipe\", \"1f1b\", \"interleaved\" or \"zb-h1\"" --config "$tmp/missing.json" --set parallel.schedule=pipedream

@@ -332,4 +332,214 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
   }
 }
 
+// ---- fused attention: the same results without storing P ---------------------------------------
+//
+// flash_attention_forward/backward (contracts in backend/op_list.h) compute what the two ops
+// above compute, with P living only in a per-thread block of kAttnBlock x T floats (a row block
+// against all its keys), never in a [B, NH, T, T] tensor. The forward keeps, per query row, the
+// log-sum-exp lse_i = max_i + log Σ_j exp(S_ij - max_i) of its visible scores; the backward
+// recomputes P_ij = exp(S_ij - lse_i) block by block (FlashAttention-2's recomputation; one more
+// Q K^T product than attention_backward) and uses D_i = dO_i · out_i in place of the row sum
+// Σ_j P~_ij dP~_ij (equal: out_i = Σ_j P~_ij v_j). Blocking, skipped keys, threading (forward
+// per (b, h), backward per (b, kv head) with the group's query heads in order) and the GEMMs are
+// those of the ops above, so the two agree to rounding (test_flash_attention.cpp).
+
+namespace {
+
+// Row i of a score block over keys [0, nk), in place, for a row whose keys [0, n) may be visible
+// (n <= nk; keymask as in masked_softmax_row): p_j = exp(s_j - max) / Σ exp(s_j' - max) over the
+// visible j, 0 for the others up to nk. Returns lse = max + log Σ exp(s_j' - max), or -inf for a
+// row with no visible key (then all of [0, nk) is 0).
+inline float softmax_row_lse(float* row, int n, int nk, const int32_t* keymask) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int j = 0; j < n; j++) {
+    const float s = keymask ? select_float(keymask[j] != 0, row[j], -INFINITY) : row[j];
+    mx = s > mx ? s : mx;
+  }
+  if (mx == -INFINITY) {
+    for (int j = 0; j < nk; j++) row[j] = 0.0f;
+    return -INFINITY;
+  }
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int j = 0; j < n; j++) {
+    const uint32_t valid = keymask ? 0u - static_cast<uint32_t>(keymask[j] != 0) : ~0u;
+    const float e = keep_or_zero(valid, fast_expf(row[j] - mx));
+    row[j] = e;
+    s += e;
+  }
+  const float inv = 1.0f / s;
+#pragma omp simd
+  for (int j = 0; j < n; j++) row[j] *= inv;
+  for (int j = n; j < nk; j++) row[j] = 0.0f;
+  return mx + std::log(s);
+}
+
+// The same row recomputed from its lse: p_j = exp(s_j - lse) for visible j < n, 0 elsewhere
+// up to nk (all 0 when lse = -inf: no visible key).
+inline void probs_from_lse(float* row, int n, int nk, const int32_t* keymask, float lse) {
+  if (lse == -INFINITY) n = 0;
+#pragma omp simd
+  for (int j = 0; j < n; j++) {
+    const uint32_t valid = keymask ? 0u - static_cast<uint32_t>(keymask[j] != 0) : ~0u;
+    row[j] = keep_or_zero(valid, fast_expf(row[j] - lse));
+  }
+  for (int j = n; j < nk; j++) row[j] = 0.0f;
+}
+
+}  // namespace
+
+// For each (b, h) and row block [i0, i1), keys [0, nk), with a per-thread block buffer P:
+//   P = (1/sqrt(hs)) Q[i0:i1] K[0:nk]^T                           sgemm (m x nk, k = hs)
+//   P[i, :] <- softmax of row i over its visible keys; lse[b,h,i] = its log-sum-exp
+//   out[i0:i1] = P~ V[0:nk]                                       sgemm (m x hs, k = nk)
+void flash_attention_forward(float* out, float* lse, const float* qkv, const int32_t* mask, int B,
+                             int T, int NH, int NKV, int hs, bool causal, float dropout_p,
+                             uint64_t dropout_key) {
+  check_attention_args("flash_attention_forward", NH, NKV, dropout_p);
+  const AttentionShape sh(B, T, NH, NKV, hs, causal);
+  const int W = sh.W, C = sh.C;
+  const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
+  const bool dropout = dropout_p > 0.0f;
+  const float inv_keep = dropout ? 1.0f / (1.0f - dropout_p) : 1.0f;
+  const uint64_t threshold = dropout_threshold(dropout_p);
+  const int BH = B * NH;
+  const bool par = BH > 1 && omp_get_max_threads() > 1;
+  SerialBlas serial(par);
+#pragma omp parallel if (par)
+  {
+    std::vector<float> probs(static_cast<size_t>(kAttnBlock) * T);
+    std::vector<float> dropped(dropout ? static_cast<size_t>(kAttnBlock) * T : 0);
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < BH; bh++) {
+      const int b = bh / NH, h = bh % NH, g = h / sh.group;
+      const float* q = qkv + sh.q_offset(b, h);
+      const float* k = qkv + sh.k_offset(b, g);
+      const float* v = qkv + sh.v_offset(b, g);
+      float* o = out + sh.out_offset(b, h);
+      float* l = lse + static_cast<size_t>(bh) * T;
+      const int32_t* keymask = mask ? mask + static_cast<size_t>(b) * T : nullptr;
+      const int kend = valid_key_end(mask, b, T);
+      for (int i0 = 0; i0 < T; i0 += kAttnBlock) {
+        const int i1 = i0 + kAttnBlock < T ? i0 + kAttnBlock : T;
+        const int m = i1 - i0;
+        const int nk = sh.block_keys(i1, kend);
+        if (nk == 0) {  // every key of the block masked: out = 0, lse = -inf
+          for (int i = i0; i < i1; i++) {
+            l[i] = -INFINITY;
+            for (int d = 0; d < hs; d++) o[static_cast<size_t>(i) * C + d] = 0.0f;
+          }
+          continue;
+        }
+        float* pb = probs.data();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hs, sc,
+                    q + static_cast<size_t>(i0) * W, W, k, W, 0.0f, pb, T);
+        for (int i = i0; i < i1; i++) {
+          const int n = causal && i + 1 < nk ? i + 1 : nk;
+          l[i] = softmax_row_lse(pb + static_cast<size_t>(i - i0) * T, n, nk, keymask);
+        }
+        if (dropout) {
+          dropout_block(dropped.data(), pb, m, nk, T,
+                        sh.att_offset(b, h) + static_cast<size_t>(i0) * T, threshold, inv_keep,
+                        dropout_key);
+          pb = dropped.data();
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, nk, 1.0f, pb, T, v, W, 0.0f,
+                    o + static_cast<size_t>(i0) * C, C);
+      }
+    }
+  }
+}
+
+// For each (b, kv head g), each query head h of its group (in order), row block [i0, i1), keys
+// [0, nk), with per-thread block buffers P, dP (and P~ with dropout):
+//   P  = (1/sqrt(hs)) Q[i0:i1] K[0:nk]^T;  P_ij <- exp(P_ij - lse_i) (visible), else 0
+//   D_i = dO_i · out_i
+//   dV[0:nk] += P~^T dO[i0:i1]                                    sgemm, beta = 1
+//   dP = dO[i0:i1] V[0:nk]^T                                      sgemm
+//   dS_ij = P~_ij dP_ij - P_ij D_i                                (in dP)
+//   dQ[i0:i1] += (1/sqrt(hs)) dS K[0:nk];  dK[0:nk] += (1/sqrt(hs)) dS^T Q[i0:i1]
+void flash_attention_backward(float* dqkv, const float* dout, const float* out, const float* lse,
+                              const float* qkv, const int32_t* mask, int B, int T, int NH,
+                              int NKV, int hs, bool causal, float dropout_p,
+                              uint64_t dropout_key) {
+  check_attention_args("flash_attention_backward", NH, NKV, dropout_p);
+  const AttentionShape sh(B, T, NH, NKV, hs, causal);
+  const int W = sh.W, C = sh.C;
+  const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
+  const bool dropout = dropout_p > 0.0f;
+  const float inv_keep = dropout ? 1.0f / (1.0f - dropout_p) : 1.0f;
+  const uint64_t threshold = dropout_threshold(dropout_p);
+  const int BG = B * NKV;
+  const bool par = BG > 1 && omp_get_max_threads() > 1;
+  SerialBlas serial(par);
+#pragma omp parallel if (par)
+  {
+    const size_t block = static_cast<size_t>(kAttnBlock) * T;
+    std::vector<float> probs(block), dprobs(block), dropped(dropout ? block : 0);
+    std::vector<float> Drow(kAttnBlock);
+#pragma omp for schedule(static)
+    for (int bg = 0; bg < BG; bg++) {
+      const int b = bg / NKV, g = bg % NKV;
+      const float* k = qkv + sh.k_offset(b, g);
+      const float* v = qkv + sh.v_offset(b, g);
+      float* dk = dqkv + sh.k_offset(b, g);
+      float* dv = dqkv + sh.v_offset(b, g);
+      const int32_t* keymask = mask ? mask + static_cast<size_t>(b) * T : nullptr;
+      const int kend = valid_key_end(mask, b, T);
+      for (int h = g * sh.group; h < (g + 1) * sh.group; h++) {
+        const float* q = qkv + sh.q_offset(b, h);
+        float* dq = dqkv + sh.q_offset(b, h);
+        const float* dO = dout + sh.out_offset(b, h);
+        const float* O = out + sh.out_offset(b, h);
+        const float* l = lse + (static_cast<size_t>(b) * NH + h) * T;
+        for (int i0 = 0; i0 < T; i0 += kAttnBlock) {
+          const int i1 = i0 + kAttnBlock < T ? i0 + kAttnBlock : T;
+          const int m = i1 - i0;
+          const int nk = sh.block_keys(i1, kend);
+          if (nk == 0) continue;  // P = 0 on the whole block: nothing flows back
+          const float* dOb = dO + static_cast<size_t>(i0) * C;
+          float* pb = probs.data();
+          float* dsb = dprobs.data();
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hs, sc,
+                      q + static_cast<size_t>(i0) * W, W, k, W, 0.0f, pb, T);
+          for (int i = i0; i < i1; i++) {
+            const int n = causal && i + 1 < nk ? i + 1 : nk;
+            probs_from_lse(pb + static_cast<size_t>(i - i0) * T, n, nk, keymask, l[i]);
+            const float* dOi = dO + static_cast<size_t>(i) * C;
+            const float* Oi = O + static_cast<size_t>(i) * C;
+            float dot = 0.0f;
+            for (int d = 0; d < hs; d++) dot += dOi[d] * Oi[d];
+            Drow[i - i0] = dot;
+          }
+          const float* pt = pb;  // P~
+          if (dropout) {
+            dropout_block(dropped.data(), pb, m, nk, T,
+                          sh.att_offset(b, h) + static_cast<size_t>(i0) * T, threshold, inv_keep,
+                          dropout_key);
+            pt = dropped.data();
+          }
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, m, 1.0f, pt, T, dOb, C,
+                      1.0f, dv, W);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hs, 1.0f, dOb, C, v, W,
+                      0.0f, dsb, T);
+          for (int r = 0; r < m; r++) {
+            const float* pr = pb + static_cast<size_t>(r) * T;
+            const float* tr = pt + static_cast<size_t>(r) * T;
+            float* dr = dsb + static_cast<size_t>(r) * T;
+            const float D = Drow[r];
+#pragma omp simd
+            for (int j = 0; j < nk; j++) dr[j] = tr[j] * dr[j] - pr[j] * D;
+          }
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, nk, sc, dsb, T, k, W,
+                      1.0f, dq + static_cast<size_t>(i0) * W, W);
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, m, sc, dsb, T,
+                      q + static_cast<size_t>(i0) * W, W, 1.0f, dk, W);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace llmpi::cpu
