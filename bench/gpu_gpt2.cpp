@@ -6,10 +6,11 @@
 //                        [--gemm N] [--precision fp32|tf32|bf16] [--attention auto|full|fused]
 //
 // Defaults: GPT-2 124M (12 layers, 12 heads, d_model 768, vocab 50257, seq_len 1024), batch 8
-// per GPU, 3 warm-up + 20 timed steps, attention as runtime.attention "auto" runs it on a GPU
-// (fused: kernels/flash_attention.cu; full stores the B x NH x T x T probabilities per layer). A step is what the trainer does on one rank: zero grads,
-// forward (fused softmax + cross-entropy), backward, global-norm clip at 1.0 (sum_squares +
-// scale), AdamW on every parameter (weight decay on the 2-D tensors only).
+// per GPU, 3 warm-up + 20 timed steps, fp32 GEMMs, attention as runtime.attention "auto" runs it
+// on a GPU (fused: kernels/flash_attention.cu; full stores the B x NH x T x T probabilities per
+// layer). A step is what the trainer does on one rank: zero grads, forward (fused softmax +
+// cross-entropy), backward, global-norm clip at 1.0 (sum_squares + scale), AdamW on every
+// parameter (weight decay on the 2-D tensors only).
 //
 // Reports (table on stdout, the same numbers as JSON with --json):
 //   tokens/s and ms per step (median over the timed steps; forward / backward / optimizer parts,
