@@ -467,6 +467,7 @@ float Model::head_forward(Activations& a, bool need_grad, float grad_scale) cons
   }
   a.head_grad = need_grad;
   a.head_grad_scale = grad_scale;
+  a.lm_last_grad = need_grad && d.head == HeadKind::lm;
   o.copy_to_host(a.losses_host.data(), a.losses, static_cast<size_t>(rows) * sizeof(float));
   double sum = 0;
   for (int r = 0; r < rows; r++) sum += a.losses_host[r];
@@ -684,16 +685,23 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
   const int N = a.B * a.T, C = d.d_model, V = d.vocab_size, R = a.lm_rows;
   const float* xf = d.final_norm ? a.final_norm : a.output();
   const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
-  // Per chunk [r0, r0 + rn): z = xf_c·W^T; z <- d loss/d z = grad_scale/N · (softmax(z) - onehot(y))
-  // (the losses rewritten with the values head_forward wrote); dxf_c += z·W; dW += z^T·xf_c.
-  for (int r0 = 0; r0 < N; r0 += R) {
-    const int rn = std::min(R, N - r0);
+  // Per chunk [r0, r0 + rn), last to first: z = xf_c·W^T; z <- d loss/d z = grad_scale/N ·
+  // (softmax(z) - onehot(y)) (the losses rewritten with the values head_forward wrote), unless the
+  // buffer still holds it (the last chunk after the forward, or the only one; the same bits either
+  // way); dxf_c += z·W; dW += z^T·xf_c.
+  const int chunks = (N + R - 1) / R;
+  const bool reuse = a.lm_last_grad;
+  for (int c = chunks - 1; c >= 0; c--) {
+    const int r0 = c * R, rn = std::min(R, N - r0);
     const float* xc = xf + static_cast<size_t>(r0) * C;
-    o.matmul_forward(a.logits, xc, W, nullptr, rn, C, V, precision);
-    o.softmax_xent(a.logits, a.losses + r0, a.targets + r0, rn, V, a.head_grad_scale / static_cast<float>(N));
+    if (!(reuse && c == chunks - 1)) {
+      o.matmul_forward(a.logits, xc, W, nullptr, rn, C, V, precision);
+      o.softmax_xent(a.logits, a.losses + r0, a.targets + r0, rn, V, a.head_grad_scale / static_cast<float>(N));
+    }
     o.matmul_backward(dxf ? dxf + static_cast<size_t>(r0) * C : nullptr, dW, nullptr, a.logits, xc, W, rn, C, V,
                       precision);
   }
+  a.lm_last_grad = chunks == 1;  // the buffer holds chunk 0's gradient now
 }
 
 void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& ready) {

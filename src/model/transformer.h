@@ -39,18 +39,22 @@
 // Chunked LM head: the N x V logits (13.2 GB fp32 for GPT-2 at B = 64, T = 1024) are never stored.
 // The rows go through the head in chunks of R = lm_head_chunk_rows(desc, N) (model_desc.h; one
 // chunk's logits within kLmHeadChunkBytes), one [R, V] buffer in the Activations. Forward: per
-// chunk logits = xf·W^T and softmax_xent, keeping only the per-row losses. Backward RECOMPUTES
-// each chunk's logits from xf (the final-norm output, an activation anyway), turns them into
-// d loss/d logits with the same softmax_xent, and adds dxf_chunk += dlogits·W and
-// dW += dlogits^T·xf_chunk. The price is one more head GEMM (the head's FLOPs x 4/3). Chosen
-// over fusing the gradient into a need_grad forward because forward and backward stay separate:
-// the split backward's contract holds unchanged — an input-only pass adds only dxf, and
-// weight_backward recomputes the logits once more for dW (so a zb-h1 head keeps no N x V either),
-// in the same chunk order as a whole backward, hence the same bits. The loss and dxf are per-row
-// and equal the unchunked head's bit for bit (same ops on the same rows: the GEMMs' reduction is
-// over C or V, not over rows); dW is a sum over chunks (a split of the GEMM's reduction), so it
-// differs from one big GEMM in rounding only. Activations::all_logits asks for one chunk of all
-// N rows, so a.logits holds every row's logits after a forward (generation without a KV cache).
+// chunk logits = xf·W^T and softmax_xent (with need_grad its gradient too), keeping only the
+// per-row losses — and, in the buffer, the last chunk's logits gradient. Backward runs the chunks
+// last to first: the last one's gradient is still in the buffer, every other chunk's logits are
+// RECOMPUTED from xf (the final-norm output, an activation anyway) and turned into d loss/d logits
+// by the same softmax_xent (the same bits: the same ops on the same operands); then
+// dxf_chunk += dlogits·W and dW += dlogits^T·xf_chunk. The price is (chunks - 1) more head GEMMs
+// over chunk rows: none with one chunk (the unchunked head's ops and speed), up to the head's
+// FLOPs x 4/3 with many. Chosen over fusing dxf and dW into a need_grad forward because forward
+// and backward stay separate: the split backward's contract holds unchanged — an input-only pass
+// adds only dxf, and weight_backward recomputes the chunks' gradients again for dW (with one
+// chunk, the buffer still holds it), so a zb-h1 head keeps no N x V either; the chunk order is
+// the same as a whole backward's, hence the same bits. The loss and dxf are per-row work; dW is a sum over chunks (a
+// split of the GEMM's reduction over rows), so it differs from one big GEMM in rounding only (and
+// the BLAS may round a row differently within another row count: test_lm_head_chunked.cpp).
+// Activations::all_logits asks for one chunk of all N rows, so a.logits holds every row's logits
+// after a forward (generation without a KV cache).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -136,6 +140,7 @@ struct Activations {
   bool all_logits = false;    // set before allocation: the LM head keeps every row's logits
   int lm_rows = 0;            // rows of the LM head's chunk buffer
   bool head_grad = false;     // the last head_forward had need_grad (head_backward may run)
+  bool lm_last_grad = false;  // the LM chunk buffer holds the last chunk's logits gradient
   float head_grad_scale = 0;  // its grad_scale
   float *cls = nullptr, *pooled_pre = nullptr, *pooled = nullptr, *pooled_drop = nullptr;  // classifier
   float* dresidual = nullptr; // [N, C] the gradient flowing down the residual stream
