@@ -296,6 +296,15 @@ void norm_forward(const Ops& o, const ModelDesc& d, float* out, float* mean, flo
     o.rmsnorm_forward(out, rstd, x, w, N, d.d_model, static_cast<float>(d.norm_eps));
 }
 
+// res = a + b, then out = norm(res): one fused op (one pass over each row on the GPU).
+void residual_norm_forward(const Ops& o, const ModelDesc& d, float* res, float* out, float* mean, float* rstd,
+                           const float* a, const float* b, const float* w, const float* bias, int N) {
+  if (d.norm == NormKind::layernorm)
+    o.residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, d.d_model, static_cast<float>(d.norm_eps));
+  else
+    o.residual_rmsnorm_forward(res, out, rstd, a, b, w, N, d.d_model, static_cast<float>(d.norm_eps));
+}
+
 void norm_backward(const Ops& o, const ModelDesc& d, float* dx, float* dw, float* db, const float* dout,
                    const float* x, const float* w, const float* mean, const float* rstd, int N) {
   if (d.norm == NormKind::layernorm)
@@ -402,14 +411,14 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
       o.attention_forward(L.atty, L.att, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa, drop_key(a, l, kDropAttnProbs));
     o.matmul_forward(a.tmp, L.atty, w[kAttnOutW], w[kAttnOutB], N, AY, C, precision);
     if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropAttnOut));
-    o.residual_forward(L.res_attn, x, a.tmp, NC);
-    // MLP: branch input N2(res_attn) (pre-norm) or norm1 = LN1(res_attn) (post-norm).
+    // res_attn = x + branch, and the MLP's branch input N2(res_attn) (pre-norm) or
+    // norm1 = LN1(res_attn) (post-norm), in one fused op.
     const float* h2;
     if (d.pre_norm) {
-      norm_forward(o, d, L.norm2, L.norm2_mean, L.norm2_rstd, L.res_attn, w[kNorm2W], w[kNorm2B], N);
+      residual_norm_forward(o, d, L.res_attn, L.norm2, L.norm2_mean, L.norm2_rstd, x, a.tmp, w[kNorm2W], w[kNorm2B], N);
       h2 = L.norm2;
     } else {
-      norm_forward(o, d, L.norm1, L.norm1_mean, L.norm1_rstd, L.res_attn, w[kNorm1W], w[kNorm1B], N);
+      residual_norm_forward(o, d, L.res_attn, L.norm1, L.norm1_mean, L.norm1_rstd, x, a.tmp, w[kNorm1W], w[kNorm1B], N);
       h2 = L.norm1;
     }
     o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC, precision);
@@ -420,9 +429,10 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     }
     o.matmul_forward(a.tmp, L.act, w[kProjW], w[kProjB], N, F, C, precision);
     if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropMlpOut));
-    o.residual_forward(L.res_mlp, d.pre_norm ? L.res_attn : L.norm1, a.tmp, NC);
-    if (!d.pre_norm)
-      norm_forward(o, d, L.out, L.norm2_mean, L.norm2_rstd, L.res_mlp, w[kNorm2W], w[kNorm2B], N);
+    if (d.pre_norm)
+      o.residual_forward(L.res_mlp, L.res_attn, a.tmp, NC);
+    else  // res_mlp = norm1 + branch; out = LN2(res_mlp)
+      residual_norm_forward(o, d, L.res_mlp, L.out, L.norm2_mean, L.norm2_rstd, L.norm1, a.tmp, w[kNorm2W], w[kNorm2B], N);
   }
 }
 
