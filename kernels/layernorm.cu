@@ -118,6 +118,47 @@ __global__ void layernorm_dparams_final_kernel(float* __restrict__ dweight,
   dbias[c] += sb;
 }
 
+// Fused residual + norm (pre-norm blocks), one warp per row: res = a + b written, then the norm of
+// layernorm_forward_kernel / rmsnorm_forward_kernel over it, every sum in the same lane order, so
+// the bits equal residual_forward then the norm's kernel. Each lane reads back only the elements it
+// wrote (c = lane, lane + 32, ...), so no synchronisation is needed. res may alias a or b.
+template <bool kLayerNorm>
+__global__ void residual_norm_forward_kernel(float* res, float* __restrict__ out, float* __restrict__ mean,
+                                             float* __restrict__ rstd, const float* a, const float* b,
+                                             const float* __restrict__ weight, const float* __restrict__ bias,
+                                             int N, int C, float eps) {
+  const int n = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (n >= N) return;
+  const size_t row = static_cast<size_t>(n) * C;
+  float* x = res + row;
+  float* o = out + row;
+  float s = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float v = a[row + c] + b[row + c];
+    x[c] = v;
+    s += kLayerNorm ? v : v * v;
+  }
+  if (kLayerNorm) {
+    const float m = warp_sum(s) / C;
+    float var = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+      const float d = x[c] - m;
+      var += d * d;
+    }
+    const float r = 1.0f / sqrtf(warp_sum(var) / C + eps);
+    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+    if (lane == 0) {
+      mean[n] = m;
+      rstd[n] = r;
+    }
+  } else {
+    const float r = 1.0f / sqrtf(warp_sum(s) / C + eps);
+    for (int c = lane; c < C; c += 32) o[c] = x[c] * r * weight[c];
+    if (lane == 0) rstd[n] = r;
+  }
+}
+
 __global__ void rmsnorm_forward_kernel(float* __restrict__ out, float* __restrict__ rstd,
                                        const float* __restrict__ inp,
                                        const float* __restrict__ weight, int N, int C, float eps) {
@@ -205,6 +246,25 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   LLMPI_LAUNCH_CHECK("layernorm_dparams_partial");
   layernorm_dparams_final_kernel<<<cblocks, kColThreads, 0, s>>>(dweight, dbias, part, nchunks, C);
   LLMPI_LAUNCH_CHECK("layernorm_dparams_final");
+}
+
+void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                const float* b, const float* weight, const float* bias, int N, int C,
+                                float eps) {
+  if (N <= 0 || C <= 0) return;
+  const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  residual_norm_forward_kernel<true><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
+      res, out, mean, rstd, a, b, weight, bias, N, C, eps);
+  LLMPI_LAUNCH_CHECK("residual_layernorm_forward");
+}
+
+void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
+                              const float* weight, int N, int C, float eps) {
+  if (N <= 0 || C <= 0) return;
+  const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  residual_norm_forward_kernel<false><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
+      res, out, nullptr, rstd, a, b, weight, nullptr, N, C, eps);
+  LLMPI_LAUNCH_CHECK("residual_rmsnorm_forward");
 }
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,

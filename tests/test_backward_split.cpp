@@ -37,6 +37,7 @@ struct SplitCase {
   std::vector<std::string> extra;
   GemmPrecision precision = GemmPrecision::fp32;  // the dense layers' GEMMs (runtime.precision)
   AttentionImpl attention = AttentionImpl::full;
+  int head_chunk_rows = 0;  // the chunked LM head's rows per chunk (0: one chunk at these sizes)
 };
 std::ostream& operator<<(std::ostream& os, const SplitCase& c) { return os << c.name; }
 
@@ -55,6 +56,10 @@ const SplitCase kCases[] = {
     {"llama_gqa_fused", "llama", {"model.n_kv_head=1"}, GemmPrecision::fp32, AttentionImpl::fused},
     {"bert_dropout_fused", "bert", {"model.num_labels=3", "model.dropout=0.1", "model.attn_dropout=0.1"},
      GemmPrecision::fp32, AttentionImpl::fused},
+    // the chunked LM head (16 rows in chunks of 3: ragged): weight_backward recomputes the logits
+    {"gpt2_head_chunks", "gpt2", {}, GemmPrecision::fp32, AttentionImpl::full, 3},
+    {"gpt2_untied_head_chunks_bf16", "gpt2", {"model.tie_embeddings=false"}, GemmPrecision::bf16, AttentionImpl::full, 3},
+    {"llama_head_chunks_fused", "llama", {"model.n_kv_head=1"}, GemmPrecision::fp32, AttentionImpl::fused, 1},
 };
 
 // The roles whose gradient an input-only backward defers (a dense layer's weight and bias).
@@ -77,6 +82,7 @@ class BackwardSplit : public ::testing::TestWithParam<SplitCase> {
     ModelDesc d = desc_of(GetParam().family, 3, 2, 16, 8, 29, GetParam().extra);
     d.init_std = 0.2;
     d.attention = GetParam().attention;
+    d.lm_head_chunk_rows = GetParam().head_chunk_rows;
     return d;
   }
 };

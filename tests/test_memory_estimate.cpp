@@ -60,15 +60,19 @@ TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
     std::vector<std::string> extra;
     std::string optimizer;
     AttentionImpl attention = AttentionImpl::full;  // fused: lse per row instead of P, no T x T scratch
+    int head_chunk_rows = 0;  // the chunked LM head's chunk buffer [rows, V] instead of [N, V]
   };
   for (const Case& c : {Case{"gpt2", {}, "adamw"}, Case{"gpt2", {"model.tie_embeddings=false"}, "sgd"},
                         Case{"llama", {"model.n_kv_head=1"}, "adamw"}, Case{"bert", {}, "adamw"},
                         Case{"gpt2", {}, "adamw", AttentionImpl::fused},
                         Case{"llama", {"model.n_kv_head=1"}, "adamw", AttentionImpl::fused},
-                        Case{"bert", {}, "adamw", AttentionImpl::fused}}) {
+                        Case{"bert", {}, "adamw", AttentionImpl::fused},
+                        Case{"gpt2", {}, "adamw", AttentionImpl::full, 5},
+                        Case{"llama", {"model.n_kv_head=1"}, "adamw", AttentionImpl::fused, 1}}) {
     const int B = 3, T = 12;
     ModelDesc d = test::desc_of(c.family, 2, 2, 16, T, 37, c.extra);
     d.attention = c.attention;
+    d.lm_head_chunk_rows = c.head_chunk_rows;
     const MemoryEstimate e = estimate_memory(d, B, T, config_with(c.optimizer), 1, 0, false);
     const Ops ops = counting_ops();
     g_allocated = 0;
@@ -129,6 +133,13 @@ TEST(MemoryEstimate, Bf16CountsTheGemmOperandScratch) {
   EXPECT_EQ(gemm_operand_scratch_bytes(d, B, T, GemmPrecision::bf16, true),
             (pad(N * V, 128) + pad((size_t)V * C, 128) + N * C) * 2 * 5 / 4);
   EXPECT_EQ(gemm_operand_scratch_bytes(d, B, T, GemmPrecision::fp32, false), 0u);
+  // The chunked LM head: its backward's operands are one chunk's (R = 5 rows), still the largest.
+  ModelDesc dc = d;
+  dc.lm_head_chunk_rows = 5;
+  EXPECT_EQ(estimate_memory(dc, B, T, cfg, 1, 0, false).scratch - fp32,
+            4.0 * (pad(5 * V, 16) + pad((size_t)V * C, 16) + 5 * C));
+  EXPECT_EQ(gemm_operand_scratch_bytes(dc, B, T, GemmPrecision::bf16, false),
+            4 * (pad(5 * V, 16) + pad((size_t)V * C, 16) + 5 * C));
 }
 
 TEST(MemoryEstimate, PeakRssOfOneStepMatches) {

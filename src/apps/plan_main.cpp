@@ -171,6 +171,7 @@ int main(int argc, char** argv) {
     if (pp > 0 && pp != cfg.parallel.pp_stages) in.stage_layers.clear();  // balanced for the new stage count
     in.device = find_device(device_name);
     in.desc.attention = resolve_attention(cfg.runtime.attention, in.device.gpu, in.desc.head_dim());  // P or lse
+    in.desc.lm_head_chunk_rows = cfg.runtime.lm_head_chunk_rows;  // the LM head's chunk buffer
     in.precision = parse_precision(precision);
     if (in.precision != Precision::fp32 && !in.device.gpu)
       fail("--precision ", precision, " is a GPU projection: use --precision fp32 with --device cpu");

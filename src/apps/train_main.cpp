@@ -48,6 +48,8 @@ static std::string keys_help() {
        "runtime.attention: \"auto\" (fused on cuda for head sizes <= 128, else full) | \"full\" (stores the T x T\n"
        "probabilities per layer) | \"fused\" (flash-attention style: one log-sum-exp per query row, never a T x T\n"
        "matrix; the same results to rounding).\n"
+       "runtime.lm_head_chunk_rows: rows per chunk of the LM head, which never stores all N x V logits\n"
+       "(0 = as many rows as fit 256 MiB of fp32 logits).\n"
        "run.dir is locked by the run (run.dir/LOCK); a new run in a directory holding an earlier one needs\n"
        "--resume auto, another run.dir, or --overwrite.\n"
        "Writes run.dir/config.json (resolved), metrics.jsonl (per logged step) and eval.jsonl.\n";

@@ -60,6 +60,14 @@
                             int N, int C, float eps))                                              \
   X(void, rmsnorm_backward, (float* dinp, float* dweight, const float* dout, const float* inp,     \
                              const float* weight, const float* rstd, int N, int C))                \
+  /* ---- fused residual + norm (pre-norm blocks): res = a + b, then out = LayerNorm / RMSNorm     \
+          (res) with mean/rstd saved; the same bits as residual_forward then layernorm_forward /   \
+          rmsnorm_forward (res may alias a or b) ---- */                                           \
+  X(void, residual_layernorm_forward, (float* res, float* out, float* mean, float* rstd,           \
+                                       const float* a, const float* b, const float* weight,        \
+                                       const float* bias, int N, int C, float eps))                \
+  X(void, residual_rmsnorm_forward, (float* res, float* out, float* rstd, const float* a,          \
+                                     const float* b, const float* weight, int N, int C, float eps)) \
                                                                                                    \
   /* ---- dense layer: out[N,OC] = inp[N,C] . weight[OC,C]^T + bias[OC] (bias may be null) ----   \
      prec: the GEMMs' operand precision (backend/gemm_precision.h; fp32 accumulation and outputs  \

@@ -249,7 +249,10 @@ void Generator::feed_full(const int32_t* tokens, int n, float* logits, bool all_
   history_.insert(history_.end(), tokens, tokens + n);
   const int T = static_cast<int>(history_.size());
   zeros_.assign(history_.size(), 0);
-  if (!full_) full_ = std::make_unique<Activations>();
+  if (!full_) {
+    full_ = std::make_unique<Activations>();
+    full_->all_logits = true;  // the last rows' logits are read below (no chunked LM head)
+  }
   Batch b;
   b.B = 1;
   b.T = T;

@@ -12,6 +12,7 @@
 //   bert    LayerNorm  learned +  GELU (erf)     bidirectional with      pooler (dense + tanh on
 //           post-norm  token type                padding mask            [CLS]) + classifier
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -62,12 +63,27 @@ struct ModelDesc {
   // A runtime choice, not part of the architecture: left out of model_desc_json (checkpoints)
   // and set by whoever runs the model (the trainer from runtime.attention: resolve_attention).
   AttentionImpl attention = AttentionImpl::full;
+  // Rows per chunk of the chunked LM head (model/transformer.h "Chunked LM head"), also a runtime
+  // choice left out of checkpoints: 0 = as many as keep one chunk's logits within
+  // kLmHeadChunkBytes (tests set a small count to run many chunks).
+  int lm_head_chunk_rows = 0;
 
   int head_dim() const { return d_model / n_head; }
   int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim(); }
   // Width of the first MLP projection's output: [gate | up] for SwiGLU.
   int fc_dim() const { return mlp == MlpKind::swiglu ? 2 * ffn_dim : ffn_dim; }
 };
+
+// The LM head's logits are computed in chunks of rows whose fp32 logits take at most this many
+// bytes (256 MiB: 1335 rows at GPT-2's V = 50257, against 13.2 GB for B = 64, T = 1024 whole).
+constexpr size_t kLmHeadChunkBytes = size_t(256) << 20;
+// Rows per chunk of the LM head over N rows (1 <= result <= N; N when N < 1 rows fit).
+inline int lm_head_chunk_rows(const ModelDesc& d, int N) {
+  size_t r = d.lm_head_chunk_rows > 0 ? static_cast<size_t>(d.lm_head_chunk_rows)
+                                      : kLmHeadChunkBytes / (sizeof(float) * static_cast<size_t>(d.vocab_size > 0 ? d.vocab_size : 1));
+  if (r < 1) r = 1;
+  return N < 1 ? 1 : static_cast<int>(r < static_cast<size_t>(N) ? r : static_cast<size_t>(N));
+}
 
 // The description the configuration asks for (model.* keys; vocab_size resolved by the caller).
 ModelDesc model_desc_from_config(const ModelConfig& m, int vocab_size);

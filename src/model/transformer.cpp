@@ -220,7 +220,9 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   const ModelDesc& d = m.desc;
   if (T_ > d.max_seq_len)
     fail("sequence length ", T_, " exceeds the model's max_seq_len ", d.max_seq_len);
-  if (model == &m && B == B_ && T == T_ && attention == d.attention) return;
+  const int lm_rows_ = m.part.head && d.head == HeadKind::lm
+                          ? (all_logits ? B_ * T_ : lm_head_chunk_rows(d, B_ * T_)) : 0;
+  if (model == &m && B == B_ && T == T_ && attention == d.attention && lm_rows == lm_rows_) return;
   if (model) {
     model->ops->free(mem_);
     model->ops->free(ids_);
@@ -234,6 +236,8 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   B = B_;
   T = T_;
   attention = d.attention;
+  lm_rows = lm_rows_;
+  head_grad = false;
   // Full attention keeps P [B, NH, T, T] per layer, fused attention one lse per query row.
   const bool fused = attention == AttentionImpl::fused;
   const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
@@ -254,7 +258,7 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   if (m.part.head) {
     if (d.head == HeadKind::lm) {
       plan.insert(plan.end(), {{&final_norm, N * C}, {&final_mean, N}, {&final_rstd, N},
-                               {&logits, N * d.vocab_size}, {&losses, N}});
+                               {&logits, static_cast<size_t>(lm_rows) * d.vocab_size}, {&losses, N}});
     } else {
       const size_t BC = static_cast<size_t>(B) * C;
       plan.insert(plan.end(), {{&cls, BC}, {&pooled_pre, BC}, {&pooled, BC}, {&pooled_drop, BC},
@@ -290,6 +294,15 @@ void norm_forward(const Ops& o, const ModelDesc& d, float* out, float* mean, flo
     o.layernorm_forward(out, mean, rstd, x, w, b, N, d.d_model, static_cast<float>(d.norm_eps));
   else
     o.rmsnorm_forward(out, rstd, x, w, N, d.d_model, static_cast<float>(d.norm_eps));
+}
+
+// res = a + b, then out = norm(res): one fused op (one pass over each row on the GPU).
+void residual_norm_forward(const Ops& o, const ModelDesc& d, float* res, float* out, float* mean, float* rstd,
+                           const float* a, const float* b, const float* w, const float* bias, int N) {
+  if (d.norm == NormKind::layernorm)
+    o.residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, d.d_model, static_cast<float>(d.norm_eps));
+  else
+    o.residual_rmsnorm_forward(res, out, rstd, a, b, w, N, d.d_model, static_cast<float>(d.norm_eps));
 }
 
 void norm_backward(const Ops& o, const ModelDesc& d, float* dx, float* dw, float* db, const float* dout,
@@ -398,14 +411,14 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
       o.attention_forward(L.atty, L.att, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa, drop_key(a, l, kDropAttnProbs));
     o.matmul_forward(a.tmp, L.atty, w[kAttnOutW], w[kAttnOutB], N, AY, C, precision);
     if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropAttnOut));
-    o.residual_forward(L.res_attn, x, a.tmp, NC);
-    // MLP: branch input N2(res_attn) (pre-norm) or norm1 = LN1(res_attn) (post-norm).
+    // res_attn = x + branch, and the MLP's branch input N2(res_attn) (pre-norm) or
+    // norm1 = LN1(res_attn) (post-norm), in one fused op.
     const float* h2;
     if (d.pre_norm) {
-      norm_forward(o, d, L.norm2, L.norm2_mean, L.norm2_rstd, L.res_attn, w[kNorm2W], w[kNorm2B], N);
+      residual_norm_forward(o, d, L.res_attn, L.norm2, L.norm2_mean, L.norm2_rstd, x, a.tmp, w[kNorm2W], w[kNorm2B], N);
       h2 = L.norm2;
     } else {
-      norm_forward(o, d, L.norm1, L.norm1_mean, L.norm1_rstd, L.res_attn, w[kNorm1W], w[kNorm1B], N);
+      residual_norm_forward(o, d, L.res_attn, L.norm1, L.norm1_mean, L.norm1_rstd, x, a.tmp, w[kNorm1W], w[kNorm1B], N);
       h2 = L.norm1;
     }
     o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC, precision);
@@ -416,9 +429,10 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     }
     o.matmul_forward(a.tmp, L.act, w[kProjW], w[kProjB], N, F, C, precision);
     if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropMlpOut));
-    o.residual_forward(L.res_mlp, d.pre_norm ? L.res_attn : L.norm1, a.tmp, NC);
-    if (!d.pre_norm)
-      norm_forward(o, d, L.out, L.norm2_mean, L.norm2_rstd, L.res_mlp, w[kNorm2W], w[kNorm2B], N);
+    if (d.pre_norm)
+      o.residual_forward(L.res_mlp, L.res_attn, a.tmp, NC);
+    else  // res_mlp = norm1 + branch; out = LN2(res_mlp)
+      residual_norm_forward(o, d, L.res_mlp, L.out, L.norm2_mean, L.norm2_rstd, L.norm1, a.tmp, w[kNorm2W], w[kNorm2B], N);
   }
 }
 
@@ -436,8 +450,17 @@ float Model::head_forward(Activations& a, bool need_grad, float grad_scale) cons
     }
     const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
     rows = N;
-    o.matmul_forward(a.logits, xf, W, nullptr, N, C, d.vocab_size, precision);
-    o.softmax_xent(a.logits, a.losses, a.targets, N, d.vocab_size, need_grad ? grad_scale / static_cast<float>(N) : 0.0f);
+    // Chunked ("Chunked LM head" in transformer.h): per chunk of R rows, logits = xf·W^T, then the
+    // loss per row (with need_grad the gradient too, as the unchunked head computed it, so the
+    // losses are the same bits; head_backward recomputes it).
+    const int R = a.lm_rows;
+    for (int r0 = 0; r0 < N; r0 += R) {
+      const int rn = std::min(R, N - r0);
+      const float* xc = xf + static_cast<size_t>(r0) * C;
+      o.matmul_forward(a.logits, xc, W, nullptr, rn, C, d.vocab_size, precision);
+      o.softmax_xent(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
+                     need_grad ? grad_scale / static_cast<float>(N) : 0.0f);
+    }
   } else {
     rows = B;
     const size_t BC = static_cast<size_t>(B) * C;
@@ -452,6 +475,9 @@ float Model::head_forward(Activations& a, bool need_grad, float grad_scale) cons
     o.matmul_forward(a.logits, pd, pe[kClsW], pe[kClsB], B, C, d.num_labels, precision);
     o.softmax_xent(a.logits, a.losses, a.targets, B, d.num_labels, need_grad ? grad_scale / static_cast<float>(B) : 0.0f);
   }
+  a.head_grad = need_grad;
+  a.head_grad_scale = grad_scale;
+  a.lm_last_grad = need_grad && d.head == HeadKind::lm;
   o.copy_to_host(a.losses_host.data(), a.losses, static_cast<size_t>(rows) * sizeof(float));
   double sum = 0;
   for (int r = 0; r < rows; r++) sum += a.losses_host[r];
@@ -467,6 +493,8 @@ float Model::forward(Activations& a, const Batch& b, bool need_grad, float grad_
 
 std::vector<int> Model::predictions(const Activations& a) const {
   const int rows = rows_for_loss(a.B, a.T), K = desc.head == HeadKind::lm ? desc.vocab_size : desc.num_labels;
+  if (desc.head == HeadKind::lm && a.lm_rows < rows)
+    fail("internal: predictions of an LM need every row's logits (Activations::all_logits)");
   std::vector<float> logits(static_cast<size_t>(rows) * K);
   ops->copy_to_host(logits.data(), a.logits, logits.size() * sizeof(float));
   std::vector<int> pred(rows);
@@ -526,8 +554,8 @@ void Model::begin_backward(Activations& a, BackwardMode mode) {
 
 size_t Model::kept_floats(int B, int T) const {
   // Per block the output gradients of the projection, the MLP input layer, the attention output
-  // and QKV; in the classifier head the pooler's (the LM head's and the classifier's own are the
-  // logits gradient, which stays in the activations).
+  // and QKV; in the classifier head the pooler's (the classifier's own is the logits gradient,
+  // which stays in the activations; the LM head's is recomputed by weight_backward).
   const ModelDesc& d = desc;
   const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
   size_t n = (part.l1 - part.l0) * (2 * round16(N * C) + round16(N * d.fc_dim()) + round16(N * d.qkv_dim()));
@@ -593,6 +621,11 @@ void Model::weight_backward(Activations& a, const ReadyFn& ready) {
   for (const Activations::DeferredDense& j : a.deferred) {
     const BlockTensors& g = j.slot == 0 ? ge : gb[j.slot - 1];
     const BlockTensors& w = j.slot == 0 ? pe : pb[j.slot - 1];
+    if (!j.dout) {  // the chunked LM head: its logits gradient recomputed, chunk by chunk
+      lm_head_backward_chunks(a, nullptr, g[j.weight_role]);
+      finished(j.slot, {j.weight_role}, ready);
+      continue;
+    }
     ops->matmul_backward(nullptr, g[j.weight_role], j.bias_role >= 0 ? g[j.bias_role] : nullptr, j.dout, j.inp,
                          w[j.weight_role], j.N, j.C, j.OC, precision);
     finished(j.slot, {j.weight_role, j.bias_role}, ready);
@@ -610,14 +643,22 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
   const size_t NC = static_cast<size_t>(N) * C;
   ensure_scratch(B, T);
   const float* x = a.output();
+  if (!a.head_grad) fail("internal: head_backward after a head_forward without need_grad");
   if (d.head == HeadKind::lm) {
-    // a.logits holds d loss / d logits (head_forward with need_grad).
-    const float* xf = d.final_norm ? a.final_norm : x;
     const bool tied = d.tie_embeddings;
+    const int wrole = tied ? kTokEmb : kLmHead;
     o.zero(d_a_, NC * sizeof(float));
-    // A tied matrix held with the embedding gets its embedding gradient later in a whole pass.
-    dense_backward(a, d_a_, a.logits, true, xf, 0, tied ? kTokEmb : kLmHead, -1, N, C, d.vocab_size,
-                   !(tied && part.embedding), ready);
+    // The chunked head (see transformer.h): d_a_ = d xf now; dW now, or in weight_backward after
+    // an input-only pass (recomputing the logits there too: nothing N x V is kept).
+    if (mode_ == BackwardMode::whole) {
+      lm_head_backward_chunks(a, d_a_, ge[wrole]);
+      // A tied matrix held with the embedding gets its embedding gradient later in a whole pass.
+      if (!(tied && part.embedding)) finished(0, {wrole}, ready);
+    } else {
+      if (input_only_pass_ != &a) fail("internal: an input-only backward continued on other activations");
+      lm_head_backward_chunks(a, d_a_, nullptr);
+      a.deferred.push_back({0, wrole, -1, nullptr, nullptr, N, C, d.vocab_size});
+    }
     o.zero(a.dresidual, NC * sizeof(float));
     if (d.final_norm) {
       norm_backward(o, d, a.dresidual, ge[kFinalNormW], ge[kFinalNormB], d_a_, x, pe[kFinalNormW], a.final_mean,
@@ -646,6 +687,31 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
     o.zero(a.dresidual, NC * sizeof(float));
     o.first_token_backward(a.dresidual, dcls, B, T, C);
   }
+}
+
+void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const {
+  const Ops& o = *ops;
+  const ModelDesc& d = desc;
+  const int N = a.B * a.T, C = d.d_model, V = d.vocab_size, R = a.lm_rows;
+  const float* xf = d.final_norm ? a.final_norm : a.output();
+  const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
+  // Per chunk [r0, r0 + rn), last to first: z = xf_c·W^T; z <- d loss/d z = grad_scale/N ·
+  // (softmax(z) - onehot(y)) (the losses rewritten with the values head_forward wrote), unless the
+  // buffer still holds it (the last chunk after the forward, or the only one; the same bits either
+  // way); dxf_c += z·W; dW += z^T·xf_c.
+  const int chunks = (N + R - 1) / R;
+  const bool reuse = a.lm_last_grad;
+  for (int c = chunks - 1; c >= 0; c--) {
+    const int r0 = c * R, rn = std::min(R, N - r0);
+    const float* xc = xf + static_cast<size_t>(r0) * C;
+    if (!(reuse && c == chunks - 1)) {
+      o.matmul_forward(a.logits, xc, W, nullptr, rn, C, V, precision);
+      o.softmax_xent(a.logits, a.losses + r0, a.targets + r0, rn, V, a.head_grad_scale / static_cast<float>(N));
+    }
+    o.matmul_backward(dxf ? dxf + static_cast<size_t>(r0) * C : nullptr, dW, nullptr, a.logits, xc, W, rn, C, V,
+                      precision);
+  }
+  a.lm_last_grad = chunks == 1;  // the buffer holds chunk 0's gradient now
 }
 
 void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& ready) {

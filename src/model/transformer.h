@@ -35,6 +35,26 @@
 // gradients; the two together add exactly what one whole backward adds, bit for bit (the same
 // GEMMs on the same operands). The gradient-ready calls come from weight_backward: a tensor is
 // final only after its weight gradient.
+//
+// Chunked LM head: the N x V logits (13.2 GB fp32 for GPT-2 at B = 64, T = 1024) are never stored.
+// The rows go through the head in chunks of R = lm_head_chunk_rows(desc, N) (model_desc.h; one
+// chunk's logits within kLmHeadChunkBytes), one [R, V] buffer in the Activations. Forward: per
+// chunk logits = xf·W^T and softmax_xent (with need_grad its gradient too), keeping only the
+// per-row losses — and, in the buffer, the last chunk's logits gradient. Backward runs the chunks
+// last to first: the last one's gradient is still in the buffer, every other chunk's logits are
+// RECOMPUTED from xf (the final-norm output, an activation anyway) and turned into d loss/d logits
+// by the same softmax_xent (the same bits: the same ops on the same operands); then
+// dxf_chunk += dlogits·W and dW += dlogits^T·xf_chunk. The price is (chunks - 1) more head GEMMs
+// over chunk rows: none with one chunk (the unchunked head's ops and speed), up to the head's
+// FLOPs x 4/3 with many. Chosen over fusing dxf and dW into a need_grad forward because forward
+// and backward stay separate: the split backward's contract holds unchanged — an input-only pass
+// adds only dxf, and weight_backward recomputes the chunks' gradients again for dW (with one
+// chunk, the buffer still holds it), so a zb-h1 head keeps no N x V either; the chunk order is
+// the same as a whole backward's, hence the same bits. The loss and dxf are per-row work; dW is a sum over chunks (a
+// split of the GEMM's reduction over rows), so it differs from one big GEMM in rounding only (and
+// the BLAS may round a row differently within another row count: test_lm_head_chunked.cpp).
+// Activations::all_logits asks for one chunk of all N rows, so a.logits holds every row's logits
+// after a forward (generation without a KV cache).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -112,8 +132,16 @@ struct Activations {
   float *emb_mean = nullptr, *emb_rstd = nullptr;
   std::vector<Layer> layers;  // blocks l0 .. l1-1
   float *final_norm = nullptr, *final_mean = nullptr, *final_rstd = nullptr;
-  float* logits = nullptr;    // [rows, classes]; after a training forward: d loss / d logits
+  // Classifier: [B, classes]; after a training forward d loss / d logits. LM head: the chunk
+  // buffer [lm_rows, V] (see "Chunked LM head"), after a forward the last chunk's logits (all
+  // rows' with all_logits; with need_grad their gradient).
+  float* logits = nullptr;
   float* losses = nullptr;    // [rows]
+  bool all_logits = false;    // set before allocation: the LM head keeps every row's logits
+  int lm_rows = 0;            // rows of the LM head's chunk buffer
+  bool head_grad = false;     // the last head_forward had need_grad (head_backward may run)
+  bool lm_last_grad = false;  // the LM chunk buffer holds the last chunk's logits gradient
+  float head_grad_scale = 0;  // its grad_scale
   float *cls = nullptr, *pooled_pre = nullptr, *pooled = nullptr, *pooled_drop = nullptr;  // classifier
   float* dresidual = nullptr; // [N, C] the gradient flowing down the residual stream
   float* tmp = nullptr;       // [N, C] forward scratch (a branch's output before the residual add)
@@ -125,7 +153,7 @@ struct Activations {
   // above, or logits) and its output gradient (in `kept`, unless it is an activation already).
   struct DeferredDense {
     int slot, weight_role, bias_role;  // Model::role_slices slot; bias_role -1: the layer has none
-    const float* dout;                 // [N, OC]
+    const float* dout;                 // [N, OC]; null: the chunked LM head (recomputed)
     const float* inp;                  // [N, C]
     int N, C, OC;
   };
@@ -237,6 +265,10 @@ struct Model {
   void dense_backward(Activations& a, float* dinp, const float* dout, bool dout_kept, const float* inp, int slot,
                       int weight_role, int bias_role, int N, int C, int OC, bool last, const ReadyFn& ready);
   float* kept_buffer(Activations& a, size_t n) const;  // the next n floats of a.kept (an input-only pass)
+  // The chunked LM head's backward ("Chunked LM head"): per chunk, logits recomputed from xf and
+  // turned into their gradient; then dxf += dlogits·W (dxf may be null) and dW += dlogits^T·xf
+  // (dW may be null).
+  void lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const;
 };
 
 }  // namespace llmpi

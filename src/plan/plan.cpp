@@ -134,8 +134,16 @@ LayerCosts costs_from_device(const ModelDesc& d, int B, int T, const DeviceSpec&
   const double head = d.head == HeadKind::lm ? 2.0 * d.vocab_size * C : 2.0 * C * C + 2.0 * C * d.num_labels;
   const double head_rows = d.head == HeadKind::lm ? N : (double)B;
   c.head_f = head_rows * head / rate;
-  c.head_b = 2 * c.head_f;
-  c.head_bi = c.head_f;
+  // The chunked LM head recomputes every chunk's logits but the last in backward (transformer.h
+  // "Chunked LM head"): (chunks - 1) / chunks of a forward more. (A zb-h1 weight pass recomputes
+  // them once more, which W = head_b - head_bi leaves out: under 1/4 of the head's backward.)
+  double recompute = 0;
+  if (d.head == HeadKind::lm) {
+    const double chunks = std::ceil(N / lm_head_chunk_rows(d, B * T));
+    recompute = (chunks - 1) / chunks * c.head_f;
+  }
+  c.head_b = 2 * c.head_f + recompute;
+  c.head_bi = c.head_f + recompute;
   const double elt = p == Precision::bf16 ? 2 : 4;
   c.embed_f = 3 * N * C * elt / bw;
   c.embed_b = 3 * N * C * elt / bw;

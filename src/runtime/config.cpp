@@ -30,7 +30,7 @@ const json& config_defaults() {
                  "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [], "zero": 0,
                  "grad_dtype": "fp32"},
     "runtime":  {"device": "auto", "precision": "fp32", "attention": "auto", "threads": 0, "trace_steps": 20,
-                 "step_timeout_s": 0.0, "memory_check": true},
+                 "step_timeout_s": 0.0, "memory_check": true, "lm_head_chunk_rows": 0},
     "run":      {"dir": "runs/default"},
     "checkpoint": {"every": 0, "keep": 3}
   })");
@@ -275,6 +275,7 @@ static Config extract(const json& r) {
   c.runtime.precision = r["runtime"]["precision"];
   c.runtime.attention = r["runtime"]["attention"];
   c.runtime.threads = as_int<int>(r["runtime"]["threads"], "runtime.threads");
+  c.runtime.lm_head_chunk_rows = as_int<int>(r["runtime"]["lm_head_chunk_rows"], "runtime.lm_head_chunk_rows");
   c.run.dir = r["run"]["dir"];
 
   require(c.model.n_layer >= 1, "model.n_layer", "must be >= 1");
@@ -365,6 +366,8 @@ static Config extract(const json& r) {
   require(c.runtime.attention == "auto" || c.runtime.attention == "full" || c.runtime.attention == "fused",
           "runtime.attention", "must be \"auto\", \"full\" or \"fused\", got \"" + c.runtime.attention + "\"");
   require(c.runtime.threads >= 0, "runtime.threads", "must be >= 0 (0 = cores / ranks per node)");
+  require(c.runtime.lm_head_chunk_rows >= 0, "runtime.lm_head_chunk_rows",
+          "must be >= 0 (rows per chunk of the LM head; 0 = as many as fit 256 MiB of logits)");
   require(c.runtime.trace_steps >= 0, "runtime.trace_steps", "must be >= 0 (0 = no trace)");
   require(c.runtime.step_timeout_s >= 0, "runtime.step_timeout_s", "must be >= 0 (0 = no limit)");
   require(c.train.on_nonfinite == "abort" || c.train.on_nonfinite == "skip", "train.on_nonfinite",

@@ -69,6 +69,7 @@ struct RuntimeConfig {
   int threads;             // OpenMP/OpenBLAS threads per rank; 0 = cores on the node / ranks on it
   int trace_steps;         // record trace-rank{N}.json for the first trace_steps steps (0 = off)
   double step_timeout_s;   // abort when one phase of a step takes longer (0 = off)
+  int lm_head_chunk_rows;  // rows per chunk of the LM head (0 = one chunk's logits within 256 MiB)
   bool memory_check;       // refuse a configuration whose memory estimate exceeds what the node has
 };
 struct RunConfig {

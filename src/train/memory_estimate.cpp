@@ -28,7 +28,7 @@ size_t attention_state_floats(const ModelDesc& d, int B, int T) {
 //   [embedding norm] emb_sum N·C, mean N, rstd N
 //   per layer: norm1 N·C, mean N, rstd N, qkv N·QKV, atty N·H·hd, att B·H·T² (fused: lse B·H·T), res_attn N·C,
 //              norm2 N·C, mean N, rstd N, fc N·FC, act N·F, res_mlp N·C, [post-norm: out N·C]
-//   LM head: final norm N·C, mean N, rstd N, logits N·V, losses N
+//   LM head: final norm N·C, mean N, rstd N, logits R·V (R = lm_head_chunk_rows: the chunk buffer), losses N
 //   classifier: cls, pooled_pre, pooled, pooled_drop B·C each, logits B·K, losses B
 // each rounded up to 16 floats; plus the ids (4 · N int32) and the host loss row.
 size_t activation_bytes(const ModelDesc& d, int B, int T) {
@@ -42,7 +42,7 @@ size_t activation_bytes(const ModelDesc& d, int B, int T) {
   }
   const size_t rows = d.head == HeadKind::lm ? N : (size_t)B;
   if (d.head == HeadKind::lm)
-    plan.insert(plan.end(), {N * C, N, N, N * (size_t)d.vocab_size, N});
+    plan.insert(plan.end(), {N * C, N, N, (size_t)lm_head_chunk_rows(d, (int)N) * d.vocab_size, N});
   else
     plan.insert(plan.end(), {B * C, B * C, B * C, B * C, (size_t)B * d.num_labels, (size_t)B});
   size_t total = 0;
@@ -65,7 +65,7 @@ size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T)
   }
   if (part.head) {
     if (d.head == HeadKind::lm)
-      plan.insert(plan.end(), {N * C, N, N, N * (size_t)d.vocab_size, N});
+      plan.insert(plan.end(), {N * C, N, N, (size_t)lm_head_chunk_rows(d, (int)N) * d.vocab_size, N});
     else
       plan.insert(plan.end(), {B * C, B * C, B * C, B * C, (size_t)B * d.num_labels, (size_t)B});
   }
@@ -98,7 +98,8 @@ size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
 // A bf16 dense layer's rounded operands (backend/cpu/matmul.cpp, kernels/matmul.cu): per call all of
 // them side by side in one buffer (its forward inp·W^T, its backward dout, W and inp), each but the
 // last padded to 16 floats (CPU: fp32 copies) or 128 bf16 values (CUDA, whose workspace also takes
-// a quarter of headroom when it grows). The buffer grows to the largest call: the LM head's backward.
+// a quarter of headroom when it grows). The buffer grows to the largest call: often the LM head's
+// backward, over one chunk of R = lm_head_chunk_rows rows.
 size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecision precision, bool on_gpu) {
   if (precision != GemmPrecision::bf16) return 0;
   const size_t pad = on_gpu ? 128 : 16;
@@ -113,7 +114,7 @@ size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecisio
   dense(N, C, d.fc_dim());
   dense(N, d.ffn_dim, C);
   if (d.head == HeadKind::lm) {
-    dense(N, C, d.vocab_size);
+    dense((size_t)lm_head_chunk_rows(d, (int)N), C, d.vocab_size);
   } else {
     dense(B, C, C);
     dense(B, C, d.num_labels);

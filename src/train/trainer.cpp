@@ -535,6 +535,7 @@ void setup(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) {
   ModelDesc desc = model_desc_from_config(cfg.model, vocab);
   // how, not what: not in checkpoints
   desc.attention = resolve_attention(cfg.runtime.attention, r.ops->on_gpu(), desc.head_dim());
+  desc.lm_head_chunk_rows = cfg.runtime.lm_head_chunk_rows;
   resolve_config(r.cfg.resolved, desc);
   r.rss_before_model = peak_rss_bytes();  // libraries, MPI, open files: what no estimate counts
   check_memory(r, desc, local_size);

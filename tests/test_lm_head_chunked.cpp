@@ -1,0 +1,217 @@
+// The chunked LM head (model/transformer.h "Chunked LM head"): the rows go through the head in
+// chunks of R rows, logits recomputed in backward, never all N x V of them stored.
+//  - against one chunk of all N rows (the very ops of the unchunked head), for gpt2 (tied: the
+//    head's gradient lands in wte) and llama (untied lm_head), fp32 and bf16 GEMMs, R = 1, 5, 7
+//    (ragged: 64 = 9·7 + 1), 16 and 63. In exact arithmetic every row's loss and dxf are per-row
+//    work, but not bit for bit here: OpenBLAS's sgemm computes an output row with another
+//    micro-kernel (another FMA grouping of the C- or V-long dot product) depending on where the row
+//    falls in the M blocking and the threads' split, so a row in a chunk of R rows can differ from
+//    the same row among 64 by an ulp or two. Measured (all four cases, R = 1..63): row losses up to
+//    1.9e-7 relative (1-2 ulps; 0 to 19 of 64 rows differ), every gradient tensor up to 4.7e-7
+//    norm-wise relative, the head matrix's (also a sum over chunks: the dW GEMM's reduction over
+//    rows split) up to 2.9e-7. Tolerances: each row's loss 1e-6 relative, each gradient tensor 2e-6
+//    (about 5x the measured, far below what a wrong chunk — a row missed, counted twice or
+//    scaled wrongly: O(1/64) — gives). The split backward is bit for bit (test_backward_split.cpp);
+//  - the Activations allocate R x V for the logits, as the memory estimate says, and all_logits
+//    asks for every row's (generation), which hold the unchunked logits bit for bit;
+//  - runtime.lm_head_chunk_rows is validated;
+//  - on a GPU (skipped without one): the CUDA chunked head against the CPU's, loss and gradients.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cuda_ops.h"
+#include "backend/ops.h"
+#include "model_test_util.h"
+#include "runtime/config.h"
+#include "runtime/error.h"
+#include "train/memory_estimate.h"
+
+using namespace llmpi;
+using test::desc_of;
+using test::RandomBatch;
+
+namespace {
+
+struct HeadCase {
+  const char* name;
+  const char* family;
+  GemmPrecision precision;
+};
+std::ostream& operator<<(std::ostream& os, const HeadCase& c) { return os << c.name; }
+
+const HeadCase kCases[] = {{"gpt2_tied_fp32", "gpt2", GemmPrecision::fp32},
+                           {"gpt2_tied_bf16", "gpt2", GemmPrecision::bf16},
+                           {"llama_untied_fp32", "llama", GemmPrecision::fp32},
+                           {"llama_untied_bf16", "llama", GemmPrecision::bf16}};
+
+constexpr int kB = 4, kT = 16, kN = kB * kT;
+
+ModelDesc head_desc(const HeadCase& c, int chunk_rows) {
+  ModelDesc d = desc_of(c.family, 2, 2, 32, kT, 97);
+  d.init_std = 0.2;  // logits far from uniform, so the gradient is not tiny
+  d.lm_head_chunk_rows = chunk_rows;
+  return d;
+}
+
+struct HeadRun {
+  float loss = 0;
+  std::vector<float> row_losses, grads, logits;
+  size_t act_bytes = 0;
+  int lm_rows = 0;
+  std::vector<ParamSlice> slices;
+};
+
+HeadRun run_head(const HeadCase& c, int chunk_rows, const Ops& ops = cpu_ops()) {
+  const ModelDesc d = head_desc(c, chunk_rows);
+  RandomBatch rb(d, kB, kT, 17);
+  Model m(d, ops, ModelPart::whole(), c.precision);
+  m.init_params(3);
+  m.zero_grads();
+  Activations a;
+  HeadRun r;
+  r.loss = m.forward(a, rb.b, true);
+  r.row_losses = a.losses_host;
+  m.backward(a);
+  r.grads = m.grads_host();
+  r.act_bytes = a.bytes();
+  r.lm_rows = a.lm_rows;
+  r.slices = m.table.slices;
+  return r;
+}
+
+// The head matrix's role: wte when tied, else lm_head.
+bool is_head_matrix(const ModelDesc& d, const ParamSlice& s) {
+  return d.tie_embeddings ? s.role == kTokEmb : s.role == kLmHead;
+}
+
+double rel_diff(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / (den > 0 ? den : 1));
+}
+
+class ChunkedLmHead : public ::testing::TestWithParam<HeadCase> {};
+
+}  // namespace
+
+TEST_P(ChunkedLmHead, EqualsOneChunkOfAllRows) {
+  const HeadCase& c = GetParam();
+  const HeadRun whole = run_head(c, kN);
+  EXPECT_EQ(whole.lm_rows, kN);
+  // The default (0: a 256 MiB budget) is one chunk at this size: the same bits.
+  const HeadRun dflt = run_head(c, 0);
+  EXPECT_EQ(dflt.lm_rows, kN);
+  EXPECT_EQ(dflt.grads, whole.grads);
+  const ModelDesc d = head_desc(c, kN);
+  for (int R : {1, 5, 7, 16, 63}) {
+    SCOPED_TRACE("chunk rows " + std::to_string(R));
+    const HeadRun ch = run_head(c, R);
+    EXPECT_EQ(ch.lm_rows, R);
+    ASSERT_EQ(ch.row_losses.size(), (size_t)kN);
+    for (int i = 0; i < kN; i++)
+      EXPECT_LT(std::fabs(ch.row_losses[i] - whole.row_losses[i]), 1e-6 * whole.row_losses[i]) << "row " << i;
+    EXPECT_LT(std::fabs(ch.loss - whole.loss), 1e-6 * whole.loss) << ch.loss << " vs " << whole.loss;
+    bool head_seen = false;
+    double most = 0;
+    for (const ParamSlice& s : ch.slices) {
+      const double rd = rel_diff(ch.grads.data() + s.offset, whole.grads.data() + s.offset, s.numel);
+      EXPECT_LT(rd, 2e-6) << s.name;
+      most = std::max(most, rd);
+      if (is_head_matrix(d, s)) {
+        head_seen = true;
+        if (R == 7) std::printf("  %s R=%d: %s gradient relative difference %.2e\n", c.name, R, s.name.c_str(), rd);
+      }
+    }
+    if (R == 7) std::printf("  %s R=%d: largest gradient relative difference %.2e\n", c.name, R, most);
+    EXPECT_TRUE(head_seen);
+    // The logits buffer shrinks from N x V to R x V.
+    const size_t a16 = [](size_t n) { return (n + 15) / 16 * 16; }((size_t)R * d.vocab_size);
+    const size_t w16 = (size_t)kN * d.vocab_size;  // 64 · 97 is a multiple of 16
+    EXPECT_EQ(whole.act_bytes - ch.act_bytes, (w16 - a16) * sizeof(float));
+    EXPECT_EQ(ch.act_bytes + kN * sizeof(float), activation_bytes(head_desc(c, R), kB, kT))
+        << "the estimate (which adds the host loss row) differs from the allocation";
+  }
+  bool any = false;
+  for (float g : whole.grads) any |= g != 0.0f;
+  EXPECT_TRUE(any);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ChunkedLmHead, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<HeadCase>& i) { return std::string(i.param.name); });
+
+// The chunk count follows the byte budget, and is clamped to [1, N].
+TEST(ChunkedLmHeadRows, FollowTheBudget) {
+  ModelDesc d = desc_of("gpt2", 1, 2, 32, 8, 50257);
+  EXPECT_EQ(lm_head_chunk_rows(d, 65536), (int)(kLmHeadChunkBytes / (4 * 50257)));
+  EXPECT_EQ(lm_head_chunk_rows(d, 100), 100);
+  d.lm_head_chunk_rows = 3;
+  EXPECT_EQ(lm_head_chunk_rows(d, 100), 3);
+  EXPECT_EQ(lm_head_chunk_rows(d, 2), 2);
+  // Every part of a pipeline holding the head allocates the chunk, the others none.
+  const ModelPart head_part{1, 1, false, true}, body{0, 1, true, false};
+  d.lm_head_chunk_rows = 5;
+  Model mh(d, cpu_ops(), head_part), mb(d, cpu_ops(), body);
+  Activations ah(mh, 2, 8), ab(mb, 2, 8);
+  EXPECT_EQ(ah.lm_rows, 5);
+  EXPECT_EQ(ab.lm_rows, 0);
+  // (the estimate also counts the host loss row, 16 floats)
+  EXPECT_EQ(ah.bytes() + 16 * sizeof(float), activation_bytes(d, head_part, 2, 8));
+  EXPECT_EQ(ab.bytes() + 16 * sizeof(float), activation_bytes(d, body, 2, 8));
+}
+
+// Generation reads every row's logits: all_logits makes one chunk of all rows, whose logits equal
+// the last chunk's rows of a chunked forward (to an ulp or two: the GEMM on 1 row vs 16, above).
+TEST(ChunkedLmHeadRows, AllLogitsKeepsEveryRow) {
+  ModelDesc d = desc_of("gpt2", 1, 2, 32, 8, 53);
+  d.lm_head_chunk_rows = 5;
+  RandomBatch rb(d, 2, 8, 4);
+  Model m(d, cpu_ops());
+  m.init_params(9);
+  Activations all, chunked;
+  all.all_logits = true;
+  const float l1 = m.forward(all, rb.b, false), l2 = m.forward(chunked, rb.b, false);
+  EXPECT_LT(std::fabs(l1 - l2), 1e-6 * l1);
+  EXPECT_EQ(all.lm_rows, 16);
+  EXPECT_EQ(chunked.lm_rows, 5);
+  // 16 = 3·5 + 1: the last chunk is row 15 alone.
+  EXPECT_LT(rel_diff(chunked.logits, all.logits + 15 * 53, 53), 1e-6);
+  EXPECT_GT(rel_diff(chunked.logits, all.logits + 14 * 53, 53), 1e-2);  // not another row's
+  EXPECT_THROW(m.predictions(chunked), Error);
+  EXPECT_EQ(m.predictions(all).size(), 16u);
+  // head_backward needs a forward with need_grad
+  EXPECT_THROW(m.backward(chunked), Error);
+}
+
+TEST(ChunkedLmHeadRows, ConfigKeyIsValidated) {
+  const Config c = parse_config("{}", "test", {"data.train=-", "runtime.lm_head_chunk_rows=12"});
+  EXPECT_EQ(c.runtime.lm_head_chunk_rows, 12);
+  try {
+    parse_config("{}", "test", {"data.train=-", "runtime.lm_head_chunk_rows=-1"});
+    ADD_FAILURE() << "a negative chunk row count was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("runtime.lm_head_chunk_rows"), std::string::npos) << e.what();
+  }
+}
+
+// The CUDA backend runs the same chunked head: its loss and gradients against the CPU's, within
+// CudaModel's tolerances (test_cuda_ops.cpp: cuBLAS and OpenBLAS sum in other orders; fp32 1e-4;
+// bf16 gradients 1e-2, where an order difference now and then flips an operand's bf16 rounding).
+TEST(ChunkedLmHeadCuda, MatchesCpu) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  for (const HeadCase& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const HeadRun cpu = run_head(c, 7), gpu = run_head(c, 7, cuda_ops());
+    EXPECT_LT(std::fabs(gpu.loss - cpu.loss) / std::fabs(cpu.loss), 1e-4);
+    for (const ParamSlice& s : cpu.slices)
+      EXPECT_LT(rel_diff(gpu.grads.data() + s.offset, cpu.grads.data() + s.offset, s.numel),
+                c.precision == GemmPrecision::bf16 ? 1e-2 : 1e-4)
+          << s.name;
+  }
+}
