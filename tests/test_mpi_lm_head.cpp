@@ -5,6 +5,10 @@
 // test_mpi_pipeline.cpp): the chunked head differs from the unchunked one by an ulp or two per
 // row (test_lm_head_chunked.cpp), well inside it. Variants: data parallel (allreduce), the bf16
 // GEMMs, and a 2-stage zb-h1 pipeline, whose deferred head weight gradient recomputes the logits.
+// With bf16 GEMMs the final parameters are held to 1e-4 instead, the bound test_mpi_precision.cpp
+// argues for any change of fp32 summation order under bf16 (an ulp in an operand now and then
+// flips its bf16 rounding, and AdamW carries that on): measured here 2.1e-5 / 2.3e-5 for llama in
+// the sanitizer build, whose code generation orders the sums differently; losses stay at 1e-5.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -19,7 +23,7 @@ using namespace llmpi::testing_support;
 
 namespace {
 
-void chunked_equals_unchunked(const std::string& family, const std::vector<std::string>& extra) {
+void chunked_equals_unchunked(const std::string& family, const std::vector<std::string>& extra, double param_tol) {
   const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
   const std::string file = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 32);
   std::vector<std::string> base = {"model.family=" + family, "train.steps=10"};
@@ -53,7 +57,7 @@ void chunked_equals_unchunked(const std::string& family, const std::vector<std::
     for (size_t s = 0; s < one.losses.size(); s++)
       EXPECT_LT(std::fabs(two.losses[s] - one.losses[s]) / one.losses[s], 1e-5) << family << " " << v.name << " step " << s;
     const double d = rel_diff(two.final_params, one.final_params);
-    EXPECT_LT(d, 1e-5) << family << " " << v.name;
+    EXPECT_LT(d, param_tol) << family << " " << v.name;
     std::printf("%s chunked head, %-16s loss %.6f -> %.6f (1 rank unchunked %.6f -> %.6f), params rel diff %.1e\n",
                 family.c_str(), v.name, two.losses.front(), two.losses.back(), one.losses.front(), one.losses.back(), d);
   }
@@ -62,7 +66,7 @@ void chunked_equals_unchunked(const std::string& family, const std::vector<std::
 
 }  // namespace
 
-TEST(MpiLmHead, ChunkedGpt2EqualsUnchunkedOneRank) { chunked_equals_unchunked("gpt2", {}); }
+TEST(MpiLmHead, ChunkedGpt2EqualsUnchunkedOneRank) { chunked_equals_unchunked("gpt2", {}, 1e-5); }
 TEST(MpiLmHead, ChunkedLlamaBf16EqualsUnchunkedOneRank) {
-  chunked_equals_unchunked("llama", {"runtime.precision=bf16"});
+  chunked_equals_unchunked("llama", {"runtime.precision=bf16"}, 1e-4);
 }
