@@ -18,26 +18,18 @@ namespace {
 
 // Fills x with a deterministic pattern in [-1, 1) (for the sgemm benchmark: zeros would let the
 // card run at a lower power, and a higher clock, than real data).
-__global__ void fill_pattern_kernel(float* x, size_t n, uint32_t seed) {
+__device__ __forceinline__ void store_pattern(float* x, float v) { *x = v; }
+__device__ __forceinline__ void store_pattern(__nv_bfloat16* x, float v) { *x = __float2bfloat16_rn(v); }
+// (float for the fp32 and TF32 GEMM rates, bf16 rounded to nearest even for the bf16 one)
+template <typename T>
+__global__ void fill_pattern_kernel(T* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
     h ^= h >> 16;
     h *= 0x7feb352du;
     h ^= h >> 15;
-    x[i] = static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
-  }
-}
-
-// The same pattern, rounded to bf16 (for the bf16 GEMM rate).
-__global__ void fill_pattern_bf16_kernel(__nv_bfloat16* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 16;
-    h *= 0x7feb352du;
-    h ^= h >> 15;
-    x[i] = __float2bfloat16_rn(static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+    store_pattern(x + i, static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
   }
 }
 
@@ -159,8 +151,8 @@ double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math)
   void* b = cuda::alloc(nb * elem);
   float* c = static_cast<float*>(cuda::alloc(nc * sizeof(float)));
   if (bf16) {
-    fill_pattern_bf16_kernel<<<cuda::grid_for(na, 256), 256, 0, s>>>(static_cast<__nv_bfloat16*>(a), na, 1u);
-    fill_pattern_bf16_kernel<<<cuda::grid_for(nb, 256), 256, 0, s>>>(static_cast<__nv_bfloat16*>(b), nb, 2u);
+    fill_pattern_kernel<<<cuda::grid_for(na, 256), 256, 0, s>>>(static_cast<__nv_bfloat16*>(a), na, 1u);
+    fill_pattern_kernel<<<cuda::grid_for(nb, 256), 256, 0, s>>>(static_cast<__nv_bfloat16*>(b), nb, 2u);
   } else {
     fill_pattern_kernel<<<cuda::grid_for(na, 256), 256, 0, s>>>(static_cast<float*>(a), na, 1u);
     fill_pattern_kernel<<<cuda::grid_for(nb, 256), 256, 0, s>>>(static_cast<float*>(b), nb, 2u);
