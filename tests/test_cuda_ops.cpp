@@ -32,6 +32,7 @@
 #include "backend/cuda_ops.h"
 #include "backend/dropout_hash.h"
 #include "backend/ops.h"
+#include "cuda_test_util.h"
 #include "grad_check.h"
 #include "model/transformer.h"
 #include "model_test_util.h"
@@ -45,58 +46,6 @@ namespace {
 constexpr double kOpTol = 1e-5;
 constexpr double kModelTol = 1e-4;
 constexpr double kCurveTol = 1e-3;
-const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// First statement of every GPU test.
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
-    std::string why_;                                                   \
-    if (!cuda_available(&why_)) GTEST_SKIP() << "no GPU: " << why_;     \
-    cuda_bind_device(0);                                                \
-  } while (0)
-
-const Ops& gpu() { return cuda_ops(); }
-const Ops& cpu() { return cpu_ops(); }
-
-// A device buffer of the CUDA backend, filled from / read back to host vectors.
-struct Dev {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Dev(size_t b) : p(gpu().alloc(b)), bytes(b) {}
-  template <typename T>
-  explicit Dev(const std::vector<T>& h) : Dev(h.size() * sizeof(T)) {
-    gpu().copy_to_device(p, h.data(), bytes);
-  }
-  ~Dev() { gpu().free(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  float* f() { return static_cast<float*>(p); }
-  int32_t* i() { return static_cast<int32_t*>(p); }
-  std::vector<float> get() const {
-    std::vector<float> h(bytes / sizeof(float));
-    gpu().copy_to_host(h.data(), p, bytes);
-    return h;
-  }
-};
-
-std::vector<float> nans(size_t n) { return std::vector<float>(n, kNaN); }
-
-// ‖a − ref‖/‖ref‖ for float vectors.
-double rel(const std::vector<float>& a, const std::vector<float>& ref) {
-  EXPECT_EQ(a.size(), ref.size());
-  return rel_err(a, to_double(ref));
-}
-// The parts an op added to buffers that started at `before`.
-std::vector<float> added(const std::vector<float>& after, const std::vector<float>& before) {
-  std::vector<float> d(after.size());
-  for (size_t k = 0; k < after.size(); k++) d[k] = after[k] - before[k];
-  return d;
-}
-bool all_finite(const std::vector<float>& v) {
-  for (float x : v)
-    if (!std::isfinite(x)) return false;
-  return true;
-}
 
 }  // namespace
 
