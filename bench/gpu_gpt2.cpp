@@ -7,8 +7,10 @@
 //
 // Defaults: GPT-2 124M (12 layers, 12 heads, d_model 768, vocab 50257, seq_len 1024), batch 8
 // per GPU, 3 warm-up + 20 timed steps, fp32 GEMMs, attention as runtime.attention "auto" runs it
-// on a GPU (fused: kernels/flash_attention.cu; full stores the B x NH x T x T probabilities per
-// layer). A step is what the trainer does on one rank: zero grads, forward (fused softmax +
+// on a GPU (fused: kernels/flash_attention.cu, or with --precision bf16 the tensor-core kernels
+// of kernels/flash_attention_bf16.cu; full stores the B x NH x T x T probabilities per layer).
+// The report names the attention kernel that ran ("attention_kernel": flash-bf16-wmma,
+// flash-fp32 or full-cublas-fp32). A step is what the trainer does on one rank: zero grads, forward (fused softmax +
 // cross-entropy), backward, global-norm clip at 1.0 (sum_squares + scale), AdamW on every
 // parameter (weight decay on the 2-D tensors only).
 //
@@ -195,6 +197,9 @@ int run(const Options& o) {
     mc.seq_len = o.seq_len;
     ModelDesc desc = model_desc_from_config(mc, o.vocab);
     desc.attention = resolve_attention(o.attention, true, desc.head_dim());
+    const std::string attn_kernel = desc.attention == AttentionImpl::fused
+                                        ? cuda_flash_attention_kernel(o.precision, desc.head_dim())
+                                        : "full-cublas-fp32";
     const int B = o.batch, T = o.seq_len, N = B * T;
     const Ops& ops = cuda_ops();
     Model model(desc, ops, ModelPart::whole(), o.precision);
@@ -269,8 +274,8 @@ int run(const Options& o) {
 
     std::printf("\nmodel: %d layers, %d heads, d_model %d, vocab %d, seq_len %d; %.2fM params\n",
                 o.layers, o.heads, o.d_model, o.vocab, T, n / 1e6);
-    std::printf("batch %d x %d = %d tokens/step, %d timed steps after %d warm-up, last loss %.4f, %s attention\n\n",
-                B, T, N, o.steps, o.warmup, loss, attention_impl_name(desc.attention));
+    std::printf("batch %d x %d = %d tokens/step, %d timed steps after %d warm-up, last loss %.4f, %s attention (%s)\n\n",
+                B, T, N, o.steps, o.warmup, loss, attention_impl_name(desc.attention), attn_kernel.c_str());
     std::printf("%-34s %12s\n", "metric", "value");
     std::printf("%-34s %12.0f\n", "tokens/s", tok_s);
     std::printf("%-34s %12.2f\n", "ms/step (median)", ms);
@@ -305,6 +310,7 @@ int run(const Options& o) {
           {"mfu_vs_published_bf16_peak", mfu_bf16_peak},
           {"mfu_vs_published_own_peak", mfu_own_peak},
                     {"attention", attention_impl_name(desc.attention)},
+          {"attention_kernel", attn_kernel},
           {"model",
            {{"n_layer", o.layers}, {"n_head", o.heads}, {"d_model", o.d_model},
             {"vocab_size", o.vocab}, {"seq_len", T}, {"params", n}}},

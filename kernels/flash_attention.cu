@@ -3,7 +3,9 @@
 // h, G = NH / NKV, causal and/or key padding mask, dropout_keep on the element index
 // e = ((b NH + h) T + i) T + j, sc = 1/sqrt(hs)), but P is never stored: the forward keeps
 // lse [B, NH, T] per query row, the backward recomputes P from it. Memory O(B NH T), never T x T.
-// Plain fp32 on CUDA cores, written for correctness first (speed: a later GPU session).
+// Plain fp32 on CUDA cores, written for correctness first (speed: a later GPU session). With
+// prec == bf16 both ops run the tensor-core kernels of flash_attention_bf16.cu instead, where
+// flash_bf16_applies(hs) (hs <= 128, compute capability >= 8.0); fp32 and tf32 run these.
 //
 //   forward   one block per (b, h, tile of kFwdRows query rows), one thread per query row; key
 //             tiles of kFwdKeys rows of K and V staged in shared memory. Per tile, each thread
@@ -37,6 +39,7 @@
 
 #include "backend/dropout_hash.h"
 #include "cuda_common.cuh"
+#include "flash_attention_bf16.cuh"
 #include "runtime/error.h"
 
 namespace llmpi::cuda {
@@ -357,9 +360,13 @@ void launch_backward(float* dqkv, const float* dout, const float* lse, const flo
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, const int32_t* mask, int B,
                              int T, int NH, int NKV, int hs, bool causal, float dropout_p,
-                             uint64_t dropout_key) {
+                             uint64_t dropout_key, GemmPrecision prec) {
   check_flash_args("flash_attention_forward", NH, NKV, hs, dropout_p);
   if (B <= 0 || T <= 0 || NH <= 0 || hs <= 0) return;
+  if (prec == GemmPrecision::bf16 && flash_bf16_applies(hs)) {  // tensor cores (flash_attention_bf16.cu)
+    flash_bf16_forward(out, lse, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+    return;
+  }
   const FlashArgs a = make_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
   switch (head_case(hs)) {
     case 16: launch_forward<16>(out, lse, qkv, mask, a); break;
@@ -372,7 +379,7 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const int
 void flash_attention_backward(float* dqkv, const float* dout, const float* out, const float* lse,
                               const float* qkv, const int32_t* mask, int B, int T, int NH,
                               int NKV, int hs, bool causal, float dropout_p,
-                              uint64_t dropout_key) {
+                              uint64_t dropout_key, GemmPrecision prec) {
   check_flash_args("flash_attention_backward", NH, NKV, hs, dropout_p);
   if (B <= 0 || T <= 0 || NH <= 0 || hs <= 0) return;
   const FlashArgs a = make_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
@@ -380,6 +387,11 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* out, 
   float* D = static_cast<float*>(workspace(kWsAttn, rows * sizeof(float)));
   flash_rowdot_kernel<<<grid_for(rows, 256), 256, 0, compute_stream()>>>(D, dout, out, a);
   LLMPI_LAUNCH_CHECK("flash_attention_backward (D)");
+  if (prec == GemmPrecision::bf16 && flash_bf16_applies(hs)) {
+    flash_bf16_backward(dqkv, dout, lse, D, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p,
+                        dropout_key);
+    return;
+  }
   switch (head_case(hs)) {
     case 16: launch_backward<16>(dqkv, dout, lse, D, qkv, mask, a); break;
     case 32: launch_backward<32>(dqkv, dout, lse, D, qkv, mask, a); break;
@@ -389,3 +401,12 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* out, 
 }
 
 }  // namespace llmpi::cuda
+
+namespace llmpi {
+
+const char* cuda_flash_attention_kernel(GemmPrecision prec, int head_size) {
+  return prec == GemmPrecision::bf16 && cuda::flash_bf16_applies(head_size) ? "flash-bf16-wmma"
+                                                                             : "flash-fp32";
+}
+
+}  // namespace llmpi

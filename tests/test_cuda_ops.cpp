@@ -676,12 +676,12 @@ TEST_P(CudaFlashAttention, MatchesCpuFlashForwardAndBackward) {
 
   std::vector<float> rout(out_n, kNaN), rlse(lse_n, kNaN);
   cpu().flash_attention_forward(rout.data(), rlse.data(), qkv.data(), cmask, B, T, NH, NKV, hs,
-                                c.causal, c.dropout_p, key);
+                                c.causal, c.dropout_p, key, GemmPrecision::fp32);
   Dev gqkv(qkv), gout(nans(out_n)), glse(nans(lse_n));
   Dev gmask(mask.empty() ? std::vector<int32_t>{0} : mask);
   const int32_t* dmask = mask.empty() ? nullptr : gmask.i();
   gpu().flash_attention_forward(gout.f(), glse.f(), gqkv.f(), dmask, B, T, NH, NKV, hs, c.causal,
-                                c.dropout_p, key);
+                                c.dropout_p, key, GemmPrecision::fp32);
   const auto out = gout.get(), lse = glse.get();
   ASSERT_TRUE(all_finite(out));
   EXPECT_LT(rel(out, rout), kOpTol) << "forward out";
@@ -700,10 +700,10 @@ TEST_P(CudaFlashAttention, MatchesCpuFlashForwardAndBackward) {
   const auto dqkv0 = random_floats(qkv.size(), seed + 3);
   auto rdqkv = dqkv0;
   cpu().flash_attention_backward(rdqkv.data(), dout.data(), rout.data(), rlse.data(), qkv.data(),
-                                 cmask, B, T, NH, NKV, hs, c.causal, c.dropout_p, key);
+                                 cmask, B, T, NH, NKV, hs, c.causal, c.dropout_p, key, GemmPrecision::fp32);
   Dev gdout(dout), gdqkv(dqkv0);
   gpu().flash_attention_backward(gdqkv.f(), gdout.f(), gout.f(), glse.f(), gqkv.f(), dmask, B, T,
-                                 NH, NKV, hs, c.causal, c.dropout_p, key);
+                                 NH, NKV, hs, c.causal, c.dropout_p, key, GemmPrecision::fp32);
   const auto gd = gdqkv.get();
   ASSERT_TRUE(all_finite(gd));
   const auto gadd = added(gd, dqkv0), radd = added(rdqkv, dqkv0);
@@ -713,9 +713,9 @@ TEST_P(CudaFlashAttention, MatchesCpuFlashForwardAndBackward) {
   // bitwise deterministic, forward and backward
   Dev gout2(nans(out_n)), glse2(nans(lse_n)), gdqkv2(dqkv0);
   gpu().flash_attention_forward(gout2.f(), glse2.f(), gqkv.f(), dmask, B, T, NH, NKV, hs,
-                                c.causal, c.dropout_p, key);
+                                c.causal, c.dropout_p, key, GemmPrecision::fp32);
   gpu().flash_attention_backward(gdqkv2.f(), gdout.f(), gout2.f(), glse2.f(), gqkv.f(), dmask, B,
-                                 T, NH, NKV, hs, c.causal, c.dropout_p, key);
+                                 T, NH, NKV, hs, c.causal, c.dropout_p, key, GemmPrecision::fp32);
   EXPECT_EQ(gout2.get(), out) << "forward is not deterministic";
   EXPECT_EQ(gdqkv2.get(), gd) << "backward is not deterministic";
 }
@@ -728,13 +728,13 @@ TEST(CudaOps, FlashAttentionRejectsBadArguments) {
   REQUIRE_GPU();
   Dev qkv(std::vector<float>(4 * 3 * 256, 0.5f)), out(nans(4 * 256)), lse(nans(8));
   EXPECT_THROW(gpu().flash_attention_forward(out.f(), lse.f(), qkv.f(), nullptr, 1, 4, 1, 1, 8,
-                                             true, 1.0f, 0),
+                                             true, 1.0f, 0, GemmPrecision::fp32),
                Error);
   EXPECT_THROW(gpu().flash_attention_forward(out.f(), lse.f(), qkv.f(), nullptr, 1, 4, 3, 2, 8,
-                                             true, 0.0f, 0),
+                                             true, 0.0f, 0, GemmPrecision::fp32),
                Error);
   EXPECT_THROW(gpu().flash_attention_forward(out.f(), lse.f(), qkv.f(), nullptr, 1, 4, 1, 1, 256,
-                                             true, 0.0f, 0),
+                                             true, 0.0f, 0, GemmPrecision::fp32),
                Error);  // hs above 128
 }
 

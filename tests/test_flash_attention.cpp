@@ -140,13 +140,14 @@ void ref_attention(const Case& c, const std::vector<double>& qkv, std::vector<do
 void flash_forward(const Case& c, const std::vector<float>& qkv, std::vector<float>* out,
                    std::vector<float>* lse) {
   backend().flash_attention_forward(out->data(), lse->data(), qkv.data(), c.mask_ptr(), c.B, c.T,
-                                c.NH, c.NKV, c.hs, c.causal, c.p, c.key);
+                                c.NH, c.NKV, c.hs, c.causal, c.p, c.key, GemmPrecision::fp32);
 }
 void flash_backward(const Case& c, std::vector<float>* dqkv, const std::vector<float>& dout,
                     const std::vector<float>& out, const std::vector<float>& lse,
                     const std::vector<float>& qkv) {
   backend().flash_attention_backward(dqkv->data(), dout.data(), out.data(), lse.data(), qkv.data(),
-                                 c.mask_ptr(), c.B, c.T, c.NH, c.NKV, c.hs, c.causal, c.p, c.key);
+                                 c.mask_ptr(), c.B, c.T, c.NH, c.NKV, c.hs, c.causal, c.p, c.key,
+                                 GemmPrecision::fp32);
 }
 
 // Fused against full, and lse against the double reference, for one case.
@@ -294,10 +295,10 @@ TEST(CpuFlashAttention, SameBitsForOneAndTwoThreads) {
 TEST(CpuFlashAttention, RejectsBadDropoutAndGrouping) {
   std::vector<float> qkv(4 * 3 * 8, 0.5f), out(4 * 8), lse(4);
   EXPECT_THROW(backend().flash_attention_forward(out.data(), lse.data(), qkv.data(), nullptr, 1, 4, 1,
-                                             1, 8, true, 1.0f, 0),
+                                             1, 8, true, 1.0f, 0, GemmPrecision::fp32),
                Error);
   EXPECT_THROW(backend().flash_attention_forward(out.data(), lse.data(), qkv.data(), nullptr, 1, 4, 3,
-                                             2, 8, true, 0.0f, 0),
+                                             2, 8, true, 0.0f, 0, GemmPrecision::fp32),
                Error);
 }
 

@@ -30,6 +30,7 @@ void* cuda_host_alloc(size_t) { no_cuda("cuda_host_alloc"); }
 void cuda_host_free(void*) {}
 bool cuda_sync_check_enabled() { return false; }
 double cuda_gemm_tflops(int, int, int, int, const std::string&) { no_cuda("cuda_gemm_tflops"); }
+const char* cuda_flash_attention_kernel(GemmPrecision, int) { no_cuda("cuda_flash_attention_kernel"); }
 
 }  // namespace llmpi
 #endif  // LLMPI_HAVE_CUDA

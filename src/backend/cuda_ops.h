@@ -50,5 +50,9 @@ bool cuda_sync_check_enabled();
 // TF32), "tf32" (fp32 operands, CUBLAS_COMPUTE_32F_FAST_TF32) or "bf16" (bf16 operands, fp32
 // accumulation): the ceiling each precision mode's dense layers can reach on this card.
 double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math = "fp32");
+// The kernel flash_attention_forward/backward run on the bound device for this precision and
+// head size (for benchmark reports): "flash-bf16-wmma" (bf16 tensor cores, kernels/
+// flash_attention_bf16.cu) or "flash-fp32" (kernels/flash_attention.cu).
+const char* cuda_flash_attention_kernel(GemmPrecision prec, int head_size);
 
 }  // namespace llmpi

@@ -110,10 +110,19 @@
      attention_forward (same qkv layout, grouping, mask, element index e of (b,h,i,j) for          \
      dropout_keep), but P is never stored: memory O(B NH T), never T x T.                          \
      lse [B,NH,T]: lse_i = log Σ_{visible j} exp(S_ij) (so P_ij = exp(S_ij - lse_i)); a row with   \
-     no visible key has out = 0 and lse = -inf (its P is 0, as in attention_forward). */          \
+     no visible key has out = 0 and lse = -inf (its P is 0, as in attention_forward).             \
+     prec (runtime.precision): fp32 and tf32 compute in fp32 (the CUDA tf32 mode leaves attention \
+     in fp32); bf16 rounds the operands of the products to bf16 at the points listed in          \
+     backend/flash_bf16.h (fp32 softmax statistics and sums; base-2 scores with an integer        \
+     running max). The CPU backend EMULATES that rounding (same operands, exact products, fp32    \
+     sums), so CPU and GPU bf16 models with fused attention agree as their bf16 GEMMs do, and the \
+     CPU op is the oracle of the CUDA tensor-core kernel; in fp32 the CPU op is unchanged. The    \
+     CUDA backend falls back to its fp32 kernel where the bf16 one does not apply (hs > 128 is     \
+     refused either way). */                                                                      \
   X(void, flash_attention_forward, (float* out, float* lse, const float* qkv,                      \
                                     const int32_t* mask, int B, int T, int NH, int NKV, int hs,    \
-                                    bool causal, float dropout_p, uint64_t dropout_key))           \
+                                    bool causal, float dropout_p, uint64_t dropout_key,            \
+                                    GemmPrecision prec))                                           \
   /* dqkv += the gradient of attention_forward, from out and lse of the forward (FlashAttention-2):\
        P_ij = exp(S_ij - lse_i), P~ = P keep/(1-p), dV += P~^T dO, dP~ = dO V^T,                   \
        D_i = Σ_d dO_id out_id (= Σ_j P~_ij dP~_ij = Σ_j P_ij dP_ij, out being the dropped output), \
@@ -123,7 +132,7 @@
   X(void, flash_attention_backward, (float* dqkv, const float* dout, const float* out,             \
                                      const float* lse, const float* qkv, const int32_t* mask,      \
                                      int B, int T, int NH, int NKV, int hs, bool causal,           \
-                                     float dropout_p, uint64_t dropout_key))                       \
+                                     float dropout_p, uint64_t dropout_key, GemmPrecision prec))   \
                                                                                                    \
   /* ---- pointwise ---- */                                                                        \
   /* GELU, tanh approximation (GPT-2) */                                                           \

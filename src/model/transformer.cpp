@@ -406,7 +406,7 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     }
     if (d.attention == AttentionImpl::fused)
       o.flash_attention_forward(L.atty, L.lse, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa,
-                                drop_key(a, l, kDropAttnProbs));
+                                drop_key(a, l, kDropAttnProbs), precision);
     else
       o.attention_forward(L.atty, L.att, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa, drop_key(a, l, kDropAttnProbs));
     o.matmul_forward(a.tmp, L.atty, w[kAttnOutW], w[kAttnOutB], N, AY, C, precision);
@@ -753,7 +753,7 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
   auto attention_backward = [&](const Activations::Layer& L, const BlockTensors& w, int l) {
     if (d.attention == AttentionImpl::fused)  // d_a_ = d atty; atty is the (dropped) output
       o.flash_attention_backward(d_qkv, d_a_, L.atty, L.lse, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa,
-                                 drop_key(a, l, kDropAttnProbs));
+                                 drop_key(a, l, kDropAttnProbs), precision);
     else
       o.attention_backward(d_qkv, d_att_, d_a_, L.qkv, L.att, mask, B, T, NH, NKV, hs, d.causal, pa,
                            drop_key(a, l, kDropAttnProbs));

@@ -31,7 +31,9 @@
 
 #include <omp.h>
 
+#include "backend/bf16.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/flash_bf16.h"
 #include "runtime/error.h"
 
 
@@ -388,6 +390,203 @@ inline void probs_from_lse(float* row, int n, int nk, const int32_t* keymask, fl
   for (int j = n; j < nk; j++) row[j] = 0.0f;
 }
 
+// ---- the bf16 variant (prec == bf16): the CUDA tensor-core kernel's rounding, emulated ----------
+//
+// What is rounded and where: backend/flash_bf16.h. Rounding the operands into fp32 copies and
+// running the same sgemm calls is exact emulation up to summation order (a product of two bf16
+// values is exact in fp32). The forward needs no key tiling: with the integer running maximum
+// of the kernel, its P V operand bf16(2^(t - M)) depends only on the row's final M = ceil(max t).
+
+// A copy of n floats rounded to bf16.
+std::vector<float> rounded_copy(const float* x, size_t n) {
+  std::vector<float> r(n);
+  for (size_t k = 0; k < n; k++) r[k] = round_to_bf16(x[k]);
+  return r;
+}
+
+// For each (b, h) and row block [i0, i1), keys [0, nk):
+//   Tb = c Qr[i0:i1] Kr[0:nk]^T                    sgemm (c = log2 e / sqrt(hs); Qr, Kr rounded)
+//   per row: M = ceil(max visible t), e_j = 2^(t_j - M), l = Σ e_j, Tb_j <- bf16(e_j) keep_j
+//            (0 for the invisible keys), lse = (M + log2 l) ln 2, f = (1/(1-p)) / l
+//   out[i0:i1] = Tb Vr[0:nk], row i scaled by its f  sgemm (Vr rounded)
+void flash_forward_bf16(float* out, float* lse, const float* qkv, const int32_t* mask, int B, int T,
+                        int NH, int NKV, int hs, bool causal, float dropout_p,
+                        uint64_t dropout_key) {
+  const AttentionShape sh(B, T, NH, NKV, hs, causal);
+  const int W = sh.W, C = sh.C;
+  const float c = flash_bf16_score_scale(hs);
+  const bool dropout = dropout_p > 0.0f;
+  const float inv_keep = dropout ? 1.0f / (1.0f - dropout_p) : 1.0f;
+  const uint64_t threshold = dropout_threshold(dropout_p);
+  const std::vector<float> qkvr = rounded_copy(qkv, static_cast<size_t>(B) * T * W);
+  const int BH = B * NH;
+  const bool par = BH > 1 && omp_get_max_threads() > 1;
+  SerialBlas serial(par);
+#pragma omp parallel if (par)
+  {
+    std::vector<float> probs(static_cast<size_t>(kAttnBlock) * T);
+    std::vector<float> f(kAttnBlock);
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < BH; bh++) {
+      const int b = bh / NH, h = bh % NH, g = h / sh.group;
+      const float* q = qkvr.data() + sh.q_offset(b, h);
+      const float* k = qkvr.data() + sh.k_offset(b, g);
+      const float* v = qkvr.data() + sh.v_offset(b, g);
+      float* o = out + sh.out_offset(b, h);
+      float* l = lse + static_cast<size_t>(bh) * T;
+      const int32_t* keymask = mask ? mask + static_cast<size_t>(b) * T : nullptr;
+      const int kend = valid_key_end(mask, b, T);
+      const uint64_t e0 = sh.att_offset(b, h);
+      for (int i0 = 0; i0 < T; i0 += kAttnBlock) {
+        const int i1 = i0 + kAttnBlock < T ? i0 + kAttnBlock : T;
+        const int m = i1 - i0;
+        const int nk = sh.block_keys(i1, kend);
+        if (nk == 0) {
+          for (int i = i0; i < i1; i++) {
+            l[i] = -INFINITY;
+            for (int d = 0; d < hs; d++) o[static_cast<size_t>(i) * C + d] = 0.0f;
+          }
+          continue;
+        }
+        float* pb = probs.data();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hs, c,
+                    q + static_cast<size_t>(i0) * W, W, k, W, 0.0f, pb, T);
+        for (int i = i0; i < i1; i++) {
+          float* row = pb + static_cast<size_t>(i - i0) * T;
+          const int n = causal && i + 1 < nk ? i + 1 : nk;
+          float mx = -INFINITY;
+          for (int j = 0; j < n; j++)
+            if (keymask == nullptr || keymask[j] != 0) mx = row[j] > mx ? row[j] : mx;
+          if (mx == -INFINITY) {
+            for (int j = 0; j < nk; j++) row[j] = 0.0f;
+            l[i] = -INFINITY;
+            f[i - i0] = 0.0f;
+            continue;
+          }
+          const float M = std::ceil(mx);
+          float sum = 0.0f;
+          const uint64_t er = e0 + static_cast<uint64_t>(i) * T;
+          for (int j = 0; j < n; j++) {
+            if (keymask != nullptr && keymask[j] == 0) {
+              row[j] = 0.0f;
+              continue;
+            }
+            const float e = std::exp2(row[j] - M);
+            sum += e;
+            const bool keep = !dropout || dropout_keep_bits(dropout_key, er + j, threshold);
+            row[j] = keep ? round_to_bf16(e) : 0.0f;
+          }
+          for (int j = n; j < nk; j++) row[j] = 0.0f;
+          l[i] = (M + std::log2(sum)) * kFlashLn2;
+          f[i - i0] = inv_keep / sum;
+        }
+        float* ob = o + static_cast<size_t>(i0) * C;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, nk, 1.0f, pb, T, v, W, 0.0f,
+                    ob, C);
+        for (int r = 0; r < m; r++)
+          for (int d = 0; d < hs; d++) ob[static_cast<size_t>(r) * C + d] *= f[r];
+      }
+    }
+  }
+}
+
+// For each (b, kv head g), each query head h of its group (in order), row block [i0, i1), keys
+// [0, nk) (Qr, Kr, Vr, dOr the rounded copies):
+//   Tb = c Qr Kr^T;  P_ij = 2^(t_ij - lse_i log2 e) (visible), else 0;  P~ = P keep/(1-p)
+//   D_i = dO_i · out_i (unrounded)
+//   dV += bf16(P~)^T dOr;  dP~ = dOr Vr^T;  dS' = bf16(sc (P~ dP~ - P D))
+//   dQ += dS' Kr;  dK += dS'^T Qr
+void flash_backward_bf16(float* dqkv, const float* dout, const float* out, const float* lse,
+                         const float* qkv, const int32_t* mask, int B, int T, int NH, int NKV,
+                         int hs, bool causal, float dropout_p, uint64_t dropout_key) {
+  const AttentionShape sh(B, T, NH, NKV, hs, causal);
+  const int W = sh.W, C = sh.C;
+  const float c = flash_bf16_score_scale(hs);
+  const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
+  const bool dropout = dropout_p > 0.0f;
+  const float inv_keep = dropout ? 1.0f / (1.0f - dropout_p) : 1.0f;
+  const uint64_t threshold = dropout_threshold(dropout_p);
+  const std::vector<float> qkvr = rounded_copy(qkv, static_cast<size_t>(B) * T * W);
+  const std::vector<float> doutr = rounded_copy(dout, static_cast<size_t>(B) * T * C);
+  const int BG = B * NKV;
+  const bool par = BG > 1 && omp_get_max_threads() > 1;
+  SerialBlas serial(par);
+#pragma omp parallel if (par)
+  {
+    const size_t block = static_cast<size_t>(kAttnBlock) * T;
+    std::vector<float> probs(block), dropped(block), dprobs(block);
+    std::vector<float> Drow(kAttnBlock);
+#pragma omp for schedule(static)
+    for (int bg = 0; bg < BG; bg++) {
+      const int b = bg / NKV, g = bg % NKV;
+      const float* k = qkvr.data() + sh.k_offset(b, g);
+      const float* v = qkvr.data() + sh.v_offset(b, g);
+      float* dk = dqkv + sh.k_offset(b, g);
+      float* dv = dqkv + sh.v_offset(b, g);
+      const int32_t* keymask = mask ? mask + static_cast<size_t>(b) * T : nullptr;
+      const int kend = valid_key_end(mask, b, T);
+      for (int h = g * sh.group; h < (g + 1) * sh.group; h++) {
+        const float* q = qkvr.data() + sh.q_offset(b, h);
+        float* dq = dqkv + sh.q_offset(b, h);
+        const float* dO = dout + sh.out_offset(b, h);
+        const float* dOr = doutr.data() + sh.out_offset(b, h);
+        const float* O = out + sh.out_offset(b, h);
+        const float* l = lse + (static_cast<size_t>(b) * NH + h) * T;
+        const uint64_t e0 = sh.att_offset(b, h);
+        for (int i0 = 0; i0 < T; i0 += kAttnBlock) {
+          const int i1 = i0 + kAttnBlock < T ? i0 + kAttnBlock : T;
+          const int m = i1 - i0;
+          const int nk = sh.block_keys(i1, kend);
+          if (nk == 0) continue;
+          const float* dOb = dOr + static_cast<size_t>(i0) * C;
+          float* pb = probs.data();
+          float* tb = dropped.data();
+          float* dsb = dprobs.data();
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hs, c,
+                      q + static_cast<size_t>(i0) * W, W, k, W, 0.0f, pb, T);
+          for (int i = i0; i < i1; i++) {
+            float* pr = pb + static_cast<size_t>(i - i0) * T;
+            float* tr = tb + static_cast<size_t>(i - i0) * T;
+            const int n = l[i] == -INFINITY ? 0 : causal && i + 1 < nk ? i + 1 : nk;
+            const float Lb = l[i] * kFlashLog2e;
+            const uint64_t er = e0 + static_cast<uint64_t>(i) * T;
+            for (int j = 0; j < n; j++) {
+              const bool visible = keymask == nullptr || keymask[j] != 0;
+              pr[j] = visible ? std::exp2(pr[j] - Lb) : 0.0f;
+              const bool keep = !dropout || dropout_keep_bits(dropout_key, er + j, threshold);
+              tr[j] = keep ? pr[j] * inv_keep : 0.0f;
+            }
+            for (int j = n; j < nk; j++) pr[j] = tr[j] = 0.0f;
+            const float* dOi = dO + static_cast<size_t>(i) * C;
+            const float* Oi = O + static_cast<size_t>(i) * C;
+            float dot = 0.0f;
+            for (int d = 0; d < hs; d++) dot += dOi[d] * Oi[d];
+            Drow[i - i0] = dot;
+          }
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hs, 1.0f, dOb, C, v, W,
+                      0.0f, dsb, T);
+          for (int r = 0; r < m; r++) {
+            const float* pr = pb + static_cast<size_t>(r) * T;
+            float* tr = tb + static_cast<size_t>(r) * T;
+            float* dr = dsb + static_cast<size_t>(r) * T;
+            const float D = Drow[r];
+            for (int j = 0; j < nk; j++) {
+              dr[j] = round_to_bf16(sc * (tr[j] * dr[j] - pr[j] * D));
+              tr[j] = round_to_bf16(tr[j]);
+            }
+          }
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, m, 1.0f, tb, T, dOb, C,
+                      1.0f, dv, W);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, nk, 1.0f, dsb, T, k, W,
+                      1.0f, dq + static_cast<size_t>(i0) * W, W);
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, m, 1.0f, dsb, T,
+                      q + static_cast<size_t>(i0) * W, W, 1.0f, dk, W);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // For each (b, h) and row block [i0, i1), keys [0, nk), with a per-thread block buffer P:
@@ -396,8 +595,12 @@ inline void probs_from_lse(float* row, int n, int nk, const int32_t* keymask, fl
 //   out[i0:i1] = P~ V[0:nk]                                       sgemm (m x hs, k = nk)
 void flash_attention_forward(float* out, float* lse, const float* qkv, const int32_t* mask, int B,
                              int T, int NH, int NKV, int hs, bool causal, float dropout_p,
-                             uint64_t dropout_key) {
+                             uint64_t dropout_key, GemmPrecision prec) {
   check_attention_args("flash_attention_forward", NH, NKV, dropout_p);
+  if (prec == GemmPrecision::bf16) {  // tf32 is fp32 here, as on CUDA (attention stays fp32)
+    flash_forward_bf16(out, lse, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+    return;
+  }
   const AttentionShape sh(B, T, NH, NKV, hs, causal);
   const int W = sh.W, C = sh.C;
   const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -463,8 +666,13 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const int
 void flash_attention_backward(float* dqkv, const float* dout, const float* out, const float* lse,
                               const float* qkv, const int32_t* mask, int B, int T, int NH,
                               int NKV, int hs, bool causal, float dropout_p,
-                              uint64_t dropout_key) {
+                              uint64_t dropout_key, GemmPrecision prec) {
   check_attention_args("flash_attention_backward", NH, NKV, dropout_p);
+  if (prec == GemmPrecision::bf16) {
+    flash_backward_bf16(dqkv, dout, out, lse, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p,
+                        dropout_key);
+    return;
+  }
   const AttentionShape sh(B, T, NH, NKV, hs, causal);
   const int W = sh.W, C = sh.C;
   const float sc = 1.0f / std::sqrt(static_cast<float>(hs));

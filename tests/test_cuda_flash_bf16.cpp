@@ -1,0 +1,156 @@
+// The bf16 tensor-core fused attention (kernels/flash_attention_bf16.cu: flash_attention_forward/
+// backward with prec = bf16 on CUDA) against the CPU backend's emulation of the same rounding
+// (backend/flash_bf16.h; itself checked against a double implementation of the spec in
+// test_flash_bf16.cpp). Skipped without a GPU.
+//
+//   CudaFlashBf16.MatchesCpuEmulation/*   out, lse and the added dqkv over: T = 1024 and 1023 with
+//       hs = 64 and NH/NKV 12/12 and 4/2, causal and bidirectional with a padding mask (queries and
+//       a sequence with no visible key), dropout 0 and 0.1; hs 32 (all-MiniLM), 48 (zero-padded to
+//       64), 128 (LLaMA); T = 1 and 5; and the same bits on a second run (forward and backward).
+//   CudaFlashBf16.DiffersFromTheFp32Kernel: prec bf16 and fp32 give different results on the GPU
+//       (the tensor-core kernel ran), both close to the CPU fp32 op, and the benchmark's kernel
+//       name says which one runs.
+//
+// Tolerances. Both sides round the same operands to bf16 the same way (round to nearest even), a
+// product of two bf16 values is exact in fp32, and every sum is fp32: what differs is the order of
+// the fp32 sums (the tensor cores' and the online softmax's against OpenBLAS's), a relative
+// 2^-24·sqrt(n)-sized difference in a score, dP or partial output, and exp2f's last bit. Now and
+// then such a difference moves a P or dS value across a bf16 rounding boundary: a 2^-8 relative
+// change of that one operand. The CPU emulation against double sums (test_flash_bf16.cpp, the same
+// kind of difference) measured out 2.3e-7 and dqkv 1.2e-6 norm-wise at T = 130; longer rows have
+// more terms per sum and more elements to flip, so the bounds here are 1e-5 (out) and 1e-4
+// (dqkv), still ~100x below the bf16-vs-fp32 difference (about 2e-3 / 5e-3) that a wrong rounding
+// point would produce. lse (fp32 sums of unrounded exponentials of the same scores): 1e-5.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda_ops.h"
+#include "backend/ops.h"
+#include "cuda_test_util.h"
+#include "flash_bf16_test_util.h"
+
+using namespace llmpi;
+using namespace llmpi::test;
+
+namespace {
+
+constexpr double kOutTol = 1e-5;
+constexpr double kLseTol = 1e-5;  // |lse - ref| / max(1, |ref|)
+constexpr double kGradTol = 1e-4;
+
+const FlashCase kCases[] = {
+    {"gpt2_T1024", 1, 1024, 12, 12, 64, true, false, 0.0f},
+    {"gpt2_T1023_drop", 1, 1023, 12, 12, 64, true, false, 0.1f},
+    {"gqa_T1024_bidir_mask", 3, 1024, 4, 2, 64, false, true, 0.0f},
+    {"gqa_T1023_causal_mask_drop", 3, 1023, 4, 2, 64, true, true, 0.1f},
+    {"minilm_hs32_bidir_mask_drop", 3, 130, 12, 12, 32, false, true, 0.1f},
+    {"hs48_T67_causal_gqa", 2, 67, 4, 1, 48, true, false, 0.0f},
+    {"llama_hs128_T200_gqa", 2, 200, 4, 2, 128, true, false, 0.0f},
+    {"T1", 2, 1, 4, 2, 64, true, false, 0.0f},
+    {"T5_bidir_mask", 3, 5, 4, 4, 64, false, true, 0.0f},
+};
+
+struct Out {
+  std::vector<float> out, lse, dqkv;  // dqkv: after the backward added to flash_dqkv0
+};
+
+// The op on the CPU (host vectors).
+Out run_cpu(const FlashCase& c, const std::vector<float>& qkv, GemmPrecision prec) {
+  const auto mask = flash_mask(c);
+  const int32_t* m = mask.empty() ? nullptr : mask.data();
+  Out r;
+  r.out.assign(c.n_out(), kNaN);
+  r.lse.assign(c.n_lse(), kNaN);
+  cpu().flash_attention_forward(r.out.data(), r.lse.data(), qkv.data(), m, c.B, c.T, c.NH, c.NKV, c.hs,
+                                c.causal, c.p, kFlashDropKey, prec);
+  const auto dout = flash_dout(c);
+  r.dqkv = flash_dqkv0(c);
+  cpu().flash_attention_backward(r.dqkv.data(), dout.data(), r.out.data(), r.lse.data(), qkv.data(), m, c.B,
+                                 c.T, c.NH, c.NKV, c.hs, c.causal, c.p, kFlashDropKey, prec);
+  return r;
+}
+
+// The op on the GPU (outputs poisoned with NaN first).
+Out run_gpu(const FlashCase& c, const std::vector<float>& qkv, GemmPrecision prec) {
+  const auto mask = flash_mask(c);
+  Dev gqkv(qkv), gout(nans(c.n_out())), glse(nans(c.n_lse()));
+  Dev gmask(mask.empty() ? std::vector<int32_t>{0} : mask);
+  const int32_t* m = mask.empty() ? nullptr : gmask.i();
+  gpu().flash_attention_forward(gout.f(), glse.f(), gqkv.f(), m, c.B, c.T, c.NH, c.NKV, c.hs, c.causal, c.p,
+                                kFlashDropKey, prec);
+  Dev gdout(flash_dout(c)), gdqkv(flash_dqkv0(c));
+  gpu().flash_attention_backward(gdqkv.f(), gdout.f(), gout.f(), glse.f(), gqkv.f(), m, c.B, c.T, c.NH,
+                                 c.NKV, c.hs, c.causal, c.p, kFlashDropKey, prec);
+  return {gout.get(), glse.get(), gdqkv.get()};
+}
+
+double lse_error(const std::vector<float>& got, const std::vector<float>& ref, bool* same_inf) {
+  double worst = 0.0;
+  *same_inf = true;
+  for (size_t k = 0; k < ref.size(); k++) {
+    if (ref[k] == -INFINITY || got[k] == -INFINITY) {
+      *same_inf = *same_inf && ref[k] == got[k];
+      continue;
+    }
+    worst = std::max(worst, std::fabs(static_cast<double>(got[k]) - ref[k]) /
+                                std::max(1.0, std::fabs(static_cast<double>(ref[k]))));
+  }
+  return worst;
+}
+
+class CudaFlashBf16 : public ::testing::TestWithParam<FlashCase> {};
+
+}  // namespace
+
+TEST_P(CudaFlashBf16, MatchesCpuEmulation) {
+  REQUIRE_GPU();
+  const FlashCase& c = GetParam();
+  ASSERT_STREQ(cuda_flash_attention_kernel(GemmPrecision::bf16, c.hs), "flash-bf16-wmma");
+  const auto qkv = flash_qkv(c);
+  const auto d0 = flash_dqkv0(c);
+  const Out r = run_cpu(c, qkv, GemmPrecision::bf16);
+  const Out g = run_gpu(c, qkv, GemmPrecision::bf16);
+  ASSERT_TRUE(all_finite(g.out)) << "an output element was not written";
+  ASSERT_TRUE(all_finite(g.dqkv));
+  for (size_t k = 0; k < g.lse.size(); k++) ASSERT_FALSE(std::isnan(g.lse[k])) << "lse " << k << " not written";
+  bool same_inf = false;
+  const double el = lse_error(g.lse, r.lse, &same_inf);
+  const double eo = rel(g.out, r.out), eg = rel(added(g.dqkv, d0), added(r.dqkv, d0));
+  std::printf("%s: out %.2e, lse %.2e, dqkv %.2e\n", c.name, eo, el, eg);
+  EXPECT_TRUE(same_inf) << "-inf lse (no visible key) at different rows";
+  EXPECT_LT(eo, kOutTol);
+  EXPECT_LT(el, kLseTol);
+  EXPECT_LT(eg, kGradTol);
+  // run to run: the same bits
+  const Out g2 = run_gpu(c, qkv, GemmPrecision::bf16);
+  EXPECT_SAME_BITS(g2.out, g.out);
+  EXPECT_SAME_BITS(g2.lse, g.lse);
+  EXPECT_SAME_BITS(g2.dqkv, g.dqkv);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaFlashBf16, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<FlashCase>& i) { return std::string(i.param.name); });
+
+TEST(CudaFlashBf16Kernel, DiffersFromTheFp32Kernel) {
+  REQUIRE_GPU();
+  const FlashCase c{"gpt2_T257", 2, 257, 12, 12, 64, true, false, 0.0f};
+  EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::fp32, 64), "flash-fp32");
+  EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::tf32, 64), "flash-fp32");
+  EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::bf16, 64), "flash-bf16-wmma");
+  const auto qkv = flash_qkv(c);
+  const auto d0 = flash_dqkv0(c);
+  const Out f32 = run_cpu(c, qkv, GemmPrecision::fp32);
+  const Out gb = run_gpu(c, qkv, GemmPrecision::bf16), gf = run_gpu(c, qkv, GemmPrecision::fp32);
+  const double eb = rel(gb.out, f32.out), ef = rel(gf.out, f32.out);
+  const double gbe = rel(added(gb.dqkv, d0), added(f32.dqkv, d0));
+  std::printf("vs the CPU fp32 op: bf16 kernel out %.2e dqkv %.2e; fp32 kernel out %.2e\n", eb, gbe, ef);
+  EXPECT_LT(ef, 1e-5);
+  EXPECT_GT(eb, 1e-4) << "prec = bf16 gave fp32 results: the tensor-core kernel did not run";
+  EXPECT_LT(eb, 2e-2);
+  EXPECT_LT(gbe, 5e-2);
+}
