@@ -397,11 +397,12 @@ inline void probs_from_lse(float* row, int n, int nk, const int32_t* keymask, fl
 // values is exact in fp32). The forward needs no key tiling: with the integer running maximum
 // of the kernel, its P V operand bf16(2^(t - M)) depends only on the row's final M = ceil(max t).
 
-// A copy of n floats rounded to bf16.
-std::vector<float> rounded_copy(const float* x, size_t n) {
-  std::vector<float> r(n);
-  for (size_t k = 0; k < n; k++) r[k] = round_to_bf16(x[k]);
-  return r;
+// dst [T, hs] (contiguous) = the bf16 rounding of T rows of hs floats at src with row stride ld
+// (one head of qkv or dout): per-thread copies, O(T hs), never a copy of the whole qkv.
+void round_head(float* dst, const float* src, int T, int ld, int hs) {
+  for (int t = 0; t < T; t++)
+    for (int d = 0; d < hs; d++)
+      dst[static_cast<size_t>(t) * hs + d] = round_to_bf16(src[static_cast<size_t>(t) * ld + d]);
 }
 
 // For each (b, h) and row block [i0, i1), keys [0, nk):
@@ -418,7 +419,6 @@ void flash_forward_bf16(float* out, float* lse, const float* qkv, const int32_t*
   const bool dropout = dropout_p > 0.0f;
   const float inv_keep = dropout ? 1.0f / (1.0f - dropout_p) : 1.0f;
   const uint64_t threshold = dropout_threshold(dropout_p);
-  const std::vector<float> qkvr = rounded_copy(qkv, static_cast<size_t>(B) * T * W);
   const int BH = B * NH;
   const bool par = BH > 1 && omp_get_max_threads() > 1;
   SerialBlas serial(par);
@@ -426,12 +426,17 @@ void flash_forward_bf16(float* out, float* lse, const float* qkv, const int32_t*
   {
     std::vector<float> probs(static_cast<size_t>(kAttnBlock) * T);
     std::vector<float> f(kAttnBlock);
+    const size_t head = static_cast<size_t>(T) * hs;
+    std::vector<float> qr(head), kr(head), vr(head);  // [T, hs], rounded
 #pragma omp for schedule(static)
     for (int bh = 0; bh < BH; bh++) {
       const int b = bh / NH, h = bh % NH, g = h / sh.group;
-      const float* q = qkvr.data() + sh.q_offset(b, h);
-      const float* k = qkvr.data() + sh.k_offset(b, g);
-      const float* v = qkvr.data() + sh.v_offset(b, g);
+      round_head(qr.data(), qkv + sh.q_offset(b, h), T, W, hs);
+      round_head(kr.data(), qkv + sh.k_offset(b, g), T, W, hs);
+      round_head(vr.data(), qkv + sh.v_offset(b, g), T, W, hs);
+      const float* q = qr.data();
+      const float* k = kr.data();
+      const float* v = vr.data();
       float* o = out + sh.out_offset(b, h);
       float* l = lse + static_cast<size_t>(bh) * T;
       const int32_t* keymask = mask ? mask + static_cast<size_t>(b) * T : nullptr;
@@ -450,7 +455,7 @@ void flash_forward_bf16(float* out, float* lse, const float* qkv, const int32_t*
         }
         float* pb = probs.data();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hs, c,
-                    q + static_cast<size_t>(i0) * W, W, k, W, 0.0f, pb, T);
+                    q + static_cast<size_t>(i0) * hs, hs, k, hs, 0.0f, pb, T);
         for (int i = i0; i < i1; i++) {
           float* row = pb + static_cast<size_t>(i - i0) * T;
           const int n = causal && i + 1 < nk ? i + 1 : nk;
@@ -481,7 +486,7 @@ void flash_forward_bf16(float* out, float* lse, const float* qkv, const int32_t*
           f[i - i0] = inv_keep / sum;
         }
         float* ob = o + static_cast<size_t>(i0) * C;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, nk, 1.0f, pb, T, v, W, 0.0f,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, nk, 1.0f, pb, T, v, hs, 0.0f,
                     ob, C);
         for (int r = 0; r < m; r++)
           for (int d = 0; d < hs; d++) ob[static_cast<size_t>(r) * C + d] *= f[r];
@@ -506,8 +511,6 @@ void flash_backward_bf16(float* dqkv, const float* dout, const float* out, const
   const bool dropout = dropout_p > 0.0f;
   const float inv_keep = dropout ? 1.0f / (1.0f - dropout_p) : 1.0f;
   const uint64_t threshold = dropout_threshold(dropout_p);
-  const std::vector<float> qkvr = rounded_copy(qkv, static_cast<size_t>(B) * T * W);
-  const std::vector<float> doutr = rounded_copy(dout, static_cast<size_t>(B) * T * C);
   const int BG = B * NKV;
   const bool par = BG > 1 && omp_get_max_threads() > 1;
   SerialBlas serial(par);
@@ -516,20 +519,25 @@ void flash_backward_bf16(float* dqkv, const float* dout, const float* out, const
     const size_t block = static_cast<size_t>(kAttnBlock) * T;
     std::vector<float> probs(block), dropped(block), dprobs(block);
     std::vector<float> Drow(kAttnBlock);
+    const size_t head = static_cast<size_t>(T) * hs;
+    std::vector<float> qr(head), kr(head), vr(head), dOr(head);  // [T, hs], rounded
 #pragma omp for schedule(static)
     for (int bg = 0; bg < BG; bg++) {
       const int b = bg / NKV, g = bg % NKV;
-      const float* k = qkvr.data() + sh.k_offset(b, g);
-      const float* v = qkvr.data() + sh.v_offset(b, g);
+      round_head(kr.data(), qkv + sh.k_offset(b, g), T, W, hs);
+      round_head(vr.data(), qkv + sh.v_offset(b, g), T, W, hs);
+      const float* k = kr.data();
+      const float* v = vr.data();
       float* dk = dqkv + sh.k_offset(b, g);
       float* dv = dqkv + sh.v_offset(b, g);
       const int32_t* keymask = mask ? mask + static_cast<size_t>(b) * T : nullptr;
       const int kend = valid_key_end(mask, b, T);
       for (int h = g * sh.group; h < (g + 1) * sh.group; h++) {
-        const float* q = qkvr.data() + sh.q_offset(b, h);
+        round_head(qr.data(), qkv + sh.q_offset(b, h), T, W, hs);
+        round_head(dOr.data(), dout + sh.out_offset(b, h), T, C, hs);
+        const float* q = qr.data();
         float* dq = dqkv + sh.q_offset(b, h);
         const float* dO = dout + sh.out_offset(b, h);
-        const float* dOr = doutr.data() + sh.out_offset(b, h);
         const float* O = out + sh.out_offset(b, h);
         const float* l = lse + (static_cast<size_t>(b) * NH + h) * T;
         const uint64_t e0 = sh.att_offset(b, h);
@@ -538,12 +546,12 @@ void flash_backward_bf16(float* dqkv, const float* dout, const float* out, const
           const int m = i1 - i0;
           const int nk = sh.block_keys(i1, kend);
           if (nk == 0) continue;
-          const float* dOb = dOr + static_cast<size_t>(i0) * C;
+          const float* dOb = dOr.data() + static_cast<size_t>(i0) * hs;
           float* pb = probs.data();
           float* tb = dropped.data();
           float* dsb = dprobs.data();
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hs, c,
-                      q + static_cast<size_t>(i0) * W, W, k, W, 0.0f, pb, T);
+                      q + static_cast<size_t>(i0) * hs, hs, k, hs, 0.0f, pb, T);
           for (int i = i0; i < i1; i++) {
             float* pr = pb + static_cast<size_t>(i - i0) * T;
             float* tr = tb + static_cast<size_t>(i - i0) * T;
@@ -563,7 +571,7 @@ void flash_backward_bf16(float* dqkv, const float* dout, const float* out, const
             for (int d = 0; d < hs; d++) dot += dOi[d] * Oi[d];
             Drow[i - i0] = dot;
           }
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hs, 1.0f, dOb, C, v, W,
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hs, 1.0f, dOb, hs, v, hs,
                       0.0f, dsb, T);
           for (int r = 0; r < m; r++) {
             const float* pr = pb + static_cast<size_t>(r) * T;
@@ -575,12 +583,12 @@ void flash_backward_bf16(float* dqkv, const float* dout, const float* out, const
               tr[j] = round_to_bf16(tr[j]);
             }
           }
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, m, 1.0f, tb, T, dOb, C,
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, m, 1.0f, tb, T, dOb, hs,
                       1.0f, dv, W);
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, nk, 1.0f, dsb, T, k, W,
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, nk, 1.0f, dsb, T, k, hs,
                       1.0f, dq + static_cast<size_t>(i0) * W, W);
           cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, m, 1.0f, dsb, T,
-                      q + static_cast<size_t>(i0) * W, W, 1.0f, dk, W);
+                      q + static_cast<size_t>(i0) * hs, hs, 1.0f, dk, W);
         }
       }
     }
