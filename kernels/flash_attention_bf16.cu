@@ -15,10 +15,10 @@
 //             (K, V staged; causal: only up to the block's last row). Per tile and warp:
 //               S = Q_w K^T (16 x 64, tensor cores) -> t = c S, masked -> -inf
 //               per row (two lanes, interleaved columns): M' = max(M, ceil(max t)),
-//                 l = l 2^(M - M') + Σ 2^(t - M'),  P = bf16(2^(t - M')) keep,
-//                 O_row *= 2^(M - M') (exact: a power of two)
+//                 l = l 2^(M - M') + Σ 2^(t - M'),  l_r = l_r 2^(M - M') + Σ bf16(2^(t - M')),
+//                 P = bf16(2^(t - M')) keep,  O_row *= 2^(M - M') (exact: a power of two)
 //               O_w += P V (tensor cores; O kept in shared memory, fp32)
-//             out = O (1/(1-p)) / l, lse = (M + log2 l) ln 2 (no visible key: out 0, lse -inf).
+//             out = O (1/(1-p)) / l_r, lse = (M + log2 l) ln 2 (no visible key: out 0, lse -inf).
 //   backward  D_i = dO_i · out_i by the caller, then (FlashAttention-2 without atomics):
 //             dK, dV: one block per (b, kv head g, 64 keys), the K/V tile staged once; the
 //               group's query heads IN ORDER, query tiles of 64 (causal: from the block's first
@@ -214,7 +214,9 @@ __global__ void __launch_bounds__(kThreads)
   stage_bf16<HS>(Qs, qkv_b, a.W, h * a.hs, i0, min(kTile, a.T - i0), a.hs);
   for (int k = threadIdx.x; k < kTile * LDO; k += blockDim.x) Os[k] = 0.0f;
 
-  float m = -INFINITY, l = 0.0f;  // m: an integer (or -inf), the running ceil(max t)
+  // m: an integer (or -inf), the running ceil(max t); l = Σ 2^(t - m) (for lse), l_r = Σ
+  // bf16(2^(t - m)) (the normaliser of the rounded weights the P V product uses)
+  float m = -INFINITY, l = 0.0f, l_r = 0.0f;
   float* srow = Ss + rl * kLdS;
   bf16* prow = Ps + rl * kLdT;
   float* orow = Os + rl * LDO;
@@ -244,20 +246,24 @@ __global__ void __launch_bounds__(kThreads)
     // 2^(m - mnew), a power of two, so the rescaling is exact: 0 on the first visible tile
     const float scale =
         !any ? 1.0f : m == -INFINITY ? 0.0f : ldexpf(1.0f, static_cast<int>(fmaxf(m - mnew, -200.0f)));
-    float sum = 0.0f;
+    float sum = 0.0f, sum_r = 0.0f;  // of e = 2^(t - M'), and of bf16(e)
     for (int jj = half; jj < kTile; jj += 2) {
       const float t = srow[jj];
-      float w = 0.0f;
+      bf16 w = __float2bfloat16_rn(0.0f);
       if (t != -INFINITY) {
         const float e = exp2f(t - mnew);
+        const bf16 er = __float2bfloat16_rn(e);
         sum += e;
-        if (kept(a, b, h, i, j0 + jj)) w = e;
+        sum_r += __bfloat162float(er);
+        if (kept(a, b, h, i, j0 + jj)) w = er;
       }
-      prow[jj] = __float2bfloat16_rn(w);
+      prow[jj] = w;
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum_r += __shfl_xor_sync(0xffffffffu, sum_r, 1);
     if (any) {
       l = l * scale + sum;
+      l_r = l_r * scale + sum_r;
       m = mnew;
       if (scale != 1.0f)
         for (int d = half; d < HS; d += 2) orow[d] *= scale;
@@ -273,7 +279,7 @@ __global__ void __launch_bounds__(kThreads)
       wmma::store_matrix_sync(Os + rw * LDO + n * 16, o[n], LDO, wmma::mem_row_major);
   }
   if (half == 0) {
-    Fs[rl] = l > 0.0f ? a.inv_keep / l : 0.0f;
+    Fs[rl] = l_r > 0.0f ? a.inv_keep / l_r : 0.0f;
     if (row_in) lse[static_cast<size_t>(bh) * a.T + i] = l > 0.0f ? (m + log2f(l)) * kFlashLn2 : -INFINITY;
   }
   __syncwarp();

@@ -14,13 +14,13 @@
 // Tolerances. Both sides round the same operands to bf16 the same way (round to nearest even), a
 // product of two bf16 values is exact in fp32, and every sum is fp32: what differs is the order of
 // the fp32 sums (the tensor cores' and the online softmax's against OpenBLAS's) and exp2f's last
-// bit, ~1e-7 relative in a score, dP or partial output. Now and then such a difference moves a P
-// or dS value across a bf16 rounding boundary: a 2^-8 relative change of that operand, and of a
-// whole output row when one key dominates the row. The same kind of difference separates the CPU
-// emulation from a double implementation of the spec (test_flash_bf16.cpp), measured there at
-// T = 1024 / 1023 (hs 64): out 9.7e-6 / 2.0e-5, dqkv 1.5e-5 / 4.3e-5, lse 2.5e-7 (norm-wise). Two
-// fp32 orders differ by about sqrt(2) times that; the bounds, out 2e-4 and dqkv 4e-4, leave ~6x
-// more, and stay well below what a missing or misplaced rounding point gives (bf16 against fp32:
+// bit. With random inputs the sums cancel (a flat row over ~1000 keys averages random v), so their
+// fp32 error is well above 2^-24; and now and then a difference moves a dS (or P) value across a
+// bf16 rounding boundary, a 2^-8 change of that element. The same kinds of difference separate
+// the CPU emulation from a double implementation of the spec (test_flash_bf16.cpp), measured there
+// at T = 1024 / 1023, hs 64: out up to 2.0e-5, dqkv up to 7.0e-5, lse 2.5e-7 (norm-wise). Two fp32
+// orders differ by about sqrt(2) times that; the bounds, out 2e-4 and dqkv 5e-4, leave ~5x more,
+// and stay well below what a missing or misplaced rounding point gives (bf16 against fp32:
 // ~3.5e-3 / 4e-3; the CPU emulation with P left unrounded before P V: out 1.7e-3). lse: 1e-5.
 #include <gtest/gtest.h>
 
@@ -42,7 +42,7 @@ namespace {
 
 constexpr double kOutTol = 2e-4;
 constexpr double kLseTol = 1e-5;  // |lse - ref| / max(1, |ref|)
-constexpr double kGradTol = 4e-4;
+constexpr double kGradTol = 5e-4;
 
 const FlashCase kCases[] = {
     {"gpt2_T1024", 1, 1024, 12, 12, 64, true, false, 0.0f},

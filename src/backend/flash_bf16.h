@@ -10,9 +10,12 @@
 //           running maximum M is kept as an INTEGER, M = ceil(max_j t_ij) over the visible keys
 //           seen so far, so the online-softmax rescaling 2^(M_old - M_new) is a power of two and
 //           exact: the operand of the P V product, bf16(2^(t_ij - M)) keep_ij, is the same whatever
-//           the key tiling (M ends as ceil of the row's maximum). l = Σ_j 2^(t_ij - M) (unrounded,
-//           fp32), out = (Σ_j bf16(2^(t_ij - M)) keep_ij bf16(v_j)) (1/(1-p)) / l,
-//           lse = (M + log2 l) ln 2.
+//           the key tiling (M ends as ceil of the row's maximum). out = (Σ_j bf16(2^(t_ij - M))
+//           keep_ij bf16(v_j)) (1/(1-p)) / l_r with l_r = Σ_j bf16(2^(t_ij - M)) over the visible
+//           keys (dropped ones included): the rounded weights are normalised by their own sum, so
+//           a row dominated by one key (or with one visible key) does not carry that key's
+//           rounding error, up to 2^-9 relative, into the whole output row. lse = (M + log2 l) ln 2
+//           with l = Σ_j 2^(t_ij - M) unrounded (fp32), so that the backward's P = exp(S - lse).
 // backward  q, k, v, dO rounded to bf16; P_ij = 2^(t_ij - lse_i log2 e) (fp32),
 //           P~ = P keep/(1-p), D_i = dO_i · out_i (fp32, unrounded operands),
 //           dV_j += Σ_i bf16(P~_ij) bf16(dO_i);  dP~_ij = bf16(dO_i) · bf16(v_j);

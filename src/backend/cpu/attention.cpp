@@ -407,8 +407,9 @@ void round_head(float* dst, const float* src, int T, int ld, int hs) {
 
 // For each (b, h) and row block [i0, i1), keys [0, nk):
 //   Tb = c Qr[i0:i1] Kr[0:nk]^T                    sgemm (c = log2 e / sqrt(hs); Qr, Kr rounded)
-//   per row: M = ceil(max visible t), e_j = 2^(t_j - M), l = Σ e_j, Tb_j <- bf16(e_j) keep_j
-//            (0 for the invisible keys), lse = (M + log2 l) ln 2, f = (1/(1-p)) / l
+//   per row: M = ceil(max visible t), e_j = 2^(t_j - M), l = Σ e_j, l_r = Σ bf16(e_j),
+//            Tb_j <- bf16(e_j) keep_j (0 for the invisible keys), lse = (M + log2 l) ln 2,
+//            f = (1/(1-p)) / l_r
 //   out[i0:i1] = Tb Vr[0:nk], row i scaled by its f  sgemm (Vr rounded)
 void flash_forward_bf16(float* out, float* lse, const float* qkv, const int32_t* mask, int B, int T,
                         int NH, int NKV, int hs, bool causal, float dropout_p,
@@ -469,7 +470,7 @@ void flash_forward_bf16(float* out, float* lse, const float* qkv, const int32_t*
             continue;
           }
           const float M = std::ceil(mx);
-          float sum = 0.0f;
+          float sum = 0.0f, sum_r = 0.0f;  // of e, and of bf16(e)
           const uint64_t er = e0 + static_cast<uint64_t>(i) * T;
           for (int j = 0; j < n; j++) {
             if (keymask != nullptr && keymask[j] == 0) {
@@ -477,13 +478,15 @@ void flash_forward_bf16(float* out, float* lse, const float* qkv, const int32_t*
               continue;
             }
             const float e = std::exp2(row[j] - M);
+            const float e_r = round_to_bf16(e);
             sum += e;
+            sum_r += e_r;
             const bool keep = !dropout || dropout_keep_bits(dropout_key, er + j, threshold);
-            row[j] = keep ? round_to_bf16(e) : 0.0f;
+            row[j] = keep ? e_r : 0.0f;
           }
           for (int j = n; j < nk; j++) row[j] = 0.0f;
           l[i] = (M + std::log2(sum)) * kFlashLn2;
-          f[i - i0] = inv_keep / sum;
+          f[i - i0] = inv_keep / sum_r;
         }
         float* ob = o + static_cast<size_t>(i0) * C;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, nk, 1.0f, pb, T, v, hs, 0.0f,
