@@ -200,7 +200,7 @@ for tool in memcheck racecheck initcheck; do
     record "$tool" 127 0 "\"why\": \"compute-sanitizer not on PATH\""; continue
   fi
   step "$tool" 180 compute-sanitizer --tool "$tool" --error-exitcode 99 "$TESTS" \
-    --gtest_filter='CudaOps.*:Cases/CudaAttention.*:Cases/CudaFlashAttention.*-*real_*' --gtest_brief=1
+    --gtest_filter='CudaOps.*:Cases/CudaAttention.*:Cases/CudaFlashAttention.*:Cases/CudaFlashBf16.*-*real_*:*T102*' --gtest_brief=1
   errs=$(grep -oP 'ERROR SUMMARY: \K[0-9]+' "$WORK/$tool.out" | tail -1)
   record "$tool" $STEP_RC $STEP_SECONDS "\"errors\": ${errs:-null}"
 done
@@ -290,7 +290,7 @@ bench_step() {
   if [ -s "$WORK/$name.json" ]; then
     fig=$(python3 -c 'import json,sys
 j=json.load(open(sys.argv[1]))
-keys=["precision","attention","batch","tokens_per_s","ms_per_step","forward_ms","backward_ms","optim_ms","achieved_tflops",
+keys=["precision","attention","attention_kernel","batch","tokens_per_s","ms_per_step","forward_ms","backward_ms","optim_ms","achieved_tflops",
       "gemm_tflops","mfu_vs_measured_gemm","mfu_vs_published_bf16_peak","mfu_vs_published_own_peak",
       "peak_memory_bytes","last_loss","device"]
 print(", ".join("\"%s\": %s" % (k, json.dumps(j.get(k))) for k in keys))' "$WORK/$name.json" 2>/dev/null ||
