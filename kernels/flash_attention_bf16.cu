@@ -31,7 +31,7 @@
 // One warp owns each output element and the mma order is fixed: bitwise deterministic run to run.
 //
 // Head size: HS = 32, 64 or 128 (hs <= HS zero-padded). Shared memory (dynamic, opt-in above
-// 48 KB): forward 51 / 72 / 113 KB, dK/dV 60 / 91 / 124 KB, dQ 55 / 82 / 107 KB for HS = 32 / 64
+// 48 KB): forward 52 / 72 / 113 KB, dK/dV 75 / 91 / 124 KB, dQ 65 / 82 / 114 KB for HS = 32 / 64
 // / 128. On a device below sm_80 (which cuda_available() already refuses) or with less opt-in
 // shared memory, flash_bf16_applies() is false and the caller runs the fp32 kernels.
 #include <cuda_bf16.h>
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kThreads)
   float* Ss = reinterpret_cast<float*>(Vs + kTile * LDH);  // [64][kLdS] scores t
   bf16* Ps = reinterpret_cast<bf16*>(Ss + kTile * kLdS);   // [64][kLdT] bf16(2^(t-M)) keep
   float* Os = reinterpret_cast<float*>(Ps + kTile * kLdT);  // [64][LDO] output accumulator
-  float* Fs = Os + kTile * LDO;                    // [64] final factor (1/(1-p)) / l per row
+  float* Fs = Os + kTile * LDO;                    // [64] final factor (1/(1-p)) / l_r per row
   int* Mk = reinterpret_cast<int*>(Fs + kTile);   // [64] key valid under the padding mask
 
   const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
