@@ -42,7 +42,30 @@ __global__ void gelu_backward_kernel(float* __restrict__ dinp, const float* __re
   }
 }
 
+// d[i] = g(pre[i]) · d[i], g the derivative of gelu_backward_kernel (the unfused path of
+// matmul_dgelu_backward, which overwrites its output)
+__global__ void gelu_grad_multiply_kernel(float* __restrict__ d, const float* __restrict__ pre, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float x = pre[i];
+    const float x2 = x * x;
+    const float a = 2.0f * kK * (x + kA * x2 * x);
+    const float e = expf(-fabsf(a));
+    const float r = 1.0f / (1.0f + e);
+    const float s = (a >= 0.0f ? 1.0f : e) * r;
+    const float ss = e * r * r;  // s (1 - s)
+    const float g = s + 2.0f * x * ss * kK * (1.0f + 3.0f * kA * x2);
+    d[i] = g * d[i];
+  }
+}
+
 }  // namespace
+
+void gelu_grad_multiply(float* d, const float* pre, size_t n) {
+  if (n == 0) return;
+  gelu_grad_multiply_kernel<<<grid_for(n, 256), 256, 0, compute_stream()>>>(d, pre, n);
+  LLMPI_LAUNCH_CHECK("gelu_grad_multiply");
+}
 
 void gelu_forward(float* out, const float* inp, size_t n) {
   if (n == 0) return;
