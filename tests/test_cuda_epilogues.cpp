@@ -377,3 +377,25 @@ TEST(CudaRealShapeEpilogues, Gpt2MlpMatchesCpu) {
     }
   }
 }
+
+// The BGRADB bias gradient over B = 64 × T = 1024 rows (fp32, the dW GEMM with C = 8 columns):
+// against column sums in double, within 1e-5 norm-wise (the bound CudaRealShape holds the
+// column-sum kernel to, at the same length), and added to dbias.
+TEST(CudaRealShapeEpilogues, BiasGradientAt65536Rows) {
+  REQUIRE_GPU();
+  const int N = 65536, C = 8;
+  for (int OC : {768, 3072}) {
+    const auto dout = random_floats(static_cast<size_t>(N) * OC, 800 + OC), inp = random_floats(static_cast<size_t>(N) * C, 801);
+    const auto dw0 = random_floats(static_cast<size_t>(OC) * C, 802), db0 = random_floats(OC, 803);
+    std::vector<double> ref(OC, 0.0);
+    for (int n = 0; n < N; n++)
+      for (int j = 0; j < OC; j++) ref[j] += dout[static_cast<size_t>(n) * OC + j];
+    Dev gdout(dout), ginp(inp), gdw(dw0), gdb(db0);
+    const CudaEpilogueCounts before = cuda_epilogue_counts();
+    gpu().matmul_backward(nullptr, gdw.f(), gdb.f(), gdout.f(), ginp.f(), nullptr, N, C, OC, kFp32);
+    expect_path(before, "bgradb", 1, "OC=" + std::to_string(OC));
+    const double e = rel_err(added(gdb.get(), db0), ref);
+    std::printf("[ epilogue ] BGRADB over %d rows, OC=%d: %.3g against double\n", N, OC, e);
+    EXPECT_LT(e, 1e-5) << "OC=" << OC;
+  }
+}
