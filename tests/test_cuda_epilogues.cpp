@@ -41,6 +41,7 @@
 
 #include "backend/cuda_ops.h"
 #include "backend/ops.h"
+#include "cuda_test_util.h"
 #include "grad_check.h"
 
 using namespace llmpi;
@@ -50,51 +51,8 @@ namespace {
 
 constexpr double kOpTol = 1e-5;
 constexpr double kGeluTol = 1e-6;
-const float kNaN = std::numeric_limits<float>::quiet_NaN();
 const GemmPrecision kFp32 = GemmPrecision::fp32, kBf16 = GemmPrecision::bf16, kTf32 = GemmPrecision::tf32;
 
-#define REQUIRE_GPU()                                               \
-  do {                                                              \
-    std::string why_;                                               \
-    if (!cuda_available(&why_)) GTEST_SKIP() << "no GPU: " << why_; \
-    cuda_bind_device(0);                                            \
-  } while (0)
-
-const Ops& gpu() { return cuda_ops(); }
-const Ops& cpu() { return cpu_ops(); }
-
-// A device buffer of the CUDA backend, filled from / read back to host vectors.
-struct Dev {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Dev(size_t b) : p(gpu().alloc(b)), bytes(b) {}
-  explicit Dev(const std::vector<float>& h) : Dev(h.size() * sizeof(float)) {
-    gpu().copy_to_device(p, h.data(), bytes);
-  }
-  ~Dev() { gpu().free(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  float* f() { return static_cast<float*>(p); }
-  std::vector<float> get() const {
-    std::vector<float> h(bytes / sizeof(float));
-    gpu().copy_to_host(h.data(), p, bytes);
-    return h;
-  }
-};
-
-std::vector<float> nans(size_t n) { return std::vector<float>(n, kNaN); }
-double rel(const std::vector<float>& a, const std::vector<float>& ref) {
-  EXPECT_EQ(a.size(), ref.size());
-  return rel_err(a, to_double(ref));
-}
-std::vector<float> added(const std::vector<float>& after, const std::vector<float>& before) {
-  std::vector<float> d(after.size());
-  for (size_t k = 0; k < after.size(); k++) d[k] = after[k] - before[k];
-  return d;
-}
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 const char* name(GemmPrecision p) { return p == kBf16 ? "bf16" : p == kTf32 ? "tf32" : "fp32"; }
 
 // The CPU's GELU (tanh) of x.
@@ -145,8 +103,8 @@ TEST(Epilogues, CpuFusedOpsEqualTheUnfusedSequence) {
         cpu().matmul_forward(pre.data(), p.x.data(), p.w.data(), bias, N, C, OC, prec);
         cpu().gelu_forward(act.data(), pre.data(), pre.size());
         cpu().matmul_gelu_forward(pre2.data(), act2.data(), p.x.data(), p.w.data(), bias, N, C, OC, prec);
-        EXPECT_TRUE(same_bits(pre, pre2)) << where << " bias " << with_bias;
-        EXPECT_TRUE(same_bits(act, act2)) << where << " bias " << with_bias;
+        EXPECT_SAME_BITS(pre, pre2) << where << " bias " << with_bias;
+        EXPECT_SAME_BITS(act, act2) << where << " bias " << with_bias;
       }
       // backward through the layer x -> [N, OC] taken as the projection (in C, out OC): dout [N, OC],
       // W [OC, C], pre [N, C]. The model's unfused sequence: zero(d); d += dout·W; zero(dpre);
@@ -155,7 +113,7 @@ TEST(Epilogues, CpuFusedOpsEqualTheUnfusedSequence) {
       cpu().matmul_backward(d.data(), nullptr, nullptr, p.dout.data(), nullptr, p.w.data(), N, C, OC, prec);
       cpu().gelu_backward(dpre.data(), p.pre.data(), d.data(), dpre.size());
       cpu().matmul_dgelu_backward(dpre2.data(), p.dout.data(), p.w.data(), p.pre.data(), N, C, OC, prec);
-      EXPECT_TRUE(same_bits(dpre, dpre2)) << where << " (dpre started as NaN: it must be overwritten)";
+      EXPECT_SAME_BITS(dpre, dpre2) << where << " (dpre started as NaN: it must be overwritten)";
     }
   }
 }
@@ -302,8 +260,11 @@ TEST(CudaEpilogues, MatmulBackwardBiasGradientMatchesCpu) {
         EXPECT_LT(rel(added(got[1], dw0), added(rdw, dw0)), tol) << where << " dweight, split " << split;
         EXPECT_LT(rel(added(got[2], db0), added(rdb, db0)), kOpTol) << where << " dbias (added), split " << split;
         for (int k = 0; k < 3; k++) {
-          if (!split) whole[k] = got[k];
-          else EXPECT_TRUE(same_bits(whole[k], got[k])) << where << ": split differs from whole, output " << k;
+          if (!split) {
+            whole[k] = got[k];
+          } else {
+            EXPECT_SAME_BITS(whole[k], got[k]) << where << ": split differs from whole, output " << k;
+          }
         }
       }
     }
@@ -326,8 +287,11 @@ TEST(CudaEpilogues, BitwiseRepeatable) {
       gpu().matmul_backward(nullptr, gdw.f(), gdb.f(), act.f(), dx.f(), nullptr, N, C, OC, prec);
       const std::vector<float> got[5] = {pre.get(), act.get(), dpre.get(), gdw.get(), gdb.get()};
       for (int k = 0; k < 5; k++) {
-        if (run == 0) first[k] = got[k];
-        else EXPECT_TRUE(same_bits(first[k], got[k])) << name(prec) << " output " << k << " differs run to run";
+        if (run == 0) {
+          first[k] = got[k];
+        } else {
+          EXPECT_SAME_BITS(first[k], got[k]) << name(prec) << " output " << k << " differs run to run";
+        }
       }
     }
   }
@@ -370,8 +334,11 @@ TEST(CudaRealShapeEpilogues, Gpt2MlpMatchesCpu) {
         const double e = rel(got[k], *ref[k]);
         if (run == 0) std::printf("[ epilogue ] GPT-2 MLP %s %s: %.3g\n", where.c_str(), what[k], e);
         EXPECT_LT(e, kOpTol) << where << " " << what[k];
-        if (run == 0) first[k] = got[k];
-        else EXPECT_TRUE(same_bits(first[k], got[k])) << where << " " << what[k] << " differs run to run";
+        if (run == 0) {
+          first[k] = got[k];
+        } else {
+          EXPECT_SAME_BITS(first[k], got[k]) << where << " " << what[k] << " differs run to run";
+        }
       }
       EXPECT_LT(rel(gdbproj.get(), dbproj), kOpTol) << where << " db proj";
     }
