@@ -27,6 +27,8 @@
 //   backward and optimizer phase (cudaMemGetInfo), against the analytic plan: params + grads +
 //   2 AdamW moments (4 × 4 bytes × N) + the model's activation buffer + the backend's scratch
 //   workspace.
+// The dense layers use cuBLASLt epilogues (bias, GELU, GELU gradient, bias gradient) unless
+// LLMPI_CUDA_EPILOGUES=0 is set: run twice to compare (the JSON records "gemm_epilogues").
 // Exit status: 0 measured; 2 when built without CUDA or no usable GPU (the reason is printed).
 #include <algorithm>
 #include <chrono>
@@ -203,7 +205,8 @@ int run(const Options& o) {
     const int B = o.batch, T = o.seq_len, N = B * T;
     const Ops& ops = cuda_ops();
     Model model(desc, ops, ModelPart::whole(), o.precision);
-    std::printf("dense GEMMs: %s\n", gemm_precision_name(o.precision));
+    std::printf("dense GEMMs: %s, cuBLASLt epilogues %s (LLMPI_CUDA_EPILOGUES=0 turns them off)\n",
+                gemm_precision_name(o.precision), cuda_gemm_epilogues_enabled() ? "on" : "off");
     model.init_params(1234);
     Activations acts(model, B, T);
     const size_t n = model.table.numel;
@@ -303,6 +306,7 @@ int run(const Options& o) {
           {"benchmark", "gpu_gpt2"},
           {"device", dev},
           {"precision", gemm_precision_name(o.precision)},
+          {"gemm_epilogues", cuda_gemm_epilogues_enabled()},
           {"card", peak ? peak->card : ""},
           {"published_peak_tflops",
            {{"fp32", peak ? peak->fp32 : 0.0}, {"tf32", peak ? peak->tf32 : 0.0},

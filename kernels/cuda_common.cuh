@@ -54,8 +54,11 @@ cublasHandle_t cublas();
 // kWsAttn: attention's dropped probabilities (forward, one batch element) and per-query-head
 // dK/dV before their group sums (backward); fused attention's D [B, NH, T] (backward). kWsGemm:
 // a bf16 dense layer's operands converted to bf16 (matmul.cu), all of one call side by side.
+// kWsLt: cuBLASLt's workspace and the bias-gradient vector of a BGRADB epilogue (gemm_lt.cu), one
+// fixed size (kLtSlotBytes), so it is allocated once, at the first dense layer of the first
+// forward, and never grows afterwards (in particular never inside a backward).
 enum WorkspaceSlot {
-  kWsPartials = 0, kWsSortKeys, kWsSortVals, kWsSortTemp, kWsReduce, kWsFlag, kWsAttn, kWsGemm, kWsSlots
+  kWsPartials = 0, kWsSortKeys, kWsSortVals, kWsSortTemp, kWsReduce, kWsFlag, kWsAttn, kWsGemm, kWsLt, kWsSlots
 };
 void* workspace(WorkspaceSlot slot, size_t bytes);
 size_t workspace_bytes();  // all slots together
@@ -86,6 +89,49 @@ void sgemm_rm_batched(bool transA, bool transB, int M, int N, int K, float alpha
                       int lda, long long strideA, const float* B, int ldb, long long strideB,
                       float beta, float* C, int ldc, long long strideC, int batch);
 
+// ---- cuBLASLt GEMMs with epilogues (gemm_lt.cu) ---------------------------------------------------
+// Row-major C[M,N] = op(A) op(B) + beta C (alpha = 1) as sgemm_rm, through cuBLASLt, with:
+//   bias           C[m, n] += bias[n] before the activation (bias [N])
+//   gelu_aux       C = gelu(op(A) op(B) + bias), aux [M, N] (ld ldaux) receives the GELU's input
+//   dgelu          C = gelu'(aux) ⊙ (op(A) op(B) + beta C), aux the GELU's input (ld ldaux)
+//   bgradb         also bgrad[m] = Σ_k op(A)[m, k] (cuBLASLt's BGRADB of the swapped call): with
+//                  op(A) = doutᵀ that is the bias gradient, WRITTEN (not added)
+// Operands: fp32 (GemmPrecision fp32: CUBLAS_COMPUTE_32F; tf32: CUBLAS_COMPUTE_32F_FAST_TF32) or
+// bf16 (already converted; CUBLAS_COMPUTE_32F); C, bias, aux and bgrad are fp32 in every mode.
+// The rules for when a call may use an epilogue are the callers' (lt_gelu_ld_ok, ...): a call
+// here that cuBLASLt has no kernel for throws Error (naming the case and LLMPI_CUDA_EPILOGUES=0).
+enum class LtEpilogue { none, bias, gelu_aux, dgelu, bgradb };
+struct LtGemm {
+  LtEpilogue ep = LtEpilogue::none;
+  GemmPrecision prec = GemmPrecision::fp32;  // bf16: A and B point to bf16 values
+  bool transA = false, transB = false;
+  int M = 0, N = 0, K = 0;
+  const void* A = nullptr;
+  int lda = 0;
+  const void* B = nullptr;
+  int ldb = 0;
+  float beta = 0.0f;
+  float* C = nullptr;
+  int ldc = 0;
+  const float* bias = nullptr;  // bias (bias, gelu_aux; may be null for gelu_aux)
+  float* aux = nullptr;         // gelu_aux: output; dgelu: input
+  int ldaux = 0;
+  float* bgrad = nullptr;       // bgradb: output [M]
+};
+void lt_gemm_rm(const LtGemm& g);
+// Documented rule (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD): the GELU input matrix's
+// leading dimension must be divisible by 8.
+inline bool lt_gelu_ld_ok(int ld) { return ld > 0 && ld % 8 == 0; }
+// The bias-gradient vector of a bgradb call: kLtBgradMaxFloats floats inside the kWsLt slot
+// (a layer with more output columns keeps the column-sum kernel).
+constexpr int kLtBgradMaxFloats = 1 << 16;
+float* lt_bgrad_scratch();
+enum class LtCount { bias, gelu_aux, dgelu, bgradb, unfused };
+void lt_count(LtCount what);
+
+// d[i] = gelu'(pre[i]) · d[i], GELU tanh (gelu.cu; matmul_dgelu_backward's unfused path)
+void gelu_grad_multiply(float* d, const float* pre, size_t n);
+
 // Column sums, deterministic: colsum[j] += Σ_n x[n, j] for x [N, M] (matmul.cu).
 void add_column_sums(float* colsum, const float* x, int N, int M);
 
@@ -102,7 +148,8 @@ void check_dropout_p(const char* op, float p);
 // memory.cu: alloc free zero copy_to_device copy_to_host copy
 // embedding.cu: embedding_forward/backward, embedding_add_forward/backward
 // layernorm.cu: layernorm_forward/backward, rmsnorm_forward/backward
-// matmul.cu: matmul_forward/backward       rope.cu: rope_forward/backward
+// matmul.cu: matmul_forward/backward, matmul_gelu_forward, matmul_dgelu_backward
+// rope.cu: rope_forward/backward
 // attention.cu: attention_forward/backward  gelu.cu: gelu_forward/backward (tanh approximation)
 // activations.cu: gelu_erf, swiglu, tanh, dropout (forward/backward)
 // flash_attention.cu: flash_attention_forward/backward

@@ -2,10 +2,17 @@
 // used for dbias.
 //
 //   forward   out[N,OC]     = inp[N,C] · W[OC,C]^T + bias[OC]
-//             (bias rows written by a kernel first, then the GEMM with beta = 1)
+//             (cuBLASLt with the BIAS epilogue; with LLMPI_CUDA_EPILOGUES=0 bias rows written by a
+//             kernel first, then the GEMM with beta = 1)
 //   backward  dinp[N,C]    += dout[N,OC] · W[OC,C]          GEMM NN, beta = 1
 //             dW[OC,C]     += dout[N,OC]^T · inp[N,C]       GEMM TN, beta = 1
-//             dbias[OC]    += Σ_n dout[n, :]                two-pass column sum (below), fp32
+//             dbias[OC]    += Σ_n dout[n, :]                fp32: the BGRADB epilogue of the dW
+//                                                            GEMM; else the two-pass column sum
+//   fused with GELU (tanh), GPT-2's MLP (gemm_lt.cu, docs/GPU.md "cuBLASLt epilogues"):
+//             matmul_gelu_forward    act = gelu(pre), pre = inp·W^T + bias   GELU_AUX_BIAS
+//             matmul_dgelu_backward  dpre = gelu'(pre) ⊙ (dout·W), overwrite  DGELU, beta = 0
+//   falling back to the unfused kernels where a documented rule excludes a shape (the GELU
+//   row width not a multiple of 8) or LLMPI_CUDA_EPILOGUES=0.
 //
 // The GEMMs' precision (backend/gemm_precision.h):
 //   fp32  cublasSgemm, pure fp32 (the handle's math mode is CUBLAS_DEFAULT_MATH: no TF32)
@@ -21,6 +28,7 @@
 //         N·V + V·C + N·C bf16 values).
 #include <cuda_bf16.h>
 
+#include "backend/cuda_ops.h"
 #include "cuda_common.cuh"
 
 namespace llmpi::cuda {
@@ -141,10 +149,57 @@ void add_column_sums(float* colsum, const float* x, int N, int M) {
   LLMPI_LAUNCH_CHECK("colsum_final");
 }
 
+namespace {
+// The operands of out = inp·Wᵀ in the GEMM's type: fp32 / tf32 the buffers themselves, bf16
+// copies converted into the kWsGemm slot.
+struct GemmOperands {
+  const void* a;
+  const void* b;
+};
+GemmOperands forward_operands(const float* inp, const float* weight, int N, int C, int OC, GemmPrecision prec) {
+  if (prec != GemmPrecision::bf16) return {inp, weight};
+  const size_t ni = static_cast<size_t>(N) * C, nw = static_cast<size_t>(OC) * C;
+  auto* ws = static_cast<__nv_bfloat16*>(workspace(kWsGemm, (bf16_span(ni) + nw) * sizeof(__nv_bfloat16)));
+  __nv_bfloat16 *inp16 = ws, *w16 = ws + bf16_span(ni);
+  to_bf16(inp16, inp, ni);
+  to_bf16(w16, weight, nw);
+  return {inp16, w16};
+}
+
+// out[n, j] = x[n, :]·W[j, :] (+ bias[j]) through cuBLASLt with the given epilogue.
+LtGemm forward_lt(LtEpilogue ep, float* out, GemmOperands x, const float* bias, int N, int C, int OC,
+                  GemmPrecision prec) {
+  LtGemm g;
+  g.ep = ep;
+  g.prec = prec;
+  g.transA = false;
+  g.transB = true;
+  g.M = N, g.N = OC, g.K = C;
+  g.A = x.a, g.lda = C;
+  g.B = x.b, g.ldb = C;
+  g.beta = 0.0f;
+  g.C = out, g.ldc = OC;
+  g.bias = bias;
+  return g;
+}
+
+__global__ void add_inplace_kernel(float* __restrict__ dst, const float* __restrict__ src, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] += src[i];
+}
+}  // namespace
+
+// With a bias and the epilogues on: one cuBLASLt GEMM with the BIAS epilogue (beta = 0), so out
+// is written once instead of bias rows first and the GEMM reading them back.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC, GemmPrecision prec) {
   if (N <= 0 || OC <= 0) return;
   cudaStream_t s = compute_stream();
+  if (bias != nullptr && C > 0 && cuda_gemm_epilogues_enabled()) {
+    lt_gemm_rm(forward_lt(LtEpilogue::bias, out, forward_operands(inp, weight, N, C, OC, prec), bias, N, C, OC, prec));
+    lt_count(LtCount::bias);
+    return;
+  }
   float beta = 0.0f;
   if (bias != nullptr) {
     bias_rows_kernel<<<grid_for(static_cast<size_t>(N) * OC, 256), 256, 0, s>>>(out, bias, N, OC);
@@ -158,12 +213,70 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   }
   if (prec != GemmPrecision::bf16)
     return gemm_f32_rm(prec, false, true, N, OC, C, inp, C, weight, C, beta, out, OC);
-  const size_t ni = static_cast<size_t>(N) * C, nw = static_cast<size_t>(OC) * C;
-  auto* ws = static_cast<__nv_bfloat16*>(workspace(kWsGemm, (bf16_span(ni) + nw) * sizeof(__nv_bfloat16)));
-  __nv_bfloat16 *inp16 = ws, *w16 = ws + bf16_span(ni);
-  to_bf16(inp16, inp, ni);
-  to_bf16(w16, weight, nw);
-  gemm_bf16_rm(false, true, N, OC, C, inp16, C, w16, C, beta, out, OC);
+  const GemmOperands x = forward_operands(inp, weight, N, C, OC, prec);
+  gemm_bf16_rm(false, true, N, OC, C, static_cast<const __nv_bfloat16*>(x.a), C,
+               static_cast<const __nv_bfloat16*>(x.b), C, beta, out, OC);
+}
+
+// act = gelu(pre), pre = inp·Wᵀ + bias: one cuBLASLt GEMM with the GELU_AUX(_BIAS) epilogue (D =
+// act, aux = pre) when the epilogues are on and the row width OC suits the aux rule (a multiple
+// of 8); otherwise matmul_forward then gelu_forward.
+void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias, int N,
+                         int C, int OC, GemmPrecision prec) {
+  if (N <= 0 || OC <= 0) return;
+  if (C > 0 && cuda_gemm_epilogues_enabled() && lt_gelu_ld_ok(OC)) {
+    LtGemm g = forward_lt(LtEpilogue::gelu_aux, act, forward_operands(inp, weight, N, C, OC, prec), bias, N, C, OC,
+                          prec);
+    g.aux = pre;
+    g.ldaux = OC;
+    lt_gemm_rm(g);
+    lt_count(LtCount::gelu_aux);
+    return;
+  }
+  if (cuda_gemm_epilogues_enabled()) lt_count(LtCount::unfused);
+  matmul_forward(pre, inp, weight, bias, N, C, OC, prec);
+  gelu_forward(act, pre, static_cast<size_t>(N) * OC);
+}
+
+// dpre = gelu'(pre) ⊙ (dout·W), overwritten: one cuBLASLt GEMM with the DGELU epilogue (beta = 0,
+// aux = pre) when the epilogues are on and C is a multiple of 8; otherwise the GEMM with beta = 0
+// and gelu_grad_multiply. bf16: dout and W converted into kWsGemm first, as in matmul_backward.
+void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, const float* pre, int N, int C,
+                           int OC, GemmPrecision prec) {
+  if (N <= 0 || C <= 0) return;
+  const size_t n = static_cast<size_t>(N) * C;
+  if (OC <= 0) return zero(dpre, n * sizeof(float));  // dout·W = 0, and so is its product with gelu'
+  const void *d = dout, *w = weight;
+  if (prec == GemmPrecision::bf16) {
+    const size_t nd = static_cast<size_t>(N) * OC, nw = static_cast<size_t>(OC) * C;
+    auto* ws = static_cast<__nv_bfloat16*>(workspace(kWsGemm, (bf16_span(nd) + nw) * sizeof(__nv_bfloat16)));
+    __nv_bfloat16 *dout16 = ws, *w16 = ws + bf16_span(nd);
+    to_bf16(dout16, dout, nd);
+    to_bf16(w16, weight, nw);
+    d = dout16, w = w16;
+  }
+  if (cuda_gemm_epilogues_enabled() && lt_gelu_ld_ok(C)) {
+    LtGemm g;
+    g.ep = LtEpilogue::dgelu;
+    g.prec = prec;
+    g.M = N, g.N = C, g.K = OC;
+    g.A = d, g.lda = OC;
+    g.B = w, g.ldb = C;
+    g.beta = 0.0f;
+    g.C = dpre, g.ldc = C;
+    g.aux = const_cast<float*>(pre);  // an input of DGELU
+    g.ldaux = C;
+    lt_gemm_rm(g);
+    lt_count(LtCount::dgelu);
+    return;
+  }
+  if (cuda_gemm_epilogues_enabled()) lt_count(LtCount::unfused);
+  if (prec == GemmPrecision::bf16)
+    gemm_bf16_rm(false, false, N, C, OC, static_cast<const __nv_bfloat16*>(d), OC,
+                 static_cast<const __nv_bfloat16*>(w), C, 0.0f, dpre, C);
+  else
+    gemm_f32_rm(prec, false, false, N, C, OC, dout, OC, weight, C, 0.0f, dpre, C);
+  gelu_grad_multiply(dpre, pre, n);
 }
 
 // bf16: dout is converted once for both GEMMs, weight only with dinp, inp only with dweight
@@ -173,6 +286,29 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   if (N <= 0 || OC <= 0 || C <= 0) return;
   if (prec != GemmPrecision::bf16) {
     if (dinp != nullptr) gemm_f32_rm(prec, false, false, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
+    if (dweight != nullptr && dbias != nullptr && prec == GemmPrecision::fp32 && cuda_gemm_epilogues_enabled() &&
+        OC <= kLtBgradMaxFloats) {
+      // dW += doutᵀ·inp with the BGRADB epilogue: the bias gradient Σ_n dout[n, :] comes out of
+      // the same GEMM (no separate pass over dout). BGRADB writes its vector, so it goes to a
+      // scratch and is added to dbias (the "+=" contract). fp32 only: with bf16 (and TF32)
+      // operands cuBLASLt would sum the rounded dout, and the bias gradient is the sum of the
+      // unrounded one (docs/GPU.md "Precision modes").
+      float* bgrad = lt_bgrad_scratch();
+      LtGemm g;
+      g.ep = LtEpilogue::bgradb;
+      g.transA = true;
+      g.M = OC, g.N = C, g.K = N;
+      g.A = dout, g.lda = OC;
+      g.B = inp, g.ldb = C;
+      g.beta = 1.0f;
+      g.C = dweight, g.ldc = C;
+      g.bgrad = bgrad;
+      lt_gemm_rm(g);
+      add_inplace_kernel<<<(OC + 255) / 256, 256, 0, compute_stream()>>>(dbias, bgrad, OC);
+      LLMPI_LAUNCH_CHECK("bias_gradient_add");
+      lt_count(LtCount::bgradb);
+      return;
+    }
     if (dweight != nullptr) gemm_f32_rm(prec, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
   } else if (dinp != nullptr || dweight != nullptr) {
     const size_t nd = static_cast<size_t>(N) * OC, nw = dinp ? static_cast<size_t>(OC) * C : 0,

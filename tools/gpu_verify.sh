@@ -40,7 +40,9 @@
 #             mpi_bf16_sync 2 ranks, parallel.grad_dtype=bf16; losses vs mpi_staging (1e-3)
 #   bench_bf16, bench_fp32, bench_tf32
 #             bench_P_bB    bench-gpu_gpt2 --precision P --batch B (B = 8, 16, 32, 64; T = 1024;
-#                           fused attention), and bench_bf16_b8_full: batch 8 with --attention full
+#                           fused attention), and bench_bf16_b8_full: batch 8 with --attention full,
+#                           bench_fp32_b8_unfused: batch 8 with LLMPI_CUDA_EPILOGUES=0 (the dense
+#                           layers without cuBLASLt epilogues: the A/B against bench_fp32_b8)
 #
 # Every step runs under its own time limit (seconds; LIMIT_<STEP>=N overrides one), and the whole
 # run under DEADLINE (seconds, default 570): a step that would start with less than 20 s left is
@@ -61,11 +63,12 @@ group_steps() {
     train) echo "train_cpu train_gpu train_gpu_full mpi_staging mpi_staging_zero nccl_world1 train_gpu_bf16 train_gpu_tf32" \
                 "train_cpu_bf16 train_gpu_bf16_vs_cpu mpi_bf16_sync" ;;
     bench_bf16|bench_fp32|bench_tf32)
-      local p=${1#bench_}; echo "bench_${p}_b8 bench_${p}_b16 bench_${p}_b32 bench_${p}_b64$([ "$p" = bf16 ] && echo " bench_bf16_b8_full")" ;;
+      local p=${1#bench_}
+      echo "bench_${p}_b8 bench_${p}_b16 bench_${p}_b32 bench_${p}_b64$([ "$p" = bf16 ] && echo " bench_bf16_b8_full")$([ "$p" = fp32 ] && echo " bench_fp32_b8_unfused")" ;;
     *) return 1 ;;
   esac
 }
-usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; }
 if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then usage; exit 0; fi
 if [ "${1:-}" = "--list" ]; then
   for g in $GROUPS_ALL; do echo "$g: $(group_steps "$g")"; done
@@ -200,7 +203,7 @@ for tool in memcheck racecheck initcheck; do
     record "$tool" 127 0 "\"why\": \"compute-sanitizer not on PATH\""; continue
   fi
   step "$tool" 180 compute-sanitizer --tool "$tool" --error-exitcode 99 "$TESTS" \
-    --gtest_filter='CudaOps.*:Cases/CudaAttention.*:Cases/CudaFlashAttention.*:Cases/CudaFlashBf16.*-*real_*:*T102*' --gtest_brief=1
+    --gtest_filter='CudaOps.*:CudaEpilogues.*:Cases/CudaAttention.*:Cases/CudaFlashAttention.*:Cases/CudaFlashBf16.*-*real_*:*T102*' --gtest_brief=1
   errs=$(grep -oP 'ERROR SUMMARY: \K[0-9]+' "$WORK/$tool.out" | tail -1)
   record "$tool" $STEP_RC $STEP_SECONDS "\"errors\": ${errs:-null}"
 done
@@ -280,17 +283,17 @@ EOF
     parallel.overlap=false parallel.grad_dtype=bf16
 fi
 
-# bench_step NAME PRECISION BATCH [ATTENTION]: bench-gpu_gpt2 (GPT-2 124M, T = 1024), its JSON
-# folded into the record.
+# bench_step NAME PRECISION BATCH [ATTENTION [EPILOGUES]]: bench-gpu_gpt2 (GPT-2 124M, T = 1024),
+# its JSON folded into the record; EPILOGUES off runs it with LLMPI_CUDA_EPILOGUES=0.
 bench_step() {
-  local name=$1 prec=$2 b=$3 att=${4:-auto}
-  step "$name" 140 "$BENCH" --batch "$b" --precision "$prec" --attention "$att" --steps 8 --warmup 2 \
-    --json "$WORK/$name.json"
+  local name=$1 prec=$2 b=$3 att=${4:-auto} epi=${5:-on}
+  step "$name" 140 env LLMPI_CUDA_EPILOGUES=$([ "$epi" = off ] && echo 0 || echo 1) "$BENCH" --batch "$b" \
+    --precision "$prec" --attention "$att" --steps 8 --warmup 2 --json "$WORK/$name.json"
   local fig=""
   if [ -s "$WORK/$name.json" ]; then
     fig=$(python3 -c 'import json,sys
 j=json.load(open(sys.argv[1]))
-keys=["precision","attention","attention_kernel","batch","tokens_per_s","ms_per_step","forward_ms","backward_ms","optim_ms","achieved_tflops",
+keys=["precision","attention","attention_kernel","gemm_epilogues","batch","tokens_per_s","ms_per_step","forward_ms","backward_ms","optim_ms","achieved_tflops",
       "gemm_tflops","mfu_vs_measured_gemm","mfu_vs_published_bf16_peak","mfu_vs_published_own_peak",
       "peak_memory_bytes","last_loss","device"]
 print(", ".join("\"%s\": %s" % (k, json.dumps(j.get(k))) for k in keys))' "$WORK/$name.json" 2>/dev/null ||
@@ -304,6 +307,7 @@ for p in bf16 fp32 tf32; do
   done
 done
 wants bench_bf16_b8_full && bench_step bench_bf16_b8_full bf16 8 full
+wants bench_fp32_b8_unfused && bench_step bench_fp32_b8_unfused fp32 8 auto off
 
 echo "" >>"$JSON"; echo "]" >>"$JSON"
 echo "gpu_verify: $failed step(s) failed; summary in $JSON" | tee -a "$LOG"

@@ -45,6 +45,18 @@ void cuda_host_free(void* p);                          // null is fine
 // synchronisation of the compute stream and a check, so an asynchronous fault (an illegal address,
 // a device-side assert) is reported at the op that caused it instead of at a later call.
 bool cuda_sync_check_enabled();
+// cuBLASLt epilogues (kernels/gemm_lt.cu, docs/GPU.md "cuBLASLt epilogues"): on unless
+// LLMPI_CUDA_EPILOGUES=0 is in the environment (read once), which runs every dense layer the
+// unfused way (bias rows + cuBLAS GEMM, separate GELU kernels, column-sum dbias): for A/B
+// comparisons (bench-gpu_gpt2) and as the way around a cuBLASLt that has no kernel for a case.
+bool cuda_gemm_epilogues_enabled();
+// How many GEMMs of each kind ran through a cuBLASLt epilogue, and how many fused calls took the
+// unfused path because a documented rule excluded the shape (e.g. a GELU row width not a multiple
+// of 8), since the process started: the tests check which path a call took.
+struct CudaEpilogueCounts {
+  long long bias = 0, gelu_aux = 0, dgelu = 0, bgradb = 0, unfused = 0;
+};
+CudaEpilogueCounts cuda_epilogue_counts();
 // Measured rate of a row-major GEMM C[M,N] = A[M,K] B[N,K]^T (fp32 C) on the compute stream, in
 // TFLOP/s: median of `iters` timed calls after 3 warm-up calls. math: "fp32" (cublasSgemm, no
 // TF32), "tf32" (fp32 operands, CUBLAS_COMPUTE_32F_FAST_TF32) or "bf16" (bf16 operands, fp32

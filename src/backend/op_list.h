@@ -81,6 +81,23 @@
   X(void, matmul_backward, (float* dinp, float* dweight, float* dbias, const float* dout,          \
                             const float* inp, const float* weight, int N, int C, int OC,           \
                             GemmPrecision prec))                                                   \
+  /* ---- dense layer + GELU (tanh approximation), GPT-2's MLP input layer:                        \
+     pre[N,OC] = inp . weight^T + bias (bias may be null), act[N,OC] = gelu(pre); pre is the      \
+     GELU's input that backward reads. Equal to matmul_forward then gelu_forward (the CPU op is   \
+     exactly that; CUDA: one cuBLASLt GEMM with the GELU_AUX(_BIAS) epilogue, cuBLASLt's own GELU, \
+     the same tanh approximation to rounding) */                                                   \
+  X(void, matmul_gelu_forward, (float* pre, float* act, const float* inp, const float* weight,     \
+                                const float* bias, int N, int C, int OC, GemmPrecision prec))      \
+  /* dpre[N,C] = gelu'(pre) * (dout[N,OC] . weight[OC,C]): the input gradient of a dense layer     \
+     whose input was gelu(pre), taken through the GELU. It OVERWRITES dpre (the one op that does   \
+     not add): dpre is a caller-owned scratch holding nothing else (the model's d_fc, zeroed       \
+     before every use when the op did not exist). No weight gradient: the caller runs              \
+     matmul_backward with dinp null for dweight/dbias (so a zero-bubble split is unchanged).       \
+     The CPU op is exactly zero(dpre); matmul_backward(dpre, null, null, dout, null, weight, ...); \
+     dpre = gelu_backward of it (the same bits as the unfused sequence through a zeroed scratch);  \
+     CUDA: one cuBLASLt GEMM with the DGELU epilogue (beta = 0) */                                 \
+  X(void, matmul_dgelu_backward, (float* dpre, const float* dout, const float* weight,             \
+                                  const float* pre, int N, int C, int OC, GemmPrecision prec))     \
                                                                                                    \
   /* ---- rotary position embedding, Hugging Face rotate-half convention, IN PLACE ----           \
      x holds N = B*T rows of `stride` floats; the first nh*hs floats of a row are nh heads of hs   \

@@ -421,11 +421,16 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
       residual_norm_forward(o, d, L.res_attn, L.norm1, L.norm1_mean, L.norm1_rstd, x, a.tmp, w[kNorm1W], w[kNorm1B], N);
       h2 = L.norm1;
     }
-    o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC, precision);
-    switch (d.mlp) {
-      case MlpKind::gelu_tanh: o.gelu_forward(L.act, L.fc, static_cast<size_t>(N) * F); break;
-      case MlpKind::gelu_erf: o.gelu_erf_forward(L.act, L.fc, static_cast<size_t>(N) * F); break;
-      case MlpKind::swiglu: o.swiglu_forward(L.act, L.fc, N, F); break;
+    switch (d.mlp) {  // GELU (tanh) is fused with its dense layer (a cuBLASLt epilogue on CUDA)
+      case MlpKind::gelu_tanh: o.matmul_gelu_forward(L.fc, L.act, h2, w[kFcW], w[kFcB], N, C, FC, precision); break;
+      case MlpKind::gelu_erf:
+        o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC, precision);
+        o.gelu_erf_forward(L.act, L.fc, static_cast<size_t>(N) * F);
+        break;
+      case MlpKind::swiglu:
+        o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC, precision);
+        o.swiglu_forward(L.act, L.fc, N, F);
+        break;
     }
     o.matmul_forward(a.tmp, L.act, w[kProjW], w[kProjB], N, F, C, precision);
     if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropMlpOut));
@@ -512,9 +517,11 @@ std::vector<int> Model::predictions(const Activations& a) const {
 void Model::ensure_scratch(int B, int T) {
   const ModelDesc& d = desc;
   const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
-  // d_att_: full attention's T x T backward scratch (fused attention needs none)
+  // d_att_: full attention's T x T backward scratch (fused attention needs none); d_act_: none for
+  // GELU (tanh), whose backward goes from the projection's output gradient to d_fc in one op
   const size_t att = d.attention == AttentionImpl::fused ? 0 : static_cast<size_t>(B) * d.n_head * T * T;
-  const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), N * d.ffn_dim, att,
+  const size_t act = d.mlp == MlpKind::gelu_tanh ? 0 : N * d.ffn_dim;
+  const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), act, att,
                           3 * static_cast<size_t>(B) * C};
   size_t total = 0;
   for (size_t s : sizes) total += (s + 15) / 16 * 16;
@@ -736,19 +743,31 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
   // weight_backward reads (no copy); a whole pass into scratch.
   const bool keep = mode_ == BackwardMode::input_only;
   float *d_fc = d_fc_, *d_qkv = d_qkv_;
-  auto act_backward = [&](const Activations::Layer& L) {
-    o.zero(d_fc, static_cast<size_t>(N) * FC * sizeof(float));
-    switch (d.mlp) {
-      case MlpKind::gelu_tanh: o.gelu_backward(d_fc, L.fc, d_act_, static_cast<size_t>(N) * F); break;
-      case MlpKind::gelu_erf: o.gelu_erf_backward(d_fc, L.fc, d_act_, static_cast<size_t>(N) * F); break;
-      case MlpKind::swiglu: o.swiglu_backward(d_fc, L.fc, d_act_, N, F); break;
-    }
-  };
   // A block's dense layer (inp [N, in] -> [N, out]); its output gradient is d_fc / d_qkv (kept in
   // an input-only pass), or scratch or dres (copied in an input-only pass).
   auto dense = [&](float* dinp, const float* dout, const float* inp, int slot, int wrole, int brole, int in, int out) {
     const bool kept = keep && (dout == d_fc || dout == d_qkv);
     dense_backward(a, dinp, dout, kept, inp, slot, wrole, brole, N, in, out, true, ready);
+  };
+  // The MLP's output projection and activation, backward: from dproj = d(projection output) to
+  // d_fc = d(fc output). The projection's weight and bias gradients go through dense (deferred in
+  // an input-only pass); its input gradient d act = dproj·Wproj and the activation's backward are
+  // one op for GELU (tanh): matmul_dgelu_backward overwrites d_fc (scratch or a kept buffer that
+  // holds nothing else), so d act is never stored. Otherwise d act goes through d_act_.
+  auto proj_act_backward = [&](const Activations::Layer& L, const float* dproj, int slot) {
+    const BlockTensors& w = pb[slot - 1];
+    if (d.mlp == MlpKind::gelu_tanh) {
+      dense(nullptr, dproj, L.act, slot, kProjW, kProjB, F, C);
+      o.matmul_dgelu_backward(d_fc, dproj, w[kProjW], L.fc, N, F, C, precision);
+      return;
+    }
+    o.zero(d_act_, static_cast<size_t>(N) * F * sizeof(float));
+    dense(d_act_, dproj, L.act, slot, kProjW, kProjB, F, C);
+    o.zero(d_fc, static_cast<size_t>(N) * FC * sizeof(float));
+    if (d.mlp == MlpKind::gelu_erf)
+      o.gelu_erf_backward(d_fc, L.fc, d_act_, static_cast<size_t>(N) * F);
+    else
+      o.swiglu_backward(d_fc, L.fc, d_act_, N, F);
   };
   auto attention_backward = [&](const Activations::Layer& L, const BlockTensors& w, int l) {
     if (d.attention == AttentionImpl::fused)  // d_a_ = d atty; atty is the (dropped) output
@@ -775,9 +794,7 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
     if (d.pre_norm) {
       // out = res_attn + drop(P act(F N2(res_attn))); dres = d out.
       const float* dproj = through_dropout(dres, d_b_, l, kDropMlpOut);
-      o.zero(d_act_, static_cast<size_t>(N) * F * sizeof(float));
-      dense(d_act_, dproj, L.act, slot, kProjW, kProjB, F, C);
-      act_backward(L);
+      proj_act_backward(L, dproj, slot);
       o.zero(d_a_, NC * sizeof(float));
       dense(d_a_, d_fc, L.norm2, slot, kFcW, kFcB, C, FC);
       norm_backward(o, d, dres, g[kNorm2W], g[kNorm2B], d_a_, L.res_attn, w[kNorm2W], L.norm2_mean, L.norm2_rstd, N);
@@ -799,9 +816,7 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
       norm_backward(o, d, d_b_, g[kNorm2W], g[kNorm2B], dres, L.res_mlp, w[kNorm2W], L.norm2_mean, L.norm2_rstd, N);
       finished(slot, {kNorm2W, kNorm2B}, ready);
       const float* dproj = through_dropout(d_b_, dres, l, kDropMlpOut);  // dres is free now
-      o.zero(d_act_, static_cast<size_t>(N) * F * sizeof(float));
-      dense(d_act_, dproj, L.act, slot, kProjW, kProjB, F, C);
-      act_backward(L);
+      proj_act_backward(L, dproj, slot);
       dense(d_b_, d_fc, L.norm1, slot, kFcW, kFcB, C, FC);  // d_b_ = d h
       o.zero(dres, NC * sizeof(float));
       norm_backward(o, d, dres, g[kNorm1W], g[kNorm1B], d_b_, L.res_attn, w[kNorm1W], L.norm1_mean, L.norm1_rstd, N);

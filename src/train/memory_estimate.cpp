@@ -84,12 +84,13 @@ size_t kept_bytes(const ModelDesc& d, const ModelPart& part, int B, int T) {
   return n * sizeof(float);
 }
 
-// Model::ensure_scratch: d_a, d_b N·C; d_qkv N·QKV; d_fc N·FC; d_act N·F; d_att B·H·T² (fused: 0);
-// 3·B·C.
+// Model::ensure_scratch: d_a, d_b N·C; d_qkv N·QKV; d_fc N·FC; d_act N·F (GELU tanh: 0, its
+// backward is one op, matmul_dgelu_backward); d_att B·H·T² (fused: 0); 3·B·C.
 size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
   const size_t N = (size_t)B * T, C = d.d_model;
   const size_t att = d.attention == AttentionImpl::fused ? 0 : (size_t)B * d.n_head * T * T;
-  const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), N * d.ffn_dim, att, 3 * (size_t)B * C};
+  const size_t act = d.mlp == MlpKind::gelu_tanh ? 0 : N * d.ffn_dim;
+  const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), act, att, 3 * (size_t)B * C};
   size_t total = 0;
   for (size_t s : sizes) total += aligned16(s);
   return total * sizeof(float);

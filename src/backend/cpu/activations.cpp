@@ -62,6 +62,42 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
   }
 }
 
+// ---- dense layer + GELU (tanh), fused on CUDA; here exactly the unfused sequence ---------------
+// pre = inp·W^T + bias; act = gelu(pre)
+void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias, int N,
+                         int C, int OC, GemmPrecision prec) {
+  matmul_forward(pre, inp, weight, bias, N, C, OC, prec);
+  if (N > 0 && OC > 0) gelu_forward(act, pre, static_cast<size_t>(N) * OC);
+}
+
+// dpre = gelu'(pre) ⊙ (dout·W), overwriting dpre. The unfused model zeroed a scratch d, added
+// dout·W into it (matmul_backward), zeroed dpre and added gelu'(pre)·d (gelu_backward). Here d is
+// dpre itself: the same GEMM into zeros (the result does not depend on where it is written), then
+// dpre[i] = 0 + g·dpre[i] with g written exactly as gelu_backward writes it, so the bits are those
+// of the unfused sequence (tests/test_cuda_epilogues.cpp checks it on the CPU, bit for bit).
+void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, const float* pre, int N, int C,
+                           int OC, GemmPrecision prec) {
+  if (N <= 0 || C <= 0) return;
+  const size_t n = static_cast<size_t>(N) * C;  // (matmul_backward refuses tf32, as everywhere)
+  std::memset(dpre, 0, n * sizeof(float));
+  matmul_backward(dpre, nullptr, nullptr, dout, nullptr, weight, N, C, OC, prec);
+  const long long nn = static_cast<long long>(n);
+#pragma omp parallel for simd schedule(static) if (nn > kParMin)
+  for (long long i = 0; i < nn; i++) {
+    const float x = pre[i];
+    const float x2 = x * x;
+    const float a = 2.0f * kK * (x + kA * x2 * x);
+    const float e = fast_expf(-std::fabs(a));
+    const float r = 1.0f / (1.0f + e);
+    const float s = select_float(a >= 0.0f, 1.0f, e) * r;
+    const float ss = e * r * r;  // s (1 - s)
+    const float g = s + 2.0f * x * ss * kK * (1.0f + 3.0f * kA * x2);
+    float acc = 0.0f;  // gelu_backward's dinp, zeroed
+    acc += g * dpre[i];
+    dpre[i] = acc;
+  }
+}
+
 // ---- GELU, exact (erf) --------------------------------------------------------------------------
 // gelu(x) = x Phi(x),  Phi(x) = (1 + erf(x/sqrt 2)) / 2 = erfc(-x/sqrt 2) / 2
 // (erfc keeps the left tail accurate, where 1 + erf(...) would cancel).

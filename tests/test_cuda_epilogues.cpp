@@ -1,0 +1,368 @@
+// The dense layers' cuBLASLt epilogues (kernels/gemm_lt.cu, kernels/matmul.cu; docs/GPU.md
+// "cuBLASLt epilogues") and the two fused ops they serve (backend/op_list.h):
+//   matmul_gelu_forward    pre = inp·Wᵀ + bias, act = gelu(pre)        (GELU_AUX_BIAS)
+//   matmul_dgelu_backward  dpre = gelu'(pre) ⊙ (dout·W), overwritten    (DGELU)
+// plus matmul_forward's BIAS epilogue and matmul_backward's BGRADB (fp32 bias gradient).
+//
+// On the CPU (runs everywhere): each fused op is bit for bit the unfused sequence it replaces in
+// the model (so the CPU models train exactly as before; the model tests check that too).
+//
+// On a GPU (skipped without one, "no GPU: <reason>"), against the CPU ops, the oracle:
+//   - fp32 and bf16 (the CPU's exact bf16 emulation): every output within kOpTol = 1e-5 norm-wise
+//     (DESIGN.md's op tolerance). The pre-activation and the GEMM parts are ordinary fp32 GEMM
+//     results (only the summation order differs), as in CudaOps.Matmul*. The activation and the
+//     GELU gradient add cuBLASLt's own GELU: cuBLASLt documents the tanh approximation but not its
+//     rounding. Argument for keeping the op tolerance: the epilogue computes in fp32 on the fp32
+//     accumulator, so an fp32-accurate tanh (a few ulp) adds ~1e-7 to the pre-activation's error,
+//     and |gelu'| <= 1.13 carries that error through. To see the epilogue's GELU alone, the
+//     activation is also compared with the CPU's GELU of the GPU's own aux output, bound
+//     kGeluTol = 1e-6: a few fp32 ulp (two fp32-accurate GELUs of the same input; each value is
+//     printed). If cuBLASLt used a hardware tanh approximation (relative error ~2^-11), these checks
+//     fail by design: such a GELU would be less accurate than every other op of the backend, and
+//     the fix is not to fuse the GELU (LLMPI_CUDA_EPILOGUES=0 meanwhile), not a wider bound.
+//   - tf32: within 1e-2 of fp32 and provably not fp32 (as CudaOps.MatmulTf32IsCloseToFp32);
+//   - shapes where a documented rule excludes the epilogue (GELU row width not a multiple of 8:
+//     OC = 53, C = 70) take the unfused path (cuda_epilogue_counts() says which path ran) and are
+//     as correct; odd N, K and offsets by one float exercise unaligned operands;
+//   - the bias gradient through BGRADB is ADDED to dbias (the "+=" contract) and a zero-bubble
+//     split (dinp alone, then dweight + dbias) equals the whole call bit for bit;
+//   - every fused op gives the same bits run to run; real shapes: GPT-2 124M's MLP (N = 1024,
+//     C = 768, 3072 hidden) in fp32 and bf16.
+// With LLMPI_CUDA_EPILOGUES=0 the same tests check the unfused path (the counters must not move).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backend/cuda_ops.h"
+#include "backend/ops.h"
+#include "cuda_test_util.h"
+#include "grad_check.h"
+
+using namespace llmpi;
+using namespace llmpi::test;
+
+namespace {
+
+constexpr double kOpTol = 1e-5;
+constexpr double kGeluTol = 1e-6;
+const GemmPrecision kFp32 = GemmPrecision::fp32, kBf16 = GemmPrecision::bf16, kTf32 = GemmPrecision::tf32;
+
+const char* name(GemmPrecision p) { return p == kBf16 ? "bf16" : p == kTf32 ? "tf32" : "fp32"; }
+
+// The CPU's GELU (tanh) of x.
+std::vector<float> cpu_gelu(const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  cpu().gelu_forward(y.data(), x.data(), x.size());
+  return y;
+}
+
+// An MLP-like problem: x [N, C], W [OC, C], bias [OC]; for the backward dout [N, OC] (the
+// projection's output gradient) and pre [N, C] (the GELU input whose gradient is wanted).
+struct Problem {
+  int N, C, OC;
+  std::vector<float> x, w, b, dout, pre;
+  Problem(int n, int c, int oc, uint32_t seed)
+      : N(n), C(c), OC(oc),
+        x(random_floats(static_cast<size_t>(n) * c, seed)),
+        w(random_floats(static_cast<size_t>(oc) * c, seed + 1, -0.2f, 0.2f)),
+        b(random_floats(oc, seed + 2)),
+        dout(random_floats(static_cast<size_t>(n) * oc, seed + 3)),
+        pre(random_floats(static_cast<size_t>(n) * c, seed + 4, -4.0f, 4.0f)) {}
+};
+
+long long counted(const CudaEpilogueCounts& c, const char* what) {
+  const std::string w = what;
+  return w == "bias" ? c.bias : w == "gelu_aux" ? c.gelu_aux : w == "dgelu" ? c.dgelu : w == "bgradb" ? c.bgradb : c.unfused;
+}
+// The counter `what` moved by `expect` (0 when the epilogues are off: nothing may go through them).
+void expect_path(const CudaEpilogueCounts& before, const char* what, long long expect, const std::string& where) {
+  const long long moved = counted(cuda_epilogue_counts(), what) - counted(before, what);
+  EXPECT_EQ(moved, cuda_gemm_epilogues_enabled() ? expect : 0) << where << ": calls through " << what;
+}
+
+}  // namespace
+
+// ---- CPU: the fused ops are the unfused sequences, bit for bit --------------------------------------
+
+TEST(Epilogues, CpuFusedOpsEqualTheUnfusedSequence) {
+  // Small, and large enough for OpenMP's parallel elementwise loops (> 32768 elements) and for
+  // the tiled parallel sgemm.
+  for (auto [N, C, OC] : {std::array<int, 3>{37, 70, 53}, std::array<int, 3>{96, 256, 768}}) {
+    const Problem p(N, C, OC, 100);
+    for (GemmPrecision prec : {kFp32, kBf16}) {
+      const std::string where = std::string(name(prec)) + " N=" + std::to_string(N) + " OC=" + std::to_string(OC);
+      for (bool with_bias : {true, false}) {
+        const float* bias = with_bias ? p.b.data() : nullptr;
+        std::vector<float> pre(N * OC), act(N * OC), pre2 = nans(N * OC), act2 = nans(N * OC);
+        cpu().matmul_forward(pre.data(), p.x.data(), p.w.data(), bias, N, C, OC, prec);
+        cpu().gelu_forward(act.data(), pre.data(), pre.size());
+        cpu().matmul_gelu_forward(pre2.data(), act2.data(), p.x.data(), p.w.data(), bias, N, C, OC, prec);
+        EXPECT_SAME_BITS(pre, pre2) << where << " bias " << with_bias;
+        EXPECT_SAME_BITS(act, act2) << where << " bias " << with_bias;
+      }
+      // backward through the layer x -> [N, OC] taken as the projection (in C, out OC): dout [N, OC],
+      // W [OC, C], pre [N, C]. The model's unfused sequence: zero(d); d += dout·W; zero(dpre);
+      // dpre += gelu'(pre) d.
+      std::vector<float> d(N * C, 0.0f), dpre(N * C, 0.0f), dpre2 = nans(N * C);
+      cpu().matmul_backward(d.data(), nullptr, nullptr, p.dout.data(), nullptr, p.w.data(), N, C, OC, prec);
+      cpu().gelu_backward(dpre.data(), p.pre.data(), d.data(), dpre.size());
+      cpu().matmul_dgelu_backward(dpre2.data(), p.dout.data(), p.w.data(), p.pre.data(), N, C, OC, prec);
+      EXPECT_SAME_BITS(dpre, dpre2) << where << " (dpre started as NaN: it must be overwritten)";
+    }
+  }
+}
+
+// matmul_dgelu_backward is the gradient of S(pre) = Σ dout ⊙ (gelu(pre)·Wᵀ) (central finite
+// differences in double, the exact tanh-form GELU; 1e-4 as the CPU op tests), and it overwrites.
+TEST(Epilogues, CpuDgeluBackwardIsTheGradient) {
+  const int N = 5, C = 8, OC = 6;
+  const auto pre = random_floats(N * C, 150, -3.0f, 3.0f), w = random_floats(OC * C, 151), dout = random_floats(N * OC, 152);
+  std::vector<float> dpre = nans(N * C);
+  cpu().matmul_dgelu_backward(dpre.data(), dout.data(), w.data(), pre.data(), N, C, OC, kFp32);
+  const auto S = [&](const std::vector<double>& p) {
+    double s = 0.0;
+    for (int n = 0; n < N; n++)
+      for (int o = 0; o < OC; o++) {
+        double y = 0.0;
+        for (int c = 0; c < C; c++) {
+          const double x = p[n * C + c];
+          const double g = 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+          y += g * w[o * C + c];
+        }
+        s += y * dout[n * OC + o];
+      }
+    return s;
+  };
+  EXPECT_LT(rel_err(dpre, fd_grad(S, to_double(pre), {})), 1e-4);
+}
+
+// ---- GPU ----------------------------------------------------------------------------------------------
+
+TEST(CudaEpilogues, MatmulForwardBiasEpilogueMatchesCpu) {
+  REQUIRE_GPU();
+  for (auto [N, C, OC] : {std::array<int, 3>{37, 70, 53}, std::array<int, 3>{64, 64, 96}}) {
+    const Problem p(N, C, OC, 200);
+    Dev dx(p.x), dw(p.w), db(p.b);
+    for (GemmPrecision prec : {kFp32, kBf16, kTf32}) {
+      const std::string where = std::string(name(prec)) + " OC=" + std::to_string(OC);
+      std::vector<float> ref(N * OC);
+      cpu().matmul_forward(ref.data(), p.x.data(), p.w.data(), p.b.data(), N, C, OC, prec == kTf32 ? kFp32 : prec);
+      Dev out(nans(N * OC));
+      const CudaEpilogueCounts before = cuda_epilogue_counts();
+      gpu().matmul_forward(out.f(), dx.f(), dw.f(), db.f(), N, C, OC, prec);
+      expect_path(before, "bias", 1, where);
+      const double e = rel(out.get(), ref);
+      if (prec == kTf32) {
+        EXPECT_LT(e, 1e-2) << where;
+        EXPECT_GT(e, 1e-6) << where << ": equals fp32, TF32 was not used";
+      } else {
+        EXPECT_LT(e, kOpTol) << where;
+      }
+    }
+  }
+}
+
+// pre and act against the CPU op; act against the CPU's GELU of the GPU's own pre (the epilogue's
+// GELU alone); OC = 53 and 100 are not multiples of 8: the unfused path.
+TEST(CudaEpilogues, MatmulGeluForwardMatchesCpu) {
+  REQUIRE_GPU();
+  for (auto [N, C, OC] : {std::array<int, 3>{37, 70, 53}, std::array<int, 3>{33, 70, 100},
+                          std::array<int, 3>{37, 70, 64}, std::array<int, 3>{128, 96, 256}}) {
+    const bool fused = OC % 8 == 0;
+    const Problem p(N, C, OC, 300);
+    Dev dx(p.x), dw(p.w), db(p.b);
+    for (GemmPrecision prec : {kFp32, kBf16, kTf32}) {
+      for (bool with_bias : {true, false}) {
+        const std::string where = std::string(name(prec)) + " OC=" + std::to_string(OC) + " bias " +
+                                  std::to_string(with_bias);
+        std::vector<float> pre(N * OC), act(N * OC);
+        cpu().matmul_gelu_forward(pre.data(), act.data(), p.x.data(), p.w.data(), with_bias ? p.b.data() : nullptr, N,
+                                  C, OC, prec == kTf32 ? kFp32 : prec);
+        Dev gpre(nans(N * OC)), gact(nans(N * OC));
+        const CudaEpilogueCounts before = cuda_epilogue_counts();
+        gpu().matmul_gelu_forward(gpre.f(), gact.f(), dx.f(), dw.f(), with_bias ? db.f() : nullptr, N, C, OC, prec);
+        expect_path(before, "gelu_aux", fused ? 1 : 0, where);
+        expect_path(before, "unfused", fused ? 0 : 1, where);
+        const auto got_pre = gpre.get(), got_act = gact.get();
+        if (prec == kTf32) {
+          EXPECT_LT(rel(got_pre, pre), 1e-2) << where;
+          EXPECT_GT(rel(got_pre, pre), 1e-6) << where << ": equals fp32, TF32 was not used";
+        } else {
+          EXPECT_LT(rel(got_pre, pre), kOpTol) << where << ": pre (aux)";
+          EXPECT_LT(rel(got_act, act), kOpTol) << where << ": act";
+        }
+        const double e = rel(got_act, cpu_gelu(got_pre));
+        EXPECT_LT(e, kGeluTol) << where << ": the GELU of the GPU's own pre";
+        std::printf("[ epilogue ] gelu forward %s: act vs CPU gelu(own pre) %.3g\n", where.c_str(), e);
+      }
+    }
+  }
+}
+
+// dpre starts as NaN (it is overwritten, not added to); C = 70 is not a multiple of 8: unfused.
+TEST(CudaEpilogues, MatmulDgeluBackwardMatchesCpu) {
+  REQUIRE_GPU();
+  for (auto [N, C, OC] : {std::array<int, 3>{37, 70, 53}, std::array<int, 3>{37, 64, 53},
+                          std::array<int, 3>{128, 256, 96}}) {
+    const bool fused = C % 8 == 0;
+    const Problem p(N, C, OC, 400);
+    Dev gdout(p.dout), dw(p.w), gpre(p.pre);
+    for (GemmPrecision prec : {kFp32, kBf16, kTf32}) {
+      const std::string where = std::string(name(prec)) + " C=" + std::to_string(C);
+      std::vector<float> ref = nans(N * C);
+      cpu().matmul_dgelu_backward(ref.data(), p.dout.data(), p.w.data(), p.pre.data(), N, C, OC,
+                                  prec == kTf32 ? kFp32 : prec);
+      Dev got(nans(N * C));
+      const CudaEpilogueCounts before = cuda_epilogue_counts();
+      gpu().matmul_dgelu_backward(got.f(), gdout.f(), dw.f(), gpre.f(), N, C, OC, prec);
+      expect_path(before, "dgelu", fused ? 1 : 0, where);
+      EXPECT_LT(rel(got.get(), ref), prec == kTf32 ? 1e-2 : kOpTol) << where;
+      // (No check of the epilogue's gelu' alone, as the forward has for its GELU: another GEMM
+      // kernel's sums differ from the epilogue's by ~1e-7 already, too close to kGeluTol.)
+    }
+  }
+}
+
+// fp32: the bias gradient comes out of the dW GEMM (BGRADB) and is ADDED to dbias; a split call
+// (dinp, then dweight + dbias) equals the whole call bit for bit. bf16 and tf32 keep the column
+// sum (the bias gradient is the sum of the unrounded dout).
+TEST(CudaEpilogues, MatmulBackwardBiasGradientMatchesCpu) {
+  REQUIRE_GPU();
+  for (auto [N, C, OC] : {std::array<int, 3>{100, 70, 53}, std::array<int, 3>{129, 64, 96}}) {
+    const Problem p(N, C, OC, 500);
+    const auto dx0 = random_floats(N * C, 510), dw0 = random_floats(OC * C, 511), db0 = random_floats(OC, 512);
+    Dev dx(p.x), dw(p.w), gdout(p.dout);
+    for (GemmPrecision prec : {kFp32, kBf16, kTf32}) {
+      const std::string where = std::string(name(prec)) + " OC=" + std::to_string(OC);
+      auto rdx = dx0, rdw = dw0, rdb = db0;
+      cpu().matmul_backward(rdx.data(), rdw.data(), rdb.data(), p.dout.data(), p.x.data(), p.w.data(), N, C, OC,
+                            prec == kTf32 ? kFp32 : prec);
+      std::vector<float> whole[3];
+      for (bool split : {false, true}) {
+        Dev gdx(dx0), gdw(dw0), gdb(db0);
+        const CudaEpilogueCounts before = cuda_epilogue_counts();
+        if (split) {
+          gpu().matmul_backward(gdx.f(), nullptr, nullptr, gdout.f(), nullptr, dw.f(), N, C, OC, prec);
+          gpu().matmul_backward(nullptr, gdw.f(), gdb.f(), gdout.f(), dx.f(), nullptr, N, C, OC, prec);
+        } else {
+          gpu().matmul_backward(gdx.f(), gdw.f(), gdb.f(), gdout.f(), dx.f(), dw.f(), N, C, OC, prec);
+        }
+        expect_path(before, "bgradb", prec == kFp32 ? 1 : 0, where);
+        const std::vector<float> got[3] = {gdx.get(), gdw.get(), gdb.get()};
+        const double tol = prec == kTf32 ? 1e-2 : kOpTol;
+        EXPECT_LT(rel(added(got[0], dx0), added(rdx, dx0)), tol) << where << " dinp, split " << split;
+        EXPECT_LT(rel(added(got[1], dw0), added(rdw, dw0)), tol) << where << " dweight, split " << split;
+        EXPECT_LT(rel(added(got[2], db0), added(rdb, db0)), kOpTol) << where << " dbias (added), split " << split;
+        for (int k = 0; k < 3; k++) {
+          if (!split) {
+            whole[k] = got[k];
+          } else {
+            EXPECT_SAME_BITS(whole[k], got[k]) << where << ": split differs from whole, output " << k;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Every fused op twice on the same inputs: the same bits.
+TEST(CudaEpilogues, BitwiseRepeatable) {
+  REQUIRE_GPU();
+  const int N = 256, C = 128, OC = 384;
+  const Problem p(N, C, OC, 600);
+  const Problem q(N, OC, C, 610);  // backward through a layer OC -> C: dout [N, C], W [C, OC], pre [N, OC]
+  Dev dx(p.x), dw(p.w), db(p.b), gdout(q.dout), gw2(q.w), gpre(q.pre);
+  for (GemmPrecision prec : {kFp32, kBf16, kTf32}) {
+    std::vector<float> first[5];
+    for (int run = 0; run < 2; run++) {
+      Dev pre(nans(N * OC)), act(nans(N * OC)), dpre(nans(N * OC)), gdw(OC * C * 4), gdb(OC * 4);
+      gpu().matmul_gelu_forward(pre.f(), act.f(), dx.f(), dw.f(), db.f(), N, C, OC, prec);
+      gpu().matmul_dgelu_backward(dpre.f(), gdout.f(), gw2.f(), gpre.f(), N, OC, C, prec);
+      gpu().matmul_backward(nullptr, gdw.f(), gdb.f(), act.f(), dx.f(), nullptr, N, C, OC, prec);
+      const std::vector<float> got[5] = {pre.get(), act.get(), dpre.get(), gdw.get(), gdb.get()};
+      for (int k = 0; k < 5; k++) {
+        if (run == 0) {
+          first[k] = got[k];
+        } else {
+          EXPECT_SAME_BITS(first[k], got[k]) << name(prec) << " output " << k << " differs run to run";
+        }
+      }
+    }
+  }
+}
+
+// GPT-2 124M's MLP at N = 1024 rows: fc (768 -> 3072, GELU) forward, the projection's input
+// gradient through the GELU (3072 <- 768), and both layers' weight and bias gradients.
+TEST(CudaRealShapeEpilogues, Gpt2MlpMatchesCpu) {
+  REQUIRE_GPU();
+  const int N = 1024, C = 768, F = 3072;
+  const auto x = random_floats(static_cast<size_t>(N) * C, 700), wfc = random_floats(static_cast<size_t>(F) * C, 701, -0.05f, 0.05f),
+             bfc = random_floats(F, 702, -0.1f, 0.1f), wproj = random_floats(static_cast<size_t>(C) * F, 703, -0.05f, 0.05f),
+             dres = random_floats(static_cast<size_t>(N) * C, 704);
+  Dev gx(x), gwfc(wfc), gbfc(bfc), gwproj(wproj), gdres(dres);
+  for (GemmPrecision prec : {kFp32, kBf16}) {
+    const std::string where = name(prec);
+    // CPU: forward, then backward as the model runs it (proj weight grads, fused input grad, fc grads).
+    std::vector<float> pre(static_cast<size_t>(N) * F), act(pre.size()), dpre(pre.size());
+    std::vector<float> dwproj(static_cast<size_t>(C) * F, 0.0f), dbproj(C, 0.0f), dwfc(static_cast<size_t>(F) * C, 0.0f),
+        dbfc(F, 0.0f);
+    cpu().matmul_gelu_forward(pre.data(), act.data(), x.data(), wfc.data(), bfc.data(), N, C, F, prec);
+    cpu().matmul_backward(nullptr, dwproj.data(), dbproj.data(), dres.data(), act.data(), nullptr, N, F, C, prec);
+    cpu().matmul_dgelu_backward(dpre.data(), dres.data(), wproj.data(), pre.data(), N, F, C, prec);
+    cpu().matmul_backward(nullptr, dwfc.data(), dbfc.data(), dpre.data(), x.data(), nullptr, N, C, F, prec);
+    // GPU: each op on the CPU's inputs (one op deep: in bf16 a GPU intermediate differing from the
+    // CPU's in the last fp32 bit would flip some bf16 roundings of the next GEMM's operand).
+    Dev cact(act), cpre(pre), cdpre(dpre);
+    std::vector<float> first[6];
+    for (int run = 0; run < 2; run++) {
+      Dev gpre(nans(pre.size())), gact(nans(pre.size())), gdpre(nans(pre.size())), gdwproj(dwproj.size() * 4),
+          gdbproj(C * 4), gdwfc(dwfc.size() * 4), gdbfc(F * 4);
+      gpu().matmul_gelu_forward(gpre.f(), gact.f(), gx.f(), gwfc.f(), gbfc.f(), N, C, F, prec);
+      gpu().matmul_backward(nullptr, gdwproj.f(), gdbproj.f(), gdres.f(), cact.f(), nullptr, N, F, C, prec);
+      gpu().matmul_dgelu_backward(gdpre.f(), gdres.f(), gwproj.f(), cpre.f(), N, F, C, prec);
+      gpu().matmul_backward(nullptr, gdwfc.f(), gdbfc.f(), cdpre.f(), gx.f(), nullptr, N, C, F, prec);
+      const std::vector<float> got[6] = {gpre.get(), gact.get(), gdpre.get(), gdwproj.get(), gdwfc.get(), gdbfc.get()};
+      const std::vector<float>* ref[6] = {&pre, &act, &dpre, &dwproj, &dwfc, &dbfc};
+      const char* what[6] = {"pre", "act", "dpre", "dW proj", "dW fc", "db fc"};
+      for (int k = 0; k < 6; k++) {
+        const double e = rel(got[k], *ref[k]);
+        if (run == 0) std::printf("[ epilogue ] GPT-2 MLP %s %s: %.3g\n", where.c_str(), what[k], e);
+        EXPECT_LT(e, kOpTol) << where << " " << what[k];
+        if (run == 0) {
+          first[k] = got[k];
+        } else {
+          EXPECT_SAME_BITS(first[k], got[k]) << where << " " << what[k] << " differs run to run";
+        }
+      }
+      EXPECT_LT(rel(gdbproj.get(), dbproj), kOpTol) << where << " db proj";
+    }
+  }
+}
+
+// The BGRADB bias gradient over B = 64 × T = 1024 rows (fp32, the dW GEMM with C = 8 columns):
+// against column sums in double, within 1e-5 norm-wise (the bound CudaRealShape holds the
+// column-sum kernel to, at the same length), and added to dbias.
+TEST(CudaRealShapeEpilogues, BiasGradientAt65536Rows) {
+  REQUIRE_GPU();
+  const int N = 65536, C = 8;
+  for (int OC : {768, 3072}) {
+    const auto dout = random_floats(static_cast<size_t>(N) * OC, 800 + OC), inp = random_floats(static_cast<size_t>(N) * C, 801);
+    const auto dw0 = random_floats(static_cast<size_t>(OC) * C, 802), db0 = random_floats(OC, 803);
+    std::vector<double> ref(OC, 0.0);
+    for (int n = 0; n < N; n++)
+      for (int j = 0; j < OC; j++) ref[j] += dout[static_cast<size_t>(n) * OC + j];
+    Dev gdout(dout), ginp(inp), gdw(dw0), gdb(db0);
+    const CudaEpilogueCounts before = cuda_epilogue_counts();
+    gpu().matmul_backward(nullptr, gdw.f(), gdb.f(), gdout.f(), ginp.f(), nullptr, N, C, OC, kFp32);
+    expect_path(before, "bgradb", 1, "OC=" + std::to_string(OC));
+    const double e = rel_err(added(gdb.get(), db0), ref);
+    std::printf("[ epilogue ] BGRADB over %d rows, OC=%d: %.3g against double\n", N, OC, e);
+    EXPECT_LT(e, 1e-5) << "OC=" << OC;
+  }
+}
