@@ -11,17 +11,16 @@
 // one micro-batch's activations (Activations::bytes), the backward scratch
 // (backward_scratch_bytes), the median ms of a step (zero grads, forward, backward) and the
 // fused/full ratios, and the loss of the last step of each (the same to rounding).
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "model/transformer.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
-#include "runtime/rng.h"
+#include "cpu_step_timing.h"
 #include "train/memory_estimate.h"
 
 namespace {
@@ -72,16 +71,6 @@ bool parse(int argc, char** argv, Options& o) {
   return true;
 }
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -101,18 +90,8 @@ int main(int argc, char** argv) {
       mc.seq_len = T;
       ModelDesc desc[2] = {model_desc_from_config(mc, o.vocab), model_desc_from_config(mc, o.vocab)};
       desc[1].attention = AttentionImpl::fused;
-      const int B = o.batch, N = B * T;
-      std::vector<int32_t> tokens(N), targets(N);
-      Rng rng(7);
-      for (int k = 0; k < N; k++) {
-        tokens[k] = static_cast<int32_t>(rng.below(o.vocab));
-        targets[k] = static_cast<int32_t>(rng.below(o.vocab));
-      }
-      Batch batch;
-      batch.B = B;
-      batch.T = T;
-      batch.tokens = tokens.data();
-      batch.targets = targets.data();
+      const int B = o.batch;
+      const bench::RandomLmBatch data(B, T, o.vocab);
       std::vector<std::unique_ptr<Model>> models;
       std::vector<std::unique_ptr<Activations>> acts;
       for (int k = 0; k < 2; k++) {
@@ -120,23 +99,14 @@ int main(int argc, char** argv) {
         models[k]->init_params(1);
         acts.push_back(std::make_unique<Activations>(*models[k], B, T));
       }
-      std::vector<double> ms[2];
-      float loss[2] = {0, 0};
-      for (int s = 0; s <= o.steps; s++)
-        for (int k = 0; k < 2; k++) {
-          const double t0 = now_ms();
-          models[k]->zero_grads();
-          loss[k] = models[k]->forward(*acts[k], batch, true);
-          models[k]->backward(*acts[k]);
-          if (s > 0) ms[k].push_back(now_ms() - t0);  // step 0 warms up
-        }
+      const bench::StepTimes times = bench::time_steps_alternately(models, acts, data.batch, o.steps);
       double act[2], scr[2], med[2];
       for (int k = 0; k < 2; k++) {
         act[k] = acts[k]->bytes() / 1e6;
         scr[k] = backward_scratch_bytes(desc[k], B, T) / 1e6;
-        med[k] = median(ms[k]);
+        med[k] = bench::median(times.ms[k]);
         std::printf("%5d %-6s %14.1f %14.1f %10.1f %12.6f\n", T, attention_impl_name(desc[k].attention), act[k],
-                    scr[k], med[k], loss[k]);
+                    scr[k], med[k], times.last_loss[k]);
       }
       std::printf("%5d %-6s %13.3fx %13.3fx %9.3fx\n", T, "ratio", act[1] / act[0], scr[1] / scr[0],
                   med[1] / med[0]);

@@ -14,7 +14,6 @@
 // the median ms of a step (zero grads, forward, backward), the ratios to unchunked, and the loss
 // of the last step (the same to rounding).
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -25,7 +24,7 @@
 #include "model/transformer.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
-#include "runtime/rng.h"
+#include "cpu_step_timing.h"
 #include "train/memory_estimate.h"
 
 namespace {
@@ -80,15 +79,6 @@ bool parse(int argc, char** argv, Options& o) {
   return true;
 }
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -110,17 +100,7 @@ int main(int argc, char** argv) {
     mc.seq_len = T;
     const char* names[3] = {"unchunked", "default", "rows"};
     const int chunk[3] = {N, 0, std::min(o.rows, N)};
-    std::vector<int32_t> tokens(N), targets(N);
-    Rng rng(7);
-    for (int k = 0; k < N; k++) {
-      tokens[k] = static_cast<int32_t>(rng.below(o.vocab));
-      targets[k] = static_cast<int32_t>(rng.below(o.vocab));
-    }
-    Batch batch;
-    batch.B = B;
-    batch.T = T;
-    batch.tokens = tokens.data();
-    batch.targets = targets.data();
+    const bench::RandomLmBatch data(B, T, o.vocab);
     std::vector<ModelDesc> desc;
     std::vector<std::unique_ptr<Model>> models;
     std::vector<std::unique_ptr<Activations>> acts;
@@ -131,23 +111,14 @@ int main(int argc, char** argv) {
       models[k]->init_params(1);
       acts.push_back(std::make_unique<Activations>(*models[k], B, T));
     }
-    std::vector<double> ms[3];
-    float loss[3] = {0, 0, 0};
-    for (int s = 0; s <= o.steps; s++)
-      for (int k = 0; k < 3; k++) {
-        const double t0 = now_ms();
-        models[k]->zero_grads();
-        loss[k] = models[k]->forward(*acts[k], batch, true);
-        models[k]->backward(*acts[k]);
-        if (s > 0) ms[k].push_back(now_ms() - t0);  // step 0 warms up
-      }
+    const bench::StepTimes times = bench::time_steps_alternately(models, acts, data.batch, o.steps);
     std::printf("%-10s %8s %15s %14s %10s %12s\n", "head", "rows", "activations MB", "gemm scr MB", "ms/step", "last loss");
     double act[3], scr[3], med[3];
     for (int k = 0; k < 3; k++) {
       act[k] = acts[k]->bytes() / 1e6;
       scr[k] = gemm_operand_scratch_bytes(desc[k], B, T, prec, false) / 1e6;
-      med[k] = median(ms[k]);
-      std::printf("%-10s %8d %15.1f %14.1f %10.1f %12.6f\n", names[k], acts[k]->lm_rows, act[k], scr[k], med[k], loss[k]);
+      med[k] = bench::median(times.ms[k]);
+      std::printf("%-10s %8d %15.1f %14.1f %10.1f %12.6f\n", names[k], acts[k]->lm_rows, act[k], scr[k], med[k], times.last_loss[k]);
     }
     for (int k = 1; k < 3; k++)
       std::printf("%-10s %8s %14.3fx %13.3fx %9.3fx\n", names[k], "/unch.", act[k] / act[0],

@@ -19,7 +19,13 @@
 //
 // The column sums are deterministic (no atomics): partial sums over fixed chunks of kChunkRows
 // rows, one thread per column (coalesced), then the chunks added in order.
+//
+// The row kernels (one warp per row) are templated on V, the floats per access
+// (vector_access.cuh): V = 4 (128-bit loads and stores) when C % 4 == 0 and the rows are 16-byte
+// aligned, else V = 1. A lane sums its quads q = lane, lane + 32, ... and within a quad in index
+// order; V = 1 is the plain c = lane, lane + 32, ... order.
 #include "cuda_common.cuh"
+#include "vector_access.cuh"
 
 namespace llmpi::cuda {
 
@@ -29,6 +35,7 @@ constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 constexpr int kChunkRows = 32;
 constexpr int kColThreads = 256;
 
+template <int V>
 __global__ void layernorm_forward_kernel(float* __restrict__ out, float* __restrict__ mean,
                                          float* __restrict__ rstd, const float* __restrict__ inp,
                                          const float* __restrict__ weight,
@@ -37,24 +44,41 @@ __global__ void layernorm_forward_kernel(float* __restrict__ out, float* __restr
   const int n = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (n >= N) return;
+  const int Q = C / V;
   const float* x = inp + static_cast<size_t>(n) * C;
   float s = 0.0f;
-  for (int c = lane; c < C; c += 32) s += x[c];
+  for (int q = lane; q < Q; q += 32) {
+    const Floats<V> xv = load_floats<V>(x + q * V);
+#pragma unroll
+    for (int j = 0; j < V; j++) s += xv.v[j];
+  }
   const float m = warp_sum(s) / C;
   float v = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float d = x[c] - m;
-    v += d * d;
+  for (int q = lane; q < Q; q += 32) {
+    const Floats<V> xv = load_floats<V>(x + q * V);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+      const float d = xv.v[j] - m;
+      v += d * d;
+    }
   }
   const float r = 1.0f / sqrtf(warp_sum(v) / C + eps);
   float* o = out + static_cast<size_t>(n) * C;
-  for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+  for (int q = lane; q < Q; q += 32) {
+    const Floats<V> xv = load_floats<V>(x + q * V), wv = load_floats<V>(weight + q * V),
+                    bv = load_floats<V>(bias + q * V);
+    Floats<V> ov;
+#pragma unroll
+    for (int j = 0; j < V; j++) ov.v[j] = (xv.v[j] - m) * r * wv.v[j] + bv.v[j];
+    store_floats<V>(o + q * V, ov);
+  }
   if (lane == 0) {
     mean[n] = m;
     rstd[n] = r;
   }
 }
 
+template <int V>
 __global__ void layernorm_dinp_kernel(float* __restrict__ dinp, const float* __restrict__ dout,
                                       const float* __restrict__ inp,
                                       const float* __restrict__ weight,
@@ -63,22 +87,35 @@ __global__ void layernorm_dinp_kernel(float* __restrict__ dinp, const float* __r
   const int n = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (n >= N) return;
+  const int Q = C / V;
   const float* x = inp + static_cast<size_t>(n) * C;
   const float* dy = dout + static_cast<size_t>(n) * C;
   float* dx = dinp + static_cast<size_t>(n) * C;
   const float m = mean[n], r = rstd[n];
   float sg = 0.0f, sgn = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float nrm = (x[c] - m) * r;
-    const float g = weight[c] * dy[c];
-    sg += g;
-    sgn += g * nrm;
+  for (int q = lane; q < Q; q += 32) {
+    const Floats<V> xv = load_floats<V>(x + q * V), wv = load_floats<V>(weight + q * V),
+                    dyv = load_floats<V>(dy + q * V);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+      const float nrm = (xv.v[j] - m) * r;
+      const float g = wv.v[j] * dyv.v[j];
+      sg += g;
+      sgn += g * nrm;
+    }
   }
   const float mg = warp_sum(sg) / C, mgn = warp_sum(sgn) / C;
-  for (int c = lane; c < C; c += 32) {
-    const float nrm = (x[c] - m) * r;
-    const float g = weight[c] * dy[c];
-    dx[c] += r * (g - mg - nrm * mgn);
+  for (int q = lane; q < Q; q += 32) {
+    const Floats<V> xv = load_floats<V>(x + q * V), wv = load_floats<V>(weight + q * V),
+                    dyv = load_floats<V>(dy + q * V);
+    Floats<V> dxv = load_floats<V>(dx + q * V);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+      const float nrm = (xv.v[j] - m) * r;
+      const float g = wv.v[j] * dyv.v[j];
+      dxv.v[j] += r * (g - mg - nrm * mgn);
+    }
+    store_floats<V>(dx + q * V, dxv);
   }
 }
 
@@ -121,73 +158,127 @@ __global__ void layernorm_dparams_final_kernel(float* __restrict__ dweight,
 // Fused residual + norm (pre-norm blocks), one warp per row: res = a + b written, then the norm of
 // layernorm_forward_kernel / rmsnorm_forward_kernel over it, every sum in the same lane order, so
 // the bits equal residual_forward then the norm's kernel. Each lane reads back only the elements it
-// wrote (c = lane, lane + 32, ...), so no synchronisation is needed. res may alias a or b.
-template <bool kLayerNorm>
+// wrote (its quads), so no synchronisation is needed. res may alias a or b. V is chosen from res,
+// out and the norm's parameters, as the norm's own kernel chooses it from inp (= res), out and its
+// parameters, so both sum in the same order; a and b are read as float4 only where ab_vec says
+// they are aligned.
+template <bool kLayerNorm, int V>
 __global__ void residual_norm_forward_kernel(float* res, float* __restrict__ out, float* __restrict__ mean,
                                              float* __restrict__ rstd, const float* a, const float* b,
                                              const float* __restrict__ weight, const float* __restrict__ bias,
-                                             int N, int C, float eps) {
+                                             int N, int C, float eps, bool ab_vec) {
   const int n = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (n >= N) return;
+  const int Q = C / V;
   const size_t row = static_cast<size_t>(n) * C;
   float* x = res + row;
   float* o = out + row;
   float s = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float v = a[row + c] + b[row + c];
-    x[c] = v;
-    s += kLayerNorm ? v : v * v;
+  for (int q = lane; q < Q; q += 32) {
+    const Floats<V> av = load_floats_any<V>(a + row + q * V, ab_vec),
+                    bv = load_floats_any<V>(b + row + q * V, ab_vec);
+    Floats<V> xv;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+      const float v = av.v[j] + bv.v[j];
+      xv.v[j] = v;
+      s += kLayerNorm ? v : v * v;
+    }
+    store_floats<V>(x + q * V, xv);
   }
   if (kLayerNorm) {
     const float m = warp_sum(s) / C;
     float var = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-      const float d = x[c] - m;
-      var += d * d;
+    for (int q = lane; q < Q; q += 32) {
+      const Floats<V> xv = load_floats<V>(x + q * V);
+#pragma unroll
+      for (int j = 0; j < V; j++) {
+        const float d = xv.v[j] - m;
+        var += d * d;
+      }
     }
     const float r = 1.0f / sqrtf(warp_sum(var) / C + eps);
-    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+    for (int q = lane; q < Q; q += 32) {
+      const Floats<V> xv = load_floats<V>(x + q * V), wv = load_floats<V>(weight + q * V),
+                      bv = load_floats<V>(bias + q * V);
+      Floats<V> ov;
+#pragma unroll
+      for (int j = 0; j < V; j++) ov.v[j] = (xv.v[j] - m) * r * wv.v[j] + bv.v[j];
+      store_floats<V>(o + q * V, ov);
+    }
     if (lane == 0) {
       mean[n] = m;
       rstd[n] = r;
     }
   } else {
     const float r = 1.0f / sqrtf(warp_sum(s) / C + eps);
-    for (int c = lane; c < C; c += 32) o[c] = x[c] * r * weight[c];
+    for (int q = lane; q < Q; q += 32) {
+      const Floats<V> xv = load_floats<V>(x + q * V), wv = load_floats<V>(weight + q * V);
+      Floats<V> ov;
+#pragma unroll
+      for (int j = 0; j < V; j++) ov.v[j] = xv.v[j] * r * wv.v[j];
+      store_floats<V>(o + q * V, ov);
+    }
     if (lane == 0) rstd[n] = r;
   }
 }
 
+template <int V>
 __global__ void rmsnorm_forward_kernel(float* __restrict__ out, float* __restrict__ rstd,
                                        const float* __restrict__ inp,
                                        const float* __restrict__ weight, int N, int C, float eps) {
   const int n = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (n >= N) return;
+  const int Q = C / V;
   const float* x = inp + static_cast<size_t>(n) * C;
   float ss = 0.0f;
-  for (int c = lane; c < C; c += 32) ss += x[c] * x[c];
+  for (int q = lane; q < Q; q += 32) {
+    const Floats<V> xv = load_floats<V>(x + q * V);
+#pragma unroll
+    for (int j = 0; j < V; j++) ss += xv.v[j] * xv.v[j];
+  }
   const float r = 1.0f / sqrtf(warp_sum(ss) / C + eps);
   float* o = out + static_cast<size_t>(n) * C;
-  for (int c = lane; c < C; c += 32) o[c] = x[c] * r * weight[c];
+  for (int q = lane; q < Q; q += 32) {
+    const Floats<V> xv = load_floats<V>(x + q * V), wv = load_floats<V>(weight + q * V);
+    Floats<V> ov;
+#pragma unroll
+    for (int j = 0; j < V; j++) ov.v[j] = xv.v[j] * r * wv.v[j];
+    store_floats<V>(o + q * V, ov);
+  }
   if (lane == 0) rstd[n] = r;
 }
 
+template <int V>
 __global__ void rmsnorm_dinp_kernel(float* __restrict__ dinp, const float* __restrict__ dout,
                                     const float* __restrict__ inp, const float* __restrict__ weight,
                                     const float* __restrict__ rstd, int N, int C) {
   const int n = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (n >= N) return;
+  const int Q = C / V;
   const float* x = inp + static_cast<size_t>(n) * C;
   const float* dy = dout + static_cast<size_t>(n) * C;
   float* dx = dinp + static_cast<size_t>(n) * C;
   const float r = rstd[n];
   float sgn = 0.0f;
-  for (int c = lane; c < C; c += 32) sgn += weight[c] * dy[c] * (x[c] * r);
+  for (int q = lane; q < Q; q += 32) {
+    const Floats<V> xv = load_floats<V>(x + q * V), wv = load_floats<V>(weight + q * V),
+                    dyv = load_floats<V>(dy + q * V);
+#pragma unroll
+    for (int j = 0; j < V; j++) sgn += wv.v[j] * dyv.v[j] * (xv.v[j] * r);
+  }
   const float mgn = warp_sum(sgn) / C;
-  for (int c = lane; c < C; c += 32) dx[c] += r * (weight[c] * dy[c] - x[c] * r * mgn);
+  for (int q = lane; q < Q; q += 32) {
+    const Floats<V> xv = load_floats<V>(x + q * V), wv = load_floats<V>(weight + q * V),
+                    dyv = load_floats<V>(dy + q * V);
+    Floats<V> dxv = load_floats<V>(dx + q * V);
+#pragma unroll
+    for (int j = 0; j < V; j++) dxv.v[j] += r * (wv.v[j] * dyv.v[j] - xv.v[j] * r * mgn);
+    store_floats<V>(dx + q * V, dxv);
+  }
 }
 
 // part[k, c] = Σ_{n in chunk k} x * rstd * dout
@@ -223,8 +314,12 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
                        const float* bias, int N, int C, float eps) {
   if (N <= 0 || C <= 0) return;
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  layernorm_forward_kernel<<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
-      out, mean, rstd, inp, weight, bias, N, C, eps);
+  if (vec4_rows(C, {out, inp, weight, bias}))
+    layernorm_forward_kernel<4><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
+        out, mean, rstd, inp, weight, bias, N, C, eps);
+  else
+    layernorm_forward_kernel<1><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
+        out, mean, rstd, inp, weight, bias, N, C, eps);
   LLMPI_LAUNCH_CHECK("layernorm_forward");
 }
 
@@ -234,8 +329,12 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   if (N <= 0 || C <= 0) return;
   cudaStream_t s = compute_stream();
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  layernorm_dinp_kernel<<<blocks, 32 * kRowsPerBlock, 0, s>>>(dinp, dout, inp, weight, mean, rstd,
-                                                              N, C);
+  if (vec4_rows(C, {dinp, dout, inp, weight}))
+    layernorm_dinp_kernel<4><<<blocks, 32 * kRowsPerBlock, 0, s>>>(dinp, dout, inp, weight, mean,
+                                                                   rstd, N, C);
+  else
+    layernorm_dinp_kernel<1><<<blocks, 32 * kRowsPerBlock, 0, s>>>(dinp, dout, inp, weight, mean,
+                                                                   rstd, N, C);
   LLMPI_LAUNCH_CHECK("layernorm_dinp");
   const int nchunks = (N + kChunkRows - 1) / kChunkRows;
   float* part = static_cast<float*>(
@@ -253,8 +352,13 @@ void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd
                                 float eps) {
   if (N <= 0 || C <= 0) return;
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  residual_norm_forward_kernel<true><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
-      res, out, mean, rstd, a, b, weight, bias, N, C, eps);
+  const bool ab_vec = vec4_rows(C, {a, b});
+  if (vec4_rows(C, {out, res, weight, bias}))  // layernorm_forward's rule, with inp = res
+    residual_norm_forward_kernel<true, 4><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
+        res, out, mean, rstd, a, b, weight, bias, N, C, eps, ab_vec);
+  else
+    residual_norm_forward_kernel<true, 1><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
+        res, out, mean, rstd, a, b, weight, bias, N, C, eps, false);
   LLMPI_LAUNCH_CHECK("residual_layernorm_forward");
 }
 
@@ -262,8 +366,13 @@ void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* 
                               const float* weight, int N, int C, float eps) {
   if (N <= 0 || C <= 0) return;
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  residual_norm_forward_kernel<false><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
-      res, out, nullptr, rstd, a, b, weight, nullptr, N, C, eps);
+  const bool ab_vec = vec4_rows(C, {a, b});
+  if (vec4_rows(C, {out, res, weight}))  // rmsnorm_forward's rule, with inp = res
+    residual_norm_forward_kernel<false, 4><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
+        res, out, nullptr, rstd, a, b, weight, nullptr, N, C, eps, ab_vec);
+  else
+    residual_norm_forward_kernel<false, 1><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
+        res, out, nullptr, rstd, a, b, weight, nullptr, N, C, eps, false);
   LLMPI_LAUNCH_CHECK("residual_rmsnorm_forward");
 }
 
@@ -271,8 +380,12 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
                      float eps) {
   if (N <= 0 || C <= 0) return;
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  rmsnorm_forward_kernel<<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(out, rstd, inp,
-                                                                               weight, N, C, eps);
+  if (vec4_rows(C, {out, inp, weight}))
+    rmsnorm_forward_kernel<4><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(out, rstd, inp,
+                                                                                  weight, N, C, eps);
+  else
+    rmsnorm_forward_kernel<1><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(out, rstd, inp,
+                                                                                  weight, N, C, eps);
   LLMPI_LAUNCH_CHECK("rmsnorm_forward");
 }
 
@@ -281,7 +394,10 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   if (N <= 0 || C <= 0) return;
   cudaStream_t s = compute_stream();
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  rmsnorm_dinp_kernel<<<blocks, 32 * kRowsPerBlock, 0, s>>>(dinp, dout, inp, weight, rstd, N, C);
+  if (vec4_rows(C, {dinp, dout, inp, weight}))
+    rmsnorm_dinp_kernel<4><<<blocks, 32 * kRowsPerBlock, 0, s>>>(dinp, dout, inp, weight, rstd, N, C);
+  else
+    rmsnorm_dinp_kernel<1><<<blocks, 32 * kRowsPerBlock, 0, s>>>(dinp, dout, inp, weight, rstd, N, C);
   LLMPI_LAUNCH_CHECK("rmsnorm_dinp");
   const int nchunks = (N + kChunkRows - 1) / kChunkRows;
   float* part = static_cast<float*>(

@@ -32,6 +32,7 @@
 #include "backend/cuda_ops.h"
 #include "backend/dropout_hash.h"
 #include "backend/ops.h"
+#include "cuda_test_util.h"
 #include "grad_check.h"
 #include "model/transformer.h"
 #include "model_test_util.h"
@@ -45,58 +46,6 @@ namespace {
 constexpr double kOpTol = 1e-5;
 constexpr double kModelTol = 1e-4;
 constexpr double kCurveTol = 1e-3;
-const float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// First statement of every GPU test.
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
-    std::string why_;                                                   \
-    if (!cuda_available(&why_)) GTEST_SKIP() << "no GPU: " << why_;     \
-    cuda_bind_device(0);                                                \
-  } while (0)
-
-const Ops& gpu() { return cuda_ops(); }
-const Ops& cpu() { return cpu_ops(); }
-
-// A device buffer of the CUDA backend, filled from / read back to host vectors.
-struct Dev {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Dev(size_t b) : p(gpu().alloc(b)), bytes(b) {}
-  template <typename T>
-  explicit Dev(const std::vector<T>& h) : Dev(h.size() * sizeof(T)) {
-    gpu().copy_to_device(p, h.data(), bytes);
-  }
-  ~Dev() { gpu().free(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  float* f() { return static_cast<float*>(p); }
-  int32_t* i() { return static_cast<int32_t*>(p); }
-  std::vector<float> get() const {
-    std::vector<float> h(bytes / sizeof(float));
-    gpu().copy_to_host(h.data(), p, bytes);
-    return h;
-  }
-};
-
-std::vector<float> nans(size_t n) { return std::vector<float>(n, kNaN); }
-
-// ‖a − ref‖/‖ref‖ for float vectors.
-double rel(const std::vector<float>& a, const std::vector<float>& ref) {
-  EXPECT_EQ(a.size(), ref.size());
-  return rel_err(a, to_double(ref));
-}
-// The parts an op added to buffers that started at `before`.
-std::vector<float> added(const std::vector<float>& after, const std::vector<float>& before) {
-  std::vector<float> d(after.size());
-  for (size_t k = 0; k < after.size(); k++) d[k] = after[k] - before[k];
-  return d;
-}
-bool all_finite(const std::vector<float>& v) {
-  for (float x : v)
-    if (!std::isfinite(x)) return false;
-  return true;
-}
 
 }  // namespace
 
@@ -534,6 +483,43 @@ std::vector<int32_t> make_mask(const AttnCase& c, uint32_t seed) {
   return m;
 }
 
+// The k and v columns of a [rows, (NH + 2 NKV) hs] qkv-shaped buffer: compared on their own so
+// that a small error in the group sums is not hidden by dq.
+std::vector<float> kv_columns(const std::vector<float>& qkv, int NH, int NKV, int hs) {
+  const size_t W = static_cast<size_t>(NH + 2 * NKV) * hs, rows = qkv.size() / W;
+  std::vector<float> kv;
+  for (size_t r = 0; r < rows; r++)
+    kv.insert(kv.end(), qkv.begin() + r * W + static_cast<size_t>(NH) * hs, qkv.begin() + (r + 1) * W);
+  return kv;
+}
+
+// The attention cases of both the full (CudaAttention) and the fused (CudaFlashAttention) ops.
+const std::vector<AttnCase> kAttnCases = {
+    // multi-head, causal (GPT-2)
+    AttnCase{"mha_tiny", 2, 5, 2, 2, 4, true, MaskKind::none, 0.0f},
+    AttnCase{"mha_one_position", 1, 1, 2, 2, 4, true, MaskKind::none, 0.0f},
+    AttnCase{"mha_T67", 2, 67, 4, 4, 12, true, MaskKind::none, 0.0f},
+    AttnCase{"mha_one_head_T130", 1, 130, 1, 1, 64, true, MaskKind::none, 0.0f},
+    // grouped K/V heads, causal (LLaMA): G <= NKV and G > NKV batch differently
+    AttnCase{"gqa_nkv2", 2, 67, 4, 2, 8, true, MaskKind::none, 0.0f},
+    AttnCase{"mqa_nkv1", 2, 67, 4, 1, 8, true, MaskKind::none, 0.0f},
+    AttnCase{"gqa_group4_nkv2", 2, 40, 8, 2, 16, true, MaskKind::none, 0.0f},
+    AttnCase{"gqa_group2_nkv3", 1, 33, 6, 3, 8, true, MaskKind::none, 0.0f},
+    // bidirectional with a padding mask (BERT), one sequence entirely padding
+    AttnCase{"bidir_pad_nkv2", 3, 33, 4, 2, 8, false, MaskKind::padding, 0.0f},
+    AttnCase{"bidir_pad_nkv1", 3, 33, 4, 1, 8, false, MaskKind::padding, 0.0f},
+    AttnCase{"bidir_pad_mha", 4, 70, 4, 4, 16, false, MaskKind::padding, 0.0f},
+    AttnCase{"bidir_nomask", 2, 33, 4, 2, 8, false, MaskKind::none, 0.0f},
+    // causal and a key mask together
+    AttnCase{"causal_holes_nkv2", 3, 33, 4, 2, 8, true, MaskKind::holes, 0.0f},
+    AttnCase{"causal_holes_nkv1", 2, 67, 4, 1, 12, true, MaskKind::holes, 0.0f},
+    // attention-probability dropout
+    AttnCase{"dropout_causal_gqa", 2, 33, 4, 2, 8, true, MaskKind::none, 0.1f},
+    AttnCase{"dropout_bidir_pad_mqa", 3, 33, 4, 1, 8, false, MaskKind::padding, 0.2f},
+    AttnCase{"dropout_causal_holes_group4", 3, 40, 8, 2, 8, true, MaskKind::holes, 0.3f},
+    AttnCase{"dropout_mha_T67", 2, 67, 4, 4, 12, true, MaskKind::none, 0.1f},
+};
+
 class CudaAttention : public ::testing::TestWithParam<AttnCase> {};
 
 }  // namespace
@@ -633,13 +619,8 @@ TEST_P(CudaAttention, MatchesCpuForwardAndBackward) {
   const auto gadd = added(gd, dqkv0), radd = added(rdqkv, dqkv0);
   EXPECT_LT(rel(gadd, radd), kOpTol) << "backward dqkv (all of q, k, v)";
   // the k and v parts alone (the group sums), so a small error there is not hidden by dq
-  std::vector<float> gkv, rkv;
-  for (size_t r = 0; r < static_cast<size_t>(B) * T; r++)
-    for (int col = NH * hs; col < W; col++) {
-      gkv.push_back(gadd[r * W + col]);
-      rkv.push_back(radd[r * W + col]);
-    }
-  EXPECT_LT(rel(gkv, rkv), kOpTol) << "backward dk, dv";
+  EXPECT_LT(rel(kv_columns(gadd, NH, NKV, hs), kv_columns(radd, NH, NKV, hs)), kOpTol)
+      << "backward dk, dv";
   // deterministic: the same call again gives the same bits
   Dev gdqkv2(dqkv0);
   gpu().attention_backward(gdqkv2.f(), gscratch.f(), gdout.f(), gqkv.f(), gatt.f(), dmask, B, T, NH,
@@ -648,31 +629,7 @@ TEST_P(CudaAttention, MatchesCpuForwardAndBackward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Cases, CudaAttention,
-    ::testing::Values(
-        // multi-head, causal (GPT-2)
-        AttnCase{"mha_tiny", 2, 5, 2, 2, 4, true, MaskKind::none, 0.0f},
-        AttnCase{"mha_one_position", 1, 1, 2, 2, 4, true, MaskKind::none, 0.0f},
-        AttnCase{"mha_T67", 2, 67, 4, 4, 12, true, MaskKind::none, 0.0f},
-        AttnCase{"mha_one_head_T130", 1, 130, 1, 1, 64, true, MaskKind::none, 0.0f},
-        // grouped K/V heads, causal (LLaMA): G <= NKV and G > NKV batch differently
-        AttnCase{"gqa_nkv2", 2, 67, 4, 2, 8, true, MaskKind::none, 0.0f},
-        AttnCase{"mqa_nkv1", 2, 67, 4, 1, 8, true, MaskKind::none, 0.0f},
-        AttnCase{"gqa_group4_nkv2", 2, 40, 8, 2, 16, true, MaskKind::none, 0.0f},
-        AttnCase{"gqa_group2_nkv3", 1, 33, 6, 3, 8, true, MaskKind::none, 0.0f},
-        // bidirectional with a padding mask (BERT), one sequence entirely padding
-        AttnCase{"bidir_pad_nkv2", 3, 33, 4, 2, 8, false, MaskKind::padding, 0.0f},
-        AttnCase{"bidir_pad_nkv1", 3, 33, 4, 1, 8, false, MaskKind::padding, 0.0f},
-        AttnCase{"bidir_pad_mha", 4, 70, 4, 4, 16, false, MaskKind::padding, 0.0f},
-        AttnCase{"bidir_nomask", 2, 33, 4, 2, 8, false, MaskKind::none, 0.0f},
-        // causal and a key mask together
-        AttnCase{"causal_holes_nkv2", 3, 33, 4, 2, 8, true, MaskKind::holes, 0.0f},
-        AttnCase{"causal_holes_nkv1", 2, 67, 4, 1, 12, true, MaskKind::holes, 0.0f},
-        // attention-probability dropout
-        AttnCase{"dropout_causal_gqa", 2, 33, 4, 2, 8, true, MaskKind::none, 0.1f},
-        AttnCase{"dropout_bidir_pad_mqa", 3, 33, 4, 1, 8, false, MaskKind::padding, 0.2f},
-        AttnCase{"dropout_causal_holes_group4", 3, 40, 8, 2, 8, true, MaskKind::holes, 0.3f},
-        AttnCase{"dropout_mha_T67", 2, 67, 4, 4, 12, true, MaskKind::none, 0.1f}),
+    Cases, CudaAttention, ::testing::ValuesIn(kAttnCases),
     [](const ::testing::TestParamInfo<AttnCase>& i) { return std::string(i.param.name); });
 
 // Fused attention (kernels/flash_attention.cu) against the CPU's fused ops (the oracle, which
@@ -681,6 +638,29 @@ INSTANTIATE_TEST_SUITE_P(
 // run. The same cases as CudaAttention, plus real shapes (T = 1024 and 1023, hs = 64) and a head
 // size that is not a kernel instance (hs = 40 runs in the 64 instance, zero-padded).
 class CudaFlashAttention : public ::testing::TestWithParam<AttnCase> {};
+
+namespace {
+
+// CudaAttention's cases, then head sizes of every kernel instance and one that is not, and real
+// shapes.
+std::vector<AttnCase> flash_attn_cases() {
+  std::vector<AttnCase> v = kAttnCases;
+  const std::vector<AttnCase> more = {
+      AttnCase{"hs32_gqa", 2, 100, 4, 2, 32, true, MaskKind::none, 0.1f},
+      AttnCase{"hs40_padded", 2, 70, 2, 2, 40, false, MaskKind::padding, 0.0f},
+      AttnCase{"hs128_bidir", 2, 90, 2, 1, 128, false, MaskKind::holes, 0.1f},
+      // real shapes: GPT-2 124M's head size and context, a full and an odd-length sequence
+      AttnCase{"real_T1024_hs64", 1, 1024, 12, 12, 64, true, MaskKind::none, 0.0f},
+      AttnCase{"real_T1023_hs64", 1, 1023, 4, 4, 64, true, MaskKind::none, 0.0f},
+      AttnCase{"real_T1024_hs64_gqa_dropout", 1, 1024, 8, 2, 64, true, MaskKind::none, 0.1f},
+      AttnCase{"real_T1023_hs64_bidir_pad", 2, 1023, 4, 4, 64, false, MaskKind::padding, 0.0f},
+  };
+  v.insert(v.end(), more.begin(), more.end());
+  return v;
+}
+const std::vector<AttnCase> kFlashAttnCases = flash_attn_cases();
+
+}  // namespace
 
 TEST_P(CudaFlashAttention, MatchesCpuFlashForwardAndBackward) {
   REQUIRE_GPU();
@@ -728,13 +708,8 @@ TEST_P(CudaFlashAttention, MatchesCpuFlashForwardAndBackward) {
   ASSERT_TRUE(all_finite(gd));
   const auto gadd = added(gd, dqkv0), radd = added(rdqkv, dqkv0);
   EXPECT_LT(rel(gadd, radd), kOpTol) << "backward dqkv";
-  std::vector<float> gkv, rkv;
-  for (size_t r = 0; r < static_cast<size_t>(B) * T; r++)
-    for (int col = NH * hs; col < W; col++) {
-      gkv.push_back(gadd[r * W + col]);
-      rkv.push_back(radd[r * W + col]);
-    }
-  EXPECT_LT(rel(gkv, rkv), kOpTol) << "backward dk, dv";
+  EXPECT_LT(rel(kv_columns(gadd, NH, NKV, hs), kv_columns(radd, NH, NKV, hs)), kOpTol)
+      << "backward dk, dv";
   // bitwise deterministic, forward and backward
   Dev gout2(nans(out_n)), glse2(nans(lse_n)), gdqkv2(dqkv0);
   gpu().flash_attention_forward(gout2.f(), glse2.f(), gqkv.f(), dmask, B, T, NH, NKV, hs,
@@ -746,33 +721,7 @@ TEST_P(CudaFlashAttention, MatchesCpuFlashForwardAndBackward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Cases, CudaFlashAttention,
-    ::testing::Values(
-        AttnCase{"mha_tiny", 2, 5, 2, 2, 4, true, MaskKind::none, 0.0f},
-        AttnCase{"mha_one_position", 1, 1, 2, 2, 4, true, MaskKind::none, 0.0f},
-        AttnCase{"mha_T67", 2, 67, 4, 4, 12, true, MaskKind::none, 0.0f},
-        AttnCase{"mha_one_head_T130", 1, 130, 1, 1, 64, true, MaskKind::none, 0.0f},
-        AttnCase{"gqa_nkv2", 2, 67, 4, 2, 8, true, MaskKind::none, 0.0f},
-        AttnCase{"mqa_nkv1", 2, 67, 4, 1, 8, true, MaskKind::none, 0.0f},
-        AttnCase{"gqa_group4_nkv2", 2, 40, 8, 2, 16, true, MaskKind::none, 0.0f},
-        AttnCase{"gqa_group2_nkv3", 1, 33, 6, 3, 8, true, MaskKind::none, 0.0f},
-        AttnCase{"bidir_pad_nkv2", 3, 33, 4, 2, 8, false, MaskKind::padding, 0.0f},
-        AttnCase{"bidir_pad_nkv1", 3, 33, 4, 1, 8, false, MaskKind::padding, 0.0f},
-        AttnCase{"bidir_pad_mha", 4, 70, 4, 4, 16, false, MaskKind::padding, 0.0f},
-        AttnCase{"bidir_nomask", 2, 33, 4, 2, 8, false, MaskKind::none, 0.0f},
-        AttnCase{"causal_holes_nkv2", 3, 33, 4, 2, 8, true, MaskKind::holes, 0.0f},
-        AttnCase{"causal_holes_nkv1", 2, 67, 4, 1, 12, true, MaskKind::holes, 0.0f},
-        AttnCase{"dropout_causal_gqa", 2, 33, 4, 2, 8, true, MaskKind::none, 0.1f},
-        AttnCase{"dropout_bidir_pad_mqa", 3, 33, 4, 1, 8, false, MaskKind::padding, 0.2f},
-        AttnCase{"dropout_causal_holes_group4", 3, 40, 8, 2, 8, true, MaskKind::holes, 0.3f},
-        AttnCase{"hs32_gqa", 2, 100, 4, 2, 32, true, MaskKind::none, 0.1f},
-        AttnCase{"hs40_padded", 2, 70, 2, 2, 40, false, MaskKind::padding, 0.0f},
-        AttnCase{"hs128_bidir", 2, 90, 2, 1, 128, false, MaskKind::holes, 0.1f},
-        // real shapes: GPT-2 124M's head size and context, a full and an odd-length sequence
-        AttnCase{"real_T1024_hs64", 1, 1024, 12, 12, 64, true, MaskKind::none, 0.0f},
-        AttnCase{"real_T1023_hs64", 1, 1023, 4, 4, 64, true, MaskKind::none, 0.0f},
-        AttnCase{"real_T1024_hs64_gqa_dropout", 1, 1024, 8, 2, 64, true, MaskKind::none, 0.1f},
-        AttnCase{"real_T1023_hs64_bidir_pad", 2, 1023, 4, 4, 64, false, MaskKind::padding, 0.0f}),
+    Cases, CudaFlashAttention, ::testing::ValuesIn(kFlashAttnCases),
     [](const ::testing::TestParamInfo<AttnCase>& i) { return std::string(i.param.name); });
 
 TEST(CudaOps, FlashAttentionRejectsBadArguments) {

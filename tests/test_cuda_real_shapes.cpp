@@ -39,6 +39,7 @@
 #include "backend/nccl_sync.h"
 #include "backend/ops.h"
 #include "comm/grad_sync.h"
+#include "cuda_test_util.h"
 #include "grad_check.h"
 #include "model/transformer.h"
 #include "model_test_util.h"
@@ -50,86 +51,8 @@ using namespace llmpi::test;
 namespace {
 
 constexpr double kOpTol = 1e-5;
-const float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr int kVocab = 50257;                  // GPT-2's vocabulary
 constexpr size_t kGpt2Params = 124439808;      // GPT-2 124M's parameter count (wpe 1024 x 768)
-
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
-    std::string why_;                                                   \
-    if (!cuda_available(&why_)) GTEST_SKIP() << "no GPU: " << why_;     \
-    cuda_bind_device(0);                                                \
-  } while (0)
-
-// After REQUIRE_GPU: skips when the card has less than `bytes` free (a smaller card than the
-// H100/H200 these tests are sized for).
-#define REQUIRE_GPU_MEMORY(bytes)                                                              \
-  do {                                                                                         \
-    size_t free_ = 0, total_ = 0;                                                              \
-    cuda_mem_info(&free_, &total_);                                                            \
-    if (free_ < (bytes))                                                                       \
-      GTEST_SKIP() << "not enough GPU memory: needs " << (bytes) / 1e9 << " GB, " << free_ / 1e9 \
-                   << " GB free";                                                              \
-  } while (0)
-
-const Ops& gpu() { return cuda_ops(); }
-const Ops& cpu() { return cpu_ops(); }
-
-// A device buffer of the CUDA backend, filled from / read back to host vectors.
-struct Dev {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit Dev(size_t b) : p(gpu().alloc(b)), bytes(b) {}
-  template <typename T>
-  explicit Dev(const std::vector<T>& h) : Dev(h.size() * sizeof(T)) {
-    gpu().copy_to_device(p, h.data(), bytes);
-  }
-  ~Dev() { gpu().free(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  float* f() { return static_cast<float*>(p); }
-  int32_t* i() { return static_cast<int32_t*>(p); }
-  std::vector<float> get() const {
-    std::vector<float> h(bytes / sizeof(float));
-    gpu().copy_to_host(h.data(), p, bytes);
-    return h;
-  }
-};
-
-std::vector<float> nans(size_t n) { return std::vector<float>(n, kNaN); }
-
-double rel(const std::vector<float>& a, const std::vector<float>& ref) {
-  EXPECT_EQ(a.size(), ref.size());
-  return rel_err(a, to_double(ref));
-}
-std::vector<float> added(const std::vector<float>& after, const std::vector<float>& before) {
-  std::vector<float> d(after.size());
-  for (size_t k = 0; k < after.size(); k++) d[k] = after[k] - before[k];
-  return d;
-}
-bool all_finite(const std::vector<float>& v) {
-  for (float x : v)
-    if (!std::isfinite(x)) return false;
-  return true;
-}
-
-// "" when a and b hold the same bits, else where and how many elements differ (EXPECT_EQ on
-// vectors of millions of floats would print them all).
-std::string bit_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size())
-    return "sizes differ: " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
-  size_t first = a.size(), count = 0;
-  for (size_t i = 0; i < a.size(); i++)
-    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-      if (count++ == 0) first = i;
-    }
-  if (count == 0) return "";
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "%zu of %zu elements differ, the first at %zu: %.9g vs %.9g", count,
-                a.size(), first, a[first], b[first]);
-  return buf;
-}
-#define EXPECT_SAME_BITS(a, b) EXPECT_EQ(bit_difference((a), (b)), "")
 
 // Uniform floats in [lo, hi) as a pure function of (seed, index): splitmix64 of both. Parallel and
 // fast (random_floats' mt19937 takes seconds for the hundreds of millions of values used here),

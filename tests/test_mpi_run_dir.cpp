@@ -203,3 +203,36 @@ TEST(MpiRunDir, CheckpointStoresTheResolvedConfig) {
     EXPECT_EQ(stored["model"]["max_seq_len"], 32);
   }
 }
+
+// --resume auto decides on each rank; ranks that see different checkpoints (here: rank 1's run
+// directory lacks the newest one, as a node with a stale view of a shared file system would) are
+// refused on every rank with one message naming both choices, instead of training on from two
+// states. The same directories with the same files resume.
+TEST(MpiRunDir, ResumeAutoRefusesRanksThatSeeDifferentCheckpoints) {
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  const std::string tr = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 35);
+  MPI_Comm one;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &one);
+  if (world_rank() == 0) {
+    TrainOptions first = opts();
+    first.preempt_after_step = 5;  // checkpoints after steps 2, 4 and the pre-emption's 6
+    EXPECT_TRUE(train(run_config(tr, dir + "/run0"), one, first).preempted);
+    MPI_Comm_free(&one);
+    fs::copy(dir + "/run0", dir + "/same", fs::copy_options::recursive);
+    fs::copy(dir + "/run0", dir + "/stale", fs::copy_options::recursive);
+    const std::vector<std::string> ckpts = checkpoints_newest_first(dir + "/stale/checkpoints");
+    ASSERT_GE(ckpts.size(), 2u);
+    fs::remove(ckpts.front());  // the newest one is missing on the "stale" node
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // The run directory is one path on every rank in real use; here each rank is pointed at its own
+  // copy so that the two can differ.
+  const std::string mine = world_rank() == 0 ? "/run0" : "/stale";
+  const std::string err = error_of(run_config(tr, dir + mine), opts("auto"));
+  EXPECT_NE(err.find("the ranks see different checkpoints"), std::string::npos) << err;
+  EXPECT_NE(err.find("but rank 0 from 'step-"), std::string::npos) << err;
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string agreeing = world_rank() == 0 ? "/run0" : "/same";
+  TrainResult r = train(run_config(tr, dir + agreeing), MPI_COMM_WORLD, opts("auto"));
+  EXPECT_EQ(r.start_step, 6);
+}

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -212,8 +213,9 @@ void resume_from(Run& r, const std::string& path) {
 
 // --resume auto: the newest checkpoint that verifies. Damaged ones (unreadable, truncated, a
 // checksum mismatch) are skipped with a warning saying why; any other refusal (another model,
-// a changed contract) stops. Every rank takes the same decision without talking to the others:
-// all read the same row (or, for per-rank rows, verify every row).
+// a changed contract) stops. Every rank takes the decision on its own: all read the same row (or,
+// for per-rank rows, verify every row), so on a consistent file system they agree; whether they
+// did is checked after set-up (check_same_checkpoint).
 void resume_auto(Run& r) {
   std::string skipped;
   for (const std::string& path : checkpoints_newest_first(r.ckpt_dir)) {
@@ -231,6 +233,25 @@ void resume_auto(Run& r) {
   if (!skipped.empty())
     fail("no checkpoint in '", r.ckpt_dir, "' can be resumed, every one is damaged (", skipped,
          "); start a new run.dir, or move the damaged files away to start this one afresh");
+}
+
+// After --resume auto: every rank must have resumed from the checkpoint rank 0 chose. A file
+// system that shows the ranks different files (a node's stale cache, a copy still in progress, a
+// checkpoint damaged for some readers only) would otherwise start them from different states and
+// train on silently. Returns the error ("" when they agree); collective over r.comm.
+std::string check_same_checkpoint(const Run& r) {
+  // The checkpoint's file name (the folder is run.dir's, the same on every rank), "" for none.
+  const std::string mine = r.resumed_from.empty() ? "" : std::filesystem::path(r.resumed_from).filename().string();
+  std::string first = mine;
+  int len = static_cast<int>(first.size());
+  MPI_Bcast(&len, 1, MPI_INT, 0, r.comm);
+  first.resize(static_cast<size_t>(len));
+  MPI_Bcast(first.data(), len, MPI_CHAR, 0, r.comm);
+  if (first == mine) return "";
+  auto name = [](const std::string& f) { return f.empty() ? std::string("none (a fresh start)") : "'" + f + "'"; };
+  return "--resume auto: this rank resumed from " + name(mine) + " but rank 0 from " + name(first) +
+         ": the ranks see different checkpoints in '" + r.ckpt_dir +
+         "'; wait until every node sees the same files (or name one with --resume PATH) and start again";
 }
 
 // Write a checkpoint of the state after `steps_done` steps. Collective: with sync "weights" every
@@ -684,6 +705,10 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
   }
   err = agree_on_error(comm, err);
   if (!err.empty()) throw CollectiveError(err);
+  if (o.resume == "auto") {
+    err = agree_on_error(comm, check_same_checkpoint(r));
+    if (!err.empty()) throw CollectiveError(err);
+  }
   // Collective set-up that must wait until every rank got this far (the NCCL communicator).
   try {
     if (r.pipe)

@@ -3,15 +3,8 @@
 # line), RTE from the shared GLUE data with all-MiniLM-L6-v2's tokenizer (`make pretrained`), and a
 # short 2-rank fine-tune of the pretrained model on the result that reports accuracy. Parts that
 # need the shared data or the pretrained model skip with a message when they are absent.
-set -u
-BUILD=${BUILD:-build}
-B=$(realpath "$BUILD")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-status=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1  ($2)"; status=1; fi; }
-skip() { echo "skip $1"; }
-DATA=${LLMPI_SHARED_DATA:-../shared/data}
 TOK=tests/fixtures/hf_tokenizers/wordpiece_small/tokenizer.json
 MINILM=pretrained/all-MiniLM-L6-v2
 

@@ -4,15 +4,10 @@
 # end-of-text id, inspect decodes them back to the text, --allow-special decides whether a
 # literal </s> is the special token; wordpiece:vocab.txt (when ../shared/data has BERT's) with
 # --lowercase; bad tokenizer arguments are one clear error with exit 1.
-set -u
-BUILD=${BUILD:-build}
-B=$(realpath "$BUILD")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 PREP="$B/llmpi-prep"
 FX=tests/fixtures/hf_tokenizers
-DATA=${LLMPI_SHARED_DATA:-../shared/data}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-status=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1  ($2)"; status=1; fi; }
 
 expect_error() {
   local name=$1 needle=$2; shift 2

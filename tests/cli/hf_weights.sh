@@ -2,13 +2,8 @@
 # Hugging Face weights through the real programs: llmpi-train --init-from a fixture model
 # (tests/fixtures/hf/*, tiny models saved by transformers) on 2 ranks, llmpi-export of the run's
 # checkpoint, and the errors of both.
-set -u
-BUILD=${BUILD:-build}
-B=$(realpath "$BUILD")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-status=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1  ($2)"; status=1; fi; }
 FX=tests/fixtures/hf
 
 "$B/llmpi-demo-corpus" --out "$tmp/a.txt" --seed 3 --megabytes 0.1 >/dev/null

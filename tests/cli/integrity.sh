@@ -10,19 +10,13 @@
 #   disk full while checkpointing (a small tmpfs)       -> one clear error, non-zero exit on every
 #                                                          rank, no crash in HDF5's shutdown
 # Parts that need something absent here (GPT-2 files, strace, root for tmpfs) skip with a message.
-set -u
-BUILD=${BUILD:-build}
-B=$(realpath "$BUILD")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 TRAIN="$B/llmpi-train"
 PREP="$B/llmpi-prep"
 tmp=$(mktemp -d)
 mnt="$tmp/mnt"
 cleanup() { [ -n "${KEEP_TMP:-}" ] && return; mountpoint -q "$mnt" 2>/dev/null && umount "$mnt"; rm -rf "$tmp"; }
 trap cleanup EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-status=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1  ($2)"; status=1; return 1; fi; }
-skip() { echo "skip $1"; }
 
 "$B/llmpi-demo-corpus" --out "$tmp/c.txt" --seed 3 --megabytes 0.3 >/dev/null
 "$B/llmpi-demo-corpus" --out "$tmp/c2.txt" --seed 4 --megabytes 0.3 >/dev/null

@@ -2,13 +2,8 @@
 # llmpi-plan through the real program: a plan of the committed configurations (no data file needed),
 # the JSON it writes, a profile written and read back, and its errors (exit 2, one message naming
 # the fix). Serial, a few seconds.
-set -u
-BUILD=${BUILD:-build}
-B=$(realpath "$BUILD")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-status=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1  ($2)"; status=1; fi; }
 LINKS=tests/fixtures/plan/links.json
 
 "$B/llmpi-plan" --config data/plan/llama-7b.json --world 512 --pp 8 --microbatches 16 --zero 1 --device h100 \

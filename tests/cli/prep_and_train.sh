@@ -1,13 +1,8 @@
 #!/usr/bin/env bash
 # End to end through the real programs: demo corpus -> llmpi-prep (text and JSONL) -> inspect ->
 # mpiexec -n 2 llmpi-train for a few steps; and llmpi-prep's errors leave no output behind.
-set -u
-BUILD=${BUILD:-build}
-B=$(realpath "$BUILD")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-status=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1  ($2)"; status=1; fi; }
 
 # Demo corpus: deterministic by seed.
 "$B/llmpi-demo-corpus" --out "$tmp/a.txt" --seed 7 --megabytes 0.3 >/dev/null

@@ -5,16 +5,11 @@
 #   a rank that stops answering    -> runtime.step_timeout_s aborts the job, naming the phase
 #   disk full while checkpointing  -> clear error, non-zero exit, the previous checkpoint survives
 #   bad input: unwritable run dir, nccl without a GPU, --dry-run on good and bad setups
-set -u
-BUILD=${BUILD:-build}
-B=$(realpath "$BUILD")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 TRAIN="$B/llmpi-train"
 tmp=$(mktemp -d)
 cleanup() { pkill -KILL -f "^$TRAIN .*$tmp" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-status=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1  ($2)"; status=1; return 1; fi; }
 
 "$B/llmpi-demo-corpus" --out "$tmp/c.txt" --seed 3 --megabytes 0.3 >/dev/null
 "$B/llmpi-prep" --tokenizer byte --input "$tmp/c.txt" --out "$tmp/d" >/dev/null 2>&1

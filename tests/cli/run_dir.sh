@@ -8,17 +8,12 @@
 #   a model or batch too big        -> one message with the estimate (and the largest batch that
 #                                      fits), also under --dry-run; with the check off, the
 #                                      std::bad_alloc is a clean collective error, not an abort
-set -u
-BUILD=${BUILD:-build}
-B=$(realpath "$BUILD")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 TRAIN="$B/llmpi-train"
 tmp=$(mktemp -d)
 holder=
 cleanup() { [ -n "$holder" ] && kill "$holder" 2>/dev/null; pkill -KILL -f "^$TRAIN .*$tmp" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-status=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1  ($2)"; status=1; return 1; fi; }
 wait_for() { local i; for ((i = 0; i < $2 * 10; i++)); do eval "$1" && return 0; sleep 0.1; done; return 1; }
 lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
 # every line of a JSON Lines file is one object {...} (interleaved writes break this)

@@ -3,14 +3,9 @@
 # trained for a few steps, then sampled from its checkpoint (file, checkpoints dir, DIR/latest,
 # run dir); greedy = top-k 1 = no KV cache; a seed reproduces; the Hugging Face fixture models
 # give transformers' greedy tokens; bad input is one clear error with exit 1.
-set -u
-BUILD=${BUILD:-build}
-B=$(realpath "$BUILD")
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 SAMPLE="$B/llmpi-sample"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-status=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1  ($2)"; status=1; fi; }
 
 # expect_error NAME NEEDLE ARGS... : exit 1 and NEEDLE on the one error line of stderr.
 expect_error() {

@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
 # llmpi-train on bad input, under mpiexec -n 2: one clear message (printed once), non-zero exit;
 # --help tells the truth and exits 0.
-set -u
-BUILD=${BUILD:-build}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 TRAIN=$(realpath "$BUILD/llmpi-train")
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-status=0
 
 # expect_error NAME NEEDLE ARGS... : run, require exit != 0 and NEEDLE exactly once in stderr.
 expect_error() {
