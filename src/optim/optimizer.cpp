@@ -117,25 +117,8 @@ void sum_squares_of_pieces_add(const Ops& ops, double* acc, const float* grads, 
   }
 }
 
-double clip_grad_norm_sharded(const Ops& ops, float* grads, const std::vector<ShardPiece>& pieces, size_t limit,
-                              MPI_Comm comm, double max_norm) {
-  double local = sum_squares_of_pieces(ops, grads, pieces, limit), total = 0;
-  MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, comm);
-  const double norm = std::sqrt(total);
-  if (max_norm > 0 && norm > max_norm && std::isfinite(norm))
-    for (const ShardPiece& p : pieces)
-      if (p.begin < p.end) ops.scale(grads + p.begin, (float)(max_norm / norm), p.end - p.begin);
-  return norm;
-}
-
 float clip_factor(double norm, double max_norm) {
   return max_norm > 0 && norm > max_norm && std::isfinite(norm) ? (float)(max_norm / norm) : 1.0f;
-}
-
-double clip_grad_norm(const Ops& ops, float* grads, size_t n, double max_norm) {
-  double norm = std::sqrt(ops.sum_squares(grads, n));
-  if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) ops.scale(grads, (float)(max_norm / norm), n);
-  return norm;
 }
 
 }  // namespace llmpi

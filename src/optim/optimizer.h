@@ -66,17 +66,10 @@ std::vector<UpdateSegment> update_segments(const ParamTable& table, size_t lo, s
 double lr_at(const TrainConfig& tc, int64_t s);
 
 // The factor global-norm clipping scales the gradients by: max_norm/norm (as a float) when
-// max_norm > 0 and the norm is finite and above it, else 1.
+// max_norm > 0 and the norm is finite and above it, else 1. Global-norm clipping is the norm of
+// the gradient (the trainer: sum_squares_add into the step's scalars, one readback; ZeRO-1 sums
+// the pieces' squares over the group) and this factor folded into Optimizer::step.
 float clip_factor(double norm, double max_norm);
-// Global L2 norm of grads (n floats); when max_norm > 0 and the norm exceeds it, grads are scaled
-// by max_norm/norm. Returns the norm before clipping. (The trainer's step instead sums the squares
-// into the step's scalars and folds clip_factor into the optimizer: trainer.cpp.)
-double clip_grad_norm(const Ops& ops, float* grads, size_t n, double max_norm);
-// The same when each rank of `comm` holds the final gradient only in its `pieces` (ZeRO-1): the
-// squares of the pieces below `limit` (floats past it are not counted: a tied copy), summed over
-// comm; only the pieces are scaled. Collective over comm.
-double clip_grad_norm_sharded(const Ops& ops, float* grads, const std::vector<ShardPiece>& pieces, size_t limit,
-                              MPI_Comm comm, double max_norm);
 // The squares of grads in `pieces` below `limit` (one rank's part of a sharded norm).
 double sum_squares_of_pieces(const Ops& ops, const float* grads, const std::vector<ShardPiece>& pieces, size_t limit);
 // The same added to *acc in backend memory, piece by piece in the same order (the same double
