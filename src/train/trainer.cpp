@@ -861,7 +861,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
       wd.enter("optimizer", step);
       grad_norm = r.pipe->clip_grad_norm(tc.grad_clip);  // over every stage
     } else {
-      // No host wait inside the step on a GPU (docs/DESIGN.md "The training step"): the ops are
+      // No host wait inside the step on a GPU (docs/GPU.md "A step without host synchronisation"): the ops are
       // queued, the phases timed by stream marks, and the host reads the loss sum, the gradient's
       // sum of squares and the bad-target flag once, after the gradient sync; the clip factor is
       // folded into the optimizer.
