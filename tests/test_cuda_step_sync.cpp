@@ -55,7 +55,9 @@ TEST(CudaStepSync, SoftmaxXentRecordMatchesCpu) {
       gpu().softmax_xent_record(gz.f(), gl.f(), gy.i(), N, V, gs, static_cast<uint64_t*>(gbad.p), row0);
       EXPECT_EQ(cuda_host_waits(), waits) << "softmax_xent_record must not wait";
       EXPECT_EQ(get_one<uint64_t>(gbad.p), rbad) << "the same first bad row and target";
-      if (with_bad) EXPECT_EQ(bad_target_row(rbad), row0 + 20);
+      if (with_bad) {
+        EXPECT_EQ(bad_target_row(rbad), row0 + 20);
+      }
       auto l = gl.get(), zz = gz.get();
       for (int n = 0; n < N; n++) {
         if (y[n] < 0 || y[n] >= V) {

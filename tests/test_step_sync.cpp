@@ -129,7 +129,9 @@ TEST(StepSync, UpdateSegmentsTileTheRangeByDecayRuns) {
       EXPECT_GT(s.n, 0u);
       EXPECT_LE(s.n, kUpdateSegmentMax);
       for (const ParamSlice& sl : t.slices)  // every element has its slice's decay flag
-        if (sl.offset < s.offset + s.n && s.offset < sl.offset + sl.numel) EXPECT_EQ(s.decay != 0, sl.decay) << sl.name;
+        if (sl.offset < s.offset + s.n && s.offset < sl.offset + sl.numel) {
+          EXPECT_EQ(s.decay != 0, sl.decay) << sl.name;
+        }
       at += s.n;
     }
     EXPECT_EQ(at, hi) << "segments cover [" << lo << ", " << hi << ")";
