@@ -10,13 +10,16 @@
 // on a GPU (fused: kernels/flash_attention.cu, or with --precision bf16 the tensor-core kernels
 // of kernels/flash_attention_bf16.cu; full stores the B x NH x T x T probabilities per layer).
 // The report names the attention kernel that ran ("attention_kernel": flash-bf16-wmma,
-// flash-fp32 or full-cublas-fp32). A step is what the trainer does on one rank: zero grads, forward (fused softmax +
-// cross-entropy), backward, global-norm clip at 1.0 (sum_squares + scale), AdamW on every
-// parameter (weight decay on the 2-D tensors only).
+// flash-fp32 or full-cublas-fp32). A step is what the trainer does on one rank: zero grads,
+// forward (fused softmax + cross-entropy), backward, global-norm clip at 1.0 and AdamW on every
+// parameter (weight decay on the 2-D tensors only) — the trainer's step: the loss and the
+// gradient's sum of squares read back once, the clip factor folded into the multi-tensor AdamW
+// (optim/optimizer.h).
 //
 // Reports (table on stdout, the same numbers as JSON with --json):
-//   tokens/s and ms per step (median over the timed steps; forward / backward / optimizer parts,
-//   each ended by a device synchronisation),
+//   tokens/s and ms per step (median over the timed steps, each ended by a device
+//   synchronisation; forward / backward from stream marks (cuda_mark), optimizer the rest: the
+//   norm, the readback and AdamW),
 //   achieved FLOP/s = tokens/s × training FLOPs per token (6 N + 12 L T C: flops_per_token),
 //   MFU three ways: against the card's published dense bf16 peak (H100 SXM 989 TFLOP/s: the
 //   figure llm.c and the issue quote, whatever --precision is), against the published dense peak
@@ -44,6 +47,7 @@
 
 #include "backend/cuda_ops.h"
 #include "model/transformer.h"
+#include "optim/optimizer.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
 
@@ -210,8 +214,9 @@ int run(const Options& o) {
     model.init_params(1234);
     Activations acts(model, B, T);
     const size_t n = model.table.numel;
-    float* m = static_cast<float*>(ops.alloc(n * sizeof(float)));
-    float* v = static_cast<float*>(ops.alloc(n * sizeof(float)));
+    Optimizer opt(ops, n, "adamw");  // the trainer's multi-tensor AdamW, the clip factor folded in
+    TrainConfig tc;
+    tc.beta1 = 0.9, tc.beta2 = 0.95, tc.eps = 1e-8, tc.weight_decay = 0.1;
 
     // Random tokens (a fixed batch: data loading is not what this measures).
     std::vector<int32_t> in(N), tg(N);
@@ -231,34 +236,36 @@ int run(const Options& o) {
       if (free0 > f) peak_used = std::max(peak_used, free0 - f);
     };
     for (int s = 1; s <= o.warmup + o.steps; s++) {
+      // The trainer's step (train/trainer.cpp): no host wait between the batch upload and the one
+      // readback; the phases timed by stream marks, one wait at the step's end.
       const double t0 = now_ms();
+      cuda_mark(0);
       model.zero_grads();
       Batch batch;
       batch.B = B;
       batch.T = T;
       batch.tokens = in.data();
       batch.targets = tg.data();
-      loss = model.forward(acts, batch, true);  // ends with a device->host copy
-      const double t1 = now_ms();
+      model.forward_queued(acts, batch, true);
+      cuda_mark(1);
       sample_memory();
       model.backward(acts);
-      cuda_synchronize();
-      const double t2 = now_ms();
+      cuda_mark(2);
       sample_memory();
-      const double norm = std::sqrt(ops.sum_squares(model.grads, n));
-      if (norm > 1.0) ops.scale(model.grads, static_cast<float>(1.0 / norm), n);
-      for (const ParamSlice& sl : model.table.slices)
-        ops.adamw_update(model.params + sl.offset, model.grads + sl.offset, m + sl.offset,
-                         v + sl.offset, sl.numel, 6e-4f, 0.9f, 0.95f, 1e-8f,
-                         sl.decay ? 0.1f : 0.0f, s);
+      ops.zero(&acts.scalars->grad_sumsq, sizeof(double));
+      ops.sum_squares_add(&acts.scalars->grad_sumsq, model.grads, n);
+      const StepScalars sc = model.read_scalars(acts);  // loss, gradient norm: the one readback
+      loss = model.loss_of(sc, acts);
+      opt.step(model.params, model.grads, model.table, 6e-4, tc, clip_factor(std::sqrt(sc.grad_sumsq), 1.0));
       cuda_synchronize();
       const double t3 = now_ms();
       sample_memory();
       if (s > o.warmup) {
+        const double f = cuda_marks_ms(0, 1), b = cuda_marks_ms(1, 2);
         step_ms.push_back(t3 - t0);
-        fwd_ms.push_back(t1 - t0);
-        bwd_ms.push_back(t2 - t1);
-        opt_ms.push_back(t3 - t2);
+        fwd_ms.push_back(f);
+        bwd_ms.push_back(b);
+        opt_ms.push_back(t3 - t0 - f - b);
       }
     }
 
@@ -348,8 +355,6 @@ int run(const Options& o) {
       }
       std::printf("\nwrote %s\n", o.json.c_str());
     }
-    ops.free(m);
-    ops.free(v);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", kProg, e.what());
     return 1;

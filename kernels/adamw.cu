@@ -1,4 +1,5 @@
-// AdamW, SGD and the gradient utilities (global-norm clipping uses sum_squares + scale).
+// AdamW, SGD and the gradient utilities (global-norm clipping: sum_squares + scale, or within a
+// step without host waits sum_squares_add + the clip factor folded into the segment updates).
 //
 //   adamw  (t >= 1; bias corrections c1 = 1/(1-b1^t), c2 = 1/(1-b2^t) computed once in double)
 //          m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g²
@@ -11,6 +12,13 @@
 //                  part[block] = that sum;
 //          pass 2: one block sums the parts with the same fixed tree.
 //          Same n and same data => the same bits, run after run.
+//          sum_squares waits and returns the double; sum_squares_add adds it to a double in device
+//          memory (pass 2's one thread does *acc += s) and returns at once. sum_to_double is the
+//          same two passes over x instead of x².
+//   adamw/sgd_update_segments  one launch for a whole table of segments (backend/step_scalars.h):
+//          block k updates segment k (n <= 65536 elements) in a block-stride loop, reading each
+//          gradient as __fmul_rn(g, grad_scale) — a rounded product never fused into an FMA, i.e.
+//          the value scale() would have stored.
 #include <cmath>
 
 #include "cuda_common.cuh"
@@ -51,25 +59,74 @@ __global__ void scale_kernel(float* __restrict__ x, float s, size_t n) {
     x[i] *= s;
 }
 
-__global__ void sum_squares_partial_kernel(double* __restrict__ part, const float* __restrict__ x,
-                                           size_t n) {
+template <bool kSquare>
+__global__ void sum_partial_kernel(double* __restrict__ part, const float* __restrict__ x,
+                                   size_t n) {
   __shared__ double sh[32];
   double s = 0.0;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const double xi = x[i];
-    s += xi * xi;
+    s += kSquare ? xi * xi : xi;
   }
   s = block_sum(s, sh);
   if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
+// *out = Σ parts (accumulate: *out += Σ parts)
 __global__ void sum_parts_kernel(double* __restrict__ out, const double* __restrict__ part,
-                                 int nparts) {
+                                 int nparts, bool accumulate) {
   __shared__ double sh[32];
   double s = static_cast<int>(threadIdx.x) < nparts ? part[threadIdx.x] : 0.0;
   s = block_sum(s, sh);
-  if (threadIdx.x == 0) *out = s;
+  if (threadIdx.x == 0) *out = accumulate ? *out + s : s;
+}
+
+__global__ void adamw_segments_kernel(float* __restrict__ params, const float* __restrict__ grads,
+                                      float* __restrict__ m, float* __restrict__ v,
+                                      const UpdateSegment* __restrict__ segs, float grad_scale,
+                                      float lr, float beta1, float beta2, float eps, float wd,
+                                      float c1, float c2) {
+  const UpdateSegment sg = segs[blockIdx.x];
+  float* p = params + sg.offset;
+  const float* gr = grads + sg.offset;
+  float* mk = m + sg.state_offset;
+  float* vk = v + sg.state_offset;
+  const float wdk = sg.decay ? wd : 0.0f;
+  const float a1 = 1.0f - beta1, a2 = 1.0f - beta2;
+  for (unsigned i = threadIdx.x; i < sg.n; i += blockDim.x) {
+    const float g = __fmul_rn(gr[i], grad_scale);
+    const float mi = beta1 * mk[i] + a1 * g;
+    const float vi = beta2 * vk[i] + a2 * g * g;
+    mk[i] = mi;
+    vk[i] = vi;
+    const float pi = p[i];
+    p[i] = pi - lr * ((mi * c1) / (sqrtf(vi * c2) + eps) + wdk * pi);
+  }
+}
+
+__global__ void sgd_segments_kernel(float* __restrict__ params, const float* __restrict__ grads,
+                                    const UpdateSegment* __restrict__ segs, float grad_scale,
+                                    float lr, float wd) {
+  const UpdateSegment sg = segs[blockIdx.x];
+  float* p = params + sg.offset;
+  const float* gr = grads + sg.offset;
+  const float wdk = sg.decay ? wd : 0.0f;
+  for (unsigned i = threadIdx.x; i < sg.n; i += blockDim.x)
+    p[i] -= lr * (__fmul_rn(gr[i], grad_scale) + wdk * p[i]);
+}
+
+// The two passes of sum_squares / sum_to_double into *out (accumulate: *out += the sum).
+template <bool kSquare>
+void sum_two_pass(double* out, const float* x, size_t n, bool accumulate) {
+  cudaStream_t s = compute_stream();
+  size_t blocks = (n + kThreads - 1) / kThreads;
+  if (blocks > kMaxSumBlocks) blocks = kMaxSumBlocks;
+  double* part = static_cast<double*>(workspace(kWsReduce, (kMaxSumBlocks + 1) * sizeof(double)));
+  sum_partial_kernel<kSquare><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(part, x, n);
+  LLMPI_LAUNCH_CHECK(kSquare ? "sum_squares_partial" : "sum_partial");
+  sum_parts_kernel<<<1, kMaxSumBlocks, 0, s>>>(out, part, static_cast<int>(blocks), accumulate);
+  LLMPI_LAUNCH_CHECK("sum_parts");
 }
 
 inline unsigned elementwise_grid(size_t n) {
@@ -104,20 +161,46 @@ void scale(float* x, float s, size_t n) {
 }
 
 double sum_squares(const float* x, size_t n) {
+  count_readback();
   if (n == 0) return 0.0;
-  cudaStream_t s = compute_stream();
-  size_t blocks = (n + kThreads - 1) / kThreads;
-  if (blocks > kMaxSumBlocks) blocks = kMaxSumBlocks;
-  double* part = static_cast<double*>(workspace(kWsReduce, (kMaxSumBlocks + 1) * sizeof(double)));
-  double* out = part + kMaxSumBlocks;
-  sum_squares_partial_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(part, x, n);
-  LLMPI_LAUNCH_CHECK("sum_squares_partial");
-  sum_parts_kernel<<<1, kMaxSumBlocks, 0, s>>>(out, part, static_cast<int>(blocks));
-  LLMPI_LAUNCH_CHECK("sum_parts");
+  double* out = static_cast<double*>(workspace(kWsReduce, (kMaxSumBlocks + 1) * sizeof(double))) +
+                kMaxSumBlocks;
+  sum_two_pass<true>(out, x, n, false);
   double r = 0.0;
-  LLMPI_CUDA_CHECK(cudaMemcpyAsync(&r, out, sizeof(double), cudaMemcpyDeviceToHost, s));
-  LLMPI_CUDA_CHECK(cudaStreamSynchronize(s));
+  LLMPI_CUDA_CHECK(cudaMemcpyAsync(&r, out, sizeof(double), cudaMemcpyDeviceToHost, compute_stream()));
+  wait_for_stream();
   return r;
+}
+
+void sum_squares_add(double* acc, const float* x, size_t n) {
+  if (n > 0) sum_two_pass<true>(acc, x, n, true);  // n == 0 adds 0: acc unchanged
+}
+
+void sum_to_double(double* out, const float* x, size_t n) {
+  if (n == 0) {
+    LLMPI_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), compute_stream()));  // +0.0
+    return;
+  }
+  sum_two_pass<false>(out, x, n, false);
+}
+
+void adamw_update_segments(float* params, const float* grads, float* m, float* v,
+                           const UpdateSegment* segs, int nsegs, float grad_scale, float lr,
+                           float beta1, float beta2, float eps, float weight_decay, int t) {
+  if (nsegs <= 0) return;
+  const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), t)));
+  const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), t)));
+  adamw_segments_kernel<<<static_cast<unsigned>(nsegs), kThreads, 0, compute_stream()>>>(
+      params, grads, m, v, segs, grad_scale, lr, beta1, beta2, eps, weight_decay, c1, c2);
+  LLMPI_LAUNCH_CHECK("adamw_segments");
+}
+
+void sgd_update_segments(float* params, const float* grads, const UpdateSegment* segs, int nsegs,
+                         float grad_scale, float lr, float weight_decay) {
+  if (nsegs <= 0) return;
+  sgd_segments_kernel<<<static_cast<unsigned>(nsegs), kThreads, 0, compute_stream()>>>(
+      params, grads, segs, grad_scale, lr, weight_decay);
+  LLMPI_LAUNCH_CHECK("sgd_segments");
 }
 
 }  // namespace llmpi::cuda

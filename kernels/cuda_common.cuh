@@ -62,6 +62,13 @@ enum WorkspaceSlot {
 };
 void* workspace(WorkspaceSlot slot, size_t bytes);
 size_t workspace_bytes();  // all slots together
+// The host waits for the compute stream: every wait of the backend goes through here, so that
+// cuda_host_waits() counts them (tests pin a training step's waits; the LLMPI_CUDA_SYNC_CHECK
+// debug waits are not counted).
+void wait_for_stream();
+uint64_t host_waits();
+// One result handed to the host (readback_count): copy_to_host, sum_squares, softmax_xent.
+void count_readback();
 
 // Blocks for a grid-stride loop over n items: one item per thread, at most 2^20 blocks.
 inline unsigned grid_for(size_t n, int threads) {
@@ -154,7 +161,9 @@ void check_dropout_p(const char* op, float p);
 // activations.cu: gelu_erf, swiglu, tanh, dropout (forward/backward)
 // flash_attention.cu: flash_attention_forward/backward
 // residual.cu: residual_forward, first_token_forward/backward
-// softmax_xent.cu: softmax_xent             adamw.cu: adamw_update sgd_update sum_squares scale
+// softmax_xent.cu: softmax_xent(_record)   adamw.cu: adamw_update sgd_update sum_squares scale
+//   sum_squares_add sum_to_double adamw_update_segments sgd_update_segments
+// memory.cu also: readback_count
 LLMPI_OPS(LLMPI_DECLARE_OP)
 
 // ---- device helpers ------------------------------------------------------------------------------

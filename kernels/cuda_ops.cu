@@ -85,7 +85,26 @@ const Ops& cuda_ops() {
   return ops;
 }
 
-void cuda_synchronize() { LLMPI_CUDA_CHECK(cudaStreamSynchronize(cuda::compute_stream())); }
+void cuda_synchronize() { cuda::wait_for_stream(); }
+
+uint64_t cuda_host_waits() { return cuda::host_waits(); }
+
+namespace {
+cudaEvent_t mark_event(int k) {
+  static cudaEvent_t marks[kCudaMarks] = {};
+  if (k < 0 || k >= kCudaMarks) fail("internal: cuda_mark ", k, " outside [0, ", kCudaMarks, ")");
+  if (marks[k] == nullptr) LLMPI_CUDA_CHECK(cudaEventCreate(&marks[k]));
+  return marks[k];
+}
+}  // namespace
+
+void cuda_mark(int k) { LLMPI_CUDA_CHECK(cudaEventRecord(mark_event(k), cuda::compute_stream())); }
+
+double cuda_marks_ms(int a, int b) {
+  float ms = 0;
+  LLMPI_CUDA_CHECK(cudaEventElapsedTime(&ms, mark_event(a), mark_event(b)));
+  return ms;
+}
 
 int cuda_device() {
   int d = 0;

@@ -8,8 +8,10 @@
 //   copy_to_device  cudaMemcpyAsync(cudaMemcpyDefault) + wait, so the host buffer may be reused
 //                   or freed as soon as the call returns, pinned or not.
 //   copy_to_host    cudaMemcpyAsync + wait: the host data is there when the call returns.
+//   (every wait goes through wait_for_stream, which counts it: cuda_host_waits)
 //   copy            device to device, cudaMemcpyAsync on the compute stream, not waited for (it
 //                   is ordered with the ops before and after it like any kernel).
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 
@@ -27,6 +29,18 @@ namespace llmpi::cuda {
   fail("cuBLAS error ", cublasGetStatusName(s), " (", cublasGetStatusString(s), ") in ", what,
        " at ", file, ":", line);
 }
+
+namespace {
+std::atomic<uint64_t> waits{0}, readbacks{0};
+}  // namespace
+
+void wait_for_stream() {
+  waits.fetch_add(1, std::memory_order_relaxed);
+  LLMPI_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+}
+uint64_t host_waits() { return waits.load(std::memory_order_relaxed); }
+void count_readback() { readbacks.fetch_add(1, std::memory_order_relaxed); }
+uint64_t readback_count() { return readbacks.load(std::memory_order_relaxed); }
 
 namespace {
 struct Shared {
@@ -103,7 +117,7 @@ void* alloc(size_t bytes) {
          " MiB); use a smaller batch or model");
   }
   LLMPI_CUDA_CHECK(cudaMemsetAsync(p, 0, b, compute_stream()));
-  LLMPI_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+  wait_for_stream();
   return p;
 }
 
@@ -121,13 +135,14 @@ void zero(void* p, size_t bytes) {
 void copy_to_device(void* dst, const void* src, size_t bytes) {
   if (bytes == 0 || dst == src) return;
   LLMPI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, compute_stream()));
-  LLMPI_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+  wait_for_stream();
 }
 
 void copy_to_host(void* dst, const void* src, size_t bytes) {
+  count_readback();
   if (bytes == 0 || dst == src) return;
   LLMPI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, compute_stream()));
-  LLMPI_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+  wait_for_stream();
 }
 
 void copy(void* dst, const void* src, size_t bytes) {

@@ -5,11 +5,13 @@
 //   loss_n = log S + mx - z_y                          (= -log softmax(z)_y, no overflow)
 //   if grad_scale != 0:  z_j <- grad_scale * (exp(z_j - mx) / S - [j == y])
 // Three passes over the row (max; sum of exps; write), the row staying in L2 between them.
-// z_y is read before any write. Targets outside [0, V) are reported like the CPU backend does
-// (an llmpi::Error naming the row): the kernel records the first bad row in a device flag, which
-// the host reads after the kernel (the caller reads the losses right after anyway).
-#include <climits>
-
+// z_y is read before any write. Targets outside [0, V) are recorded, never read: the kernel keeps
+// the first bad row (and its target) in a 64-bit key, max-combined (an integer atomicMax: the
+// result does not depend on the order; backend/step_scalars.h encode_bad_target).
+//   softmax_xent         the checked op: the key in a workspace flag, waited for and read back
+//                        after the kernel, an out-of-range target raises the CPU backend's error
+//   softmax_xent_record  no host wait: the key goes to the caller's flag (a training step's
+//                        StepScalars), which the step reads once with the loss and gradient norm
 #include "cuda_common.cuh"
 #include "runtime/error.h"
 
@@ -20,15 +22,16 @@ namespace {
 constexpr int kThreads = 512;
 
 __global__ void softmax_xent_kernel(float* __restrict__ logits, float* __restrict__ losses,
-                                    const int32_t* __restrict__ targets, int* __restrict__ bad_row,
-                                    int V, float grad_scale) {
+                                    const int32_t* __restrict__ targets,
+                                    unsigned long long* __restrict__ bad, int V, int row0,
+                                    float grad_scale) {
   __shared__ float sh[32];
   const int n = blockIdx.x;
   float* z = logits + static_cast<size_t>(n) * V;
   const int y = targets[n];
   if (y < 0 || y >= V) {
     if (threadIdx.x == 0) {
-      atomicMin(bad_row, n);
+      atomicMax(bad, static_cast<unsigned long long>(encode_bad_target(row0 + n, y)));
       losses[n] = __int_as_float(0x7fc00000);  // NaN
     }
     return;
@@ -49,28 +52,31 @@ __global__ void softmax_xent_kernel(float* __restrict__ logits, float* __restric
   }
 }
 
-__global__ void set_int_kernel(int* p, int v) { *p = v; }
-
 }  // namespace
+
+void softmax_xent_record(float* logits, float* losses, const int32_t* targets, int N, int V,
+                         float grad_scale, uint64_t* bad, int row0) {
+  if (N <= 0) return;
+  static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "atomicMax on the 64-bit key");
+  softmax_xent_kernel<<<N, kThreads, 0, compute_stream()>>>(
+      logits, losses, targets, reinterpret_cast<unsigned long long*>(bad), V, row0, grad_scale);
+  LLMPI_LAUNCH_CHECK("softmax_xent");
+}
 
 void softmax_xent(float* logits, float* losses, const int32_t* targets, int N, int V,
                   float grad_scale) {
+  count_readback();
   if (N <= 0) return;
   cudaStream_t s = compute_stream();
-  int* bad = static_cast<int*>(workspace(kWsFlag, sizeof(int)));
-  set_int_kernel<<<1, 1, 0, s>>>(bad, INT_MAX);
-  LLMPI_LAUNCH_CHECK("set_int");
-  softmax_xent_kernel<<<N, kThreads, 0, s>>>(logits, losses, targets, bad, V, grad_scale);
-  LLMPI_LAUNCH_CHECK("softmax_xent");
-  int bad_host = INT_MAX;
-  LLMPI_CUDA_CHECK(cudaMemcpyAsync(&bad_host, bad, sizeof(int), cudaMemcpyDeviceToHost, s));
-  LLMPI_CUDA_CHECK(cudaStreamSynchronize(s));
-  if (bad_host != INT_MAX) {
-    int32_t t = 0;
-    LLMPI_CUDA_CHECK(cudaMemcpy(&t, targets + bad_host, sizeof(int32_t), cudaMemcpyDeviceToHost));
-    fail("softmax_xent: target ", t, " at row ", bad_host, " is outside the vocabulary [0, ", V,
-         "); check the data set's vocab_size against the model's");
-  }
+  uint64_t* bad = static_cast<uint64_t*>(workspace(kWsFlag, sizeof(uint64_t)));
+  LLMPI_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(uint64_t), s));
+  softmax_xent_record(logits, losses, targets, N, V, grad_scale, bad, 0);
+  uint64_t key = 0;
+  LLMPI_CUDA_CHECK(cudaMemcpyAsync(&key, bad, sizeof(uint64_t), cudaMemcpyDeviceToHost, s));
+  wait_for_stream();
+  if (key != 0)
+    fail("softmax_xent: target ", bad_target_value(key), " at row ", bad_target_row(key),
+         " is outside the vocabulary [0, ", V, "); check the data set's vocab_size against the model's");
 }
 
 }  // namespace llmpi::cuda

@@ -21,6 +21,9 @@ bool cuda_available(std::string* why) {
 void cuda_bind_device(int) { no_cuda("runtime.device = cuda"); }
 const Ops& cuda_ops() { no_cuda("the CUDA backend"); }
 void cuda_synchronize() { no_cuda("cuda_synchronize"); }
+uint64_t cuda_host_waits() { no_cuda("cuda_host_waits"); }
+void cuda_mark(int) { no_cuda("cuda_mark"); }
+double cuda_marks_ms(int, int) { no_cuda("cuda_marks_ms"); }
 int cuda_device() { no_cuda("cuda_device"); }
 std::string cuda_device_name() { no_cuda("cuda_device_name"); }
 void cuda_mem_info(size_t*, size_t*) { no_cuda("cuda_mem_info"); }

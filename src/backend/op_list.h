@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "backend/gemm_precision.h"
+#include "backend/step_scalars.h"
 
 // clang-format off
 #define LLMPI_OPS(X)                                                                               \
@@ -178,6 +179,14 @@
      If grad_scale != 0, logits is overwritten with grad_scale * (softmax - onehot). */            \
   X(void, softmax_xent, (float* logits, float* losses, const int32_t* targets, int N, int V,       \
                          float grad_scale))                                                        \
+  /* the same without a host wait (a training step checks once, at its one readback): a row whose  \
+     target is outside [0, V) gets loss NaN and its logits are left as they are, and               \
+     *bad = max(*bad, encode_bad_target(row0 + n, target)) (backend/step_scalars.h: 0 = none;      \
+     the first bad row wins). bad is backend memory; the caller reports it (read_step_scalars in   \
+     model/transformer.h, with softmax_xent's message). softmax_xent itself stays the checked op:  \
+     it throws at once (on a GPU after waiting for the flag). */                                   \
+  X(void, softmax_xent_record, (float* logits, float* losses, const int32_t* targets, int N,       \
+                                int V, float grad_scale, uint64_t* bad, int row0))                 \
                                                                                                    \
   /* ---- optimizer and gradient utilities ----                                                    \
      AdamW for n elements, step t >= 1: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;                \
@@ -187,7 +196,26 @@
   /* SGD with decoupled weight decay: p -= lr (g + wd p) */                                        \
   X(void, sgd_update, (float* params, const float* grads, size_t n, float lr, float weight_decay)) \
   X(double, sum_squares, (const float* x, size_t n)) /* sum x^2 in double */                       \
-  X(void, scale, (float* x, float s, size_t n))      /* x *= s */
+  X(void, scale, (float* x, float s, size_t n))      /* x *= s */                                  \
+  /* ---- a step without host synchronisation (backend/step_scalars.h): results stay in backend    \
+     memory until the step's one readback ----                                                     \
+     *acc += sum_squares(x, n): the same double, added on the device (no host wait) */             \
+  X(void, sum_squares_add, (double* acc, const float* x, size_t n))                                \
+  /* *out = sum x[i] in double (the CPU adds in index order; CUDA: a fixed two-pass tree) */       \
+  X(void, sum_to_double, (double* out, const float* x, size_t n))                                  \
+  /* Multi-tensor AdamW: adamw_update over every segment of the table (backend memory, nsegs       \
+     rows; weight decay where segs[k].decay), each gradient read as g = grads[i] * grad_scale (one \
+     float multiply, rounded: the same bits as scale() then adamw_update; grad_scale 1 = no clip). \
+     The gradients are not written. One launch on a GPU. */                                        \
+  X(void, adamw_update_segments, (float* params, const float* grads, float* m, float* v,           \
+                                  const UpdateSegment* segs, int nsegs, float grad_scale, float lr,\
+                                  float beta1, float beta2, float eps, float weight_decay, int t)) \
+  X(void, sgd_update_segments, (float* params, const float* grads, const UpdateSegment* segs,      \
+                                int nsegs, float grad_scale, float lr, float weight_decay))        \
+  /* How many times this backend has handed a result to the host so far: copy_to_host,             \
+     sum_squares and softmax_xent (its target check) count one each (on a GPU each is a host       \
+     wait). Tests pin a step's readbacks with it. */                                               \
+  X(uint64_t, readback_count, ())
 // clang-format on
 
 // Declares every op as a function of the enclosing namespace (a backend's implementation):

@@ -275,13 +275,15 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   }
   for (Layer& L : layers)
     if (d.pre_norm) L.out = L.res_mlp;
-  ids_ = static_cast<int32_t*>(m.ops->alloc(4 * N * sizeof(int32_t)));
+  // The ids, then the step's scalars (zero: no bad target yet; 4·N int32 keep them 8-byte aligned).
+  ids_ = static_cast<int32_t*>(m.ops->alloc(4 * N * sizeof(int32_t) + sizeof(StepScalars)));
   tokens = ids_;
   targets = ids_ + N;
   token_types = ids_ + 2 * N;
   attn_mask = ids_ + 3 * N;
+  scalars = reinterpret_cast<StepScalars*>(ids_ + 4 * N);
   losses_host.resize(m.rows_for_loss(B, T));
-  bytes_ = total * sizeof(float) + 4 * N * sizeof(int32_t);
+  bytes_ = total * sizeof(float) + 4 * N * sizeof(int32_t) + sizeof(StepScalars);
 }
 
 // ---- forward ----------------------------------------------------------------------------------------
@@ -441,12 +443,16 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
   }
 }
 
-float Model::head_forward(Activations& a, bool need_grad, float grad_scale) const {
+void Model::head_forward_queued(Activations& a, bool need_grad, float grad_scale) const {
   const Ops& o = *ops;
   const ModelDesc& d = desc;
   const int B = a.B, T = a.T, C = d.d_model, N = B * T;
   const float* x = a.output();
   int rows = 0;
+  // Targets outside [0, V) are recorded in a.scalars->bad_target (cleared here, once per forward)
+  // and reported by read_scalars: no host wait per chunk.
+  uint64_t* bad = &a.scalars->bad_target;
+  o.zero(bad, sizeof(uint64_t));
   if (d.head == HeadKind::lm) {
     const float* xf = x;
     if (d.final_norm) {
@@ -463,8 +469,8 @@ float Model::head_forward(Activations& a, bool need_grad, float grad_scale) cons
       const int rn = std::min(R, N - r0);
       const float* xc = xf + static_cast<size_t>(r0) * C;
       o.matmul_forward(a.logits, xc, W, nullptr, rn, C, d.vocab_size, precision);
-      o.softmax_xent(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
-                     need_grad ? grad_scale / static_cast<float>(N) : 0.0f);
+      o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
+                            need_grad ? grad_scale / static_cast<float>(N) : 0.0f, bad, r0);
     }
   } else {
     rows = B;
@@ -478,15 +484,45 @@ float Model::head_forward(Activations& a, bool need_grad, float grad_scale) cons
       pd = a.pooled_drop;
     }
     o.matmul_forward(a.logits, pd, pe[kClsW], pe[kClsB], B, C, d.num_labels, precision);
-    o.softmax_xent(a.logits, a.losses, a.targets, B, d.num_labels, need_grad ? grad_scale / static_cast<float>(B) : 0.0f);
+    o.softmax_xent_record(a.logits, a.losses, a.targets, B, d.num_labels,
+                          need_grad ? grad_scale / static_cast<float>(B) : 0.0f, bad, 0);
   }
   a.head_grad = need_grad;
   a.head_grad_scale = grad_scale;
   a.lm_last_grad = need_grad && d.head == HeadKind::lm;
-  o.copy_to_host(a.losses_host.data(), a.losses, static_cast<size_t>(rows) * sizeof(float));
+  // Σ of the per-row losses in double (on the CPU in row order: the host loop's bits).
+  o.sum_to_double(&a.scalars->loss_sum, a.losses, static_cast<size_t>(rows));
+}
+
+StepScalars Model::read_scalars(const Activations& a) const {
+  StepScalars s;
+  ops->copy_to_host(&s, a.scalars, sizeof s);
+  if (s.bad_target != 0)  // softmax_xent's message (load_batch checks the ids first: not reached from files)
+    fail("softmax_xent: target ", bad_target_value(s.bad_target), " at row ", bad_target_row(s.bad_target),
+         " is outside the vocabulary [0, ", desc.head == HeadKind::lm ? desc.vocab_size : desc.num_labels,
+         "); check the data set's vocab_size against the model's");
+  return s;
+}
+
+float Model::loss_of(const StepScalars& s, const Activations& a) const {
+  return static_cast<float>(s.loss_sum / rows_for_loss(a.B, a.T));
+}
+
+float Model::head_forward(Activations& a, bool need_grad, float grad_scale) const {
+  head_forward_queued(a, need_grad, grad_scale);
+  read_scalars(a);  // the target check
+  const int rows = rows_for_loss(a.B, a.T);
+  ops->copy_to_host(a.losses_host.data(), a.losses, static_cast<size_t>(rows) * sizeof(float));
   double sum = 0;
   for (int r = 0; r < rows; r++) sum += a.losses_host[r];
   return static_cast<float>(sum / rows);
+}
+
+void Model::forward_queued(Activations& a, const Batch& b, bool need_grad, float grad_scale) const {
+  load_batch(a, b);
+  if (part.embedding) embed_forward(a);
+  blocks_forward(a, part.l0, part.l1);
+  if (part.head) head_forward_queued(a, need_grad, grad_scale);
 }
 
 float Model::forward(Activations& a, const Batch& b, bool need_grad, float grad_scale) const {
@@ -713,7 +749,8 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
     const float* xc = xf + static_cast<size_t>(r0) * C;
     if (!(reuse && c == chunks - 1)) {
       o.matmul_forward(a.logits, xc, W, nullptr, rn, C, V, precision);
-      o.softmax_xent(a.logits, a.losses + r0, a.targets + r0, rn, V, a.head_grad_scale / static_cast<float>(N));
+      o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, V, a.head_grad_scale / static_cast<float>(N),
+                            &a.scalars->bad_target, r0);  // the forward checked these targets already
     }
     o.matmul_backward(dxf ? dxf + static_cast<size_t>(r0) * C : nullptr, dW, nullptr, a.logits, xc, W, rn, C, V,
                       precision);

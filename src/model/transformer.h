@@ -62,6 +62,7 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "backend/step_scalars.h"
 #include "model/model_desc.h"
 #include "params/param_table.h"
 
@@ -146,7 +147,11 @@ struct Activations {
   float* dresidual = nullptr; // [N, C] the gradient flowing down the residual stream
   float* tmp = nullptr;       // [N, C] forward scratch (a branch's output before the residual add)
   bool has_mask = false;      // the batch carried an attention mask
-  std::vector<float> losses_host;
+  std::vector<float> losses_host;  // per-row losses, after a forward that reads the loss back
+  // The scalars a training step reads back in one copy (backend memory, backend/step_scalars.h):
+  // the head's loss sum and first bad target (head_forward_queued), the gradient's sum of squares
+  // (the trainer's clip).
+  StepScalars* scalars = nullptr;
 
   // The deferred half of an input-only backward (Model::weight_backward): per dense layer, in
   // backward order, the gradient it owes and the operands — the layer's input (an activation
@@ -220,6 +225,17 @@ struct Model {
   // grad_scale, ready for backward; grad_scale lets a caller average over more rows than this
   // batch holds (1 = the mean over this batch).
   float head_forward(Activations& a, bool need_grad, float grad_scale = 1.0f) const;
+  // The same without reading anything back (no host wait on a GPU): the per-row losses stay in
+  // a.losses, their sum (double) goes to a.scalars->loss_sum and an out-of-range target is
+  // recorded in a.scalars->bad_target (softmax_xent_record). head_forward = this + read_scalars
+  // (the target check) + the per-row losses copied to a.losses_host and summed there.
+  void head_forward_queued(Activations& a, bool need_grad, float grad_scale = 1.0f) const;
+  // a.scalars in one copy (a host wait on a GPU); throws softmax_xent's error, naming the target
+  // and row, when the last forward recorded one out of range.
+  StepScalars read_scalars(const Activations& a) const;
+  // The mean loss from scalars read after head_forward_queued: (float)(loss_sum / rows), the
+  // value head_forward returns (the same bits on the CPU, where both sum in row order).
+  float loss_of(const StepScalars& s, const Activations& a) const;
 
   // ---- and backward, in reverse; a.dresidual carries the hidden-state gradient between them ----
   using ReadyFn = std::function<void(size_t)>;
@@ -243,6 +259,9 @@ struct Model {
 
   // ---- the whole part, as the trainer uses it ----
   float forward(Activations& a, const Batch& b, bool need_grad, float grad_scale = 1.0f) const;
+  // forward with head_forward_queued: nothing read back (the trainer reads the loss at the step's
+  // one readback, read_scalars, with the gradient's sum of squares).
+  void forward_queued(Activations& a, const Batch& b, bool need_grad, float grad_scale = 1.0f) const;
   void backward(Activations& a, const ReadyFn& grads_ready = {});
 
   // Classifier: argmax of each sequence's logits after a forward without gradient.

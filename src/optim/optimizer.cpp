@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "runtime/error.h"
+
 namespace llmpi {
 
 Optimizer::Optimizer(const Ops& o, size_t n_params, const std::string& kind, const std::vector<ShardPiece>& r)
@@ -21,18 +23,19 @@ Optimizer::Optimizer(const Ops& o, size_t n_params, const std::string& kind, con
 Optimizer::~Optimizer() {
   ops->free(m);
   ops->free(v);
+  ops->free(segments);
 }
 
-void Optimizer::step(float* params, const float* grads, const ParamTable& table, double lr, const TrainConfig& tc) {
+void Optimizer::step(float* params, const float* grads, const ParamTable& table, double lr, const TrainConfig& tc,
+                     float grad_scale) {
   begin_step();
-  for (size_t k = 0; k < ranges.size(); k++) update_range(k, params, grads, table, lr, tc);
+  for (size_t k = 0; k < ranges.size(); k++) update_range(k, params, grads, table, lr, tc, grad_scale);
 }
 
-void Optimizer::update_range(size_t k, float* params, const float* grads, const ParamTable& table, double lr,
-                             const TrainConfig& tc) {
-  const size_t lo = ranges[k].begin, hi = ranges[k].end;
-  if (lo >= hi) return;
-  // The slices the range overlaps, cut to it; neighbours with the same decay flag in one call.
+std::vector<UpdateSegment> update_segments(const ParamTable& table, size_t lo, size_t hi, size_t state_offset) {
+  std::vector<UpdateSegment> out;
+  if (lo >= hi) return out;
+  // The slices the range overlaps, cut to it; neighbours with the same decay flag in one run.
   size_t i = 0;
   while (i < table.slices.size() && table.slices[i].offset + table.slices[i].numel <= lo) i++;
   while (i < table.slices.size() && table.slices[i].offset < hi) {
@@ -42,16 +45,49 @@ void Optimizer::update_range(size_t k, float* params, const float* grads, const 
       j++;
     const size_t off = std::max(lo, table.slices[i].offset);
     const size_t end = std::min(hi, table.slices[j].offset + table.slices[j].numel);
-    const float wd = table.slices[i].decay ? (float)tc.weight_decay : 0.0f;
-    if (sgd) {
-      ops->sgd_update(params + off, grads + off, end - off, (float)lr, wd);
-    } else {
-      const size_t s = state_offset[k] + (off - lo);
-      ops->adamw_update(params + off, grads + off, m + s, v + s, end - off, (float)lr, (float)tc.beta1,
-                        (float)tc.beta2, (float)tc.eps, wd, (int)t);
+    for (size_t a = off; a < end; a += kUpdateSegmentMax) {  // the run in pieces of at most kUpdateSegmentMax
+      UpdateSegment sg;
+      sg.offset = a;
+      sg.state_offset = state_offset + (a - lo);
+      sg.n = (uint32_t)std::min<size_t>(kUpdateSegmentMax, end - a);
+      sg.decay = table.slices[i].decay ? 1 : 0;
+      out.push_back(sg);
     }
     i = j + 1;
   }
+  return out;
+}
+
+void Optimizer::build_segments(const ParamTable& table) {
+  std::vector<UpdateSegment> all;
+  for (size_t k = 0; k < ranges.size(); k++) {
+    segment_first.push_back(all.size());
+    const std::vector<UpdateSegment> r = update_segments(table, ranges[k].begin, ranges[k].end, state_offset[k]);
+    all.insert(all.end(), r.begin(), r.end());
+  }
+  segment_first.push_back(all.size());
+  if (!all.empty()) {
+    segments = (UpdateSegment*)ops->alloc(all.size() * sizeof(UpdateSegment));
+    ops->copy_to_device(segments, all.data(), all.size() * sizeof(UpdateSegment));
+  }
+  segments_built = true;
+  segments_numel = table.numel;
+  segments_slices = table.slices.size();
+}
+
+void Optimizer::update_range(size_t k, float* params, const float* grads, const ParamTable& table, double lr,
+                             const TrainConfig& tc, float grad_scale) {
+  if (!segments_built) build_segments(table);  // once: the table never changes
+  else if (segments_numel != table.numel || segments_slices != table.slices.size())
+    fail("internal: an optimizer is used with another parameter table than its first");
+  const size_t first = segment_first[k], count = segment_first[k + 1] - first;
+  if (count == 0) return;
+  if (sgd)
+    ops->sgd_update_segments(params, grads, segments + first, (int)count, grad_scale, (float)lr,
+                             (float)tc.weight_decay);
+  else
+    ops->adamw_update_segments(params, grads, m, v, segments + first, (int)count, grad_scale, (float)lr,
+                               (float)tc.beta1, (float)tc.beta2, (float)tc.eps, (float)tc.weight_decay, (int)t);
 }
 
 double lr_at(const TrainConfig& tc, int64_t s) {
@@ -73,21 +109,16 @@ double sum_squares_of_pieces(const Ops& ops, const float* grads, const std::vect
   return local;
 }
 
-double clip_grad_norm_sharded(const Ops& ops, float* grads, const std::vector<ShardPiece>& pieces, size_t limit,
-                              MPI_Comm comm, double max_norm) {
-  double local = sum_squares_of_pieces(ops, grads, pieces, limit), total = 0;
-  MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, comm);
-  const double norm = std::sqrt(total);
-  if (max_norm > 0 && norm > max_norm && std::isfinite(norm))
-    for (const ShardPiece& p : pieces)
-      if (p.begin < p.end) ops.scale(grads + p.begin, (float)(max_norm / norm), p.end - p.begin);
-  return norm;
+void sum_squares_of_pieces_add(const Ops& ops, double* acc, const float* grads, const std::vector<ShardPiece>& pieces,
+                               size_t limit) {
+  for (const ShardPiece& p : pieces) {
+    const size_t end = std::min(p.end, limit);
+    if (p.begin < end) ops.sum_squares_add(acc, grads + p.begin, end - p.begin);
+  }
 }
 
-double clip_grad_norm(const Ops& ops, float* grads, size_t n, double max_norm) {
-  double norm = std::sqrt(ops.sum_squares(grads, n));
-  if (max_norm > 0 && norm > max_norm && std::isfinite(norm)) ops.scale(grads, (float)(max_norm / norm), n);
-  return norm;
+float clip_factor(double norm, double max_norm) {
+  return max_norm > 0 && norm > max_norm && std::isfinite(norm) ? (float)(max_norm / norm) : 1.0f;
 }
 
 }  // namespace llmpi

@@ -24,6 +24,10 @@ struct Optimizer {
   float* m = nullptr;
   float* v = nullptr;
   int64_t t = 0;  // steps taken (bias correction uses t+1 on the next step)
+  // The multi-tensor update's table (backend memory), built and uploaded at the first update from
+  // the parameter table: range k's segments are [segment_first[k], segment_first[k+1]).
+  UpdateSegment* segments = nullptr;
+  std::vector<size_t> segment_first;
 
   // The whole buffer of n_params floats (ranges empty), or only `ranges`.
   Optimizer(const Ops& ops, size_t n_params, const std::string& kind, const std::vector<ShardPiece>& ranges = {});
@@ -31,14 +35,28 @@ struct Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update of every range (t advances once); weight decay only where slice.decay.
-  void step(float* params, const float* grads, const ParamTable& table, double lr, const TrainConfig& tc);
+  // One update of every range (t advances once); weight decay only where slice.decay. Each
+  // gradient is read as grads[i] * grad_scale (the clip factor: clip_factor; 1 = none), the same
+  // bits as scaling the gradients first; the gradients themselves are not changed.
+  void step(float* params, const float* grads, const ParamTable& table, double lr, const TrainConfig& tc,
+            float grad_scale = 1.0f);
   // The same in parts (ZeRO-1 all-gathers a bucket while the next range is updated): begin_step
-  // advances t, then update_range(k) for every k, each exactly once.
+  // advances t, then update_range(k) for every k, each exactly once. One launch per range
+  // (adamw_update_segments / sgd_update_segments over the range's segments).
   void begin_step() { t++; }
   void update_range(size_t k, float* params, const float* grads, const ParamTable& table, double lr,
-                    const TrainConfig& tc);
+                    const TrainConfig& tc, float grad_scale = 1.0f);
+
+ private:
+  bool segments_built = false;
+  size_t segments_numel = 0, segments_slices = 0;  // of the table they were built from
+  void build_segments(const ParamTable& table);
 };
+
+// The segments of the flat-buffer range [lo, hi) (its moments at state_offset): the slices it
+// overlaps cut to it, neighbours with the same decay flag joined, split into pieces of at most
+// kUpdateSegmentMax elements (backend/step_scalars.h).
+std::vector<UpdateSegment> update_segments(const ParamTable& table, size_t lo, size_t hi, size_t state_offset);
 
 // Learning rate at (0-based) step s: linear warm-up lr·(s+1)/W for s < W, then (train.lr_schedule)
 // cosine decay from lr to lr·min_lr_ratio at s = steps, or linear decay
@@ -47,15 +65,16 @@ struct Optimizer {
 // step s is lr·(steps − s)/(steps − W)), or constant lr.
 double lr_at(const TrainConfig& tc, int64_t s);
 
-// Global L2 norm of grads (n floats); when max_norm > 0 and the norm exceeds it, grads are scaled
-// by max_norm/norm. Returns the norm before clipping.
-double clip_grad_norm(const Ops& ops, float* grads, size_t n, double max_norm);
-// The same when each rank of `comm` holds the final gradient only in its `pieces` (ZeRO-1): the
-// squares of the pieces below `limit` (floats past it are not counted: a tied copy), summed over
-// comm; only the pieces are scaled. Collective over comm.
-double clip_grad_norm_sharded(const Ops& ops, float* grads, const std::vector<ShardPiece>& pieces, size_t limit,
-                              MPI_Comm comm, double max_norm);
+// The factor global-norm clipping scales the gradients by: max_norm/norm (as a float) when
+// max_norm > 0 and the norm is finite and above it, else 1. Global-norm clipping is the norm of
+// the gradient (the trainer: sum_squares_add into the step's scalars, one readback; ZeRO-1 sums
+// the pieces' squares over the group) and this factor folded into Optimizer::step.
+float clip_factor(double norm, double max_norm);
 // The squares of grads in `pieces` below `limit` (one rank's part of a sharded norm).
 double sum_squares_of_pieces(const Ops& ops, const float* grads, const std::vector<ShardPiece>& pieces, size_t limit);
+// The same added to *acc in backend memory, piece by piece in the same order (the same double
+// when *acc starts at 0), without a host wait.
+void sum_squares_of_pieces_add(const Ops& ops, double* acc, const float* grads, const std::vector<ShardPiece>& pieces,
+                               size_t limit);
 
 }  // namespace llmpi

@@ -382,20 +382,19 @@ double Pipeline::clip_grad_norm(double max_norm) {
   }
   MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, zero ? g.world : g.pipeline);
   const double norm = std::sqrt(total);
-  if (max_norm > 0 && norm > max_norm && std::isfinite(norm))
-    for (PipelineChunk& ch : chunks) ops.scale(ch.model->grads, (float)(max_norm / norm), ch.model->table.numel);
+  clip_scale = clip_factor(norm, max_norm);  // applied by optimizer_step as it reads the gradients
   return norm;
 }
 
 void Pipeline::optimizer_step(double lr, const TrainConfig& tc) {
   for (PipelineChunk& ch : chunks) {
     if (!ch.sync->opt.zero) {
-      ch.opt->step(ch.model->params, ch.model->grads, ch.model->table, lr, tc);
+      ch.opt->step(ch.model->params, ch.model->grads, ch.model->table, lr, tc, clip_scale);
       continue;
     }
     ch.opt->begin_step();  // ZeRO-1: this rank's piece of each bucket, then the bucket all-gathered
     ch.sync->gather_params(ch.model->params, [&](size_t b) {
-      ch.opt->update_range(b, ch.model->params, ch.model->grads, ch.model->table, lr, tc);
+      ch.opt->update_range(b, ch.model->params, ch.model->grads, ch.model->table, lr, tc, clip_scale);
     });
   }
 }

@@ -19,7 +19,8 @@
 //              chunk's GradSync (over the data-parallel group), except the tied matrix, which is
 //              handed over after the embedding-group sum; finish() completes the average.
 //   clipping   the global norm sums every chunk's squares over the pipeline (the tied matrix
-//              once), so every stage scales by the same factor and sees the same non-finite norm.
+//              once), so every stage scales by the same factor and sees the same non-finite norm;
+//              the optimizers read each gradient times that factor (Optimizer::step's grad_scale).
 //   memory     a chunk keeps as many Activations as its schedule has micro-batches in flight
 //              (activation_peak): S - s for 1F1B, M for GPipe; plus one whenever every free slot
 //              still has a send in flight: a step never waits for a send before its end (above
@@ -113,8 +114,11 @@ struct Pipeline {
   // Forward and backward of the replica's batch (batch.B = local batch rows, split into M
   // micro-batches) by the schedule, the tied sum and the data-parallel sync.
   PipelineStepStats forward_backward(int64_t step, const Batch& batch);
-  double clip_grad_norm(double max_norm);  // collective over the pipeline; the norm before clipping
+  // Collective over the pipeline; the norm before clipping. The clip factor (clip_factor) is kept
+  // for optimizer_step, which folds it into the update (the gradients are not scaled in place).
+  double clip_grad_norm(double max_norm);
   void optimizer_step(double lr, const TrainConfig& tc);
+  float clip_scale = 1.0f;  // from the last clip_grad_norm
   // Forward only (no dropout), micro-batch by micro-batch along the pipeline (blocking messages
   // in (micro-batch, virtual stage) order). Accumulates into e on the last stage.
   void evaluate(const Batch& batch, PipelineEval& e);

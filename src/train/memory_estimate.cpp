@@ -30,7 +30,8 @@ size_t attention_state_floats(const ModelDesc& d, int B, int T) {
 //              norm2 N·C, mean N, rstd N, fc N·FC, act N·F, res_mlp N·C, [post-norm: out N·C]
 //   LM head: final norm N·C, mean N, rstd N, logits R·V (R = lm_head_chunk_rows: the chunk buffer), losses N
 //   classifier: cls, pooled_pre, pooled, pooled_drop B·C each, logits B·K, losses B
-// each rounded up to 16 floats; plus the ids (4 · N int32) and the host loss row.
+// each rounded up to 16 floats; plus the ids (4 · N int32) and the step's scalars
+// (backend/step_scalars.h) in one allocation, and the host loss row.
 size_t activation_bytes(const ModelDesc& d, int B, int T) {
   const size_t N = (size_t)B * T, C = d.d_model, att = attention_state_floats(d, B, T);
   const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = (size_t)d.n_head * d.head_dim();
@@ -47,12 +48,12 @@ size_t activation_bytes(const ModelDesc& d, int B, int T) {
     plan.insert(plan.end(), {B * C, B * C, B * C, B * C, (size_t)B * d.num_labels, (size_t)B});
   size_t total = 0;
   for (size_t s : plan) total += aligned16(s);
-  return total * sizeof(float) + 4 * N * sizeof(int32_t) + rows * sizeof(float);
+  return total * sizeof(float) + 4 * N * sizeof(int32_t) + sizeof(StepScalars) + rows * sizeof(float);
 }
 
 // Activations::allocate for a part: input, dresidual, tmp; the embedding norm's tensors only with
-// the embedding; blocks [l0, l1); the head's only with the head. The ids (4 · N int32) are always
-// allocated, and the host loss row (Model::rows_for_loss) too.
+// the embedding; blocks [l0, l1); the head's only with the head. The ids (4 · N int32) and the step's
+// scalars are always allocated, and the host loss row (Model::rows_for_loss) too.
 size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T) {
   const size_t N = (size_t)B * T, C = d.d_model, att = attention_state_floats(d, B, T);
   const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = (size_t)d.n_head * d.head_dim();
@@ -72,7 +73,7 @@ size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T)
   const size_t rows = d.head == HeadKind::lm ? N : (size_t)B;
   size_t total = 0;
   for (size_t s : plan) total += aligned16(s);
-  return total * sizeof(float) + 4 * N * sizeof(int32_t) + rows * sizeof(float);
+  return total * sizeof(float) + 4 * N * sizeof(int32_t) + sizeof(StepScalars) + rows * sizeof(float);
 }
 
 // Model::kept_floats.

@@ -849,6 +849,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     const Batch batch = r.train_data.read(r.sampler->windows(step));
     const double t1 = now_ms();
     float local_loss = 0;
+    float clip = 1.0f;  // the single-model path's clip factor, folded into the optimizer
     double t2, t3, t4, grad_norm;
     if (r.pipe) {  // the schedule's forwards and backwards, the tied sum, the data-parallel sync
       wd.enter("pipeline forward/backward", step);
@@ -860,25 +861,41 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
       wd.enter("optimizer", step);
       grad_norm = r.pipe->clip_grad_norm(tc.grad_clip);  // over every stage
     } else {
+      // No host wait inside the step on a GPU (docs/GPU.md "A step without host synchronisation"): the ops are
+      // queued, the phases timed by stream marks, and the host reads the loss sum, the gradient's
+      // sum of squares and the bad-target flag once, after the gradient sync; the clip factor is
+      // folded into the optimizer.
       wd.enter("forward", step);
       Model& model = *r.model;
       model.zero_grads();
       r.acts->dropout = DropoutContext{true, tc.seed, step, r.rank, 0};
-      local_loss = model.forward(*r.acts, batch, true);
+      if (r.on_gpu) cuda_mark(0);
+      model.forward_queued(*r.acts, batch, true);
+      if (r.on_gpu) cuda_mark(1);
       t2 = now_ms();
       wd.enter("backward", step);
       r.sync->begin_step();
       model.backward(*r.acts, [&](size_t k) { r.sync->on_ready(k); });
-      if (r.on_gpu) cuda_synchronize();  // so backward_ms is the GPU's time, not the launch time
+      if (r.on_gpu) cuda_mark(2);
       t3 = now_ms();
       wd.enter("gradient sync", step);
       r.sync->finish();  // gradient methods: every rank now holds the averaged gradient
+      if (r.on_gpu) cuda_mark(3);
       t4 = now_ms();
       // With "weights" the gradient (and so its norm and clipping) is this rank's own.
       wd.enter("optimizer", step);
-      grad_norm = r.sync->opt.zero  // ZeRO-1: each rank holds the averaged gradient in its pieces only
-                      ? clip_grad_norm_sharded(*r.ops, model.grads, r.sync->shard, model.table.numel, comm, tc.grad_clip)
-                      : clip_grad_norm(*r.ops, model.grads, model.table.numel, tc.grad_clip);
+      StepScalars* dev = r.acts->scalars;
+      r.ops->zero(&dev->grad_sumsq, sizeof(double));
+      if (r.sync->opt.zero)  // ZeRO-1: each rank holds the averaged gradient in its pieces only
+        sum_squares_of_pieces_add(*r.ops, &dev->grad_sumsq, model.grads, r.sync->shard, model.table.numel);
+      else
+        r.ops->sum_squares_add(&dev->grad_sumsq, model.grads, model.table.numel);
+      const StepScalars sc = model.read_scalars(*r.acts);  // the step's one readback
+      local_loss = model.loss_of(sc, *r.acts);
+      double sumsq = sc.grad_sumsq;
+      if (r.sync->opt.zero) MPI_Allreduce(&sc.grad_sumsq, &sumsq, 1, MPI_DOUBLE, MPI_SUM, comm);
+      grad_norm = std::sqrt(sumsq);
+      clip = clip_factor(grad_norm, tc.grad_clip);
     }
     // The global loss and whether any rank saw a non-finite loss or gradient norm, in one collective.
     double mine[2] = {local_loss, std::isfinite(local_loss) && std::isfinite(grad_norm) ? 0.0 : 1.0}, all[2];
@@ -909,14 +926,19 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
       else if (r.sync->opt.zero) {  // update this rank's piece of each bucket, all-gather the bucket
         r.opt->begin_step();
         r.sync->gather_params(r.model->params, [&](size_t b) {
-          r.opt->update_range(b, r.model->params, r.model->grads, r.model->table, lr, tc);
+          r.opt->update_range(b, r.model->params, r.model->grads, r.model->table, lr, tc, clip);
         });
       } else {
-        r.opt->step(r.model->params, r.model->grads, r.model->table, lr, tc);
+        r.opt->step(r.model->params, r.model->grads, r.model->table, lr, tc, clip);
       }
     }
-    if (r.on_gpu) cuda_synchronize();
+    if (r.on_gpu) cuda_synchronize();  // the step boundary
     const double t5 = now_ms();
+    if (r.on_gpu && !r.pipe) {  // the GPU's phase times, from the stream marks (mark 0 at host time t1)
+      t2 = t1 + cuda_marks_ms(0, 1);
+      t3 = t1 + cuda_marks_ms(0, 2);
+      t4 = t1 + cuda_marks_ms(0, 3);
+    }
     wd.enter("parameter averaging", step);
     if (r.sync) r.sync->average_params(r.model->params, step);  // "weights" only, every average_every steps
     const double t6 = now_ms();

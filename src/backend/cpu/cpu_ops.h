@@ -28,6 +28,10 @@ namespace llmpi::cpu {
 // softmax_xent.cpp, adamw.cpp (optimizer updates and gradient utilities).
 LLMPI_OPS(LLMPI_DECLARE_OP)
 
+// memory.cpp: counts one result handed to the host (readback_count): copy_to_host, sum_squares,
+// softmax_xent's target check.
+void count_readback();
+
 // attention.cpp: rows of the T x T score matrix are processed in blocks of this many query rows;
 // with a causal mask a block [i0, i0+kAttnBlock) only needs keys [0, i0+kAttnBlock), so the GEMMs
 // skip most of the upper (masked) triangle.

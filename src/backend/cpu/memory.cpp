@@ -1,5 +1,6 @@
 // Memory for the CPU backend: host memory, zero-filled, 64-byte aligned (one cache line; also
 // enough for AVX-512 loads), so the vector loops start on a line boundary.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -31,7 +32,15 @@ void copy_to_device(void* dst, const void* src_host, size_t bytes) {
   if (bytes && dst != src_host) std::memcpy(dst, src_host, bytes);
 }
 
+namespace {
+std::atomic<uint64_t> readbacks{0};
+}  // namespace
+
+void count_readback() { readbacks.fetch_add(1, std::memory_order_relaxed); }
+uint64_t readback_count() { return readbacks.load(std::memory_order_relaxed); }
+
 void copy_to_host(void* dst_host, const void* src, size_t bytes) {
+  count_readback();
   if (bytes && dst_host != src) std::memcpy(dst_host, src, bytes);
 }
 

@@ -1,0 +1,53 @@
+// What a training step hands between the device and the host without waiting (backend/op_list.h,
+// "step without host synchronisation"):
+//
+//   StepScalars    the few numbers a step needs on the host — the loss sum, the gradient's sum of
+//                  squares, the first bad target — written on the device by the ops
+//                  (sum_to_double, sum_squares_add, softmax_xent_record) into one small buffer in
+//                  backend memory, and read by the host in ONE copy (read_step_scalars,
+//                  model/transformer.h) after the gradient sync, before the optimizer.
+//   UpdateSegment  one row of the multi-tensor optimizer's table (adamw_update_segments,
+//                  sgd_update_segments): a piece of the flat buffer with its decay flag. The table
+//                  is built once per optimizer range (optim/optimizer.h) and stays in backend memory.
+//
+// Plain structs of fixed layout, shared by the host, the CPU backend and the CUDA kernels.
+#pragma once
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define LLMPI_HOST_DEVICE __host__ __device__
+#else
+#define LLMPI_HOST_DEVICE
+#endif
+
+namespace llmpi {
+
+struct StepScalars {
+  double loss_sum = 0;      // Σ of the head's per-row losses of the last forward (sum_to_double)
+  double grad_sumsq = 0;    // Σ g² of the gradient this rank counts (sum_squares_add)
+  uint64_t bad_target = 0;  // 0, or encode_bad_target of the first row whose target is out of range
+  uint64_t reserved = 0;
+};
+
+// The bad-target key: larger for an earlier row, so a max over rows (an integer atomicMax on the
+// GPU: order-independent) keeps the first bad row and its target; 0 means none (the buffer starts
+// zeroed). Rows are non-negative ints, so a real key is never 0.
+LLMPI_HOST_DEVICE inline uint64_t encode_bad_target(int row, int32_t target) {
+  return ~((static_cast<uint64_t>(static_cast<uint32_t>(row)) << 32) | static_cast<uint32_t>(target));
+}
+LLMPI_HOST_DEVICE inline int bad_target_row(uint64_t key) { return static_cast<int>(~key >> 32); }
+LLMPI_HOST_DEVICE inline int32_t bad_target_value(uint64_t key) {
+  return static_cast<int32_t>(static_cast<uint32_t>(~key & 0xffffffffu));
+}
+
+// Elements [offset, offset + n) of params/grads, their optimizer state at [state_offset, ...) of
+// m/v; weight decay applies when decay != 0. n <= kUpdateSegmentMax (one GPU block per segment).
+struct UpdateSegment {
+  uint64_t offset = 0;
+  uint64_t state_offset = 0;
+  uint32_t n = 0;
+  uint32_t decay = 0;
+};
+constexpr uint32_t kUpdateSegmentMax = 1u << 16;
+
+}  // namespace llmpi
