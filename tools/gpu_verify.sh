@@ -21,7 +21,9 @@
 #                           V = 50257, T = 1024, N = 65536 rows, 124M-element AdamW, a whole step
 #                           CPU vs GPU, bitwise repeatability)
 #   sanitize  memcheck, racecheck, initcheck: compute-sanitizer on the small op tests
-#                           (CudaOps.*, Cases/CudaAttention.*, the small Cases/CudaFlashAttention.*)
+#                           (CudaOps.*, CudaEpilogues.*, CudaVectorAccess.*, the op tests of
+#                           CudaStepSync, Cases/CudaAttention.*, and the small cases of
+#                           Cases/CudaFlashAttention.* and Cases/CudaFlashBf16.*)
 #   train     train_cpu, train_gpu   llmpi-train 50 steps on a tiny GPT-2, runtime.device=cpu then
 #                           cuda (fused attention: runtime.attention auto); losses compared step by
 #                           step (relative 1e-3)
@@ -203,7 +205,7 @@ for tool in memcheck racecheck initcheck; do
     record "$tool" 127 0 "\"why\": \"compute-sanitizer not on PATH\""; continue
   fi
   step "$tool" 180 compute-sanitizer --tool "$tool" --error-exitcode 99 "$TESTS" \
-    --gtest_filter='CudaOps.*:CudaEpilogues.*:Cases/CudaAttention.*:Cases/CudaFlashAttention.*:Cases/CudaFlashBf16.*-*real_*:*T102*' --gtest_brief=1
+    --gtest_filter='CudaOps.*:CudaEpilogues.*:CudaVectorAccess.*:CudaStepSync.*Cpu*:Cases/CudaAttention.*:Cases/CudaFlashAttention.*:Cases/CudaFlashBf16.*-*real_*:*T102*' --gtest_brief=1
   errs=$(grep -oP 'ERROR SUMMARY: \K[0-9]+' "$WORK/$tool.out" | tail -1)
   record "$tool" $STEP_RC $STEP_SECONDS "\"errors\": ${errs:-null}"
 done
