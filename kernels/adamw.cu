@@ -30,20 +30,22 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxSumBlocks = 1024;  // pass 2 is one block of kMaxSumBlocks threads
 
+// One AdamW element (the update at the top of this file), from its gradient g.
+__device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float g, float lr, float beta1,
+                                              float beta2, float eps, float wd, float c1, float c2) {
+  const float mi = beta1 * m + (1.0f - beta1) * g;
+  const float vi = beta2 * v + (1.0f - beta2) * g * g;
+  m = mi;
+  v = vi;
+  p = p - lr * ((mi * c1) / (sqrtf(vi * c2) + eps) + wd * p);
+}
+
 __global__ void adamw_kernel(float* __restrict__ params, const float* __restrict__ grads,
                              float* __restrict__ m, float* __restrict__ v, size_t n, float lr,
                              float beta1, float beta2, float eps, float wd, float c1, float c2) {
-  const float a1 = 1.0f - beta1, a2 = 1.0f - beta2;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float g = grads[i];
-    const float mi = beta1 * m[i] + a1 * g;
-    const float vi = beta2 * v[i] + a2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float p = params[i];
-    params[i] = p - lr * ((mi * c1) / (sqrtf(vi * c2) + eps) + wd * p);
-  }
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    adamw_element(params[i], m[i], v[i], grads[i], lr, beta1, beta2, eps, wd, c1, c2);
 }
 
 __global__ void sgd_kernel(float* __restrict__ params, const float* __restrict__ grads, size_t n,
@@ -93,16 +95,8 @@ __global__ void adamw_segments_kernel(float* __restrict__ params, const float* _
   float* mk = m + sg.state_offset;
   float* vk = v + sg.state_offset;
   const float wdk = sg.decay ? wd : 0.0f;
-  const float a1 = 1.0f - beta1, a2 = 1.0f - beta2;
-  for (unsigned i = threadIdx.x; i < sg.n; i += blockDim.x) {
-    const float g = __fmul_rn(gr[i], grad_scale);
-    const float mi = beta1 * mk[i] + a1 * g;
-    const float vi = beta2 * vk[i] + a2 * g * g;
-    mk[i] = mi;
-    vk[i] = vi;
-    const float pi = p[i];
-    p[i] = pi - lr * ((mi * c1) / (sqrtf(vi * c2) + eps) + wdk * pi);
-  }
+  for (unsigned i = threadIdx.x; i < sg.n; i += blockDim.x)
+    adamw_element(p[i], mk[i], vk[i], __fmul_rn(gr[i], grad_scale), lr, beta1, beta2, eps, wdk, c1, c2);
 }
 
 __global__ void sgd_segments_kernel(float* __restrict__ params, const float* __restrict__ grads,

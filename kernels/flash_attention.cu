@@ -39,6 +39,7 @@
 
 #include "backend/dropout_hash.h"
 #include "cuda_common.cuh"
+#include "flash_attention_args.cuh"
 #include "flash_attention_bf16.cuh"
 #include "runtime/error.h"
 
@@ -56,43 +57,10 @@ constexpr int kDqKeys = 16;   // dQ: keys per shared-memory tile
 template <int HS>
 __host__ __device__ constexpr int bwd_rows() { return HS <= 64 ? 16 : 8; }
 
-// What every kernel needs of one call.
-struct FlashArgs {
-  int B, T, NH, NKV, hs;
-  int W;  // qkv row: (NH + 2 NKV) hs
-  int C;  // out row: NH hs
-  int G;  // query heads per K/V head
-  bool causal;
-  float sc;        // 1/sqrt(hs)
-  float p;         // dropout probability (0: none)
-  float inv_keep;  // 1/(1-p)
-  uint64_t key;
-};
-
-FlashArgs make_args(int B, int T, int NH, int NKV, int hs, bool causal, float p, uint64_t key) {
-  FlashArgs a;
-  a.B = B;
-  a.T = T;
-  a.NH = NH;
-  a.NKV = NKV;
-  a.hs = hs;
-  a.W = (NH + 2 * NKV) * hs;
-  a.C = NH * hs;
-  a.G = NH / NKV;
-  a.causal = causal;
-  a.sc = 1.0f / std::sqrt(static_cast<float>(hs));
-  a.p = p;
-  a.inv_keep = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
-  a.key = key;
-  return a;
-}
-
 // The attention weight actually applied to v_j: P~ = P keep_e/(1-p) (P without dropout).
 __device__ __forceinline__ float dropped(const FlashArgs& a, float p, int b, int h, int i, int j) {
   if (a.p == 0.0f) return p;
-  const uint64_t e =
-      ((static_cast<uint64_t>(b) * a.NH + h) * a.T + static_cast<uint64_t>(i)) * a.T + j;
-  return dropout_keep(a.key, e, a.p) ? p * a.inv_keep : 0.0f;
+  return kept(a, b, h, i, j) ? p * a.inv_keep : 0.0f;
 }
 
 // Loads rows [r0, r0 + n) of a strided [T, ld] matrix's hs columns starting at col into a
@@ -367,7 +335,7 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const int
     flash_bf16_forward(out, lse, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
     return;
   }
-  const FlashArgs a = make_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+  const FlashArgs a = make_flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
   switch (head_case(hs)) {
     case 16: launch_forward<16>(out, lse, qkv, mask, a); break;
     case 32: launch_forward<32>(out, lse, qkv, mask, a); break;
@@ -382,7 +350,7 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* out, 
                               uint64_t dropout_key, GemmPrecision prec) {
   check_flash_args("flash_attention_backward", NH, NKV, hs, dropout_p);
   if (B <= 0 || T <= 0 || NH <= 0 || hs <= 0) return;
-  const FlashArgs a = make_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+  const FlashArgs a = make_flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
   const size_t rows = static_cast<size_t>(B) * NH * T;
   float* D = static_cast<float*>(workspace(kWsAttn, rows * sizeof(float)));
   flash_rowdot_kernel<<<grid_for(rows, 256), 256, 0, compute_stream()>>>(D, dout, out, a);

@@ -42,6 +42,7 @@
 #include "backend/dropout_hash.h"
 #include "backend/flash_bf16.h"
 #include "cuda_common.cuh"
+#include "flash_attention_args.cuh"
 #include "flash_attention_bf16.cuh"
 #include "runtime/error.h"
 
@@ -64,42 +65,6 @@ template <int HS>
 __host__ __device__ constexpr int ld_h() { return HS + 8; }  // bf16 [64][HS + 8]: Q, K, V, dO
 template <int HS>
 __host__ __device__ constexpr int ld_o() { return HS + 4; }  // fp32 [64][HS + 4]: O
-
-struct Bf16Args {
-  int B, T, NH, NKV, hs;
-  int W, C, G;
-  bool causal;
-  float c;         // log2(e) / sqrt(hs): t = c S
-  float sc;        // 1 / sqrt(hs)
-  float p, inv_keep;
-  uint64_t key;
-};
-
-Bf16Args make_args(int B, int T, int NH, int NKV, int hs, bool causal, float p, uint64_t key) {
-  Bf16Args a;
-  a.B = B;
-  a.T = T;
-  a.NH = NH;
-  a.NKV = NKV;
-  a.hs = hs;
-  a.W = (NH + 2 * NKV) * hs;
-  a.C = NH * hs;
-  a.G = NH / NKV;
-  a.causal = causal;
-  a.c = flash_bf16_score_scale(hs);
-  a.sc = 1.0f / std::sqrt(static_cast<float>(hs));
-  a.p = p;
-  a.inv_keep = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
-  a.key = key;
-  return a;
-}
-
-__device__ __forceinline__ bool kept(const Bf16Args& a, int b, int h, int i, int j) {
-  if (a.p == 0.0f) return true;
-  const uint64_t e =
-      ((static_cast<uint64_t>(b) * a.NH + h) * a.T + static_cast<uint64_t>(i)) * a.T + j;
-  return dropout_keep(a.key, e, a.p);
-}
 
 // Rows [r0, r0 + n) of a strided fp32 [T, ld] matrix's hs columns from col, rounded to bf16 into
 // a [64][HS + 8] tile, zero-padded (rows >= n, columns >= hs). All threads of the block.
@@ -189,7 +154,7 @@ template <int HS>
 __global__ void __launch_bounds__(kThreads)
     flash_bf16_forward_kernel(float* __restrict__ out, float* __restrict__ lse,
                               const float* __restrict__ qkv, const int32_t* __restrict__ mask,
-                              Bf16Args a) {
+                              FlashArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   constexpr int LDH = ld_h<HS>(), LDO = ld_o<HS>();
   extern __shared__ __align__(128) unsigned char smem[];
@@ -301,7 +266,7 @@ __global__ void __launch_bounds__(kThreads)
     flash_bf16_dkdv_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                            const float* __restrict__ lse, const float* __restrict__ D,
                            const float* __restrict__ qkv, const int32_t* __restrict__ mask,
-                           Bf16Args a) {
+                           FlashArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   constexpr int LDH = ld_h<HS>();
   extern __shared__ __align__(128) unsigned char smem[];
@@ -389,7 +354,7 @@ __global__ void __launch_bounds__(kThreads)
     flash_bf16_dq_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                          const float* __restrict__ lse, const float* __restrict__ D,
                          const float* __restrict__ qkv, const int32_t* __restrict__ mask,
-                         Bf16Args a) {
+                         FlashArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   constexpr int LDH = ld_h<HS>();
   extern __shared__ __align__(128) unsigned char smem[];
@@ -471,7 +436,7 @@ void allow_smem(Kernel k, size_t bytes, bool* done) {
 }
 
 template <int HS>
-void launch_forward(float* out, float* lse, const float* qkv, const int32_t* mask, const Bf16Args& a) {
+void launch_forward(float* out, float* lse, const float* qkv, const int32_t* mask, const FlashArgs& a) {
   static bool ready = false;
   constexpr size_t smem = forward_smem<HS>();
   allow_smem(flash_bf16_forward_kernel<HS>, smem, &ready);
@@ -482,7 +447,7 @@ void launch_forward(float* out, float* lse, const float* qkv, const int32_t* mas
 
 template <int HS>
 void launch_backward(float* dqkv, const float* dout, const float* lse, const float* D,
-                     const float* qkv, const int32_t* mask, const Bf16Args& a) {
+                     const float* qkv, const int32_t* mask, const FlashArgs& a) {
   static bool ready_kv = false, ready_q = false;
   constexpr size_t smem_kv = dkdv_smem<HS>(), smem_q = dq_smem<HS>();
   allow_smem(flash_bf16_dkdv_kernel<HS>, smem_kv, &ready_kv);
@@ -519,7 +484,8 @@ bool flash_bf16_applies(int hs) {
 
 void flash_bf16_forward(float* out, float* lse, const float* qkv, const int32_t* mask, int B, int T,
                         int NH, int NKV, int hs, bool causal, float dropout_p, uint64_t dropout_key) {
-  const Bf16Args a = make_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+  FlashArgs a = make_flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+  a.c = flash_bf16_score_scale(hs);
   switch (bf16_head_case(hs)) {
     case 32: launch_forward<32>(out, lse, qkv, mask, a); break;
     case 64: launch_forward<64>(out, lse, qkv, mask, a); break;
@@ -531,7 +497,8 @@ void flash_bf16_forward(float* out, float* lse, const float* qkv, const int32_t*
 void flash_bf16_backward(float* dqkv, const float* dout, const float* lse, const float* D,
                          const float* qkv, const int32_t* mask, int B, int T, int NH, int NKV,
                          int hs, bool causal, float dropout_p, uint64_t dropout_key) {
-  const Bf16Args a = make_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+  FlashArgs a = make_flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+  a.c = flash_bf16_score_scale(hs);
   switch (bf16_head_case(hs)) {
     case 32: launch_backward<32>(dqkv, dout, lse, D, qkv, mask, a); break;
     case 64: launch_backward<64>(dqkv, dout, lse, D, qkv, mask, a); break;

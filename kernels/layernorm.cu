@@ -35,6 +35,58 @@ constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 constexpr int kChunkRows = 32;
 constexpr int kColThreads = 256;
 
+// The rest of a LayerNorm row (one warp) once each lane holds its part s of the row's sum: the
+// mean, the variance (a second pass over x), the output and the saved mean and rstd. Shared by
+// layernorm_forward_kernel and the fused residual + norm, so that both give the same bits.
+template <int V>
+__device__ __forceinline__ void layernorm_row_finish(float* __restrict__ o, float* __restrict__ mean,
+                                                     float* __restrict__ rstd, const float* x,
+                                                     const float* __restrict__ weight,
+                                                     const float* __restrict__ bias, float s, int n,
+                                                     int C, float eps, int lane) {
+  const int Q = C / V;
+  const float m = warp_sum(s) / C;
+  float v = 0.0f;
+  for (int q = lane; q < Q; q += 32) {
+    const Floats<V> xv = load_floats<V>(x + q * V);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+      const float d = xv.v[j] - m;
+      v += d * d;
+    }
+  }
+  const float r = 1.0f / sqrtf(warp_sum(v) / C + eps);
+  for (int q = lane; q < Q; q += 32) {
+    const Floats<V> xv = load_floats<V>(x + q * V), wv = load_floats<V>(weight + q * V),
+                    bv = load_floats<V>(bias + q * V);
+    Floats<V> ov;
+#pragma unroll
+    for (int j = 0; j < V; j++) ov.v[j] = (xv.v[j] - m) * r * wv.v[j] + bv.v[j];
+    store_floats<V>(o + q * V, ov);
+  }
+  if (lane == 0) {
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+// The same for RMSNorm, from each lane's part ss of the row's sum of squares.
+template <int V>
+__device__ __forceinline__ void rmsnorm_row_finish(float* __restrict__ o, float* __restrict__ rstd,
+                                                   const float* x, const float* __restrict__ weight,
+                                                   float ss, int n, int C, float eps, int lane) {
+  const int Q = C / V;
+  const float r = 1.0f / sqrtf(warp_sum(ss) / C + eps);
+  for (int q = lane; q < Q; q += 32) {
+    const Floats<V> xv = load_floats<V>(x + q * V), wv = load_floats<V>(weight + q * V);
+    Floats<V> ov;
+#pragma unroll
+    for (int j = 0; j < V; j++) ov.v[j] = xv.v[j] * r * wv.v[j];
+    store_floats<V>(o + q * V, ov);
+  }
+  if (lane == 0) rstd[n] = r;
+}
+
 template <int V>
 __global__ void layernorm_forward_kernel(float* __restrict__ out, float* __restrict__ mean,
                                          float* __restrict__ rstd, const float* __restrict__ inp,
@@ -52,30 +104,7 @@ __global__ void layernorm_forward_kernel(float* __restrict__ out, float* __restr
 #pragma unroll
     for (int j = 0; j < V; j++) s += xv.v[j];
   }
-  const float m = warp_sum(s) / C;
-  float v = 0.0f;
-  for (int q = lane; q < Q; q += 32) {
-    const Floats<V> xv = load_floats<V>(x + q * V);
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-      const float d = xv.v[j] - m;
-      v += d * d;
-    }
-  }
-  const float r = 1.0f / sqrtf(warp_sum(v) / C + eps);
-  float* o = out + static_cast<size_t>(n) * C;
-  for (int q = lane; q < Q; q += 32) {
-    const Floats<V> xv = load_floats<V>(x + q * V), wv = load_floats<V>(weight + q * V),
-                    bv = load_floats<V>(bias + q * V);
-    Floats<V> ov;
-#pragma unroll
-    for (int j = 0; j < V; j++) ov.v[j] = (xv.v[j] - m) * r * wv.v[j] + bv.v[j];
-    store_floats<V>(o + q * V, ov);
-  }
-  if (lane == 0) {
-    mean[n] = m;
-    rstd[n] = r;
-  }
+  layernorm_row_finish<V>(out + static_cast<size_t>(n) * C, mean, rstd, x, weight, bias, s, n, C, eps, lane);
 }
 
 template <int V>
@@ -187,41 +216,10 @@ __global__ void residual_norm_forward_kernel(float* res, float* __restrict__ out
     }
     store_floats<V>(x + q * V, xv);
   }
-  if (kLayerNorm) {
-    const float m = warp_sum(s) / C;
-    float var = 0.0f;
-    for (int q = lane; q < Q; q += 32) {
-      const Floats<V> xv = load_floats<V>(x + q * V);
-#pragma unroll
-      for (int j = 0; j < V; j++) {
-        const float d = xv.v[j] - m;
-        var += d * d;
-      }
-    }
-    const float r = 1.0f / sqrtf(warp_sum(var) / C + eps);
-    for (int q = lane; q < Q; q += 32) {
-      const Floats<V> xv = load_floats<V>(x + q * V), wv = load_floats<V>(weight + q * V),
-                      bv = load_floats<V>(bias + q * V);
-      Floats<V> ov;
-#pragma unroll
-      for (int j = 0; j < V; j++) ov.v[j] = (xv.v[j] - m) * r * wv.v[j] + bv.v[j];
-      store_floats<V>(o + q * V, ov);
-    }
-    if (lane == 0) {
-      mean[n] = m;
-      rstd[n] = r;
-    }
-  } else {
-    const float r = 1.0f / sqrtf(warp_sum(s) / C + eps);
-    for (int q = lane; q < Q; q += 32) {
-      const Floats<V> xv = load_floats<V>(x + q * V), wv = load_floats<V>(weight + q * V);
-      Floats<V> ov;
-#pragma unroll
-      for (int j = 0; j < V; j++) ov.v[j] = xv.v[j] * r * wv.v[j];
-      store_floats<V>(o + q * V, ov);
-    }
-    if (lane == 0) rstd[n] = r;
-  }
+  if constexpr (kLayerNorm)
+    layernorm_row_finish<V>(o, mean, rstd, x, weight, bias, s, n, C, eps, lane);
+  else
+    rmsnorm_row_finish<V>(o, rstd, x, weight, s, n, C, eps, lane);
 }
 
 template <int V>
@@ -239,16 +237,7 @@ __global__ void rmsnorm_forward_kernel(float* __restrict__ out, float* __restric
 #pragma unroll
     for (int j = 0; j < V; j++) ss += xv.v[j] * xv.v[j];
   }
-  const float r = 1.0f / sqrtf(warp_sum(ss) / C + eps);
-  float* o = out + static_cast<size_t>(n) * C;
-  for (int q = lane; q < Q; q += 32) {
-    const Floats<V> xv = load_floats<V>(x + q * V), wv = load_floats<V>(weight + q * V);
-    Floats<V> ov;
-#pragma unroll
-    for (int j = 0; j < V; j++) ov.v[j] = xv.v[j] * r * wv.v[j];
-    store_floats<V>(o + q * V, ov);
-  }
-  if (lane == 0) rstd[n] = r;
+  rmsnorm_row_finish<V>(out + static_cast<size_t>(n) * C, rstd, x, weight, ss, n, C, eps, lane);
 }
 
 template <int V>

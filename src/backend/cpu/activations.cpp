@@ -45,21 +45,21 @@ void gelu_forward(float* out, const float* inp, size_t n) {
 }
 
 // d gelu/dx = 0.5(1+tanh u) + 0.5 x sech²(u) u' = s + 2 x s (1 - s) k (1 + 3·0.044715 x²)
-// dinp += that * dout
+static inline float gelu_tanh_grad(float x) {
+  const float x2 = x * x;
+  const float a = 2.0f * kK * (x + kA * x2 * x);
+  const float e = fast_expf(-std::fabs(a));
+  const float r = 1.0f / (1.0f + e);
+  const float s = select_float(a >= 0.0f, 1.0f, e) * r;
+  const float ss = e * r * r;  // s (1 - s)
+  return s + 2.0f * x * ss * kK * (1.0f + 3.0f * kA * x2);
+}
+
+// dinp += gelu'(inp) * dout
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
   const long long nn = static_cast<long long>(n);
 #pragma omp parallel for simd schedule(static) if (nn > kParMin)
-  for (long long i = 0; i < nn; i++) {
-    const float x = inp[i];
-    const float x2 = x * x;
-    const float a = 2.0f * kK * (x + kA * x2 * x);
-    const float e = fast_expf(-std::fabs(a));
-    const float r = 1.0f / (1.0f + e);
-    const float s = select_float(a >= 0.0f, 1.0f, e) * r;
-    const float ss = e * r * r;  // s (1 - s)
-    const float g = s + 2.0f * x * ss * kK * (1.0f + 3.0f * kA * x2);
-    dinp[i] += g * dout[i];
-  }
+  for (long long i = 0; i < nn; i++) dinp[i] += gelu_tanh_grad(inp[i]) * dout[i];
 }
 
 // ---- dense layer + GELU (tanh), fused on CUDA; here exactly the unfused sequence ---------------
@@ -84,16 +84,8 @@ void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, 
   const long long nn = static_cast<long long>(n);
 #pragma omp parallel for simd schedule(static) if (nn > kParMin)
   for (long long i = 0; i < nn; i++) {
-    const float x = pre[i];
-    const float x2 = x * x;
-    const float a = 2.0f * kK * (x + kA * x2 * x);
-    const float e = fast_expf(-std::fabs(a));
-    const float r = 1.0f / (1.0f + e);
-    const float s = select_float(a >= 0.0f, 1.0f, e) * r;
-    const float ss = e * r * r;  // s (1 - s)
-    const float g = s + 2.0f * x * ss * kK * (1.0f + 3.0f * kA * x2);
     float acc = 0.0f;  // gelu_backward's dinp, zeroed
-    acc += g * dpre[i];
+    acc += gelu_tanh_grad(pre[i]) * dpre[i];
     dpre[i] = acc;
   }
 }
