@@ -25,8 +25,13 @@
 //         traffic comparable to a quarter of a GPT-2 step at the MFU target (docs/GPU.md
 //         "Precision modes"): the fast version has the producing ops write bf16 themselves. The
 //         scratch holds all operands of one call (largest: the LM head's backward,
-//         N·V + V·C + N·C bf16 values).
+//         N·V + V·C + N·C bf16 values). An output gradient dout [N, OC] read as a GEMM operand
+//         is converted with its rows padded to bf16_ld(OC) (a multiple of 8: every row 16-byte
+//         aligned, as cuBLAS's tensor-core kernels want 16-bit operands; the LM head's
+//         V = 50257 would leave them misaligned), the padding zero.
 #include <cuda_bf16.h>
+
+#include <algorithm>
 
 #include "backend/cuda_ops.h"
 #include "cuda_common.cuh"
@@ -99,6 +104,26 @@ void to_bf16(__nv_bfloat16* dst, const float* src, size_t n) {
 
 // bf16 elements from one 256-byte boundary to the next at or after n.
 size_t bf16_span(size_t n) { return (n + 127) / 128 * 128; }
+
+// The row stride of a bf16 copy of a [rows, cols] operand: cols rounded up to a multiple of 8.
+int bf16_ld(int cols) { return (cols + 7) / 8 * 8; }
+
+// dst[r, c] = bf16(src[r, c]) for c < cols, 0 for cols <= c < ld (rows of ld values).
+__global__ void to_bf16_rows_kernel(__nv_bfloat16* __restrict__ dst, int ld, const float* __restrict__ src,
+                                    int rows, int cols) {
+  for (size_t r = blockIdx.y; r < static_cast<size_t>(rows); r += gridDim.y)
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < ld; c += gridDim.x * blockDim.x)
+      dst[r * ld + c] = c < cols ? __float2bfloat16_rn(src[r * cols + c]) : __float2bfloat16_rn(0.0f);
+}
+
+// A [rows, cols] fp32 matrix to bf16 with row stride ld = bf16_ld(cols) (to_bf16 when ld = cols).
+void to_bf16_rows(__nv_bfloat16* dst, int ld, const float* src, int rows, int cols) {
+  if (ld == cols) return to_bf16(dst, src, static_cast<size_t>(rows) * cols);
+  const unsigned gx = static_cast<unsigned>(std::min((ld + 255) / 256, 64));
+  const unsigned gy = static_cast<unsigned>(std::min(rows, 65535));
+  to_bf16_rows_kernel<<<dim3(gx, gy), 256, 0, compute_stream()>>>(dst, ld, src, rows, cols);
+  LLMPI_LAUNCH_CHECK("to_bf16_rows");
+}
 
 // Row-major C[M,N] = op(A) op(B) + beta C as sgemm_rm (alpha = 1), with bf16 A and B.
 void gemm_bf16_rm(bool transA, bool transB, int M, int N, int K, const __nv_bfloat16* A, int lda,
@@ -247,11 +272,13 @@ void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, 
   const size_t n = static_cast<size_t>(N) * C;
   if (OC <= 0) return zero(dpre, n * sizeof(float));  // dout·W = 0, and so is its product with gelu'
   const void *d = dout, *w = weight;
+  int ldd = OC;  // dout's row stride (padded in its bf16 copy)
   if (prec == GemmPrecision::bf16) {
-    const size_t nd = static_cast<size_t>(N) * OC, nw = static_cast<size_t>(OC) * C;
+    ldd = bf16_ld(OC);
+    const size_t nd = static_cast<size_t>(N) * ldd, nw = static_cast<size_t>(OC) * C;
     auto* ws = static_cast<__nv_bfloat16*>(workspace(kWsGemm, (bf16_span(nd) + nw) * sizeof(__nv_bfloat16)));
     __nv_bfloat16 *dout16 = ws, *w16 = ws + bf16_span(nd);
-    to_bf16(dout16, dout, nd);
+    to_bf16_rows(dout16, ldd, dout, N, OC);
     to_bf16(w16, weight, nw);
     d = dout16, w = w16;
   }
@@ -260,7 +287,7 @@ void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, 
     g.ep = LtEpilogue::dgelu;
     g.prec = prec;
     g.M = N, g.N = C, g.K = OC;
-    g.A = d, g.lda = OC;
+    g.A = d, g.lda = ldd;
     g.B = w, g.ldb = C;
     g.beta = 0.0f;
     g.C = dpre, g.ldc = C;
@@ -272,7 +299,7 @@ void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, 
   }
   if (cuda_gemm_epilogues_enabled()) lt_count(LtCount::unfused);
   if (prec == GemmPrecision::bf16)
-    gemm_bf16_rm(false, false, N, C, OC, static_cast<const __nv_bfloat16*>(d), OC,
+    gemm_bf16_rm(false, false, N, C, OC, static_cast<const __nv_bfloat16*>(d), ldd,
                  static_cast<const __nv_bfloat16*>(w), C, 0.0f, dpre, C);
   else
     gemm_f32_rm(prec, false, false, N, C, OC, dout, OC, weight, C, 0.0f, dpre, C);
@@ -311,19 +338,20 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     }
     if (dweight != nullptr) gemm_f32_rm(prec, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
   } else if (dinp != nullptr || dweight != nullptr) {
-    const size_t nd = static_cast<size_t>(N) * OC, nw = dinp ? static_cast<size_t>(OC) * C : 0,
+    const int ldd = bf16_ld(OC);  // dout's bf16 rows, padded
+    const size_t nd = static_cast<size_t>(N) * ldd, nw = dinp ? static_cast<size_t>(OC) * C : 0,
                  ni = dweight ? static_cast<size_t>(N) * C : 0;
     auto* ws = static_cast<__nv_bfloat16*>(
         workspace(kWsGemm, (bf16_span(nd) + bf16_span(nw) + ni) * sizeof(__nv_bfloat16)));
     __nv_bfloat16 *dout16 = ws, *w16 = ws + bf16_span(nd), *inp16 = w16 + bf16_span(nw);
-    to_bf16(dout16, dout, nd);
+    to_bf16_rows(dout16, ldd, dout, N, OC);
     if (dinp != nullptr) {
       to_bf16(w16, weight, nw);
-      gemm_bf16_rm(false, false, N, C, OC, dout16, OC, w16, C, 1.0f, dinp, C);
+      gemm_bf16_rm(false, false, N, C, OC, dout16, ldd, w16, C, 1.0f, dinp, C);
     }
     if (dweight != nullptr) {
       to_bf16(inp16, inp, ni);
-      gemm_bf16_rm(true, false, OC, C, N, dout16, OC, inp16, C, 1.0f, dweight, C);
+      gemm_bf16_rm(true, false, OC, C, N, dout16, ldd, inp16, C, 1.0f, dweight, C);
     }
   }
   if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);

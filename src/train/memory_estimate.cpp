@@ -100,15 +100,18 @@ size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
 // A bf16 dense layer's rounded operands (backend/cpu/matmul.cpp, kernels/matmul.cu): per call all of
 // them side by side in one buffer (its forward inp·W^T, its backward dout, W and inp), each but the
 // last padded to 16 floats (CPU: fp32 copies) or 128 bf16 values (CUDA, whose workspace also takes
-// a quarter of headroom when it grows). The buffer grows to the largest call: often the LM head's
-// backward, over one chunk of R = lm_head_chunk_rows rows.
+// a quarter of headroom when it grows, and whose copy of dout has rows of a multiple of 8 values).
+// The buffer grows to the largest call: often the LM head's backward, over one chunk of
+// R = lm_head_chunk_rows rows.
 size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecision precision, bool on_gpu) {
   if (precision != GemmPrecision::bf16) return 0;
   const size_t pad = on_gpu ? 128 : 16;
   auto span = [&](size_t n) { return (n + pad - 1) / pad * pad; };
   size_t most = 0;
+  // CUDA pads a bf16 output gradient's rows to a multiple of 8 values (kernels/matmul.cu bf16_ld)
+  auto ld = [&](size_t out) { return on_gpu ? (out + 7) / 8 * 8 : out; };
   auto dense = [&](size_t rows, size_t in, size_t out) {
-    most = std::max({most, span(rows * in) + out * in, span(rows * out) + span(out * in) + rows * in});
+    most = std::max({most, span(rows * in) + out * in, span(rows * ld(out)) + span(out * in) + rows * in});
   };
   const size_t N = (size_t)B * T, C = d.d_model, AY = (size_t)d.n_head * d.head_dim();
   dense(N, C, d.qkv_dim());
