@@ -1,10 +1,12 @@
 // Shared by the model tests: descriptions of tiny models of each family, random batches, and
 // host views of a model's parameters and gradients.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "backend/ops.h"
 #include "model/transformer.h"
 #include "runtime/config.h"
 #include "runtime/rng.h"
@@ -58,5 +60,32 @@ struct RandomBatch {
     }
   }
 };
+
+// Losses of `steps` AdamW steps (clip at 1, weight decay on the decayed tensors) over a fixed set
+// of 4 random batches (B 4, T 16), from the same initial parameters, on the CPU backend with the
+// GEMMs in `prec` (test_precision.cpp, test_flash_bf16.cpp).
+inline std::vector<float> training_losses(const ModelDesc& d, GemmPrecision prec, int steps) {
+  const int B = 4, T = 16;
+  Model m(d, cpu_ops(), ModelPart::whole(), prec);
+  Activations a(m, B, T);
+  m.init_params(21);
+  std::vector<RandomBatch> data;
+  data.reserve(4);  // a RandomBatch's Batch points into its own vectors: never reallocate
+  for (int k = 0; k < 4; k++) data.emplace_back(d, B, T, 30 + k);
+  const size_t n = m.table.numel;
+  std::vector<float> mom(n, 0.0f), vel(n, 0.0f);
+  std::vector<float> losses;
+  for (int step = 1; step <= steps; step++) {
+    m.zero_grads();
+    losses.push_back(m.forward(a, data[step % 4].b, true));
+    m.backward(a);
+    const double norm = std::sqrt(cpu_ops().sum_squares(m.grads, n));
+    if (norm > 1.0) cpu_ops().scale(m.grads, static_cast<float>(1.0 / norm), n);
+    for (const ParamSlice& s : m.table.slices)
+      cpu_ops().adamw_update(m.params + s.offset, m.grads + s.offset, mom.data() + s.offset, vel.data() + s.offset,
+                             s.numel, 3e-3f, 0.9f, 0.95f, 1e-8f, s.decay ? 0.1f : 0.0f, step);
+  }
+  return losses;
+}
 
 }  // namespace llmpi::test

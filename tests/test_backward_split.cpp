@@ -234,7 +234,9 @@ TEST_P(BackwardSplit, InputThenWeightEqualsWholeBackward) {
       EXPECT_TRUE(boundary) << k << " is not the end of a tensor";
     }
     // A part with dense layers reports more than once: the prefix grows as the layers land.
-    if (p.l1 > p.l0) EXPECT_GT(seen.size(), 1u);
+    if (p.l1 > p.l0) {
+      EXPECT_GT(seen.size(), 1u);
+    }
   }
 }
 

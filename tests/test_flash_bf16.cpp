@@ -242,33 +242,11 @@ struct ModelFamily {
   std::vector<std::string> extra;
 };
 
-// Losses of `steps` AdamW steps over 4 fixed random batches (test_precision.cpp's recipe), with
-// fused attention.
+// training_losses (model_test_util.h) with fused attention.
 std::vector<float> fused_losses(const ModelDesc& d0, GemmPrecision prec, int steps) {
   ModelDesc d = d0;
   d.attention = AttentionImpl::fused;
-  const int B = 4, T = 16;
-  Model m(d, cpu_ops(), ModelPart::whole(), prec);
-  Activations a(m, B, T);
-  m.init_params(21);
-  std::vector<RandomBatch> data;
-  data.reserve(4);
-  for (int k = 0; k < 4; k++) data.emplace_back(d, B, T, 30 + k);
-  const size_t n = m.table.numel;
-  std::vector<float> mom(n, 0.0f), vel(n, 0.0f);
-  std::vector<float> losses;
-  for (int step = 1; step <= steps; step++) {
-    m.zero_grads();
-    losses.push_back(m.forward(a, data[step % 4].b, true));
-    m.backward(a);
-    const double norm = std::sqrt(cpu_ops().sum_squares(m.grads, n));
-    if (norm > 1.0) cpu_ops().scale(m.grads, static_cast<float>(1.0 / norm), n);
-    for (const ParamSlice& s : m.table.slices)
-      cpu_ops().adamw_update(m.params + s.offset, m.grads + s.offset, mom.data() + s.offset,
-                             vel.data() + s.offset, s.numel, 3e-3f, 0.9f, 0.95f, 1e-8f,
-                             s.decay ? 0.1f : 0.0f, step);
-  }
-  return losses;
+  return training_losses(d, prec, steps);
 }
 
 }  // namespace

@@ -333,7 +333,9 @@ TEST_P(GenerateHf, GreedyReproducesTransformersTokens) {
   Model m(hf.desc, cpu_ops());
   ASSERT_EQ(m.table.numel, hf.params.size());
   std::copy(hf.params.begin(), hf.params.end(), m.params);
-  if (std::string(GetParam()) == "llama") EXPECT_LT(hf.desc.n_kv_head, hf.desc.n_head);  // exercises GQA
+  if (std::string(GetParam()) == "llama") {  // exercises GQA
+    EXPECT_LT(hf.desc.n_kv_head, hf.desc.n_head);
+  }
   Generator cached(m), full(m, 0, false);
   SamplingParams greedy;
   greedy.greedy = true;

@@ -98,7 +98,9 @@ void every_schedule_equals_one_rank(const std::string& family, int n_layer, std:
     const TrainResult pipe = train(make_config(base, sets), MPI_COMM_WORLD, quiet_options(false), true);
     expect_equal(one, pipe, family + " S=" + std::to_string(S) + " " + sched);
   }
-  if (world_rank() == 0 && family != "bert") EXPECT_LT(one.losses.back(), one.losses.front()) << "no progress";
+  if (world_rank() == 0 && family != "bert") {
+    EXPECT_LT(one.losses.back(), one.losses.front()) << "no progress";
+  }
 }
 
 const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "interleaved", "zb-h1"};
@@ -200,7 +202,9 @@ TEST(MpiPipeline, CheckpointsResumeAcrossStageCounts) {
   r2.resume = buf;
   const TrainResult piped = train(cfg(dir + "/piped", pp2), MPI_COMM_WORLD, r2, true);
   EXPECT_EQ(piped.start_step, 5);
-  if (world_rank() == 0) EXPECT_LT(rel_diff(piped.final_params, whole.final_params), 1e-5) << "PP=1 -> PP=2";
+  if (world_rank() == 0) {
+    EXPECT_LT(rel_diff(piped.final_params, whole.final_params), 1e-5) << "PP=1 -> PP=2";
+  }
 }
 
 // A bad stage count or micro-batch count is refused on every rank with the fix.
@@ -261,7 +265,9 @@ void zero_bubble_defers_the_weight_gradient() {
             const bool changed =
                 std::memcmp(now.data() + s.offset, before.data() + s.offset, s.numel * sizeof(float)) != 0;
             if (!deferred(s)) {
-              if (a.type == ActionType::W) EXPECT_FALSE(changed) << action_string(a) << " changed " << s.name;
+              if (a.type == ActionType::W) {
+                EXPECT_FALSE(changed) << action_string(a) << " changed " << s.name;
+              }
               continue;
             }
             dense++;

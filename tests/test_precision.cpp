@@ -80,7 +80,9 @@ TEST(Bf16Rounding, KnownBitPatterns) {
   };
   for (const Case& c : cases) {
     EXPECT_EQ(float_to_bf16_bits(from_bits(c.in)), c.out) << c.what << std::hex << " (0x" << c.in << ")";
-    if (c.out != 0x7FFF) EXPECT_EQ(to_bits(round_to_bf16(from_bits(c.in))), static_cast<uint32_t>(c.out) << 16);
+    if (c.out != 0x7FFF) {
+      EXPECT_EQ(to_bits(round_to_bf16(from_bits(c.in))), static_cast<uint32_t>(c.out) << 16);
+    }
   }
   EXPECT_TRUE(std::isnan(round_to_bf16(std::numeric_limits<float>::quiet_NaN())));
 }
@@ -251,32 +253,6 @@ const PrecisionFamily kFamilies[] = {
     {"llama_gqa", "llama", {"model.n_kv_head=1"}},
     {"bert", "bert", {"model.num_labels=3"}},
 };
-
-// Losses of `steps` AdamW steps (clip at 1, weight decay on the decayed tensors) over a fixed set
-// of 4 random batches, from the same initial parameters.
-std::vector<float> training_losses(const ModelDesc& d, GemmPrecision prec, int steps) {
-  const int B = 4, T = 16;
-  Model m(d, cpu_ops(), ModelPart::whole(), prec);
-  Activations a(m, B, T);
-  m.init_params(21);
-  std::vector<RandomBatch> data;
-  data.reserve(4);  // a RandomBatch's Batch points into its own vectors: never reallocate
-  for (int k = 0; k < 4; k++) data.emplace_back(d, B, T, 30 + k);
-  const size_t n = m.table.numel;
-  std::vector<float> mom(n, 0.0f), vel(n, 0.0f);
-  std::vector<float> losses;
-  for (int step = 1; step <= steps; step++) {
-    m.zero_grads();
-    losses.push_back(m.forward(a, data[step % 4].b, true));
-    m.backward(a);
-    const double norm = std::sqrt(cpu_ops().sum_squares(m.grads, n));
-    if (norm > 1.0) cpu_ops().scale(m.grads, static_cast<float>(1.0 / norm), n);
-    for (const ParamSlice& s : m.table.slices)
-      cpu_ops().adamw_update(m.params + s.offset, m.grads + s.offset, mom.data() + s.offset, vel.data() + s.offset,
-                             s.numel, 3e-3f, 0.9f, 0.95f, 1e-8f, s.decay ? 0.1f : 0.0f, step);
-  }
-  return losses;
-}
 
 class PrecisionTraining : public ::testing::TestWithParam<PrecisionFamily> {};
 

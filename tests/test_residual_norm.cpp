@@ -111,7 +111,9 @@ TEST(ResidualNorm, CudaMatchesCpu) {
         const Out c = run(cpu_ops(), layernorm, true, in_place, s.N, s.C);
         EXPECT_EQ(g.res, c.res);
         EXPECT_LT(rel(g.out, c.out), 1e-5);
-        if (layernorm) EXPECT_LT(rel(g.mean, c.mean), 1e-5);
+        if (layernorm) {
+          EXPECT_LT(rel(g.mean, c.mean), 1e-5);
+        }
         EXPECT_LT(rel(g.rstd, c.rstd), 1e-5);
       }
 }
