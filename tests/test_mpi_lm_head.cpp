@@ -61,7 +61,9 @@ void chunked_equals_unchunked(const std::string& family, const std::vector<std::
     std::printf("%s chunked head, %-16s loss %.6f -> %.6f (1 rank unchunked %.6f -> %.6f), params rel diff %.1e\n",
                 family.c_str(), v.name, two.losses.front(), two.losses.back(), one.losses.front(), one.losses.back(), d);
   }
-  if (world_rank() == 0) EXPECT_LT(one.losses.back(), one.losses.front()) << "no progress";
+  if (world_rank() == 0) {
+    EXPECT_LT(one.losses.back(), one.losses.front()) << "no progress";
+  }
 }
 
 }  // namespace
