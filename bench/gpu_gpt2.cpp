@@ -11,7 +11,8 @@
 // of kernels/flash_attention_bf16.cu; full stores the B x NH x T x T probabilities per layer).
 // The report names the attention kernel that ran ("attention_kernel": flash-bf16-wmma,
 // flash-fp32 or full-cublas-fp32). A step is what the trainer does on one rank: zero grads,
-// forward (fused softmax + cross-entropy), backward, global-norm clip at 1.0 and AdamW on every
+// forward (fused softmax + cross-entropy; the LM head's backward inside it: transformer.h "Fused
+// LM head", so forward ms holds it), backward, global-norm clip at 1.0 and AdamW on every
 // parameter (weight decay on the 2-D tensors only) — the trainer's step: the loss and the
 // gradient's sum of squares read back once, the clip factor folded into the multi-tensor AdamW
 // (optim/optimizer.h).
@@ -246,7 +247,7 @@ int run(const Options& o) {
       batch.T = T;
       batch.tokens = in.data();
       batch.targets = tg.data();
-      model.forward_queued(acts, batch, true);
+      model.train_forward_queued(acts, batch);  // the LM head fused, as the trainer does
       cuda_mark(1);
       sample_memory();
       model.backward(acts);

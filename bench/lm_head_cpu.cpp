@@ -1,14 +1,16 @@
 // bench-lm_head_cpu: the chunked LM head (model/transformer.h "Chunked LM head") in a whole GPT-2
 // training step on the CPU backend: the activations' memory and the time of forward + backward,
 // unchunked (one chunk of all N = B·T rows: N x V logits, as before the chunking) against the
-// default chunk (as many rows as fit kLmHeadChunkBytes of logits) and chunks of --rows rows.
+// default chunk (as many rows as fit kLmHeadChunkBytes of logits) and chunks of --rows rows, the
+// last both recomputing in backward (forward + backward, "rows") and fused (train_forward, as the
+// trainer's single-model step runs it: each chunk's backward inside the forward, "rows fused").
 //
 //   build/bench-lm_head_cpu [--batch B] [--seq-len T] [--steps S] [--layers L] [--heads H]
 //                           [--d-model C] [--vocab V] [--rows R] [--precision fp32|bf16]
 //
 // Defaults: GPT-2's real vocabulary (V = 50257), 4 layers, 4 heads, d_model 256, batch 8,
 // seq_len 256, R = 256, fp32, 5 timed steps after one warm-up. The variants run alternately
-// (unchunked, default, R, unchunked, ...) so that a shared machine's load falls on all alike; the
+// (unchunked, default, R, R fused, unchunked, ...) so that a shared machine's load falls on all alike; the
 // table gives per variant the rows per chunk, the bytes of one micro-batch's activations
 // (Activations::bytes), the bf16 GEMM operand scratch (gemm_operand_scratch_bytes; 0 in fp32),
 // the median ms of a step (zero grads, forward, backward), the ratios to unchunked, and the loss
@@ -98,30 +100,32 @@ int main(int argc, char** argv) {
     mc.n_head = o.heads;
     mc.d_model = o.d_model;
     mc.seq_len = T;
-    const char* names[3] = {"unchunked", "default", "rows"};
-    const int chunk[3] = {N, 0, std::min(o.rows, N)};
+    constexpr int kVariants = 4;
+    const char* names[kVariants] = {"unchunked", "default", "rows", "rows fused"};
+    const int chunk[kVariants] = {N, 0, std::min(o.rows, N), std::min(o.rows, N)};
+    const std::vector<bool> fused = {false, false, false, true};
     const bench::RandomLmBatch data(B, T, o.vocab);
     std::vector<ModelDesc> desc;
     std::vector<std::unique_ptr<Model>> models;
     std::vector<std::unique_ptr<Activations>> acts;
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < kVariants; k++) {
       desc.push_back(model_desc_from_config(mc, o.vocab));
       desc[k].lm_head_chunk_rows = chunk[k];
       models.push_back(std::make_unique<Model>(desc[k], cpu_ops(), ModelPart::whole(), prec));
       models[k]->init_params(1);
       acts.push_back(std::make_unique<Activations>(*models[k], B, T));
     }
-    const bench::StepTimes times = bench::time_steps_alternately(models, acts, data.batch, o.steps);
-    std::printf("%-10s %8s %15s %14s %10s %12s\n", "head", "rows", "activations MB", "gemm scr MB", "ms/step", "last loss");
-    double act[3], scr[3], med[3];
-    for (int k = 0; k < 3; k++) {
+    const bench::StepTimes times = bench::time_steps_alternately(models, acts, data.batch, o.steps, fused);
+    std::printf("%-11s %8s %15s %14s %10s %12s\n", "head", "rows", "activations MB", "gemm scr MB", "ms/step", "last loss");
+    double act[kVariants], scr[kVariants], med[kVariants];
+    for (int k = 0; k < kVariants; k++) {
       act[k] = acts[k]->bytes() / 1e6;
       scr[k] = gemm_operand_scratch_bytes(desc[k], B, T, prec, false) / 1e6;
       med[k] = bench::median(times.ms[k]);
-      std::printf("%-10s %8d %15.1f %14.1f %10.1f %12.6f\n", names[k], acts[k]->lm_rows, act[k], scr[k], med[k], times.last_loss[k]);
+      std::printf("%-11s %8d %15.1f %14.1f %10.1f %12.6f\n", names[k], acts[k]->lm_rows, act[k], scr[k], med[k], times.last_loss[k]);
     }
-    for (int k = 1; k < 3; k++)
-      std::printf("%-10s %8s %14.3fx %13.3fx %9.3fx\n", names[k], "/unch.", act[k] / act[0],
+    for (int k = 1; k < kVariants; k++)
+      std::printf("%-11s %8s %14.3fx %13.3fx %9.3fx\n", names[k], "/unch.", act[k] / act[0],
                   scr[0] > 0 ? scr[k] / scr[0] : 0.0, med[k] / med[0]);
   } catch (const Error& e) {
     std::fprintf(stderr, "%s: %s\n", kProg, e.what());

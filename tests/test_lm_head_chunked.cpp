@@ -15,7 +15,12 @@
 //  - the Activations allocate R x V for the logits, as the memory estimate says, and all_logits
 //    asks for every row's (generation), which hold the unchunked logits bit for bit;
 //  - runtime.lm_head_chunk_rows is validated;
-//  - on a GPU (skipped without one): the CUDA chunked head against the CPU's, loss and gradients.
+//  - the fused head (train_forward: each chunk's backward inside the forward, nothing
+//    recomputed) equals forward + backward bit for bit — losses, every gradient — for every case
+//    and chunk size, gpt2/llama/bert (bert's classifier head has nothing to fuse); misuse (another
+//    backward in between, an input-only backward) is refused;
+//  - on a GPU (skipped without one): the CUDA chunked head against the CPU's, loss and gradients,
+//    and the CUDA fused head against the CUDA recomputing one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -64,7 +69,8 @@ struct HeadRun {
   std::vector<ParamSlice> slices;
 };
 
-HeadRun run_head(const HeadCase& c, int chunk_rows, const Ops& ops = cpu_ops()) {
+// fused: train_forward (the head's backward inside the forward), else forward with need_grad.
+HeadRun run_head(const HeadCase& c, int chunk_rows, const Ops& ops = cpu_ops(), bool fused = false) {
   const ModelDesc d = head_desc(c, chunk_rows);
   RandomBatch rb(d, kB, kT, 17);
   Model m(d, ops, ModelPart::whole(), c.precision);
@@ -72,8 +78,16 @@ HeadRun run_head(const HeadCase& c, int chunk_rows, const Ops& ops = cpu_ops()) 
   m.zero_grads();
   Activations a;
   HeadRun r;
-  r.loss = m.forward(a, rb.b, true);
-  r.row_losses = a.losses_host;
+  if (fused) {
+    a.allocate(m, kB, kT);
+    r.loss = m.train_forward(a, rb.b);
+    EXPECT_TRUE(a.lm_head_fused);
+    r.row_losses.resize(kN);
+    ops.copy_to_host(r.row_losses.data(), a.losses, kN * sizeof(float));
+  } else {
+    r.loss = m.forward(a, rb.b, true);
+    r.row_losses = a.losses_host;
+  }
   m.backward(a);
   r.grads = m.grads_host();
   r.act_bytes = a.bytes();
@@ -199,6 +213,68 @@ TEST(ChunkedLmHeadRows, ConfigKeyIsValidated) {
   }
 }
 
+// The fused head (transformer.h "Fused LM head") runs lm_head_backward_chunks' ops in its order
+// inside the forward: the same bits as the recomputing head, at every chunk size (one chunk: no
+// recompute either way).
+TEST_P(ChunkedLmHead, FusedEqualsRecomputedBitForBit) {
+  const HeadCase& c = GetParam();
+  for (int R : {1, 7, 16, 63, kN}) {
+    SCOPED_TRACE("chunk rows " + std::to_string(R));
+    const HeadRun rec = run_head(c, R), fus = run_head(c, R, cpu_ops(), true);
+    EXPECT_EQ(fus.loss, rec.loss);
+    EXPECT_EQ(fus.row_losses, rec.row_losses);
+    EXPECT_EQ(fus.grads, rec.grads);
+    EXPECT_EQ(fus.act_bytes, rec.act_bytes);  // no memory of its own: d xf lives in backward scratch
+  }
+}
+
+// A classifier (bert) has no LM head to fuse: train_forward is forward with need_grad.
+TEST(FusedLmHead, ClassifierHeadIsTheUnfusedForward) {
+  ModelDesc d = desc_of("bert", 2, 2, 32, kT, 97);
+  RandomBatch rb(d, kB, kT, 5);
+  std::vector<float> g[2];
+  float loss[2];
+  for (int k = 0; k < 2; k++) {
+    Model m(d, cpu_ops());
+    m.init_params(3);
+    m.zero_grads();
+    Activations a(m, kB, kT);
+    loss[k] = k ? m.train_forward(a, rb.b) : m.forward(a, rb.b, true);
+    EXPECT_FALSE(a.lm_head_fused);
+    m.backward(a);
+    g[k] = m.grads_host();
+  }
+  EXPECT_EQ(loss[1], loss[0]);
+  EXPECT_EQ(g[1], g[0]);
+}
+
+// The fused head's d xf waits in the backward's scratch: a backward of other activations in
+// between, or an input-only backward (which must not have dW yet), is refused, not silently wrong.
+TEST(FusedLmHead, MisuseIsRefused) {
+  const ModelDesc d = head_desc(kCases[0], 7);
+  RandomBatch rb(d, kB, kT, 17);
+  Model m(d, cpu_ops());
+  m.init_params(3);
+  m.zero_grads();
+  Activations a(m, kB, kT), other(m, kB, kT);
+  m.forward(other, rb.b, true);
+  m.train_forward(a, rb.b);
+  EXPECT_THROW(m.backward(other), Error);
+  m.train_forward(a, rb.b);
+  m.begin_backward(a, BackwardMode::input_only);
+  EXPECT_THROW(m.head_backward(a, {}), Error);
+  // A later plain forward clears the fused state: its backward recomputes as usual.
+  Model m2(d, cpu_ops());
+  m2.init_params(3);
+  m2.zero_grads();
+  Activations a2(m2, kB, kT);
+  m2.train_forward(a2, rb.b);
+  EXPECT_TRUE(a2.lm_head_fused);
+  m2.forward(a2, rb.b, true);
+  EXPECT_FALSE(a2.lm_head_fused);
+  m2.backward(a2);
+}
+
 // The CUDA backend runs the same chunked head: its loss and gradients against the CPU's, within
 // CudaModel's tolerances (test_cuda_ops.cpp: cuBLAS and OpenBLAS sum in other orders; fp32 1e-4;
 // bf16 gradients 1e-2, where an order difference now and then flips an operand's bf16 rounding).
@@ -213,5 +289,22 @@ TEST(ChunkedLmHeadCuda, MatchesCpu) {
       EXPECT_LT(rel_diff(gpu.grads.data() + s.offset, cpu.grads.data() + s.offset, s.numel),
                 c.precision == GemmPrecision::bf16 ? 1e-2 : 1e-4)
           << s.name;
+  }
+}
+
+// On a GPU the fused head is the recomputing head's ops in its order: the same bits as the CUDA
+// recomputing head (cuBLAS is deterministic for one shape on one stream), and within CudaModel's
+// tolerances of the CPU's fused head.
+TEST(ChunkedLmHeadCuda, FusedEqualsRecomputed) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  for (const HeadCase& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const HeadRun rec = run_head(c, 7, cuda_ops()), fus = run_head(c, 7, cuda_ops(), true);
+    EXPECT_EQ(fus.loss, rec.loss);
+    EXPECT_EQ(fus.row_losses, rec.row_losses);
+    EXPECT_EQ(fus.grads, rec.grads);
+    const HeadRun cpu = run_head(c, 7, cpu_ops(), true);
+    EXPECT_LT(std::fabs(fus.loss - cpu.loss) / std::fabs(cpu.loss), 1e-4);
   }
 }

@@ -444,6 +444,10 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
 }
 
 void Model::head_forward_queued(Activations& a, bool need_grad, float grad_scale) const {
+  head_forward_impl(a, need_grad, grad_scale, false);
+}
+
+void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, bool fused) const {
   const Ops& o = *ops;
   const ModelDesc& d = desc;
   const int B = a.B, T = a.T, C = d.d_model, N = B * T;
@@ -461,16 +465,34 @@ void Model::head_forward_queued(Activations& a, bool need_grad, float grad_scale
     }
     const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
     rows = N;
-    // Chunked ("Chunked LM head" in transformer.h): per chunk of R rows, logits = xf·W^T, then the
-    // loss per row (with need_grad the gradient too, as the unchunked head computed it, so the
-    // losses are the same bits; head_backward recomputes it).
     const int R = a.lm_rows;
-    for (int r0 = 0; r0 < N; r0 += R) {
-      const int rn = std::min(R, N - r0);
-      const float* xc = xf + static_cast<size_t>(r0) * C;
-      o.matmul_forward(a.logits, xc, W, nullptr, rn, C, d.vocab_size, precision);
-      o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
-                            need_grad ? grad_scale / static_cast<float>(N) : 0.0f, bad, r0);
+    if (fused) {
+      // Fused ("Fused LM head" in transformer.h): the chunks last to first, each one's backward at
+      // once — the ops, operands and order of lm_head_backward_chunks, so the same bits — into
+      // d_a_ (d xf, zeroed here) and the head weight's gradient.
+      const int chunks = (N + R - 1) / R;
+      o.zero(d_a_, static_cast<size_t>(N) * C * sizeof(float));
+      float* dW = ge[d.tie_embeddings ? kTokEmb : kLmHead];
+      for (int c = chunks - 1; c >= 0; c--) {
+        const int r0 = c * R, rn = std::min(R, N - r0);
+        const float* xc = xf + static_cast<size_t>(r0) * C;
+        o.matmul_forward(a.logits, xc, W, nullptr, rn, C, d.vocab_size, precision);
+        o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
+                              grad_scale / static_cast<float>(N), bad, r0);
+        o.matmul_backward(d_a_ + static_cast<size_t>(r0) * C, dW, nullptr, a.logits, xc, W, rn, C, d.vocab_size,
+                          precision);
+      }
+    } else {
+      // Chunked ("Chunked LM head" in transformer.h): per chunk of R rows, logits = xf·W^T, then
+      // the loss per row (with need_grad the gradient too, as the unchunked head computed it, so
+      // the losses are the same bits; head_backward recomputes it).
+      for (int r0 = 0; r0 < N; r0 += R) {
+        const int rn = std::min(R, N - r0);
+        const float* xc = xf + static_cast<size_t>(r0) * C;
+        o.matmul_forward(a.logits, xc, W, nullptr, rn, C, d.vocab_size, precision);
+        o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
+                              need_grad ? grad_scale / static_cast<float>(N) : 0.0f, bad, r0);
+      }
     }
   } else {
     rows = B;
@@ -489,7 +511,9 @@ void Model::head_forward_queued(Activations& a, bool need_grad, float grad_scale
   }
   a.head_grad = need_grad;
   a.head_grad_scale = grad_scale;
-  a.lm_last_grad = need_grad && d.head == HeadKind::lm;
+  a.lm_head_fused = fused && d.head == HeadKind::lm;
+  // The chunk buffer holds the last chunk's gradient (a fused head's last, chunk 0: so only with one).
+  a.lm_last_grad = need_grad && d.head == HeadKind::lm && (!a.lm_head_fused || N <= a.lm_rows);
   // Σ of the per-row losses in double (on the CPU in row order: the host loop's bits).
   o.sum_to_double(&a.scalars->loss_sum, a.losses, static_cast<size_t>(rows));
 }
@@ -523,6 +547,22 @@ void Model::forward_queued(Activations& a, const Batch& b, bool need_grad, float
   if (part.embedding) embed_forward(a);
   blocks_forward(a, part.l0, part.l1);
   if (part.head) head_forward_queued(a, need_grad, grad_scale);
+}
+
+void Model::train_forward_queued(Activations& a, const Batch& b, float grad_scale) {
+  const bool fuse = part.head && desc.head == HeadKind::lm;
+  load_batch(a, b);
+  if (part.embedding) embed_forward(a);
+  blocks_forward(a, part.l0, part.l1);
+  if (!part.head) return;
+  if (fuse) ensure_scratch(a.B, a.T);
+  head_forward_impl(a, true, grad_scale, fuse);
+  fused_head_for_ = fuse ? &a : nullptr;
+}
+
+float Model::train_forward(Activations& a, const Batch& b, float grad_scale) {
+  train_forward_queued(a, b, grad_scale);
+  return part.head ? loss_of(read_scalars(a), a) : 0.0f;
 }
 
 float Model::forward(Activations& a, const Batch& b, bool need_grad, float grad_scale) const {
@@ -690,15 +730,22 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
   if (d.head == HeadKind::lm) {
     const bool tied = d.tie_embeddings;
     const int wrole = tied ? kTokEmb : kLmHead;
-    o.zero(d_a_, NC * sizeof(float));
-    // The chunked head (see transformer.h): d_a_ = d xf now; dW now, or in weight_backward after
-    // an input-only pass (recomputing the logits there too: nothing N x V is kept).
-    if (mode_ == BackwardMode::whole) {
+    if (a.lm_head_fused) {
+      // train_forward_queued ran the head's backward: d_a_ = d xf, dW added (see transformer.h).
+      if (mode_ != BackwardMode::whole) fail("internal: an input-only backward after a fused LM head forward");
+      if (fused_head_for_ != &a) fail("internal: the fused LM head's gradient in scratch belongs to other activations");
+      fused_head_for_ = nullptr;
+      if (!(tied && part.embedding)) finished(0, {wrole}, ready);
+    } else if (mode_ == BackwardMode::whole) {
+      // The chunked head (see transformer.h): d_a_ = d xf now; dW now, or in weight_backward after
+      // an input-only pass (recomputing the logits there too: nothing N x V is kept).
+      o.zero(d_a_, NC * sizeof(float));
       lm_head_backward_chunks(a, d_a_, ge[wrole]);
       // A tied matrix held with the embedding gets its embedding gradient later in a whole pass.
       if (!(tied && part.embedding)) finished(0, {wrole}, ready);
     } else {
       if (input_only_pass_ != &a) fail("internal: an input-only backward continued on other activations");
+      o.zero(d_a_, NC * sizeof(float));
       lm_head_backward_chunks(a, d_a_, nullptr);
       a.deferred.push_back({0, wrole, -1, nullptr, nullptr, N, C, d.vocab_size});
     }
@@ -892,6 +939,8 @@ void Model::embed_backward(Activations& a, const ReadyFn& ready) {
 }
 
 void Model::backward(Activations& a, const ReadyFn& ready) {
+  if (fused_head_for_ && fused_head_for_ != &a)  // its d xf lives in the scratch this pass reuses
+    fail("internal: a backward on other activations between a fused-head training forward and its backward");
   begin_backward();
   if (part.head) head_backward(a, ready);
   blocks_backward(a, part.l0, part.l1, ready);

@@ -46,15 +46,27 @@
 // by the same softmax_xent (the same bits: the same ops on the same operands); then
 // dxf_chunk += dlogits·W and dW += dlogits^T·xf_chunk. The price is (chunks - 1) more head GEMMs
 // over chunk rows: none with one chunk (the unchunked head's ops and speed), up to the head's
-// FLOPs x 4/3 with many. Chosen over fusing dxf and dW into a need_grad forward because forward
-// and backward stay separate: the split backward's contract holds unchanged — an input-only pass
-// adds only dxf, and weight_backward recomputes the chunks' gradients again for dW (with one
-// chunk, the buffer still holds it), so a zb-h1 head keeps no N x V either; the chunk order is
-// the same as a whole backward's, hence the same bits. The loss and dxf are per-row work; dW is a sum over chunks (a
-// split of the GEMM's reduction over rows), so it differs from one big GEMM in rounding only (and
+// FLOPs x 4/3 with many. The default because forward and backward stay separate: the split
+// backward's contract holds unchanged — an input-only pass adds only dxf, and weight_backward
+// recomputes the chunks' gradients again for dW (with one chunk, the buffer still holds it), so a
+// zb-h1 head keeps no N x V either; the chunk order is the same as a whole backward's, hence the
+// same bits. Where forward and backward do follow each other, the trainer fuses instead ("Fused
+// LM head" below). The loss and dxf are per-row work; dW is a sum over chunks (a split of the
+// GEMM's reduction over rows), so it differs from one big GEMM in rounding only (and
 // the BLAS may round a row differently within another row count: test_lm_head_chunked.cpp).
 // Activations::all_logits asks for one chunk of all N rows, so a.logits holds every row's logits
 // after a forward (generation without a KV cache).
+//
+// Fused LM head: a caller whose training forward is followed at once by the whole backward of the
+// same Activations (the trainer's single-model step, bench-gpu_gpt2) calls train_forward_queued
+// instead. Its head runs each chunk's backward as soon as the chunk's logits gradient exists —
+// chunks last to first, dxf_c += dlogits·W into the backward's scratch d_a_ and dW += dlogits^T·xf_c
+// into the gradient — so no chunk is recomputed: the same ops on the same operands in the same
+// order as lm_head_backward_chunks, hence the same bits (test_lm_head_chunked.cpp), and
+// head_backward goes straight on to the final norm. The head weight's gradient is added during the
+// forward (backward still adds: zero_grads comes before the forward). Not for pipelines (a stage's
+// forwards and backwards interleave across micro-batches, and d_a_ is one buffer) nor an
+// input-only backward (its contract defers dW), which keep the recompute.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -142,6 +154,7 @@ struct Activations {
   int lm_rows = 0;            // rows of the LM head's chunk buffer
   bool head_grad = false;     // the last head_forward had need_grad (head_backward may run)
   bool lm_last_grad = false;  // the LM chunk buffer holds the last chunk's logits gradient
+  bool lm_head_fused = false; // the last forward was train_forward_queued's: the head's backward ran
   float head_grad_scale = 0;  // its grad_scale
   float *cls = nullptr, *pooled_pre = nullptr, *pooled = nullptr, *pooled_drop = nullptr;  // classifier
   float* dresidual = nullptr; // [N, C] the gradient flowing down the residual stream
@@ -262,6 +275,12 @@ struct Model {
   // forward with head_forward_queued: nothing read back (the trainer reads the loss at the step's
   // one readback, read_scalars, with the gradient's sum of squares).
   void forward_queued(Activations& a, const Batch& b, bool need_grad, float grad_scale = 1.0f) const;
+  // A training forward (need_grad) whose backward(a) follows before any other backward on this
+  // Model: an LM head runs its own backward inside ("Fused LM head": no logits recomputed; the
+  // head weight's gradient is added now). Otherwise forward_queued(a, b, true, grad_scale).
+  // train_forward also reads the loss back (the mean over this batch's rows).
+  void train_forward_queued(Activations& a, const Batch& b, float grad_scale = 1.0f);
+  float train_forward(Activations& a, const Batch& b, float grad_scale = 1.0f);
   void backward(Activations& a, const ReadyFn& grads_ready = {});
 
   // Classifier: argmax of each sequence's logits after a forward without gradient.
@@ -271,6 +290,8 @@ struct Model {
   GradReadyTracker tracker_;
   BackwardMode mode_ = BackwardMode::whole;
   const Activations* input_only_pass_ = nullptr;  // the Activations of the input-only pass running
+  const Activations* fused_head_for_ = nullptr;   // whose fused head's d xf is in d_a_ (train_forward_queued)
+  void head_forward_impl(Activations& a, bool need_grad, float grad_scale, bool fused) const;
   // Backward scratch, grown on demand.
   float* scratch_ = nullptr;
   size_t scratch_floats_ = 0;

@@ -82,7 +82,8 @@ static double device_peak(const DeviceSpec& d, Precision p, int cores) {
 nlohmann::json LayerCosts::to_json() const {
   return {{"micro_batch", micro_batch}, {"seq_len", seq_len}, {"embed_f", embed_f}, {"embed_b", embed_b},
           {"block_f", block_f}, {"block_b", block_b}, {"block_bi", block_bi}, {"head_f", head_f},
-          {"head_b", head_b}, {"head_bi", head_bi}, {"opt_per_param", opt_per_param}, {"source", source}};
+          {"head_b", head_b}, {"head_bi", head_bi}, {"head_recompute", head_recompute},
+          {"opt_per_param", opt_per_param}, {"source", source}};
 }
 
 LayerCosts LayerCosts::from_json(const nlohmann::json& j, const std::string& where) {
@@ -98,8 +99,10 @@ LayerCosts LayerCosts::from_json(const nlohmann::json& j, const std::string& whe
   c.embed_f = num("embed_f"), c.embed_b = num("embed_b");
   c.block_f = num("block_f"), c.block_b = num("block_b"), c.block_bi = num("block_bi");
   c.head_f = num("head_f"), c.head_b = num("head_b"), c.head_bi = num("head_bi");
+  c.head_recompute = j.contains("head_recompute") ? num("head_recompute") : 0;  // absent in older profiles
   c.opt_per_param = num("opt_per_param");
   if (c.block_bi > c.block_b || c.head_bi > c.head_b) fail(where, ": an input-gradient backward exceeds the whole backward");
+  if (c.head_recompute > c.head_bi) fail(where, ": head_recompute exceeds the head's input-gradient backward");
   c.source = j.contains("source") && j["source"].is_string() ? j["source"].get<std::string>() : where;
   return c;
 }
@@ -108,7 +111,8 @@ LayerCosts LayerCosts::scaled_to(int mb) const {
   if (mb == micro_batch) return *this;
   LayerCosts c = *this;
   const double r = (double)mb / micro_batch;
-  for (double* x : {&c.embed_f, &c.embed_b, &c.block_f, &c.block_b, &c.block_bi, &c.head_f, &c.head_b, &c.head_bi})
+  for (double* x :
+       {&c.embed_f, &c.embed_b, &c.block_f, &c.block_b, &c.block_bi, &c.head_f, &c.head_b, &c.head_bi, &c.head_recompute})
     *x *= r;
   c.micro_batch = mb;
   c.source += " (scaled linearly from micro-batch " + std::to_string(micro_batch) + " to " + std::to_string(mb) + ")";
@@ -144,6 +148,7 @@ LayerCosts costs_from_device(const ModelDesc& d, int B, int T, const DeviceSpec&
   }
   c.head_b = 2 * c.head_f + recompute;
   c.head_bi = c.head_f + recompute;
+  c.head_recompute = recompute;
   const double elt = p == Precision::bf16 ? 2 : 4;
   c.embed_f = 3 * N * C * elt / bw;
   c.embed_b = 3 * N * C * elt / bw;
@@ -383,7 +388,7 @@ PlanResult plan(const PlanInputs& in) {
     if (r.oversubscription > 1) {
       LayerCosts& k = r.costs;
       for (double* x : {&k.embed_f, &k.embed_b, &k.block_f, &k.block_b, &k.block_bi, &k.head_f, &k.head_b, &k.head_bi,
-                        &k.opt_per_param})
+                        &k.head_recompute, &k.opt_per_param})
         *x *= r.oversubscription;
       char buf[160];
       std::snprintf(buf, sizeof buf, "%d ranks x %d core(s) on a node of %d cores: compute slowed by %.2f (shared cores)",
@@ -391,6 +396,11 @@ PlanResult plan(const PlanInputs& in) {
       r.notes.push_back(buf);
       k.source += std::string(", x ") + std::to_string(r.oversubscription).substr(0, 4) + " for shared cores";
     }
+  }
+  if (S == 1 && r.costs.head_recompute > 0) {  // the trainer's single-model step fuses the LM head
+    LayerCosts& k = r.costs;
+    k.head_b -= k.head_recompute, k.head_bi -= k.head_recompute, k.head_recompute = 0;
+    r.notes.push_back("pp = 1: the LM head fused (its backward inside the forward: no logits recomputed)");
   }
   const LayerCosts& c = r.costs;
   r.mfu_assumed = in.have_profile ? 0 : (in.mfu > 0 ? in.mfu : in.device.default_mfu);
@@ -440,7 +450,9 @@ PlanResult plan(const PlanInputs& in) {
     tied_s = collective_time(l, CollOp::allreduce, 2, (double)d.vocab_size * d.d_model * 4);
   }
   // The reference: one rank computing the whole global batch micro-batch by micro-batch.
-  const double per_mb = c.embed_f + c.embed_b + d.n_layer * (c.block_f + c.block_b) + c.head_f + c.head_b;
+  // (fused: no pipeline stages)
+  const double per_mb =
+      c.embed_f + c.embed_b + d.n_layer * (c.block_f + c.block_b) + c.head_f + c.head_b - c.head_recompute;
   const double opt_scale = adamw ? 1.0 : 12.0 / 28.0;  // SGD: reads p, g, writes p
   // (one rank alone has its cores to itself: undo the sharing)
   const double t1 = ((double)G / r.micro_batch * per_mb + c.opt_per_param * opt_scale * (double)whole.numel) / r.oversubscription;

@@ -63,6 +63,10 @@ struct LayerCosts {
   double embed_f = 0, embed_b = 0;
   double block_f = 0, block_b = 0, block_bi = 0;
   double head_f = 0, head_b = 0, head_bi = 0;
+  // The part of head_b (and head_bi) that recomputes the chunked LM head's logits (model/
+  // transformer.h "Chunked LM head"); a run without pipeline stages fuses the head ("Fused LM
+  // head") and spends none of it.
+  double head_recompute = 0;
   double opt_per_param = 0;  // one AdamW update of one parameter
   std::string source;        // "device table h100 bf16, MFU 0.40" or "measured ..."
   nlohmann::json to_json() const;

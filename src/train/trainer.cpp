@@ -870,7 +870,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
       model.zero_grads();
       r.acts->dropout = DropoutContext{true, tc.seed, step, r.rank, 0};
       if (r.on_gpu) cuda_mark(0);
-      model.forward_queued(*r.acts, batch, true);
+      model.train_forward_queued(*r.acts, batch);  // the LM head fused (transformer.h)
       if (r.on_gpu) cuda_mark(1);
       t2 = now_ms();
       wd.enter("backward", step);
