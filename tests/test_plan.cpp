@@ -393,6 +393,54 @@ TEST(PlanTime, EfficiencyAndOverlap) {
   EXPECT_GT(b->efficiency, a->efficiency);
 }
 
+// Without pipeline stages the trainer fuses the LM head (model/transformer.h "Fused LM head"): the
+// plan drops the head's recompute from the costs (and says so); with stages it stays.
+TEST(PlanTime, OneStageDropsTheLmHeadRecompute) {
+  const int T = 8;
+  const ModelDesc d = test::desc_of("gpt2", 4, 2, 16, T, 37);
+  LayerCosts c = synthetic_costs(4, T);
+  c.head_f = 1.0, c.head_b = 2.5, c.head_bi = 1.5, c.head_recompute = 0.5;
+  auto has_note = [](const PlanResult& r) {
+    for (const std::string& n : r.notes)
+      if (n.find("LM head fused") != std::string::npos) return true;
+    return false;
+  };
+  PlanInputs one = inputs(d, T, 4, 1, 1, 1);
+  one.have_profile = true;
+  one.profile = c;
+  const PlanResult r1 = plan(one);
+  EXPECT_DOUBLE_EQ(r1.costs.head_b, 2.0);
+  EXPECT_DOUBLE_EQ(r1.costs.head_bi, 1.0);
+  EXPECT_EQ(r1.costs.head_recompute, 0);
+  EXPECT_TRUE(has_note(r1));
+  // The same step as a profile that never had the recompute.
+  PlanInputs plain = one;
+  plain.profile.head_b = 2.0, plain.profile.head_bi = 1.0, plain.profile.head_recompute = 0;
+  const PlanResult r0 = plan(plain);
+  EXPECT_DOUBLE_EQ(r1.time_row("-", 0)->step_s, r0.time_row("-", 0)->step_s);
+  EXPECT_FALSE(has_note(r0));
+  // Two stages keep it.
+  PlanInputs two = inputs(d, T, 8, 2, 2, 2);
+  two.have_profile = true;
+  two.profile = c;
+  const PlanResult r2 = plan(two);
+  EXPECT_DOUBLE_EQ(r2.costs.head_b, 2.5);
+  EXPECT_FALSE(has_note(r2));
+  // The field round-trips through a profile file, is optional there, and is checked.
+  nlohmann::json j = c.to_json();
+  EXPECT_DOUBLE_EQ(LayerCosts::from_json(j, "t").head_recompute, 0.5);
+  j.erase("head_recompute");
+  EXPECT_EQ(LayerCosts::from_json(j, "t").head_recompute, 0);
+  j["head_recompute"] = 1.6;  // more than head_bi
+  EXPECT_THROW(LayerCosts::from_json(j, "t"), Error);
+  // The device-table costs carry it for a chunked head (GPT-2's vocabulary at B·T = 8192 rows).
+  ModelDesc big = test::desc_of("gpt2", 2, 2, 16, 1024, 50257);
+  const LayerCosts t = costs_from_device(big, 8, 1024, find_device("h100"), Precision::bf16, 0.4, 1);
+  const double chunks = std::ceil(8.0 * 1024 / lm_head_chunk_rows(big, 8 * 1024));
+  EXPECT_GT(chunks, 1);
+  EXPECT_NEAR(t.head_recompute, (chunks - 1) / chunks * t.head_f, 1e-12 * t.head_f);
+}
+
 // ZeRO-1 without overlap: reduce-scatter every bucket after backward, then for every bucket update
 // the rank's piece and all-gather the bucket (GradSync::gather_params), all in turn.
 TEST(PlanTime, ZeroOneReduceScattersThenUpdatesAndGathersEachBucket) {
