@@ -20,6 +20,9 @@
 #   shapes    real_shapes   llmpi-tests --gtest_filter='*CudaRealShape*' (GPT-2 124M shapes:
 #                           V = 50257, T = 1024, N = 65536 rows, 124M-element AdamW, a whole step
 #                           CPU vs GPU, bitwise repeatability)
+#             (after cuda_tests and real_shapes, only when tests failed: the failing ones again
+#             with LLMPI_CUDA_SYNC_CHECK=1, step *_synccheck, and with LLMPI_CUDA_EPILOGUES=0,
+#             step *_noepilogues; the log names those that pass there)
 #   sanitize  memcheck, racecheck, initcheck: compute-sanitizer on the small op tests
 #                           (CudaOps.*, CudaEpilogues.*, CudaVectorAccess.*, the op tests of
 #                           CudaStepSync, Cases/CudaAttention.*, and the small cases of
@@ -70,7 +73,7 @@ group_steps() {
     *) return 1 ;;
   esac
 }
-usage() { sed -n '2,45p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^[^#]/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then usage; exit 0; fi
 if [ "${1:-}" = "--list" ]; then
   for g in $GROUPS_ALL; do echo "$g: $(group_steps "$g")"; done
@@ -196,8 +199,28 @@ gtest_step() {
   fi
   record "$1" $rc $STEP_SECONDS "\"passed\": ${passed:-0}, \"failed\": ${nfail:-0}, \"skipped\": ${nskip:-0}$extra"
 }
-wants cuda_tests && gtest_step cuda_tests 480 '*Cuda*:NcclSync*:-*CudaRealShape*'
-wants real_shapes && gtest_step real_shapes 560 '*CudaRealShape*'
+# triage SOURCE: when step SOURCE had failing tests, runs just those again twice — with
+# LLMPI_CUDA_SYNC_CHECK=1 (a wait and an error check after every launch: an asynchronous fault is
+# reported at the op that caused it) and with LLMPI_CUDA_EPILOGUES=0 (the dense layers without
+# cuBLASLt epilogues: does that fix them?) — as steps SOURCE_synccheck and SOURCE_noepilogues,
+# each recording which of the tests pass there. Costs nothing when SOURCE passed.
+triage() {
+  local names; names=$(grep -oP '^\[  FAILED  \] \K[A-Za-z0-9_/.]+(?=(,| \(|$))' "$WORK/$1.out" | sort -u | head -40)
+  [ -n "$names" ] || return 0
+  local filter; filter=$(echo "$names" | paste -sd: -)
+  local how
+  for how in synccheck noepilogues; do
+    local env_set="LLMPI_CUDA_SYNC_CHECK=1"; [ "$how" = noepilogues ] && env_set="LLMPI_CUDA_EPILOGUES=0"
+    step "${1}_$how" 150 env "$env_set" "$TESTS" --gtest_filter="$filter" --gtest_brief=1
+    local still; still=$(grep -oP '^\[  FAILED  \] \K[A-Za-z0-9_/.]+(?=(,| \(|$))' "$WORK/${1}_$how.out" | sort -u)
+    local passing; passing=$(comm -23 <(echo "$names") <(echo "$still") | paste -sd' ' -)
+    [ -z "$passing" ] || echo "   | pass with $env_set: $passing" >>"$LOG"
+    record "${1}_$how" "$STEP_RC" "$STEP_SECONDS" \
+      "\"env\": \"$env_set\", \"rerun\": $(echo "$names" | wc -l), \"still_failing\": $(echo -n "$still" | grep -c .)"
+  done
+}
+wants cuda_tests && { gtest_step cuda_tests 480 '*Cuda*:NcclSync*:-*CudaRealShape*'; triage cuda_tests; }
+wants real_shapes && { gtest_step real_shapes 560 '*CudaRealShape*'; triage real_shapes; }
 
 for tool in memcheck racecheck initcheck; do
   wants $tool || continue
