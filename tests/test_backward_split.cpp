@@ -69,10 +69,14 @@ bool is_dense_role(int role) {
          role == kPoolerB;
 }
 
-// Whether slice s of model m gets all of its gradient in weight_backward: a dense layer's, or the
-// token embedding of a part holding the tied LM head without the embedding.
+// Whether slice s of model m gets all of its gradient in weight_backward: a dense layer's, the
+// embedding's (its whole backward waits: nothing flows below it), or the token embedding of a
+// part holding the tied LM head without the embedding.
 bool deferred_whole(const Model& m, const ParamSlice& s) {
   if (is_dense_role(s.role)) return true;
+  if (m.part.embedding && (s.role == kTokEmb || s.role == kPosEmb || s.role == kTypeEmb || s.role == kEmbNormW ||
+                           s.role == kEmbNormB))
+    return true;
   return s.role == kTokEmb && m.part.head && !m.part.embedding && m.desc.head == HeadKind::lm && m.desc.tie_embeddings;
 }
 
@@ -121,7 +125,7 @@ struct PartPair {
   }
   void forward(Model& md, Activations& a, int micro) {
     if (part.embedding) md.embed_forward(a);
-    md.blocks_forward(a, part.l0, part.l1);
+    md.blocks_forward(a, md.l0(), md.l1());  // the Model's range (part.l1 may be -1: every block)
     if (part.head) {
       md.head_forward(a, true, 1.0f / micro);
     } else {  // the gradient from the next stage
@@ -133,7 +137,7 @@ struct PartPair {
   void backward(Model& md, Activations& a, BackwardMode mode, const Model::ReadyFn& ready = {}) {
     md.begin_backward(a, mode);
     if (part.head) md.head_backward(a, ready);
-    md.blocks_backward(a, part.l0, part.l1, ready);
+    md.blocks_backward(a, md.l0(), md.l1(), ready);
     if (part.embedding) md.embed_backward(a, ready);
   }
 };
@@ -237,6 +241,33 @@ TEST_P(BackwardSplit, InputThenWeightEqualsWholeBackward) {
     if (p.l1 > p.l0) {
       EXPECT_GT(seen.size(), 1u);
     }
+  }
+}
+
+// At a larger shape (B = 3, T = 67: many tokens, so the LM head's dW and the embedding's scatter
+// meet in most rows of wte) the tied token embedding of a whole model still gets the same bits:
+// the embedding's backward waits for weight_backward, after the head's dW, as in a whole backward.
+// (With the embedding's gradient added in the input-only pass it differed by up to 3.7e-9.)
+TEST(BackwardSplitTied, WholeModelSameBitsAtLargerShape) {
+  for (AttentionImpl att : {AttentionImpl::full, AttentionImpl::fused}) {
+    ModelDesc d = desc_of("gpt2", 2, 2, 16, 67, 29);
+    d.init_std = 0.2;
+    d.attention = att;
+    const int B = 3, T = 67, micro = 2;
+    PartPair pp(d, ModelPart::whole(), B, T, micro);
+    for (int m = 0; m < micro; m++) {
+      pp.forward(pp.whole, *pp.aw[m], micro);
+      pp.forward(pp.split, *pp.as[m], micro);
+    }
+    for (int m = 0; m < micro; m++) {
+      pp.backward(pp.whole, *pp.aw[m], BackwardMode::whole);
+      pp.backward(pp.split, *pp.as[m], BackwardMode::input_only);
+    }
+    for (int m = 0; m < micro; m++) pp.split.weight_backward(*pp.as[m], {});
+    const std::vector<float> gw = pp.whole.grads_host(), gs = pp.split.grads_host();
+    for (const ParamSlice& s : pp.split.table.slices)
+      EXPECT_EQ(std::memcmp(gw.data() + s.offset, gs.data() + s.offset, s.numel * sizeof(float)), 0)
+          << s.name << " has a different gradient (attention " << (att == AttentionImpl::fused ? "fused" : "full") << ")";
   }
 }
 

@@ -227,8 +227,8 @@ TEST(MpiPipeline, BadSettingsAreRefused) {
 }
 
 // zb-h1 defers the weight gradients for real. On every stage, watching the gradients after each
-// compute action of one step: F and BI leave every dense layer's weight and bias gradient as it
-// was, W(m) changes each of them and nothing else; W(m) runs only after the input-only backwards
+// compute action of one step: F and BI leave every dense layer's weight and bias gradient (and
+// the embedding's, whose whole backward W runs) as it was, W(m) changes each of them and nothing else; W(m) runs only after the input-only backwards
 // of the next s micro-batches (stage s); and the step's gradients equal 1F1B's bit for bit (the
 // same GEMMs, accumulated in the same micro-batch order).
 namespace {
@@ -253,7 +253,9 @@ void zero_bubble_defers_the_weight_gradient() {
       auto deferred = [&](const ParamSlice& s) {
         return s.role == kQkvW || s.role == kQkvB || s.role == kAttnOutW || s.role == kAttnOutB || s.role == kFcW ||
                s.role == kFcB || s.role == kProjW || s.role == kProjB || s.role == kLmHead ||
-               (s.role == kTokEmb && tied_head_copy);
+               (s.role == kTokEmb && tied_head_copy) ||
+               (md.part.embedding && (s.role == kTokEmb || s.role == kPosEmb || s.role == kTypeEmb ||
+                                      s.role == kEmbNormW || s.role == kEmbNormB));  // the embedding's backward
       };
       std::vector<float> before = md.grads_host();
       std::vector<Action> order;

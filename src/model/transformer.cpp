@@ -381,7 +381,13 @@ void Model::embed_forward(Activations& a) const {
     o.dropout_forward(a.input, a.input, static_cast<size_t>(N) * C, d.dropout, drop_key(a, -1, kDropEmbedding));
 }
 
+void Model::check_block_range(int from, int to) const {
+  if (from < part.l0 || to > part.l1 || from > to)
+    fail("internal: blocks [", from, ", ", to, ") are not within the part's [", part.l0, ", ", part.l1, ")");
+}
+
 void Model::blocks_forward(Activations& a, int from, int to) const {
+  check_block_range(from, to);
   const Ops& o = *ops;
   const ModelDesc& d = desc;
   const int B = a.B, T = a.T, C = d.d_model, N = B * T, NH = d.n_head, NKV = d.n_kv_head, hs = d.head_dim();
@@ -631,6 +637,7 @@ void Model::begin_backward(Activations& a, BackwardMode mode) {
   input_only_pass_ = &a;
   reserve_input_only(a);
   a.deferred.clear();
+  a.embed_deferred = false;
   a.kept_used = 0;
   a.weight_grads_pending = true;
 }
@@ -697,6 +704,9 @@ void Model::weight_backward(Activations& a, const ReadyFn& ready) {
     for (int r : {j.weight_role, j.bias_role})
       if (r >= 0)
         for (int i : role_slices[j.slot][r]) deferred_slice[i] = 1;
+  if (a.embed_deferred)
+    for (int r : {kEmbNormW, kEmbNormB, kTypeEmb, kPosEmb, kTokEmb})
+      for (int i : role_slices[0][r]) deferred_slice[i] = 1;
   for (size_t i = 0; i < deferred_slice.size(); i++)
     if (!deferred_slice[i]) tracker_.done(i);
   finished(0, {}, ready);
@@ -706,12 +716,19 @@ void Model::weight_backward(Activations& a, const ReadyFn& ready) {
     const BlockTensors& w = j.slot == 0 ? pe : pb[j.slot - 1];
     if (!j.dout) {  // the chunked LM head: its logits gradient recomputed, chunk by chunk
       lm_head_backward_chunks(a, nullptr, g[j.weight_role]);
-      finished(j.slot, {j.weight_role}, ready);
+      // A tied matrix held with the embedding is final only after the embedding's part (below).
+      if (!(a.embed_deferred && j.weight_role == kTokEmb)) finished(j.slot, {j.weight_role}, ready);
       continue;
     }
     ops->matmul_backward(nullptr, g[j.weight_role], j.bias_role >= 0 ? g[j.bias_role] : nullptr, j.dout, j.inp,
                          w[j.weight_role], j.N, j.C, j.OC, precision);
     finished(j.slot, {j.weight_role, j.bias_role}, ready);
+  }
+  // The embedding's gradients last, as in a whole backward (so a tied wte gets the head's and the
+  // embedding's additions in the same order).
+  if (a.embed_deferred) {
+    a.embed_deferred = false;
+    embed_backward(a, ready);
   }
   if (!tracker_.complete()) fail("internal: weight_backward left gradients unreported");
   a.deferred.clear();
@@ -806,6 +823,7 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
 }
 
 void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& ready) {
+  check_block_range(from, to);
   const Ops& o = *ops;
   const ModelDesc& d = desc;
   const int B = a.B, T = a.T, C = d.d_model, N = B * T, NH = d.n_head, NKV = d.n_kv_head, hs = d.head_dim();
@@ -916,6 +934,13 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
 }
 
 void Model::embed_backward(Activations& a, const ReadyFn& ready) {
+  if (mode_ == BackwardMode::input_only) {
+    // Only parameter gradients from here on, nothing flows further: all of it waits for
+    // weight_backward (see "Split backward" in transformer.h), from the kept a.dresidual.
+    if (input_only_pass_ != &a) fail("internal: an input-only backward continued on other activations");
+    a.embed_deferred = true;
+    return;
+  }
   const Ops& o = *ops;
   const ModelDesc& d = desc;
   const int B = a.B, T = a.T, C = d.d_model, N = B * T;

@@ -26,9 +26,12 @@
 // flat buffer is final (derived from the table: see GradReadyTracker), ending with k = numel.
 //
 // Split backward (zero-bubble pipelines): a backward begun with BackwardMode::input_only computes
-// what flows to the previous layers — the hidden-state gradient, and on the way the norms' and
-// embeddings' parameter gradients — but not the weight and bias gradients of the dense layers
-// (dW = dout^T · inp, db = Σ dout: half of a dense layer's backward FLOPs). For each dense layer
+// what flows to the previous layers — the hidden-state gradient, and on the way the norms'
+// parameter gradients — but not the weight and bias gradients of the dense layers
+// (dW = dout^T · inp, db = Σ dout: half of a dense layer's backward FLOPs), nor the embedding's
+// backward (nothing flows below it: weight_backward runs all of it last, from the kept
+// a.dresidual, so a tied wte receives the head's and the embedding's gradients in the whole
+// backward's order — the same bits at any shape). For each dense layer
 // it records in the Activations the layer's input (an activation, kept anyway) and its output
 // gradient, in the Activations' `kept` buffer (written there directly, or copied from the
 // backward's scratch, which the next layer reuses). weight_backward(a) later adds those
@@ -176,6 +179,7 @@ struct Activations {
     int N, C, OC;
   };
   std::vector<DeferredDense> deferred;
+  bool embed_deferred = false;         // the embedding's backward waits for weight_backward too
   bool weight_grads_pending = false;   // an input-only backward ran; weight_backward has not
   float* kept = nullptr;               // backend memory for the output gradients (kept_floats)
   size_t kept_floats = 0, kept_used = 0;
@@ -298,6 +302,7 @@ struct Model {
   float *d_a_ = nullptr, *d_b_ = nullptr, *d_qkv_ = nullptr, *d_fc_ = nullptr, *d_act_ = nullptr,
         *d_att_ = nullptr, *d_small_ = nullptr;
   void ensure_scratch(int B, int T);
+  void check_block_range(int from, int to) const;  // [from, to) within [l0, l1), else an internal error
   void finished(int slot, std::initializer_list<int> roles, const ReadyFn& ready);  // no-op in an input-only pass
   // A dense layer's backward: dinp += dout · W now (dinp may be null); dW += dout^T · inp and
   // db += Σ dout now (reported finished when `last`: no other contribution in this pass) or, in

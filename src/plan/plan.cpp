@@ -413,7 +413,7 @@ PlanResult plan(const PlanInputs& in) {
     const int nb = (p.l1 < 0 ? d.n_layer : p.l1) - p.l0;
     sc[s].f = (p.embedding ? c.embed_f : 0) + nb * c.block_f + (p.head ? c.head_f : 0);
     sc[s].b = (p.embedding ? c.embed_b : 0) + nb * c.block_b + (p.head ? c.head_b : 0);
-    sc[s].bi = (p.embedding ? c.embed_b : 0) + nb * c.block_bi + (p.head ? c.head_bi : 0);
+    sc[s].bi = nb * c.block_bi + (p.head ? c.head_bi : 0);  // the embedding's backward waits for W
   }
   // Point-to-point messages: one hidden state (or its gradient) of the micro-batch.
   const double elt = in.precision == Precision::bf16 ? 2 : 4;
