@@ -122,14 +122,15 @@ TEST(CudaStepSync, SegmentUpdatesMatchCpuAndScaleThenUpdate) {
         const auto g = random_floats(n, 65 + step, -2.0f, 2.0f);
         Dev gg(g), rg(g);
         if (sgd) {
-          cpu().sgd_update_segments(cp.data(), g.data(), segs.data(), (int)segs.size(), clip, 1e-2f, 0.1f);
+          cpu().sgd_update_segments(cp.data(), g.data(), segs.data(), (int)segs.size(), clip, nullptr, 0.0, 1e-2f,
+                                    0.1f);
           gpu().sgd_update_segments(gp.f(), gg.f(), static_cast<UpdateSegment*>(table.p), (int)segs.size(), clip,
-                                    1e-2f, 0.1f);
+                                    nullptr, 0.0, 1e-2f, 0.1f);
         } else {
           cpu().adamw_update_segments(cp.data(), g.data(), cm.data(), cv.data(), segs.data(), (int)segs.size(), clip,
-                                      1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+                                      nullptr, 0.0, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
           gpu().adamw_update_segments(gp.f(), gg.f(), gm.f(), gv.f(), static_cast<UpdateSegment*>(table.p),
-                                      (int)segs.size(), clip, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+                                      (int)segs.size(), clip, nullptr, 0.0, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
         }
         if (clip != 1.0f) gpu().scale(rg.f(), clip, n);
         for (const UpdateSegment& s : segs) {
