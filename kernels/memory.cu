@@ -16,7 +16,7 @@
 //                   (cudaFreeHost + cudaMallocHost, at the first upload of a size) when a larger
 //                   upload comes.
 //   copy_to_host    cudaMemcpyAsync + wait: the host data is there when the call returns.
-//   (every wait goes through wait_for_stream, which counts it: cuda_host_waits)
+//   (every wait is counted, cuda_host_waits: wait_for_stream, and the staging slot's event wait)
 //   copy            device to device, cudaMemcpyAsync on the compute stream, not waited for (it
 //                   is ordered with the ops before and after it like any kernel).
 #include <atomic>
