@@ -13,9 +13,9 @@
 // flash-fp32 or full-cublas-fp32). A step is what the trainer does on one rank: zero grads,
 // forward (fused softmax + cross-entropy; the LM head's backward inside it: transformer.h "Fused
 // LM head", so forward ms holds it), backward, global-norm clip at 1.0 and AdamW on every
-// parameter (weight decay on the 2-D tensors only) — the trainer's step: the loss and the
-// gradient's sum of squares read back once, the clip factor folded into the multi-tensor AdamW
-// (optim/optimizer.h).
+// parameter (weight decay on the 2-D tensors only) — the trainer's one-rank step: the clip factor
+// and the non-finite skip computed by the multi-tensor AdamW itself from the gradient's sum of
+// squares in device memory (Optimizer::step_on_device), then the loss read back once.
 //
 // Reports (table on stdout, the same numbers as JSON with --json):
 //   tokens/s and ms per step (median over the timed steps, each ended by a device
@@ -215,9 +215,9 @@ int run(const Options& o) {
     model.init_params(1234);
     Activations acts(model, B, T);
     const size_t n = model.table.numel;
-    Optimizer opt(ops, n, "adamw");  // the trainer's multi-tensor AdamW, the clip factor folded in
+    Optimizer opt(ops, n, "adamw");  // the trainer's multi-tensor AdamW, the clip computed on the device
     TrainConfig tc;
-    tc.beta1 = 0.9, tc.beta2 = 0.95, tc.eps = 1e-8, tc.weight_decay = 0.1;
+    tc.beta1 = 0.9, tc.beta2 = 0.95, tc.eps = 1e-8, tc.weight_decay = 0.1, tc.grad_clip = 1.0;
 
     // Random tokens (a fixed batch: data loading is not what this measures).
     std::vector<int32_t> in(N), tg(N);
@@ -237,8 +237,8 @@ int run(const Options& o) {
       if (free0 > f) peak_used = std::max(peak_used, free0 - f);
     };
     for (int s = 1; s <= o.warmup + o.steps; s++) {
-      // The trainer's step (train/trainer.cpp): no host wait between the batch upload and the one
-      // readback; the phases timed by stream marks, one wait at the step's end.
+      // The trainer's one-rank step (train/trainer.cpp): no host wait before the one readback at
+      // the end (after the optimizer); the phases timed by stream marks.
       const double t0 = now_ms();
       cuda_mark(0);
       model.zero_grads();
@@ -255,9 +255,10 @@ int run(const Options& o) {
       sample_memory();
       ops.zero(&acts.scalars->grad_sumsq, sizeof(double));
       ops.sum_squares_add(&acts.scalars->grad_sumsq, model.grads, n);
+      opt.step_on_device(model.params, model.grads, model.table, 6e-4, tc, acts.scalars);
       const StepScalars sc = model.read_scalars(acts);  // loss, gradient norm: the one readback
       loss = model.loss_of(sc, acts);
-      opt.step(model.params, model.grads, model.table, 6e-4, tc, clip_factor(std::sqrt(sc.grad_sumsq), 1.0));
+      if (!update_allowed(sc)) opt.unstep();  // the device skipped the update (as the trainer)
       cuda_synchronize();
       const double t3 = now_ms();
       sample_memory();

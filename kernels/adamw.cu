@@ -18,7 +18,12 @@
 //   adamw/sgd_update_segments  one launch for a whole table of segments (backend/step_scalars.h):
 //          block k updates segment k (n <= 65536 elements) in a block-stride loop, reading each
 //          gradient as __fmul_rn(g, grad_scale) — a rounded product never fused into an FMA, i.e.
-//          the value scale() would have stored.
+//          the value scale() would have stored. With scalars (the step's StepScalars in device
+//          memory) every thread reads the two doubles and decides as the host would have from a
+//          readback (backend/step_scalars.h, the same inline functions): the block returns before
+//          writing anything unless update_allowed, and grad_scale = clip_factor_of(scalars,
+//          max_norm) — a double sqrt and quotient, correctly rounded on both, then one rounding
+//          to float: the host's bits. No host wait between the gradient's norm and the update.
 #include <cmath>
 
 #include "cuda_common.cuh"
@@ -87,8 +92,14 @@ __global__ void sum_parts_kernel(double* __restrict__ out, const double* __restr
 __global__ void adamw_segments_kernel(float* __restrict__ params, const float* __restrict__ grads,
                                       float* __restrict__ m, float* __restrict__ v,
                                       const UpdateSegment* __restrict__ segs, float grad_scale,
+                                      const StepScalars* __restrict__ scalars, double max_norm,
                                       float lr, float beta1, float beta2, float eps, float wd,
                                       float c1, float c2) {
+  if (scalars) {
+    const StepScalars sc = *scalars;
+    if (!update_allowed(sc)) return;  // the whole block: parameters and moments untouched
+    grad_scale = clip_factor_of(sc, max_norm);
+  }
   const UpdateSegment sg = segs[blockIdx.x];
   float* p = params + sg.offset;
   const float* gr = grads + sg.offset;
@@ -101,7 +112,13 @@ __global__ void adamw_segments_kernel(float* __restrict__ params, const float* _
 
 __global__ void sgd_segments_kernel(float* __restrict__ params, const float* __restrict__ grads,
                                     const UpdateSegment* __restrict__ segs, float grad_scale,
+                                    const StepScalars* __restrict__ scalars, double max_norm,
                                     float lr, float wd) {
+  if (scalars) {
+    const StepScalars sc = *scalars;
+    if (!update_allowed(sc)) return;
+    grad_scale = clip_factor_of(sc, max_norm);
+  }
   const UpdateSegment sg = segs[blockIdx.x];
   float* p = params + sg.offset;
   const float* gr = grads + sg.offset;
@@ -179,21 +196,24 @@ void sum_to_double(double* out, const float* x, size_t n) {
 }
 
 void adamw_update_segments(float* params, const float* grads, float* m, float* v,
-                           const UpdateSegment* segs, int nsegs, float grad_scale, float lr,
-                           float beta1, float beta2, float eps, float weight_decay, int t) {
+                           const UpdateSegment* segs, int nsegs, float grad_scale,
+                           const StepScalars* scalars, double max_norm, float lr, float beta1,
+                           float beta2, float eps, float weight_decay, int t) {
   if (nsegs <= 0) return;
   const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), t)));
   const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), t)));
   adamw_segments_kernel<<<static_cast<unsigned>(nsegs), kThreads, 0, compute_stream()>>>(
-      params, grads, m, v, segs, grad_scale, lr, beta1, beta2, eps, weight_decay, c1, c2);
+      params, grads, m, v, segs, grad_scale, scalars, max_norm, lr, beta1, beta2, eps,
+      weight_decay, c1, c2);
   LLMPI_LAUNCH_CHECK("adamw_segments");
 }
 
 void sgd_update_segments(float* params, const float* grads, const UpdateSegment* segs, int nsegs,
-                         float grad_scale, float lr, float weight_decay) {
+                         float grad_scale, const StepScalars* scalars, double max_norm, float lr,
+                         float weight_decay) {
   if (nsegs <= 0) return;
   sgd_segments_kernel<<<static_cast<unsigned>(nsegs), kThreads, 0, compute_stream()>>>(
-      params, grads, segs, grad_scale, lr, weight_decay);
+      params, grads, segs, grad_scale, scalars, max_norm, lr, weight_decay);
   LLMPI_LAUNCH_CHECK("sgd_segments");
 }
 

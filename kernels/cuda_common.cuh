@@ -152,7 +152,7 @@ void scatter_add_rows(float* dst, const float* src, const int32_t* ids, int N, i
 void check_dropout_p(const char* op, float p);
 
 // ---- ops: every op of backend/op_list.h (the contract of each is there) ------------------------
-// memory.cu: alloc free zero copy_to_device copy_to_host copy
+// memory.cu: alloc free zero copy_to_device copy_to_device_async copy_to_host copy
 // embedding.cu: embedding_forward/backward, embedding_add_forward/backward
 // layernorm.cu: layernorm_forward/backward, rmsnorm_forward/backward
 // matmul.cu: matmul_forward/backward, matmul_gelu_forward, matmul_dgelu_backward

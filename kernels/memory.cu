@@ -7,12 +7,21 @@
 //   zero            cudaMemsetAsync on the compute stream.
 //   copy_to_device  cudaMemcpyAsync(cudaMemcpyDefault) + wait, so the host buffer may be reused
 //                   or freed as soon as the call returns, pinned or not.
+//   copy_to_device_async  no wait: the bytes are memcpy'd into one of kStagingSlots page-locked
+//                   slots (taken in turn), copied from there by cudaMemcpyAsync on the compute
+//                   stream, and an event recorded after it. A slot is written again only once its
+//                   event has completed: cudaEventQuery, which after a step's end wait has (an LM
+//                   step takes two slots, tokens and targets, so a slot comes round again four
+//                   steps later); if not, the host waits for that event (counted). A slot grows
+//                   (cudaFreeHost + cudaMallocHost, at the first upload of a size) when a larger
+//                   upload comes.
 //   copy_to_host    cudaMemcpyAsync + wait: the host data is there when the call returns.
-//   (every wait goes through wait_for_stream, which counts it: cuda_host_waits)
+//   (every wait is counted, cuda_host_waits: wait_for_stream, and the staging slot's event wait)
 //   copy            device to device, cudaMemcpyAsync on the compute stream, not waited for (it
 //                   is ordered with the ops before and after it like any kernel).
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 
 #include "cuda_common.cuh"
@@ -136,6 +145,58 @@ void copy_to_device(void* dst, const void* src, size_t bytes) {
   if (bytes == 0 || dst == src) return;
   LLMPI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, compute_stream()));
   wait_for_stream();
+}
+
+namespace {
+constexpr int kStagingSlots = 8;
+struct StagingSlot {
+  void* host = nullptr;  // page-locked, cap bytes
+  size_t cap = 0;
+  cudaEvent_t done = nullptr;  // recorded after the slot's last copy
+  bool pending = false;        // done was recorded and not yet seen complete
+};
+struct Staging {
+  std::mutex mu;
+  StagingSlot slot[kStagingSlots];
+  int next = 0;
+};
+Staging& staging() {
+  static Staging* s = new Staging;  // never freed: the runtime may be gone at exit
+  return *s;
+}
+}  // namespace
+
+void copy_to_device_async(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  cudaStream_t stream = compute_stream();
+  Staging& st = staging();
+  std::lock_guard<std::mutex> lock(st.mu);
+  StagingSlot& s = st.slot[st.next];
+  st.next = (st.next + 1) % kStagingSlots;
+  if (s.pending) {  // the stream may still read this slot: wait until it has passed its copy
+    const cudaError_t q = cudaEventQuery(s.done);
+    if (q == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // "not ready" is no error: do not leave it for the next check
+      waits.fetch_add(1, std::memory_order_relaxed);
+      LLMPI_CUDA_CHECK(cudaEventSynchronize(s.done));
+    } else {
+      LLMPI_CUDA_CHECK(q);
+    }
+    s.pending = false;
+  }
+  if (s.cap < bytes) {
+    if (s.host != nullptr) LLMPI_CUDA_CHECK(cudaFreeHost(s.host));
+    s.host = nullptr;
+    s.cap = 0;
+    const size_t want = (bytes + 4095) / 4096 * 4096;
+    LLMPI_CUDA_CHECK(cudaMallocHost(&s.host, want));
+    s.cap = want;
+  }
+  if (s.done == nullptr) LLMPI_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+  std::memcpy(s.host, src, bytes);
+  LLMPI_CUDA_CHECK(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream));
+  LLMPI_CUDA_CHECK(cudaEventRecord(s.done, stream));
+  s.pending = true;
 }
 
 void copy_to_host(void* dst, const void* src, size_t bytes) {

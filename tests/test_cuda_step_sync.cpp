@@ -3,8 +3,10 @@
 // waits of a Model forward and of a trainer step counted. Skipped without a GPU (never run yet).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -122,14 +124,15 @@ TEST(CudaStepSync, SegmentUpdatesMatchCpuAndScaleThenUpdate) {
         const auto g = random_floats(n, 65 + step, -2.0f, 2.0f);
         Dev gg(g), rg(g);
         if (sgd) {
-          cpu().sgd_update_segments(cp.data(), g.data(), segs.data(), (int)segs.size(), clip, 1e-2f, 0.1f);
+          cpu().sgd_update_segments(cp.data(), g.data(), segs.data(), (int)segs.size(), clip, nullptr, 0.0, 1e-2f,
+                                    0.1f);
           gpu().sgd_update_segments(gp.f(), gg.f(), static_cast<UpdateSegment*>(table.p), (int)segs.size(), clip,
-                                    1e-2f, 0.1f);
+                                    nullptr, 0.0, 1e-2f, 0.1f);
         } else {
           cpu().adamw_update_segments(cp.data(), g.data(), cm.data(), cv.data(), segs.data(), (int)segs.size(), clip,
-                                      1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+                                      nullptr, 0.0, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
           gpu().adamw_update_segments(gp.f(), gg.f(), gm.f(), gv.f(), static_cast<UpdateSegment*>(table.p),
-                                      (int)segs.size(), clip, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+                                      (int)segs.size(), clip, nullptr, 0.0, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
         }
         if (clip != 1.0f) gpu().scale(rg.f(), clip, n);
         for (const UpdateSegment& s : segs) {
@@ -153,7 +156,141 @@ TEST(CudaStepSync, SegmentUpdatesMatchCpuAndScaleThenUpdate) {
     }
 }
 
-TEST(CudaStepSync, ForwardQueuedWaitsOnlyForTheBatchUpload) {
+// adamw/sgd_update_segments given the step's scalars in device memory (the one-rank trainer's
+// path): the clip factor computed by the kernel from the device's Σg² must be the host's float, so
+// the update is the bits of the same kernel given clip_factor(sqrt(Σg²), max_norm) from the host;
+// and it matches the CPU op (the oracle) within the op tolerance. Clipping off (max_norm 0),
+// inactive and active; with and without weight decay; the moments carried over three steps.
+TEST(CudaStepSync, DeviceScalarUpdateMatchesHostClipAndCpu) {
+  REQUIRE_GPU();
+  const ModelDesc d = desc_of("gpt2", 2, 2, 64, 16, 4800);  // several segments
+  const ParamTable t = build_param_table(d);
+  const size_t n = t.numel;
+  const auto segs = update_segments(t, 0, n, 0);
+  const int ns = (int)segs.size();
+  Dev table(segs);
+  const UpdateSegment* gsegs = static_cast<const UpdateSegment*>(table.p);
+  for (bool sgd : {false, true})
+    for (float wd : {0.0f, 0.1f})
+      for (double max_norm : {0.0, 1e6, 1.0}) {
+        const std::string what = std::string(sgd ? "sgd" : "adamw") + " wd " + std::to_string(wd) + " max_norm " +
+                                 std::to_string(max_norm);
+        const auto p0 = random_floats(n, 171);
+        const std::vector<float> zeros(n, 0.0f);
+        std::vector<float> cp = p0, cm(n), cv(n);  // the CPU op with the scalars
+        Dev dp(p0), dm(zeros), dv(zeros);          // the GPU op with the scalars (device path)
+        Dev hp(p0), hm(zeros), hv(zeros);          // the GPU op with the host's clip factor
+        for (int step = 1; step <= 3; step++) {
+          const auto g = random_floats(n, 172 + step, -2.0f, 2.0f);
+          Dev gg(g);
+          StepScalars start;
+          start.loss_sum = 42.5;  // grad_sumsq 0: Σg² is added on the device below, as the trainer does
+          Dev dsc(std::vector<StepScalars>{start});
+          StepScalars* ds = static_cast<StepScalars*>(dsc.p);
+          gpu().sum_squares_add(&ds->grad_sumsq, gg.f(), n);
+          const StepScalars sc = get_one<StepScalars>(ds);  // what the host would have read back
+          const float clip = clip_factor(std::sqrt(sc.grad_sumsq), max_norm);
+          if (max_norm == 1.0) {
+            EXPECT_LT(clip, 1.0f) << "the clip must be active here";
+          }
+          const uint64_t waits = cuda_host_waits();
+          if (sgd) {
+            gpu().sgd_update_segments(dp.f(), gg.f(), gsegs, ns, 0.5f, ds, max_norm, 1e-2f, wd);
+            gpu().sgd_update_segments(hp.f(), gg.f(), gsegs, ns, clip, nullptr, 0.0, 1e-2f, wd);
+            cpu().sgd_update_segments(cp.data(), g.data(), segs.data(), ns, 0.5f, &sc, max_norm, 1e-2f, wd);
+          } else {
+            gpu().adamw_update_segments(dp.f(), gg.f(), dm.f(), dv.f(), gsegs, ns, 0.5f, ds, max_norm, 1e-2f, 0.9f,
+                                        0.95f, 1e-8f, wd, step);
+            gpu().adamw_update_segments(hp.f(), gg.f(), hm.f(), hv.f(), gsegs, ns, clip, nullptr, 0.0, 1e-2f, 0.9f,
+                                        0.95f, 1e-8f, wd, step);
+            cpu().adamw_update_segments(cp.data(), g.data(), cm.data(), cv.data(), segs.data(), ns, 0.5f, &sc,
+                                        max_norm, 1e-2f, 0.9f, 0.95f, 1e-8f, wd, step);
+          }
+          EXPECT_EQ(cuda_host_waits(), waits) << "the device path reads nothing back";
+          EXPECT_TRUE(same_bits(dp.get(), hp.get())) << what << " step " << step << ": not the host clip's bits";
+          EXPECT_LT(rel(dp.get(), cp), kOpTol) << what << " step " << step;
+          if (!sgd) {
+            EXPECT_TRUE(same_bits(dm.get(), hm.get())) << what;
+            EXPECT_TRUE(same_bits(dv.get(), hv.get())) << what;
+            EXPECT_LT(rel(dm.get(), cm), kOpTol) << what;
+            EXPECT_LT(rel(dv.get(), cv), kOpTol) << what;
+          }
+        }
+      }
+}
+
+// A non-finite loss sum or Σg² (or a recorded bad target) in the device scalars: the update
+// kernel writes nothing, bit for bit, as the CPU op.
+TEST(CudaStepSync, DeviceScalarSkipMatchesCpu) {
+  REQUIRE_GPU();
+  const ModelDesc d = desc_of("gpt2", 1, 2, 32, 8, 300);
+  const ParamTable t = build_param_table(d);
+  const size_t n = t.numel;
+  const auto segs = update_segments(t, 0, n, 0);
+  const int ns = (int)segs.size();
+  Dev table(segs);
+  const UpdateSegment* gsegs = static_cast<const UpdateSegment*>(table.p);
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  auto g = random_floats(n, 190, -1.0f, 1.0f);
+  g[n / 3] = kNaN;
+  Dev gg(g);
+  const auto p0 = random_floats(n, 191), m0 = random_floats(n, 192), v0 = random_floats(n, 193, 0.0f, 1.0f);
+  std::vector<StepScalars> bad(6);
+  for (StepScalars& b : bad) b.loss_sum = 10.0, b.grad_sumsq = 4.0;
+  bad[0].grad_sumsq = nan, bad[1].grad_sumsq = inf, bad[2].loss_sum = nan, bad[3].loss_sum = inf,
+  bad[4].loss_sum = -inf, bad[5].bad_target = encode_bad_target(2, 7);
+  for (bool sgd : {false, true})
+    for (size_t k = 0; k < bad.size(); k++) {
+      Dev dp(p0), dm(m0), dv(v0), dsc(std::vector<StepScalars>{bad[k]});
+      const StepScalars* ds = static_cast<const StepScalars*>(dsc.p);
+      if (sgd)
+        gpu().sgd_update_segments(dp.f(), gg.f(), gsegs, ns, 1.0f, ds, 1.0, 1e-2f, 0.1f);
+      else
+        gpu().adamw_update_segments(dp.f(), gg.f(), dm.f(), dv.f(), gsegs, ns, 1.0f, ds, 1.0, 1e-2f, 0.9f, 0.95f,
+                                    1e-8f, 0.1f, 3);
+      EXPECT_TRUE(same_bits(dp.get(), p0)) << (sgd ? "sgd" : "adamw") << " case " << k << ": parameters written";
+      EXPECT_TRUE(same_bits(dm.get(), m0)) << "case " << k;
+      EXPECT_TRUE(same_bits(dv.get(), v0)) << "case " << k;
+    }
+  // Finite scalars: the same call updates (the skip was the scalars' doing).
+  StepScalars ok;
+  ok.loss_sum = 10.0, ok.grad_sumsq = 4.0;
+  const auto gf = random_floats(n, 194, -1.0f, 1.0f);
+  Dev gfd(gf), dp(p0), dsc(std::vector<StepScalars>{ok});
+  gpu().sgd_update_segments(dp.f(), gfd.f(), gsegs, ns, 1.0f, static_cast<const StepScalars*>(dsc.p), 1.0, 1e-2f,
+                            0.1f);
+  EXPECT_FALSE(same_bits(dp.get(), p0));
+}
+
+// copy_to_device_async: no host wait, and the host buffer may be overwritten as soon as the call
+// returns — more uploads in a row than the staging ring has slots, each from the same host buffer
+// refilled at once, all land intact; after a wait the ring's slots are free, so uploads then wait
+// for nothing.
+TEST(CudaStepSync, AsyncUploadMatchesCpuCopy) {
+  REQUIRE_GPU();
+  const size_t n = 70000;  // 280 KB: an upload of a B = 64, T = 1024 batch's tokens is 256 KB
+  const int uploads = 21;
+  Dev dst(static_cast<size_t>(uploads) * n * sizeof(int32_t));
+  std::vector<int32_t> host(n), want(static_cast<size_t>(uploads) * n);
+  for (int u = 0; u < uploads; u++) {
+    for (size_t i = 0; i < n; i++) host[i] = static_cast<int32_t>(u * 1000003 + i);
+    std::memcpy(&want[u * n], host.data(), n * sizeof(int32_t));
+    gpu().copy_to_device_async(dst.i() + u * n, host.data(), n * sizeof(int32_t));
+    std::fill(host.begin(), host.end(), -1);  // reused at once
+  }
+  std::vector<int32_t> got(want.size());
+  gpu().copy_to_host(got.data(), dst.p, got.size() * sizeof(int32_t));
+  EXPECT_EQ(got, want);
+  cuda_synchronize();
+  const uint64_t waits = cuda_host_waits();
+  for (int u = 0; u < 8; u++) gpu().copy_to_device_async(dst.i() + u * n, host.data(), n * sizeof(int32_t));
+  EXPECT_EQ(cuda_host_waits(), waits) << "after a wait, eight uploads (the ring) wait for nothing";
+  gpu().copy_to_host(got.data(), dst.p, n * sizeof(int32_t));
+  EXPECT_EQ(got[0], -1);
+  EXPECT_EQ(got[n - 1], -1);
+}
+
+TEST(CudaStepSync, ForwardQueuedWaitsForNothing) {
   REQUIRE_GPU();
   ModelDesc d = desc_of("gpt2", 2, 2, 64, 32, 500);
   d.lm_head_chunk_rows = 24;  // several chunks: once one host wait per chunk
@@ -170,20 +307,23 @@ TEST(CudaStepSync, ForwardQueuedWaitsOnlyForTheBatchUpload) {
   mg.zero_grads();
   const uint64_t waits = cuda_host_waits(), reads = gpu().readback_count();
   mg.forward_queued(ag, rb.b, true);
-  EXPECT_EQ(cuda_host_waits() - waits, 2u) << "only the uploads of tokens and targets (load_batch)";
+  EXPECT_EQ(cuda_host_waits() - waits, 0u) << "the uploads of tokens and targets (load_batch) do not wait";
   mg.backward(ag);
-  EXPECT_EQ(cuda_host_waits() - waits, 2u) << "backward (the head's recomputed chunks included) waits for nothing";
+  EXPECT_EQ(cuda_host_waits() - waits, 0u) << "backward (the head's recomputed chunks included) waits for nothing";
   const StepScalars s = mg.read_scalars(ag);
-  EXPECT_EQ(cuda_host_waits() - waits, 3u) << "one readback";
+  EXPECT_EQ(cuda_host_waits() - waits, 1u) << "one readback";
   EXPECT_EQ(gpu().readback_count() - reads, 1u);
   const float lg = mg.loss_of(s, ag), lc = mc.forward(ac, rb.b, true);
   EXPECT_LT(std::fabs(lg - lc) / lc, 1e-5) << lg << " vs " << lc;
   EXPECT_EQ(s.bad_target, 0u);
 }
 
-// The trainer's single-model step on the GPU: per step the uploads of tokens and targets, the one
-// readback (loss, gradient norm, bad-target flag) and the wait at the step's end, counted over the
-// steps of two runs that differ only in length.
+// The trainer's single-model step on the GPU at world size 1, counted over the steps of two runs
+// that differ only in length: per step 2 host waits — the one readback (loss, gradient norm,
+// bad-target flag), which now comes after the optimizer (the update computed the clip factor and
+// the non-finite skip from the device's scalars itself), and the step-end cuda_synchronize (the
+// step boundary; the stream is idle by then). The batch uploads (copy_to_device_async, staged
+// through page-locked slots) and everything between them and the readback do not wait.
 TEST(CudaStepSync, TrainerStepWaitsAtTheReadbackAndTheStepEnd) {
   REQUIRE_GPU();
   using namespace testing_support;
@@ -207,7 +347,7 @@ TEST(CudaStepSync, TrainerStepWaitsAtTheReadbackAndTheStepEnd) {
     }
     EXPECT_EQ(reads[1] - reads[0], 4u) << device << ": one readback per step";
     if (std::string(device) == "cuda") {
-      EXPECT_EQ(waits[1] - waits[0], 4u * 4u) << "per step: 2 uploads, the readback, the step's end";
+      EXPECT_EQ(waits[1] - waits[0], 4u * 2u) << "per step: the readback and the step's end";
       ASSERT_EQ(losses.size(), cpu_losses.size());
       for (size_t i = 0; i < losses.size(); i++)
         EXPECT_LT(std::fabs(losses[i] - cpu_losses[i]) / cpu_losses[i], 1e-4) << "step " << i;

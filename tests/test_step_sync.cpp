@@ -163,7 +163,7 @@ TEST(StepSync, SegmentUpdatesWithFoldedClipEqualScaleThenUpdate) {
   const ModelDesc d = test::desc_of("gpt2", 2, 2, 64, 16, 4800);
   const ParamTable t = build_param_table(d);
   TrainConfig tc;
-  tc.weight_decay = 0.1;
+  tc.weight_decay = 0.1, tc.beta1 = 0.9, tc.beta2 = 0.95, tc.eps = 1e-8;  // (TrainConfig has no defaults)
   for (bool sgd : {false, true})
     for (float clip : {1.0f, 0.37f, 3.0e-3f}) {
       const auto p0 = random_floats(t.numel, 15);
@@ -249,5 +249,251 @@ TEST(StepSync, TrainerReadsBackOncePerStep) {
       per_run[k] = ops().readback_count() - before;
     }
     EXPECT_EQ(per_run[1] - per_run[0], 4u) << extra << ": readbacks per step != 1";
+  }
+}
+
+// ---- the clip factor and the non-finite skip decided by the update itself (world size 1) ----
+
+namespace {
+
+// The step's scalars as the trainer's ops leave them: the loss sum, Σg² of the gradient.
+StepScalars scalars_of(const std::vector<float>& g, double loss_sum = 123.25) {
+  StepScalars s;
+  s.loss_sum = loss_sum;
+  s.grad_sumsq = ops().sum_squares(g.data(), g.size());
+  return s;
+}
+
+}  // namespace
+
+TEST(StepSync, ClipFactorIsOneDefinitionForHostAndDevice) {
+  // clip_factor (the host's) and clip_factor_of (the kernels') agree, and the formula is the
+  // documented one: max_norm/norm rounded once to float, only when clipping applies.
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (double norm : {0.0, 1e-3, 0.5, 1.0, 1.0000001, 3.7, 1e30, inf, nan})
+    for (double max_norm : {0.0, -1.0, 1e-3, 1.0, 2.5}) {
+      const float got = clip_factor(norm, max_norm), kernels = clip_factor_of(norm, max_norm);
+      EXPECT_EQ(std::memcmp(&got, &kernels, sizeof got), 0);
+      const bool clips = max_norm > 0 && norm > max_norm && norm != inf && norm == norm;
+      const float want = clips ? (float)(max_norm / norm) : 1.0f;
+      EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0) << norm << " " << max_norm;
+    }
+  StepScalars s;
+  s.grad_sumsq = 13.69;  // norm 3.7
+  EXPECT_EQ(clip_factor_of(s, 1.0), clip_factor(std::sqrt(13.69), 1.0));
+  EXPECT_LT(clip_factor_of(s, 1.0), 1.0f);
+}
+
+TEST(StepSync, UpdateAllowedOnlyForAFiniteStepWithGoodTargets) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  StepScalars s;
+  s.loss_sum = 10.0, s.grad_sumsq = 4.0;
+  EXPECT_TRUE(update_allowed(s));
+  for (double bad : {inf, -inf, nan}) {
+    StepScalars a = s, b = s;
+    a.loss_sum = bad;
+    b.grad_sumsq = bad;
+    EXPECT_FALSE(update_allowed(a)) << "loss sum " << bad;
+    EXPECT_FALSE(update_allowed(b)) << "sum of squares " << bad;
+  }
+  StepScalars c = s;
+  c.bad_target = encode_bad_target(3, 99);
+  EXPECT_FALSE(update_allowed(c));
+}
+
+// adamw/sgd_update_segments given the step's scalars (the device path) against the host path:
+// clip_factor(sqrt(Σg²), max_norm) computed on the host and passed as grad_scale. Bit for bit, for
+// clipping off (max_norm 0), inactive (max_norm above the norm) and active, with and without
+// weight decay, over several steps (AdamW's moments carried).
+TEST(StepSync, DeviceScalarUpdateEqualsHostClipFactor) {
+  const ModelDesc d = test::desc_of("gpt2", 2, 2, 64, 16, 4800);  // runs longer than one segment
+  const ParamTable t = build_param_table(d);
+  const size_t n = t.numel;
+  const auto segs = update_segments(t, 0, n, 0);
+  const int ns = (int)segs.size();
+  for (bool sgd : {false, true})
+    for (float wd : {0.0f, 0.1f})
+      for (double max_norm : {0.0, 1e6, 1.0}) {
+        const std::string what = std::string(sgd ? "sgd" : "adamw") + " wd " + std::to_string(wd) + " max_norm " +
+                                 std::to_string(max_norm);
+        const auto p0 = random_floats(n, 71);
+        std::vector<float> ph = p0, pd = p0, mh(n), vh(n), md(n), vd(n);
+        for (int step = 1; step <= 3; step++) {
+          const auto g = random_floats(n, 72 + step, -2.0f, 2.0f);
+          const StepScalars sc = scalars_of(g);
+          const float clip = clip_factor(std::sqrt(sc.grad_sumsq), max_norm);
+          if (max_norm == 1.0) {
+            EXPECT_LT(clip, 1.0f) << "the clip must be active here";
+          } else {
+            EXPECT_EQ(clip, 1.0f);
+          }
+          if (sgd) {
+            ops().sgd_update_segments(ph.data(), g.data(), segs.data(), ns, clip, nullptr, 0.0, 1e-2f, wd);
+            // grad_scale is ignored when the scalars are given: a wrong one must not matter
+            ops().sgd_update_segments(pd.data(), g.data(), segs.data(), ns, 0.5f, &sc, max_norm, 1e-2f, wd);
+          } else {
+            ops().adamw_update_segments(ph.data(), g.data(), mh.data(), vh.data(), segs.data(), ns, clip, nullptr, 0.0,
+                                        1e-2f, 0.9f, 0.95f, 1e-8f, wd, step);
+            ops().adamw_update_segments(pd.data(), g.data(), md.data(), vd.data(), segs.data(), ns, 0.5f, &sc,
+                                        max_norm, 1e-2f, 0.9f, 0.95f, 1e-8f, wd, step);
+          }
+          EXPECT_TRUE(same_bits(pd, ph)) << what << " step " << step;
+          EXPECT_FALSE(same_bits(pd, p0)) << what << ": an update happened";
+          if (!sgd) {
+            EXPECT_TRUE(same_bits(md, mh)) << what << " m, step " << step;
+            EXPECT_TRUE(same_bits(vd, vh)) << what << " v, step " << step;
+          }
+        }
+      }
+}
+
+// A step whose loss sum or gradient sum of squares is not finite (or that recorded a bad target)
+// leaves parameters and moments as they were, bit for bit — after real steps, so the moments are
+// not zero.
+TEST(StepSync, DeviceScalarUpdateSkipsANonFiniteStep) {
+  const ModelDesc d = test::desc_of("gpt2", 1, 2, 32, 8, 300);
+  const ParamTable t = build_param_table(d);
+  const size_t n = t.numel;
+  const auto segs = update_segments(t, 0, n, 0);
+  const int ns = (int)segs.size();
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (bool sgd : {false, true}) {
+    std::vector<float> p = random_floats(n, 81), m(n), v(n);
+    for (int step = 1; step <= 2; step++) {  // real steps first
+      const auto g = random_floats(n, 82 + step, -1.0f, 1.0f);
+      const StepScalars sc = scalars_of(g);
+      if (sgd)
+        ops().sgd_update_segments(p.data(), g.data(), segs.data(), ns, 1.0f, &sc, 1.0, 1e-2f, 0.1f);
+      else
+        ops().adamw_update_segments(p.data(), g.data(), m.data(), v.data(), segs.data(), ns, 1.0f, &sc, 1.0, 1e-2f,
+                                    0.9f, 0.95f, 1e-8f, 0.1f, step);
+    }
+    auto g = random_floats(n, 90, -1.0f, 1.0f);
+    g[n / 2] = std::numeric_limits<float>::quiet_NaN();  // as a gradient of a blown-up step would be
+    std::vector<StepScalars> bad(6, scalars_of(random_floats(n, 91)));
+    bad[0].grad_sumsq = nan, bad[1].grad_sumsq = inf, bad[2].loss_sum = nan, bad[3].loss_sum = inf,
+    bad[4].loss_sum = -inf, bad[5].bad_target = encode_bad_target(0, -1);
+    for (size_t k = 0; k < bad.size(); k++) {
+      const std::vector<float> p0 = p, m0 = m, v0 = v;
+      if (sgd)
+        ops().sgd_update_segments(p.data(), g.data(), segs.data(), ns, 1.0f, &bad[k], 1.0, 1e-2f, 0.1f);
+      else
+        ops().adamw_update_segments(p.data(), g.data(), m.data(), v.data(), segs.data(), ns, 1.0f, &bad[k], 1.0,
+                                    1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+      EXPECT_TRUE(same_bits(p, p0)) << (sgd ? "sgd" : "adamw") << " case " << k << ": parameters written";
+      EXPECT_TRUE(same_bits(m, m0)) << "case " << k << ": m written";
+      EXPECT_TRUE(same_bits(v, v0)) << "case " << k << ": v written";
+    }
+    // The same gradient with finite scalars is applied (the skip above was the scalars' doing).
+    const StepScalars ok = scalars_of(random_floats(n, 91));
+    const std::vector<float> p0 = p;
+    if (sgd)
+      ops().sgd_update_segments(p.data(), g.data(), segs.data(), ns, 1.0f, &ok, 1.0, 1e-2f, 0.1f);
+    else
+      ops().adamw_update_segments(p.data(), g.data(), m.data(), v.data(), segs.data(), ns, 1.0f, &ok, 1.0, 1e-2f,
+                                  0.9f, 0.95f, 1e-8f, 0.1f, 3);
+    EXPECT_FALSE(same_bits(p, p0));
+  }
+}
+
+// Optimizer::step_on_device is Optimizer::step with the host's clip factor; a step the device
+// skipped, taken back with unstep, leaves t — and so the next step's bias correction — as if
+// it had never been started (what the host path does: it never calls step on a skipped step).
+TEST(StepSync, OptimizerStepOnDeviceAndUnstepKeepTheBiasCorrection) {
+  const ModelDesc d = test::desc_of("gpt2", 2, 2, 64, 16, 300);
+  const ParamTable t = build_param_table(d);
+  const size_t n = t.numel;
+  TrainConfig tc;
+  tc.weight_decay = 0.1, tc.beta1 = 0.9, tc.beta2 = 0.95, tc.eps = 1e-8;
+  tc.grad_clip = 1.0;
+  for (const char* kind : {"adamw", "sgd"}) {
+    const auto p0 = random_floats(n, 101);
+    std::vector<float> ph = p0, pd = p0, pn = p0;
+    Optimizer host(ops(), n, kind), dev(ops(), n, kind), no_unstep(ops(), n, kind);
+    const double inf = std::numeric_limits<double>::infinity();
+    for (int s = 0; s < 5; s++) {
+      const auto g = random_floats(n, 102 + s, -2.0f, 2.0f);
+      StepScalars sc = scalars_of(g);
+      const bool skipped = s == 1 || s == 2;  // two non-finite steps in a row
+      if (skipped) sc.grad_sumsq = inf;
+      // The host path: the clip factor from the read-back sum; a skipped step is never started.
+      if (!skipped) host.step(ph.data(), g.data(), t, 1e-2, tc, clip_factor(std::sqrt(sc.grad_sumsq), tc.grad_clip));
+      // The device path: the update decides; the host, reading the scalars afterwards, unsteps.
+      dev.step_on_device(pd.data(), g.data(), t, 1e-2, tc, &sc);
+      if (!update_allowed(sc)) dev.unstep();
+      no_unstep.step_on_device(pn.data(), g.data(), t, 1e-2, tc, &sc);
+      EXPECT_EQ(dev.t, host.t) << kind << " step " << s;
+      EXPECT_TRUE(same_bits(pd, ph)) << kind << " step " << s;
+      if (std::string(kind) == "adamw") {
+        EXPECT_TRUE(same_bits(std::vector<float>(dev.m, dev.m + n), std::vector<float>(host.m, host.m + n)));
+        EXPECT_TRUE(same_bits(std::vector<float>(dev.v, dev.v + n), std::vector<float>(host.v, host.v + n)));
+      }
+    }
+    EXPECT_EQ(host.t, 3);
+    if (std::string(kind) == "adamw") {  // without unstep the bias correction of later steps differs
+      EXPECT_FALSE(same_bits(pn, ph)) << "the check above could not fail";
+    }
+  }
+  Optimizer o(ops(), 8, "adamw");
+  EXPECT_THROW(o.unstep(), Error) << "unstep before any step";
+}
+
+// The trainer at world size 1 takes the device path (the update decides clip and skip, one
+// readback after it); TrainOptions::host_clip forces the host path (a readback before the
+// optimizer, as with more ranks). Losses and final parameters must be the same bits, for AdamW
+// with the clip active and inactive and for SGD.
+TEST(StepSync, TrainerDeviceClipEqualsHostClip) {
+  using namespace testing_support;
+  const std::string dir = shared_temp_dir(MPI_COMM_SELF);
+  const std::string tr = make_pattern_file(MPI_COMM_SELF, dir, "train.h5", 20000, 64, 7);
+  for (const char* extra : {"train.grad_clip=1e-3", "train.grad_clip=100", "train.optimizer=sgd"}) {
+    const Config cfg = tiny_config(tr, {"model.vocab_size=0", "train.steps=6", extra, "train.warmup_steps=1"});
+    TrainOptions on_host = quiet_options(false);
+    on_host.host_clip = true;
+    const uint64_t r0 = ops().readback_count();
+    const TrainResult dev = train(cfg, MPI_COMM_SELF, quiet_options(false), true);
+    const uint64_t r1 = ops().readback_count();
+    const TrainResult host = train(cfg, MPI_COMM_SELF, on_host, true);
+    EXPECT_EQ(r1 - r0, ops().readback_count() - r1) << extra << ": both paths read back as often";
+    ASSERT_EQ(dev.losses.size(), 6u);
+    EXPECT_TRUE(same_bits(dev.losses, host.losses)) << extra;
+    EXPECT_TRUE(same_bits(dev.final_params, host.final_params)) << extra;
+    EXPECT_EQ(dev.skipped_steps, 0);
+  }
+}
+
+// A run that blows up (the MpiCheckpoint.NonFiniteStepsAbortOrSkip recipe, here at world size 1,
+// so on the device path): on_nonfinite=abort stops with the same message and
+// on_nonfinite=skip counts the skipped steps, leaves the parameters finite, and ends exactly as
+// the host path does — SGD and AdamW.
+TEST(StepSync, TrainerWorldOneSkipsOrAbortsANonFiniteStep) {
+  using namespace testing_support;
+  const std::string dir = shared_temp_dir(MPI_COMM_SELF);
+  const std::string tr = make_pattern_file(MPI_COMM_SELF, dir, "train.h5", 20000, 64, 23);
+  for (const char* opt : {"train.optimizer=sgd", "train.optimizer=adamw"}) {
+    std::vector<std::string> blowup = {"model.vocab_size=0", opt, "train.lr=1e30", "train.grad_clip=0",
+                                       "train.warmup_steps=0", "train.steps=5"};
+    try {
+      train(tiny_config(tr, blowup), MPI_COMM_SELF, quiet_options(false));
+      ADD_FAILURE() << opt << ": no error with on_nonfinite=abort";
+    } catch (const CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find("non-finite loss or gradient norm at step 1"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("set train.on_nonfinite=skip"), std::string::npos) << e.what();
+    }
+    blowup.push_back("train.on_nonfinite=skip");
+    const Config cfg = tiny_config(tr, blowup);
+    TrainOptions on_host = quiet_options(false);
+    on_host.host_clip = true;
+    const TrainResult dev = train(cfg, MPI_COMM_SELF, quiet_options(false), true);
+    const TrainResult host = train(cfg, MPI_COMM_SELF, on_host, true);
+    ASSERT_EQ(dev.losses.size(), 5u);
+    EXPECT_GE(dev.skipped_steps, 1) << opt;
+    EXPECT_EQ(dev.skipped_steps, host.skipped_steps) << opt;
+    EXPECT_TRUE(std::isfinite(dev.losses[0]));
+    EXPECT_FALSE(std::isfinite(dev.losses[1])) << "step 1 runs on the blown-up parameters";
+    for (float p : dev.final_params) ASSERT_TRUE(std::isfinite(p)) << "a skipped step must not touch the parameters";
+    EXPECT_TRUE(same_bits(dev.final_params, host.final_params)) << opt;
+    EXPECT_TRUE(same_bits(dev.losses, host.losses)) << opt;  // NaN losses compared as bits
   }
 }

@@ -10,7 +10,8 @@
 // Use: cuda_bind_device(local_rank) once, before the first op (device = local_rank % count);
 // then pass cuda_ops() wherever an Ops is taken. Every op is enqueued on one compute stream of
 // that device, in call order; the host waits only in alloc, copy_to_device, copy_to_host,
-// sum_squares and softmax_xent (a training step uses the non-waiting forms: op_list.h).
+// sum_squares and softmax_xent (a training step uses the non-waiting forms: op_list.h, e.g.
+// copy_to_device_async for the batch).
 // Pointers given to the ops are device pointers from cuda_ops().alloc.
 #pragma once
 #include <cstddef>
@@ -35,8 +36,9 @@ const Ops& cuda_ops();
 // ---- extras for timing and benchmarks (throw Error in a build without CUDA) ----
 void cuda_synchronize();                               // wait for every op enqueued so far
 // How many times the host has waited for the compute stream so far (alloc, copy_to_device,
-// copy_to_host, sum_squares, softmax_xent, cuda_synchronize; not the LLMPI_CUDA_SYNC_CHECK debug
-// waits): tests pin a training step's waits with it.
+// copy_to_host, sum_squares, softmax_xent, cuda_synchronize, and copy_to_device_async when the
+// staging slot it takes is still being copied from; not the LLMPI_CUDA_SYNC_CHECK debug waits):
+// tests pin a training step's waits with it.
 uint64_t cuda_host_waits();
 // Timing a step without waiting: cuda_mark(k) records timestamp k (0 <= k < kCudaMarks) on the
 // compute stream; once the stream has passed both marks (after cuda_synchronize, say),

@@ -34,6 +34,10 @@
   X(void, free, (void* p))                                                                         \
   X(void, zero, (void* p, size_t bytes))                                                           \
   X(void, copy_to_device, (void* dst, const void* src_host, size_t bytes))                         \
+  /* copy_to_device without a host wait: the bytes go through the backend's page-locked staging    \
+     (CUDA: a ring of slots, each rewritten only after the stream has passed its last copy), so    \
+     src_host may be reused at once; ordered with the ops like a kernel. The CPU: a memcpy. */     \
+  X(void, copy_to_device_async, (void* dst, const void* src_host, size_t bytes))                   \
   X(void, copy_to_host, (void* dst_host, const void* src, size_t bytes))                           \
   X(void, copy, (void* dst, const void* src, size_t bytes)) /* within the backend's memory */      \
                                                                                                    \
@@ -206,12 +210,18 @@
   /* Multi-tensor AdamW: adamw_update over every segment of the table (backend memory, nsegs       \
      rows; weight decay where segs[k].decay), each gradient read as g = grads[i] * grad_scale (one \
      float multiply, rounded: the same bits as scale() then adamw_update; grad_scale 1 = no clip). \
-     The gradients are not written. One launch on a GPU. */                                        \
+     The gradients are not written. One launch on a GPU.                                           \
+     With scalars (a StepScalars in backend memory, filled by the ops before; null = as above) the \
+     op decides on the device what the host decided from a readback: nothing at all is written    \
+     unless update_allowed(*scalars), and grad_scale is replaced by clip_factor_of(*scalars,       \
+     max_norm) (backend/step_scalars.h: the host's float). */                                      \
   X(void, adamw_update_segments, (float* params, const float* grads, float* m, float* v,           \
-                                  const UpdateSegment* segs, int nsegs, float grad_scale, float lr,\
+                                  const UpdateSegment* segs, int nsegs, float grad_scale,          \
+                                  const StepScalars* scalars, double max_norm, float lr,           \
                                   float beta1, float beta2, float eps, float weight_decay, int t)) \
   X(void, sgd_update_segments, (float* params, const float* grads, const UpdateSegment* segs,      \
-                                int nsegs, float grad_scale, float lr, float weight_decay))        \
+                                int nsegs, float grad_scale, const StepScalars* scalars,           \
+                                double max_norm, float lr, float weight_decay))                    \
   /* How many times this backend has handed a result to the host so far: copy_to_host,             \
      sum_squares and softmax_xent (its target check) count one each (on a GPU each is a host       \
      wait). Tests pin a step's readbacks with it. */                                               \

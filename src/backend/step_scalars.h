@@ -4,14 +4,18 @@
 //   StepScalars    the few numbers a step needs on the host — the loss sum, the gradient's sum of
 //                  squares, the first bad target — written on the device by the ops
 //                  (sum_to_double, sum_squares_add, softmax_xent_record) into one small buffer in
-//                  backend memory, and read by the host in ONE copy (read_step_scalars,
-//                  model/transformer.h) after the gradient sync, before the optimizer.
+//                  backend memory, and read by the host in ONE copy (Model::read_scalars,
+//                  model/transformer.h): after the gradient sync and before the optimizer where
+//                  the clip needs other ranks (world > 1, ZeRO-1, pipelines), else after the
+//                  optimizer, which then reads them itself (adamw/sgd_update_segments with
+//                  scalars: the clip factor and the skip of a non-finite step decided on the device).
 //   UpdateSegment  one row of the multi-tensor optimizer's table (adamw_update_segments,
 //                  sgd_update_segments): a piece of the flat buffer with its decay flag. The table
 //                  is built once per optimizer range (optim/optimizer.h) and stays in backend memory.
 //
 // Plain structs of fixed layout, shared by the host, the CPU backend and the CUDA kernels.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -38,6 +42,38 @@ LLMPI_HOST_DEVICE inline uint64_t encode_bad_target(int row, int32_t target) {
 LLMPI_HOST_DEVICE inline int bad_target_row(uint64_t key) { return static_cast<int>(~key >> 32); }
 LLMPI_HOST_DEVICE inline int32_t bad_target_value(uint64_t key) {
   return static_cast<int32_t>(static_cast<uint32_t>(~key & 0xffffffffu));
+}
+
+// ---- global-norm clipping and the non-finite skip: ONE definition for the host (optim/optimizer.h
+// clip_factor, the trainer) and the update kernels (kernels/adamw.cu), so both get the same float ----
+
+LLMPI_HOST_DEVICE inline bool finite_double(double x) {
+#ifdef __CUDA_ARCH__
+  return isfinite(x);
+#else
+  return std::isfinite(x);
+#endif
+}
+
+// The factor global-norm clipping scales the gradients by: max_norm/norm (a double quotient,
+// rounded once to float) when max_norm > 0 and the norm is finite and above it, else 1.
+LLMPI_HOST_DEVICE inline float clip_factor_of(double norm, double max_norm) {
+  return max_norm > 0 && norm > max_norm && finite_double(norm) ? static_cast<float>(max_norm / norm) : 1.0f;
+}
+
+// The same from a step's scalars: norm = sqrt(grad_sumsq) (a correctly rounded double square root
+// on the host and on the GPU alike).
+LLMPI_HOST_DEVICE inline float clip_factor_of(const StepScalars& s, double max_norm) {
+  return clip_factor_of(std::sqrt(s.grad_sumsq), max_norm);
+}
+
+// Whether a step's update may be applied: its loss sum and gradient sum of squares are finite and
+// no target was out of range. Otherwise the update is skipped whole (parameters and moments
+// untouched); the host, reading the same scalars afterwards, aborts or counts the skip
+// (train.on_nonfinite). Finite doubles here are exactly a finite float loss and gradient norm
+// (the host's test where other ranks take part): a sum of finite floats cannot overflow a double.
+LLMPI_HOST_DEVICE inline bool update_allowed(const StepScalars& s) {
+  return s.bad_target == 0 && finite_double(s.loss_sum) && finite_double(s.grad_sumsq);
 }
 
 // Elements [offset, offset + n) of params/grads, their optimizer state at [state_offset, ...) of

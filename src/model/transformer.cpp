@@ -355,16 +355,18 @@ void Model::load_batch(Activations& a, const Batch& b) const {
   if (b.token_types)
     check_ids(b.token_types, N, std::max(desc.type_vocab_size, 1), "token type",
               "raise model.type_vocab_size, or make the data without token types");
-  ops->copy_to_device(a.tokens, b.tokens, N * sizeof(int32_t));
-  if (desc.head == HeadKind::lm && b.targets) ops->copy_to_device(a.targets, b.targets, N * sizeof(int32_t));
+  // Uploads without a host wait (through the backend's page-locked staging: the batch's buffers
+  // may be reused as soon as this returns), ordered before the ops that read them.
+  ops->copy_to_device_async(a.tokens, b.tokens, N * sizeof(int32_t));
+  if (desc.head == HeadKind::lm && b.targets) ops->copy_to_device_async(a.targets, b.targets, N * sizeof(int32_t));
   if (desc.head == HeadKind::classifier && b.labels)
-    ops->copy_to_device(a.targets, b.labels, static_cast<size_t>(b.B) * sizeof(int32_t));
+    ops->copy_to_device_async(a.targets, b.labels, static_cast<size_t>(b.B) * sizeof(int32_t));
   if (b.token_types)
-    ops->copy_to_device(a.token_types, b.token_types, N * sizeof(int32_t));
+    ops->copy_to_device_async(a.token_types, b.token_types, N * sizeof(int32_t));
   else
     ops->zero(a.token_types, N * sizeof(int32_t));
   a.has_mask = b.attn_mask != nullptr;
-  if (b.attn_mask) ops->copy_to_device(a.attn_mask, b.attn_mask, N * sizeof(int32_t));
+  if (b.attn_mask) ops->copy_to_device_async(a.attn_mask, b.attn_mask, N * sizeof(int32_t));
 }
 
 void Model::embed_forward(Activations& a) const {

@@ -234,7 +234,8 @@ struct Model {
   std::vector<float> grads_host() const;
 
   // ---- the three stages (forward) ----
-  // Copy the batch's ids to the device (every stage that needs them calls this first).
+  // Copy the batch's ids to the device (every stage that needs them calls this first), after
+  // checking them on the host; no host wait (copy_to_device_async: the batch may be reused at once).
   void load_batch(Activations& a, const Batch& b) const;
   void embed_forward(Activations& a) const;                 // a.input = x0
   void blocks_forward(Activations& a, int from, int to) const;  // blocks [from, to) ⊆ [l0, l1)

@@ -32,6 +32,18 @@ void Optimizer::step(float* params, const float* grads, const ParamTable& table,
   for (size_t k = 0; k < ranges.size(); k++) update_range(k, params, grads, table, lr, tc, grad_scale);
 }
 
+void Optimizer::step_on_device(float* params, const float* grads, const ParamTable& table, double lr,
+                               const TrainConfig& tc, const StepScalars* scalars) {
+  if (!scalars) fail("internal: Optimizer::step_on_device without the step's scalars");
+  begin_step();
+  for (size_t k = 0; k < ranges.size(); k++) update_range(k, params, grads, table, lr, tc, 1.0f, scalars);
+}
+
+void Optimizer::unstep() {
+  if (t <= 0) fail("internal: Optimizer::unstep before any step");
+  t--;
+}
+
 std::vector<UpdateSegment> update_segments(const ParamTable& table, size_t lo, size_t hi, size_t state_offset) {
   std::vector<UpdateSegment> out;
   if (lo >= hi) return out;
@@ -76,18 +88,19 @@ void Optimizer::build_segments(const ParamTable& table) {
 }
 
 void Optimizer::update_range(size_t k, float* params, const float* grads, const ParamTable& table, double lr,
-                             const TrainConfig& tc, float grad_scale) {
+                             const TrainConfig& tc, float grad_scale, const StepScalars* scalars) {
   if (!segments_built) build_segments(table);  // once: the table never changes
   else if (segments_numel != table.numel || segments_slices != table.slices.size())
     fail("internal: an optimizer is used with another parameter table than its first");
   const size_t first = segment_first[k], count = segment_first[k + 1] - first;
   if (count == 0) return;
   if (sgd)
-    ops->sgd_update_segments(params, grads, segments + first, (int)count, grad_scale, (float)lr,
-                             (float)tc.weight_decay);
+    ops->sgd_update_segments(params, grads, segments + first, (int)count, grad_scale, scalars, tc.grad_clip,
+                             (float)lr, (float)tc.weight_decay);
   else
-    ops->adamw_update_segments(params, grads, m, v, segments + first, (int)count, grad_scale, (float)lr,
-                               (float)tc.beta1, (float)tc.beta2, (float)tc.eps, (float)tc.weight_decay, (int)t);
+    ops->adamw_update_segments(params, grads, m, v, segments + first, (int)count, grad_scale, scalars, tc.grad_clip,
+                               (float)lr, (float)tc.beta1, (float)tc.beta2, (float)tc.eps, (float)tc.weight_decay,
+                               (int)t);
 }
 
 double lr_at(const TrainConfig& tc, int64_t s) {
@@ -117,8 +130,6 @@ void sum_squares_of_pieces_add(const Ops& ops, double* acc, const float* grads, 
   }
 }
 
-float clip_factor(double norm, double max_norm) {
-  return max_norm > 0 && norm > max_norm && std::isfinite(norm) ? (float)(max_norm / norm) : 1.0f;
-}
+float clip_factor(double norm, double max_norm) { return clip_factor_of(norm, max_norm); }
 
 }  // namespace llmpi

@@ -40,12 +40,22 @@ struct Optimizer {
   // bits as scaling the gradients first; the gradients themselves are not changed.
   void step(float* params, const float* grads, const ParamTable& table, double lr, const TrainConfig& tc,
             float grad_scale = 1.0f);
+  // The same with the decision taken on the device from the step's scalars (backend memory,
+  // filled before: the loss sum and the gradient's sum of squares), no readback first: the factor
+  // is clip_factor_of(*scalars, tc.grad_clip), the host's clip_factor(sqrt(sumsq), tc.grad_clip),
+  // and nothing is written unless update_allowed(*scalars) (backend/step_scalars.h). t advances
+  // either way: a caller that reads the scalars afterwards and finds the step skipped calls
+  // unstep, so the next step's bias correction is the one it would have had.
+  void step_on_device(float* params, const float* grads, const ParamTable& table, double lr, const TrainConfig& tc,
+                      const StepScalars* scalars);
+  // Takes back the t++ of the last step, which the device skipped (no update was applied).
+  void unstep();
   // The same in parts (ZeRO-1 all-gathers a bucket while the next range is updated): begin_step
   // advances t, then update_range(k) for every k, each exactly once. One launch per range
   // (adamw_update_segments / sgd_update_segments over the range's segments).
   void begin_step() { t++; }
   void update_range(size_t k, float* params, const float* grads, const ParamTable& table, double lr,
-                    const TrainConfig& tc, float grad_scale = 1.0f);
+                    const TrainConfig& tc, float grad_scale = 1.0f, const StepScalars* scalars = nullptr);
 
  private:
   bool segments_built = false;
@@ -66,9 +76,11 @@ std::vector<UpdateSegment> update_segments(const ParamTable& table, size_t lo, s
 double lr_at(const TrainConfig& tc, int64_t s);
 
 // The factor global-norm clipping scales the gradients by: max_norm/norm (as a float) when
-// max_norm > 0 and the norm is finite and above it, else 1. Global-norm clipping is the norm of
-// the gradient (the trainer: sum_squares_add into the step's scalars, one readback; ZeRO-1 sums
-// the pieces' squares over the group) and this factor folded into Optimizer::step.
+// max_norm > 0 and the norm is finite and above it, else 1 (clip_factor_of in
+// backend/step_scalars.h, the one definition the update kernels use too). Global-norm clipping is
+// the norm of the gradient (the trainer: sum_squares_add into the step's scalars; ZeRO-1 sums the
+// pieces' squares over the group) and this factor folded into Optimizer::step — or, on one rank,
+// computed by the update itself from the scalars (Optimizer::step_on_device).
 float clip_factor(double norm, double max_norm);
 // The squares of grads in `pieces` below `limit` (one rank's part of a sharded norm).
 double sum_squares_of_pieces(const Ops& ops, const float* grads, const std::vector<ShardPiece>& pieces, size_t limit);

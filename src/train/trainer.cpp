@@ -841,6 +841,10 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
   if (r.start_step == 0) do_eval(0);
 
   int64_t saved_at = r.start_step;  // the state after this many steps is on disk (or is the start)
+  // One rank updating the whole buffer: the clip factor and the skip of a non-finite step need no
+  // other rank, so the optimizer decides them on the device from the step's scalars and the host
+  // reads them once, after it (docs/GPU.md "A step without host synchronisation").
+  const bool clip_on_device = !r.pipe && r.world == 1 && !r.sync->opt.zero && !o.host_clip;
   r.tracer.origin_ms = now_ms();
   for (int64_t step = r.start_step; step < tc.steps; step++) {
     r.tracer.enabled = o.write_run_dir && step - r.start_step < cfg.runtime.trace_steps;
@@ -851,6 +855,9 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     float local_loss = 0;
     float clip = 1.0f;  // the single-model path's clip factor, folded into the optimizer
     double t2, t3, t4, grad_norm;
+    const double lr = lr_at(tc, step);
+    bool stepped_on_device = false;  // the optimizer is queued already and decided the skip itself
+    bool finite = true;              // this rank's loss and gradient norm are finite
     if (r.pipe) {  // the schedule's forwards and backwards, the tied sum, the data-parallel sync
       wd.enter("pipeline forward/backward", step);
       const PipelineStepStats ps = r.pipe->forward_backward(step, batch);
@@ -860,11 +867,13 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
       t4 = now_ms(), t3 = t4 - ps.sync_ms, t2 = t3 - ps.tied_ms;
       wd.enter("optimizer", step);
       grad_norm = r.pipe->clip_grad_norm(tc.grad_clip);  // over every stage
+      finite = std::isfinite(local_loss) && std::isfinite(grad_norm);
     } else {
       // No host wait inside the step on a GPU (docs/GPU.md "A step without host synchronisation"): the ops are
       // queued, the phases timed by stream marks, and the host reads the loss sum, the gradient's
-      // sum of squares and the bad-target flag once, after the gradient sync; the clip factor is
-      // folded into the optimizer.
+      // sum of squares and the bad-target flag once: on one rank after the optimizer, which computed
+      // the clip factor and the non-finite skip from them on the device; otherwise after the
+      // gradient sync, the clip factor then folded into the optimizer.
       wd.enter("forward", step);
       Model& model = *r.model;
       model.zero_grads();
@@ -890,15 +899,21 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
         sum_squares_of_pieces_add(*r.ops, &dev->grad_sumsq, model.grads, r.sync->shard, model.table.numel);
       else
         r.ops->sum_squares_add(&dev->grad_sumsq, model.grads, model.table.numel);
+      if (clip_on_device) {
+        r.opt->step_on_device(model.params, model.grads, model.table, lr, tc, dev);
+        stepped_on_device = true;
+      }
       const StepScalars sc = model.read_scalars(*r.acts);  // the step's one readback
       local_loss = model.loss_of(sc, *r.acts);
       double sumsq = sc.grad_sumsq;
       if (r.sync->opt.zero) MPI_Allreduce(&sc.grad_sumsq, &sumsq, 1, MPI_DOUBLE, MPI_SUM, comm);
       grad_norm = std::sqrt(sumsq);
       clip = clip_factor(grad_norm, tc.grad_clip);
+      // On the device path exactly the test the update made (the same values, the same function).
+      finite = stepped_on_device ? update_allowed(sc) : std::isfinite(local_loss) && std::isfinite(grad_norm);
     }
     // The global loss and whether any rank saw a non-finite loss or gradient norm, in one collective.
-    double mine[2] = {local_loss, std::isfinite(local_loss) && std::isfinite(grad_norm) ? 0.0 : 1.0}, all[2];
+    double mine[2] = {local_loss, finite ? 0.0 : 1.0}, all[2];
     if (r.world > 1) {
       wd.enter("loss allreduce", step);
       MPI_Allreduce(mine, all, 2, MPI_DOUBLE, MPI_SUM, comm);
@@ -907,8 +922,10 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     }
     const float loss = (float)(all[0] / (r.groups ? r.groups->dp : r.world));
     const bool nonfinite = all[1] > 0;
-    const double lr = lr_at(tc, step);
     if (nonfinite) {
+      // The device skipped the update (parameters and moments untouched); its step must not count
+      // in AdamW's bias correction, as a step the host never started does not.
+      if (stepped_on_device) r.opt->unstep();
       if (tc.on_nonfinite == "abort")
         throw CollectiveError("non-finite loss or gradient norm at step " + std::to_string(step) + " (loss " +
                               std::to_string(loss) + ", grad norm " + std::to_string(grad_norm) +
@@ -919,7 +936,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
                     "(train.on_nonfinite=skip)\n", (long long)step, loss, grad_norm);
         std::fflush(stdout);
       }
-    } else {
+    } else if (!stepped_on_device) {
       wd.enter("optimizer", step);
       if (r.pipe)
         r.pipe->optimizer_step(lr, tc);

@@ -32,6 +32,8 @@ struct TrainOptions {
                                 // cfg must have been made with its config.json (read_hf_config → ModelSource)
   bool dry_run = false;         // validate everything, train nothing
   int64_t preempt_after_step = -1;  // tests: behave as if a pre-emption signal came during this step
+  bool host_clip = false;       // tests: decide the clip factor and a non-finite skip on the host from a
+                                // readback before the optimizer (the world > 1 path) also at world size 1
   bool overwrite = false;       // a new run over an earlier one in run.dir: move its files aside (train/run_dir.h)
   std::vector<std::string> resume_overrides;  // resume-contract keys whose change is accepted (train/resume_contract.h)
 };

@@ -95,7 +95,9 @@ void scale(float* x, float s, size_t n) {
 
 // The multi-tensor forms: each segment's elements as adamw_update / sgd_update would update them,
 // with g = grads[i] * grad_scale (rounded to float on its own, as scale() stored it: see
-// scaled_grad). Segments are independent, so any schedule gives the same bits.
+// scaled_grad). Segments are independent, so any schedule gives the same bits. With scalars the
+// decision the host made from a readback is made here from them (step_scalars.h): no update at
+// all unless update_allowed, and grad_scale = clip_factor_of(*scalars, max_norm).
 namespace {
 // g * s rounded to float by itself. With -ffp-contract=fast (GCC's default for C++) a product
 // that feeds only an addition may be fused into an FMA with it; SGD's g + wd·p would then differ
@@ -112,8 +114,12 @@ inline float scaled_grad(float g, float s) {
 }  // namespace
 
 void adamw_update_segments(float* params, const float* grads, float* m, float* v, const UpdateSegment* segs,
-                           int nsegs, float grad_scale, float lr, float beta1, float beta2, float eps,
-                           float weight_decay, int t) {
+                           int nsegs, float grad_scale, const StepScalars* scalars, double max_norm, float lr,
+                           float beta1, float beta2, float eps, float weight_decay, int t) {
+  if (scalars) {
+    if (!update_allowed(*scalars)) return;  // a non-finite step: parameters and moments untouched
+    grad_scale = clip_factor_of(*scalars, max_norm);
+  }
   const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), t)));
   const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), t)));
   const float a1 = 1.0f - beta1, a2 = 1.0f - beta2;
@@ -141,7 +147,11 @@ void adamw_update_segments(float* params, const float* grads, float* m, float* v
 }
 
 void sgd_update_segments(float* params, const float* grads, const UpdateSegment* segs, int nsegs, float grad_scale,
-                         float lr, float weight_decay) {
+                         const StepScalars* scalars, double max_norm, float lr, float weight_decay) {
+  if (scalars) {
+    if (!update_allowed(*scalars)) return;  // a non-finite step: parameters untouched
+    grad_scale = clip_factor_of(*scalars, max_norm);
+  }
 #pragma omp parallel for schedule(static) if (nsegs > 1)
   for (int k = 0; k < nsegs; k++) {
     const UpdateSegment sg = segs[k];
