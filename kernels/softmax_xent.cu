@@ -1,10 +1,14 @@
 // Fused softmax + cross-entropy over the vocabulary, and its backward, in place.
 //
 // One block per row n, logits z (length V), target y:
-//   mx = max_j z_j;  S = Σ_j exp(z_j - mx)            (block reductions; every term in (0, 1])
+//   mx = max_j z_j;  S = Σ_j exp(z_j - mx)            (every term in (0, 1])
 //   loss_n = log S + mx - z_y                          (= -log softmax(z)_y, no overflow)
 //   if grad_scale != 0:  z_j <- grad_scale * (exp(z_j - mx) / S - [j == y])
-// Three passes over the row (max; sum of exps; write), the row staying in L2 between them.
+// Two passes over the row (an online max and sum; the write). The first is "online softmax"
+// (Milakov & Gimelshein 2018): each thread keeps its running maximum m and its sum s of
+// exp(z - m) over its elements, rescaling s by exp(m_old - m_new) when the maximum grows (one exp
+// per element either way); then the block's maximum M and S = Σ_threads s_t·exp(m_t - M). A NaN
+// logit makes S (so the loss) NaN, as the three-pass kernel did; a -inf one adds nothing.
 // z_y is read before any write. Targets outside [0, V) are recorded, never read: the kernel keeps
 // the first bad row (and its target) in a 64-bit key, max-combined (an integer atomicMax: the
 // result does not depend on the order; backend/step_scalars.h encode_bad_target).
@@ -37,12 +41,19 @@ __global__ void softmax_xent_kernel(float* __restrict__ logits, float* __restric
     return;
   }
   const float zy = z[y];
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, z[j]);
-  mx = block_max(mx, sh);
-  float s = 0.0f;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(z[j] - mx);
-  s = block_sum(s, sh);
+  float m = -INFINITY, st = 0.0f;  // this thread's running maximum and Σ exp(z - m)
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    const float x = z[j];
+    if (x > m) {
+      st = st * expf(m - x) + 1.0f;  // m = -inf at first: expf(-inf) = 0
+      m = x;
+    } else {
+      st += x == -INFINITY ? 0.0f : expf(x - m);  // NaN stays NaN
+    }
+  }
+  const float mx = block_max(m, sh);
+  // (a thread that saw only -inf adds 0; one that saw a NaN, even with m = -inf, adds NaN)
+  float s = block_sum(m == -INFINITY && st == 0.0f ? 0.0f : st * expf(m - mx), sh);
   if (threadIdx.x == 0) losses[n] = logf(s) + (mx - zy);
   if (grad_scale != 0.0f) {
     __syncthreads();  // every thread has read z[y] (and all of z) before anyone writes

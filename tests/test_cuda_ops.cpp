@@ -926,6 +926,35 @@ TEST(CudaOps, SoftmaxXent) {
   }
 }
 
+// The one-pass (online) max and sum: -inf logits add nothing (the row's loss equals the CPU's),
+// a NaN logit anywhere in a row makes its loss NaN (the trainer's non-finite check relies on it),
+// wherever it falls in a thread's sequence — first, after a -inf, or late — and the other rows
+// stay finite.
+TEST(CudaOps, SoftmaxXentNonFiniteLogits) {
+  REQUIRE_GPU();
+  const int N = 5, V = 3001;
+  auto z = random_floats(N * V, 41, -4.0f, 4.0f);
+  const auto y = random_ints(N, 42, 0, V);
+  auto row = [&](int n) { return z.data() + static_cast<size_t>(n) * V; };
+  for (int j = 0; j < V; j += 3) row(0)[j] = -INFINITY;  // row 0: a third of the logits -inf
+  if (row(0)[y[0]] == -INFINITY) row(0)[y[0]] = 1.0f;
+  row(1)[0] = NAN;                                         // row 1: NaN first (thread 0's first element)
+  row(2)[0] = -INFINITY;                                   // row 2: NaN after a -inf in thread 0's sequence
+  row(2)[512] = NAN;
+  row(3)[V - 1] = NAN;                                     // row 3: NaN last
+  for (float gs : {0.0f, 0.5f}) {
+    auto rz = z;
+    std::vector<float> rl(N);
+    cpu().softmax_xent(rz.data(), rl.data(), y.data(), N, V, gs);
+    Dev gz(z), gl(nans(N)), gy(y);
+    gpu().softmax_xent(gz.f(), gl.f(), gy.i(), N, V, gs);
+    const auto loss = gl.get();
+    EXPECT_NEAR(loss[0], rl[0], 1e-5 * (std::fabs(rl[0]) + 1)) << "grad_scale " << gs;
+    EXPECT_NEAR(loss[4], rl[4], 1e-5 * (std::fabs(rl[4]) + 1)) << "grad_scale " << gs;
+    for (int n : {1, 2, 3}) EXPECT_TRUE(std::isnan(loss[n])) << "row " << n << ": " << loss[n];
+  }
+}
+
 TEST(CudaOps, SoftmaxXentRejectsTargetOutsideVocabulary) {
   REQUIRE_GPU();
   const int N = 3, V = 10;
