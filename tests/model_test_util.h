@@ -1,6 +1,7 @@
 // Shared by the model tests: descriptions of tiny models of each family, random batches, and
 // host views of a model's parameters and gradients.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -86,6 +87,24 @@ inline std::vector<float> training_losses(const ModelDesc& d, GemmPrecision prec
                              s.numel, 3e-3f, 0.9f, 0.95f, 1e-8f, s.decay ? 0.1f : 0.0f, step);
   }
   return losses;
+}
+
+// How far a loss curve strays from a reference one: per step |other - ref| / ref, the largest
+// of them, and whether the two curves are the same bits (a precision mode that changed nothing).
+struct CurveGap {
+  std::vector<double> per_step;
+  double worst = 0;
+  bool identical = true;
+};
+inline CurveGap curve_gap(const std::vector<float>& ref, const std::vector<float>& other) {
+  CurveGap g;
+  for (size_t s = 0; s < ref.size() && s < other.size(); s++) {
+    g.per_step.push_back(std::fabs(static_cast<double>(other[s]) - ref[s]) / ref[s]);
+    g.worst = std::max(g.worst, g.per_step.back());
+    g.identical = g.identical && other[s] == ref[s];
+  }
+  g.identical = g.identical && ref.size() == other.size();
+  return g;
 }
 
 }  // namespace llmpi::test

@@ -262,17 +262,12 @@ TEST(FlashBf16Model, FusedBf16FollowsFp32LossesWithin1e2) {
     const int steps = 20;
     const auto f32 = fused_losses(d, GemmPrecision::fp32, steps);
     const auto b16 = fused_losses(d, GemmPrecision::bf16, steps);
-    double worst = 0.0;
-    bool identical = true;
-    for (int s = 0; s < steps; s++) {
-      const double r = std::fabs(static_cast<double>(b16[s]) - f32[s]) / f32[s];
-      worst = std::max(worst, r);
-      identical = identical && b16[s] == f32[s];
-      EXPECT_LT(r, 1e-2) << f.name << " step " << s + 1 << ": bf16 " << b16[s] << " vs fp32 " << f32[s];
-    }
+    const test::CurveGap gap = test::curve_gap(f32, b16);
+    for (int s = 0; s < steps; s++)
+      EXPECT_LT(gap.per_step[s], 1e-2) << f.name << " step " << s + 1 << ": bf16 " << b16[s] << " vs fp32 " << f32[s];
     std::printf("%s (fused): losses %.4f -> %.4f (fp32), %.4f -> %.4f (bf16); largest gap %.2e\n", f.name,
-                f32[0], f32.back(), b16[0], b16.back(), worst);
-    EXPECT_FALSE(identical) << f.name;
+                f32[0], f32.back(), b16[0], b16.back(), gap.worst);
+    EXPECT_FALSE(gap.identical) << f.name;
     EXPECT_LT(f32.back(), f32.front()) << f.name;
   }
 }

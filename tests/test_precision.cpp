@@ -264,17 +264,12 @@ TEST_P(PrecisionTraining, Bf16FollowsFp32LossesWithin1e2) {
   const int steps = 20;
   const auto f32 = training_losses(d, GemmPrecision::fp32, steps);
   const auto b16 = training_losses(d, GemmPrecision::bf16, steps);
-  double worst = 0;
-  bool identical = true;
-  for (int s = 0; s < steps; s++) {
-    const double r = std::fabs((double)b16[s] - f32[s]) / f32[s];
-    worst = std::max(worst, r);
-    identical = identical && b16[s] == f32[s];
-    EXPECT_LT(r, 1e-2) << c.name << " step " << s + 1 << ": bf16 " << b16[s] << " vs fp32 " << f32[s];
-  }
+  const test::CurveGap gap = test::curve_gap(f32, b16);
+  for (int s = 0; s < steps; s++)
+    EXPECT_LT(gap.per_step[s], 1e-2) << c.name << " step " << s + 1 << ": bf16 " << b16[s] << " vs fp32 " << f32[s];
   std::printf("%s: losses %.4f -> %.4f (fp32), %.4f -> %.4f (bf16); largest relative gap %.2e\n", c.name, f32[0],
-              f32.back(), b16[0], b16.back(), worst);
-  EXPECT_FALSE(identical) << "bf16 training is bit-identical to fp32: the mode is not applied";
+              f32.back(), b16[0], b16.back(), gap.worst);
+  EXPECT_FALSE(gap.identical) << "bf16 training is bit-identical to fp32: the mode is not applied";
   EXPECT_LT(f32.back(), f32.front()) << "no progress; the comparison means little";
 }
 
