@@ -393,39 +393,48 @@ TEST(PlanTime, EfficiencyAndOverlap) {
   EXPECT_GT(b->efficiency, a->efficiency);
 }
 
-// Without pipeline stages the trainer fuses the LM head (model/transformer.h "Fused LM head"): the
-// plan drops the head's recompute from the costs (and says so); with stages it stays.
-TEST(PlanTime, OneStageDropsTheLmHeadRecompute) {
+// The LM head is fused (model/transformer.h "Fused LM head") without stages and under every
+// schedule but zb-h1: the plan moves the head's backward, less its recompute, into the forward
+// (LayerCosts::with_fused_head) and says so; zb-h1 keeps the recompute.
+TEST(PlanTime, FusedLmHeadDropsTheRecomputeButUnderZbH1) {
   const int T = 8;
   const ModelDesc d = test::desc_of("gpt2", 4, 2, 16, T, 37);
   LayerCosts c = synthetic_costs(4, T);
   c.head_f = 1.0, c.head_b = 2.5, c.head_bi = 1.5, c.head_recompute = 0.5;
+  const LayerCosts f = c.with_fused_head();
+  EXPECT_DOUBLE_EQ(f.head_f, 3.0);
+  EXPECT_EQ(f.head_b, 0);
+  EXPECT_EQ(f.head_bi, 0);
+  EXPECT_EQ(f.head_recompute, 0);
   auto has_note = [](const PlanResult& r) {
     for (const std::string& n : r.notes)
       if (n.find("LM head fused") != std::string::npos) return true;
     return false;
   };
+  // One rank: the same step as a profile that had the head's whole work in its forward.
   PlanInputs one = inputs(d, T, 4, 1, 1, 1);
   one.have_profile = true;
   one.profile = c;
   const PlanResult r1 = plan(one);
-  EXPECT_DOUBLE_EQ(r1.costs.head_b, 2.0);
-  EXPECT_DOUBLE_EQ(r1.costs.head_bi, 1.0);
-  EXPECT_EQ(r1.costs.head_recompute, 0);
   EXPECT_TRUE(has_note(r1));
-  // The same step as a profile that never had the recompute.
-  PlanInputs plain = one;
-  plain.profile.head_b = 2.0, plain.profile.head_bi = 1.0, plain.profile.head_recompute = 0;
-  const PlanResult r0 = plan(plain);
+  PlanInputs moved = one;
+  moved.profile = f;
+  const PlanResult r0 = plan(moved);
   EXPECT_DOUBLE_EQ(r1.time_row("-", 0)->step_s, r0.time_row("-", 0)->step_s);
   EXPECT_FALSE(has_note(r0));
-  // Two stages keep it.
+  // Two stages: gpipe and 1f1b simulate the fused costs, zb-h1 the recomputing ones.
   PlanInputs two = inputs(d, T, 8, 2, 2, 2);
   two.have_profile = true;
   two.profile = c;
   const PlanResult r2 = plan(two);
-  EXPECT_DOUBLE_EQ(r2.costs.head_b, 2.5);
-  EXPECT_FALSE(has_note(r2));
+  EXPECT_TRUE(has_note(r2));
+  PlanInputs two_moved = two;
+  two_moved.profile = f;
+  const PlanResult r2m = plan(two_moved);
+  EXPECT_DOUBLE_EQ(r2.time_row("1f1b", 0)->step_s, r2m.time_row("1f1b", 0)->step_s);
+  EXPECT_DOUBLE_EQ(r2.time_row("gpipe", 0)->step_s, r2m.time_row("gpipe", 0)->step_s);
+  EXPECT_GT(r2.time_row("zb-h1", 0)->step_s, r2m.time_row("zb-h1", 0)->step_s)
+      << "zb-h1 recomputes the chunks: slower than with the recompute gone";
   // The field round-trips through a profile file, is optional there, and is checked.
   nlohmann::json j = c.to_json();
   EXPECT_DOUBLE_EQ(LayerCosts::from_json(j, "t").head_recompute, 0.5);

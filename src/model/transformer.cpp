@@ -477,9 +477,10 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
     if (fused) {
       // Fused ("Fused LM head" in transformer.h): the chunks last to first, each one's backward at
       // once — the ops, operands and order of lm_head_backward_chunks, so the same bits — into
-      // d_a_ (d xf, zeroed here) and the head weight's gradient.
+      // a.tmp (d xf, zeroed here; the forward's scratch is free after the blocks) and the head
+      // weight's gradient.
       const int chunks = (N + R - 1) / R;
-      o.zero(d_a_, static_cast<size_t>(N) * C * sizeof(float));
+      o.zero(a.tmp, static_cast<size_t>(N) * C * sizeof(float));
       float* dW = ge[d.tie_embeddings ? kTokEmb : kLmHead];
       for (int c = chunks - 1; c >= 0; c--) {
         const int r0 = c * R, rn = std::min(R, N - r0);
@@ -487,7 +488,7 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
         o.matmul_forward(a.logits, xc, W, nullptr, rn, C, d.vocab_size, precision);
         o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
                               grad_scale / static_cast<float>(N), bad, r0);
-        o.matmul_backward(d_a_ + static_cast<size_t>(r0) * C, dW, nullptr, a.logits, xc, W, rn, C, d.vocab_size,
+        o.matmul_backward(a.tmp + static_cast<size_t>(r0) * C, dW, nullptr, a.logits, xc, W, rn, C, d.vocab_size,
                           precision);
       }
     } else {
@@ -540,8 +541,16 @@ float Model::loss_of(const StepScalars& s, const Activations& a) const {
   return static_cast<float>(s.loss_sum / rows_for_loss(a.B, a.T));
 }
 
+float Model::train_head_forward(Activations& a, float grad_scale) const {
+  return head_forward_read(a, true, grad_scale, desc.head == HeadKind::lm);
+}
+
 float Model::head_forward(Activations& a, bool need_grad, float grad_scale) const {
-  head_forward_queued(a, need_grad, grad_scale);
+  return head_forward_read(a, need_grad, grad_scale, false);
+}
+
+float Model::head_forward_read(Activations& a, bool need_grad, float grad_scale, bool fused) const {
+  head_forward_impl(a, need_grad, grad_scale, fused);
   read_scalars(a);  // the target check
   const int rows = rows_for_loss(a.B, a.T);
   ops->copy_to_host(a.losses_host.data(), a.losses, static_cast<size_t>(rows) * sizeof(float));
@@ -557,18 +566,14 @@ void Model::forward_queued(Activations& a, const Batch& b, bool need_grad, float
   if (part.head) head_forward_queued(a, need_grad, grad_scale);
 }
 
-void Model::train_forward_queued(Activations& a, const Batch& b, float grad_scale) {
-  const bool fuse = part.head && desc.head == HeadKind::lm;
+void Model::train_forward_queued(Activations& a, const Batch& b, float grad_scale) const {
   load_batch(a, b);
   if (part.embedding) embed_forward(a);
   blocks_forward(a, part.l0, part.l1);
-  if (!part.head) return;
-  if (fuse) ensure_scratch(a.B, a.T);
-  head_forward_impl(a, true, grad_scale, fuse);
-  fused_head_for_ = fuse ? &a : nullptr;
+  if (part.head) head_forward_impl(a, true, grad_scale, desc.head == HeadKind::lm);
 }
 
-float Model::train_forward(Activations& a, const Batch& b, float grad_scale) {
+float Model::train_forward(Activations& a, const Batch& b, float grad_scale) const {
   train_forward_queued(a, b, grad_scale);
   return part.head ? loss_of(read_scalars(a), a) : 0.0f;
 }
@@ -750,10 +755,8 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
     const bool tied = d.tie_embeddings;
     const int wrole = tied ? kTokEmb : kLmHead;
     if (a.lm_head_fused) {
-      // train_forward_queued ran the head's backward: d_a_ = d xf, dW added (see transformer.h).
+      // The fused head's forward ran its backward: a.tmp = d xf, dW added (see transformer.h).
       if (mode_ != BackwardMode::whole) fail("internal: an input-only backward after a fused LM head forward");
-      if (fused_head_for_ != &a) fail("internal: the fused LM head's gradient in scratch belongs to other activations");
-      fused_head_for_ = nullptr;
       if (!(tied && part.embedding)) finished(0, {wrole}, ready);
     } else if (mode_ == BackwardMode::whole) {
       // The chunked head (see transformer.h): d_a_ = d xf now; dW now, or in weight_backward after
@@ -768,13 +771,14 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
       lm_head_backward_chunks(a, d_a_, nullptr);
       a.deferred.push_back({0, wrole, -1, nullptr, nullptr, N, C, d.vocab_size});
     }
+    const float* dxf = a.lm_head_fused ? a.tmp : d_a_;
     o.zero(a.dresidual, NC * sizeof(float));
     if (d.final_norm) {
-      norm_backward(o, d, a.dresidual, ge[kFinalNormW], ge[kFinalNormB], d_a_, x, pe[kFinalNormW], a.final_mean,
+      norm_backward(o, d, a.dresidual, ge[kFinalNormW], ge[kFinalNormB], dxf, x, pe[kFinalNormW], a.final_mean,
                     a.final_rstd, N);
       finished(0, {kFinalNormW, kFinalNormB}, ready);
     } else {
-      o.copy(a.dresidual, d_a_, NC * sizeof(float));
+      o.copy(a.dresidual, dxf, NC * sizeof(float));
     }
   } else {
     const size_t BC = static_cast<size_t>(B) * C;
@@ -966,8 +970,6 @@ void Model::embed_backward(Activations& a, const ReadyFn& ready) {
 }
 
 void Model::backward(Activations& a, const ReadyFn& ready) {
-  if (fused_head_for_ && fused_head_for_ != &a)  // its d xf lives in the scratch this pass reuses
-    fail("internal: a backward on other activations between a fused-head training forward and its backward");
   begin_backward();
   if (part.head) head_backward(a, ready);
   blocks_backward(a, part.l0, part.l1, ready);

@@ -60,16 +60,17 @@
 // Activations::all_logits asks for one chunk of all N rows, so a.logits holds every row's logits
 // after a forward (generation without a KV cache).
 //
-// Fused LM head: a caller whose training forward is followed at once by the whole backward of the
-// same Activations (the trainer's single-model step, bench-gpu_gpt2) calls train_forward_queued
-// instead. Its head runs each chunk's backward as soon as the chunk's logits gradient exists —
-// chunks last to first, dxf_c += dlogits·W into the backward's scratch d_a_ and dW += dlogits^T·xf_c
-// into the gradient — so no chunk is recomputed: the same ops on the same operands in the same
-// order as lm_head_backward_chunks, hence the same bits (test_lm_head_chunked.cpp), and
-// head_backward goes straight on to the final norm. The head weight's gradient is added during the
-// forward (backward still adds: zero_grads comes before the forward). Not for pipelines (a stage's
-// forwards and backwards interleave across micro-batches, and d_a_ is one buffer) nor an
-// input-only backward (its contract defers dW), which keep the recompute.
+// Fused LM head: a caller whose training forward will be followed by the whole backward of the
+// same Activations (the trainer's single-model step, bench-gpu_gpt2, and the pipeline schedules
+// but zb-h1) calls train_forward_queued / train_head_forward instead. Its head runs each chunk's
+// backward as soon as the chunk's logits gradient exists — chunks last to first, dxf_c +=
+// dlogits·W into the Activations' forward scratch `tmp` (free once the blocks are done) and dW +=
+// dlogits^T·xf_c into the gradient — so no chunk is recomputed: the same ops on the same operands
+// in the same order as lm_head_backward_chunks, hence the same bits (test_lm_head_chunked.cpp),
+// and head_backward goes straight on to the final norm. The head weight's gradient is added
+// during the forward (backward still adds: zero_grads comes before the forward), and d xf waits
+// in the Activations, so other micro-batches may run between. Not for an input-only backward
+// (its contract defers dW: zb-h1 keeps the recompute); no extra memory.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -157,11 +158,12 @@ struct Activations {
   int lm_rows = 0;            // rows of the LM head's chunk buffer
   bool head_grad = false;     // the last head_forward had need_grad (head_backward may run)
   bool lm_last_grad = false;  // the LM chunk buffer holds the last chunk's logits gradient
-  bool lm_head_fused = false; // the last forward was train_forward_queued's: the head's backward ran
+  bool lm_head_fused = false; // the last forward fused the LM head's backward in (tmp holds d xf)
   float head_grad_scale = 0;  // its grad_scale
   float *cls = nullptr, *pooled_pre = nullptr, *pooled = nullptr, *pooled_drop = nullptr;  // classifier
   float* dresidual = nullptr; // [N, C] the gradient flowing down the residual stream
-  float* tmp = nullptr;       // [N, C] forward scratch (a branch's output before the residual add)
+  float* tmp = nullptr;       // [N, C] forward scratch (a branch's output before the residual add); after a
+                              // forward with a fused LM head, d loss / d xf until head_backward
   bool has_mask = false;      // the batch carried an attention mask
   std::vector<float> losses_host;  // per-row losses, after a forward that reads the loss back
   // The scalars a training step reads back in one copy (backend memory, backend/step_scalars.h):
@@ -243,6 +245,8 @@ struct Model {
   // grad_scale, ready for backward; grad_scale lets a caller average over more rows than this
   // batch holds (1 = the mean over this batch).
   float head_forward(Activations& a, bool need_grad, float grad_scale = 1.0f) const;
+  // head_forward with need_grad and an LM head fused ("Fused LM head"; a pipeline stage's F).
+  float train_head_forward(Activations& a, float grad_scale = 1.0f) const;
   // The same without reading anything back (no host wait on a GPU): the per-row losses stay in
   // a.losses, their sum (double) goes to a.scalars->loss_sum and an out-of-range target is
   // recorded in a.scalars->bad_target (softmax_xent_record). head_forward = this + read_scalars
@@ -280,12 +284,12 @@ struct Model {
   // forward with head_forward_queued: nothing read back (the trainer reads the loss at the step's
   // one readback, read_scalars, with the gradient's sum of squares).
   void forward_queued(Activations& a, const Batch& b, bool need_grad, float grad_scale = 1.0f) const;
-  // A training forward (need_grad) whose backward(a) follows before any other backward on this
-  // Model: an LM head runs its own backward inside ("Fused LM head": no logits recomputed; the
+  // A training forward (need_grad) whose whole backward of a follows (other passes may run
+  // between): an LM head runs its own backward inside ("Fused LM head": no logits recomputed; the
   // head weight's gradient is added now). Otherwise forward_queued(a, b, true, grad_scale).
   // train_forward also reads the loss back (the mean over this batch's rows).
-  void train_forward_queued(Activations& a, const Batch& b, float grad_scale = 1.0f);
-  float train_forward(Activations& a, const Batch& b, float grad_scale = 1.0f);
+  void train_forward_queued(Activations& a, const Batch& b, float grad_scale = 1.0f) const;
+  float train_forward(Activations& a, const Batch& b, float grad_scale = 1.0f) const;
   void backward(Activations& a, const ReadyFn& grads_ready = {});
 
   // Classifier: argmax of each sequence's logits after a forward without gradient.
@@ -295,8 +299,8 @@ struct Model {
   GradReadyTracker tracker_;
   BackwardMode mode_ = BackwardMode::whole;
   const Activations* input_only_pass_ = nullptr;  // the Activations of the input-only pass running
-  const Activations* fused_head_for_ = nullptr;   // whose fused head's d xf is in d_a_ (train_forward_queued)
   void head_forward_impl(Activations& a, bool need_grad, float grad_scale, bool fused) const;
+  float head_forward_read(Activations& a, bool need_grad, float grad_scale, bool fused) const;
   // Backward scratch, grown on demand.
   float* scratch_ = nullptr;
   size_t scratch_floats_ = 0;

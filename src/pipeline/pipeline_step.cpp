@@ -294,7 +294,10 @@ PipelineStepStats Pipeline::forward_backward(int64_t step, const Batch& batch) {
         const double t0 = now_ms();
         if (ch.part.embedding) md.embed_forward(x);
         md.blocks_forward(x, ch.part.l0, ch.part.l1);
-        if (ch.part.head) loss_sum += md.head_forward(x, true, 1.0f / M);
+        // The head fused (its backward inside F: transformer.h "Fused LM head"), but under zb-h1,
+        // whose BI must leave the head's weight gradient to W.
+        if (ch.part.head)
+          loss_sum += kind == ScheduleKind::zb_h1 ? md.head_forward(x, true, 1.0f / M) : md.train_head_forward(x, 1.0f / M);
         if (ops.on_gpu()) cuda_synchronize();
         const double t1 = now_ms();
         st.compute_ms += t1 - t0;

@@ -119,6 +119,13 @@ LayerCosts LayerCosts::scaled_to(int mb) const {
   return c;
 }
 
+LayerCosts LayerCosts::with_fused_head() const {
+  LayerCosts k = *this;
+  k.head_f += head_b - head_recompute;  // the head's backward runs in F, without the recompute
+  k.head_b = k.head_bi = k.head_recompute = 0;
+  return k;
+}
+
 LayerCosts costs_from_device(const ModelDesc& d, int B, int T, const DeviceSpec& dev, Precision p, double mfu,
                              int cores) {
   if (mfu <= 0) mfu = dev.default_mfu;
@@ -397,24 +404,28 @@ PlanResult plan(const PlanInputs& in) {
       k.source += std::string(", x ") + std::to_string(r.oversubscription).substr(0, 4) + " for shared cores";
     }
   }
-  if (S == 1 && r.costs.head_recompute > 0) {  // the trainer's single-model step fuses the LM head
-    LayerCosts& k = r.costs;
-    k.head_b -= k.head_recompute, k.head_bi -= k.head_recompute, k.head_recompute = 0;
-    r.notes.push_back("pp = 1: the LM head fused (its backward inside the forward: no logits recomputed)");
-  }
   const LayerCosts& c = r.costs;
+  // Every schedule but zb-h1 (and a run without stages) fuses the LM head: its backward runs in F,
+  // without the recompute (model/transformer.h "Fused LM head").
+  const LayerCosts cf = d.head == HeadKind::lm ? c.with_fused_head() : c;
+  if (c.head_recompute > 0)
+    r.notes.push_back(std::string("the LM head fused (its backward inside the forward: no logits recomputed)") +
+                      (S > 1 ? " except under zb-h1" : ""));
   r.mfu_assumed = in.have_profile ? 0 : (in.mfu > 0 ? in.mfu : in.device.default_mfu);
   r.peak_flops = device_peak(in.device, in.precision, in.cores_per_rank);
   const ParamTable whole = build_param_table(d);
   r.flops_per_token = flops_per_token(d, whole.numel, T);
-  std::vector<StageCost> sc(S);
-  for (int s = 0; s < S; s++) {
-    const ModelPart& p = r.stages[s].part;
-    const int nb = (p.l1 < 0 ? d.n_layer : p.l1) - p.l0;
-    sc[s].f = (p.embedding ? c.embed_f : 0) + nb * c.block_f + (p.head ? c.head_f : 0);
-    sc[s].b = (p.embedding ? c.embed_b : 0) + nb * c.block_b + (p.head ? c.head_b : 0);
-    sc[s].bi = nb * c.block_bi + (p.head ? c.head_bi : 0);  // the embedding's backward waits for W
-  }
+  auto stage_costs = [&](const LayerCosts& k) {
+    std::vector<StageCost> sc(S);
+    for (int s = 0; s < S; s++) {
+      const ModelPart& p = r.stages[s].part;
+      const int nb = (p.l1 < 0 ? d.n_layer : p.l1) - p.l0;
+      sc[s].f = (p.embedding ? k.embed_f : 0) + nb * k.block_f + (p.head ? k.head_f : 0);
+      sc[s].b = (p.embedding ? k.embed_b : 0) + nb * k.block_b + (p.head ? k.head_b : 0);
+      sc[s].bi = nb * k.block_bi + (p.head ? k.head_bi : 0);  // the embedding's backward waits for W
+    }
+    return sc;
+  };
   // Point-to-point messages: one hidden state (or its gradient) of the micro-batch.
   const double elt = in.precision == Precision::bf16 ? 2 : 4;
   r.p2p_message_bytes = (double)r.micro_batch * T * d.d_model * elt;
@@ -451,8 +462,7 @@ PlanResult plan(const PlanInputs& in) {
   }
   // The reference: one rank computing the whole global batch micro-batch by micro-batch.
   // (fused: no pipeline stages)
-  const double per_mb =
-      c.embed_f + c.embed_b + d.n_layer * (c.block_f + c.block_b) + c.head_f + c.head_b - c.head_recompute;
+  const double per_mb = cf.embed_f + cf.embed_b + d.n_layer * (cf.block_f + cf.block_b) + cf.head_f + cf.head_b;
   const double opt_scale = adamw ? 1.0 : 12.0 / 28.0;  // SGD: reads p, g, writes p
   // (one rank alone has its cores to itself: undo the sharing)
   const double t1 = ((double)G / r.micro_batch * per_mb + c.opt_per_param * opt_scale * (double)whole.numel) / r.oversubscription;
@@ -460,7 +470,9 @@ PlanResult plan(const PlanInputs& in) {
 
   for (const std::string& sch : schedules) {
     const ScheduleKind kind = S > 1 ? parse_schedule_kind(sch) : ScheduleKind::gpipe;
-    const PipelineSim sim = simulate_pipeline(kind, S, M, sc, r.p2p_s.empty() ? std::vector<double>{0} : r.p2p_s);
+    const LayerCosts& cs = kind == ScheduleKind::zb_h1 ? c : cf;
+    const PipelineSim sim =
+        simulate_pipeline(kind, S, M, stage_costs(cs), r.p2p_s.empty() ? std::vector<double>{0} : r.p2p_s);
     if (!sim.completed) fail("internal: the simulated ", sch, " pipeline did not complete");
     for (int z = 0; z <= 1; z++) {
       const bool sharded = z == 1 && r.dp > 1;
@@ -468,7 +480,7 @@ PlanResult plan(const PlanInputs& in) {
       best.schedule = sch, best.zero = z, best.step_s = -1;
       for (int s = 0; s < S; s++) {
         const std::vector<Bucket>& bk = buckets[s];
-        const std::vector<double> frac = bucket_ready_fractions(tables[s], bk, r.stages[s].part, d.n_layer, c);
+        const std::vector<double> frac = bucket_ready_fractions(tables[s], bk, r.stages[s].part, d.n_layer, cs);
         const int k = r.dp_ranks_per_node[s];
         double channel = 0, sync_total = 0, bytes = 0;
         std::vector<double> ag_i(bk.size(), 0);

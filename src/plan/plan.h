@@ -74,6 +74,8 @@ struct LayerCosts {
   // The same costs at another micro-batch size (linear in the tokens: what the table model says;
   // a measured profile is scaled the same way and says so).
   LayerCosts scaled_to(int micro_batch) const;
+  // The costs with the LM head fused: its backward, less the recompute, moved into head_f.
+  LayerCosts with_fused_head() const;
 };
 
 enum class Precision { fp32, tf32, bf16 };
