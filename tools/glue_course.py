@@ -249,18 +249,20 @@ class Course:
         base = [py, ref, "--model", self.a.model, "--data", self.data, "--world", str(self.a.np), "--threads", "1",
                 "--seed", "42"]
         out = self.summary.get("reference", {})
-        # Side by side, alternated: PyTorch DDP, llmpi (overlapped buckets, as DDP does), twice.
+        # Side by side, alternated: PyTorch DDP, llmpi (overlapped buckets, as DDP does), --pairs times.
         pt, ll = [], []
         batch, iters = self.a.timing_batch, self.a.timing_iters
-        for rep in range(2):
+        for rep in range(self.a.pairs):
             j = os.path.join(self.out, f"reference-timing-{rep}.json")
             subprocess.run(base + ["--batch", str(batch), "--iters", str(iters), "--json", j], check=True)
             pt.append(json.load(open(j))["mean_iter_s"] * 1e3)
             r = self.time_method(f"llmpi-vs-pytorch-{rep}", METHODS[3][1], "loopback", iters, batch)
             ll.append(r["mean_step_ms"])
-            say(f"side by side {rep + 1}/2: PyTorch DDP {pt[-1]:.0f} ms/iteration, llmpi {ll[-1]:.0f} ms/iteration")
+            say(f"side by side {rep + 1}/{self.a.pairs}: PyTorch DDP {pt[-1]:.0f} ms/iteration, "
+                f"llmpi {ll[-1]:.0f} ms/iteration")
         out["timing"] = {"global_batch": batch, "iterations": iters, "pytorch_ms": pt, "llmpi_ms": ll,
-                         "ratio_llmpi_over_pytorch": statistics.median(ll) / statistics.median(pt)}
+                         "ratio_llmpi_over_pytorch": statistics.median(ll) / statistics.median(pt),
+                         "ratio_per_pair": [l / p for l, p in zip(ll, pt)]}
         self.summary["reference"] = out
         self.save()
         for name, (b, lr, warm) in SETTINGS.items():
@@ -390,6 +392,8 @@ def main():
     p.add_argument("--timing-batch", type=int, default=16)
     p.add_argument("--rates", default="loopback,1gbit")
     p.add_argument("--reference-python", default=os.environ.get("REF_PYTHON", ""))
+    p.add_argument("--pairs", type=int, default=2,
+                   help="side-by-side timing pairs (PyTorch DDP, then llmpi), alternated (default 2)")
     p.add_argument("--reference-settings", default="",
                    help="comma list of course,chosen: the 3-epoch PyTorch runs to make (default: both; 'none': "
                         "only the side-by-side timing, earlier results in OUT are kept)")
@@ -401,6 +405,8 @@ def main():
     for x in parts:
         if x not in ("train", "timing", "traffic", "reference"):
             die(f"unknown part '{x}': the parts are train, timing, traffic, reference")
+    if a.pairs < 1:
+        die("--pairs must be >= 1")
     if a.timing_iters < 2:
         die("--timing-iters must be >= 2 (the first is discarded)")
     for f in ("train.tsv", "dev.tsv"):
