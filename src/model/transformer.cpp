@@ -475,22 +475,14 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
     rows = N;
     const int R = a.lm_rows;
     if (fused) {
-      // Fused ("Fused LM head" in transformer.h): the chunks last to first, each one's backward at
-      // once — the ops, operands and order of lm_head_backward_chunks, so the same bits — into
-      // a.tmp (d xf, zeroed here; the forward's scratch is free after the blocks) and the head
-      // weight's gradient.
-      const int chunks = (N + R - 1) / R;
+      // Fused ("Fused LM head" in transformer.h): the recomputing backward itself, run now with
+      // nothing to reuse — every chunk's logits, loss (and target check) and gradient, then its
+      // dxf and dW — into a.tmp (d xf, zeroed here; the forward's scratch is free after the
+      // blocks) and the head weight's gradient: the same bits as a backward would add.
+      a.head_grad_scale = grad_scale;
+      a.lm_last_grad = false;
       o.zero(a.tmp, static_cast<size_t>(N) * C * sizeof(float));
-      float* dW = ge[d.tie_embeddings ? kTokEmb : kLmHead];
-      for (int c = chunks - 1; c >= 0; c--) {
-        const int r0 = c * R, rn = std::min(R, N - r0);
-        const float* xc = xf + static_cast<size_t>(r0) * C;
-        o.matmul_forward(a.logits, xc, W, nullptr, rn, C, d.vocab_size, precision);
-        o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
-                              grad_scale / static_cast<float>(N), bad, r0);
-        o.matmul_backward(a.tmp + static_cast<size_t>(r0) * C, dW, nullptr, a.logits, xc, W, rn, C, d.vocab_size,
-                          precision);
-      }
+      lm_head_backward_chunks(a, a.tmp, ge[d.tie_embeddings ? kTokEmb : kLmHead]);
     } else {
       // Chunked ("Chunked LM head" in transformer.h): per chunk of R rows, logits = xf·W^T, then
       // the loss per row (with need_grad the gradient too, as the unchunked head computed it, so
@@ -521,8 +513,9 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
   a.head_grad = need_grad;
   a.head_grad_scale = grad_scale;
   a.lm_head_fused = fused && d.head == HeadKind::lm;
-  // The chunk buffer holds the last chunk's gradient (a fused head's last, chunk 0: so only with one).
-  a.lm_last_grad = need_grad && d.head == HeadKind::lm && (!a.lm_head_fused || N <= a.lm_rows);
+  // The chunk buffer holds the last chunk's gradient (after a fused head, lm_head_backward_chunks
+  // said whether it does: chunk 0's is the last it wrote).
+  if (!a.lm_head_fused) a.lm_last_grad = need_grad && d.head == HeadKind::lm;
   // Σ of the per-row losses in double (on the CPU in row order: the host loop's bits).
   o.sum_to_double(&a.scalars->loss_sum, a.losses, static_cast<size_t>(rows));
 }
@@ -820,7 +813,7 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
     if (!(reuse && c == chunks - 1)) {
       o.matmul_forward(a.logits, xc, W, nullptr, rn, C, V, precision);
       o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, V, a.head_grad_scale / static_cast<float>(N),
-                            &a.scalars->bad_target, r0);  // the forward checked these targets already
+                            &a.scalars->bad_target, r0);  // (a fused forward's target check)
     }
     o.matmul_backward(dxf ? dxf + static_cast<size_t>(r0) * C : nullptr, dW, nullptr, a.logits, xc, W, rn, C, V,
                       precision);
