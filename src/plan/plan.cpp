@@ -126,6 +126,12 @@ LayerCosts LayerCosts::with_fused_head() const {
   return k;
 }
 
+double lm_head_recompute_share(const ModelDesc& d, int B, int T) {
+  if (d.head != HeadKind::lm) return 0;
+  const double chunks = std::ceil((double)B * T / lm_head_chunk_rows(d, B * T));
+  return (chunks - 1) / chunks;
+}
+
 LayerCosts costs_from_device(const ModelDesc& d, int B, int T, const DeviceSpec& dev, Precision p, double mfu,
                              int cores) {
   if (mfu <= 0) mfu = dev.default_mfu;
@@ -148,11 +154,7 @@ LayerCosts costs_from_device(const ModelDesc& d, int B, int T, const DeviceSpec&
   // The chunked LM head recomputes every chunk's logits but the last in backward (transformer.h
   // "Chunked LM head"): (chunks - 1) / chunks of a forward more. (A zb-h1 weight pass recomputes
   // them once more, which W = head_b - head_bi leaves out: under 1/4 of the head's backward.)
-  double recompute = 0;
-  if (d.head == HeadKind::lm) {
-    const double chunks = std::ceil(N / lm_head_chunk_rows(d, B * T));
-    recompute = (chunks - 1) / chunks * c.head_f;
-  }
+  const double recompute = lm_head_recompute_share(d, B, T) * c.head_f;
   c.head_b = 2 * c.head_f + recompute;
   c.head_bi = c.head_f + recompute;
   c.head_recompute = recompute;

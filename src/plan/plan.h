@@ -82,6 +82,10 @@ enum class Precision { fp32, tf32, bf16 };
 Precision parse_precision(const std::string& s);  // throws Error
 const char* precision_name(Precision p);
 
+// The chunked LM head's recompute in backward, as a share of the head's forward: (chunks - 1) /
+// chunks for an LM head over B x T rows (model/transformer.h "Chunked LM head"), else 0.
+double lm_head_recompute_share(const ModelDesc& d, int B, int T);
+
 // FLOP counts behind the table model (per micro-batch of B × T tokens): a block's forward is
 // 2 · (its dense weights) + 4 · T · C per token (scores and weighted values), its backward twice
 // that, of which the weight gradients are 2 · (dense weights) per token; the LM head 2 · V · C per

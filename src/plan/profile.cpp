@@ -138,10 +138,8 @@ LayerCosts measure_profile(const ModelDesc& d, int B, int T, int reps, int threa
   c.head_f = median(hf), c.head_b = median(hb);
   const double hsplit = median(hbi) / std::max(1e-12, median(hbi) + median(hw));
   c.head_bi = c.head_b * hsplit;
-  if (d.head == HeadKind::lm) {  // the chunks' recompute in the measured backward: (chunks - 1)/chunks of a forward
-    const double chunks = std::ceil((double)B * T / lm_head_chunk_rows(d, B * T));
-    c.head_recompute = std::min(c.head_bi, (chunks - 1) / chunks * c.head_f);
-  }
+  // the chunks' recompute in the measured backward
+  c.head_recompute = std::min(c.head_bi, lm_head_recompute_share(d, B, T) * c.head_f);
   c.opt_per_param = median(opt);
   c.source = "measured on this machine's CPU backend: " + std::to_string(threads > 0 ? threads : omp_get_max_threads()) +
              " thread(s), micro-batch " + std::to_string(B) + " x " + std::to_string(T) + ", median of " +
