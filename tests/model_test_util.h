@@ -89,6 +89,25 @@ inline std::vector<float> training_losses(const ModelDesc& d, GemmPrecision prec
   return losses;
 }
 
+// Whether weight_backward adds all of slice s's gradient in part m (an input-only backward adds
+// none of it): a dense layer's weight or bias, the embedding's tensors (its whole backward waits
+// for the weight pass), or the token embedding of a part holding the tied LM head without the
+// embedding (test_backward_split.cpp, test_mpi_pipeline.cpp).
+inline bool added_by_weight_pass(const Model& m, const ParamSlice& s) {
+  switch (s.role) {
+    case kQkvW: case kQkvB: case kAttnOutW: case kAttnOutB: case kFcW: case kFcB: case kProjW: case kProjB:
+    case kLmHead: case kClsW: case kClsB: case kPoolerW: case kPoolerB:
+      return true;
+    case kPosEmb: case kTypeEmb: case kEmbNormW: case kEmbNormB:
+      return m.part.embedding;
+    case kTokEmb:
+      return m.part.embedding ||
+             (m.part.head && m.desc.head == HeadKind::lm && m.desc.tie_embeddings);
+    default:
+      return false;
+  }
+}
+
 // How far a loss curve strays from a reference one: per step |other - ref| / ref, the largest
 // of them, and whether the two curves are the same bits (a precision mode that changed nothing).
 struct CurveGap {

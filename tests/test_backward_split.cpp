@@ -62,24 +62,6 @@ const SplitCase kCases[] = {
     {"llama_head_chunks_fused", "llama", {"model.n_kv_head=1"}, GemmPrecision::fp32, AttentionImpl::fused, 1},
 };
 
-// The roles whose gradient an input-only backward defers (a dense layer's weight and bias).
-bool is_dense_role(int role) {
-  return role == kQkvW || role == kQkvB || role == kAttnOutW || role == kAttnOutB || role == kFcW || role == kFcB ||
-         role == kProjW || role == kProjB || role == kLmHead || role == kClsW || role == kClsB || role == kPoolerW ||
-         role == kPoolerB;
-}
-
-// Whether slice s of model m gets all of its gradient in weight_backward: a dense layer's, the
-// embedding's (its whole backward waits: nothing flows below it), or the token embedding of a
-// part holding the tied LM head without the embedding.
-bool deferred_whole(const Model& m, const ParamSlice& s) {
-  if (is_dense_role(s.role)) return true;
-  if (m.part.embedding && (s.role == kTokEmb || s.role == kPosEmb || s.role == kTypeEmb || s.role == kEmbNormW ||
-                           s.role == kEmbNormB))
-    return true;
-  return s.role == kTokEmb && m.part.head && !m.part.embedding && m.desc.head == HeadKind::lm && m.desc.tie_embeddings;
-}
-
 class BackwardSplit : public ::testing::TestWithParam<SplitCase> {
  protected:
   ModelDesc desc() const {
@@ -205,7 +187,7 @@ TEST_P(BackwardSplit, InputThenWeightEqualsWholeBackward) {
           zero &= gs[i] == 0.0f;
           same &= gs[i] == gw[i];
         }
-        if (deferred_whole(pp.split, s)) {
+        if (test::added_by_weight_pass(pp.split, s)) {
           EXPECT_TRUE(zero) << s.name << ": a weight gradient was computed before weight_backward";
         } else if (!(s.role == kTokEmb && p.head && d.head == HeadKind::lm && d.tie_embeddings)) {
           EXPECT_TRUE(same) << s.name << ": computed by the input-only backward, but differently";

@@ -249,14 +249,7 @@ void zero_bubble_defers_the_weight_gradient() {
       Pipeline p(d, cpu_ops(), g, pc, SyncOptions{}, "adamw", rows, T, 11, nullptr);
       p.connect();
       const Model& md = *p.chunks[0].model;
-      const bool tied_head_copy = md.part.head && !md.part.embedding && d.tie_embeddings;
-      auto deferred = [&](const ParamSlice& s) {
-        return s.role == kQkvW || s.role == kQkvB || s.role == kAttnOutW || s.role == kAttnOutB || s.role == kFcW ||
-               s.role == kFcB || s.role == kProjW || s.role == kProjB || s.role == kLmHead ||
-               (s.role == kTokEmb && tied_head_copy) ||
-               (md.part.embedding && (s.role == kTokEmb || s.role == kPosEmb || s.role == kTypeEmb ||
-                                      s.role == kEmbNormW || s.role == kEmbNormB));  // the embedding's backward
-      };
+      auto deferred = [&](const ParamSlice& s) { return test::added_by_weight_pass(md, s); };
       std::vector<float> before = md.grads_host();
       std::vector<Action> order;
       if (watch)

@@ -411,26 +411,19 @@ TEST(PlanTime, FusedLmHeadDropsTheRecomputeButUnderZbH1) {
       if (n.find("LM head fused") != std::string::npos) return true;
     return false;
   };
+  auto plan_with = [](PlanInputs in, const LayerCosts& profile) {
+    in.have_profile = true;
+    in.profile = profile;
+    return plan(in);
+  };
   // One rank: the same step as a profile that had the head's whole work in its forward.
-  PlanInputs one = inputs(d, T, 4, 1, 1, 1);
-  one.have_profile = true;
-  one.profile = c;
-  const PlanResult r1 = plan(one);
+  const PlanResult r1 = plan_with(inputs(d, T, 4, 1, 1, 1), c), r0 = plan_with(inputs(d, T, 4, 1, 1, 1), f);
   EXPECT_TRUE(has_note(r1));
-  PlanInputs moved = one;
-  moved.profile = f;
-  const PlanResult r0 = plan(moved);
   EXPECT_DOUBLE_EQ(r1.time_row("-", 0)->step_s, r0.time_row("-", 0)->step_s);
   EXPECT_FALSE(has_note(r0));
   // Two stages: gpipe and 1f1b simulate the fused costs, zb-h1 the recomputing ones.
-  PlanInputs two = inputs(d, T, 8, 2, 2, 2);
-  two.have_profile = true;
-  two.profile = c;
-  const PlanResult r2 = plan(two);
+  const PlanResult r2 = plan_with(inputs(d, T, 8, 2, 2, 2), c), r2m = plan_with(inputs(d, T, 8, 2, 2, 2), f);
   EXPECT_TRUE(has_note(r2));
-  PlanInputs two_moved = two;
-  two_moved.profile = f;
-  const PlanResult r2m = plan(two_moved);
   EXPECT_DOUBLE_EQ(r2.time_row("1f1b", 0)->step_s, r2m.time_row("1f1b", 0)->step_s);
   EXPECT_DOUBLE_EQ(r2.time_row("gpipe", 0)->step_s, r2m.time_row("gpipe", 0)->step_s);
   EXPECT_GT(r2.time_row("zb-h1", 0)->step_s, r2m.time_row("zb-h1", 0)->step_s)
