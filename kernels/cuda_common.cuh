@@ -155,7 +155,8 @@ void check_dropout_p(const char* op, float p);
 // memory.cu: alloc free zero copy_to_device copy_to_device_async copy_to_host copy
 // embedding.cu: embedding_forward/backward, embedding_add_forward/backward
 // layernorm.cu: layernorm_forward/backward, rmsnorm_forward/backward
-// matmul.cu: matmul_forward/backward, matmul_gelu_forward, matmul_dgelu_backward
+// matmul.cu: matmul_forward/backward, matmul_gelu_forward, matmul_dgelu_backward, bf16_copy,
+//   bf16_weight_rounding_count
 // rope.cu: rope_forward/backward
 // attention.cu: attention_forward/backward  gelu.cu: gelu_forward/backward (tanh approximation)
 // activations.cu: gelu_erf, swiglu, tanh, dropout (forward/backward)

@@ -19,9 +19,11 @@
 //   tf32  cublasGemmEx, fp32 A/B/C, CUBLAS_COMPUTE_32F_FAST_TF32 (tensor cores, TF32 inputs)
 //   bf16  the operands converted to bf16 (__float2bfloat16_rn, round to nearest even) into the
 //         kWsGemm workspace by to_bf16_kernel, then cublasGemmEx with bf16 A/B, fp32 C and
-//         CUBLAS_COMPUTE_32F (fp32 accumulation). Every operand is converted on every call. For
-//         the weight that is cheap (4 bytes read, 2 written per parameter, next to 2·N FLOPs per
-//         parameter, N = B·T rows); for the activations and output gradients it is memory
+//         CUBLAS_COMPUTE_32F (fp32 accumulation). Every operand is converted on every call,
+//         except a weight whose bf16 copy the caller hands over (gemm.weight_bf16: a bf16 Model
+//         rounds each weight once per forward, bf16_copy, and the forward and backward GEMMs
+//         read that copy; the chunked LM head used to convert the V x C head weight twice per
+//         chunk). For the activations and output gradients the conversion is memory
 //         traffic comparable to a quarter of a GPT-2 step at the MFU target (docs/GPU.md
 //         "Precision modes"): the fast version has the producing ops write bf16 themselves. The
 //         scratch holds all operands of one call (largest: the LM head's backward,
@@ -32,6 +34,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "backend/cuda_ops.h"
 #include "cuda_common.cuh"
@@ -100,6 +103,17 @@ void to_bf16(__nv_bfloat16* dst, const float* src, size_t n) {
   const size_t n4 = vec ? n / 4 : 0;
   to_bf16_kernel<<<grid_for(vec ? n4 + n % 4 : n, 256), 256, 0, compute_stream()>>>(dst, src, n, n4);
   LLMPI_LAUNCH_CHECK("to_bf16");
+}
+
+std::atomic<uint64_t> weight_roundings{0};
+
+// The weight operand of a bf16 GEMM: the caller's copy when given, else converted into dst
+// (counted: bf16_weight_rounding_count).
+const __nv_bfloat16* bf16_weight(__nv_bfloat16* dst, const float* w, const GemmMode& gemm, size_t n) {
+  if (gemm.weight_bf16 != nullptr) return reinterpret_cast<const __nv_bfloat16*>(gemm.weight_bf16);
+  weight_roundings.fetch_add(n, std::memory_order_relaxed);
+  to_bf16(dst, w, n);
+  return dst;
 }
 
 // bf16 elements from one 256-byte boundary to the next at or after n.
@@ -174,6 +188,13 @@ void add_column_sums(float* colsum, const float* x, int N, int M) {
   LLMPI_LAUNCH_CHECK("colsum_final");
 }
 
+void bf16_copy(uint16_t* dst, const float* src, size_t n) {
+  weight_roundings.fetch_add(n, std::memory_order_relaxed);
+  to_bf16(reinterpret_cast<__nv_bfloat16*>(dst), src, n);
+}
+
+uint64_t bf16_weight_rounding_count() { return weight_roundings.load(std::memory_order_relaxed); }
+
 namespace {
 // The operands of out = inp·Wᵀ in the GEMM's type: fp32 / tf32 the buffers themselves, bf16
 // copies converted into the kWsGemm slot.
@@ -181,14 +202,13 @@ struct GemmOperands {
   const void* a;
   const void* b;
 };
-GemmOperands forward_operands(const float* inp, const float* weight, int N, int C, int OC, GemmPrecision prec) {
-  if (prec != GemmPrecision::bf16) return {inp, weight};
-  const size_t ni = static_cast<size_t>(N) * C, nw = static_cast<size_t>(OC) * C;
+GemmOperands forward_operands(const float* inp, const float* weight, int N, int C, int OC, const GemmMode& gemm) {
+  if (gemm.prec != GemmPrecision::bf16) return {inp, weight};
+  const size_t ni = static_cast<size_t>(N) * C, nw = gemm.weight_bf16 ? 0 : static_cast<size_t>(OC) * C;
   auto* ws = static_cast<__nv_bfloat16*>(workspace(kWsGemm, (bf16_span(ni) + nw) * sizeof(__nv_bfloat16)));
-  __nv_bfloat16 *inp16 = ws, *w16 = ws + bf16_span(ni);
+  __nv_bfloat16* inp16 = ws;
   to_bf16(inp16, inp, ni);
-  to_bf16(w16, weight, nw);
-  return {inp16, w16};
+  return {inp16, bf16_weight(ws + bf16_span(ni), weight, gemm, static_cast<size_t>(OC) * C)};
 }
 
 // out[n, j] = x[n, :]·W[j, :] (+ bias[j]) through cuBLASLt with the given epilogue.
@@ -217,11 +237,12 @@ __global__ void add_inplace_kernel(float* __restrict__ dst, const float* __restr
 // With a bias and the epilogues on: one cuBLASLt GEMM with the BIAS epilogue (beta = 0), so out
 // is written once instead of bias rows first and the GEMM reading them back.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC, GemmPrecision prec) {
+                    int C, int OC, GemmMode gemm) {
+  const GemmPrecision prec = gemm.prec;
   if (N <= 0 || OC <= 0) return;
   cudaStream_t s = compute_stream();
   if (bias != nullptr && C > 0 && cuda_gemm_epilogues_enabled()) {
-    lt_gemm_rm(forward_lt(LtEpilogue::bias, out, forward_operands(inp, weight, N, C, OC, prec), bias, N, C, OC, prec));
+    lt_gemm_rm(forward_lt(LtEpilogue::bias, out, forward_operands(inp, weight, N, C, OC, gemm), bias, N, C, OC, prec));
     lt_count(LtCount::bias);
     return;
   }
@@ -238,7 +259,7 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   }
   if (prec != GemmPrecision::bf16)
     return gemm_f32_rm(prec, false, true, N, OC, C, inp, C, weight, C, beta, out, OC);
-  const GemmOperands x = forward_operands(inp, weight, N, C, OC, prec);
+  const GemmOperands x = forward_operands(inp, weight, N, C, OC, gemm);
   gemm_bf16_rm(false, true, N, OC, C, static_cast<const __nv_bfloat16*>(x.a), C,
                static_cast<const __nv_bfloat16*>(x.b), C, beta, out, OC);
 }
@@ -247,10 +268,11 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 // act, aux = pre) when the epilogues are on and the row width OC suits the aux rule (a multiple
 // of 8); otherwise matmul_forward then gelu_forward.
 void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias, int N,
-                         int C, int OC, GemmPrecision prec) {
+                         int C, int OC, GemmMode gemm) {
+  const GemmPrecision prec = gemm.prec;
   if (N <= 0 || OC <= 0) return;
   if (C > 0 && cuda_gemm_epilogues_enabled() && lt_gelu_ld_ok(OC)) {
-    LtGemm g = forward_lt(LtEpilogue::gelu_aux, act, forward_operands(inp, weight, N, C, OC, prec), bias, N, C, OC,
+    LtGemm g = forward_lt(LtEpilogue::gelu_aux, act, forward_operands(inp, weight, N, C, OC, gemm), bias, N, C, OC,
                           prec);
     g.aux = pre;
     g.ldaux = OC;
@@ -259,7 +281,7 @@ void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* 
     return;
   }
   if (cuda_gemm_epilogues_enabled()) lt_count(LtCount::unfused);
-  matmul_forward(pre, inp, weight, bias, N, C, OC, prec);
+  matmul_forward(pre, inp, weight, bias, N, C, OC, gemm);
   gelu_forward(act, pre, static_cast<size_t>(N) * OC);
 }
 
@@ -267,7 +289,8 @@ void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* 
 // aux = pre) when the epilogues are on and C is a multiple of 8; otherwise the GEMM with beta = 0
 // and gelu_grad_multiply. bf16: dout and W converted into kWsGemm first, as in matmul_backward.
 void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, const float* pre, int N, int C,
-                           int OC, GemmPrecision prec) {
+                           int OC, GemmMode gemm) {
+  const GemmPrecision prec = gemm.prec;
   if (N <= 0 || C <= 0) return;
   const size_t n = static_cast<size_t>(N) * C;
   if (OC <= 0) return zero(dpre, n * sizeof(float));  // dout·W = 0, and so is its product with gelu'
@@ -275,12 +298,12 @@ void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, 
   int ldd = OC;  // dout's row stride (padded in its bf16 copy)
   if (prec == GemmPrecision::bf16) {
     ldd = bf16_ld(OC);
-    const size_t nd = static_cast<size_t>(N) * ldd, nw = static_cast<size_t>(OC) * C;
+    const size_t nd = static_cast<size_t>(N) * ldd, nw = gemm.weight_bf16 ? 0 : static_cast<size_t>(OC) * C;
     auto* ws = static_cast<__nv_bfloat16*>(workspace(kWsGemm, (bf16_span(nd) + nw) * sizeof(__nv_bfloat16)));
-    __nv_bfloat16 *dout16 = ws, *w16 = ws + bf16_span(nd);
+    __nv_bfloat16* dout16 = ws;
     to_bf16_rows(dout16, ldd, dout, N, OC);
-    to_bf16(w16, weight, nw);
-    d = dout16, w = w16;
+    d = dout16;
+    w = bf16_weight(ws + bf16_span(nd), weight, gemm, static_cast<size_t>(OC) * C);
   }
   if (cuda_gemm_epilogues_enabled() && lt_gelu_ld_ok(C)) {
     LtGemm g;
@@ -309,7 +332,8 @@ void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, 
 // bf16: dout is converted once for both GEMMs, weight only with dinp, inp only with dweight
 // (so a split call converts what it reads, and the two halves equal the whole call bit for bit).
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC, GemmPrecision prec) {
+                     const float* weight, int N, int C, int OC, GemmMode gemm) {
+  const GemmPrecision prec = gemm.prec;
   if (N <= 0 || OC <= 0 || C <= 0) return;
   if (prec != GemmPrecision::bf16) {
     if (dinp != nullptr) gemm_f32_rm(prec, false, false, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
@@ -339,16 +363,15 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     if (dweight != nullptr) gemm_f32_rm(prec, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
   } else if (dinp != nullptr || dweight != nullptr) {
     const int ldd = bf16_ld(OC);  // dout's bf16 rows, padded
-    const size_t nd = static_cast<size_t>(N) * ldd, nw = dinp ? static_cast<size_t>(OC) * C : 0,
+    const size_t nd = static_cast<size_t>(N) * ldd, nw = dinp && !gemm.weight_bf16 ? static_cast<size_t>(OC) * C : 0,
                  ni = dweight ? static_cast<size_t>(N) * C : 0;
     auto* ws = static_cast<__nv_bfloat16*>(
         workspace(kWsGemm, (bf16_span(nd) + bf16_span(nw) + ni) * sizeof(__nv_bfloat16)));
     __nv_bfloat16 *dout16 = ws, *w16 = ws + bf16_span(nd), *inp16 = w16 + bf16_span(nw);
     to_bf16_rows(dout16, ldd, dout, N, OC);
-    if (dinp != nullptr) {
-      to_bf16(w16, weight, nw);
-      gemm_bf16_rm(false, false, N, C, OC, dout16, ldd, w16, C, 1.0f, dinp, C);
-    }
+    if (dinp != nullptr)
+      gemm_bf16_rm(false, false, N, C, OC, dout16, ldd, bf16_weight(w16, weight, gemm, static_cast<size_t>(OC) * C), C,
+                   1.0f, dinp, C);
     if (dweight != nullptr) {
       to_bf16(inp16, inp, ni);
       gemm_bf16_rm(true, false, OC, C, N, dout16, ldd, inp16, C, 1.0f, dweight, C);

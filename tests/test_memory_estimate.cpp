@@ -61,6 +61,7 @@ TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
     std::string optimizer;
     AttentionImpl attention = AttentionImpl::full;  // fused: lse per row instead of P, no T x T scratch
     int head_chunk_rows = 0;  // the chunked LM head's chunk buffer [rows, V] instead of [N, V]
+    GemmPrecision precision = GemmPrecision::fp32;  // bf16: the Model's weight copy too
   };
   for (const Case& c : {Case{"gpt2", {}, "adamw"}, Case{"gpt2", {"model.tie_embeddings=false"}, "sgd"},
                         Case{"llama", {"model.n_kv_head=1"}, "adamw"}, Case{"bert", {}, "adamw"},
@@ -68,17 +69,21 @@ TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
                         Case{"llama", {"model.n_kv_head=1"}, "adamw", AttentionImpl::fused},
                         Case{"bert", {}, "adamw", AttentionImpl::fused},
                         Case{"gpt2", {}, "adamw", AttentionImpl::full, 5},
-                        Case{"llama", {"model.n_kv_head=1"}, "adamw", AttentionImpl::fused, 1}}) {
+                        Case{"llama", {"model.n_kv_head=1"}, "adamw", AttentionImpl::fused, 1},
+                        Case{"gpt2", {}, "adamw", AttentionImpl::full, 5, GemmPrecision::bf16},
+                        Case{"bert", {}, "sgd", AttentionImpl::fused, 0, GemmPrecision::bf16}}) {
     const int B = 3, T = 12;
     ModelDesc d = test::desc_of(c.family, 2, 2, 16, T, 37, c.extra);
     d.attention = c.attention;
     d.lm_head_chunk_rows = c.head_chunk_rows;
-    const MemoryEstimate e = estimate_memory(d, B, T, config_with(c.optimizer), 1, 0, false);
+    Config cfg = config_with(c.optimizer);
+    cfg.runtime.precision = gemm_precision_name(c.precision);
+    const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
     const Ops ops = counting_ops();
     g_allocated = 0;
-    Model m(d, ops);
+    Model m(d, ops, ModelPart::whole(), c.precision);
     EXPECT_EQ((double)g_allocated, e.params + e.grads) << c.family;
-    EXPECT_EQ(e.params, (double)m.table.numel * 4) << c.family;
+    EXPECT_EQ(e.params, (double)m.table.numel * (c.precision == GemmPrecision::bf16 ? 6 : 4)) << c.family;
     g_allocated = 0;
     Optimizer opt(ops, m.table.numel, c.optimizer);
     EXPECT_EQ((double)g_allocated, e.optimizer) << c.family << " " << c.optimizer;
@@ -90,7 +95,9 @@ TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
     m.forward(a, batch.b, true);
     g_allocated = 0;
     m.backward(a);
-    EXPECT_EQ((double)g_allocated, e.scratch) << c.family << ": backward scratch";
+    // (the CPU's bf16 operand scratch is thread-local host memory, not the backend's allocation)
+    EXPECT_EQ((double)g_allocated, e.scratch - gemm_operand_scratch_bytes(d, B, T, c.precision, false))
+        << c.family << ": backward scratch";
     g_allocated = 0;
     m.forward(a, batch.b, true);
     m.backward(a);
@@ -116,8 +123,8 @@ TEST(MemoryEstimate, CheckpointAndSyncBuffersFollowTheConfiguration) {
 
 // runtime.precision bf16 adds the GEMMs' operand scratch: the largest dense call's operands side by
 // side, here the LM head's backward (dout N·V, W V·C, inp N·C; the first two padded), as fp32
-// copies on the CPU and bf16 (plus the workspace's quarter of headroom) on the GPU; nothing in
-// fp32 or tf32.
+// copies on the CPU and bf16 (plus the workspace's quarter of headroom, and without W) on the GPU;
+// nothing in fp32 or tf32.
 TEST(MemoryEstimate, Bf16CountsTheGemmOperandScratch) {
   const int B = 3, T = 8, V = 501, C = 16;
   const ModelDesc d = test::desc_of("gpt2", 2, 2, C, T, V);
@@ -130,9 +137,13 @@ TEST(MemoryEstimate, Bf16CountsTheGemmOperandScratch) {
   auto pad = [](size_t n, size_t q) { return (n + q - 1) / q * q; };
   EXPECT_EQ(estimate_memory(d, B, T, cfg, 1, 0, false).scratch - fp32,
             4.0 * (pad(N * V, 16) + pad((size_t)V * C, 16) + N * C));
-  // On the GPU dout's bf16 rows are padded to a multiple of 8 values (V = 501 -> 504).
+  // On the GPU dout's bf16 rows are padded to a multiple of 8 values (V = 501 -> 504), and W
+  // takes no scratch: the calls read the Model's bf16 weight copy.
   EXPECT_EQ(gemm_operand_scratch_bytes(d, B, T, GemmPrecision::bf16, true),
-            (pad(N * pad(V, 8), 128) + pad((size_t)V * C, 128) + N * C) * 2 * 5 / 4);
+            (pad(N * pad(V, 8), 128) + N * C) * 2 * 5 / 4);
+  // The copy itself: 2 bytes per parameter, with the parameters.
+  EXPECT_EQ(estimate_memory(d, B, T, cfg, 1, 0, true).params - estimate_memory(d, B, T, config_with("adamw"), 1, 0, true).params,
+            2.0 * estimate_memory(d, B, T, cfg, 1, 0, true).n_params);
   EXPECT_EQ(gemm_operand_scratch_bytes(d, B, T, GemmPrecision::fp32, false), 0u);
   // The chunked LM head: its backward's operands are one chunk's (R = 5 rows), still the largest.
   ModelDesc dc = d;

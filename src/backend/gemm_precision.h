@@ -14,7 +14,15 @@
 //         CUBLAS_COMPUTE_32F); the CPU rounds them into fp32 scratch copies and calls the same
 //         sgemm, which is exact emulation up to summation order (a product of two bf16 values is
 //         exact in fp32).
+//
+// A dense layer's ops take a GemmMode: the precision, and in bf16 optionally the weight already
+// rounded. A bf16 Model rounds each dense weight once per forward into its bf16 copy
+// (the bf16_copy op, model/transformer.h "bf16 weight copy") and hands the copy to the forward and
+// backward GEMMs, instead of every call rounding the weight again (the chunked LM head's tied
+// wte, V x C, used to be rounded twice per chunk). The bits are the same either way: the copy is
+// what the op would have rounded.
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace llmpi {
@@ -24,6 +32,19 @@ enum class GemmPrecision { fp32, tf32, bf16 };
 inline const char* gemm_precision_name(GemmPrecision p) {
   return p == GemmPrecision::fp32 ? "fp32" : p == GemmPrecision::tf32 ? "tf32" : "bf16";
 }
+
+// The GEMM mode of one dense-layer op call (backend/op_list.h). Built implicitly from a
+// GemmPrecision (no copy: the op rounds the weight itself in bf16).
+struct GemmMode {
+  GemmPrecision prec = GemmPrecision::fp32;
+  // bf16 only (ignored otherwise): the bits of round_to_bf16(weight) — the op's weight [OC, C],
+  // row-major, in the backend's memory — which the op reads in place of rounding `weight`; the
+  // weight is then not read by the GEMMs. Null: the op rounds. The caller keeps it equal to the
+  // weight (the op cannot tell a stale copy).
+  const uint16_t* weight_bf16 = nullptr;
+  GemmMode(GemmPrecision p = GemmPrecision::fp32, const uint16_t* w16 = nullptr) : prec(p), weight_bf16(w16) {}
+  const uint16_t* bf16_weight() const { return prec == GemmPrecision::bf16 ? weight_bf16 : nullptr; }
+};
 
 // "fp32" | "tf32" | "bf16" -> true and *out; anything else -> false.
 inline bool parse_gemm_precision(const std::string& s, GemmPrecision* out) {

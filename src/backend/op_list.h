@@ -40,6 +40,9 @@
   X(void, copy_to_device_async, (void* dst, const void* src_host, size_t bytes))                   \
   X(void, copy_to_host, (void* dst_host, const void* src, size_t bytes))                           \
   X(void, copy, (void* dst, const void* src, size_t bytes)) /* within the backend's memory */      \
+  /* dst[i] = bf16 bits of src[i], i < n (round to nearest even, backend/bf16.h): a bf16 Model's   \
+     weight copy (GemmMode::weight_bf16), in the backend's memory */                               \
+  X(void, bf16_copy, (uint16_t* dst, const float* src, size_t n))                                  \
                                                                                                    \
   /* ---- embeddings: out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]  (wpe may be null: no positions) */ \
   X(void, embedding_forward, (float* out, const int32_t* inp, const float* wte, const float* wpe,  \
@@ -75,24 +78,25 @@
                                      const float* b, const float* weight, int N, int C, float eps)) \
                                                                                                    \
   /* ---- dense layer: out[N,OC] = inp[N,C] . weight[OC,C]^T + bias[OC] (bias may be null) ----   \
-     prec: the GEMMs' operand precision (backend/gemm_precision.h; fp32 accumulation and outputs  \
-     always; bias and dbias are fp32 sums); tf32 throws Error on the CPU */                       \
+     gemm.prec: the GEMMs' operand precision (backend/gemm_precision.h; fp32 accumulation and      \
+     outputs always; bias and dbias are fp32 sums); tf32 throws Error on the CPU. In bf16,         \
+     gemm.weight_bf16 (may be null) is the weight already rounded, read instead of weight */       \
   X(void, matmul_forward, (float* out, const float* inp, const float* weight, const float* bias,   \
-                           int N, int C, int OC, GemmPrecision prec))                              \
+                           int N, int C, int OC, GemmMode gemm))                                   \
   /* dinp[N,C] += dout.weight; dweight[OC,C] += dout^T.inp; dbias[OC] += sum_n dout               \
      (dinp, dweight and dbias may be null: skipped; with dinp null, weight is not read, and with   \
      dweight and dbias null, inp is not: a zero-bubble pipeline computes the input gradient and    \
      the weight gradient in two calls, which equal the one call bit for bit) */                    \
   X(void, matmul_backward, (float* dinp, float* dweight, float* dbias, const float* dout,          \
                             const float* inp, const float* weight, int N, int C, int OC,           \
-                            GemmPrecision prec))                                                   \
+                            GemmMode gemm))                                                        \
   /* ---- dense layer + GELU (tanh approximation), GPT-2's MLP input layer:                        \
      pre[N,OC] = inp . weight^T + bias (bias may be null), act[N,OC] = gelu(pre); pre is the      \
      GELU's input that backward reads. Equal to matmul_forward then gelu_forward (the CPU op is   \
      exactly that; CUDA: one cuBLASLt GEMM with the GELU_AUX(_BIAS) epilogue, cuBLASLt's own GELU, \
      the same tanh approximation to rounding) */                                                   \
   X(void, matmul_gelu_forward, (float* pre, float* act, const float* inp, const float* weight,     \
-                                const float* bias, int N, int C, int OC, GemmPrecision prec))      \
+                                const float* bias, int N, int C, int OC, GemmMode gemm))           \
   /* dpre[N,C] = gelu'(pre) * (dout[N,OC] . weight[OC,C]): the input gradient of a dense layer     \
      whose input was gelu(pre), taken through the GELU. It OVERWRITES dpre (the one op that does   \
      not add): dpre is a caller-owned scratch holding nothing else (the model's d_fc, zeroed       \
@@ -102,7 +106,7 @@
      dpre = gelu_backward of it (the same bits as the unfused sequence through a zeroed scratch);  \
      CUDA: one cuBLASLt GEMM with the DGELU epilogue (beta = 0) */                                 \
   X(void, matmul_dgelu_backward, (float* dpre, const float* dout, const float* weight,             \
-                                  const float* pre, int N, int C, int OC, GemmPrecision prec))     \
+                                  const float* pre, int N, int C, int OC, GemmMode gemm))          \
                                                                                                    \
   /* ---- rotary position embedding, Hugging Face rotate-half convention, IN PLACE ----           \
      x holds N = B*T rows of `stride` floats; the first nh*hs floats of a row are nh heads of hs   \
@@ -225,7 +229,11 @@
   /* How many times this backend has handed a result to the host so far: copy_to_host,             \
      sum_squares and softmax_xent (its target check) count one each (on a GPU each is a host       \
      wait). Tests pin a step's readbacks with it. */                                               \
-  X(uint64_t, readback_count, ())
+  X(uint64_t, readback_count, ())                                                                  \
+  /* How many fp32 values this backend has rounded to bf16 as weights so far: bf16_copy's n,       \
+     and a dense-layer op's weight elements when it rounds the weight itself (bf16 without         \
+     gemm.weight_bf16). Tests pin a bf16 step's weight rounding with it. */                        \
+  X(uint64_t, bf16_weight_rounding_count, ())
 // clang-format on
 
 // Declares every op as a function of the enclosing namespace (a backend's implementation):

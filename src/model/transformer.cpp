@@ -150,6 +150,8 @@ Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision
   table = build_param_table(d, part);
   params = static_cast<float*>(ops->alloc(table.numel * sizeof(float)));
   grads = static_cast<float*>(ops->alloc(table.numel * sizeof(float)));
+  if (precision == GemmPrecision::bf16)
+    weights_bf16_ = static_cast<uint16_t*>(ops->alloc(table.numel * sizeof(uint16_t)));
   const int nl = part.l1 - part.l0;
   pb.resize(nl);
   gb.resize(nl);
@@ -173,7 +175,20 @@ Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision
 Model::~Model() {
   ops->free(params);
   ops->free(grads);
+  ops->free(weights_bf16_);
   ops->free(scratch_);
+}
+
+GemmMode Model::gemm_rounding(const float* w, size_t n) const {
+  if (weights_bf16_ == nullptr) return precision;
+  uint16_t* copy = weights_bf16_ + (w - params);
+  ops->bf16_copy(copy, w, n);
+  return {precision, copy};
+}
+
+GemmMode Model::gemm_reading(const float* w) const {
+  if (weights_bf16_ == nullptr) return precision;
+  return {precision, weights_bf16_ + (w - params)};
 }
 
 void Model::init_params(uint64_t seed) {
@@ -409,7 +424,7 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
       norm_forward(o, d, L.norm1, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], N);
       h = L.norm1;
     }
-    o.matmul_forward(L.qkv, h, w[kQkvW], w[kQkvB], N, C, QKV, precision);
+    o.matmul_forward(L.qkv, h, w[kQkvW], w[kQkvB], N, C, QKV, gemm_rounding(w[kQkvW], static_cast<size_t>(QKV) * C));
     if (!d.learned_positions) {
       o.rope_forward(L.qkv, B, T, NH, hs, QKV, static_cast<float>(d.rope_theta));
       o.rope_forward(L.qkv + AY, B, T, NKV, hs, QKV, static_cast<float>(d.rope_theta));
@@ -419,7 +434,8 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
                                 drop_key(a, l, kDropAttnProbs), precision);
     else
       o.attention_forward(L.atty, L.att, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa, drop_key(a, l, kDropAttnProbs));
-    o.matmul_forward(a.tmp, L.atty, w[kAttnOutW], w[kAttnOutB], N, AY, C, precision);
+    o.matmul_forward(a.tmp, L.atty, w[kAttnOutW], w[kAttnOutB], N, AY, C,
+                     gemm_rounding(w[kAttnOutW], static_cast<size_t>(C) * AY));
     if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropAttnOut));
     // res_attn = x + branch, and the MLP's branch input N2(res_attn) (pre-norm) or
     // norm1 = LN1(res_attn) (post-norm), in one fused op.
@@ -431,18 +447,19 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
       residual_norm_forward(o, d, L.res_attn, L.norm1, L.norm1_mean, L.norm1_rstd, x, a.tmp, w[kNorm1W], w[kNorm1B], N);
       h2 = L.norm1;
     }
+    const GemmMode fc_gemm = gemm_rounding(w[kFcW], static_cast<size_t>(FC) * C);
     switch (d.mlp) {  // GELU (tanh) is fused with its dense layer (a cuBLASLt epilogue on CUDA)
-      case MlpKind::gelu_tanh: o.matmul_gelu_forward(L.fc, L.act, h2, w[kFcW], w[kFcB], N, C, FC, precision); break;
+      case MlpKind::gelu_tanh: o.matmul_gelu_forward(L.fc, L.act, h2, w[kFcW], w[kFcB], N, C, FC, fc_gemm); break;
       case MlpKind::gelu_erf:
-        o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC, precision);
+        o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC, fc_gemm);
         o.gelu_erf_forward(L.act, L.fc, static_cast<size_t>(N) * F);
         break;
       case MlpKind::swiglu:
-        o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC, precision);
+        o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC, fc_gemm);
         o.swiglu_forward(L.act, L.fc, N, F);
         break;
     }
-    o.matmul_forward(a.tmp, L.act, w[kProjW], w[kProjB], N, F, C, precision);
+    o.matmul_forward(a.tmp, L.act, w[kProjW], w[kProjB], N, F, C, gemm_rounding(w[kProjW], static_cast<size_t>(C) * F));
     if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropMlpOut));
     if (d.pre_norm)
       o.residual_forward(L.res_mlp, L.res_attn, a.tmp, NC);
@@ -472,6 +489,7 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
       xf = a.final_norm;
     }
     const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
+    const GemmMode head_gemm = gemm_rounding(W, static_cast<size_t>(d.vocab_size) * C);  // once for every chunk
     rows = N;
     const int R = a.lm_rows;
     if (fused) {
@@ -490,7 +508,7 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
       for (int r0 = 0; r0 < N; r0 += R) {
         const int rn = std::min(R, N - r0);
         const float* xc = xf + static_cast<size_t>(r0) * C;
-        o.matmul_forward(a.logits, xc, W, nullptr, rn, C, d.vocab_size, precision);
+        o.matmul_forward(a.logits, xc, W, nullptr, rn, C, d.vocab_size, head_gemm);
         o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
                               need_grad ? grad_scale / static_cast<float>(N) : 0.0f, bad, r0);
       }
@@ -499,14 +517,16 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
     rows = B;
     const size_t BC = static_cast<size_t>(B) * C;
     o.first_token_forward(a.cls, x, B, T, C);
-    o.matmul_forward(a.pooled_pre, a.cls, pe[kPoolerW], pe[kPoolerB], B, C, C, precision);
+    o.matmul_forward(a.pooled_pre, a.cls, pe[kPoolerW], pe[kPoolerB], B, C, C,
+                     gemm_rounding(pe[kPoolerW], static_cast<size_t>(C) * C));
     o.tanh_forward(a.pooled, a.pooled_pre, BC);
     const float* pd = a.pooled;
     if (a.dropout.training && d.dropout > 0) {
       o.dropout_forward(a.pooled_drop, a.pooled, BC, d.dropout, drop_key(a, d.n_layer, kDropPooler));
       pd = a.pooled_drop;
     }
-    o.matmul_forward(a.logits, pd, pe[kClsW], pe[kClsB], B, C, d.num_labels, precision);
+    o.matmul_forward(a.logits, pd, pe[kClsW], pe[kClsB], B, C, d.num_labels,
+                     gemm_rounding(pe[kClsW], static_cast<size_t>(d.num_labels) * C));
     o.softmax_xent_record(a.logits, a.losses, a.targets, B, d.num_labels,
                           need_grad ? grad_scale / static_cast<float>(B) : 0.0f, bad, 0);
   }
@@ -669,12 +689,12 @@ void Model::dense_backward(Activations& a, float* dinp, const float* dout, bool 
   const BlockTensors& g = slot == 0 ? ge : gb[slot - 1];
   float* dbias = bias_role >= 0 ? g[bias_role] : nullptr;
   if (mode_ == BackwardMode::whole) {
-    o.matmul_backward(dinp, g[weight_role], dbias, dout, inp, w[weight_role], N, C, OC, precision);
+    o.matmul_backward(dinp, g[weight_role], dbias, dout, inp, w[weight_role], N, C, OC, gemm_reading(w[weight_role]));
     if (last) finished(slot, {weight_role, bias_role}, ready);
     return;
   }
   if (input_only_pass_ != &a) fail("internal: an input-only backward continued on other activations");
-  if (dinp) o.matmul_backward(dinp, nullptr, nullptr, dout, inp, w[weight_role], N, C, OC, precision);
+  if (dinp) o.matmul_backward(dinp, nullptr, nullptr, dout, inp, w[weight_role], N, C, OC, gemm_reading(w[weight_role]));
   if (!dout_kept) {
     const size_t n = static_cast<size_t>(N) * OC;
     float* copy = kept_buffer(a, n);
@@ -801,6 +821,7 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
   const int N = a.B * a.T, C = d.d_model, V = d.vocab_size, R = a.lm_rows;
   const float* xf = d.final_norm ? a.final_norm : a.output();
   const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
+  const GemmMode head_gemm = gemm_reading(W);  // the head forward rounded W
   // Per chunk [r0, r0 + rn), last to first: z = xf_c·W^T; z <- d loss/d z = grad_scale/N ·
   // (softmax(z) - onehot(y)) (the losses rewritten with the values head_forward wrote), unless the
   // buffer still holds it (the last chunk after the forward, or the only one; the same bits either
@@ -811,12 +832,12 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
     const int r0 = c * R, rn = std::min(R, N - r0);
     const float* xc = xf + static_cast<size_t>(r0) * C;
     if (!(reuse && c == chunks - 1)) {
-      o.matmul_forward(a.logits, xc, W, nullptr, rn, C, V, precision);
+      o.matmul_forward(a.logits, xc, W, nullptr, rn, C, V, head_gemm);
       o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, V, a.head_grad_scale / static_cast<float>(N),
                             &a.scalars->bad_target, r0);  // (a fused forward's target check)
     }
     o.matmul_backward(dxf ? dxf + static_cast<size_t>(r0) * C : nullptr, dW, nullptr, a.logits, xc, W, rn, C, V,
-                      precision);
+                      head_gemm);
   }
   a.lm_last_grad = chunks == 1;  // the buffer holds chunk 0's gradient now
 }
@@ -859,7 +880,7 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
     const BlockTensors& w = pb[slot - 1];
     if (d.mlp == MlpKind::gelu_tanh) {
       dense(nullptr, dproj, L.act, slot, kProjW, kProjB, F, C);
-      o.matmul_dgelu_backward(d_fc, dproj, w[kProjW], L.fc, N, F, C, precision);
+      o.matmul_dgelu_backward(d_fc, dproj, w[kProjW], L.fc, N, F, C, gemm_reading(w[kProjW]));
       return;
     }
     o.zero(d_act_, static_cast<size_t>(N) * F * sizeof(float));

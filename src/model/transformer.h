@@ -71,6 +71,15 @@
 // during the forward (backward still adds: zero_grads comes before the forward), and d xf waits
 // in the Activations, so other micro-batches may run between. Not for an input-only backward
 // (its contract defers dW: zb-h1 keeps the recompute); no extra memory.
+//
+// bf16 weight copy: with precision bf16 the Model keeps the bits of its parameters rounded to
+// bf16 (2 bytes per parameter, the flat buffer's layout). Each forward rounds every dense weight
+// it uses once (bf16_copy) just before its first GEMM and hands the copy to the dense-layer
+// ops (GemmMode::weight_bf16); the backward of that forward reads the same copy for dinp = dout·W
+// (and the chunked LM head's recomputed logits), so the head weight is rounded once per forward
+// instead of twice per chunk. The bits are those of rounding in every op; the contract is that the
+// parameters do not change between a forward and its backward (an optimizer step comes after the
+// backward, and the next forward rounds again).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -298,6 +307,12 @@ struct Model {
  private:
   GradReadyTracker tracker_;
   BackwardMode mode_ = BackwardMode::whole;
+  // The bf16 weight copy ("bf16 weight copy" above; null unless precision is bf16), and the GEMM
+  // mode of a dense layer whose weight w (n floats, a tensor of params) the forward rounds into it
+  // now, or the backward reads as the forward rounded it. Plain `precision` when there is no copy.
+  uint16_t* weights_bf16_ = nullptr;
+  GemmMode gemm_rounding(const float* w, size_t n) const;
+  GemmMode gemm_reading(const float* w) const;
   const Activations* input_only_pass_ = nullptr;  // the Activations of the input-only pass running
   void head_forward_impl(Activations& a, bool need_grad, float grad_scale, bool fused) const;
   float head_forward_read(Activations& a, bool need_grad, float grad_scale, bool fused) const;

@@ -101,8 +101,9 @@ size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
 // them side by side in one buffer (its forward inp·W^T, its backward dout, W and inp), each but the
 // last padded to 16 floats (CPU: fp32 copies) or 128 bf16 values (CUDA, whose workspace also takes
 // a quarter of headroom when it grows, and whose copy of dout has rows of a multiple of 8 values).
-// The buffer grows to the largest call: often the LM head's backward, over one chunk of
-// R = lm_head_chunk_rows rows.
+// The Model hands every call its bf16 weight copy (model/transformer.h): CUDA reads it in place, so
+// W takes no scratch there; the CPU widens it into its fp32 scratch as before. The buffer grows to
+// the largest call: often the LM head's backward, over one chunk of R = lm_head_chunk_rows rows.
 size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecision precision, bool on_gpu) {
   if (precision != GemmPrecision::bf16) return 0;
   const size_t pad = on_gpu ? 128 : 16;
@@ -111,7 +112,8 @@ size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecisio
   // CUDA pads a bf16 output gradient's rows to a multiple of 8 values (kernels/matmul.cu bf16_ld)
   auto ld = [&](size_t out) { return on_gpu ? (out + 7) / 8 * 8 : out; };
   auto dense = [&](size_t rows, size_t in, size_t out) {
-    most = std::max({most, span(rows * in) + out * in, span(rows * ld(out)) + span(out * in) + rows * in});
+    const size_t w = on_gpu ? 0 : out * in;  // the weight's scratch copy (none on CUDA: the Model's copy)
+    most = std::max({most, span(rows * in) + w, span(rows * ld(out)) + span(w) + rows * in});
   };
   const size_t N = (size_t)B * T, C = d.d_model, AY = (size_t)d.n_head * d.head_dim();
   dense(N, C, d.qkv_dim());
@@ -137,6 +139,9 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   const double n = (double)table.numel, nb = n * sizeof(float);
   e.n_params = (int64_t)table.numel;
   e.params = e.grads = nb;
+  GemmPrecision precision = GemmPrecision::fp32;
+  parse_gemm_precision(cfg.runtime.precision, &precision);
+  if (precision == GemmPrecision::bf16) e.params += n * sizeof(uint16_t);  // the Model's bf16 weight copy
   const bool adamw = cfg.train.optimizer == "adamw";
   e.optimizer = adamw ? 2 * nb : 0;
   const std::vector<Bucket> buckets =
@@ -154,8 +159,6 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   }
   e.activations = (double)activation_bytes(desc, local_batch, seq_len);
   e.scratch = (double)backward_scratch_bytes(desc, local_batch, seq_len);
-  GemmPrecision precision = GemmPrecision::fp32;
-  parse_gemm_precision(cfg.runtime.precision, &precision);
   e.scratch += (double)gemm_operand_scratch_bytes(desc, local_batch, seq_len, precision, on_gpu);
   // Gradient synchronisation.
   const std::string& sync = cfg.parallel.sync;

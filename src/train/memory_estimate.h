@@ -2,7 +2,9 @@
 // the node (and the GPU) has, so that a configuration that cannot fit is refused with the numbers
 // instead of dying of std::bad_alloc or the out-of-memory killer.
 //
-//   parameters, gradients      n floats each (n from the parameter table, exact)
+//   parameters, gradients      n floats each (n from the parameter table, exact); with
+//                              runtime.precision bf16 the parameters also count the Model's bf16
+//                              weight copy, 2 bytes each
 //   optimizer                  AdamW: m and v, 2n floats; SGD: none. With parallel.zero 1 only this
 //                              rank's shard (about 2n/world floats: exactly its pieces of every
 //                              bucket, comm/grad_sync.h), plus one reduce-scatter receive buffer

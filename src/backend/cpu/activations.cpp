@@ -65,8 +65,8 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
 // ---- dense layer + GELU (tanh), fused on CUDA; here exactly the unfused sequence ---------------
 // pre = inp·W^T + bias; act = gelu(pre)
 void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias, int N,
-                         int C, int OC, GemmPrecision prec) {
-  matmul_forward(pre, inp, weight, bias, N, C, OC, prec);
+                         int C, int OC, GemmMode gemm) {
+  matmul_forward(pre, inp, weight, bias, N, C, OC, gemm);
   if (N > 0 && OC > 0) gelu_forward(act, pre, static_cast<size_t>(N) * OC);
 }
 
@@ -76,11 +76,11 @@ void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* 
 // dpre[i] = 0 + g·dpre[i] with g written exactly as gelu_backward writes it, so the bits are those
 // of the unfused sequence (tests/test_cuda_epilogues.cpp checks it on the CPU, bit for bit).
 void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, const float* pre, int N, int C,
-                           int OC, GemmPrecision prec) {
+                           int OC, GemmMode gemm) {
   if (N <= 0 || C <= 0) return;
   const size_t n = static_cast<size_t>(N) * C;  // (matmul_backward refuses tf32, as everywhere)
   std::memset(dpre, 0, n * sizeof(float));
-  matmul_backward(dpre, nullptr, nullptr, dout, nullptr, weight, N, C, OC, prec);
+  matmul_backward(dpre, nullptr, nullptr, dout, nullptr, weight, N, C, OC, gemm);
   const long long nn = static_cast<long long>(n);
 #pragma omp parallel for simd schedule(static) if (nn > kParMin)
   for (long long i = 0; i < nn; i++) {

@@ -31,6 +31,8 @@ LLMPI_OPS(LLMPI_DECLARE_OP)
 // memory.cpp: counts one result handed to the host (readback_count): copy_to_host, sum_squares,
 // softmax_xent's target check.
 void count_readback();
+// matmul.cpp: counts n weight values rounded to bf16 (bf16_weight_rounding_count).
+void count_bf16_weight_rounding(size_t n);
 
 // attention.cpp: rows of the T x T score matrix are processed in blocks of this many query rows;
 // with a causal mask a block [i0, i0+kAttnBlock) only needs keys [0, i0+kAttnBlock), so the GEMMs

@@ -6,11 +6,15 @@
 // scratch buffer and the same sgemm runs on the rounded copies; a product of two bf16 values is
 // exact in fp32, so this is a bf16 GEMM with fp32 accumulation, as the tensor cores compute it up
 // to summation order. Bias and dbias stay fp32 (dbias sums the unrounded dout). tf32 is refused.
+// With gemm.weight_bf16 (a bf16 Model's weight copy) the weight's scratch copy is widened from
+// those bits instead of rounded from weight: exact, so the same operands whenever the copy is
+// current (and a stale copy gives the same wrong answer as on a GPU).
 #include <cblas.h>
 
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -95,6 +99,19 @@ void round_into_bf16(float* dst, const float* src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = round_to_bf16(src[i]);
 }
 
+// The weight operand [n values] of a bf16 GEMM into dst: widened from w16 when given, else
+// rounded from w (and counted: bf16_weight_rounding_count).
+void bf16_weight_into(float* dst, const float* w, const uint16_t* w16, size_t n) {
+  if (w16 == nullptr) {
+    count_bf16_weight_rounding(n);
+    return round_into_bf16(dst, w, n);
+  }
+#pragma omp parallel for schedule(static) if (n > (1 << 18) && !omp_in_parallel())
+  for (size_t i = 0; i < n; i++) dst[i] = bf16_bits_to_float(w16[i]);
+}
+
+std::atomic<uint64_t> weight_roundings{0};
+
 size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 
 void check_cpu_precision(GemmPrecision prec) {
@@ -104,19 +121,28 @@ void check_cpu_precision(GemmPrecision prec) {
 
 }  // namespace
 
+void count_bf16_weight_rounding(size_t n) { weight_roundings.fetch_add(n, std::memory_order_relaxed); }
+uint64_t bf16_weight_rounding_count() { return weight_roundings.load(std::memory_order_relaxed); }
+
+void bf16_copy(uint16_t* dst, const float* src, size_t n) {
+  count_bf16_weight_rounding(n);
+#pragma omp parallel for schedule(static) if (n > (1 << 18) && !omp_in_parallel())
+  for (size_t i = 0; i < n; i++) dst[i] = float_to_bf16_bits(src[i]);
+}
+
 // out[N,OC] = inp[N,C] · weight[OC,C]^T + bias[OC]
 // With a bias, out is first filled with the bias rows and sgemm accumulates (beta = 1); this
 // costs the same single pass over out as sgemm's own beta = 0 clearing would.
 // bf16: inp and weight are replaced by rounded copies first.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC, GemmPrecision prec) {
-  check_cpu_precision(prec);
+                    int C, int OC, GemmMode gemm) {
+  check_cpu_precision(gemm.prec);
   if (N <= 0 || OC <= 0) return;
-  if (prec == GemmPrecision::bf16 && C > 0) {
+  if (gemm.prec == GemmPrecision::bf16 && C > 0) {
     const size_t ni = static_cast<size_t>(N) * C, nw = static_cast<size_t>(OC) * C;
     float* s = bf16_scratch(round16(ni) + nw);
     round_into_bf16(s, inp, ni);
-    round_into_bf16(s + round16(ni), weight, nw);
+    bf16_weight_into(s + round16(ni), weight, gemm.weight_bf16, nw);
     inp = s;
     weight = s + round16(ni);
   }
@@ -147,18 +173,18 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 // bf16: the two GEMMs read rounded copies of dout, weight (for dinp) and inp (for dweight); the
 // column sum reads the fp32 dout.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC, GemmPrecision prec) {
-  check_cpu_precision(prec);
+                     const float* weight, int N, int C, int OC, GemmMode gemm) {
+  check_cpu_precision(gemm.prec);
   if (N <= 0 || OC <= 0 || C <= 0) return;
   const float* dout_g = dout;  // the GEMMs' dout
-  if (prec == GemmPrecision::bf16 && (dinp != nullptr || dweight != nullptr)) {
+  if (gemm.prec == GemmPrecision::bf16 && (dinp != nullptr || dweight != nullptr)) {
     const size_t nd = static_cast<size_t>(N) * OC, nw = dinp ? static_cast<size_t>(OC) * C : 0,
                  ni = dweight ? static_cast<size_t>(N) * C : 0;
     float* s = bf16_scratch(round16(nd) + round16(nw) + ni);
     round_into_bf16(s, dout, nd);
     dout_g = s;
     if (dinp) {
-      round_into_bf16(s + round16(nd), weight, nw);
+      bf16_weight_into(s + round16(nd), weight, gemm.weight_bf16, nw);
       weight = s + round16(nd);
     }
     if (dweight) {

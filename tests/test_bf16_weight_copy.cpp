@@ -1,0 +1,337 @@
+// The bf16 weight copy (model/transformer.h "bf16 weight copy", backend/gemm_precision.h GemmMode):
+//  - bf16_copy writes backend/bf16.h's bits (nearest even, canonical NaN) and counts its values;
+//  - the dense-layer ops read a given copy instead of rounding the weight: with the copy of the
+//    weight they give the bits of rounding it themselves, and with the copy of ANOTHER weight they
+//    give that weight's result (so the copy is what the GEMMs read); without a copy they count the
+//    weight values they round (bf16_weight_rounding_count), with one they count none;
+//  - a bf16 Model's training steps (plain, fused LM head, split backward; gpt2 with a chunked
+//    tied head, llama with grouped K/V heads, bert) have the same bits as the same steps on a
+//    backend whose dense ops ignore the copy and round in every call;
+//  - and in such a step every dense weight is rounded exactly once (the LM head's too, whatever
+//    its chunk count), against more than that when every op rounds; fp32 rounds nothing.
+// The CUDA cases (CudaBf16WeightCopy.*) skip without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backend/bf16.h"
+#include "backend/cuda_ops.h"
+#include "backend/ops.h"
+#include "cuda_test_util.h"
+#include "grad_check.h"
+#include "model_test_util.h"
+
+using namespace llmpi;
+using namespace llmpi::test;
+
+namespace {
+
+// The backend B with dense-layer ops that drop the caller's copy (GemmMode::weight_bf16) and round
+// the weight themselves: the behaviour before the copy existed, the reference of these tests.
+template <const Ops& (*B)()>
+const Ops& rounding_in_every_op() {
+  static const Ops ops = [] {
+    Ops o = B();
+    o.matmul_forward = [](float* out, const float* inp, const float* w, const float* b, int N, int C, int OC,
+                          GemmMode g) { B().matmul_forward(out, inp, w, b, N, C, OC, g.prec); };
+    o.matmul_backward = [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                           int N, int C, int OC, GemmMode g) {
+      B().matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, g.prec);
+    };
+    o.matmul_gelu_forward = [](float* pre, float* act, const float* inp, const float* w, const float* b, int N, int C,
+                               int OC, GemmMode g) { B().matmul_gelu_forward(pre, act, inp, w, b, N, C, OC, g.prec); };
+    o.matmul_dgelu_backward = [](float* dpre, const float* dout, const float* w, const float* pre, int N, int C, int OC,
+                                 GemmMode g) { B().matmul_dgelu_backward(dpre, dout, w, pre, N, C, OC, g.prec); };
+    return o;
+  }();
+  return ops;
+}
+
+std::vector<uint16_t> host_bits(const std::vector<float>& w) {
+  std::vector<uint16_t> b(w.size());
+  for (size_t i = 0; i < w.size(); i++) b[i] = float_to_bf16_bits(w[i]);
+  return b;
+}
+
+const GemmPrecision kBf16 = GemmPrecision::bf16;
+
+struct DenseCase {
+  int N, C, OC;
+};
+// Odd sizes (padded bf16 rows on CUDA, the unfused paths), then GPT-2-like multiples of 8 (the
+// cuBLASLt epilogues) large enough for the CPU's tiled sgemm.
+const DenseCase kDense[] = {{37, 70, 53}, {96, 256, 768}};
+
+// The four dense-layer ops on backend o, with weight w and GemmMode g; every output in one vector
+// (get(p, n): n floats at p as a host vector).
+template <typename Get>
+std::vector<float> dense_ops(const Ops& o, const DenseCase& s, const float* x, const float* w, const float* b,
+                             const float* dout, const float* pre, GemmMode g, float* out, float* out2,
+                             float* dinp, float* dpre, const Get& get) {
+  const int N = s.N, C = s.C, OC = s.OC;
+  o.matmul_forward(out, x, w, b, N, C, OC, g);
+  std::vector<float> all = get(out, (size_t)N * OC);
+  o.matmul_gelu_forward(out, out2, x, w, b, N, C, OC, g);
+  for (float v : get(out2, (size_t)N * OC)) all.push_back(v);
+  o.zero(dinp, (size_t)N * C * sizeof(float));
+  o.matmul_backward(dinp, nullptr, nullptr, dout, nullptr, w, N, C, OC, g);
+  for (float v : get(dinp, (size_t)N * C)) all.push_back(v);
+  o.matmul_dgelu_backward(dpre, dout, w, pre, N, C, OC, g);
+  for (float v : get(dpre, (size_t)N * C)) all.push_back(v);
+  return all;
+}
+
+}  // namespace
+
+// ---- the op and the dense layers, CPU ------------------------------------------------------------------
+
+TEST(Bf16WeightCopy, Bf16CopyWritesTheHostRoundingAndCountsIt) {
+  std::vector<float> x = random_floats(1000, 1, -3.0f, 3.0f);
+  x.insert(x.end(), {0.0f, -0.0f, 1.00390625f /* a tie */, std::numeric_limits<float>::infinity(),
+                     std::numeric_limits<float>::quiet_NaN(), 3.4028235e38f /* rounds to inf */, 1e-40f});
+  std::vector<uint16_t> got(x.size(), 0xABCD);
+  const uint64_t before = cpu_ops().bf16_weight_rounding_count();
+  cpu_ops().bf16_copy(got.data(), x.data(), x.size());
+  EXPECT_EQ(cpu_ops().bf16_weight_rounding_count() - before, x.size());
+  EXPECT_EQ(got, host_bits(x));
+  EXPECT_EQ(got[x.size() - 3], 0x7FFF) << "NaN is the canonical quiet NaN";
+}
+
+TEST(Bf16WeightCopy, DenseOpsReadTheCopyInsteadOfTheWeight) {
+  const Ops& o = cpu_ops();
+  auto get = [](const float* p, size_t n) { return std::vector<float>(p, p + n); };
+  for (const DenseCase& s : kDense) {
+    const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
+    const auto x = random_floats(nx, 2), w = random_floats(nw, 3), w2 = random_floats(nw, 4), b = random_floats(s.OC, 5),
+               dout = random_floats(nd, 6), pre = random_floats(nx, 7, -3.0f, 3.0f);
+    std::vector<float> out(nd), out2(nd), dinp(nx), dpre(nx);
+    const std::string where = "N=" + std::to_string(s.N) + " OC=" + std::to_string(s.OC);
+    auto run = [&](const float* weight, GemmMode g) {
+      return dense_ops(o, s, x.data(), weight, b.data(), dout.data(), pre.data(), g, out.data(), out2.data(),
+                       dinp.data(), dpre.data(), get);
+    };
+    uint64_t c0 = o.bf16_weight_rounding_count();
+    const auto rounding = run(w.data(), kBf16);
+    EXPECT_EQ(o.bf16_weight_rounding_count() - c0, 4 * nw) << where << ": each op rounds the weight once";
+    const auto bits = host_bits(w), bits2 = host_bits(w2);
+    c0 = o.bf16_weight_rounding_count();
+    const auto with_copy = run(w.data(), GemmMode(kBf16, bits.data()));
+    EXPECT_EQ(o.bf16_weight_rounding_count(), c0) << where << ": with a copy nothing is rounded";
+    EXPECT_SAME_BITS(rounding, with_copy) << where;
+    // The copy of w2 handed with the weight w: the ops compute with w2.
+    const auto other = run(w.data(), GemmMode(kBf16, bits2.data()));
+    EXPECT_SAME_BITS(other, run(w2.data(), kBf16)) << where << ": the copy is not what the GEMMs read";
+    EXPECT_NE(bit_difference(other, rounding), "") << where;
+    // fp32 ignores a copy.
+    EXPECT_SAME_BITS(run(w.data(), GemmMode(GemmPrecision::fp32, bits2.data())), run(w.data(), GemmPrecision::fp32))
+        << where;
+  }
+}
+
+// ---- the Model ----------------------------------------------------------------------------------------
+
+namespace {
+
+struct WeightCopyFamily {
+  const char* name;
+  const char* family;
+  std::vector<std::string> extra;
+};
+std::ostream& operator<<(std::ostream& os, const WeightCopyFamily& c) { return os << c.name; }
+
+const WeightCopyFamily kFamilies[] = {
+    {"gpt2", "gpt2", {}},
+    {"llama_gqa", "llama", {"model.n_kv_head=1"}},
+    {"bert", "bert", {"model.num_labels=3"}},
+};
+
+enum class StepKind { plain, fused_head, split_backward };
+const char* step_name(StepKind k) {
+  return k == StepKind::plain ? "plain" : k == StepKind::fused_head ? "fused head" : "split backward";
+}
+
+// One training step's forward and backward on m (gradients zeroed first); the loss.
+float train_step(Model& m, Activations& a, const Batch& b, StepKind kind) {
+  m.zero_grads();
+  float loss = 0;
+  switch (kind) {
+    case StepKind::plain:
+      loss = m.forward(a, b, true);
+      m.backward(a);
+      break;
+    case StepKind::fused_head:
+      loss = m.train_forward(a, b);
+      m.backward(a);
+      break;
+    case StepKind::split_backward:
+      loss = m.forward(a, b, true);
+      m.begin_backward(a, BackwardMode::input_only);
+      if (m.part.head) m.head_backward(a, {});
+      m.blocks_backward(a, m.l0(), m.l1(), {});
+      if (m.part.embedding) m.embed_backward(a, {});
+      m.weight_backward(a, {});
+      break;
+  }
+  return loss;
+}
+
+struct StepResult {
+  std::vector<float> losses, params, grads;
+};
+
+// `steps` AdamW steps of a bf16 model of d on backend o, from the same initial values and batches.
+StepResult train_bf16(const ModelDesc& d, const Ops& o, StepKind kind, int steps) {
+  const int B = 4, T = 16;
+  Model m(d, o, ModelPart::whole(), kBf16);
+  Activations a(m, B, T);
+  m.init_params(3);
+  std::vector<RandomBatch> data;
+  data.reserve(2);
+  for (int k = 0; k < 2; k++) data.emplace_back(d, B, T, 40 + k);
+  const size_t n = m.table.numel;
+  float *mom = static_cast<float*>(o.alloc(n * sizeof(float))), *vel = static_cast<float*>(o.alloc(n * sizeof(float)));
+  StepResult r;
+  for (int step = 1; step <= steps; step++) {
+    r.losses.push_back(train_step(m, a, data[step % 2].b, kind));
+    o.adamw_update(m.params, m.grads, mom, vel, n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+  }
+  o.free(mom);
+  o.free(vel);
+  r.params = m.params_host();
+  r.grads = m.grads_host();
+  return r;
+}
+
+// Dense weight values a forward of the whole model of d rounds: every dense layer's weight once
+// (the tied LM head is the token embedding).
+size_t dense_weight_values(const Model& m) {
+  size_t n = 0;
+  for (const ParamSlice& s : m.table.slices)
+    switch (s.role) {
+      case kQkvW: case kAttnOutW: case kFcW: case kProjW: case kLmHead: case kPoolerW: case kClsW:
+        n += s.numel;
+        break;
+      case kTokEmb:
+        if (m.desc.head == HeadKind::lm && m.desc.tie_embeddings) n += s.numel;
+        break;
+      default:
+        break;
+    }
+  return n;
+}
+
+class Bf16WeightCopyModel : public ::testing::TestWithParam<WeightCopyFamily> {};
+
+// The LM head in 3 chunks of 24 rows (N = 64): the head weight is read by 3 forward GEMMs, 2
+// recomputed ones and 3 input-gradient GEMMs per step.
+ModelDesc copy_desc(const WeightCopyFamily& c) {
+  ModelDesc d = desc_of(c.family, 2, 2, 32, 16, 64, c.extra);
+  d.lm_head_chunk_rows = 24;
+  return d;
+}
+
+}  // namespace
+
+TEST_P(Bf16WeightCopyModel, StepsHaveTheBitsOfRoundingInEveryOp) {
+  const WeightCopyFamily& c = GetParam();
+  const ModelDesc d = copy_desc(c);
+  for (StepKind kind : {StepKind::plain, StepKind::fused_head, StepKind::split_backward}) {
+    const StepResult want = train_bf16(d, rounding_in_every_op<cpu_ops>(), kind, 3);
+    const StepResult got = train_bf16(d, cpu_ops(), kind, 3);
+    const std::string where = std::string(c.name) + ", " + step_name(kind);
+    EXPECT_SAME_BITS(got.losses, want.losses) << where;
+    EXPECT_SAME_BITS(got.grads, want.grads) << where;
+    EXPECT_SAME_BITS(got.params, want.params) << where;
+  }
+}
+
+TEST_P(Bf16WeightCopyModel, EachDenseWeightIsRoundedOncePerStep) {
+  const WeightCopyFamily& c = GetParam();
+  const ModelDesc d = copy_desc(c);
+  const int B = 4, T = 16;
+  RandomBatch batch(d, B, T, 50);
+  for (StepKind kind : {StepKind::plain, StepKind::fused_head, StepKind::split_backward}) {
+    const std::string where = std::string(c.name) + ", " + step_name(kind);
+    Model m(d, cpu_ops(), ModelPart::whole(), kBf16);
+    Activations a(m, B, T);
+    m.init_params(3);
+    uint64_t c0 = cpu_ops().bf16_weight_rounding_count();
+    train_step(m, a, batch.b, kind);
+    EXPECT_EQ(cpu_ops().bf16_weight_rounding_count() - c0, dense_weight_values(m)) << where;
+    // Rounding in every op rounds more: the backward's input gradients round the weights again.
+    Model r(d, rounding_in_every_op<cpu_ops>(), ModelPart::whole(), kBf16);
+    Activations ra(r, B, T);
+    r.init_params(3);
+    c0 = cpu_ops().bf16_weight_rounding_count();
+    train_step(r, ra, batch.b, kind);
+    EXPECT_GT(cpu_ops().bf16_weight_rounding_count() - c0, 2 * dense_weight_values(m)) << where;
+    // fp32 rounds nothing.
+    Model f(d, cpu_ops(), ModelPart::whole(), GemmPrecision::fp32);
+    Activations fa(f, B, T);
+    f.init_params(3);
+    c0 = cpu_ops().bf16_weight_rounding_count();
+    train_step(f, fa, batch.b, kind);
+    EXPECT_EQ(cpu_ops().bf16_weight_rounding_count(), c0) << where;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, Bf16WeightCopyModel, ::testing::ValuesIn(kFamilies),
+                         [](const ::testing::TestParamInfo<WeightCopyFamily>& i) { return std::string(i.param.name); });
+
+// ---- CUDA ----------------------------------------------------------------------------------------------
+
+TEST(CudaBf16WeightCopy, Bf16CopyEqualsTheHostRounding) {
+  REQUIRE_GPU();
+  std::vector<float> x = random_floats(100003, 8, -3.0f, 3.0f);
+  x.insert(x.end(), {0.0f, -0.0f, 1.00390625f, std::numeric_limits<float>::infinity(),
+                     std::numeric_limits<float>::quiet_NaN(), 3.4028235e38f, 1e-40f});
+  Dev dx(x), dy(x.size() * sizeof(uint16_t));
+  gpu().bf16_copy(static_cast<uint16_t*>(dy.p), dx.f(), x.size());
+  std::vector<uint16_t> got(x.size());
+  gpu().copy_to_host(got.data(), dy.p, dy.bytes);
+  EXPECT_EQ(got, host_bits(x));
+}
+
+TEST(CudaBf16WeightCopy, DenseOpsWithTheCopyEqualRoundingInTheOp) {
+  REQUIRE_GPU();
+  const Ops& o = gpu();
+  for (const DenseCase& s : kDense) {
+    const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
+    Dev x(random_floats(nx, 2)), w(random_floats(nw, 3)), b(random_floats(s.OC, 5)), dout(random_floats(nd, 6)),
+        pre(random_floats(nx, 7, -3.0f, 3.0f)), out(nd * 4), out2(nd * 4), dinp(nx * 4), dpre(nx * 4),
+        w16(nw * sizeof(uint16_t));
+    auto get = [&](const float* p, size_t n) {
+      std::vector<float> h(n);
+      o.copy_to_host(h.data(), p, n * sizeof(float));
+      return h;
+    };
+    auto run = [&](GemmMode g) {
+      return dense_ops(o, s, x.f(), w.f(), b.f(), dout.f(), pre.f(), g, out.f(), out2.f(), dinp.f(), dpre.f(), get);
+    };
+    const std::string where = "N=" + std::to_string(s.N) + " OC=" + std::to_string(s.OC);
+    const auto rounding = run(kBf16);
+    o.bf16_copy(static_cast<uint16_t*>(w16.p), w.f(), nw);
+    const uint64_t c0 = o.bf16_weight_rounding_count();
+    EXPECT_SAME_BITS(run(GemmMode(kBf16, static_cast<const uint16_t*>(w16.p))), rounding) << where;
+    EXPECT_EQ(o.bf16_weight_rounding_count(), c0) << where;
+  }
+}
+
+TEST(CudaBf16WeightCopy, ModelStepsHaveTheBitsOfRoundingInEveryOp) {
+  REQUIRE_GPU();
+  for (const WeightCopyFamily& c : kFamilies) {
+    const ModelDesc d = copy_desc(c);
+    for (StepKind kind : {StepKind::plain, StepKind::fused_head}) {
+      const StepResult want = train_bf16(d, rounding_in_every_op<cuda_ops>(), kind, 2);
+      const StepResult got = train_bf16(d, gpu(), kind, 2);
+      const std::string where = std::string(c.name) + ", " + step_name(kind);
+      EXPECT_SAME_BITS(got.losses, want.losses) << where;
+      EXPECT_SAME_BITS(got.grads, want.grads) << where;
+      EXPECT_SAME_BITS(got.params, want.params) << where;
+    }
+  }
+}
