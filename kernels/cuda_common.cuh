@@ -162,7 +162,7 @@ void check_dropout_p(const char* op, float p);
 // activations.cu: gelu_erf, swiglu, tanh, dropout (forward/backward)
 // flash_attention.cu: flash_attention_forward/backward
 // residual.cu: residual_forward, first_token_forward/backward
-// softmax_xent.cu: softmax_xent(_record)   adamw.cu: adamw_update sgd_update sum_squares scale
+// softmax_xent.cu: softmax_xent(_record), softmax_xent_bf16_grad   adamw.cu: adamw_update sgd_update sum_squares scale
 //   sum_squares_add sum_to_double adamw_update_segments sgd_update_segments
 // memory.cu also: readback_count
 LLMPI_OPS(LLMPI_DECLARE_OP)

@@ -25,12 +25,14 @@
 //         read that copy; the chunked LM head used to convert the V x C head weight twice per
 //         chunk). For the activations and output gradients the conversion is memory
 //         traffic comparable to a quarter of a GPT-2 step at the MFU target (docs/GPU.md
-//         "Precision modes"): the fast version has the producing ops write bf16 themselves. The
-//         scratch holds all operands of one call (largest: the LM head's backward,
-//         N·V + V·C + N·C bf16 values). An output gradient dout [N, OC] read as a GEMM operand
+//         "Precision modes"): the fast version has the producing ops write bf16 themselves — the
+//         LM head's logits gradient does (gemm.dout_bf16, below). The scratch holds the
+//         operands one call converts, side by side. An output gradient dout [N, OC] read as a GEMM operand
 //         is converted with its rows padded to bf16_ld(OC) (a multiple of 8: every row 16-byte
 //         aligned, as cuBLAS's tensor-core kernels want 16-bit operands; the LM head's
-//         V = 50257 would leave them misaligned), the padding zero.
+//         V = 50257 would leave them misaligned), the padding zero — unless the caller hands it
+//         over in bf16 already (gemm.dout_bf16: a bf16 LM head's logits gradient, which
+//         softmax_xent_bf16_grad writes in that layout).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -119,8 +121,8 @@ const __nv_bfloat16* bf16_weight(__nv_bfloat16* dst, const float* w, const GemmM
 // bf16 elements from one 256-byte boundary to the next at or after n.
 size_t bf16_span(size_t n) { return (n + 127) / 128 * 128; }
 
-// The row stride of a bf16 copy of a [rows, cols] operand: cols rounded up to a multiple of 8.
-int bf16_ld(int cols) { return (cols + 7) / 8 * 8; }
+// The row stride of a bf16 copy of a [rows, cols] operand (backend/gemm_precision.h).
+int bf16_ld(int cols) { return bf16_row_stride(cols); }
 
 // dst[r, c] = bf16(src[r, c]) for c < cols, 0 for cols <= c < ld (rows of ld values).
 __global__ void to_bf16_rows_kernel(__nv_bfloat16* __restrict__ dst, int ld, const float* __restrict__ src,
@@ -362,19 +364,23 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     }
     if (dweight != nullptr) gemm_f32_rm(prec, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
   } else if (dinp != nullptr || dweight != nullptr) {
-    const int ldd = bf16_ld(OC);  // dout's bf16 rows, padded
-    const size_t nd = static_cast<size_t>(N) * ldd, nw = dinp && !gemm.weight_bf16 ? static_cast<size_t>(OC) * C : 0,
+    // dout's bf16 rows: the caller's (gemm.dout_bf16), or converted here with rows padded
+    const bool given = gemm.dout_bf16 != nullptr;
+    const int ldd = given ? gemm.dout_ld : bf16_ld(OC);
+    const size_t nd = given ? 0 : static_cast<size_t>(N) * ldd,
+                 nw = dinp && !gemm.weight_bf16 ? static_cast<size_t>(OC) * C : 0,
                  ni = dweight ? static_cast<size_t>(N) * C : 0;
     auto* ws = static_cast<__nv_bfloat16*>(
         workspace(kWsGemm, (bf16_span(nd) + bf16_span(nw) + ni) * sizeof(__nv_bfloat16)));
     __nv_bfloat16 *dout16 = ws, *w16 = ws + bf16_span(nd), *inp16 = w16 + bf16_span(nw);
-    to_bf16_rows(dout16, ldd, dout, N, OC);
+    if (!given) to_bf16_rows(dout16, ldd, dout, N, OC);
+    const __nv_bfloat16* d16 = given ? reinterpret_cast<const __nv_bfloat16*>(gemm.dout_bf16) : dout16;
     if (dinp != nullptr)
-      gemm_bf16_rm(false, false, N, C, OC, dout16, ldd, bf16_weight(w16, weight, gemm, static_cast<size_t>(OC) * C), C,
+      gemm_bf16_rm(false, false, N, C, OC, d16, ldd, bf16_weight(w16, weight, gemm, static_cast<size_t>(OC) * C), C,
                    1.0f, dinp, C);
     if (dweight != nullptr) {
       to_bf16(inp16, inp, ni);
-      gemm_bf16_rm(true, false, OC, C, N, dout16, ldd, inp16, C, 1.0f, dweight, C);
+      gemm_bf16_rm(true, false, OC, C, N, d16, ldd, inp16, C, 1.0f, dweight, C);
     }
   }
   if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);

@@ -16,6 +16,10 @@
 //                        after the kernel, an out-of-range target raises the CPU backend's error
 //   softmax_xent_record  no host wait: the key goes to the caller's flag (a training step's
 //                        StepScalars), which the step reads once with the loss and gradient norm
+//   softmax_xent_bf16_grad  softmax_xent_record writing the gradient as bf16 into another buffer
+//                        (a bf16 LM head's GEMM operand; rows padded with zeros)
+#include <cuda_bf16.h>
+
 #include "cuda_common.cuh"
 #include "runtime/error.h"
 
@@ -25,13 +29,21 @@ namespace {
 
 constexpr int kThreads = 512;
 
-__global__ void softmax_xent_kernel(float* __restrict__ logits, float* __restrict__ losses,
-                                    const int32_t* __restrict__ targets,
+__device__ __forceinline__ void store_grad(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_grad(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+// G = float: the gradient over the logits (grad = logits, ld = V); G = __nv_bfloat16: into grad
+// [N, ld] as bf16, padding columns zero, logits only read. One template, so the gradient's value
+// is the same expression in both (its products rounded explicitly, as the CPU rounds them: e·f,
+// then − grad_scale on the target; no contraction into an FMA).
+template <typename G>
+__global__ void softmax_xent_kernel(const float* __restrict__ logits, G* grad, int ld,
+                                    float* __restrict__ losses, const int32_t* __restrict__ targets,
                                     unsigned long long* __restrict__ bad, int V, int row0,
                                     float grad_scale) {
   __shared__ float sh[32];
   const int n = blockIdx.x;
-  float* z = logits + static_cast<size_t>(n) * V;
+  const float* z = logits + static_cast<size_t>(n) * V;
   const int y = targets[n];
   if (y < 0 || y >= V) {
     if (threadIdx.x == 0) {
@@ -56,10 +68,14 @@ __global__ void softmax_xent_kernel(float* __restrict__ logits, float* __restric
   float s = block_sum(m == -INFINITY && st == 0.0f ? 0.0f : st * expf(m - mx), sh);
   if (threadIdx.x == 0) losses[n] = logf(s) + (mx - zy);
   if (grad_scale != 0.0f) {
-    __syncthreads();  // every thread has read z[y] (and all of z) before anyone writes
+    __syncthreads();  // every thread has read z[y] (and all of z) before anyone writes (in place)
     const float f = grad_scale / s;
-    for (int j = threadIdx.x; j < V; j += blockDim.x)
-      z[j] = expf(z[j] - mx) * f - (j == y ? grad_scale : 0.0f);
+    G* g = grad + static_cast<size_t>(n) * ld;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+      const float e = __fmul_rn(expf(z[j] - mx), f);
+      store_grad(g + j, j == y ? __fsub_rn(e, grad_scale) : e);
+    }
+    for (int j = V + threadIdx.x; j < ld; j += blockDim.x) store_grad(g + j, 0.0f);
   }
 }
 
@@ -69,9 +85,19 @@ void softmax_xent_record(float* logits, float* losses, const int32_t* targets, i
                          float grad_scale, uint64_t* bad, int row0) {
   if (N <= 0) return;
   static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "atomicMax on the 64-bit key");
-  softmax_xent_kernel<<<N, kThreads, 0, compute_stream()>>>(
-      logits, losses, targets, reinterpret_cast<unsigned long long*>(bad), V, row0, grad_scale);
+  softmax_xent_kernel<float><<<N, kThreads, 0, compute_stream()>>>(
+      logits, logits, V, losses, targets, reinterpret_cast<unsigned long long*>(bad), V, row0, grad_scale);
   LLMPI_LAUNCH_CHECK("softmax_xent");
+}
+
+void softmax_xent_bf16_grad(const float* logits, float* losses, const int32_t* targets, int N, int V,
+                            float grad_scale, uint16_t* grad, int ld, uint64_t* bad, int row0) {
+  if (grad_scale == 0.0f || ld < V) fail("internal: softmax_xent_bf16_grad needs grad_scale != 0 and ld >= V");
+  if (N <= 0) return;
+  softmax_xent_kernel<__nv_bfloat16><<<N, kThreads, 0, compute_stream()>>>(
+      logits, reinterpret_cast<__nv_bfloat16*>(grad), ld, losses, targets, reinterpret_cast<unsigned long long*>(bad),
+      V, row0, grad_scale);
+  LLMPI_LAUNCH_CHECK("softmax_xent_bf16_grad");
 }
 
 void softmax_xent(float* logits, float* losses, const int32_t* targets, int N, int V,

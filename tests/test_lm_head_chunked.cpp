@@ -144,11 +144,16 @@ TEST_P(ChunkedLmHead, EqualsOneChunkOfAllRows) {
     }
     if (R == 7) std::printf("  %s R=%d: largest gradient relative difference %.2e\n", c.name, R, most);
     EXPECT_TRUE(head_seen);
-    // The logits buffer shrinks from N x V to R x V.
-    const size_t a16 = [](size_t n) { return (n + 15) / 16 * 16; }((size_t)R * d.vocab_size);
+    // The logits buffer shrinks from N x V to R x V, and in bf16 so does the logits gradient's
+    // bf16 chunk, from N to R rows of bf16_row_stride(V) values (in floats, 16-aligned).
+    auto aligned16 = [](size_t n) { return (n + 15) / 16 * 16; };
+    const size_t a16 = aligned16((size_t)R * d.vocab_size);
     const size_t w16 = (size_t)kN * d.vocab_size;  // 64 · 97 is a multiple of 16
-    EXPECT_EQ(whole.act_bytes - ch.act_bytes, (w16 - a16) * sizeof(float));
-    EXPECT_EQ(ch.act_bytes + kN * sizeof(float), activation_bytes(head_desc(c, R), kB, kT))
+    auto grad16 = [&](size_t rows) {
+      return c.precision == GemmPrecision::bf16 ? aligned16((rows * bf16_row_stride(d.vocab_size) + 1) / 2) : 0;
+    };
+    EXPECT_EQ(whole.act_bytes - ch.act_bytes, (w16 - a16 + grad16(kN) - grad16(R)) * sizeof(float));
+    EXPECT_EQ(ch.act_bytes + kN * sizeof(float), activation_bytes(head_desc(c, R), kB, kT, c.precision))
         << "the estimate (which adds the host loss row) differs from the allocation";
   }
   bool any = false;

@@ -123,8 +123,8 @@ TEST(MemoryEstimate, CheckpointAndSyncBuffersFollowTheConfiguration) {
 
 // runtime.precision bf16 adds the GEMMs' operand scratch: the largest dense call's operands side by
 // side, here the LM head's backward (dout N·V, W V·C, inp N·C; the first two padded), as fp32
-// copies on the CPU and bf16 (plus the workspace's quarter of headroom, and without W) on the GPU;
-// nothing in fp32 or tf32.
+// copies on the CPU; on the GPU bf16 (plus the workspace's quarter of headroom) without W and the
+// head's dout, which it reads in place; nothing in fp32 or tf32.
 TEST(MemoryEstimate, Bf16CountsTheGemmOperandScratch) {
   const int B = 3, T = 8, V = 501, C = 16;
   const ModelDesc d = test::desc_of("gpt2", 2, 2, C, T, V);
@@ -137,10 +137,10 @@ TEST(MemoryEstimate, Bf16CountsTheGemmOperandScratch) {
   auto pad = [](size_t n, size_t q) { return (n + q - 1) / q * q; };
   EXPECT_EQ(estimate_memory(d, B, T, cfg, 1, 0, false).scratch - fp32,
             4.0 * (pad(N * V, 16) + pad((size_t)V * C, 16) + N * C));
-  // On the GPU dout's bf16 rows are padded to a multiple of 8 values (V = 501 -> 504), and W
-  // takes no scratch: the calls read the Model's bf16 weight copy.
-  EXPECT_EQ(gemm_operand_scratch_bytes(d, B, T, GemmPrecision::bf16, true),
-            (pad(N * pad(V, 8), 128) + N * C) * 2 * 5 / 4);
+  // On the GPU W takes no scratch (the calls read the Model's bf16 weight copy), nor does the LM
+  // head's dout (its logits gradient comes in bf16): the largest call is an MLP layer's backward,
+  // dout and inp of N·4C and N·C values (the first padded to 128).
+  EXPECT_EQ(gemm_operand_scratch_bytes(d, B, T, GemmPrecision::bf16, true), (pad(N * 4 * C, 128) + N * C) * 2 * 5 / 4);
   // The copy itself: 2 bytes per parameter, with the parameters.
   EXPECT_EQ(estimate_memory(d, B, T, cfg, 1, 0, true).params - estimate_memory(d, B, T, config_with("adamw"), 1, 0, true).params,
             2.0 * estimate_memory(d, B, T, cfg, 1, 0, true).n_params);

@@ -228,7 +228,7 @@ for tool in memcheck racecheck initcheck; do
     record "$tool" 127 0 "\"why\": \"compute-sanitizer not on PATH\""; continue
   fi
   step "$tool" 180 compute-sanitizer --tool "$tool" --error-exitcode 99 "$TESTS" \
-    --gtest_filter='CudaOps.*:CudaEpilogues.*:CudaVectorAccess.*:CudaBf16WeightCopy.Bf16Copy*:CudaBf16WeightCopy.DenseOps*:CudaStepSync.*Cpu*:Cases/CudaAttention.*:Cases/CudaFlashAttention.*:Cases/CudaFlashBf16.*-*real_*:*T102*' --gtest_brief=1
+    --gtest_filter='CudaOps.*:CudaEpilogues.*:CudaVectorAccess.*:CudaBf16Operands.*:CudaStepSync.*Cpu*:Cases/CudaAttention.*:Cases/CudaFlashAttention.*:Cases/CudaFlashBf16.*-*real_*:*T102*:CudaBf16Operands.ModelSteps*' --gtest_brief=1
   errs=$(grep -oP 'ERROR SUMMARY: \K[0-9]+' "$WORK/$tool.out" | tail -1)
   record "$tool" $STEP_RC $STEP_SECONDS "\"errors\": ${errs:-null}"
 done

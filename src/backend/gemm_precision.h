@@ -42,9 +42,19 @@ struct GemmMode {
   // weight is then not read by the GEMMs. Null: the op rounds. The caller keeps it equal to the
   // weight (the op cannot tell a stale copy).
   const uint16_t* weight_bf16 = nullptr;
+  // bf16 only, matmul_backward only: the output gradient dout [N, OC] already as bf16 bits (rows
+  // of dout_ld >= OC values; the padding is not read as part of the product), which the GEMMs read
+  // in place of rounding dout (the LM head's logits gradient, written in bf16 by
+  // softmax_xent_bf16_grad). dout itself is then read only for dbias and may be null without one.
+  const uint16_t* dout_bf16 = nullptr;
+  int dout_ld = 0;
   GemmMode(GemmPrecision p = GemmPrecision::fp32, const uint16_t* w16 = nullptr) : prec(p), weight_bf16(w16) {}
-  const uint16_t* bf16_weight() const { return prec == GemmPrecision::bf16 ? weight_bf16 : nullptr; }
 };
+
+// The row stride of a bf16 copy of a [rows, cols] GEMM operand: cols rounded up to a multiple of 8
+// values, so every row starts 16-byte aligned, as cuBLAS's tensor-core kernels want 16-bit
+// operands (the LM head's V = 50257 would leave them misaligned); the padding is zero.
+inline int bf16_row_stride(int cols) { return (cols + 7) / 8 * 8; }
 
 // "fp32" | "tf32" | "bf16" -> true and *out; anything else -> false.
 inline bool parse_gemm_precision(const std::string& s, GemmPrecision* out) {

@@ -270,10 +270,15 @@ void Activations::allocate(const Model& m, int B_, int T_) {
                              {&L.act, N * F}, {&L.res_mlp, N * C}});
     if (!d.pre_norm) plan.push_back({&L.out, N * C});
   }
+  // A bf16 LM head's logits gradient in bf16 (a buffer of uint16 values, planned in floats).
+  float* grad16 = nullptr;
+  const bool bf16_grad = m.part.head && d.head == HeadKind::lm && m.precision == GemmPrecision::bf16 && !all_logits;
+  logits_grad_ld = bf16_grad ? bf16_row_stride(d.vocab_size) : 0;
   if (m.part.head) {
     if (d.head == HeadKind::lm) {
       plan.insert(plan.end(), {{&final_norm, N * C}, {&final_mean, N}, {&final_rstd, N},
                                {&logits, static_cast<size_t>(lm_rows) * d.vocab_size}, {&losses, N}});
+      if (bf16_grad) plan.push_back({&grad16, (static_cast<size_t>(lm_rows) * logits_grad_ld + 1) / 2});
     } else {
       const size_t BC = static_cast<size_t>(B) * C;
       plan.insert(plan.end(), {{&cls, BC}, {&pooled_pre, BC}, {&pooled, BC}, {&pooled_drop, BC},
@@ -288,6 +293,7 @@ void Activations::allocate(const Model& m, int B_, int T_) {
     *e.first = mem_ + off;
     off += (e.second + 15) / 16 * 16;
   }
+  logits_grad_bf16 = reinterpret_cast<uint16_t*>(grad16);
   for (Layer& L : layers)
     if (d.pre_norm) L.out = L.res_mlp;
   // The ids, then the step's scalars (zero: no bad target yet; 4·N int32 keep them 8-byte aligned).
@@ -509,8 +515,12 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
         const int rn = std::min(R, N - r0);
         const float* xc = xf + static_cast<size_t>(r0) * C;
         o.matmul_forward(a.logits, xc, W, nullptr, rn, C, d.vocab_size, head_gemm);
-        o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
-                              need_grad ? grad_scale / static_cast<float>(N) : 0.0f, bad, r0);
+        if (need_grad && a.logits_grad_bf16)
+          o.softmax_xent_bf16_grad(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
+                                   grad_scale / static_cast<float>(N), a.logits_grad_bf16, a.logits_grad_ld, bad, r0);
+        else
+          o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
+                                need_grad ? grad_scale / static_cast<float>(N) : 0.0f, bad, r0);
       }
     }
   } else {
@@ -821,7 +831,11 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
   const int N = a.B * a.T, C = d.d_model, V = d.vocab_size, R = a.lm_rows;
   const float* xf = d.final_norm ? a.final_norm : a.output();
   const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
-  const GemmMode head_gemm = gemm_reading(W);  // the head forward rounded W
+  GemmMode head_gemm = gemm_reading(W);  // the head forward rounded W
+  if (a.logits_grad_bf16) {  // the logits gradient is written in bf16, and the GEMMs read it so
+    head_gemm.dout_bf16 = a.logits_grad_bf16;
+    head_gemm.dout_ld = a.logits_grad_ld;
+  }
   // Per chunk [r0, r0 + rn), last to first: z = xf_c·W^T; z <- d loss/d z = grad_scale/N ·
   // (softmax(z) - onehot(y)) (the losses rewritten with the values head_forward wrote), unless the
   // buffer still holds it (the last chunk after the forward, or the only one; the same bits either
@@ -833,11 +847,15 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
     const float* xc = xf + static_cast<size_t>(r0) * C;
     if (!(reuse && c == chunks - 1)) {
       o.matmul_forward(a.logits, xc, W, nullptr, rn, C, V, head_gemm);
-      o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, V, a.head_grad_scale / static_cast<float>(N),
-                            &a.scalars->bad_target, r0);  // (a fused forward's target check)
+      const float scale = a.head_grad_scale / static_cast<float>(N);
+      if (a.logits_grad_bf16)  // (a fused forward's target check, either way)
+        o.softmax_xent_bf16_grad(a.logits, a.losses + r0, a.targets + r0, rn, V, scale, a.logits_grad_bf16,
+                                 a.logits_grad_ld, &a.scalars->bad_target, r0);
+      else
+        o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, V, scale, &a.scalars->bad_target, r0);
     }
-    o.matmul_backward(dxf ? dxf + static_cast<size_t>(r0) * C : nullptr, dW, nullptr, a.logits, xc, W, rn, C, V,
-                      head_gemm);
+    o.matmul_backward(dxf ? dxf + static_cast<size_t>(r0) * C : nullptr, dW, nullptr,
+                      a.logits_grad_bf16 ? nullptr : a.logits, xc, W, rn, C, V, head_gemm);
   }
   a.lm_last_grad = chunks == 1;  // the buffer holds chunk 0's gradient now
 }

@@ -79,7 +79,11 @@
 // (and the chunked LM head's recomputed logits), so the head weight is rounded once per forward
 // instead of twice per chunk. The bits are those of rounding in every op; the contract is that the
 // parameters do not change between a forward and its backward (an optimizer step comes after the
-// backward, and the next forward rounds again).
+// backward, and the next forward rounds again). The LM head's other bf16 operand, the logits
+// gradient, is written in bf16 by its producer too (softmax_xent_bf16_grad into
+// Activations::logits_grad_bf16, rows padded to a multiple of 8) and read by the head's backward
+// GEMMs as it is (GemmMode::dout_bf16): no fp32 gradient written over the logits, no conversion
+// pass over N x V; again the same bits.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -162,6 +166,12 @@ struct Activations {
   // buffer [lm_rows, V] (see "Chunked LM head"), after a forward the last chunk's logits (all
   // rows' with all_logits; with need_grad their gradient).
   float* logits = nullptr;
+  // A bf16 Model's LM head (not all_logits): the chunk's logits gradient as bf16, [lm_rows,
+  // logits_grad_ld] (ld = bf16_row_stride(V)), the head's GEMM operand, written by
+  // softmax_xent_bf16_grad instead of over `logits` ("bf16 weight copy" above); null otherwise.
+  // Where it exists, it and not `logits` holds the gradient lm_last_grad speaks of.
+  uint16_t* logits_grad_bf16 = nullptr;
+  int logits_grad_ld = 0;
   float* losses = nullptr;    // [rows]
   bool all_logits = false;    // set before allocation: the LM head keeps every row's logits
   int lm_rows = 0;            // rows of the LM head's chunk buffer

@@ -28,33 +28,19 @@ size_t attention_state_floats(const ModelDesc& d, int B, int T) {
 //   [embedding norm] emb_sum N·C, mean N, rstd N
 //   per layer: norm1 N·C, mean N, rstd N, qkv N·QKV, atty N·H·hd, att B·H·T² (fused: lse B·H·T), res_attn N·C,
 //              norm2 N·C, mean N, rstd N, fc N·FC, act N·F, res_mlp N·C, [post-norm: out N·C]
-//   LM head: final norm N·C, mean N, rstd N, logits R·V (R = lm_head_chunk_rows: the chunk buffer), losses N
+//   LM head: final norm N·C, mean N, rstd N, logits R·V (R = lm_head_chunk_rows: the chunk buffer), losses N,
+//            and with runtime.precision bf16 the logits gradient's bf16 chunk R·bf16_row_stride(V)
 //   classifier: cls, pooled_pre, pooled, pooled_drop B·C each, logits B·K, losses B
 // each rounded up to 16 floats; plus the ids (4 · N int32) and the step's scalars
 // (backend/step_scalars.h) in one allocation, and the host loss row.
-size_t activation_bytes(const ModelDesc& d, int B, int T) {
-  const size_t N = (size_t)B * T, C = d.d_model, att = attention_state_floats(d, B, T);
-  const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = (size_t)d.n_head * d.head_dim();
-  std::vector<size_t> plan = {N * C, N * C, N * C};
-  if (d.embedding_norm) plan.insert(plan.end(), {N * C, N, N});
-  for (int l = 0; l < d.n_layer; l++) {
-    plan.insert(plan.end(), {N * C, N, N, N * QKV, N * AY, att, N * C, N * C, N, N, N * FC, N * F, N * C});
-    if (!d.pre_norm) plan.push_back(N * C);
-  }
-  const size_t rows = d.head == HeadKind::lm ? N : (size_t)B;
-  if (d.head == HeadKind::lm)
-    plan.insert(plan.end(), {N * C, N, N, (size_t)lm_head_chunk_rows(d, (int)N) * d.vocab_size, N});
-  else
-    plan.insert(plan.end(), {B * C, B * C, B * C, B * C, (size_t)B * d.num_labels, (size_t)B});
-  size_t total = 0;
-  for (size_t s : plan) total += aligned16(s);
-  return total * sizeof(float) + 4 * N * sizeof(int32_t) + sizeof(StepScalars) + rows * sizeof(float);
+size_t activation_bytes(const ModelDesc& d, int B, int T, GemmPrecision precision) {
+  return activation_bytes(d, ModelPart::whole(), B, T, precision);
 }
 
 // Activations::allocate for a part: input, dresidual, tmp; the embedding norm's tensors only with
 // the embedding; blocks [l0, l1); the head's only with the head. The ids (4 · N int32) and the step's
 // scalars are always allocated, and the host loss row (Model::rows_for_loss) too.
-size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T) {
+size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T, GemmPrecision precision) {
   const size_t N = (size_t)B * T, C = d.d_model, att = attention_state_floats(d, B, T);
   const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = (size_t)d.n_head * d.head_dim();
   const int l1 = part.l1 < 0 ? d.n_layer : part.l1;
@@ -64,11 +50,13 @@ size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T)
     plan.insert(plan.end(), {N * C, N, N, N * QKV, N * AY, att, N * C, N * C, N, N, N * FC, N * F, N * C});
     if (!d.pre_norm) plan.push_back(N * C);
   }
-  if (part.head) {
-    if (d.head == HeadKind::lm)
-      plan.insert(plan.end(), {N * C, N, N, (size_t)lm_head_chunk_rows(d, (int)N) * d.vocab_size, N});
-    else
-      plan.insert(plan.end(), {B * C, B * C, B * C, B * C, (size_t)B * d.num_labels, (size_t)B});
+  if (part.head && d.head == HeadKind::lm) {
+    const size_t R = (size_t)lm_head_chunk_rows(d, (int)N);
+    plan.insert(plan.end(), {N * C, N, N, R * d.vocab_size, N});
+    // bf16: the logits gradient's bf16 chunk [R, bf16_row_stride(V)] (2-byte values, in floats)
+    if (precision == GemmPrecision::bf16) plan.push_back((R * bf16_row_stride(d.vocab_size) + 1) / 2);
+  } else if (part.head) {
+    plan.insert(plan.end(), {B * C, B * C, B * C, B * C, (size_t)B * d.num_labels, (size_t)B});
   }
   const size_t rows = d.head == HeadKind::lm ? N : (size_t)B;
   size_t total = 0;
@@ -101,8 +89,9 @@ size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
 // them side by side in one buffer (its forward inp·W^T, its backward dout, W and inp), each but the
 // last padded to 16 floats (CPU: fp32 copies) or 128 bf16 values (CUDA, whose workspace also takes
 // a quarter of headroom when it grows, and whose copy of dout has rows of a multiple of 8 values).
-// The Model hands every call its bf16 weight copy (model/transformer.h): CUDA reads it in place, so
-// W takes no scratch there; the CPU widens it into its fp32 scratch as before. The buffer grows to
+// The Model hands every call its bf16 weight copy (model/transformer.h), and the LM head's calls
+// their logits gradient in bf16: CUDA reads them in place, so they take no scratch there; the CPU
+// widens them into its fp32 scratch. The buffer grows to
 // the largest call: often the LM head's backward, over one chunk of R = lm_head_chunk_rows rows.
 size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecision precision, bool on_gpu) {
   if (precision != GemmPrecision::bf16) return 0;
@@ -111,9 +100,11 @@ size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecisio
   size_t most = 0;
   // CUDA pads a bf16 output gradient's rows to a multiple of 8 values (kernels/matmul.cu bf16_ld)
   auto ld = [&](size_t out) { return on_gpu ? (out + 7) / 8 * 8 : out; };
-  auto dense = [&](size_t rows, size_t in, size_t out) {
+  // dout_given: the call's dout comes in bf16 (the LM head's logits gradient): no copy of it on CUDA
+  auto dense = [&](size_t rows, size_t in, size_t out, bool dout_given = false) {
     const size_t w = on_gpu ? 0 : out * in;  // the weight's scratch copy (none on CUDA: the Model's copy)
-    most = std::max({most, span(rows * in) + w, span(rows * ld(out)) + span(w) + rows * in});
+    const size_t dout = on_gpu && dout_given ? 0 : rows * ld(out);
+    most = std::max({most, span(rows * in) + w, span(dout) + span(w) + rows * in});
   };
   const size_t N = (size_t)B * T, C = d.d_model, AY = (size_t)d.n_head * d.head_dim();
   dense(N, C, d.qkv_dim());
@@ -121,7 +112,7 @@ size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecisio
   dense(N, C, d.fc_dim());
   dense(N, d.ffn_dim, C);
   if (d.head == HeadKind::lm) {
-    dense((size_t)lm_head_chunk_rows(d, (int)N), C, d.vocab_size);
+    dense((size_t)lm_head_chunk_rows(d, (int)N), C, d.vocab_size, true);
   } else {
     dense(B, C, C);
     dense(B, C, d.num_labels);
@@ -157,7 +148,7 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
     if (cfg.parallel.sync != "gather_scatter") e.sync_buffers += (double)(world + 1) * largest_piece * sizeof(float);
     e.sync_buffers += (double)largest_piece * sizeof(float);
   }
-  e.activations = (double)activation_bytes(desc, local_batch, seq_len);
+  e.activations = (double)activation_bytes(desc, local_batch, seq_len, precision);
   e.scratch = (double)backward_scratch_bytes(desc, local_batch, seq_len);
   e.scratch += (double)gemm_operand_scratch_bytes(desc, local_batch, seq_len, precision, on_gpu);
   // Gradient synchronisation.

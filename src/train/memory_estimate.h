@@ -61,7 +61,8 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
                                int rank, bool on_gpu);
 
 // The bytes of one micro-batch's Activations, and of one backward's scratch (as the model allocates).
-size_t activation_bytes(const ModelDesc& desc, int B, int T);
+// With precision bf16 the activations also hold the LM head's bf16 logits-gradient chunk.
+size_t activation_bytes(const ModelDesc& desc, int B, int T, GemmPrecision precision = GemmPrecision::fp32);
 size_t backward_scratch_bytes(const ModelDesc& desc, int B, int T);
 // The scratch the dense layers' GEMMs use for their bf16 operands (0 unless precision is bf16):
 // the largest call's operands, as fp32 copies on the CPU, bf16 on the GPU.
@@ -70,7 +71,8 @@ size_t gemm_operand_scratch_bytes(const ModelDesc& desc, int B, int T, GemmPreci
 // The same for a part of the model (a pipeline chunk: model/transformer.h ModelPart), as
 // Activations::allocate lays it out for that part: the embedding norm only with the embedding, the
 // head's tensors only with the head. activation_bytes(d, B, T) equals the whole part's value.
-size_t activation_bytes(const ModelDesc& desc, const ModelPart& part, int B, int T);
+size_t activation_bytes(const ModelDesc& desc, const ModelPart& part, int B, int T,
+                        GemmPrecision precision = GemmPrecision::fp32);
 // What an input-only backward (zb-h1's BI) keeps per micro-batch in Activations::kept for that
 // part: Model::kept_floats (per block 2·N·C + N·fc + N·qkv floats, each rounded to 16; the
 // classifier head's pooler output gradient), in bytes.

@@ -171,7 +171,7 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 // Each of the three is skipped when its output is null; they are independent, so calling with
 // dinp alone and then with dweight, dbias alone gives the same bits as one call with all three.
 // bf16: the two GEMMs read rounded copies of dout, weight (for dinp) and inp (for dweight); the
-// column sum reads the fp32 dout.
+// column sum reads the fp32 dout. gemm.weight_bf16 / gemm.dout_bf16 given: widened from them.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC, GemmMode gemm) {
   check_cpu_precision(gemm.prec);
@@ -181,7 +181,15 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     const size_t nd = static_cast<size_t>(N) * OC, nw = dinp ? static_cast<size_t>(OC) * C : 0,
                  ni = dweight ? static_cast<size_t>(N) * C : 0;
     float* s = bf16_scratch(round16(nd) + round16(nw) + ni);
-    round_into_bf16(s, dout, nd);
+    if (gemm.dout_bf16 != nullptr) {  // dout given in bf16 (rows of dout_ld): widened, exact
+      const uint16_t* d16 = gemm.dout_bf16;
+      const size_t ld = static_cast<size_t>(gemm.dout_ld);
+#pragma omp parallel for schedule(static) if (nd > (1 << 18) && !omp_in_parallel())
+      for (int n = 0; n < N; n++)
+        for (int j = 0; j < OC; j++) s[static_cast<size_t>(n) * OC + j] = bf16_bits_to_float(d16[n * ld + j]);
+    } else {
+      round_into_bf16(s, dout, nd);
+    }
     dout_g = s;
     if (dinp) {
       bf16_weight_into(s + round16(nd), weight, gemm.weight_bf16, nw);

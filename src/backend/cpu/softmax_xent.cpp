@@ -1,7 +1,9 @@
 // Fused softmax + cross-entropy over the vocabulary.
 #include <cmath>
 #include <limits>
+#include <vector>
 
+#include "backend/bf16.h"
 #include "backend/cpu/cpu_ops.h"
 #include "runtime/error.h"
 
@@ -15,8 +17,9 @@ namespace llmpi::cpu {
 // for; scale), each vectorised; a 4096-float row stays in L1 between passes.
 namespace {
 
-// One row: the loss, and with grad_scale != 0 the gradient written over z.
-inline float xent_row(float* z, int y, int V, float grad_scale) {
+// One row: the loss, and with grad_scale != 0 the gradient written into g (z itself, or another
+// row: the same operations either way).
+inline float xent_row(const float* z, float* g, int y, int V, float grad_scale) {
   const float zy = z[y];
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
@@ -26,13 +29,13 @@ inline float xent_row(float* z, int y, int V, float grad_scale) {
 #pragma omp simd reduction(+ : s)
     for (int j = 0; j < V; j++) {
       const float e = fast_expf(z[j] - mx);
-      z[j] = e;
+      g[j] = e;
       s += e;
     }
     const float f = grad_scale / s;
 #pragma omp simd
-    for (int j = 0; j < V; j++) z[j] *= f;
-    z[y] -= grad_scale;
+    for (int j = 0; j < V; j++) g[j] *= f;
+    g[y] -= grad_scale;
   } else {
 #pragma omp simd reduction(+ : s)
     for (int j = 0; j < V; j++) s += fast_expf(z[j] - mx);
@@ -40,6 +43,15 @@ inline float xent_row(float* z, int y, int V, float grad_scale) {
   return std::log(s) + (mx - zy);
 }
 
+// The first bad target of rows [0, N) into *bad (encode_bad_target; max-combined).
+void record_bad_target(const int32_t* targets, int N, int V, uint64_t* bad, int row0) {
+  for (int n = 0; n < N; n++)
+    if (targets[n] < 0 || targets[n] >= V) {
+      const uint64_t key = encode_bad_target(row0 + n, targets[n]);
+      if (key > *bad) *bad = key;
+      break;  // the first bad row of this call is the largest key it can give
+    }
+}
 }  // namespace
 
 void softmax_xent(float* logits, float* losses, const int32_t* targets, int N, int V,
@@ -50,24 +62,45 @@ void softmax_xent(float* logits, float* losses, const int32_t* targets, int N, i
       fail("softmax_xent: target ", targets[n], " at row ", n, " is outside the vocabulary [0, ",
            V, "); check the data set's vocab_size against the model's");
 #pragma omp parallel for schedule(static) if (static_cast<long long>(N) * V > (1 << 15))
-  for (int n = 0; n < N; n++)
-    losses[n] = xent_row(logits + static_cast<size_t>(n) * V, targets[n], V, grad_scale);
+  for (int n = 0; n < N; n++) {
+    float* z = logits + static_cast<size_t>(n) * V;
+    losses[n] = xent_row(z, z, targets[n], V, grad_scale);
+  }
 }
 
 // The same with the bad targets recorded instead of thrown (bad rows: loss NaN, logits untouched).
 void softmax_xent_record(float* logits, float* losses, const int32_t* targets, int N, int V,
                          float grad_scale, uint64_t* bad, int row0) {
-  for (int n = 0; n < N; n++)
-    if (targets[n] < 0 || targets[n] >= V) {
-      const uint64_t key = encode_bad_target(row0 + n, targets[n]);
-      if (key > *bad) *bad = key;
-      break;  // the first bad row of this call is the largest key it can give
-    }
+  record_bad_target(targets, N, V, bad, row0);
 #pragma omp parallel for schedule(static) if (static_cast<long long>(N) * V > (1 << 15))
   for (int n = 0; n < N; n++) {
     const int y = targets[n];
-    losses[n] = y < 0 || y >= V ? std::numeric_limits<float>::quiet_NaN()
-                                : xent_row(logits + static_cast<size_t>(n) * V, y, V, grad_scale);
+    float* z = logits + static_cast<size_t>(n) * V;
+    losses[n] = y < 0 || y >= V ? std::numeric_limits<float>::quiet_NaN() : xent_row(z, z, y, V, grad_scale);
+  }
+}
+
+// The gradient of each row computed into a per-thread fp32 row by the same xent_row, then rounded
+// into grad's row (padding zero): each value softmax_xent_record would have written, rounded.
+void softmax_xent_bf16_grad(const float* logits, float* losses, const int32_t* targets, int N, int V,
+                            float grad_scale, uint16_t* grad, int ld, uint64_t* bad, int row0) {
+  if (grad_scale == 0.0f || ld < V) fail("internal: softmax_xent_bf16_grad needs grad_scale != 0 and ld >= V");
+  record_bad_target(targets, N, V, bad, row0);
+#pragma omp parallel if (static_cast<long long>(N) * V > (1 << 15))
+  {
+    std::vector<float> row(static_cast<size_t>(V));
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; n++) {
+      const int y = targets[n];
+      if (y < 0 || y >= V) {
+        losses[n] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      losses[n] = xent_row(logits + static_cast<size_t>(n) * V, row.data(), y, V, grad_scale);
+      uint16_t* g = grad + static_cast<size_t>(n) * ld;
+      for (int j = 0; j < V; j++) g[j] = float_to_bf16_bits(row[j]);
+      for (int j = V; j < ld; j++) g[j] = 0;
+    }
   }
 }
 

@@ -1,18 +1,27 @@
-// The bf16 weight copy (model/transformer.h "bf16 weight copy", backend/gemm_precision.h GemmMode):
+// The bf16 GEMM operands produced once (model/transformer.h "bf16 weight copy",
+// backend/gemm_precision.h GemmMode): the Model's bf16 weight copy and the LM head's logits
+// gradient written in bf16.
 //  - bf16_copy writes backend/bf16.h's bits (nearest even, canonical NaN) and counts its values;
-//  - the dense-layer ops read a given copy instead of rounding the weight: with the copy of the
-//    weight they give the bits of rounding it themselves, and with the copy of ANOTHER weight they
-//    give that weight's result (so the copy is what the GEMMs read); without a copy they count the
-//    weight values they round (bf16_weight_rounding_count), with one they count none;
-//  - a bf16 Model's training steps (plain, fused LM head, split backward; gpt2 with a chunked
-//    tied head, llama with grouped K/V heads, bert) have the same bits as the same steps on a
-//    backend whose dense ops ignore the copy and round in every call;
+//  - the dense-layer ops read a given weight copy instead of rounding the weight: with the copy of
+//    the weight they give the bits of rounding it themselves, and with the copy of ANOTHER weight
+//    they give that weight's result (so the copy is what the GEMMs read); without a copy they
+//    count the weight values they round (bf16_weight_rounding_count), with one they count none;
+//  - softmax_xent_bf16_grad gives softmax_xent_record's losses and its gradient rounded, with zero
+//    padding, logits untouched, bad targets recorded; matmul_backward reads a given bf16 dout
+//    (dout null) as it would have rounded the fp32 one, and a dout that is not the rounded one
+//    changes the result;
+//  - a bf16 Model's training steps (plain, fused LM head, split backward; gpt2 with a chunked tied
+//    head, llama with grouped K/V heads, bert) have the same bits as the same steps on a backend
+//    whose dense ops ignore the copies and round in every call, with the head's gradient written
+//    over the fp32 logits (Activations::logits_grad_bf16 cleared: the path before);
 //  - and in such a step every dense weight is rounded exactly once (the LM head's too, whatever
 //    its chunk count), against more than that when every op rounds; fp32 rounds nothing.
-// The CUDA cases (CudaBf16WeightCopy.*) skip without a GPU.
+// The CUDA cases (CudaBf16Operands.*) skip without a GPU.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -30,8 +39,10 @@ using namespace llmpi::test;
 
 namespace {
 
-// The backend B with dense-layer ops that drop the caller's copy (GemmMode::weight_bf16) and round
-// the weight themselves: the behaviour before the copy existed, the reference of these tests.
+// The backend B with dense-layer ops that drop the caller's copies (GemmMode::weight_bf16,
+// dout_bf16) and round their operands themselves: the behaviour before the copies existed, the
+// reference of these tests (with the Activations' logits_grad_bf16 cleared, so the Model hands
+// the LM head's GEMMs the fp32 gradient).
 template <const Ops& (*B)()>
 const Ops& rounding_in_every_op() {
   static const Ops ops = [] {
@@ -40,6 +51,7 @@ const Ops& rounding_in_every_op() {
                           GemmMode g) { B().matmul_forward(out, inp, w, b, N, C, OC, g.prec); };
     o.matmul_backward = [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                            int N, int C, int OC, GemmMode g) {
+      if (g.dout_bf16 != nullptr) std::abort();  // the reference runs without logits_grad_bf16
       B().matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, g.prec);
     };
     o.matmul_gelu_forward = [](float* pre, float* act, const float* inp, const float* w, const float* b, int N, int C,
@@ -132,6 +144,81 @@ TEST(Bf16WeightCopy, DenseOpsReadTheCopyInsteadOfTheWeight) {
   }
 }
 
+// ---- the logits gradient in bf16, CPU --------------------------------------------------------------
+
+namespace {
+// Logits [N, V] with a wide range, targets with one bad row (when bad_row >= 0).
+struct XentCase {
+  int N, V;
+  std::vector<float> logits;
+  std::vector<int32_t> targets;
+  XentCase(int N_, int V_, int bad_row, uint32_t seed) : N(N_), V(V_), logits(random_floats((size_t)N_ * V_, seed, -8.0f, 8.0f)) {
+    for (int n = 0; n < N; n++) targets.push_back((n * 7 + 3) % V);
+    if (bad_row >= 0) targets[bad_row] = V + 2;
+  }
+};
+}  // namespace
+
+TEST(Bf16LogitsGradient, IsTheRecordedGradientRoundedWithZeroPadding) {
+  for (auto [N, V, bad_row] : {std::array<int, 3>{5, 53, -1}, std::array<int, 3>{37, 1001, 11}, std::array<int, 3>{64, 4099, -1}}) {
+    const XentCase x(N, V, bad_row, 60);
+    const int ld = bf16_row_stride(V);
+    const float scale = 0.37f;
+    const std::string where = "N=" + std::to_string(N) + " V=" + std::to_string(V);
+    // the reference: the fp32 gradient over the logits
+    std::vector<float> want = x.logits, want_loss(N, -1.0f);
+    uint64_t want_bad = 0;
+    cpu_ops().softmax_xent_record(want.data(), want_loss.data(), x.targets.data(), N, V, scale, &want_bad, 100);
+    std::vector<float> logits = x.logits, loss(N, -1.0f);
+    std::vector<uint16_t> grad((size_t)N * ld, 0xABCD);
+    uint64_t bad = 0;
+    cpu_ops().softmax_xent_bf16_grad(logits.data(), loss.data(), x.targets.data(), N, V, scale, grad.data(), ld, &bad, 100);
+    EXPECT_SAME_BITS(loss, want_loss) << where;
+    EXPECT_EQ(bad, want_bad) << where;
+    EXPECT_EQ(bad != 0, bad_row >= 0) << where;
+    EXPECT_SAME_BITS(logits, x.logits) << where << ": the logits are left as they are";
+    size_t wrong = 0, pad = 0;
+    for (int n = 0; n < N; n++) {
+      if (n == bad_row) continue;
+      for (int j = 0; j < ld; j++) {
+        const uint16_t g = grad[(size_t)n * ld + j];
+        if (j < V) wrong += g != float_to_bf16_bits(want[(size_t)n * V + j]);
+        else pad += g != 0;
+      }
+    }
+    EXPECT_EQ(wrong, 0u) << where;
+    EXPECT_EQ(pad, 0u) << where << ": padding not zero";
+  }
+}
+
+TEST(Bf16LogitsGradient, MatmulBackwardReadsTheBf16Dout) {
+  for (const DenseCase& s : kDense) {
+    const int ld = bf16_row_stride(s.OC);
+    const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
+    const auto x = random_floats(nx, 61), w = random_floats(nw, 62), dout = random_floats(nd, 63),
+               dx0 = random_floats(nx, 64), dw0 = random_floats(nw, 65);
+    std::vector<uint16_t> d16((size_t)s.N * ld, 0x3F80 /* padding 1.0: must not be read */);
+    for (int n = 0; n < s.N; n++)
+      for (int j = 0; j < s.OC; j++) d16[(size_t)n * ld + j] = float_to_bf16_bits(dout[(size_t)n * s.OC + j]);
+    const std::string where = "N=" + std::to_string(s.N) + " OC=" + std::to_string(s.OC);
+    auto want_x = dx0, want_w = dw0, got_x = dx0, got_w = dw0;
+    cpu_ops().matmul_backward(want_x.data(), want_w.data(), nullptr, dout.data(), x.data(), w.data(), s.N, s.C, s.OC,
+                              kBf16);
+    GemmMode g(kBf16);
+    g.dout_bf16 = d16.data();
+    g.dout_ld = ld;
+    cpu_ops().matmul_backward(got_x.data(), got_w.data(), nullptr, nullptr, x.data(), w.data(), s.N, s.C, s.OC, g);
+    EXPECT_SAME_BITS(got_x, want_x) << where;
+    EXPECT_SAME_BITS(got_w, want_w) << where;
+    // Another dout in bf16 changes both.
+    d16[0] ^= 0x0100;
+    auto other_x = dx0, other_w = dw0;
+    cpu_ops().matmul_backward(other_x.data(), other_w.data(), nullptr, nullptr, x.data(), w.data(), s.N, s.C, s.OC, g);
+    EXPECT_NE(bit_difference(other_x, want_x), "") << where;
+    EXPECT_NE(bit_difference(other_w, want_w), "") << where;
+  }
+}
+
 // ---- the Model ----------------------------------------------------------------------------------------
 
 namespace {
@@ -183,11 +270,14 @@ struct StepResult {
   std::vector<float> losses, params, grads;
 };
 
-// `steps` AdamW steps of a bf16 model of d on backend o, from the same initial values and batches.
-StepResult train_bf16(const ModelDesc& d, const Ops& o, StepKind kind, int steps) {
+// `steps` AdamW steps of a bf16 model of d on backend o, from the same initial values and batches;
+// `reference`: the LM head's gradient in fp32 over the logits (logits_grad_bf16 cleared).
+StepResult train_bf16(const ModelDesc& d, const Ops& o, StepKind kind, int steps, bool reference) {
   const int B = 4, T = 16;
   Model m(d, o, ModelPart::whole(), kBf16);
   Activations a(m, B, T);
+  EXPECT_EQ(a.logits_grad_bf16 != nullptr, d.head == HeadKind::lm);
+  if (reference) a.logits_grad_bf16 = nullptr;
   m.init_params(3);
   std::vector<RandomBatch> data;
   data.reserve(2);
@@ -240,8 +330,8 @@ TEST_P(Bf16WeightCopyModel, StepsHaveTheBitsOfRoundingInEveryOp) {
   const WeightCopyFamily& c = GetParam();
   const ModelDesc d = copy_desc(c);
   for (StepKind kind : {StepKind::plain, StepKind::fused_head, StepKind::split_backward}) {
-    const StepResult want = train_bf16(d, rounding_in_every_op<cpu_ops>(), kind, 3);
-    const StepResult got = train_bf16(d, cpu_ops(), kind, 3);
+    const StepResult want = train_bf16(d, rounding_in_every_op<cpu_ops>(), kind, 3, true);
+    const StepResult got = train_bf16(d, cpu_ops(), kind, 3, false);
     const std::string where = std::string(c.name) + ", " + step_name(kind);
     EXPECT_SAME_BITS(got.losses, want.losses) << where;
     EXPECT_SAME_BITS(got.grads, want.grads) << where;
@@ -265,6 +355,7 @@ TEST_P(Bf16WeightCopyModel, EachDenseWeightIsRoundedOncePerStep) {
     // Rounding in every op rounds more: the backward's input gradients round the weights again.
     Model r(d, rounding_in_every_op<cpu_ops>(), ModelPart::whole(), kBf16);
     Activations ra(r, B, T);
+    ra.logits_grad_bf16 = nullptr;
     r.init_params(3);
     c0 = cpu_ops().bf16_weight_rounding_count();
     train_step(r, ra, batch.b, kind);
@@ -284,7 +375,7 @@ INSTANTIATE_TEST_SUITE_P(Families, Bf16WeightCopyModel, ::testing::ValuesIn(kFam
 
 // ---- CUDA ----------------------------------------------------------------------------------------------
 
-TEST(CudaBf16WeightCopy, Bf16CopyEqualsTheHostRounding) {
+TEST(CudaBf16Operands, Bf16CopyEqualsTheHostRounding) {
   REQUIRE_GPU();
   std::vector<float> x = random_floats(100003, 8, -3.0f, 3.0f);
   x.insert(x.end(), {0.0f, -0.0f, 1.00390625f, std::numeric_limits<float>::infinity(),
@@ -296,7 +387,7 @@ TEST(CudaBf16WeightCopy, Bf16CopyEqualsTheHostRounding) {
   EXPECT_EQ(got, host_bits(x));
 }
 
-TEST(CudaBf16WeightCopy, DenseOpsWithTheCopyEqualRoundingInTheOp) {
+TEST(CudaBf16Operands, DenseOpsWithTheCopyEqualRoundingInTheOp) {
   REQUIRE_GPU();
   const Ops& o = gpu();
   for (const DenseCase& s : kDense) {
@@ -321,13 +412,70 @@ TEST(CudaBf16WeightCopy, DenseOpsWithTheCopyEqualRoundingInTheOp) {
   }
 }
 
-TEST(CudaBf16WeightCopy, ModelStepsHaveTheBitsOfRoundingInEveryOp) {
+TEST(CudaBf16Operands, LogitsGradientIsTheRecordedOneRounded) {
+  REQUIRE_GPU();
+  for (auto [N, V, bad_row] : {std::array<int, 3>{37, 1001, 11}, std::array<int, 3>{64, 50257, -1}}) {
+    const XentCase x(N, V, bad_row, 66);
+    const int ld = bf16_row_stride(V);
+    const std::string where = "N=" + std::to_string(N) + " V=" + std::to_string(V);
+    Dev want(x.logits), want_loss(nans(N)), logits(x.logits), loss(nans(N)), grad((size_t)N * ld * sizeof(uint16_t)),
+        flags(std::vector<uint64_t>{0, 0}), targets(x.targets);
+    gpu().softmax_xent_record(want.f(), want_loss.f(), targets.i(), N, V, 0.37f, static_cast<uint64_t*>(flags.p), 100);
+    gpu().copy_to_device(grad.p, std::vector<uint16_t>((size_t)N * ld, 0xABCD).data(), grad.bytes);
+    gpu().softmax_xent_bf16_grad(logits.f(), loss.f(), targets.i(), N, V, 0.37f, static_cast<uint16_t*>(grad.p), ld,
+                                 static_cast<uint64_t*>(flags.p) + 1, 100);
+    EXPECT_SAME_BITS(loss.get(), want_loss.get()) << where;
+    EXPECT_SAME_BITS(logits.get(), x.logits) << where;
+    std::vector<uint64_t> f(2);
+    gpu().copy_to_host(f.data(), flags.p, sizeof(uint64_t) * 2);
+    EXPECT_EQ(f[0], f[1]) << where;
+    std::vector<uint16_t> g((size_t)N * ld);
+    gpu().copy_to_host(g.data(), grad.p, grad.bytes);
+    const auto w = want.get();
+    size_t wrong = 0, pad = 0;
+    for (int n = 0; n < N; n++) {
+      if (n == bad_row) continue;
+      for (int j = 0; j < ld; j++) {
+        if (j < V) wrong += g[(size_t)n * ld + j] != float_to_bf16_bits(w[(size_t)n * V + j]);
+        else pad += g[(size_t)n * ld + j] != 0;
+      }
+    }
+    EXPECT_EQ(wrong, 0u) << where;
+    EXPECT_EQ(pad, 0u) << where;
+  }
+}
+
+TEST(CudaBf16Operands, MatmulBackwardReadsTheBf16Dout) {
+  REQUIRE_GPU();
+  for (const DenseCase& s : kDense) {
+    const int ld = bf16_row_stride(s.OC);
+    const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
+    const auto dout = random_floats(nd, 63);
+    std::vector<uint16_t> h16((size_t)s.N * ld, 0);
+    for (int n = 0; n < s.N; n++)
+      for (int j = 0; j < s.OC; j++) h16[(size_t)n * ld + j] = float_to_bf16_bits(dout[(size_t)n * s.OC + j]);
+    Dev x(random_floats(nx, 61)), w(random_floats(nw, 62)), d(dout), d16(h16.size() * sizeof(uint16_t)),
+        want_x(random_floats(nx, 64)), want_w(random_floats(nw, 65)), got_x(random_floats(nx, 64)),
+        got_w(random_floats(nw, 65));
+    gpu().copy_to_device(d16.p, h16.data(), d16.bytes);
+    gpu().matmul_backward(want_x.f(), want_w.f(), nullptr, d.f(), x.f(), w.f(), s.N, s.C, s.OC, kBf16);
+    GemmMode g(kBf16);
+    g.dout_bf16 = static_cast<const uint16_t*>(d16.p);
+    g.dout_ld = ld;
+    gpu().matmul_backward(got_x.f(), got_w.f(), nullptr, nullptr, x.f(), w.f(), s.N, s.C, s.OC, g);
+    const std::string where = "N=" + std::to_string(s.N) + " OC=" + std::to_string(s.OC);
+    EXPECT_SAME_BITS(got_x.get(), want_x.get()) << where;
+    EXPECT_SAME_BITS(got_w.get(), want_w.get()) << where;
+  }
+}
+
+TEST(CudaBf16Operands, ModelStepsHaveTheBitsOfRoundingInEveryOp) {
   REQUIRE_GPU();
   for (const WeightCopyFamily& c : kFamilies) {
     const ModelDesc d = copy_desc(c);
     for (StepKind kind : {StepKind::plain, StepKind::fused_head}) {
-      const StepResult want = train_bf16(d, rounding_in_every_op<cuda_ops>(), kind, 2);
-      const StepResult got = train_bf16(d, gpu(), kind, 2);
+      const StepResult want = train_bf16(d, rounding_in_every_op<cuda_ops>(), kind, 2, true);
+      const StepResult got = train_bf16(d, gpu(), kind, 2, false);
       const std::string where = std::string(c.name) + ", " + step_name(kind);
       EXPECT_SAME_BITS(got.losses, want.losses) << where;
       EXPECT_SAME_BITS(got.grads, want.grads) << where;
