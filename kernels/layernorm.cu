@@ -20,10 +20,15 @@
 // The column sums are deterministic (no atomics): partial sums over fixed chunks of kChunkRows
 // rows, one thread per column (coalesced), then the chunks added in order.
 //
+// Every forward may also (or only: out null) write its output rounded to bf16 (out_bf16, a bf16
+// GEMM's input kept in bf16): the same value rounded, stored next to or instead of the fp32 one.
+//
 // The row kernels (one warp per row) are templated on V, the floats per access
 // (vector_access.cuh): V = 4 (128-bit loads and stores) when C % 4 == 0 and the rows are 16-byte
 // aligned, else V = 1. A lane sums its quads q = lane, lane + 32, ... and within a quad in index
 // order; V = 1 is the plain c = lane, lane + 32, ... order.
+#include <cuda_bf16.h>
+
 #include "cuda_common.cuh"
 #include "vector_access.cuh"
 
@@ -35,11 +40,34 @@ constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 constexpr int kChunkRows = 32;
 constexpr int kColThreads = 256;
 
+// V output values of a norm: fp32 into o and / or their bf16 rounding into o16 (either may be
+// null: out_bf16 of op_list.h). With V = 4 the bf16 store is one 8-byte access.
+template <int V>
+__device__ __forceinline__ void store_output(float* o, __nv_bfloat16* o16, const Floats<V>& v) {
+  if (o) store_floats<V>(o, v);
+  if (!o16) return;
+  if constexpr (V == 4) {
+    __nv_bfloat162 pair[2] = {__floats2bfloat162_rn(v.v[0], v.v[1]), __floats2bfloat162_rn(v.v[2], v.v[3])};
+    *reinterpret_cast<uint2*>(o16) = *reinterpret_cast<const uint2*>(pair);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; j++) o16[j] = __float2bfloat16_rn(v.v[j]);
+  }
+}
+
+// The V rule of a norm's forward: V = 4 when its rows (C floats) at out, inp and the parameters
+// are float4-aligned and the bf16 output's rows 8-byte aligned (null pointers ignored), so that an
+// op writing only the bf16 output sums in the order of one writing the fp32 one.
+inline bool norm_vec4(int C, std::initializer_list<const void*> f32, const void* out16) {
+  return vec4_rows(C, f32) && reinterpret_cast<uintptr_t>(out16) % 8 == 0;
+}
+
 // The rest of a LayerNorm row (one warp) once each lane holds its part s of the row's sum: the
 // mean, the variance (a second pass over x), the output and the saved mean and rstd. Shared by
 // layernorm_forward_kernel and the fused residual + norm, so that both give the same bits.
 template <int V>
-__device__ __forceinline__ void layernorm_row_finish(float* __restrict__ o, float* __restrict__ mean,
+__device__ __forceinline__ void layernorm_row_finish(float* __restrict__ o, __nv_bfloat16* __restrict__ o16,
+                                                     float* __restrict__ mean,
                                                      float* __restrict__ rstd, const float* x,
                                                      const float* __restrict__ weight,
                                                      const float* __restrict__ bias, float s, int n,
@@ -62,7 +90,7 @@ __device__ __forceinline__ void layernorm_row_finish(float* __restrict__ o, floa
     Floats<V> ov;
 #pragma unroll
     for (int j = 0; j < V; j++) ov.v[j] = (xv.v[j] - m) * r * wv.v[j] + bv.v[j];
-    store_floats<V>(o + q * V, ov);
+    store_output<V>(o ? o + q * V : nullptr, o16 ? o16 + q * V : nullptr, ov);
   }
   if (lane == 0) {
     mean[n] = m;
@@ -72,7 +100,8 @@ __device__ __forceinline__ void layernorm_row_finish(float* __restrict__ o, floa
 
 // The same for RMSNorm, from each lane's part ss of the row's sum of squares.
 template <int V>
-__device__ __forceinline__ void rmsnorm_row_finish(float* __restrict__ o, float* __restrict__ rstd,
+__device__ __forceinline__ void rmsnorm_row_finish(float* __restrict__ o, __nv_bfloat16* __restrict__ o16,
+                                                   float* __restrict__ rstd,
                                                    const float* x, const float* __restrict__ weight,
                                                    float ss, int n, int C, float eps, int lane) {
   const int Q = C / V;
@@ -82,13 +111,14 @@ __device__ __forceinline__ void rmsnorm_row_finish(float* __restrict__ o, float*
     Floats<V> ov;
 #pragma unroll
     for (int j = 0; j < V; j++) ov.v[j] = xv.v[j] * r * wv.v[j];
-    store_floats<V>(o + q * V, ov);
+    store_output<V>(o ? o + q * V : nullptr, o16 ? o16 + q * V : nullptr, ov);
   }
   if (lane == 0) rstd[n] = r;
 }
 
 template <int V>
-__global__ void layernorm_forward_kernel(float* __restrict__ out, float* __restrict__ mean,
+__global__ void layernorm_forward_kernel(float* __restrict__ out, __nv_bfloat16* __restrict__ out16,
+                                         float* __restrict__ mean,
                                          float* __restrict__ rstd, const float* __restrict__ inp,
                                          const float* __restrict__ weight,
                                          const float* __restrict__ bias, int N, int C,
@@ -104,7 +134,9 @@ __global__ void layernorm_forward_kernel(float* __restrict__ out, float* __restr
 #pragma unroll
     for (int j = 0; j < V; j++) s += xv.v[j];
   }
-  layernorm_row_finish<V>(out + static_cast<size_t>(n) * C, mean, rstd, x, weight, bias, s, n, C, eps, lane);
+  const size_t row = static_cast<size_t>(n) * C;
+  layernorm_row_finish<V>(out ? out + row : nullptr, out16 ? out16 + row : nullptr, mean, rstd, x, weight, bias, s,
+                          n, C, eps, lane);
 }
 
 template <int V>
@@ -192,7 +224,8 @@ __global__ void layernorm_dparams_final_kernel(float* __restrict__ dweight,
 // parameters, so both sum in the same order; a and b are read as float4 only where ab_vec says
 // they are aligned.
 template <bool kLayerNorm, int V>
-__global__ void residual_norm_forward_kernel(float* res, float* __restrict__ out, float* __restrict__ mean,
+__global__ void residual_norm_forward_kernel(float* res, float* __restrict__ out, __nv_bfloat16* __restrict__ out16,
+                                             float* __restrict__ mean,
                                              float* __restrict__ rstd, const float* a, const float* b,
                                              const float* __restrict__ weight, const float* __restrict__ bias,
                                              int N, int C, float eps, bool ab_vec) {
@@ -202,7 +235,8 @@ __global__ void residual_norm_forward_kernel(float* res, float* __restrict__ out
   const int Q = C / V;
   const size_t row = static_cast<size_t>(n) * C;
   float* x = res + row;
-  float* o = out + row;
+  float* o = out ? out + row : nullptr;
+  __nv_bfloat16* o16 = out16 ? out16 + row : nullptr;
   float s = 0.0f;
   for (int q = lane; q < Q; q += 32) {
     const Floats<V> av = load_floats_any<V>(a + row + q * V, ab_vec),
@@ -217,13 +251,14 @@ __global__ void residual_norm_forward_kernel(float* res, float* __restrict__ out
     store_floats<V>(x + q * V, xv);
   }
   if constexpr (kLayerNorm)
-    layernorm_row_finish<V>(o, mean, rstd, x, weight, bias, s, n, C, eps, lane);
+    layernorm_row_finish<V>(o, o16, mean, rstd, x, weight, bias, s, n, C, eps, lane);
   else
-    rmsnorm_row_finish<V>(o, rstd, x, weight, s, n, C, eps, lane);
+    rmsnorm_row_finish<V>(o, o16, rstd, x, weight, s, n, C, eps, lane);
 }
 
 template <int V>
-__global__ void rmsnorm_forward_kernel(float* __restrict__ out, float* __restrict__ rstd,
+__global__ void rmsnorm_forward_kernel(float* __restrict__ out, __nv_bfloat16* __restrict__ out16,
+                                       float* __restrict__ rstd,
                                        const float* __restrict__ inp,
                                        const float* __restrict__ weight, int N, int C, float eps) {
   const int n = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
@@ -237,7 +272,9 @@ __global__ void rmsnorm_forward_kernel(float* __restrict__ out, float* __restric
 #pragma unroll
     for (int j = 0; j < V; j++) ss += xv.v[j] * xv.v[j];
   }
-  rmsnorm_row_finish<V>(out + static_cast<size_t>(n) * C, rstd, x, weight, ss, n, C, eps, lane);
+  const size_t row = static_cast<size_t>(n) * C;
+  rmsnorm_row_finish<V>(out ? out + row : nullptr, out16 ? out16 + row : nullptr, rstd, x, weight, ss, n, C, eps,
+                        lane);
 }
 
 template <int V>
@@ -300,15 +337,16 @@ __global__ void rmsnorm_dweight_final_kernel(float* __restrict__ dweight,
 }  // namespace
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C, float eps) {
+                       const float* bias, int N, int C, float eps, uint16_t* out_bf16) {
   if (N <= 0 || C <= 0) return;
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  if (vec4_rows(C, {out, inp, weight, bias}))
+  auto* o16 = reinterpret_cast<__nv_bfloat16*>(out_bf16);
+  if (norm_vec4(C, {out, inp, weight, bias}, o16))
     layernorm_forward_kernel<4><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
-        out, mean, rstd, inp, weight, bias, N, C, eps);
+        out, o16, mean, rstd, inp, weight, bias, N, C, eps);
   else
     layernorm_forward_kernel<1><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
-        out, mean, rstd, inp, weight, bias, N, C, eps);
+        out, o16, mean, rstd, inp, weight, bias, N, C, eps);
   LLMPI_LAUNCH_CHECK("layernorm_forward");
 }
 
@@ -338,42 +376,45 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
                                 const float* b, const float* weight, const float* bias, int N, int C,
-                                float eps) {
+                                float eps, uint16_t* out_bf16) {
   if (N <= 0 || C <= 0) return;
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   const bool ab_vec = vec4_rows(C, {a, b});
-  if (vec4_rows(C, {out, res, weight, bias}))  // layernorm_forward's rule, with inp = res
+  auto* o16 = reinterpret_cast<__nv_bfloat16*>(out_bf16);
+  if (norm_vec4(C, {out, res, weight, bias}, o16))  // layernorm_forward's rule, with inp = res
     residual_norm_forward_kernel<true, 4><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
-        res, out, mean, rstd, a, b, weight, bias, N, C, eps, ab_vec);
+        res, out, o16, mean, rstd, a, b, weight, bias, N, C, eps, ab_vec);
   else
     residual_norm_forward_kernel<true, 1><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
-        res, out, mean, rstd, a, b, weight, bias, N, C, eps, false);
+        res, out, o16, mean, rstd, a, b, weight, bias, N, C, eps, false);
   LLMPI_LAUNCH_CHECK("residual_layernorm_forward");
 }
 
 void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
-                              const float* weight, int N, int C, float eps) {
+                              const float* weight, int N, int C, float eps, uint16_t* out_bf16) {
   if (N <= 0 || C <= 0) return;
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   const bool ab_vec = vec4_rows(C, {a, b});
-  if (vec4_rows(C, {out, res, weight}))  // rmsnorm_forward's rule, with inp = res
+  auto* o16 = reinterpret_cast<__nv_bfloat16*>(out_bf16);
+  if (norm_vec4(C, {out, res, weight}, o16))  // rmsnorm_forward's rule, with inp = res
     residual_norm_forward_kernel<false, 4><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
-        res, out, nullptr, rstd, a, b, weight, nullptr, N, C, eps, ab_vec);
+        res, out, o16, nullptr, rstd, a, b, weight, nullptr, N, C, eps, ab_vec);
   else
     residual_norm_forward_kernel<false, 1><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(
-        res, out, nullptr, rstd, a, b, weight, nullptr, N, C, eps, false);
+        res, out, o16, nullptr, rstd, a, b, weight, nullptr, N, C, eps, false);
   LLMPI_LAUNCH_CHECK("residual_rmsnorm_forward");
 }
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
-                     float eps) {
+                     float eps, uint16_t* out_bf16) {
   if (N <= 0 || C <= 0) return;
   const int blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  if (vec4_rows(C, {out, inp, weight}))
-    rmsnorm_forward_kernel<4><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(out, rstd, inp,
+  auto* o16 = reinterpret_cast<__nv_bfloat16*>(out_bf16);
+  if (norm_vec4(C, {out, inp, weight}, o16))
+    rmsnorm_forward_kernel<4><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(out, o16, rstd, inp,
                                                                                   weight, N, C, eps);
   else
-    rmsnorm_forward_kernel<1><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(out, rstd, inp,
+    rmsnorm_forward_kernel<1><<<blocks, 32 * kRowsPerBlock, 0, compute_stream()>>>(out, o16, rstd, inp,
                                                                                   weight, N, C, eps);
   LLMPI_LAUNCH_CHECK("rmsnorm_forward");
 }

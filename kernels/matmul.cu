@@ -206,11 +206,15 @@ struct GemmOperands {
 };
 GemmOperands forward_operands(const float* inp, const float* weight, int N, int C, int OC, const GemmMode& gemm) {
   if (gemm.prec != GemmPrecision::bf16) return {inp, weight};
-  const size_t ni = static_cast<size_t>(N) * C, nw = gemm.weight_bf16 ? 0 : static_cast<size_t>(OC) * C;
+  // the input: the caller's bf16 copy (gemm.inp_bf16), or converted here
+  const size_t ni = gemm.inp_bf16 ? 0 : static_cast<size_t>(N) * C, nw = gemm.weight_bf16 ? 0 : static_cast<size_t>(OC) * C;
   auto* ws = static_cast<__nv_bfloat16*>(workspace(kWsGemm, (bf16_span(ni) + nw) * sizeof(__nv_bfloat16)));
-  __nv_bfloat16* inp16 = ws;
-  to_bf16(inp16, inp, ni);
-  return {inp16, bf16_weight(ws + bf16_span(ni), weight, gemm, static_cast<size_t>(OC) * C)};
+  const void* x = gemm.inp_bf16;
+  if (x == nullptr) {
+    to_bf16(ws, inp, ni);
+    x = ws;
+  }
+  return {x, bf16_weight(ws + bf16_span(ni), weight, gemm, static_cast<size_t>(OC) * C)};
 }
 
 // out[n, j] = x[n, :]·W[j, :] (+ bias[j]) through cuBLASLt with the given epilogue.
@@ -369,7 +373,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     const int ldd = given ? gemm.dout_ld : bf16_ld(OC);
     const size_t nd = given ? 0 : static_cast<size_t>(N) * ldd,
                  nw = dinp && !gemm.weight_bf16 ? static_cast<size_t>(OC) * C : 0,
-                 ni = dweight ? static_cast<size_t>(N) * C : 0;
+                 ni = dweight && !gemm.inp_bf16 ? static_cast<size_t>(N) * C : 0;
     auto* ws = static_cast<__nv_bfloat16*>(
         workspace(kWsGemm, (bf16_span(nd) + bf16_span(nw) + ni) * sizeof(__nv_bfloat16)));
     __nv_bfloat16 *dout16 = ws, *w16 = ws + bf16_span(nd), *inp16 = w16 + bf16_span(nw);
@@ -378,9 +382,13 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     if (dinp != nullptr)
       gemm_bf16_rm(false, false, N, C, OC, d16, ldd, bf16_weight(w16, weight, gemm, static_cast<size_t>(OC) * C), C,
                    1.0f, dinp, C);
-    if (dweight != nullptr) {
-      to_bf16(inp16, inp, ni);
-      gemm_bf16_rm(true, false, OC, C, N, d16, ldd, inp16, C, 1.0f, dweight, C);
+    if (dweight != nullptr) {  // the input: the caller's bf16 copy, or converted here
+      const __nv_bfloat16* x16 = reinterpret_cast<const __nv_bfloat16*>(gemm.inp_bf16);
+      if (x16 == nullptr) {
+        to_bf16(inp16, inp, ni);
+        x16 = inp16;
+      }
+      gemm_bf16_rm(true, false, OC, C, N, d16, ldd, x16, C, 1.0f, dweight, C);
     }
   }
   if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);

@@ -6,14 +6,17 @@
 //    the weight they give the bits of rounding it themselves, and with the copy of ANOTHER weight
 //    they give that weight's result (so the copy is what the GEMMs read); without a copy they
 //    count the weight values they round (bf16_weight_rounding_count), with one they count none;
+//  - the norm forwards' bf16 output is their fp32 output rounded, with or without the fp32 one;
+//    the GEMMs read a bf16 input (inp null) as they would have rounded the fp32 one;
 //  - softmax_xent_bf16_grad gives softmax_xent_record's losses and its gradient rounded, with zero
 //    padding, logits untouched, bad targets recorded; matmul_backward reads a given bf16 dout
 //    (dout null) as it would have rounded the fp32 one, and a dout that is not the rounded one
 //    changes the result;
 //  - a bf16 Model's training steps (plain, fused LM head, split backward; gpt2 with a chunked tied
 //    head, llama with grouped K/V heads, bert) have the same bits as the same steps on a backend
-//    whose dense ops ignore the copies and round in every call, with the head's gradient written
-//    over the fp32 logits (Activations::logits_grad_bf16 cleared: the path before);
+//    whose dense ops ignore the weight copy and round in every call, with every activation in fp32
+//    (Activations::bf16_operands false: the path before) — so the norms' outputs kept only in bf16
+//    and the LM head's logits gradient written in bf16 give the same bits too;
 //  - and in such a step every dense weight is rounded exactly once (the LM head's too, whatever
 //    its chunk count), against more than that when every op rounds; fp32 rounds nothing.
 // The CUDA cases (CudaBf16Operands.*) skip without a GPU.
@@ -41,17 +44,20 @@ namespace {
 
 // The backend B with dense-layer ops that drop the caller's copies (GemmMode::weight_bf16,
 // dout_bf16) and round their operands themselves: the behaviour before the copies existed, the
-// reference of these tests (with the Activations' logits_grad_bf16 cleared, so the Model hands
-// the LM head's GEMMs the fp32 gradient).
+// reference of these tests (with Activations::bf16_operands false, so the Model keeps every
+// activation in fp32 and hands the GEMMs fp32 operands).
 template <const Ops& (*B)()>
 const Ops& rounding_in_every_op() {
   static const Ops ops = [] {
     Ops o = B();
     o.matmul_forward = [](float* out, const float* inp, const float* w, const float* b, int N, int C, int OC,
-                          GemmMode g) { B().matmul_forward(out, inp, w, b, N, C, OC, g.prec); };
+                          GemmMode g) {
+      if (g.inp_bf16 != nullptr) std::abort();
+      B().matmul_forward(out, inp, w, b, N, C, OC, g.prec);
+    };
     o.matmul_backward = [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                            int N, int C, int OC, GemmMode g) {
-      if (g.dout_bf16 != nullptr) std::abort();  // the reference runs without logits_grad_bf16
+      if (g.dout_bf16 != nullptr || g.inp_bf16 != nullptr) std::abort();  // the reference has none
       B().matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, g.prec);
     };
     o.matmul_gelu_forward = [](float* pre, float* act, const float* inp, const float* w, const float* b, int N, int C,
@@ -219,6 +225,89 @@ TEST(Bf16LogitsGradient, MatmulBackwardReadsTheBf16Dout) {
   }
 }
 
+// ---- the norms' outputs in bf16, CPU ----------------------------------------------------------------
+
+namespace {
+// The four norm forwards on backend o: LayerNorm, RMSNorm and the two fused residual + norm ops,
+// writing out (may be null) and out16 (may be null); the fp32 outputs and the bf16 bits, in order.
+struct NormOutputs {
+  std::vector<float> f32;
+  std::vector<uint16_t> b16;
+};
+NormOutputs norm_outputs(const Ops& o, int N, int C, bool with_f32, bool with_b16, float* x, float* a, float* b,
+                         float* res, float* w, float* bias, float* out, uint16_t* out16, float* mean, float* rstd) {
+  NormOutputs r;
+  const size_t n = (size_t)N * C;
+  for (int k = 0; k < 4; k++) {
+    float* of = with_f32 ? out : nullptr;
+    uint16_t* ob = with_b16 ? out16 : nullptr;
+    switch (k) {
+      case 0: o.layernorm_forward(of, mean, rstd, x, w, bias, N, C, 1e-5f, ob); break;
+      case 1: o.rmsnorm_forward(of, rstd, x, w, N, C, 1e-6f, ob); break;
+      case 2: o.residual_layernorm_forward(res, of, mean, rstd, a, b, w, bias, N, C, 1e-5f, ob); break;
+      case 3: o.residual_rmsnorm_forward(res, of, rstd, a, b, w, N, C, 1e-6f, ob); break;
+    }
+    if (with_f32) {
+      std::vector<float> h(n);
+      o.copy_to_host(h.data(), out, n * sizeof(float));
+      r.f32.insert(r.f32.end(), h.begin(), h.end());
+    }
+    if (with_b16) {
+      std::vector<uint16_t> h(n);
+      o.copy_to_host(h.data(), out16, n * sizeof(uint16_t));
+      r.b16.insert(r.b16.end(), h.begin(), h.end());
+    }
+  }
+  return r;
+}
+// Every value of v rounded (bf16 bits).
+std::vector<uint16_t> rounded_bits(const std::vector<float>& v) { return host_bits(v); }
+}  // namespace
+
+TEST(Bf16NormOutput, IsTheFp32OutputRoundedWithOrWithoutIt) {
+  for (auto [N, C] : {std::array<int, 2>{7, 70}, std::array<int, 2>{300, 768}}) {
+    const size_t n = (size_t)N * C;
+    auto x = random_floats(n, 70, -2.0f, 3.0f), a = random_floats(n, 71), b = random_floats(n, 72),
+         w = random_floats(C, 73), bias = random_floats(C, 74);
+    std::vector<float> res(n), out(n), mean(N), rstd(N);
+    std::vector<uint16_t> out16(n);
+    auto run = [&](bool f32, bool b16) {
+      std::fill(out.begin(), out.end(), kNaN);
+      std::fill(out16.begin(), out16.end(), 0xABCD);
+      return norm_outputs(cpu_ops(), N, C, f32, b16, x.data(), a.data(), b.data(), res.data(), w.data(), bias.data(),
+                          out.data(), out16.data(), mean.data(), rstd.data());
+    };
+    const std::string where = "N=" + std::to_string(N) + " C=" + std::to_string(C);
+    const NormOutputs fp32 = run(true, false), both = run(true, true), only = run(false, true);
+    EXPECT_SAME_BITS(both.f32, fp32.f32) << where;
+    EXPECT_EQ(both.b16, rounded_bits(fp32.f32)) << where;
+    EXPECT_EQ(only.b16, both.b16) << where << ": the bf16 output alone";
+  }
+}
+
+TEST(Bf16NormOutput, GemmsReadTheBf16Input) {
+  for (const DenseCase& s : kDense) {
+    const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
+    const auto x = random_floats(nx, 75), w = random_floats(nw, 76), b = random_floats(s.OC, 77),
+               dout = random_floats(nd, 78), dw0 = random_floats(nw, 79);
+    const auto x16 = host_bits(x);
+    GemmMode g(kBf16);
+    g.inp_bf16 = x16.data();
+    const std::string where = "N=" + std::to_string(s.N) + " OC=" + std::to_string(s.OC);
+    std::vector<float> want(nd), got(nd, kNaN), pre(nd), act(nd, kNaN), want_act(nd);
+    cpu_ops().matmul_forward(want.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC, kBf16);
+    cpu_ops().matmul_forward(got.data(), nullptr, w.data(), b.data(), s.N, s.C, s.OC, g);
+    EXPECT_SAME_BITS(got, want) << where;
+    cpu_ops().matmul_gelu_forward(pre.data(), want_act.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC, kBf16);
+    cpu_ops().matmul_gelu_forward(pre.data(), act.data(), nullptr, w.data(), b.data(), s.N, s.C, s.OC, g);
+    EXPECT_SAME_BITS(act, want_act) << where;
+    auto want_w = dw0, got_w = dw0;
+    cpu_ops().matmul_backward(nullptr, want_w.data(), nullptr, dout.data(), x.data(), nullptr, s.N, s.C, s.OC, kBf16);
+    cpu_ops().matmul_backward(nullptr, got_w.data(), nullptr, dout.data(), nullptr, nullptr, s.N, s.C, s.OC, g);
+    EXPECT_SAME_BITS(got_w, want_w) << where;
+  }
+}
+
 // ---- the Model ----------------------------------------------------------------------------------------
 
 namespace {
@@ -275,9 +364,12 @@ struct StepResult {
 StepResult train_bf16(const ModelDesc& d, const Ops& o, StepKind kind, int steps, bool reference) {
   const int B = 4, T = 16;
   Model m(d, o, ModelPart::whole(), kBf16);
-  Activations a(m, B, T);
-  EXPECT_EQ(a.logits_grad_bf16 != nullptr, d.head == HeadKind::lm);
-  if (reference) a.logits_grad_bf16 = nullptr;
+  Activations a;
+  a.bf16_operands = !reference;
+  a.allocate(m, B, T);
+  EXPECT_EQ(a.logits_grad_bf16 != nullptr, d.head == HeadKind::lm && !reference);
+  EXPECT_EQ(a.layers[0].norm1_bf16 != nullptr, d.pre_norm && !reference);
+  EXPECT_EQ(a.layers[0].norm1 == nullptr, d.pre_norm && !reference) << "a norm kept in bf16 is not kept in fp32";
   m.init_params(3);
   std::vector<RandomBatch> data;
   data.reserve(2);
@@ -354,8 +446,9 @@ TEST_P(Bf16WeightCopyModel, EachDenseWeightIsRoundedOncePerStep) {
     EXPECT_EQ(cpu_ops().bf16_weight_rounding_count() - c0, dense_weight_values(m)) << where;
     // Rounding in every op rounds more: the backward's input gradients round the weights again.
     Model r(d, rounding_in_every_op<cpu_ops>(), ModelPart::whole(), kBf16);
-    Activations ra(r, B, T);
-    ra.logits_grad_bf16 = nullptr;
+    Activations ra;
+    ra.bf16_operands = false;
+    ra.allocate(r, B, T);
     r.init_params(3);
     c0 = cpu_ops().bf16_weight_rounding_count();
     train_step(r, ra, batch.b, kind);
@@ -465,6 +558,55 @@ TEST(CudaBf16Operands, MatmulBackwardReadsTheBf16Dout) {
     gpu().matmul_backward(got_x.f(), got_w.f(), nullptr, nullptr, x.f(), w.f(), s.N, s.C, s.OC, g);
     const std::string where = "N=" + std::to_string(s.N) + " OC=" + std::to_string(s.OC);
     EXPECT_SAME_BITS(got_x.get(), want_x.get()) << where;
+    EXPECT_SAME_BITS(got_w.get(), want_w.get()) << where;
+  }
+}
+
+// On the GPU the V rule (float4 rows) must not depend on which outputs are written: C = 768 takes
+// V = 4, C = 70 and a row-misaligned bf16 output V = 1.
+TEST(CudaBf16Operands, NormOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
+  REQUIRE_GPU();
+  for (auto [N, C] : {std::array<int, 2>{7, 70}, std::array<int, 2>{300, 768}}) {
+    const size_t n = (size_t)N * C;
+    Dev x(random_floats(n, 70, -2.0f, 3.0f)), a(random_floats(n, 71)), b(random_floats(n, 72)), w(random_floats(C, 73)),
+        bias(random_floats(C, 74)), res(n * 4), out(n * 4), out16(n * 2 + 16), mean(N * 4), rstd(N * 4);
+    for (int shift : {0, 1}) {  // shift: the bf16 output one value off its alignment
+      uint16_t* o16 = static_cast<uint16_t*>(out16.p) + shift;
+      auto run = [&](bool f32, bool b16) {
+        return norm_outputs(gpu(), N, C, f32, b16, x.f(), a.f(), b.f(), res.f(), w.f(), bias.f(), out.f(), o16, mean.f(),
+                            rstd.f());
+      };
+      const std::string where = "N=" + std::to_string(N) + " C=" + std::to_string(C) + " shift " + std::to_string(shift);
+      const NormOutputs fp32 = run(true, false), both = run(true, true), only = run(false, true);
+      EXPECT_EQ(both.b16, rounded_bits(both.f32)) << where;
+      if (shift == 0) {
+        EXPECT_SAME_BITS(both.f32, fp32.f32) << where;
+        EXPECT_EQ(only.b16, both.b16) << where << ": the bf16 output alone";
+      }
+    }
+  }
+}
+
+TEST(CudaBf16Operands, GemmsReadTheBf16Input) {
+  REQUIRE_GPU();
+  for (const DenseCase& s : kDense) {
+    const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
+    const auto xh = random_floats(nx, 75);
+    const auto x16h = host_bits(xh);
+    Dev x(xh), x16(nx * 2), w(random_floats(nw, 76)), b(random_floats(s.OC, 77)), dout(random_floats(nd, 78)),
+        want(nd * 4), got(nd * 4), pre(nd * 4), want_w(random_floats(nw, 79)), got_w(random_floats(nw, 79));
+    gpu().copy_to_device(x16.p, x16h.data(), x16.bytes);
+    GemmMode g(kBf16);
+    g.inp_bf16 = static_cast<const uint16_t*>(x16.p);
+    const std::string where = "N=" + std::to_string(s.N) + " OC=" + std::to_string(s.OC);
+    gpu().matmul_forward(want.f(), x.f(), w.f(), b.f(), s.N, s.C, s.OC, kBf16);
+    gpu().matmul_forward(got.f(), nullptr, w.f(), b.f(), s.N, s.C, s.OC, g);
+    EXPECT_SAME_BITS(got.get(), want.get()) << where;
+    gpu().matmul_gelu_forward(pre.f(), want.f(), x.f(), w.f(), b.f(), s.N, s.C, s.OC, kBf16);
+    gpu().matmul_gelu_forward(pre.f(), got.f(), nullptr, w.f(), b.f(), s.N, s.C, s.OC, g);
+    EXPECT_SAME_BITS(got.get(), want.get()) << where;
+    gpu().matmul_backward(nullptr, want_w.f(), nullptr, dout.f(), x.f(), nullptr, s.N, s.C, s.OC, kBf16);
+    gpu().matmul_backward(nullptr, got_w.f(), nullptr, dout.f(), nullptr, nullptr, s.N, s.C, s.OC, g);
     EXPECT_SAME_BITS(got_w.get(), want_w.get()) << where;
   }
 }

@@ -358,7 +358,7 @@ TEST(CpuOps, LayerNormForward) {
     const auto w = random_floats(C, 13), b = random_floats(C, 14);
     std::vector<float> out(N * C, kNaN), mean(N, kNaN), rstd(N, kNaN);
     ops().layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
-                            1e-5f);
+                            1e-5f, nullptr);
     std::vector<double> ro, rm, rr;
     ref_layernorm(to_double(x), to_double(w), to_double(b), N, C, &ro, &rm, &rr);
     EXPECT_LT(rel_err(out, ro), kFwdTol) << C;
@@ -375,7 +375,7 @@ TEST(CpuOps, LayerNormBackward) {
     const auto dout = random_floats(N * C, 18);
     std::vector<float> out(N * C), mean(N), rstd(N);
     ops().layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
-                            1e-5f);
+                            1e-5f, nullptr);
     const auto dx0 = random_floats(N * C, 19), dw0 = random_floats(C, 20), db0 = random_floats(C, 21);
     auto dx = dx0, dw = dw0, db = db0;
     ops().layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
@@ -406,7 +406,7 @@ TEST(CpuOps, LayerNormUsesEps) {
   for (float eps : {1e-5f, 1e-2f, 1e-12f}) {
     std::vector<float> out(N * C, kNaN), mean(N), rstd(N);
     ops().layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
-                            C, eps);
+                            C, eps, nullptr);
     std::vector<double> ro, rm, rr;
     ref_layernorm(to_double(x), to_double(w), to_double(b), N, C, &ro, &rm, &rr, eps);
     EXPECT_LT(rel_err(out, ro), kFwdTol) << eps;
@@ -440,7 +440,7 @@ TEST(CpuOps, RMSNormForward) {
     const auto w = random_floats(C, 136);
     for (float eps : {1e-5f, 1e-6f}) {
       std::vector<float> out(N * C, kNaN), rstd(N, kNaN);
-      ops().rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+      ops().rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps, nullptr);
       std::vector<double> ro, rr;
       ref_rmsnorm(to_double(x), to_double(w), N, C, eps, &ro, &rr);
       EXPECT_LT(rel_err(out, ro), kFwdTol) << C;
@@ -459,7 +459,7 @@ TEST(CpuOps, RMSNormBackward) {
     const auto x = random_floats(N * C, 137, -2.0f, 2.0f), w = random_floats(C, 138);
     const auto dout = random_floats(N * C, 139);
     std::vector<float> out(N * C), rstd(N);
-    ops().rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+    ops().rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps, nullptr);
     const auto dx0 = random_floats(N * C, 140), dw0 = random_floats(C, 141);
     auto dx = dx0, dw = dw0;
     ops().rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
@@ -1456,7 +1456,7 @@ std::vector<std::vector<float>> run_all_ops(bool with_attention) {
       att(static_cast<size_t>(B) * NH * T * T), scratch(att.size()), gl(N * C), res(N * C);
   ops().embedding_forward(emb.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
   ops().layernorm_forward(ln.data(), mean.data(), rstd.data(), emb.data(), lw.data(), lb.data(), N, C,
-                          1e-5f);
+                          1e-5f, nullptr);
   ops().matmul_forward(qkv.data(), ln.data(), w.data(), bias.data(), N, C, OC, GemmPrecision::fp32);
   if (with_attention)
     ops().attention_forward(att_out.data(), att.data(), qkv.data(), nullptr, B, T, NH, NH, C / NH,
@@ -1547,7 +1547,7 @@ std::vector<std::vector<float>> run_new_ops() {
       sw(N * F), ge(N * F), cls(B * C), pool(B * C);
   ops().embedding_forward(emb.data(), tok.data(), wte.data(), nullptr, B, T, C);
   ops().embedding_add_forward(emb.data(), types.data(), wtt.data(), N, C);
-  ops().rmsnorm_forward(nrm.data(), rstd.data(), emb.data(), nw.data(), N, C, 1e-6f);
+  ops().rmsnorm_forward(nrm.data(), rstd.data(), emb.data(), nw.data(), N, C, 1e-6f, nullptr);
   ops().matmul_forward(qkv.data(), nrm.data(), wqkv.data(), nullptr, N, C, W, GemmPrecision::fp32);
   ops().rope_forward(qkv.data(), B, T, NH, hs, W, 10000.0f);
   ops().rope_forward(qkv.data() + NH * hs, B, T, NKV, hs, W, 10000.0f);

@@ -200,9 +200,9 @@ TEST(CudaOps, LayerNormForward) {
       const auto w = random_floats(C, 10), b = random_floats(C, 11);
       std::vector<float> ro(N * C), rm(N), rr(N);
       cpu().layernorm_forward(ro.data(), rm.data(), rr.data(), x.data(), w.data(), b.data(), N, C,
-                              eps);
+                              eps, nullptr);
       Dev dx(x), dw(w), db(b), out(nans(N * C)), mean(nans(N)), rstd(nans(N));
-      gpu().layernorm_forward(out.f(), mean.f(), rstd.f(), dx.f(), dw.f(), db.f(), N, C, eps);
+      gpu().layernorm_forward(out.f(), mean.f(), rstd.f(), dx.f(), dw.f(), db.f(), N, C, eps, nullptr);
       EXPECT_LT(rel(out.get(), ro), kOpTol) << "C=" << C << " eps=" << eps;
       EXPECT_LT(rel(mean.get(), rm), kOpTol) << "C=" << C << " eps=" << eps;
       EXPECT_LT(rel(rstd.get(), rr), kOpTol) << "C=" << C << " eps=" << eps;
@@ -219,7 +219,7 @@ TEST(CudaOps, LayerNormBackward) {
     const auto dout = random_floats(N * C, 15);
     std::vector<float> ro(N * C), rm(N), rr(N);
     cpu().layernorm_forward(ro.data(), rm.data(), rr.data(), x.data(), w.data(), b.data(), N, C,
-                            1e-5f);
+                            1e-5f, nullptr);
     const auto dx0 = random_floats(N * C, 16), dw0 = random_floats(C, 17), db0 = random_floats(C, 18);
     auto rdx = dx0, rdw = dw0, rdb = db0;
     cpu().layernorm_backward(rdx.data(), rdw.data(), rdb.data(), dout.data(), x.data(), w.data(),
@@ -242,9 +242,9 @@ TEST(CudaOps, RmsNormForward) {
       for (int c = 0; c < C; c++) x[C + c] *= 1e-3f;  // a row of small values (eps matters)
       const auto w = random_floats(C, 91);
       std::vector<float> ro(N * C), rr(N);
-      cpu().rmsnorm_forward(ro.data(), rr.data(), x.data(), w.data(), N, C, eps);
+      cpu().rmsnorm_forward(ro.data(), rr.data(), x.data(), w.data(), N, C, eps, nullptr);
       Dev dx(x), dw(w), out(nans(N * C)), rstd(nans(N));
-      gpu().rmsnorm_forward(out.f(), rstd.f(), dx.f(), dw.f(), N, C, eps);
+      gpu().rmsnorm_forward(out.f(), rstd.f(), dx.f(), dw.f(), N, C, eps, nullptr);
       EXPECT_LT(rel(out.get(), ro), kOpTol) << "C=" << C << " eps=" << eps;
       EXPECT_LT(rel(rstd.get(), rr), kOpTol) << "C=" << C << " eps=" << eps;
     }
@@ -259,7 +259,7 @@ TEST(CudaOps, RmsNormBackward) {
     const auto w = random_floats(C, 93);
     const auto dout = random_floats(N * C, 94);
     std::vector<float> ro(N * C), rr(N);
-    cpu().rmsnorm_forward(ro.data(), rr.data(), x.data(), w.data(), N, C, 1e-6f);
+    cpu().rmsnorm_forward(ro.data(), rr.data(), x.data(), w.data(), N, C, 1e-6f, nullptr);
     const auto dx0 = random_floats(N * C, 95), dw0 = random_floats(C, 96);
     auto rdx = dx0, rdw = dw0;
     cpu().rmsnorm_backward(rdx.data(), rdw.data(), dout.data(), x.data(), w.data(), rr.data(), N,

@@ -339,11 +339,11 @@ TEST(CudaRealShape, LayerNormAt65536Rows) {
   const auto w = random_floats(C, 701), b = random_floats(C, 702);
   std::vector<float> ro(NC, kNaN), rm(N, kNaN), rr(N, kNaN);
   cpu().layernorm_forward(ro.data(), rm.data(), rr.data(), x.data(), w.data(), b.data(), N, C,
-                          1e-5f);
+                          1e-5f, nullptr);
   Dev gx(x), gw(w), gb(b);
   {
     Dev out(nans(NC)), mean(nans(N)), rstd(nans(N));
-    gpu().layernorm_forward(out.f(), mean.f(), rstd.f(), gx.f(), gw.f(), gb.f(), N, C, 1e-5f);
+    gpu().layernorm_forward(out.f(), mean.f(), rstd.f(), gx.f(), gw.f(), gb.f(), N, C, 1e-5f, nullptr);
     EXPECT_LT(rel(out.get(), ro), kOpTol) << "out";
     EXPECT_LT(rel(mean.get(), rm), kOpTol) << "mean";
     EXPECT_LT(rel(rstd.get(), rr), kOpTol) << "rstd";
@@ -378,11 +378,11 @@ TEST(CudaRealShape, RmsNormAt65536Rows) {
   const auto x = hashed_floats(NC, 710, -2.0f, 2.0f);
   const auto w = random_floats(C, 711);
   std::vector<float> ro(NC, kNaN), rr(N, kNaN);
-  cpu().rmsnorm_forward(ro.data(), rr.data(), x.data(), w.data(), N, C, 1e-6f);
+  cpu().rmsnorm_forward(ro.data(), rr.data(), x.data(), w.data(), N, C, 1e-6f, nullptr);
   Dev gx(x), gw(w);
   {
     Dev out(nans(NC)), rstd(nans(N));
-    gpu().rmsnorm_forward(out.f(), rstd.f(), gx.f(), gw.f(), N, C, 1e-6f);
+    gpu().rmsnorm_forward(out.f(), rstd.f(), gx.f(), gw.f(), N, C, 1e-6f, nullptr);
     EXPECT_LT(rel(out.get(), ro), kOpTol) << "out";
     EXPECT_LT(rel(rstd.get(), rr), kOpTol) << "rstd";
   }

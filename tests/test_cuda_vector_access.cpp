@@ -47,7 +47,7 @@ TEST(CudaVectorAccess, LayerNormAlignedAndShiftedRowsMatchCpu) {
   const auto w = random_floats(C, 202), b = random_floats(C, 203), dout = random_floats(x.size(), 204);
   const auto dx0 = random_floats(x.size(), 205), dw0 = random_floats(C, 206), db0 = random_floats(C, 207);
   std::vector<float> ro(x.size()), rm(N), rr(N);
-  cpu().layernorm_forward(ro.data(), rm.data(), rr.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+  cpu().layernorm_forward(ro.data(), rm.data(), rr.data(), x.data(), w.data(), b.data(), N, C, 1e-5f, nullptr);
   auto rdx = dx0, rdw = dw0, rdb = db0;
   cpu().layernorm_backward(rdx.data(), rdw.data(), rdb.data(), dout.data(), x.data(), w.data(), rm.data(),
                            rr.data(), N, C);
@@ -57,7 +57,7 @@ TEST(CudaVectorAccess, LayerNormAlignedAndShiftedRowsMatchCpu) {
     Shifted gx(x, shift), gw(w, shift), gb(b, shift), gout(nans(x.size()), shift), gdout(dout, shift),
         gdx(dx0, shift);
     Dev gm(nans(N)), gr(nans(N)), gdw(dw0), gdb(db0);
-    gpu().layernorm_forward(gout.f(), gm.f(), gr.f(), gx.f(), gw.f(), gb.f(), N, C, 1e-5f);
+    gpu().layernorm_forward(gout.f(), gm.f(), gr.f(), gx.f(), gw.f(), gb.f(), N, C, 1e-5f, nullptr);
     outs[shift] = gout.get(x.size());
     EXPECT_LT(rel(outs[shift], ro), kOpTol);
     EXPECT_LT(rel(gm.get(), rm), kOpTol);
@@ -79,14 +79,14 @@ TEST(CudaVectorAccess, RmsNormAlignedAndShiftedRowsMatchCpu) {
   const auto w = random_floats(C, 212), dout = random_floats(x.size(), 213);
   const auto dx0 = random_floats(x.size(), 214), dw0 = random_floats(C, 215);
   std::vector<float> ro(x.size()), rr(N);
-  cpu().rmsnorm_forward(ro.data(), rr.data(), x.data(), w.data(), N, C, 1e-6f);
+  cpu().rmsnorm_forward(ro.data(), rr.data(), x.data(), w.data(), N, C, 1e-6f, nullptr);
   auto rdx = dx0, rdw = dw0;
   cpu().rmsnorm_backward(rdx.data(), rdw.data(), dout.data(), x.data(), w.data(), rr.data(), N, C);
   for (int shift : {0, 1}) {
     SCOPED_TRACE(shift ? "shifted rows (scalar path)" : "aligned rows (float4 path)");
     Shifted gx(x, shift), gw(w, shift), gout(nans(x.size()), shift), gdout(dout, shift), gdx(dx0, shift);
     Dev gr(nans(N)), gdw(dw0);
-    gpu().rmsnorm_forward(gout.f(), gr.f(), gx.f(), gw.f(), N, C, 1e-6f);
+    gpu().rmsnorm_forward(gout.f(), gr.f(), gx.f(), gw.f(), N, C, 1e-6f, nullptr);
     EXPECT_LT(rel(gout.get(x.size()), ro), kOpTol);
     EXPECT_LT(rel(gr.get(), rr), kOpTol);
     gpu().rmsnorm_backward(gdx.f(), gdw.f(), gdout.f(), gx.f(), gw.f(), gr.f(), N, C);
@@ -137,12 +137,12 @@ TEST(CudaVectorAccess, FusedResidualNormKeepsItsBitsWithShiftedInputs) {
       gpu().residual_forward(ures.f(), ga.f(), gb.f(), NC);
       if (layernorm) {
         gpu().residual_layernorm_forward(fres.f(), fout.f(), fmean.f(), frstd.f(), ga.f(), gb.f(), gw.f(),
-                                         gbias.f(), N, C, 1e-5f);
-        gpu().layernorm_forward(uout.f(), umean.f(), urstd.f(), ures.f(), gw.f(), gbias.f(), N, C, 1e-5f);
+                                         gbias.f(), N, C, 1e-5f, nullptr);
+        gpu().layernorm_forward(uout.f(), umean.f(), urstd.f(), ures.f(), gw.f(), gbias.f(), N, C, 1e-5f, nullptr);
         EXPECT_SAME_BITS(fmean.get(), umean.get());
       } else {
-        gpu().residual_rmsnorm_forward(fres.f(), fout.f(), frstd.f(), ga.f(), gb.f(), gw.f(), N, C, 1e-6f);
-        gpu().rmsnorm_forward(uout.f(), urstd.f(), ures.f(), gw.f(), N, C, 1e-6f);
+        gpu().residual_rmsnorm_forward(fres.f(), fout.f(), frstd.f(), ga.f(), gb.f(), gw.f(), N, C, 1e-6f, nullptr);
+        gpu().rmsnorm_forward(uout.f(), urstd.f(), ures.f(), gw.f(), N, C, 1e-6f, nullptr);
       }
       EXPECT_SAME_BITS(fres.get(), ures.get());
       EXPECT_SAME_BITS(fout.get(), uout.get());

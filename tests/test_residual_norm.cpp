@@ -55,15 +55,15 @@ Out run(const Ops& o, bool layernorm, bool fused, bool in_place, int N, int C) {
   const float eps = 1e-5f;
   if (fused) {
     if (layernorm)
-      o.residual_layernorm_forward(dres, dout, dmean, drstd, da, db, dw, dbias, N, C, eps);
+      o.residual_layernorm_forward(dres, dout, dmean, drstd, da, db, dw, dbias, N, C, eps, nullptr);
     else
-      o.residual_rmsnorm_forward(dres, dout, drstd, da, db, dw, N, C, eps);
+      o.residual_rmsnorm_forward(dres, dout, drstd, da, db, dw, N, C, eps, nullptr);
   } else {
     o.residual_forward(dres, da, db, NC);
     if (layernorm)
-      o.layernorm_forward(dout, dmean, drstd, dres, dw, dbias, N, C, eps);
+      o.layernorm_forward(dout, dmean, drstd, dres, dw, dbias, N, C, eps, nullptr);
     else
-      o.rmsnorm_forward(dout, drstd, dres, dw, N, C, eps);
+      o.rmsnorm_forward(dout, drstd, dres, dw, N, C, eps, nullptr);
   }
   Out r{std::vector<float>(NC), std::vector<float>(NC), std::vector<float>(N), std::vector<float>(N)};
   o.copy_to_host(r.res.data(), dres, NC * sizeof(float));

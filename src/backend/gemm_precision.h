@@ -48,6 +48,10 @@ struct GemmMode {
   // softmax_xent_bf16_grad). dout itself is then read only for dbias and may be null without one.
   const uint16_t* dout_bf16 = nullptr;
   int dout_ld = 0;
+  // bf16 only: the layer's input inp [N, C] already as bf16 bits (rows of C values; a norm's
+  // output kept only in bf16), read by the forward GEMM and the backward's weight gradient in
+  // place of rounding inp; inp itself may then be null.
+  const uint16_t* inp_bf16 = nullptr;
   GemmMode(GemmPrecision p = GemmPrecision::fp32, const uint16_t* w16 = nullptr) : prec(p), weight_bf16(w16) {}
 };
 

@@ -59,28 +59,35 @@
   /* ---- LayerNorm over the last dimension: y = (x - mean) * rstd * w + b,                        \
           rstd = 1/sqrt(var + eps); mean/rstd [N] are saved for backward ---- */                   \
   X(void, layernorm_forward, (float* out, float* mean, float* rstd, const float* inp,              \
-                              const float* weight, const float* bias, int N, int C, float eps))    \
+                              const float* weight, const float* bias, int N, int C, float eps,     \
+                              uint16_t* out_bf16))                                                 \
   X(void, layernorm_backward, (float* dinp, float* dweight, float* dbias, const float* dout,       \
                                const float* inp, const float* weight, const float* mean,           \
                                const float* rstd, int N, int C))                                   \
   /* ---- RMSNorm: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); rstd [N] saved ---- */        \
   X(void, rmsnorm_forward, (float* out, float* rstd, const float* inp, const float* weight,        \
-                            int N, int C, float eps))                                              \
+                            int N, int C, float eps, uint16_t* out_bf16))                          \
   X(void, rmsnorm_backward, (float* dinp, float* dweight, const float* dout, const float* inp,     \
                              const float* weight, const float* rstd, int N, int C))                \
   /* ---- fused residual + norm (pre-norm blocks): res = a + b, then out = LayerNorm / RMSNorm     \
           (res) with mean/rstd saved; the same bits as residual_forward then layernorm_forward /   \
-          rmsnorm_forward (res may alias a or b) ---- */                                           \
+          rmsnorm_forward (res may alias a or b) ----                                              \
+     Every norm's forward: out_bf16 (may be null) receives the output as bf16 bits (round to       \
+     nearest even, rows of C values), each the rounding of the fp32 value out receives; out may    \
+     be null when out_bf16 is not (a bf16 GEMM's input kept only in bf16: GemmMode::inp_bf16) */   \
   X(void, residual_layernorm_forward, (float* res, float* out, float* mean, float* rstd,           \
                                        const float* a, const float* b, const float* weight,        \
-                                       const float* bias, int N, int C, float eps))                \
+                                       const float* bias, int N, int C, float eps,                 \
+                                       uint16_t* out_bf16))                                        \
   X(void, residual_rmsnorm_forward, (float* res, float* out, float* rstd, const float* a,          \
-                                     const float* b, const float* weight, int N, int C, float eps)) \
+                                     const float* b, const float* weight, int N, int C, float eps, \
+                                     uint16_t* out_bf16))                                          \
                                                                                                    \
   /* ---- dense layer: out[N,OC] = inp[N,C] . weight[OC,C]^T + bias[OC] (bias may be null) ----   \
      gemm.prec: the GEMMs' operand precision (backend/gemm_precision.h; fp32 accumulation and      \
      outputs always; bias and dbias are fp32 sums); tf32 throws Error on the CPU. In bf16,         \
-     gemm.weight_bf16 (may be null) is the weight already rounded, read instead of weight */       \
+     gemm.weight_bf16 / inp_bf16 / dout_bf16 (each may be null) are operands already rounded,      \
+     read instead of weight / inp / dout (backend/gemm_precision.h GemmMode) */                    \
   X(void, matmul_forward, (float* out, const float* inp, const float* weight, const float* bias,   \
                            int N, int C, int OC, GemmMode gemm))                                   \
   /* dinp[N,C] += dout.weight; dweight[OC,C] += dout^T.inp; dbias[OC] += sum_n dout               \

@@ -153,9 +153,9 @@ namespace {
 void norm_rows(const Ops& o, const ModelDesc& d, float* out, float* mean, float* rstd, const float* x,
                const float* w, const float* b, int N) {
   if (d.norm == NormKind::layernorm)
-    o.layernorm_forward(out, mean, rstd, x, w, b, N, d.d_model, static_cast<float>(d.norm_eps));
+    o.layernorm_forward(out, mean, rstd, x, w, b, N, d.d_model, static_cast<float>(d.norm_eps), nullptr);
   else
-    o.rmsnorm_forward(out, rstd, x, w, N, d.d_model, static_cast<float>(d.norm_eps));
+    o.rmsnorm_forward(out, rstd, x, w, N, d.d_model, static_cast<float>(d.norm_eps), nullptr);
 }
 
 // out[N,OC] = inp[N,C] . weight[OC,C]^T + bias[OC]: the backend's matmul_forward, except for a

@@ -237,7 +237,9 @@ void Activations::allocate(const Model& m, int B_, int T_) {
     fail("sequence length ", T_, " exceeds the model's max_seq_len ", d.max_seq_len);
   const int lm_rows_ = m.part.head && d.head == HeadKind::lm
                           ? (all_logits ? B_ * T_ : lm_head_chunk_rows(d, B_ * T_)) : 0;
-  if (model == &m && B == B_ && T == T_ && attention == d.attention && lm_rows == lm_rows_) return;
+  if (model == &m && B == B_ && T == T_ && attention == d.attention && lm_rows == lm_rows_ &&
+      bf16_planned_ == bf16_operands)
+    return;
   if (model) {
     model->ops->free(mem_);
     model->ops->free(ids_);
@@ -253,6 +255,16 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   attention = d.attention;
   lm_rows = lm_rows_;
   head_grad = false;
+  bf16_planned_ = bf16_operands;
+  // bf16 operands ("bf16 weight copy" in transformer.h): the pre-norm norms' outputs kept only in
+  // bf16, the LM head's logits gradient in bf16. Their buffers are planned in floats (2 values
+  // each) through `half`, whose pointers become the uint16 ones after the allocation.
+  const bool bf16 = m.precision == GemmPrecision::bf16 && bf16_operands;
+  const bool norms16 = bf16 && d.pre_norm;
+  std::vector<std::pair<uint16_t**, float*>> half;
+  half.reserve(2 * (m.part.l1 - m.part.l0) + 2);
+  final_norm = nullptr;
+  final_norm_bf16 = logits_grad_bf16 = nullptr;
   // Full attention keeps P [B, NH, T, T] per layer, fused attention one lse per query row.
   const bool fused = attention == AttentionImpl::fused;
   const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
@@ -262,23 +274,35 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   std::vector<std::pair<float**, size_t>> plan = {{&input, N * C}, {&dresidual, N * C}, {&tmp, N * C}};
   if (m.part.embedding && d.embedding_norm)
     plan.insert(plan.end(), {{&emb_sum, N * C}, {&emb_mean, N}, {&emb_rstd, N}});
+  // n values of 2 bytes, planned in floats
+  auto plan_half = [&](uint16_t** p, size_t n) {
+    half.push_back({p, nullptr});
+    plan.push_back({&half.back().second, (n + 1) / 2});
+  };
+  // a norm's output: fp32, or only bf16
+  auto plan_norm = [&](float** p, uint16_t** p16) {
+    if (norms16) plan_half(p16, N * C);
+    else plan.push_back({p, N * C});
+  };
   layers.assign(m.part.l1 - m.part.l0, {});
   for (Layer& L : layers) {
-    plan.insert(plan.end(), {{&L.norm1, N * C}, {&L.norm1_mean, N}, {&L.norm1_rstd, N}, {&L.qkv, N * QKV},
-                             {&L.atty, N * AY}, {fused ? &L.lse : &L.att, fused ? lse : att}, {&L.res_attn, N * C},
-                             {&L.norm2, N * C}, {&L.norm2_mean, N}, {&L.norm2_rstd, N}, {&L.fc, N * FC},
-                             {&L.act, N * F}, {&L.res_mlp, N * C}});
+    plan_norm(&L.norm1, &L.norm1_bf16);
+    plan.insert(plan.end(), {{&L.norm1_mean, N}, {&L.norm1_rstd, N}, {&L.qkv, N * QKV},
+                             {&L.atty, N * AY}, {fused ? &L.lse : &L.att, fused ? lse : att}, {&L.res_attn, N * C}});
+    plan_norm(&L.norm2, &L.norm2_bf16);
+    plan.insert(plan.end(), {{&L.norm2_mean, N}, {&L.norm2_rstd, N}, {&L.fc, N * FC}, {&L.act, N * F},
+                             {&L.res_mlp, N * C}});
     if (!d.pre_norm) plan.push_back({&L.out, N * C});
   }
-  // A bf16 LM head's logits gradient in bf16 (a buffer of uint16 values, planned in floats).
-  float* grad16 = nullptr;
-  const bool bf16_grad = m.part.head && d.head == HeadKind::lm && m.precision == GemmPrecision::bf16 && !all_logits;
+  // A bf16 LM head's logits gradient in bf16.
+  const bool bf16_grad = bf16 && m.part.head && d.head == HeadKind::lm && !all_logits;
   logits_grad_ld = bf16_grad ? bf16_row_stride(d.vocab_size) : 0;
   if (m.part.head) {
     if (d.head == HeadKind::lm) {
-      plan.insert(plan.end(), {{&final_norm, N * C}, {&final_mean, N}, {&final_rstd, N},
+      plan_norm(&final_norm, &final_norm_bf16);
+      plan.insert(plan.end(), {{&final_mean, N}, {&final_rstd, N},
                                {&logits, static_cast<size_t>(lm_rows) * d.vocab_size}, {&losses, N}});
-      if (bf16_grad) plan.push_back({&grad16, (static_cast<size_t>(lm_rows) * logits_grad_ld + 1) / 2});
+      if (bf16_grad) plan_half(&logits_grad_bf16, static_cast<size_t>(lm_rows) * logits_grad_ld);
     } else {
       const size_t BC = static_cast<size_t>(B) * C;
       plan.insert(plan.end(), {{&cls, BC}, {&pooled_pre, BC}, {&pooled, BC}, {&pooled_drop, BC},
@@ -293,7 +317,7 @@ void Activations::allocate(const Model& m, int B_, int T_) {
     *e.first = mem_ + off;
     off += (e.second + 15) / 16 * 16;
   }
-  logits_grad_bf16 = reinterpret_cast<uint16_t*>(grad16);
+  for (auto& h : half) *h.first = reinterpret_cast<uint16_t*>(h.second);
   for (Layer& L : layers)
     if (d.pre_norm) L.out = L.res_mlp;
   // The ids, then the step's scalars (zero: no bad target yet; 4·N int32 keep them 8-byte aligned).
@@ -311,21 +335,22 @@ void Activations::allocate(const Model& m, int B_, int T_) {
 
 namespace {
 
-void norm_forward(const Ops& o, const ModelDesc& d, float* out, float* mean, float* rstd, const float* x,
-                  const float* w, const float* b, int N) {
+// out16: the output in bf16 (with out null: only there), a bf16 GEMM's input.
+void norm_forward(const Ops& o, const ModelDesc& d, float* out, uint16_t* out16, float* mean, float* rstd,
+                  const float* x, const float* w, const float* b, int N) {
   if (d.norm == NormKind::layernorm)
-    o.layernorm_forward(out, mean, rstd, x, w, b, N, d.d_model, static_cast<float>(d.norm_eps));
+    o.layernorm_forward(out, mean, rstd, x, w, b, N, d.d_model, static_cast<float>(d.norm_eps), out16);
   else
-    o.rmsnorm_forward(out, rstd, x, w, N, d.d_model, static_cast<float>(d.norm_eps));
+    o.rmsnorm_forward(out, rstd, x, w, N, d.d_model, static_cast<float>(d.norm_eps), out16);
 }
 
 // res = a + b, then out = norm(res): one fused op (one pass over each row on the GPU).
-void residual_norm_forward(const Ops& o, const ModelDesc& d, float* res, float* out, float* mean, float* rstd,
-                           const float* a, const float* b, const float* w, const float* bias, int N) {
+void residual_norm_forward(const Ops& o, const ModelDesc& d, float* res, float* out, uint16_t* out16, float* mean,
+                           float* rstd, const float* a, const float* b, const float* w, const float* bias, int N) {
   if (d.norm == NormKind::layernorm)
-    o.residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, d.d_model, static_cast<float>(d.norm_eps));
+    o.residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, d.d_model, static_cast<float>(d.norm_eps), out16);
   else
-    o.residual_rmsnorm_forward(res, out, rstd, a, b, w, N, d.d_model, static_cast<float>(d.norm_eps));
+    o.residual_rmsnorm_forward(res, out, rstd, a, b, w, N, d.d_model, static_cast<float>(d.norm_eps), out16);
 }
 
 void norm_backward(const Ops& o, const ModelDesc& d, float* dx, float* dw, float* db, const float* dout,
@@ -399,7 +424,7 @@ void Model::embed_forward(Activations& a) const {
   if (d.type_vocab_size > 0) o.embedding_add_forward(sum, a.token_types, pe[kTypeEmb], N, C);
   if (d.embedding_norm)
     o.layernorm_forward(a.input, a.emb_mean, a.emb_rstd, sum, pe[kEmbNormW], pe[kEmbNormB], N, C,
-                        static_cast<float>(d.norm_eps));
+                        static_cast<float>(d.norm_eps), nullptr);
   if (a.dropout.training && d.dropout > 0)
     o.dropout_forward(a.input, a.input, static_cast<size_t>(N) * C, d.dropout, drop_key(a, -1, kDropEmbedding));
 }
@@ -425,12 +450,17 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     Activations::Layer& L = a.layers[i];
     const float* x = i == 0 ? a.input : a.layers[i - 1].out;
     // Attention: branch input h = N1(x) (pre-norm) or x (post-norm).
+    // (a bf16 pre-norm model keeps the norms' outputs only in bf16: h16, the GEMM's input)
     const float* h = x;
+    const uint16_t* h16 = nullptr;
     if (d.pre_norm) {
-      norm_forward(o, d, L.norm1, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], N);
+      norm_forward(o, d, L.norm1, L.norm1_bf16, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], N);
       h = L.norm1;
+      h16 = L.norm1_bf16;
     }
-    o.matmul_forward(L.qkv, h, w[kQkvW], w[kQkvB], N, C, QKV, gemm_rounding(w[kQkvW], static_cast<size_t>(QKV) * C));
+    GemmMode qkv_gemm = gemm_rounding(w[kQkvW], static_cast<size_t>(QKV) * C);
+    qkv_gemm.inp_bf16 = h16;
+    o.matmul_forward(L.qkv, h, w[kQkvW], w[kQkvB], N, C, QKV, qkv_gemm);
     if (!d.learned_positions) {
       o.rope_forward(L.qkv, B, T, NH, hs, QKV, static_cast<float>(d.rope_theta));
       o.rope_forward(L.qkv + AY, B, T, NKV, hs, QKV, static_cast<float>(d.rope_theta));
@@ -446,14 +476,19 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     // res_attn = x + branch, and the MLP's branch input N2(res_attn) (pre-norm) or
     // norm1 = LN1(res_attn) (post-norm), in one fused op.
     const float* h2;
+    const uint16_t* h2_16 = nullptr;
     if (d.pre_norm) {
-      residual_norm_forward(o, d, L.res_attn, L.norm2, L.norm2_mean, L.norm2_rstd, x, a.tmp, w[kNorm2W], w[kNorm2B], N);
+      residual_norm_forward(o, d, L.res_attn, L.norm2, L.norm2_bf16, L.norm2_mean, L.norm2_rstd, x, a.tmp, w[kNorm2W],
+                            w[kNorm2B], N);
       h2 = L.norm2;
+      h2_16 = L.norm2_bf16;
     } else {
-      residual_norm_forward(o, d, L.res_attn, L.norm1, L.norm1_mean, L.norm1_rstd, x, a.tmp, w[kNorm1W], w[kNorm1B], N);
+      residual_norm_forward(o, d, L.res_attn, L.norm1, nullptr, L.norm1_mean, L.norm1_rstd, x, a.tmp, w[kNorm1W],
+                            w[kNorm1B], N);
       h2 = L.norm1;
     }
-    const GemmMode fc_gemm = gemm_rounding(w[kFcW], static_cast<size_t>(FC) * C);
+    GemmMode fc_gemm = gemm_rounding(w[kFcW], static_cast<size_t>(FC) * C);
+    fc_gemm.inp_bf16 = h2_16;
     switch (d.mlp) {  // GELU (tanh) is fused with its dense layer (a cuBLASLt epilogue on CUDA)
       case MlpKind::gelu_tanh: o.matmul_gelu_forward(L.fc, L.act, h2, w[kFcW], w[kFcB], N, C, FC, fc_gemm); break;
       case MlpKind::gelu_erf:
@@ -470,7 +505,8 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     if (d.pre_norm)
       o.residual_forward(L.res_mlp, L.res_attn, a.tmp, NC);
     else  // res_mlp = norm1 + branch; out = LN2(res_mlp)
-      residual_norm_forward(o, d, L.res_mlp, L.out, L.norm2_mean, L.norm2_rstd, L.norm1, a.tmp, w[kNorm2W], w[kNorm2B], N);
+      residual_norm_forward(o, d, L.res_mlp, L.out, nullptr, L.norm2_mean, L.norm2_rstd, L.norm1, a.tmp, w[kNorm2W],
+                            w[kNorm2B], N);
   }
 }
 
@@ -490,9 +526,12 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
   o.zero(bad, sizeof(uint64_t));
   if (d.head == HeadKind::lm) {
     const float* xf = x;
+    const uint16_t* xf16 = nullptr;  // a bf16 model's final norm output, kept only in bf16
     if (d.final_norm) {
-      norm_forward(o, d, a.final_norm, a.final_mean, a.final_rstd, x, pe[kFinalNormW], pe[kFinalNormB], N);
+      norm_forward(o, d, a.final_norm, a.final_norm_bf16, a.final_mean, a.final_rstd, x, pe[kFinalNormW],
+                   pe[kFinalNormB], N);
       xf = a.final_norm;
+      xf16 = a.final_norm_bf16;
     }
     const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
     const GemmMode head_gemm = gemm_rounding(W, static_cast<size_t>(d.vocab_size) * C);  // once for every chunk
@@ -513,8 +552,10 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
       // the losses are the same bits; head_backward recomputes it).
       for (int r0 = 0; r0 < N; r0 += R) {
         const int rn = std::min(R, N - r0);
-        const float* xc = xf + static_cast<size_t>(r0) * C;
-        o.matmul_forward(a.logits, xc, W, nullptr, rn, C, d.vocab_size, head_gemm);
+        GemmMode chunk_gemm = head_gemm;
+        chunk_gemm.inp_bf16 = xf16 ? xf16 + static_cast<size_t>(r0) * C : nullptr;
+        o.matmul_forward(a.logits, xf ? xf + static_cast<size_t>(r0) * C : nullptr, W, nullptr, rn, C, d.vocab_size,
+                         chunk_gemm);
         if (need_grad && a.logits_grad_bf16)
           o.softmax_xent_bf16_grad(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
                                    grad_scale / static_cast<float>(N), a.logits_grad_bf16, a.logits_grad_ld, bad, r0);
@@ -692,14 +733,17 @@ void Model::finished(int slot, std::initializer_list<int> roles, const ReadyFn& 
   if (k && ready) ready(k);
 }
 
-void Model::dense_backward(Activations& a, float* dinp, const float* dout, bool dout_kept, const float* inp, int slot,
-                           int weight_role, int bias_role, int N, int C, int OC, bool last, const ReadyFn& ready) {
+void Model::dense_backward(Activations& a, float* dinp, const float* dout, bool dout_kept, const float* inp,
+                           const uint16_t* inp16, int slot, int weight_role, int bias_role, int N, int C, int OC,
+                           bool last, const ReadyFn& ready) {
   const Ops& o = *ops;
   const BlockTensors& w = slot == 0 ? pe : pb[slot - 1];
   const BlockTensors& g = slot == 0 ? ge : gb[slot - 1];
   float* dbias = bias_role >= 0 ? g[bias_role] : nullptr;
   if (mode_ == BackwardMode::whole) {
-    o.matmul_backward(dinp, g[weight_role], dbias, dout, inp, w[weight_role], N, C, OC, gemm_reading(w[weight_role]));
+    GemmMode gm = gemm_reading(w[weight_role]);
+    gm.inp_bf16 = inp16;
+    o.matmul_backward(dinp, g[weight_role], dbias, dout, inp, w[weight_role], N, C, OC, gm);
     if (last) finished(slot, {weight_role, bias_role}, ready);
     return;
   }
@@ -711,7 +755,7 @@ void Model::dense_backward(Activations& a, float* dinp, const float* dout, bool 
     o.copy(copy, dout, n * sizeof(float));
     dout = copy;
   }
-  a.deferred.push_back({slot, weight_role, bias_role, dout, inp, N, C, OC});
+  a.deferred.push_back({slot, weight_role, bias_role, dout, inp, inp16, N, C, OC});
 }
 
 float* Model::kept_buffer(Activations& a, size_t n) const {
@@ -750,8 +794,10 @@ void Model::weight_backward(Activations& a, const ReadyFn& ready) {
       if (!(a.embed_deferred && j.weight_role == kTokEmb)) finished(j.slot, {j.weight_role}, ready);
       continue;
     }
+    GemmMode gm(precision);
+    gm.inp_bf16 = j.inp16;
     ops->matmul_backward(nullptr, g[j.weight_role], j.bias_role >= 0 ? g[j.bias_role] : nullptr, j.dout, j.inp,
-                         w[j.weight_role], j.N, j.C, j.OC, precision);
+                         w[j.weight_role], j.N, j.C, j.OC, gm);
     finished(j.slot, {j.weight_role, j.bias_role}, ready);
   }
   // The embedding's gradients last, as in a whole backward (so a tied wte gets the head's and the
@@ -792,7 +838,7 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
       if (input_only_pass_ != &a) fail("internal: an input-only backward continued on other activations");
       o.zero(d_a_, NC * sizeof(float));
       lm_head_backward_chunks(a, d_a_, nullptr);
-      a.deferred.push_back({0, wrole, -1, nullptr, nullptr, N, C, d.vocab_size});
+      a.deferred.push_back({0, wrole, -1, nullptr, nullptr, nullptr, N, C, d.vocab_size});
     }
     const float* dxf = a.lm_head_fused ? a.tmp : d_a_;
     o.zero(a.dresidual, NC * sizeof(float));
@@ -808,7 +854,7 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
     float *dpd = d_small_, *dpre = d_small_ + BC, *ddrop = d_small_ + 2 * BC;
     const bool drop = a.dropout.training && d.dropout > 0;
     o.zero(dpd, BC * sizeof(float));
-    dense_backward(a, dpd, a.logits, true, drop ? a.pooled_drop : a.pooled, 0, kClsW, kClsB, B, C, d.num_labels, true,
+    dense_backward(a, dpd, a.logits, true, drop ? a.pooled_drop : a.pooled, nullptr, 0, kClsW, kClsB, B, C, d.num_labels, true,
                    ready);
     if (drop) {
       o.zero(ddrop, BC * sizeof(float));
@@ -819,7 +865,7 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
     o.tanh_backward(dpre, a.pooled, dpd, BC);
     float* dcls = d_small_;  // dpd is consumed
     o.zero(dcls, BC * sizeof(float));
-    dense_backward(a, dcls, dpre, false, a.cls, 0, kPoolerW, kPoolerB, B, C, C, true, ready);
+    dense_backward(a, dcls, dpre, false, a.cls, nullptr, 0, kPoolerW, kPoolerB, B, C, C, true, ready);
     o.zero(a.dresidual, NC * sizeof(float));
     o.first_token_backward(a.dresidual, dcls, B, T, C);
   }
@@ -830,6 +876,7 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
   const ModelDesc& d = desc;
   const int N = a.B * a.T, C = d.d_model, V = d.vocab_size, R = a.lm_rows;
   const float* xf = d.final_norm ? a.final_norm : a.output();
+  const uint16_t* xf16 = d.final_norm ? a.final_norm_bf16 : nullptr;  // (xf null then)
   const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
   GemmMode head_gemm = gemm_reading(W);  // the head forward rounded W
   if (a.logits_grad_bf16) {  // the logits gradient is written in bf16, and the GEMMs read it so
@@ -844,9 +891,11 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
   const bool reuse = a.lm_last_grad;
   for (int c = chunks - 1; c >= 0; c--) {
     const int r0 = c * R, rn = std::min(R, N - r0);
-    const float* xc = xf + static_cast<size_t>(r0) * C;
+    const float* xc = xf ? xf + static_cast<size_t>(r0) * C : nullptr;
+    GemmMode chunk_gemm = head_gemm;
+    chunk_gemm.inp_bf16 = xf16 ? xf16 + static_cast<size_t>(r0) * C : nullptr;
     if (!(reuse && c == chunks - 1)) {
-      o.matmul_forward(a.logits, xc, W, nullptr, rn, C, V, head_gemm);
+      o.matmul_forward(a.logits, xc, W, nullptr, rn, C, V, chunk_gemm);
       const float scale = a.head_grad_scale / static_cast<float>(N);
       if (a.logits_grad_bf16)  // (a fused forward's target check, either way)
         o.softmax_xent_bf16_grad(a.logits, a.losses + r0, a.targets + r0, rn, V, scale, a.logits_grad_bf16,
@@ -855,7 +904,7 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
         o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, V, scale, &a.scalars->bad_target, r0);
     }
     o.matmul_backward(dxf ? dxf + static_cast<size_t>(r0) * C : nullptr, dW, nullptr,
-                      a.logits_grad_bf16 ? nullptr : a.logits, xc, W, rn, C, V, head_gemm);
+                      a.logits_grad_bf16 ? nullptr : a.logits, xc, W, rn, C, V, chunk_gemm);
   }
   a.lm_last_grad = chunks == 1;  // the buffer holds chunk 0's gradient now
 }
@@ -883,11 +932,13 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
   // weight_backward reads (no copy); a whole pass into scratch.
   const bool keep = mode_ == BackwardMode::input_only;
   float *d_fc = d_fc_, *d_qkv = d_qkv_;
-  // A block's dense layer (inp [N, in] -> [N, out]); its output gradient is d_fc / d_qkv (kept in
-  // an input-only pass), or scratch or dres (copied in an input-only pass).
-  auto dense = [&](float* dinp, const float* dout, const float* inp, int slot, int wrole, int brole, int in, int out) {
+  // A block's dense layer (inp [N, in] -> [N, out]; inp16 its bf16 copy where the input is kept
+  // only in bf16); its output gradient is d_fc / d_qkv (kept in an input-only pass), or scratch or
+  // dres (copied in an input-only pass).
+  auto dense = [&](float* dinp, const float* dout, const float* inp, const uint16_t* inp16, int slot, int wrole,
+                   int brole, int in, int out) {
     const bool kept = keep && (dout == d_fc || dout == d_qkv);
-    dense_backward(a, dinp, dout, kept, inp, slot, wrole, brole, N, in, out, true, ready);
+    dense_backward(a, dinp, dout, kept, inp, inp16, slot, wrole, brole, N, in, out, true, ready);
   };
   // The MLP's output projection and activation, backward: from dproj = d(projection output) to
   // d_fc = d(fc output). The projection's weight and bias gradients go through dense (deferred in
@@ -897,12 +948,12 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
   auto proj_act_backward = [&](const Activations::Layer& L, const float* dproj, int slot) {
     const BlockTensors& w = pb[slot - 1];
     if (d.mlp == MlpKind::gelu_tanh) {
-      dense(nullptr, dproj, L.act, slot, kProjW, kProjB, F, C);
+      dense(nullptr, dproj, L.act, nullptr, slot, kProjW, kProjB, F, C);
       o.matmul_dgelu_backward(d_fc, dproj, w[kProjW], L.fc, N, F, C, gemm_reading(w[kProjW]));
       return;
     }
     o.zero(d_act_, static_cast<size_t>(N) * F * sizeof(float));
-    dense(d_act_, dproj, L.act, slot, kProjW, kProjB, F, C);
+    dense(d_act_, dproj, L.act, nullptr, slot, kProjW, kProjB, F, C);
     o.zero(d_fc, static_cast<size_t>(N) * FC * sizeof(float));
     if (d.mlp == MlpKind::gelu_erf)
       o.gelu_erf_backward(d_fc, L.fc, d_act_, static_cast<size_t>(N) * F);
@@ -936,17 +987,17 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
       const float* dproj = through_dropout(dres, d_b_, l, kDropMlpOut);
       proj_act_backward(L, dproj, slot);
       o.zero(d_a_, NC * sizeof(float));
-      dense(d_a_, d_fc, L.norm2, slot, kFcW, kFcB, C, FC);
+      dense(d_a_, d_fc, L.norm2, L.norm2_bf16, slot, kFcW, kFcB, C, FC);
       norm_backward(o, d, dres, g[kNorm2W], g[kNorm2B], d_a_, L.res_attn, w[kNorm2W], L.norm2_mean, L.norm2_rstd, N);
       finished(slot, {kNorm2W, kNorm2B}, ready);
       // dres = d res_attn; res_attn = x + drop(O attention(QKV N1(x))).
       const float* dao = through_dropout(dres, d_b_, l, kDropAttnOut);
       o.zero(d_a_, NC * sizeof(float));
-      dense(d_a_, dao, L.atty, slot, kAttnOutW, kAttnOutB, AY, C);
+      dense(d_a_, dao, L.atty, nullptr, slot, kAttnOutW, kAttnOutB, AY, C);
       o.zero(d_qkv, static_cast<size_t>(N) * QKV * sizeof(float));
       attention_backward(L, w, l);
       o.zero(d_b_, NC * sizeof(float));
-      dense(d_b_, d_qkv, L.norm1, slot, kQkvW, kQkvB, C, QKV);
+      dense(d_b_, d_qkv, L.norm1, L.norm1_bf16, slot, kQkvW, kQkvB, C, QKV);
       norm_backward(o, d, dres, g[kNorm1W], g[kNorm1B], d_b_, x, w[kNorm1W], L.norm1_mean, L.norm1_rstd, N);
       finished(slot, {kNorm1W, kNorm1B}, ready);
     } else {
@@ -957,16 +1008,16 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
       finished(slot, {kNorm2W, kNorm2B}, ready);
       const float* dproj = through_dropout(d_b_, dres, l, kDropMlpOut);  // dres is free now
       proj_act_backward(L, dproj, slot);
-      dense(d_b_, d_fc, L.norm1, slot, kFcW, kFcB, C, FC);  // d_b_ = d h
+      dense(d_b_, d_fc, L.norm1, nullptr, slot, kFcW, kFcB, C, FC);  // d_b_ = d h
       o.zero(dres, NC * sizeof(float));
       norm_backward(o, d, dres, g[kNorm1W], g[kNorm1B], d_b_, L.res_attn, w[kNorm1W], L.norm1_mean, L.norm1_rstd, N);
       finished(slot, {kNorm1W, kNorm1B}, ready);
       const float* dao = through_dropout(dres, d_b_, l, kDropAttnOut);
       o.zero(d_a_, NC * sizeof(float));
-      dense(d_a_, dao, L.atty, slot, kAttnOutW, kAttnOutB, AY, C);
+      dense(d_a_, dao, L.atty, nullptr, slot, kAttnOutW, kAttnOutB, AY, C);
       o.zero(d_qkv, static_cast<size_t>(N) * QKV * sizeof(float));
       attention_backward(L, w, l);
-      dense(dres, d_qkv, x, slot, kQkvW, kQkvB, C, QKV);  // dres = d x
+      dense(dres, d_qkv, x, nullptr, slot, kQkvW, kQkvB, C, QKV);  // dres = d x
     }
   }
 }

@@ -79,11 +79,12 @@
 // (and the chunked LM head's recomputed logits), so the head weight is rounded once per forward
 // instead of twice per chunk. The bits are those of rounding in every op; the contract is that the
 // parameters do not change between a forward and its backward (an optimizer step comes after the
-// backward, and the next forward rounds again). The LM head's other bf16 operand, the logits
-// gradient, is written in bf16 by its producer too (softmax_xent_bf16_grad into
-// Activations::logits_grad_bf16, rows padded to a multiple of 8) and read by the head's backward
-// GEMMs as it is (GemmMode::dout_bf16): no fp32 gradient written over the logits, no conversion
-// pass over N x V; again the same bits.
+// backward, and the next forward rounds again). Operands whose producers write them in bf16 too
+// (Activations::bf16_operands): the LM head's logits gradient (softmax_xent_bf16_grad into
+// Activations::logits_grad_bf16, rows padded to a multiple of 8; GemmMode::dout_bf16) and, in a
+// pre-norm model, the norms' outputs (the norm ops' out_bf16; GemmMode::inp_bf16), which only
+// GEMMs read and which are then kept only in bf16 (half their memory). Each GEMM reads them as
+// they are: no fp32 copy written and read back, no conversion pass; again the same bits.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -147,6 +148,9 @@ struct Activations {
   struct Layer {
     float *norm1, *norm1_mean, *norm1_rstd, *qkv, *atty, *att, *res_attn, *norm2, *norm2_mean, *norm2_rstd,
         *fc, *act, *res_mlp, *out;
+    // A bf16 pre-norm model (bf16_operands): the norms' outputs, inputs of the QKV and MLP GEMMs
+    // only, are kept only in bf16 [N, C] here, and norm1 / norm2 are null; null otherwise.
+    uint16_t *norm1_bf16, *norm2_bf16;
     // Attention's saved state: att [B, NH, T, T] (full attention) or lse [B, NH, T] (fused);
     // the other is null (model_desc.h AttentionImpl).
     float* lse;
@@ -162,6 +166,12 @@ struct Activations {
   float *emb_mean = nullptr, *emb_rstd = nullptr;
   std::vector<Layer> layers;  // blocks l0 .. l1-1
   float *final_norm = nullptr, *final_mean = nullptr, *final_rstd = nullptr;
+  uint16_t* final_norm_bf16 = nullptr;  // the same for the final norm (final_norm null then)
+  // Set before allocation: with a bf16 Model, the operands its producers can write in bf16 are
+  // kept so (the pre-norm blocks' and the final norm's outputs, the LM head's logits gradient:
+  // "bf16 weight copy" in the header comment). false: every activation in fp32 and every GEMM
+  // rounding its operands itself (the tests' reference path).
+  bool bf16_operands = true;
   // Classifier: [B, classes]; after a training forward d loss / d logits. LM head: the chunk
   // buffer [lm_rows, V] (see "Chunked LM head"), after a forward the last chunk's logits (all
   // rows' with all_logits; with need_grad their gradient).
@@ -196,7 +206,8 @@ struct Activations {
   struct DeferredDense {
     int slot, weight_role, bias_role;  // Model::role_slices slot; bias_role -1: the layer has none
     const float* dout;                 // [N, OC]; null: the chunked LM head (recomputed)
-    const float* inp;                  // [N, C]
+    const float* inp;                  // [N, C] (null when kept only in bf16)
+    const uint16_t* inp16;             // its bf16 copy, or null
     int N, C, OC;
   };
   std::vector<DeferredDense> deferred;
@@ -218,6 +229,7 @@ struct Activations {
   size_t bytes() const { return bytes_; }
 
  private:
+  bool bf16_planned_ = false;  // the bf16_operands this allocation made
   float* mem_ = nullptr;
   int32_t* ids_ = nullptr;
   size_t bytes_ = 0;
@@ -337,8 +349,10 @@ struct Model {
   // A dense layer's backward: dinp += dout · W now (dinp may be null); dW += dout^T · inp and
   // db += Σ dout now (reported finished when `last`: no other contribution in this pass) or, in
   // an input-only pass, recorded in a (dout copied unless dout_kept: it lives in a already).
-  void dense_backward(Activations& a, float* dinp, const float* dout, bool dout_kept, const float* inp, int slot,
-                      int weight_role, int bias_role, int N, int C, int OC, bool last, const ReadyFn& ready);
+  // inp16: the input in bf16 where it is kept so (inp null then).
+  void dense_backward(Activations& a, float* dinp, const float* dout, bool dout_kept, const float* inp,
+                      const uint16_t* inp16, int slot, int weight_role, int bias_role, int N, int C, int OC, bool last,
+                      const ReadyFn& ready);
   float* kept_buffer(Activations& a, size_t n) const;  // the next n floats of a.kept (an input-only pass)
   // The chunked LM head's backward ("Chunked LM head"): per chunk, logits recomputed from xf and
   // turned into their gradient; then dxf += dlogits·W (dxf may be null) and dW += dlogits^T·xf

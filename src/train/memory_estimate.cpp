@@ -30,6 +30,8 @@ size_t attention_state_floats(const ModelDesc& d, int B, int T) {
 //              norm2 N·C, mean N, rstd N, fc N·FC, act N·F, res_mlp N·C, [post-norm: out N·C]
 //   LM head: final norm N·C, mean N, rstd N, logits R·V (R = lm_head_chunk_rows: the chunk buffer), losses N,
 //            and with runtime.precision bf16 the logits gradient's bf16 chunk R·bf16_row_stride(V)
+//   with runtime.precision bf16 a pre-norm model's norm outputs (norm1, norm2, final norm) are
+//   bf16: N·C 2-byte values each
 //   classifier: cls, pooled_pre, pooled, pooled_drop B·C each, logits B·K, losses B
 // each rounded up to 16 floats; plus the ids (4 · N int32) and the step's scalars
 // (backend/step_scalars.h) in one allocation, and the host loss row.
@@ -44,15 +46,17 @@ size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T,
   const size_t N = (size_t)B * T, C = d.d_model, att = attention_state_floats(d, B, T);
   const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = (size_t)d.n_head * d.head_dim();
   const int l1 = part.l1 < 0 ? d.n_layer : part.l1;
+  // bf16, pre-norm: the norms' outputs kept only in bf16 (N·C 2-byte values, in floats)
+  const size_t norm = precision == GemmPrecision::bf16 && d.pre_norm ? (N * C + 1) / 2 : N * C;
   std::vector<size_t> plan = {N * C, N * C, N * C};
   if (part.embedding && d.embedding_norm) plan.insert(plan.end(), {N * C, N, N});
   for (int l = part.l0; l < l1; l++) {
-    plan.insert(plan.end(), {N * C, N, N, N * QKV, N * AY, att, N * C, N * C, N, N, N * FC, N * F, N * C});
+    plan.insert(plan.end(), {norm, N, N, N * QKV, N * AY, att, N * C, norm, N, N, N * FC, N * F, N * C});
     if (!d.pre_norm) plan.push_back(N * C);
   }
   if (part.head && d.head == HeadKind::lm) {
     const size_t R = (size_t)lm_head_chunk_rows(d, (int)N);
-    plan.insert(plan.end(), {N * C, N, N, R * d.vocab_size, N});
+    plan.insert(plan.end(), {norm, N, N, R * d.vocab_size, N});
     // bf16: the logits gradient's bf16 chunk [R, bf16_row_stride(V)] (2-byte values, in floats)
     if (precision == GemmPrecision::bf16) plan.push_back((R * bf16_row_stride(d.vocab_size) + 1) / 2);
   } else if (part.head) {

@@ -61,7 +61,8 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
                                int rank, bool on_gpu);
 
 // The bytes of one micro-batch's Activations, and of one backward's scratch (as the model allocates).
-// With precision bf16 the activations also hold the LM head's bf16 logits-gradient chunk.
+// With precision bf16 the activations also hold the LM head's bf16 logits-gradient chunk, and a
+// pre-norm model's norm outputs are bf16 (Activations::bf16_operands).
 size_t activation_bytes(const ModelDesc& desc, int B, int T, GemmPrecision precision = GemmPrecision::fp32);
 size_t backward_scratch_bytes(const ModelDesc& desc, int B, int T);
 // The scratch the dense layers' GEMMs use for their bf16 operands (0 unless precision is bf16):

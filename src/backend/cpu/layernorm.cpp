@@ -2,6 +2,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/bf16.h"
 #include "backend/cpu/cpu_ops.h"
 
 namespace llmpi::cpu {
@@ -12,18 +13,35 @@ namespace {
 constexpr int kChunkRows = 128;
 // Rows times channels above which the loops are split over OpenMP threads.
 constexpr long long kParMin = 1 << 15;
+
+// Where row n of a norm's output is computed: out's row, or (out null: only the bf16 output is
+// kept) this thread's scratch row. The same loop writes either, so the bits are the same.
+float* output_row(float* out, int n, int C) {
+  if (out != nullptr) return out + static_cast<size_t>(n) * C;
+  thread_local std::vector<float> row;
+  if (row.size() < static_cast<size_t>(C)) row.resize(C);
+  return row.data();
+}
+
+// The bf16 bits of a computed row into out_bf16's row n (when given).
+void store_bf16_row(uint16_t* out_bf16, const float* o, int n, int C) {
+  if (out_bf16 == nullptr) return;
+  uint16_t* d = out_bf16 + static_cast<size_t>(n) * C;
+  for (int c = 0; c < C; c++) d[c] = float_to_bf16_bits(o[c]);
+}
 }  // namespace
 
 // For each row x = inp[n, :]:
 //   mean = Σ_c x_c / C;  var = Σ_c (x_c - mean)² / C;  rstd = 1 / sqrt(var + eps)
 //   out_c = (x_c - mean) * rstd * weight_c + bias_c
 // Two passes over the row (it sits in L1) instead of E[x²] - mean², which cancels badly.
+// out_bf16: the rounded output too (out may then be null).
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C, float eps) {
+                       const float* bias, int N, int C, float eps, uint16_t* out_bf16) {
 #pragma omp parallel for schedule(static) if (static_cast<long long>(N) * C > kParMin)
   for (int n = 0; n < N; n++) {
     const float* x = inp + static_cast<size_t>(n) * C;
-    float* o = out + static_cast<size_t>(n) * C;
+    float* o = output_row(out, n, C);
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int c = 0; c < C; c++) s += x[c];
@@ -37,6 +55,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
     const float r = 1.0f / std::sqrt(v / C + eps);
 #pragma omp simd
     for (int c = 0; c < C; c++) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+    store_bf16_row(out_bf16, o, n, C);
     mean[n] = m;
     rstd[n] = r;
   }
@@ -95,17 +114,18 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // For each row x = inp[n, :]:
 //   ms = Σ_c x_c² / C;  rstd = 1 / sqrt(ms + eps);  out_c = x_c * rstd * weight_c
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
-                     float eps) {
+                     float eps, uint16_t* out_bf16) {
 #pragma omp parallel for schedule(static) if (static_cast<long long>(N) * C > kParMin)
   for (int n = 0; n < N; n++) {
     const float* x = inp + static_cast<size_t>(n) * C;
-    float* o = out + static_cast<size_t>(n) * C;
+    float* o = output_row(out, n, C);
     float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
     for (int c = 0; c < C; c++) ss += x[c] * x[c];
     const float r = 1.0f / std::sqrt(ss / C + eps);
 #pragma omp simd
     for (int c = 0; c < C; c++) o[c] = x[c] * r * weight[c];
+    store_bf16_row(out_bf16, o, n, C);
     rstd[n] = r;
   }
 }

@@ -99,6 +99,19 @@ void round_into_bf16(float* dst, const float* src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = round_to_bf16(src[i]);
 }
 
+// dst[i] = the float of the bf16 bits src[i] (exact), i < n
+void widen_bf16(float* dst, const uint16_t* src, size_t n) {
+#pragma omp parallel for schedule(static) if (n > (1 << 18) && !omp_in_parallel())
+  for (size_t i = 0; i < n; i++) dst[i] = bf16_bits_to_float(src[i]);
+}
+
+// An activation operand [n values] of a bf16 GEMM into dst: widened from a16 when given, else
+// rounded from a.
+void bf16_operand_into(float* dst, const float* a, const uint16_t* a16, size_t n) {
+  if (a16 != nullptr) return widen_bf16(dst, a16, n);
+  round_into_bf16(dst, a, n);
+}
+
 // The weight operand [n values] of a bf16 GEMM into dst: widened from w16 when given, else
 // rounded from w (and counted: bf16_weight_rounding_count).
 void bf16_weight_into(float* dst, const float* w, const uint16_t* w16, size_t n) {
@@ -106,8 +119,7 @@ void bf16_weight_into(float* dst, const float* w, const uint16_t* w16, size_t n)
     count_bf16_weight_rounding(n);
     return round_into_bf16(dst, w, n);
   }
-#pragma omp parallel for schedule(static) if (n > (1 << 18) && !omp_in_parallel())
-  for (size_t i = 0; i < n; i++) dst[i] = bf16_bits_to_float(w16[i]);
+  widen_bf16(dst, w16, n);
 }
 
 std::atomic<uint64_t> weight_roundings{0};
@@ -141,7 +153,7 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   if (gemm.prec == GemmPrecision::bf16 && C > 0) {
     const size_t ni = static_cast<size_t>(N) * C, nw = static_cast<size_t>(OC) * C;
     float* s = bf16_scratch(round16(ni) + nw);
-    round_into_bf16(s, inp, ni);
+    bf16_operand_into(s, inp, gemm.inp_bf16, ni);
     bf16_weight_into(s + round16(ni), weight, gemm.weight_bf16, nw);
     inp = s;
     weight = s + round16(ni);
@@ -171,7 +183,7 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 // Each of the three is skipped when its output is null; they are independent, so calling with
 // dinp alone and then with dweight, dbias alone gives the same bits as one call with all three.
 // bf16: the two GEMMs read rounded copies of dout, weight (for dinp) and inp (for dweight); the
-// column sum reads the fp32 dout. gemm.weight_bf16 / gemm.dout_bf16 given: widened from them.
+// column sum reads the fp32 dout. gemm.weight_bf16 / inp_bf16 / dout_bf16 given: widened from them.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC, GemmMode gemm) {
   check_cpu_precision(gemm.prec);
@@ -196,7 +208,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
       weight = s + round16(nd);
     }
     if (dweight) {
-      round_into_bf16(s + round16(nd) + round16(nw), inp, ni);
+      bf16_operand_into(s + round16(nd) + round16(nw), inp, gemm.inp_bf16, ni);
       inp = s + round16(nd) + round16(nw);
     }
   }

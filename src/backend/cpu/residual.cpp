@@ -13,15 +13,15 @@ void residual_forward(float* out, const float* a, const float* b, size_t n) {
 // res = a + b; out = LayerNorm(res) / RMSNorm(res): the two ops in turn (the reference; the CUDA
 // op fuses them into one pass over each row and must give these bits on the GPU's own ops).
 void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a, const float* b,
-                                const float* weight, const float* bias, int N, int C, float eps) {
+                                const float* weight, const float* bias, int N, int C, float eps, uint16_t* out_bf16) {
   residual_forward(res, a, b, static_cast<size_t>(N) * C);
-  layernorm_forward(out, mean, rstd, res, weight, bias, N, C, eps);
+  layernorm_forward(out, mean, rstd, res, weight, bias, N, C, eps, out_bf16);
 }
 
 void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
-                              const float* weight, int N, int C, float eps) {
+                              const float* weight, int N, int C, float eps, uint16_t* out_bf16) {
   residual_forward(res, a, b, static_cast<size_t>(N) * C);
-  rmsnorm_forward(out, rstd, res, weight, N, C, eps);
+  rmsnorm_forward(out, rstd, res, weight, N, C, eps, out_bf16);
 }
 
 // out[b, c] = inp[b, 0, c]   (inp [B,T,C], out [B,C]; B*C floats: no threads needed)
