@@ -37,7 +37,7 @@ __device__ __forceinline__ void store_grad(__nv_bfloat16* p, float v) { *p = __f
 // is the same expression in both (its products rounded explicitly, as the CPU rounds them: e·f,
 // then − grad_scale on the target; no contraction into an FMA).
 template <typename G>
-__global__ void softmax_xent_kernel(const float* __restrict__ logits, G* grad, int ld,
+__global__ void softmax_xent_kernel(const float* logits, G* grad, int ld,  // (they alias for G = float)
                                     float* __restrict__ losses, const int32_t* __restrict__ targets,
                                     unsigned long long* __restrict__ bad, int V, int row0,
                                     float grad_scale) {
