@@ -16,6 +16,8 @@
 //              float (p outside [0, 1) is an Error, as on the CPU):
 //              forward   out[i]   = keep_i ? inp[i] s : 0       (out may alias inp)
 //              backward  dinp[i] += keep_i ? dout[i] s : 0
+#include <cuda_bf16.h>
+
 #include "backend/dropout_hash.h"
 #include "cuda_common.cuh"
 #include "runtime/error.h"
@@ -28,11 +30,18 @@ constexpr int kThreads = 256;
 constexpr float kInvSqrt2 = 0.70710678118654752f;    // 1/√2
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;  // 1/√(2π)
 
-__global__ void gelu_erf_forward_kernel(float* __restrict__ out, const float* __restrict__ inp,
-                                        size_t n) {
+// An activation's output value: fp32 into out and / or its bf16 rounding into out16 (either may be
+// null: out_bf16 of op_list.h), the one value computed once.
+__device__ __forceinline__ void store_activation(float* out, __nv_bfloat16* out16, size_t i, float v) {
+  if (out) out[i] = v;
+  if (out16) out16[i] = __float2bfloat16_rn(v);
+}
+
+__global__ void gelu_erf_forward_kernel(float* __restrict__ out, __nv_bfloat16* __restrict__ out16,
+                                        const float* __restrict__ inp, size_t n) {
   for (size_t i = grid_first(); i < n; i += grid_stride()) {
     const float x = inp[i];
-    out[i] = x * 0.5f * erfcf(-x * kInvSqrt2);
+    store_activation(out, out16, i, x * 0.5f * erfcf(-x * kInvSqrt2));
   }
 }
 
@@ -52,15 +61,15 @@ __device__ __forceinline__ float stable_sigmoid(float g) {
   return (g >= 0.0f ? 1.0f : e) / (1.0f + e);
 }
 
-__global__ void swiglu_forward_kernel(float* __restrict__ out, const float* __restrict__ inp,
-                                      int N, int F) {
+__global__ void swiglu_forward_kernel(float* __restrict__ out, __nv_bfloat16* __restrict__ out16,
+                                      const float* __restrict__ inp, int N, int F) {
   const size_t total = static_cast<size_t>(N) * F;
   for (size_t k = grid_first(); k < total; k += grid_stride()) {
     const size_t n = k / F;
     const size_t f = k - n * F;
     const float* row = inp + n * 2 * static_cast<size_t>(F);
     const float g = row[f], u = row[F + f];
-    out[k] = g * stable_sigmoid(g) * u;
+    store_activation(out, out16, k, g * stable_sigmoid(g) * u);
   }
 }
 
@@ -111,9 +120,10 @@ void check_dropout_p(const char* op, float p) {
   if (!(p >= 0.0f && p < 1.0f)) fail(op, ": dropout probability ", p, " is outside [0, 1)");
 }
 
-void gelu_erf_forward(float* out, const float* inp, size_t n) {
+void gelu_erf_forward(float* out, const float* inp, size_t n, uint16_t* out_bf16) {
   if (n == 0) return;
-  gelu_erf_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(out, inp, n);
+  gelu_erf_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, compute_stream()>>>(
+      out, reinterpret_cast<__nv_bfloat16*>(out_bf16), inp, n);
   LLMPI_LAUNCH_CHECK("gelu_erf_forward");
 }
 
@@ -124,10 +134,10 @@ void gelu_erf_backward(float* dinp, const float* inp, const float* dout, size_t 
   LLMPI_LAUNCH_CHECK("gelu_erf_backward");
 }
 
-void swiglu_forward(float* out, const float* inp, int N, int F) {
+void swiglu_forward(float* out, const float* inp, int N, int F, uint16_t* out_bf16) {
   if (N <= 0 || F <= 0) return;
   swiglu_forward_kernel<<<grid_for(static_cast<size_t>(N) * F, kThreads), kThreads, 0,
-                          compute_stream()>>>(out, inp, N, F);
+                          compute_stream()>>>(out, reinterpret_cast<__nv_bfloat16*>(out_bf16), inp, N, F);
   LLMPI_LAUNCH_CHECK("swiglu_forward");
 }
 

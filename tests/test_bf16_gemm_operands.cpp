@@ -6,7 +6,8 @@
 //    the weight they give the bits of rounding it themselves, and with the copy of ANOTHER weight
 //    they give that weight's result (so the copy is what the GEMMs read); without a copy they
 //    count the weight values they round (bf16_weight_rounding_count), with one they count none;
-//  - the norm forwards' bf16 output is their fp32 output rounded, with or without the fp32 one;
+//  - the norm forwards' and the erf-GELU / SwiGLU forwards' bf16 output is their fp32 output
+//    rounded, with or without the fp32 one;
 //    the GEMMs read a bf16 input (inp null) as they would have rounded the fp32 one;
 //  - softmax_xent_bf16_grad gives softmax_xent_record's losses and its gradient rounded, with zero
 //    padding, logits untouched, bad targets recorded; matmul_backward reads a given bf16 dout
@@ -285,6 +286,51 @@ TEST(Bf16NormOutput, IsTheFp32OutputRoundedWithOrWithoutIt) {
   }
 }
 
+namespace {
+// erf GELU over n values and SwiGLU over [N, 2F] on backend o, writing out (may be null) and out16
+// (may be null); both outputs in order.
+NormOutputs activation_outputs(const Ops& o, int N, int F, bool with_f32, bool with_b16, const float* inp,
+                               float* out, uint16_t* out16) {
+  NormOutputs r;
+  const size_t n = (size_t)N * F;
+  for (int k = 0; k < 2; k++) {
+    float* of = with_f32 ? out : nullptr;
+    uint16_t* ob = with_b16 ? out16 : nullptr;
+    if (k == 0) o.gelu_erf_forward(of, inp, n, ob);
+    else o.swiglu_forward(of, inp, N, F, ob);
+    if (with_f32) {
+      std::vector<float> h(n);
+      o.copy_to_host(h.data(), out, n * sizeof(float));
+      r.f32.insert(r.f32.end(), h.begin(), h.end());
+    }
+    if (with_b16) {
+      std::vector<uint16_t> h(n);
+      o.copy_to_host(h.data(), out16, n * sizeof(uint16_t));
+      r.b16.insert(r.b16.end(), h.begin(), h.end());
+    }
+  }
+  return r;
+}
+}  // namespace
+
+// N·F = 4403 and 1.3M values: one partial block of the CPU's bf16 path, and many blocks over threads.
+TEST(Bf16ActivationOutput, IsTheFp32OutputRoundedWithOrWithoutIt) {
+  for (auto [N, F] : {std::array<int, 2>{37, 119}, std::array<int, 2>{640, 2048}}) {
+    const auto inp = random_floats((size_t)N * 2 * F, 80, -4.0f, 4.0f);
+    std::vector<float> out((size_t)N * F);
+    std::vector<uint16_t> out16((size_t)N * F);
+    auto run = [&](bool f32, bool b16) {
+      std::fill(out.begin(), out.end(), kNaN);
+      return activation_outputs(cpu_ops(), N, F, f32, b16, inp.data(), out.data(), out16.data());
+    };
+    const std::string where = "N=" + std::to_string(N) + " F=" + std::to_string(F);
+    const NormOutputs fp32 = run(true, false), both = run(true, true), only = run(false, true);
+    EXPECT_SAME_BITS(both.f32, fp32.f32) << where;
+    EXPECT_EQ(both.b16, host_bits(fp32.f32)) << where;
+    EXPECT_EQ(only.b16, both.b16) << where << ": the bf16 output alone";
+  }
+}
+
 TEST(Bf16NormOutput, GemmsReadTheBf16Input) {
   for (const DenseCase& s : kDense) {
     const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
@@ -406,7 +452,7 @@ size_t dense_weight_values(const Model& m) {
   return n;
 }
 
-class Bf16WeightCopyModel : public ::testing::TestWithParam<WeightCopyFamily> {};
+class Bf16OperandsModel : public ::testing::TestWithParam<WeightCopyFamily> {};
 
 // The LM head in 3 chunks of 24 rows (N = 64): the head weight is read by 3 forward GEMMs, 2
 // recomputed ones and 3 input-gradient GEMMs per step.
@@ -418,7 +464,7 @@ ModelDesc copy_desc(const WeightCopyFamily& c) {
 
 }  // namespace
 
-TEST_P(Bf16WeightCopyModel, StepsHaveTheBitsOfRoundingInEveryOp) {
+TEST_P(Bf16OperandsModel, StepsHaveTheBitsOfRoundingInEveryOp) {
   const WeightCopyFamily& c = GetParam();
   const ModelDesc d = copy_desc(c);
   for (StepKind kind : {StepKind::plain, StepKind::fused_head, StepKind::split_backward}) {
@@ -431,7 +477,7 @@ TEST_P(Bf16WeightCopyModel, StepsHaveTheBitsOfRoundingInEveryOp) {
   }
 }
 
-TEST_P(Bf16WeightCopyModel, EachDenseWeightIsRoundedOncePerStep) {
+TEST_P(Bf16OperandsModel, EachDenseWeightIsRoundedOncePerStep) {
   const WeightCopyFamily& c = GetParam();
   const ModelDesc d = copy_desc(c);
   const int B = 4, T = 16;
@@ -463,7 +509,7 @@ TEST_P(Bf16WeightCopyModel, EachDenseWeightIsRoundedOncePerStep) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, Bf16WeightCopyModel, ::testing::ValuesIn(kFamilies),
+INSTANTIATE_TEST_SUITE_P(Families, Bf16OperandsModel, ::testing::ValuesIn(kFamilies),
                          [](const ::testing::TestParamInfo<WeightCopyFamily>& i) { return std::string(i.param.name); });
 
 // ---- CUDA ----------------------------------------------------------------------------------------------
@@ -584,6 +630,21 @@ TEST(CudaBf16Operands, NormOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
         EXPECT_EQ(only.b16, both.b16) << where << ": the bf16 output alone";
       }
     }
+  }
+}
+
+TEST(CudaBf16Operands, ActivationOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
+  REQUIRE_GPU();
+  for (auto [N, F] : {std::array<int, 2>{37, 119}, std::array<int, 2>{640, 2048}}) {
+    Dev inp(random_floats((size_t)N * 2 * F, 80, -4.0f, 4.0f)), out((size_t)N * F * 4), out16((size_t)N * F * 2);
+    auto run = [&](bool f32, bool b16) {
+      return activation_outputs(gpu(), N, F, f32, b16, inp.f(), out.f(), static_cast<uint16_t*>(out16.p));
+    };
+    const std::string where = "N=" + std::to_string(N) + " F=" + std::to_string(F);
+    const NormOutputs fp32 = run(true, false), both = run(true, true), only = run(false, true);
+    EXPECT_SAME_BITS(both.f32, fp32.f32) << where;
+    EXPECT_EQ(both.b16, host_bits(fp32.f32)) << where;
+    EXPECT_EQ(only.b16, both.b16) << where;
   }
 }
 

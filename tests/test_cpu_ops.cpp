@@ -1110,7 +1110,7 @@ double elementwise_loss(F f, const std::vector<double>& x, const std::vector<flo
 TEST(CpuOps, GeluErfForward) {
   const auto x = gelu_inputs(150);
   std::vector<float> out(x.size(), kNaN);
-  ops().gelu_erf_forward(out.data(), x.data(), x.size());
+  ops().gelu_erf_forward(out.data(), x.data(), x.size(), nullptr);
   std::vector<double> ref(x.size());
   for (size_t i = 0; i < x.size(); i++) ref[i] = ref_gelu_erf(x[i]);
   EXPECT_LT(rel_err(out, ref), kFwdTol);
@@ -1121,10 +1121,10 @@ TEST(CpuOps, GeluErfForward) {
   // The OpenMP path gives the same values.
   const auto big = random_floats(100000, 151, -8.0f, 8.0f);
   std::vector<float> ob(big.size());
-  ops().gelu_erf_forward(ob.data(), big.data(), big.size());
+  ops().gelu_erf_forward(ob.data(), big.data(), big.size(), nullptr);
   for (size_t i = 0; i < big.size(); i += 997) {
     float one;
-    ops().gelu_erf_forward(&one, &big[i], 1);
+    ops().gelu_erf_forward(&one, &big[i], 1, nullptr);
     ASSERT_EQ(one, ob[i]);
   }
 }
@@ -1160,7 +1160,7 @@ TEST(CpuOps, SwiGLUForward) {
     inp[1] = 30.0f;
     inp[2] = 0.0f;
     std::vector<float> out(static_cast<size_t>(N) * F, kNaN);
-    ops().swiglu_forward(out.data(), inp.data(), N, F);
+    ops().swiglu_forward(out.data(), inp.data(), N, F, nullptr);
     const auto ref = ref_swiglu(to_double(inp), N, F);
     EXPECT_LT(rel_err(out, ref), kFwdTol) << F;
     for (size_t i = 0; i < out.size(); i++)
@@ -1555,8 +1555,8 @@ std::vector<std::vector<float>> run_new_ops() {
                           0.1f, 31);
   ops().dropout_forward(ao.data(), ao.data(), ao.size(), 0.1f, 32);
   ops().matmul_forward(up.data(), ao.data(), wup.data(), nullptr, N, C, 2 * F, GemmPrecision::fp32);
-  ops().swiglu_forward(sw.data(), up.data(), N, F);
-  ops().gelu_erf_forward(ge.data(), sw.data(), ge.size());
+  ops().swiglu_forward(sw.data(), up.data(), N, F, nullptr);
+  ops().gelu_erf_forward(ge.data(), sw.data(), ge.size(), nullptr);
   ops().first_token_forward(cls.data(), emb.data(), B, T, C);
   ops().tanh_forward(pool.data(), cls.data(), pool.size());
 

@@ -774,9 +774,9 @@ TEST(CudaOps, GeluErf) {
   const size_t n = 100003;
   const auto x = random_floats(n, 110, -12.0f, 12.0f);
   std::vector<float> ref(n);
-  cpu().gelu_erf_forward(ref.data(), x.data(), n);
+  cpu().gelu_erf_forward(ref.data(), x.data(), n, nullptr);
   Dev gx(x), gout(nans(n));
-  gpu().gelu_erf_forward(gout.f(), gx.f(), n);
+  gpu().gelu_erf_forward(gout.f(), gx.f(), n, nullptr);
   EXPECT_LT(rel(gout.get(), ref), kOpTol);
 
   const auto dout = random_floats(n, 111), d0 = random_floats(n, 112);
@@ -794,9 +794,9 @@ TEST(CudaOps, SwiGlu) {
     const size_t nin = static_cast<size_t>(N) * 2 * F, nout = static_cast<size_t>(N) * F;
     const auto x = random_floats(nin, 113 + F, -10.0f, 10.0f);
     std::vector<float> ref(nout);
-    cpu().swiglu_forward(ref.data(), x.data(), N, F);
+    cpu().swiglu_forward(ref.data(), x.data(), N, F, nullptr);
     Dev gx(x), gout(nans(nout));
-    gpu().swiglu_forward(gout.f(), gx.f(), N, F);
+    gpu().swiglu_forward(gout.f(), gx.f(), N, F, nullptr);
     EXPECT_LT(rel(gout.get(), ref), kOpTol) << "F=" << F;
 
     const auto dout = random_floats(nout, 114), d0 = random_floats(nin, 115);

@@ -172,10 +172,12 @@
   X(void, gelu_forward, (float* out, const float* inp, size_t n))                                  \
   X(void, gelu_backward, (float* dinp, const float* inp, const float* dout, size_t n))             \
   /* GELU, exact: x/2 (1 + erf(x/sqrt 2)) (BERT) */                                                \
-  X(void, gelu_erf_forward, (float* out, const float* inp, size_t n))                              \
+  X(void, gelu_erf_forward, (float* out, const float* inp, size_t n, uint16_t* out_bf16))          \
   X(void, gelu_erf_backward, (float* dinp, const float* inp, const float* dout, size_t n))         \
-  /* SwiGLU: inp [N, 2F] = [gate | up] per row; out [N,F] = silu(gate) * up */                     \
-  X(void, swiglu_forward, (float* out, const float* inp, int N, int F))                            \
+  /* SwiGLU: inp [N, 2F] = [gate | up] per row; out [N,F] = silu(gate) * up                        \
+     gelu_erf_forward and swiglu_forward: out_bf16 as the norms' (may be null; the output's bf16   \
+     bits, each the rounding of the fp32 value; out may be null when it is given) */               \
+  X(void, swiglu_forward, (float* out, const float* inp, int N, int F, uint16_t* out_bf16))        \
   X(void, swiglu_backward, (float* dinp, const float* inp, const float* dout, int N, int F))       \
   /* tanh (BERT's pooler); backward uses the forward's output: dinp += dout (1 - out^2) */         \
   X(void, tanh_forward, (float* out, const float* inp, size_t n))                                  \

@@ -225,8 +225,8 @@ void Generator::feed(const int32_t* tokens, int n, float* logits, bool all_logit
     dense(o, fc_.data(), h, w[kFcW], w[kFcB], n, C, FC);
     switch (d.mlp) {
       case MlpKind::gelu_tanh: o.gelu_forward(act_.data(), fc_.data(), static_cast<size_t>(n) * F); break;
-      case MlpKind::gelu_erf: o.gelu_erf_forward(act_.data(), fc_.data(), static_cast<size_t>(n) * F); break;
-      case MlpKind::swiglu: o.swiglu_forward(act_.data(), fc_.data(), n, F); break;
+      case MlpKind::gelu_erf: o.gelu_erf_forward(act_.data(), fc_.data(), static_cast<size_t>(n) * F, nullptr); break;
+      case MlpKind::swiglu: o.swiglu_forward(act_.data(), fc_.data(), n, F, nullptr); break;
     }
     dense(o, tmp, act_.data(), w[kProjW], w[kProjB], n, F, C);
     o.residual_forward(x, x, tmp, NC);

@@ -261,8 +261,11 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   // each) through `half`, whose pointers become the uint16 ones after the allocation.
   const bool bf16 = m.precision == GemmPrecision::bf16 && bf16_operands;
   const bool norms16 = bf16 && d.pre_norm;
+  // the MLP's activation output, read only by the output projection's GEMMs, in bf16 unless it
+  // comes out of the fused GELU (tanh) GEMM (cuBLASLt's epilogue writes fp32)
+  const bool act16 = bf16 && d.mlp != MlpKind::gelu_tanh;
   std::vector<std::pair<uint16_t**, float*>> half;
-  half.reserve(2 * (m.part.l1 - m.part.l0) + 2);
+  half.reserve(3 * (m.part.l1 - m.part.l0) + 2);
   final_norm = nullptr;
   final_norm_bf16 = logits_grad_bf16 = nullptr;
   // Full attention keeps P [B, NH, T, T] per layer, fused attention one lse per query row.
@@ -290,8 +293,10 @@ void Activations::allocate(const Model& m, int B_, int T_) {
     plan.insert(plan.end(), {{&L.norm1_mean, N}, {&L.norm1_rstd, N}, {&L.qkv, N * QKV},
                              {&L.atty, N * AY}, {fused ? &L.lse : &L.att, fused ? lse : att}, {&L.res_attn, N * C}});
     plan_norm(&L.norm2, &L.norm2_bf16);
-    plan.insert(plan.end(), {{&L.norm2_mean, N}, {&L.norm2_rstd, N}, {&L.fc, N * FC}, {&L.act, N * F},
-                             {&L.res_mlp, N * C}});
+    plan.insert(plan.end(), {{&L.norm2_mean, N}, {&L.norm2_rstd, N}, {&L.fc, N * FC}});
+    if (act16) plan_half(&L.act_bf16, N * F);
+    else plan.push_back({&L.act, N * F});
+    plan.push_back({&L.res_mlp, N * C});
     if (!d.pre_norm) plan.push_back({&L.out, N * C});
   }
   // A bf16 LM head's logits gradient in bf16.
@@ -493,14 +498,16 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
       case MlpKind::gelu_tanh: o.matmul_gelu_forward(L.fc, L.act, h2, w[kFcW], w[kFcB], N, C, FC, fc_gemm); break;
       case MlpKind::gelu_erf:
         o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC, fc_gemm);
-        o.gelu_erf_forward(L.act, L.fc, static_cast<size_t>(N) * F);
+        o.gelu_erf_forward(L.act, L.fc, static_cast<size_t>(N) * F, L.act_bf16);
         break;
       case MlpKind::swiglu:
         o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC, fc_gemm);
-        o.swiglu_forward(L.act, L.fc, N, F);
+        o.swiglu_forward(L.act, L.fc, N, F, L.act_bf16);
         break;
     }
-    o.matmul_forward(a.tmp, L.act, w[kProjW], w[kProjB], N, F, C, gemm_rounding(w[kProjW], static_cast<size_t>(C) * F));
+    GemmMode proj_gemm = gemm_rounding(w[kProjW], static_cast<size_t>(C) * F);
+    proj_gemm.inp_bf16 = L.act_bf16;
+    o.matmul_forward(a.tmp, L.act, w[kProjW], w[kProjB], N, F, C, proj_gemm);
     if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropMlpOut));
     if (d.pre_norm)
       o.residual_forward(L.res_mlp, L.res_attn, a.tmp, NC);
@@ -948,12 +955,12 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
   auto proj_act_backward = [&](const Activations::Layer& L, const float* dproj, int slot) {
     const BlockTensors& w = pb[slot - 1];
     if (d.mlp == MlpKind::gelu_tanh) {
-      dense(nullptr, dproj, L.act, nullptr, slot, kProjW, kProjB, F, C);
+      dense(nullptr, dproj, L.act, L.act_bf16, slot, kProjW, kProjB, F, C);
       o.matmul_dgelu_backward(d_fc, dproj, w[kProjW], L.fc, N, F, C, gemm_reading(w[kProjW]));
       return;
     }
     o.zero(d_act_, static_cast<size_t>(N) * F * sizeof(float));
-    dense(d_act_, dproj, L.act, nullptr, slot, kProjW, kProjB, F, C);
+    dense(d_act_, dproj, L.act, L.act_bf16, slot, kProjW, kProjB, F, C);
     o.zero(d_fc, static_cast<size_t>(N) * FC * sizeof(float));
     if (d.mlp == MlpKind::gelu_erf)
       o.gelu_erf_backward(d_fc, L.fc, d_act_, static_cast<size_t>(N) * F);

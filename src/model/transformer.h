@@ -82,8 +82,9 @@
 // backward, and the next forward rounds again). Operands whose producers write them in bf16 too
 // (Activations::bf16_operands): the LM head's logits gradient (softmax_xent_bf16_grad into
 // Activations::logits_grad_bf16, rows padded to a multiple of 8; GemmMode::dout_bf16) and, in a
-// pre-norm model, the norms' outputs (the norm ops' out_bf16; GemmMode::inp_bf16), which only
-// GEMMs read and which are then kept only in bf16 (half their memory). Each GEMM reads them as
+// pre-norm model, the norms' outputs (the norm ops' out_bf16; GemmMode::inp_bf16), and the MLP's
+// SwiGLU / erf-GELU output, which only GEMMs read and which are then kept only in bf16 (half
+// their memory). Each GEMM reads them as
 // they are: no fp32 copy written and read back, no conversion pass; again the same bits.
 #pragma once
 #include <cstdint>
@@ -149,8 +150,10 @@ struct Activations {
     float *norm1, *norm1_mean, *norm1_rstd, *qkv, *atty, *att, *res_attn, *norm2, *norm2_mean, *norm2_rstd,
         *fc, *act, *res_mlp, *out;
     // A bf16 pre-norm model (bf16_operands): the norms' outputs, inputs of the QKV and MLP GEMMs
-    // only, are kept only in bf16 [N, C] here, and norm1 / norm2 are null; null otherwise.
-    uint16_t *norm1_bf16, *norm2_bf16;
+    // only, are kept only in bf16 [N, C] here, and norm1 / norm2 are null; null otherwise. The
+    // same for the MLP's activation output act [N, F] (input of its output projection only) in a
+    // bf16 model whose MLP is not GELU (tanh) (fused with its GEMM, whose epilogue writes fp32).
+    uint16_t *norm1_bf16, *norm2_bf16, *act_bf16;
     // Attention's saved state: att [B, NH, T, T] (full attention) or lse [B, NH, T] (fused);
     // the other is null (model_desc.h AttentionImpl).
     float* lse;

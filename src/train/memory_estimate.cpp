@@ -31,7 +31,7 @@ size_t attention_state_floats(const ModelDesc& d, int B, int T) {
 //   LM head: final norm N·C, mean N, rstd N, logits R·V (R = lm_head_chunk_rows: the chunk buffer), losses N,
 //            and with runtime.precision bf16 the logits gradient's bf16 chunk R·bf16_row_stride(V)
 //   with runtime.precision bf16 a pre-norm model's norm outputs (norm1, norm2, final norm) are
-//   bf16: N·C 2-byte values each
+//   bf16: N·C 2-byte values each; so is act (N·F) unless the MLP is GELU (tanh)
 //   classifier: cls, pooled_pre, pooled, pooled_drop B·C each, logits B·K, losses B
 // each rounded up to 16 floats; plus the ids (4 · N int32) and the step's scalars
 // (backend/step_scalars.h) in one allocation, and the host loss row.
@@ -47,11 +47,14 @@ size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T,
   const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = (size_t)d.n_head * d.head_dim();
   const int l1 = part.l1 < 0 ? d.n_layer : part.l1;
   // bf16, pre-norm: the norms' outputs kept only in bf16 (N·C 2-byte values, in floats)
-  const size_t norm = precision == GemmPrecision::bf16 && d.pre_norm ? (N * C + 1) / 2 : N * C;
+  const bool bf16 = precision == GemmPrecision::bf16;
+  const size_t norm = bf16 && d.pre_norm ? (N * C + 1) / 2 : N * C;
+  // bf16, an MLP other than GELU (tanh): its activation output in bf16 too
+  const size_t act = bf16 && d.mlp != MlpKind::gelu_tanh ? (N * F + 1) / 2 : N * F;
   std::vector<size_t> plan = {N * C, N * C, N * C};
   if (part.embedding && d.embedding_norm) plan.insert(plan.end(), {N * C, N, N});
   for (int l = part.l0; l < l1; l++) {
-    plan.insert(plan.end(), {norm, N, N, N * QKV, N * AY, att, N * C, norm, N, N, N * FC, N * F, N * C});
+    plan.insert(plan.end(), {norm, N, N, N * QKV, N * AY, att, N * C, norm, N, N, N * FC, act, N * C});
     if (!d.pre_norm) plan.push_back(N * C);
   }
   if (part.head && d.head == HeadKind::lm) {

@@ -4,9 +4,12 @@
 // Loops are flat over the elements (or rows for SwiGLU), vectorisable (fast_expf and select_float
 // instead of libm exp and branches, where it matters) and split over OpenMP threads above kParMin
 // elements; no op reduces across elements, so results do not depend on the thread count.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
+#include "backend/bf16.h"
 #include "backend/cpu/cpu_ops.h"
 #include "runtime/error.h"
 
@@ -130,13 +133,43 @@ static inline float normal_cdf(float x) {
   return r;
 }
 
-// out = x Phi(x)
-void gelu_erf_forward(float* out, const float* inp, size_t n) {
+namespace {
+// This thread's scratch of at least n floats: where an activation is computed when only its bf16
+// output is kept (out null), by the very loop that writes out otherwise, so the bits are the same.
+float* activation_scratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+// dst[i] = bf16 bits of src[i], i < n
+void round_bits(uint16_t* dst, const float* src, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = float_to_bf16_bits(src[i]);
+}
+}  // namespace
+
+// out = x Phi(x). With out_bf16: in blocks of kBf16Block values, computed into out's block (or the
+// scratch) and rounded from there.
+constexpr long long kBf16Block = 4096;
+void gelu_erf_forward(float* out, const float* inp, size_t n, uint16_t* out_bf16) {
   const long long nn = static_cast<long long>(n);
+  if (out_bf16 == nullptr) {
 #pragma omp parallel for simd schedule(static) if (nn > kParMin)
-  for (long long i = 0; i < nn; i++) {
-    const float x = inp[i];
-    out[i] = x * normal_cdf(x);
+    for (long long i = 0; i < nn; i++) {
+      const float x = inp[i];
+      out[i] = x * normal_cdf(x);
+    }
+    return;
+  }
+  const long long blocks = (nn + kBf16Block - 1) / kBf16Block;
+#pragma omp parallel for schedule(static) if (nn > kParMin)
+  for (long long b = 0; b < blocks; b++) {
+    const long long i0 = b * kBf16Block, m = std::min(kBf16Block, nn - i0);
+    float* o = out ? out + i0 : activation_scratch(kBf16Block);
+    const float* x = inp + i0;
+#pragma omp simd
+    for (long long i = 0; i < m; i++) o[i] = x[i] * normal_cdf(x[i]);
+    round_bits(out_bf16 + i0, o, static_cast<size_t>(m));
   }
 }
 
@@ -157,13 +190,13 @@ void gelu_erf_backward(float* dinp, const float* inp, const float* dout, size_t 
 // g = inp[n, f], u = inp[n, F + f]. With e = exp(-|g|) <= 1:
 //   sigmoid(g) = (g >= 0 ? 1 : e) / (1 + e),   1 - sigmoid(g) = (g >= 0 ? e : 1) / (1 + e)
 
-// out = g sigmoid(g) u
-void swiglu_forward(float* out, const float* inp, int N, int F) {
+// out = g sigmoid(g) u (with out_bf16 also, or only, rounded: row by row, as gelu_erf_forward)
+void swiglu_forward(float* out, const float* inp, int N, int F, uint16_t* out_bf16) {
 #pragma omp parallel for schedule(static) if (static_cast<long long>(N) * F > kParMin)
   for (int n = 0; n < N; n++) {
     const float* gate = inp + static_cast<size_t>(n) * 2 * F;
     const float* up = gate + F;
-    float* o = out + static_cast<size_t>(n) * F;
+    float* o = out ? out + static_cast<size_t>(n) * F : activation_scratch(static_cast<size_t>(F));
 #pragma omp simd
     for (int f = 0; f < F; f++) {
       const float g = gate[f];
@@ -171,6 +204,7 @@ void swiglu_forward(float* out, const float* inp, int N, int F) {
       const float sig = select_float(g >= 0.0f, 1.0f, e) / (1.0f + e);
       o[f] = g * sig * up[f];
     }
+    if (out_bf16) round_bits(out_bf16 + static_cast<size_t>(n) * F, o, static_cast<size_t>(F));
   }
 }
 
