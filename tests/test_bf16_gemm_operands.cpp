@@ -1,14 +1,15 @@
 // The bf16 GEMM operands produced once (model/transformer.h "bf16 weight copy",
-// backend/gemm_precision.h GemmMode): the Model's bf16 weight copy and the LM head's logits
-// gradient written in bf16.
+// backend/gemm_precision.h GemmMode): the Model's bf16 weight copy, the LM head's logits gradient
+// written in bf16, and the activations only GEMMs read kept in bf16 (the pre-norm norms' outputs,
+// the SwiGLU / erf-GELU output).
 //  - bf16_copy writes backend/bf16.h's bits (nearest even, canonical NaN) and counts its values;
 //  - the dense-layer ops read a given weight copy instead of rounding the weight: with the copy of
 //    the weight they give the bits of rounding it themselves, and with the copy of ANOTHER weight
 //    they give that weight's result (so the copy is what the GEMMs read); without a copy they
 //    count the weight values they round (bf16_weight_rounding_count), with one they count none;
 //  - the norm forwards' and the erf-GELU / SwiGLU forwards' bf16 output is their fp32 output
-//    rounded, with or without the fp32 one;
-//    the GEMMs read a bf16 input (inp null) as they would have rounded the fp32 one;
+//    rounded, with or without the fp32 one; the GEMMs read a bf16 input (inp null) as they would
+//    have rounded the fp32 one;
 //  - softmax_xent_bf16_grad gives softmax_xent_record's losses and its gradient rounded, with zero
 //    padding, logits untouched, bad targets recorded; matmul_backward reads a given bf16 dout
 //    (dout null) as it would have rounded the fp32 one, and a dout that is not the rounded one
@@ -16,7 +17,7 @@
 //  - a bf16 Model's training steps (plain, fused LM head, split backward; gpt2 with a chunked tied
 //    head, llama with grouped K/V heads, bert) have the same bits as the same steps on a backend
 //    whose dense ops ignore the weight copy and round in every call, with every activation in fp32
-//    (Activations::bf16_operands false: the path before) — so the norms' outputs kept only in bf16
+//    (Activations::bf16_operands false: the path before) — so the activations kept only in bf16
 //    and the LM head's logits gradient written in bf16 give the same bits too;
 //  - and in such a step every dense weight is rounded exactly once (the LM head's too, whatever
 //    its chunk count), against more than that when every op rounds; fp32 rounds nothing.
