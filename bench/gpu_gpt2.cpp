@@ -29,8 +29,11 @@
 //   in the same run,
 //   GPU memory: the peak of (used now − used before the model) sampled after every forward,
 //   backward and optimizer phase (cudaMemGetInfo), against the analytic plan: params + grads +
-//   2 AdamW moments (4 × 4 bytes × N) + the model's activation buffer + the backend's scratch
-//   workspace.
+//   2 AdamW moments (4 × 4 bytes × N; bf16: + the Model's bf16 weight copy, 2 × N) + the model's
+//   activation buffer + the backend's scratch workspace,
+//   bf16: the weight values rounded to bf16 per timed step (bf16_weight_rounding_count; the
+//   Model's weight copy rounds each dense weight once per forward: about N for GPT-2, whose
+//   dense weights and tied wte are nearly all its parameters).
 // The dense layers use cuBLASLt epilogues (bias, GELU, GELU gradient, bias gradient) unless
 // LLMPI_CUDA_EPILOGUES=0 is set: run twice to compare (the JSON records "gemm_epilogues").
 // Exit status: 0 measured; 2 when built without CUDA or no usable GPU (the reason is printed).
@@ -236,7 +239,9 @@ int run(const Options& o) {
       cuda_mem_info(&f, &t);
       if (free0 > f) peak_used = std::max(peak_used, free0 - f);
     };
+    uint64_t rounded0 = 0;  // bf16 weight values rounded before the timed steps
     for (int s = 1; s <= o.warmup + o.steps; s++) {
+      if (s == o.warmup + 1) rounded0 = ops.bf16_weight_rounding_count();
       // The trainer's one-rank step (train/trainer.cpp): no host wait before the one readback at
       // the end (after the optimizer); the phases timed by stream marks.
       const double t0 = now_ms();
@@ -271,6 +276,9 @@ int run(const Options& o) {
       }
     }
 
+    // bf16: weight values rounded per step (the Model's weight copy: each dense weight once)
+    const double rounded_per_step =
+        o.steps > 0 ? static_cast<double>(ops.bf16_weight_rounding_count() - rounded0) / o.steps : 0.0;
     const double ms = median(step_ms);
     const double tok_s = N / (ms * 1e-3);
     const double flops_tok = flops_per_token(desc, n, T);
@@ -279,7 +287,8 @@ int run(const Options& o) {
     const double mfu_bf16_peak = peak ? achieved_tflops / peak_bf16 : 0.0;
     const double mfu_own_peak = peak ? achieved_tflops / peak_own : 0.0;
     const double used_gib = peak_used / 1073741824.0;
-    const double state_b = 4.0 * n * sizeof(float);
+    // params, grads, m, v; bf16: the Model's bf16 weight copy too
+    const double state_b = 4.0 * n * sizeof(float) + (o.precision == GemmPrecision::bf16 ? 2.0 * n : 0.0);
     const double act_b = static_cast<double>(acts.bytes());
     const double ws_b = static_cast<double>(cuda_workspace_bytes());
     const double plan_gib = (state_b + act_b + ws_b) / 1073741824.0;
@@ -297,6 +306,8 @@ int run(const Options& o) {
     std::printf("%-34s %12.3e\n", "training FLOPs/token", flops_tok);
     std::printf("%-34s %12.2f\n", "achieved TFLOP/s", achieved_tflops);
     std::printf("%-34s %12s\n", "precision (dense GEMMs)", prec.c_str());
+    if (o.precision == GemmPrecision::bf16)
+      std::printf("%-34s %12.0f\n", "bf16 weight values rounded/step", rounded_per_step);
     if (peak) {
       std::printf("%-34s %11.1f%%\n", "MFU vs published bf16 peak", 100.0 * mfu_bf16_peak);
       std::printf("%-34s %11.1f%%\n", ("MFU vs published " + prec + " peak").c_str(),
@@ -306,7 +317,9 @@ int run(const Options& o) {
     std::printf("%-34s %11.1f%%\n", "MFU vs measured GEMM", 100.0 * mfu);
     std::printf("%-34s %12.2f\n", "peak GPU memory of the run, GiB", used_gib);
     std::printf("%-34s %12.2f\n", "analytic plan, GiB", plan_gib);
-    std::printf("%-34s %12.2f\n", "  params+grads+m+v, GiB", state_b / 1073741824.0);
+    std::printf("%-34s %12.2f\n", o.precision == GemmPrecision::bf16 ? "  params+grads+m+v+bf16 copy, GiB"
+                                                                      : "  params+grads+m+v, GiB",
+                state_b / 1073741824.0);
     std::printf("%-34s %12.2f\n", "  activations+tokens, GiB", act_b / 1073741824.0);
     std::printf("%-34s %12.2f\n", "  backend workspace, GiB", ws_b / 1073741824.0);
 
@@ -343,6 +356,7 @@ int run(const Options& o) {
           {"gemm_tflops", gemm_tflops},
           {"gemm_size", o.gemm},
           {"mfu_vs_measured_gemm", mfu},
+          {"bf16_weight_values_rounded_per_step", rounded_per_step},
           {"peak_memory_bytes", peak_used},
           {"memory_total_bytes", total},
           {"plan_bytes",
