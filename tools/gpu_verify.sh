@@ -320,7 +320,7 @@ bench_step() {
 j=json.load(open(sys.argv[1]))
 keys=["precision","attention","attention_kernel","gemm_epilogues","batch","tokens_per_s","ms_per_step","forward_ms","backward_ms","optim_ms","achieved_tflops",
       "gemm_tflops","mfu_vs_measured_gemm","mfu_vs_published_bf16_peak","mfu_vs_published_own_peak",
-      "peak_memory_bytes","last_loss","device"]
+      "peak_memory_bytes","bf16_weight_values_rounded_per_step","last_loss","device"]
 print(", ".join("\"%s\": %s" % (k, json.dumps(j.get(k))) for k in keys))' "$WORK/$name.json" 2>/dev/null ||
       grep -oP '"tokens_per_s":\s*\K[0-9.e+]+' "$WORK/$name.json" | head -1 | sed 's/^/"tokens_per_s": /')
   fi
