@@ -71,7 +71,8 @@ TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
                         Case{"gpt2", {}, "adamw", AttentionImpl::full, 5},
                         Case{"llama", {"model.n_kv_head=1"}, "adamw", AttentionImpl::fused, 1},
                         Case{"gpt2", {}, "adamw", AttentionImpl::full, 5, GemmPrecision::bf16},
-                        Case{"bert", {}, "sgd", AttentionImpl::fused, 0, GemmPrecision::bf16}}) {
+                        Case{"bert", {}, "sgd", AttentionImpl::fused, 0, GemmPrecision::bf16},
+                        Case{"llama", {"model.n_kv_head=1"}, "adamw", AttentionImpl::fused, 3, GemmPrecision::bf16}}) {
     const int B = 3, T = 12;
     ModelDesc d = test::desc_of(c.family, 2, 2, 16, T, 37, c.extra);
     d.attention = c.attention;
