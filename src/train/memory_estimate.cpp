@@ -96,10 +96,10 @@ size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
 // them side by side in one buffer (its forward inp·W^T, its backward dout, W and inp), each but the
 // last padded to 16 floats (CPU: fp32 copies) or 128 bf16 values (CUDA, whose workspace also takes
 // a quarter of headroom when it grows, and whose copy of dout has rows of a multiple of 8 values).
-// The Model hands every call its bf16 weight copy (model/transformer.h), and the LM head's calls
-// their logits gradient in bf16: CUDA reads them in place, so they take no scratch there; the CPU
-// widens them into its fp32 scratch. The buffer grows to
-// the largest call: often the LM head's backward, over one chunk of R = lm_head_chunk_rows rows.
+// The Model hands every call its bf16 weight copy (model/transformer.h), the LM head's calls their
+// logits gradient in bf16, and the calls whose input is kept only in bf16 (a pre-norm model's
+// norm outputs, a SwiGLU / erf-GELU output) that input: CUDA reads them in place, so they take no
+// scratch there; the CPU widens them into its fp32 scratch. The buffer grows to the largest call.
 size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecision precision, bool on_gpu) {
   if (precision != GemmPrecision::bf16) return 0;
   const size_t pad = on_gpu ? 128 : 16;
@@ -107,19 +107,21 @@ size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecisio
   size_t most = 0;
   // CUDA pads a bf16 output gradient's rows to a multiple of 8 values (kernels/matmul.cu bf16_ld)
   auto ld = [&](size_t out) { return on_gpu ? (out + 7) / 8 * 8 : out; };
-  // dout_given: the call's dout comes in bf16 (the LM head's logits gradient): no copy of it on CUDA
-  auto dense = [&](size_t rows, size_t in, size_t out, bool dout_given = false) {
+  // inp_given / dout_given: the call's input / output gradient comes in bf16: no copy on CUDA
+  auto dense = [&](size_t rows, size_t in, size_t out, bool inp_given = false, bool dout_given = false) {
     const size_t w = on_gpu ? 0 : out * in;  // the weight's scratch copy (none on CUDA: the Model's copy)
+    const size_t x = on_gpu && inp_given ? 0 : rows * in;
     const size_t dout = on_gpu && dout_given ? 0 : rows * ld(out);
-    most = std::max({most, span(rows * in) + w, span(dout) + span(w) + rows * in});
+    most = std::max({most, span(x) + w, span(dout) + span(w) + x});
   };
   const size_t N = (size_t)B * T, C = d.d_model, AY = (size_t)d.n_head * d.head_dim();
-  dense(N, C, d.qkv_dim());
+  const bool norms16 = d.pre_norm, act16 = d.mlp != MlpKind::gelu_tanh;  // (Activations::bf16_operands)
+  dense(N, C, d.qkv_dim(), norms16);
   dense(N, AY, C);
-  dense(N, C, d.fc_dim());
-  dense(N, d.ffn_dim, C);
+  dense(N, C, d.fc_dim(), norms16);
+  dense(N, d.ffn_dim, C, act16);
   if (d.head == HeadKind::lm) {
-    dense((size_t)lm_head_chunk_rows(d, (int)N), C, d.vocab_size, true);
+    dense((size_t)lm_head_chunk_rows(d, (int)N), C, d.vocab_size, norms16 && d.final_norm, true);
   } else {
     dense(B, C, C);
     dense(B, C, d.num_labels);
