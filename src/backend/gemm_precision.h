@@ -15,12 +15,14 @@
 //         sgemm, which is exact emulation up to summation order (a product of two bf16 values is
 //         exact in fp32).
 //
-// A dense layer's ops take a GemmMode: the precision, and in bf16 optionally the weight already
-// rounded. A bf16 Model rounds each dense weight once per forward into its bf16 copy
-// (the bf16_copy op, model/transformer.h "bf16 weight copy") and hands the copy to the forward and
-// backward GEMMs, instead of every call rounding the weight again (the chunked LM head's tied
-// wte, V x C, used to be rounded twice per chunk). The bits are the same either way: the copy is
-// what the op would have rounded.
+// A dense layer's ops take a GemmMode: the precision, and in bf16 optionally operands already
+// rounded, which the op reads instead of rounding them itself. A bf16 Model rounds each dense
+// weight once per forward into its bf16 copy (the bf16_copy op, model/transformer.h "bf16 weight
+// copy") and hands the copy to the forward and backward GEMMs (the chunked LM head's tied wte,
+// V x C, used to be rounded twice per chunk); it hands over the LM head's logits gradient, which
+// the cross-entropy writes in bf16, and the inputs it keeps only in bf16 (the pre-norm norms'
+// outputs, the SwiGLU / erf-GELU output). The bits are the same either way: each is what the op
+// would have rounded.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -48,9 +50,9 @@ struct GemmMode {
   // softmax_xent_bf16_grad). dout itself is then read only for dbias and may be null without one.
   const uint16_t* dout_bf16 = nullptr;
   int dout_ld = 0;
-  // bf16 only: the layer's input inp [N, C] already as bf16 bits (rows of C values; a norm's
-  // output kept only in bf16), read by the forward GEMM and the backward's weight gradient in
-  // place of rounding inp; inp itself may then be null.
+  // bf16 only: the layer's input inp [N, C] already as bf16 bits (rows of C values; an activation
+  // kept only in bf16), read by the forward GEMM and the backward's weight gradient in place of
+  // rounding inp; inp itself may then be null.
   const uint16_t* inp_bf16 = nullptr;
   GemmMode(GemmPrecision p = GemmPrecision::fp32, const uint16_t* w16 = nullptr) : prec(p), weight_bf16(w16) {}
 };
