@@ -7,9 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
-#include "backend/bf16.h"
 #include "backend/cpu/cpu_ops.h"
 #include "runtime/error.h"
 
@@ -133,23 +131,8 @@ static inline float normal_cdf(float x) {
   return r;
 }
 
-namespace {
-// This thread's scratch of at least n floats: where an activation is computed when only its bf16
-// output is kept (out null), by the very loop that writes out otherwise, so the bits are the same.
-float* activation_scratch(size_t n) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
-
-// dst[i] = bf16 bits of src[i], i < n
-void round_bits(uint16_t* dst, const float* src, size_t n) {
-  for (size_t i = 0; i < n; i++) dst[i] = float_to_bf16_bits(src[i]);
-}
-}  // namespace
-
-// out = x Phi(x). With out_bf16: in blocks of kBf16Block values, computed into out's block (or the
-// scratch) and rounded from there.
+// out = x Phi(x). With out_bf16: in blocks of kBf16Block values, computed into out's block (or,
+// out null, this thread's scratch, by the same loop: the same bits) and rounded from there.
 constexpr long long kBf16Block = 4096;
 void gelu_erf_forward(float* out, const float* inp, size_t n, uint16_t* out_bf16) {
   const long long nn = static_cast<long long>(n);
@@ -165,11 +148,11 @@ void gelu_erf_forward(float* out, const float* inp, size_t n, uint16_t* out_bf16
 #pragma omp parallel for schedule(static) if (nn > kParMin)
   for (long long b = 0; b < blocks; b++) {
     const long long i0 = b * kBf16Block, m = std::min(kBf16Block, nn - i0);
-    float* o = out ? out + i0 : activation_scratch(kBf16Block);
+    float* o = out ? out + i0 : thread_scratch(kBf16Block);
     const float* x = inp + i0;
 #pragma omp simd
     for (long long i = 0; i < m; i++) o[i] = x[i] * normal_cdf(x[i]);
-    round_bits(out_bf16 + i0, o, static_cast<size_t>(m));
+    store_bf16_bits(out_bf16 + i0, o, static_cast<size_t>(m));
   }
 }
 
@@ -196,7 +179,7 @@ void swiglu_forward(float* out, const float* inp, int N, int F, uint16_t* out_bf
   for (int n = 0; n < N; n++) {
     const float* gate = inp + static_cast<size_t>(n) * 2 * F;
     const float* up = gate + F;
-    float* o = out ? out + static_cast<size_t>(n) * F : activation_scratch(static_cast<size_t>(F));
+    float* o = out ? out + static_cast<size_t>(n) * F : thread_scratch(static_cast<size_t>(F));
 #pragma omp simd
     for (int f = 0; f < F; f++) {
       const float g = gate[f];
@@ -204,7 +187,7 @@ void swiglu_forward(float* out, const float* inp, int N, int F, uint16_t* out_bf
       const float sig = select_float(g >= 0.0f, 1.0f, e) / (1.0f + e);
       o[f] = g * sig * up[f];
     }
-    if (out_bf16) round_bits(out_bf16 + static_cast<size_t>(n) * F, o, static_cast<size_t>(F));
+    if (out_bf16) store_bf16_bits(out_bf16 + static_cast<size_t>(n) * F, o, static_cast<size_t>(F));
   }
 }
 

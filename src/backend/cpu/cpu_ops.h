@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backend/bf16.h"
 #include "backend/dropout_hash.h"
 #include "backend/op_list.h"
 
@@ -33,6 +34,16 @@ LLMPI_OPS(LLMPI_DECLARE_OP)
 void count_readback();
 // matmul.cpp: counts n weight values rounded to bf16 (bf16_weight_rounding_count).
 void count_bf16_weight_rounding(size_t n);
+
+// memory.cpp: this thread's scratch of at least `floats` floats (grown on demand, never shrunk).
+// Its content is valid until the next call on this thread: an op uses it without calling another
+// op meanwhile (the bf16 GEMM operands; a row or block of an output kept only in bf16).
+float* thread_scratch(size_t floats);
+
+// dst[i] = bf16 bits of src[i] (round to nearest even, backend/bf16.h), i < n, on this thread.
+inline void store_bf16_bits(uint16_t* dst, const float* src, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = float_to_bf16_bits(src[i]);
+}
 
 // attention.cpp: rows of the T x T score matrix are processed in blocks of this many query rows;
 // with a causal mask a block [i0, i0+kAttnBlock) only needs keys [0, i0+kAttnBlock), so the GEMMs

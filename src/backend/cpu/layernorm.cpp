@@ -2,7 +2,6 @@
 #include <cmath>
 #include <vector>
 
-#include "backend/bf16.h"
 #include "backend/cpu/cpu_ops.h"
 
 namespace llmpi::cpu {
@@ -15,19 +14,14 @@ constexpr int kChunkRows = 128;
 constexpr long long kParMin = 1 << 15;
 
 // Where row n of a norm's output is computed: out's row, or (out null: only the bf16 output is
-// kept) this thread's scratch row. The same loop writes either, so the bits are the same.
+// kept) this thread's scratch. The same loop writes either, so the bits are the same.
 float* output_row(float* out, int n, int C) {
-  if (out != nullptr) return out + static_cast<size_t>(n) * C;
-  thread_local std::vector<float> row;
-  if (row.size() < static_cast<size_t>(C)) row.resize(C);
-  return row.data();
+  return out != nullptr ? out + static_cast<size_t>(n) * C : thread_scratch(static_cast<size_t>(C));
 }
 
 // The bf16 bits of a computed row into out_bf16's row n (when given).
 void store_bf16_row(uint16_t* out_bf16, const float* o, int n, int C) {
-  if (out_bf16 == nullptr) return;
-  uint16_t* d = out_bf16 + static_cast<size_t>(n) * C;
-  for (int c = 0; c < C; c++) d[c] = float_to_bf16_bits(o[c]);
+  if (out_bf16 != nullptr) store_bf16_bits(out_bf16 + static_cast<size_t>(n) * C, o, static_cast<size_t>(C));
 }
 }  // namespace
 

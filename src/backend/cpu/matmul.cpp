@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <vector>
 
 #include "backend/bf16.h"
 #include "backend/cpu/cpu_ops.h"
@@ -85,14 +84,6 @@ void sgemm_on_omp_threads(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, 
   }
 }
 
-// At least `floats` floats of this thread's bf16-operand scratch (grown on demand, never shrunk;
-// its content is valid within one call).
-float* bf16_scratch(size_t floats) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < floats) buf.resize(floats);
-  return buf.data();
-}
-
 // dst[i] = round_to_bf16(src[i]), i < n
 void round_into_bf16(float* dst, const float* src, size_t n) {
 #pragma omp parallel for schedule(static) if (n > (1 << 18) && !omp_in_parallel())
@@ -152,7 +143,7 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   if (N <= 0 || OC <= 0) return;
   if (gemm.prec == GemmPrecision::bf16 && C > 0) {
     const size_t ni = static_cast<size_t>(N) * C, nw = static_cast<size_t>(OC) * C;
-    float* s = bf16_scratch(round16(ni) + nw);
+    float* s = thread_scratch(round16(ni) + nw);
     bf16_operand_into(s, inp, gemm.inp_bf16, ni);
     bf16_weight_into(s + round16(ni), weight, gemm.weight_bf16, nw);
     inp = s;
@@ -192,7 +183,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   if (gemm.prec == GemmPrecision::bf16 && (dinp != nullptr || dweight != nullptr)) {
     const size_t nd = static_cast<size_t>(N) * OC, nw = dinp ? static_cast<size_t>(OC) * C : 0,
                  ni = dweight ? static_cast<size_t>(N) * C : 0;
-    float* s = bf16_scratch(round16(nd) + round16(nw) + ni);
+    float* s = thread_scratch(round16(nd) + round16(nw) + ni);
     if (gemm.dout_bf16 != nullptr) {  // dout given in bf16 (rows of dout_ld): widened, exact
       const uint16_t* d16 = gemm.dout_bf16;
       const size_t ld = static_cast<size_t>(gemm.dout_ld);

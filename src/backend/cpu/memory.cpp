@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "backend/cpu/cpu_ops.h"
 
@@ -45,6 +46,12 @@ uint64_t readback_count() { return readbacks.load(std::memory_order_relaxed); }
 void copy_to_host(void* dst_host, const void* src, size_t bytes) {
   count_readback();
   if (bytes && dst_host != src) std::memcpy(dst_host, src, bytes);
+}
+
+float* thread_scratch(size_t floats) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf.data();
 }
 
 void copy(void* dst, const void* src, size_t bytes) {

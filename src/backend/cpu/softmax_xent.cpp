@@ -1,9 +1,7 @@
 // Fused softmax + cross-entropy over the vocabulary.
 #include <cmath>
 #include <limits>
-#include <vector>
 
-#include "backend/bf16.h"
 #include "backend/cpu/cpu_ops.h"
 #include "runtime/error.h"
 
@@ -86,21 +84,18 @@ void softmax_xent_bf16_grad(const float* logits, float* losses, const int32_t* t
                             float grad_scale, uint16_t* grad, int ld, uint64_t* bad, int row0) {
   if (grad_scale == 0.0f || ld < V) fail("internal: softmax_xent_bf16_grad needs grad_scale != 0 and ld >= V");
   record_bad_target(targets, N, V, bad, row0);
-#pragma omp parallel if (static_cast<long long>(N) * V > (1 << 15))
-  {
-    std::vector<float> row(static_cast<size_t>(V));
-#pragma omp for schedule(static)
-    for (int n = 0; n < N; n++) {
-      const int y = targets[n];
-      if (y < 0 || y >= V) {
-        losses[n] = std::numeric_limits<float>::quiet_NaN();
-        continue;
-      }
-      losses[n] = xent_row(logits + static_cast<size_t>(n) * V, row.data(), y, V, grad_scale);
-      uint16_t* g = grad + static_cast<size_t>(n) * ld;
-      for (int j = 0; j < V; j++) g[j] = float_to_bf16_bits(row[j]);
-      for (int j = V; j < ld; j++) g[j] = 0;
+#pragma omp parallel for schedule(static) if (static_cast<long long>(N) * V > (1 << 15))
+  for (int n = 0; n < N; n++) {
+    const int y = targets[n];
+    if (y < 0 || y >= V) {
+      losses[n] = std::numeric_limits<float>::quiet_NaN();
+      continue;
     }
+    float* row = thread_scratch(static_cast<size_t>(V));
+    losses[n] = xent_row(logits + static_cast<size_t>(n) * V, row, y, V, grad_scale);
+    uint16_t* g = grad + static_cast<size_t>(n) * ld;
+    store_bf16_bits(g, row, static_cast<size_t>(V));
+    for (int j = V; j < ld; j++) g[j] = 0;
   }
 }
 
