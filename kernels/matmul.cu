@@ -109,13 +109,18 @@ void to_bf16(__nv_bfloat16* dst, const float* src, size_t n) {
 
 std::atomic<uint64_t> weight_roundings{0};
 
-// The weight operand of a bf16 GEMM: the caller's copy when given, else converted into dst
-// (counted: bf16_weight_rounding_count).
-const __nv_bfloat16* bf16_weight(__nv_bfloat16* dst, const float* w, const GemmMode& gemm, size_t n) {
-  if (gemm.weight_bf16 != nullptr) return reinterpret_cast<const __nv_bfloat16*>(gemm.weight_bf16);
-  weight_roundings.fetch_add(n, std::memory_order_relaxed);
-  to_bf16(dst, w, n);
+// An operand [n values] of a bf16 GEMM: the caller's bf16 copy when given (GemmMode), else src
+// converted into dst.
+const __nv_bfloat16* bf16_operand(__nv_bfloat16* dst, const float* src, const uint16_t* given, size_t n) {
+  if (given != nullptr) return reinterpret_cast<const __nv_bfloat16*>(given);
+  to_bf16(dst, src, n);
   return dst;
+}
+
+// The weight operand: the same, a conversion counted (bf16_weight_rounding_count).
+const __nv_bfloat16* bf16_weight(__nv_bfloat16* dst, const float* w, const GemmMode& gemm, size_t n) {
+  if (gemm.weight_bf16 == nullptr) weight_roundings.fetch_add(n, std::memory_order_relaxed);
+  return bf16_operand(dst, w, gemm.weight_bf16, n);
 }
 
 // bf16 elements from one 256-byte boundary to the next at or after n.
@@ -209,12 +214,8 @@ GemmOperands forward_operands(const float* inp, const float* weight, int N, int 
   // the input: the caller's bf16 copy (gemm.inp_bf16), or converted here
   const size_t ni = gemm.inp_bf16 ? 0 : static_cast<size_t>(N) * C, nw = gemm.weight_bf16 ? 0 : static_cast<size_t>(OC) * C;
   auto* ws = static_cast<__nv_bfloat16*>(workspace(kWsGemm, (bf16_span(ni) + nw) * sizeof(__nv_bfloat16)));
-  const void* x = gemm.inp_bf16;
-  if (x == nullptr) {
-    to_bf16(ws, inp, ni);
-    x = ws;
-  }
-  return {x, bf16_weight(ws + bf16_span(ni), weight, gemm, static_cast<size_t>(OC) * C)};
+  return {bf16_operand(ws, inp, gemm.inp_bf16, ni),
+          bf16_weight(ws + bf16_span(ni), weight, gemm, static_cast<size_t>(OC) * C)};
 }
 
 // out[n, j] = x[n, :]·W[j, :] (+ bias[j]) through cuBLASLt with the given epilogue.
@@ -382,14 +383,8 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     if (dinp != nullptr)
       gemm_bf16_rm(false, false, N, C, OC, d16, ldd, bf16_weight(w16, weight, gemm, static_cast<size_t>(OC) * C), C,
                    1.0f, dinp, C);
-    if (dweight != nullptr) {  // the input: the caller's bf16 copy, or converted here
-      const __nv_bfloat16* x16 = reinterpret_cast<const __nv_bfloat16*>(gemm.inp_bf16);
-      if (x16 == nullptr) {
-        to_bf16(inp16, inp, ni);
-        x16 = inp16;
-      }
-      gemm_bf16_rm(true, false, OC, C, N, d16, ldd, x16, C, 1.0f, dweight, C);
-    }
+    if (dweight != nullptr)  // the input: the caller's bf16 copy, or converted here
+      gemm_bf16_rm(true, false, OC, C, N, d16, ldd, bf16_operand(inp16, inp, gemm.inp_bf16, ni), C, 1.0f, dweight, C);
   }
   if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);
 }
