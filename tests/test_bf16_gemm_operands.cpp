@@ -230,15 +230,29 @@ TEST(Bf16LogitsGradient, MatmulBackwardReadsTheBf16Dout) {
 // ---- the norms' outputs in bf16, CPU ----------------------------------------------------------------
 
 namespace {
-// The four norm forwards on backend o: LayerNorm, RMSNorm and the two fused residual + norm ops,
-// writing out (may be null) and out16 (may be null); the fp32 outputs and the bf16 bits, in order.
-struct NormOutputs {
+// What forwards wrote: their fp32 outputs and their bf16 bits, in call order.
+struct ForwardOutputs {
   std::vector<float> f32;
   std::vector<uint16_t> b16;
+  // The n values at out and at out16 (each skipped when null) appended from backend o.
+  void append(const Ops& o, const float* out, const uint16_t* out16, size_t n) {
+    if (out) {
+      const size_t k = f32.size();
+      f32.resize(k + n);
+      o.copy_to_host(f32.data() + k, out, n * sizeof(float));
+    }
+    if (out16) {
+      const size_t k = b16.size();
+      b16.resize(k + n);
+      o.copy_to_host(b16.data() + k, out16, n * sizeof(uint16_t));
+    }
+  }
 };
-NormOutputs norm_outputs(const Ops& o, int N, int C, bool with_f32, bool with_b16, float* x, float* a, float* b,
+// The four norm forwards on backend o: LayerNorm, RMSNorm and the two fused residual + norm ops,
+// writing out (may be null) and out16 (may be null).
+ForwardOutputs norm_outputs(const Ops& o, int N, int C, bool with_f32, bool with_b16, float* x, float* a, float* b,
                          float* res, float* w, float* bias, float* out, uint16_t* out16, float* mean, float* rstd) {
-  NormOutputs r;
+  ForwardOutputs r;
   const size_t n = (size_t)N * C;
   for (int k = 0; k < 4; k++) {
     float* of = with_f32 ? out : nullptr;
@@ -249,21 +263,10 @@ NormOutputs norm_outputs(const Ops& o, int N, int C, bool with_f32, bool with_b1
       case 2: o.residual_layernorm_forward(res, of, mean, rstd, a, b, w, bias, N, C, 1e-5f, ob); break;
       case 3: o.residual_rmsnorm_forward(res, of, rstd, a, b, w, N, C, 1e-6f, ob); break;
     }
-    if (with_f32) {
-      std::vector<float> h(n);
-      o.copy_to_host(h.data(), out, n * sizeof(float));
-      r.f32.insert(r.f32.end(), h.begin(), h.end());
-    }
-    if (with_b16) {
-      std::vector<uint16_t> h(n);
-      o.copy_to_host(h.data(), out16, n * sizeof(uint16_t));
-      r.b16.insert(r.b16.end(), h.begin(), h.end());
-    }
+    r.append(o, with_f32 ? out : nullptr, with_b16 ? out16 : nullptr, n);
   }
   return r;
 }
-// Every value of v rounded (bf16 bits).
-std::vector<uint16_t> rounded_bits(const std::vector<float>& v) { return host_bits(v); }
 }  // namespace
 
 TEST(Bf16NormOutput, IsTheFp32OutputRoundedWithOrWithoutIt) {
@@ -280,9 +283,9 @@ TEST(Bf16NormOutput, IsTheFp32OutputRoundedWithOrWithoutIt) {
                           out.data(), out16.data(), mean.data(), rstd.data());
     };
     const std::string where = "N=" + std::to_string(N) + " C=" + std::to_string(C);
-    const NormOutputs fp32 = run(true, false), both = run(true, true), only = run(false, true);
+    const ForwardOutputs fp32 = run(true, false), both = run(true, true), only = run(false, true);
     EXPECT_SAME_BITS(both.f32, fp32.f32) << where;
-    EXPECT_EQ(both.b16, rounded_bits(fp32.f32)) << where;
+    EXPECT_EQ(both.b16, host_bits(fp32.f32)) << where;
     EXPECT_EQ(only.b16, both.b16) << where << ": the bf16 output alone";
   }
 }
@@ -290,25 +293,16 @@ TEST(Bf16NormOutput, IsTheFp32OutputRoundedWithOrWithoutIt) {
 namespace {
 // erf GELU over n values and SwiGLU over [N, 2F] on backend o, writing out (may be null) and out16
 // (may be null); both outputs in order.
-NormOutputs activation_outputs(const Ops& o, int N, int F, bool with_f32, bool with_b16, const float* inp,
+ForwardOutputs activation_outputs(const Ops& o, int N, int F, bool with_f32, bool with_b16, const float* inp,
                                float* out, uint16_t* out16) {
-  NormOutputs r;
+  ForwardOutputs r;
   const size_t n = (size_t)N * F;
   for (int k = 0; k < 2; k++) {
     float* of = with_f32 ? out : nullptr;
     uint16_t* ob = with_b16 ? out16 : nullptr;
     if (k == 0) o.gelu_erf_forward(of, inp, n, ob);
     else o.swiglu_forward(of, inp, N, F, ob);
-    if (with_f32) {
-      std::vector<float> h(n);
-      o.copy_to_host(h.data(), out, n * sizeof(float));
-      r.f32.insert(r.f32.end(), h.begin(), h.end());
-    }
-    if (with_b16) {
-      std::vector<uint16_t> h(n);
-      o.copy_to_host(h.data(), out16, n * sizeof(uint16_t));
-      r.b16.insert(r.b16.end(), h.begin(), h.end());
-    }
+    r.append(o, with_f32 ? out : nullptr, with_b16 ? out16 : nullptr, n);
   }
   return r;
 }
@@ -325,7 +319,7 @@ TEST(Bf16ActivationOutput, IsTheFp32OutputRoundedWithOrWithoutIt) {
       return activation_outputs(cpu_ops(), N, F, f32, b16, inp.data(), out.data(), out16.data());
     };
     const std::string where = "N=" + std::to_string(N) + " F=" + std::to_string(F);
-    const NormOutputs fp32 = run(true, false), both = run(true, true), only = run(false, true);
+    const ForwardOutputs fp32 = run(true, false), both = run(true, true), only = run(false, true);
     EXPECT_SAME_BITS(both.f32, fp32.f32) << where;
     EXPECT_EQ(both.b16, host_bits(fp32.f32)) << where;
     EXPECT_EQ(only.b16, both.b16) << where << ": the bf16 output alone";
@@ -624,8 +618,8 @@ TEST(CudaBf16Operands, NormOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
                             rstd.f());
       };
       const std::string where = "N=" + std::to_string(N) + " C=" + std::to_string(C) + " shift " + std::to_string(shift);
-      const NormOutputs fp32 = run(true, false), both = run(true, true), only = run(false, true);
-      EXPECT_EQ(both.b16, rounded_bits(both.f32)) << where;
+      const ForwardOutputs fp32 = run(true, false), both = run(true, true), only = run(false, true);
+      EXPECT_EQ(both.b16, host_bits(both.f32)) << where;
       if (shift == 0) {
         EXPECT_SAME_BITS(both.f32, fp32.f32) << where;
         EXPECT_EQ(only.b16, both.b16) << where << ": the bf16 output alone";
@@ -642,7 +636,7 @@ TEST(CudaBf16Operands, ActivationOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
       return activation_outputs(gpu(), N, F, f32, b16, inp.f(), out.f(), static_cast<uint16_t*>(out16.p));
     };
     const std::string where = "N=" + std::to_string(N) + " F=" + std::to_string(F);
-    const NormOutputs fp32 = run(true, false), both = run(true, true), only = run(false, true);
+    const ForwardOutputs fp32 = run(true, false), both = run(true, true), only = run(false, true);
     EXPECT_SAME_BITS(both.f32, fp32.f32) << where;
     EXPECT_EQ(both.b16, host_bits(fp32.f32)) << where;
     EXPECT_EQ(only.b16, both.b16) << where;
