@@ -28,7 +28,7 @@
 //         "Precision modes"): the fast version has the producing ops write bf16 themselves — the
 //         LM head's logits gradient does (gemm.dout_bf16, below). The scratch holds the
 //         operands one call converts, side by side. An output gradient dout [N, OC] read as a GEMM operand
-//         is converted with its rows padded to bf16_ld(OC) (a multiple of 8: every row 16-byte
+//         is converted with its rows padded to bf16_row_stride(OC) (a multiple of 8: every row 16-byte
 //         aligned, as cuBLAS's tensor-core kernels want 16-bit operands; the LM head's
 //         V = 50257 would leave them misaligned), the padding zero — unless the caller hands it
 //         over in bf16 already (gemm.dout_bf16: a bf16 LM head's logits gradient, which
@@ -126,9 +126,6 @@ const __nv_bfloat16* bf16_weight(__nv_bfloat16* dst, const float* w, const GemmM
 // bf16 elements from one 256-byte boundary to the next at or after n.
 size_t bf16_span(size_t n) { return (n + 127) / 128 * 128; }
 
-// The row stride of a bf16 copy of a [rows, cols] operand (backend/gemm_precision.h).
-int bf16_ld(int cols) { return bf16_row_stride(cols); }
-
 // dst[r, c] = bf16(src[r, c]) for c < cols, 0 for cols <= c < ld (rows of ld values).
 __global__ void to_bf16_rows_kernel(__nv_bfloat16* __restrict__ dst, int ld, const float* __restrict__ src,
                                     int rows, int cols) {
@@ -137,7 +134,7 @@ __global__ void to_bf16_rows_kernel(__nv_bfloat16* __restrict__ dst, int ld, con
       dst[r * ld + c] = c < cols ? __float2bfloat16_rn(src[r * cols + c]) : __float2bfloat16_rn(0.0f);
 }
 
-// A [rows, cols] fp32 matrix to bf16 with row stride ld = bf16_ld(cols) (to_bf16 when ld = cols).
+// A [rows, cols] fp32 matrix to bf16 with row stride ld = bf16_row_stride(cols) (to_bf16 when ld = cols).
 void to_bf16_rows(__nv_bfloat16* dst, int ld, const float* src, int rows, int cols) {
   if (ld == cols) return to_bf16(dst, src, static_cast<size_t>(rows) * cols);
   const unsigned gx = static_cast<unsigned>(std::min((ld + 255) / 256, 64));
@@ -304,7 +301,7 @@ void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, 
   const void *d = dout, *w = weight;
   int ldd = OC;  // dout's row stride (padded in its bf16 copy)
   if (prec == GemmPrecision::bf16) {
-    ldd = bf16_ld(OC);
+    ldd = bf16_row_stride(OC);
     const size_t nd = static_cast<size_t>(N) * ldd, nw = gemm.weight_bf16 ? 0 : static_cast<size_t>(OC) * C;
     auto* ws = static_cast<__nv_bfloat16*>(workspace(kWsGemm, (bf16_span(nd) + nw) * sizeof(__nv_bfloat16)));
     __nv_bfloat16* dout16 = ws;
@@ -371,7 +368,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   } else if (dinp != nullptr || dweight != nullptr) {
     // dout's bf16 rows: the caller's (gemm.dout_bf16), or converted here with rows padded
     const bool given = gemm.dout_bf16 != nullptr;
-    const int ldd = given ? gemm.dout_ld : bf16_ld(OC);
+    const int ldd = given ? gemm.dout_ld : bf16_row_stride(OC);
     const size_t nd = given ? 0 : static_cast<size_t>(N) * ldd,
                  nw = dinp && !gemm.weight_bf16 ? static_cast<size_t>(OC) * C : 0,
                  ni = dweight && !gemm.inp_bf16 ? static_cast<size_t>(N) * C : 0;

@@ -105,8 +105,8 @@ size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecisio
   const size_t pad = on_gpu ? 128 : 16;
   auto span = [&](size_t n) { return (n + pad - 1) / pad * pad; };
   size_t most = 0;
-  // CUDA pads a bf16 output gradient's rows to a multiple of 8 values (kernels/matmul.cu bf16_ld)
-  auto ld = [&](size_t out) { return on_gpu ? (out + 7) / 8 * 8 : out; };
+  // CUDA pads a bf16 output gradient's rows to a multiple of 8 values (bf16_row_stride, backend/gemm_precision.h)
+  auto ld = [&](size_t out) { return on_gpu ? (size_t)bf16_row_stride((int)out) : out; };
   // inp_given / dout_given: the call's input / output gradient comes in bf16: no copy on CUDA
   auto dense = [&](size_t rows, size_t in, size_t out, bool inp_given = false, bool dout_given = false) {
     const size_t w = on_gpu ? 0 : out * in;  // the weight's scratch copy (none on CUDA: the Model's copy)
