@@ -31,6 +31,8 @@
 //   backward and optimizer phase (cudaMemGetInfo), against the analytic plan: params + grads +
 //   2 AdamW moments (4 × 4 bytes × N; bf16: + the Model's bf16 weight copy, 2 × N) + the model's
 //   activation buffer + the backend's scratch workspace,
+//   the LM head's logits GEMM of one chunk, its output in rows of V floats and in the padded rows
+//   the model uses (lm_logits_row_stride: 50304 for V = 50257), measured before the model,
 //   bf16: the weight values rounded to bf16 per timed step (bf16_weight_rounding_count; the
 //   Model's weight copy rounds each dense weight once per forward: about N for GPT-2, whose
 //   dense weights and tied wte are nearly all its parameters).
@@ -211,6 +213,14 @@ int run(const Options& o) {
                                         ? cuda_flash_attention_kernel(o.precision, desc.head_dim())
                                         : "full-cublas-fp32";
     const int B = o.batch, T = o.seq_len, N = B * T;
+    // The LM head's logits GEMM of one chunk [R x V x C] with its output in rows of V floats and in
+    // the padded rows the chunk buffer has (model_desc.h lm_logits_row_stride): what the padding
+    // buys on this card (measured before the model takes its memory).
+    const int head_rows = lm_head_chunk_rows(desc, N), head_ld = lm_logits_row_stride(o.vocab);
+    const double head_tflops_v = cuda_gemm_tflops(head_rows, o.vocab, o.d_model, 10, prec, o.vocab);
+    const double head_tflops_padded = cuda_gemm_tflops(head_rows, o.vocab, o.d_model, 10, prec, head_ld);
+    std::printf("LM-head GEMM %d x %d x %d (%s): output rows of %d floats %.1f TFLOP/s, of %d floats %.1f TFLOP/s\n",
+                head_rows, o.vocab, o.d_model, prec.c_str(), o.vocab, head_tflops_v, head_ld, head_tflops_padded);
     const Ops& ops = cuda_ops();
     Model model(desc, ops, ModelPart::whole(), o.precision);
     std::printf("dense GEMMs: %s, cuBLASLt epilogues %s (LLMPI_CUDA_EPILOGUES=0 turns them off)\n",
@@ -356,6 +366,9 @@ int run(const Options& o) {
           {"gemm_tflops", gemm_tflops},
           {"gemm_size", o.gemm},
           {"mfu_vs_measured_gemm", mfu},
+          {"lm_head_gemm",
+           {{"rows", head_rows}, {"vocab_size", o.vocab}, {"d_model", o.d_model}, {"padded_stride", head_ld},
+            {"tflops_rows_of_vocab", head_tflops_v}, {"tflops_rows_padded", head_tflops_padded}}},
           {"bf16_weight_values_rounded_per_step", rounded_per_step},
           {"peak_memory_bytes", peak_used},
           {"memory_total_bytes", total},

@@ -139,8 +139,9 @@ void lt_count(LtCount what);
 // d[i] = gelu'(pre[i]) · d[i], GELU tanh (gelu.cu; matmul_dgelu_backward's unfused path)
 void gelu_grad_multiply(float* d, const float* pre, size_t n);
 
-// Column sums, deterministic: colsum[j] += Σ_n x[n, j] for x [N, M] (matmul.cu).
-void add_column_sums(float* colsum, const float* x, int N, int M);
+// Column sums, deterministic: colsum[j] += Σ_n x[n, j] for x [N, M], rows ld apart (0 = M)
+// (matmul.cu).
+void add_column_sums(float* colsum, const float* x, int N, int M, int ld = 0);
 
 // Deterministic scatter-add of rows by index (embedding.cu), no atomics:
 //   dst[ids[n], :] += src[n, :]  for n = 0..N-1, each dst row receiving its terms in increasing n

@@ -157,14 +157,15 @@ void launch_check(const char* name, const char* file, int line) {
 }
 }  // namespace cuda
 
-double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math) {
-  if (M <= 0 || N <= 0 || K <= 0 || iters <= 0) fail("cuda_gemm_tflops: bad sizes");
+double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math, int ldc) {
+  if (ldc == 0) ldc = N;
+  if (M <= 0 || N <= 0 || K <= 0 || iters <= 0 || ldc < N) fail("cuda_gemm_tflops: bad sizes");
   if (math != "fp32" && math != "tf32" && math != "bf16")
     fail("cuda_gemm_tflops: math '", math, "' is not fp32, tf32 or bf16");
   const bool bf16 = math == "bf16";
   cudaStream_t s = cuda::compute_stream();
   const size_t na = static_cast<size_t>(M) * K, nb = static_cast<size_t>(N) * K,
-               nc = static_cast<size_t>(M) * N;
+               nc = static_cast<size_t>(M) * ldc;
   const size_t elem = bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
   void* a = cuda::alloc(na * elem);
   void* b = cuda::alloc(nb * elem);
@@ -189,10 +190,10 @@ double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math)
     LLMPI_CUDA_CHECK(cudaEventRecord(e0, s));
     if (math == "fp32")
       cuda::sgemm_rm(false, true, M, N, K, 1.0f, static_cast<const float*>(a), K,
-                     static_cast<const float*>(b), K, 0.0f, c, N);
+                     static_cast<const float*>(b), K, 0.0f, c, ldc);
     else
       LLMPI_CUBLAS_CHECK(cublasGemmEx(cuda::cublas(), CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, b, in_type, K, a,
-                                      in_type, K, &zero, c, CUDA_R_32F, N, compute, CUBLAS_GEMM_DEFAULT));
+                                      in_type, K, &zero, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
     LLMPI_CUDA_CHECK(cudaEventRecord(e1, s));
     LLMPI_CUDA_CHECK(cudaEventSynchronize(e1));
     float t = 0.0f;

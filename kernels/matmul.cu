@@ -1,6 +1,10 @@
 // Dense layer on cuBLAS, row-major as in backend/ops.h, plus the deterministic column-sum kernels
 // used for dbias.
 //
+// Row strides: out's rows are gemm.out_ld apart and dout's gemm.dout_ld (0: OC), the padding never
+// touched; the LM head pads its logits rows to a multiple of 64 (model_desc.h
+// lm_logits_row_stride), so its GEMMs see 256-byte aligned rows.
+//
 //   forward   out[N,OC]     = inp[N,C] · W[OC,C]^T + bias[OC]
 //             (cuBLASLt with the BIAS epilogue; with LLMPI_CUDA_EPILOGUES=0 bias rows written by a
 //             kernel first, then the GEMM with beta = 1)
@@ -40,6 +44,7 @@
 
 #include "backend/cuda_ops.h"
 #include "cuda_common.cuh"
+#include "runtime/error.h"
 
 namespace llmpi::cuda {
 
@@ -47,13 +52,13 @@ namespace {
 
 inline cublasOperation_t op(bool t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
-// out[n, j] = bias[j]
-__global__ void bias_rows_kernel(float* __restrict__ out, const float* __restrict__ bias, int N,
+// out[n, j] = bias[j] (0 without a bias), rows ld apart
+__global__ void bias_rows_kernel(float* __restrict__ out, int ld, const float* __restrict__ bias, int N,
                                  int OC) {
   const size_t total = static_cast<size_t>(N) * OC;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    out[i] = bias[i % OC];
+    out[i / OC * ld + i % OC] = bias != nullptr ? bias[i % OC] : 0.0f;
 }
 
 // Column sums in two passes, no atomics:
@@ -64,14 +69,14 @@ constexpr int kColChunk = 32;
 constexpr int kColThreads = 256;
 
 __global__ void colsum_partial_kernel(float* __restrict__ part, const float* __restrict__ x, int N,
-                                      int M) {
+                                      int M, int ld) {
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= M) return;
   for (int k = blockIdx.y; k * kColChunk < N; k += gridDim.y) {  // chunk k (grid-stride in y)
     const int n0 = k * kColChunk;
     const int n1 = min(n0 + kColChunk, N);
     float s = 0.0f;
-    for (int n = n0; n < n1; n++) s += x[static_cast<size_t>(n) * M + j];
+    for (int n = n0; n < n1; n++) s += x[static_cast<size_t>(n) * ld + j];
     part[static_cast<size_t>(k) * M + j] = s;
   }
 }
@@ -126,20 +131,22 @@ const __nv_bfloat16* bf16_weight(__nv_bfloat16* dst, const float* w, const GemmM
 // bf16 elements from one 256-byte boundary to the next at or after n.
 size_t bf16_span(size_t n) { return (n + 127) / 128 * 128; }
 
-// dst[r, c] = bf16(src[r, c]) for c < cols, 0 for cols <= c < ld (rows of ld values).
+// dst[r, c] = bf16(src[r, c]) for c < cols, 0 for cols <= c < ld (dst rows of ld values, src rows
+// of src_ld).
 __global__ void to_bf16_rows_kernel(__nv_bfloat16* __restrict__ dst, int ld, const float* __restrict__ src,
-                                    int rows, int cols) {
+                                    int src_ld, int rows, int cols) {
   for (size_t r = blockIdx.y; r < static_cast<size_t>(rows); r += gridDim.y)
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < ld; c += gridDim.x * blockDim.x)
-      dst[r * ld + c] = c < cols ? __float2bfloat16_rn(src[r * cols + c]) : __float2bfloat16_rn(0.0f);
+      dst[r * ld + c] = c < cols ? __float2bfloat16_rn(src[r * src_ld + c]) : __float2bfloat16_rn(0.0f);
 }
 
-// A [rows, cols] fp32 matrix to bf16 with row stride ld = bf16_row_stride(cols) (to_bf16 when ld = cols).
-void to_bf16_rows(__nv_bfloat16* dst, int ld, const float* src, int rows, int cols) {
-  if (ld == cols) return to_bf16(dst, src, static_cast<size_t>(rows) * cols);
+// A [rows, cols] fp32 matrix (rows src_ld apart) to bf16 with row stride ld (to_bf16 when both
+// are cols).
+void to_bf16_rows(__nv_bfloat16* dst, int ld, const float* src, int src_ld, int rows, int cols) {
+  if (ld == cols && src_ld == cols) return to_bf16(dst, src, static_cast<size_t>(rows) * cols);
   const unsigned gx = static_cast<unsigned>(std::min((ld + 255) / 256, 64));
   const unsigned gy = static_cast<unsigned>(std::min(rows, 65535));
-  to_bf16_rows_kernel<<<dim3(gx, gy), 256, 0, compute_stream()>>>(dst, ld, src, rows, cols);
+  to_bf16_rows_kernel<<<dim3(gx, gy), 256, 0, compute_stream()>>>(dst, ld, src, src_ld, rows, cols);
   LLMPI_LAUNCH_CHECK("to_bf16_rows");
 }
 
@@ -178,14 +185,15 @@ void sgemm_rm_batched(bool transA, bool transB, int M, int N, int K, float alpha
                                                strideC, batch));
 }
 
-void add_column_sums(float* colsum, const float* x, int N, int M) {
+void add_column_sums(float* colsum, const float* x, int N, int M, int ld) {
   if (N <= 0 || M <= 0) return;
+  if (ld <= 0) ld = M;
   const int nchunks = (N + kColChunk - 1) / kColChunk;
   float* part = static_cast<float*>(
       workspace(kWsPartials, static_cast<size_t>(nchunks) * M * sizeof(float)));
   cudaStream_t s = compute_stream();
   const dim3 g1((M + kColThreads - 1) / kColThreads, chunk_grid_y(nchunks));
-  colsum_partial_kernel<<<g1, kColThreads, 0, s>>>(part, x, N, M);
+  colsum_partial_kernel<<<g1, kColThreads, 0, s>>>(part, x, N, M, ld);
   LLMPI_LAUNCH_CHECK("colsum_partial");
   colsum_final_kernel<<<(M + kColThreads - 1) / kColThreads, kColThreads, 0, s>>>(colsum, part,
                                                                                    nchunks, M);
@@ -216,7 +224,7 @@ GemmOperands forward_operands(const float* inp, const float* weight, int N, int 
 }
 
 // out[n, j] = x[n, :]·W[j, :] (+ bias[j]) through cuBLASLt with the given epilogue.
-LtGemm forward_lt(LtEpilogue ep, float* out, GemmOperands x, const float* bias, int N, int C, int OC,
+LtGemm forward_lt(LtEpilogue ep, float* out, int ldo, GemmOperands x, const float* bias, int N, int C, int OC,
                   GemmPrecision prec) {
   LtGemm g;
   g.ep = ep;
@@ -227,7 +235,7 @@ LtGemm forward_lt(LtEpilogue ep, float* out, GemmOperands x, const float* bias, 
   g.A = x.a, g.lda = C;
   g.B = x.b, g.ldb = C;
   g.beta = 0.0f;
-  g.C = out, g.ldc = OC;
+  g.C = out, g.ldc = ldo;
   g.bias = bias;
   return g;
 }
@@ -244,28 +252,27 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
                     int C, int OC, GemmMode gemm) {
   const GemmPrecision prec = gemm.prec;
   if (N <= 0 || OC <= 0) return;
+  const int ldo = gemm.out_stride(OC);
+  if (ldo < OC) fail("internal: matmul_forward with out_ld ", ldo, " < OC ", OC);
   cudaStream_t s = compute_stream();
   if (bias != nullptr && C > 0 && cuda_gemm_epilogues_enabled()) {
-    lt_gemm_rm(forward_lt(LtEpilogue::bias, out, forward_operands(inp, weight, N, C, OC, gemm), bias, N, C, OC, prec));
+    lt_gemm_rm(forward_lt(LtEpilogue::bias, out, ldo, forward_operands(inp, weight, N, C, OC, gemm), bias, N, C, OC,
+                          prec));
     lt_count(LtCount::bias);
     return;
   }
   float beta = 0.0f;
-  if (bias != nullptr) {
-    bias_rows_kernel<<<grid_for(static_cast<size_t>(N) * OC, 256), 256, 0, s>>>(out, bias, N, OC);
+  if (bias != nullptr || C <= 0) {  // (no input: out = bias, or 0)
+    bias_rows_kernel<<<grid_for(static_cast<size_t>(N) * OC, 256), 256, 0, s>>>(out, ldo, bias, N, OC);
     LLMPI_LAUNCH_CHECK("bias_rows");
     beta = 1.0f;
   }
-  if (C <= 0) {
-    if (bias == nullptr)
-      LLMPI_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(N) * OC * sizeof(float), s));
-    return;
-  }
+  if (C <= 0) return;
   if (prec != GemmPrecision::bf16)
-    return gemm_f32_rm(prec, false, true, N, OC, C, inp, C, weight, C, beta, out, OC);
+    return gemm_f32_rm(prec, false, true, N, OC, C, inp, C, weight, C, beta, out, ldo);
   const GemmOperands x = forward_operands(inp, weight, N, C, OC, gemm);
   gemm_bf16_rm(false, true, N, OC, C, static_cast<const __nv_bfloat16*>(x.a), C,
-               static_cast<const __nv_bfloat16*>(x.b), C, beta, out, OC);
+               static_cast<const __nv_bfloat16*>(x.b), C, beta, out, ldo);
 }
 
 // act = gelu(pre), pre = inp·Wᵀ + bias: one cuBLASLt GEMM with the GELU_AUX(_BIAS) epilogue (D =
@@ -274,10 +281,11 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias, int N,
                          int C, int OC, GemmMode gemm) {
   const GemmPrecision prec = gemm.prec;
+  if (gemm.out_stride(OC) != OC) fail("internal: matmul_gelu_forward writes contiguous rows (out_ld ", gemm.out_ld, ")");
   if (N <= 0 || OC <= 0) return;
   if (C > 0 && cuda_gemm_epilogues_enabled() && lt_gelu_ld_ok(OC)) {
-    LtGemm g = forward_lt(LtEpilogue::gelu_aux, act, forward_operands(inp, weight, N, C, OC, gemm), bias, N, C, OC,
-                          prec);
+    LtGemm g = forward_lt(LtEpilogue::gelu_aux, act, OC, forward_operands(inp, weight, N, C, OC, gemm), bias, N, C,
+                          OC, prec);
     g.aux = pre;
     g.ldaux = OC;
     lt_gemm_rm(g);
@@ -299,13 +307,14 @@ void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, 
   const size_t n = static_cast<size_t>(N) * C;
   if (OC <= 0) return zero(dpre, n * sizeof(float));  // dout·W = 0, and so is its product with gelu'
   const void *d = dout, *w = weight;
-  int ldd = OC;  // dout's row stride (padded in its bf16 copy)
+  const int ld_in = gemm.dout_stride(OC);  // dout's row stride
+  int ldd = ld_in;                         // the GEMM's (padded in dout's bf16 copy)
   if (prec == GemmPrecision::bf16) {
     ldd = bf16_row_stride(OC);
     const size_t nd = static_cast<size_t>(N) * ldd, nw = gemm.weight_bf16 ? 0 : static_cast<size_t>(OC) * C;
     auto* ws = static_cast<__nv_bfloat16*>(workspace(kWsGemm, (bf16_span(nd) + nw) * sizeof(__nv_bfloat16)));
     __nv_bfloat16* dout16 = ws;
-    to_bf16_rows(dout16, ldd, dout, N, OC);
+    to_bf16_rows(dout16, ldd, dout, ld_in, N, OC);
     d = dout16;
     w = bf16_weight(ws + bf16_span(nd), weight, gemm, static_cast<size_t>(OC) * C);
   }
@@ -329,7 +338,7 @@ void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, 
     gemm_bf16_rm(false, false, N, C, OC, static_cast<const __nv_bfloat16*>(d), ldd,
                  static_cast<const __nv_bfloat16*>(w), C, 0.0f, dpre, C);
   else
-    gemm_f32_rm(prec, false, false, N, C, OC, dout, OC, weight, C, 0.0f, dpre, C);
+    gemm_f32_rm(prec, false, false, N, C, OC, dout, ld_in, weight, C, 0.0f, dpre, C);
   gelu_grad_multiply(dpre, pre, n);
 }
 
@@ -339,8 +348,10 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* weight, int N, int C, int OC, GemmMode gemm) {
   const GemmPrecision prec = gemm.prec;
   if (N <= 0 || OC <= 0 || C <= 0) return;
+  const int ld_in = gemm.dout_stride(OC);  // dout's (and a given dout_bf16's) row stride
+  if (ld_in < OC) fail("internal: matmul_backward with dout_ld ", ld_in, " < OC ", OC);
   if (prec != GemmPrecision::bf16) {
-    if (dinp != nullptr) gemm_f32_rm(prec, false, false, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
+    if (dinp != nullptr) gemm_f32_rm(prec, false, false, N, C, OC, dout, ld_in, weight, C, 1.0f, dinp, C);
     if (dweight != nullptr && dbias != nullptr && prec == GemmPrecision::fp32 && cuda_gemm_epilogues_enabled() &&
         OC <= kLtBgradMaxFloats) {
       // dW += doutᵀ·inp with the BGRADB epilogue: the bias gradient Σ_n dout[n, :] comes out of
@@ -353,7 +364,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
       g.ep = LtEpilogue::bgradb;
       g.transA = true;
       g.M = OC, g.N = C, g.K = N;
-      g.A = dout, g.lda = OC;
+      g.A = dout, g.lda = ld_in;
       g.B = inp, g.ldb = C;
       g.beta = 1.0f;
       g.C = dweight, g.ldc = C;
@@ -364,18 +375,18 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
       lt_count(LtCount::bgradb);
       return;
     }
-    if (dweight != nullptr) gemm_f32_rm(prec, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
+    if (dweight != nullptr) gemm_f32_rm(prec, true, false, OC, C, N, dout, ld_in, inp, C, 1.0f, dweight, C);
   } else if (dinp != nullptr || dweight != nullptr) {
     // dout's bf16 rows: the caller's (gemm.dout_bf16), or converted here with rows padded
     const bool given = gemm.dout_bf16 != nullptr;
-    const int ldd = given ? gemm.dout_ld : bf16_row_stride(OC);
+    const int ldd = given ? ld_in : bf16_row_stride(OC);
     const size_t nd = given ? 0 : static_cast<size_t>(N) * ldd,
                  nw = dinp && !gemm.weight_bf16 ? static_cast<size_t>(OC) * C : 0,
                  ni = dweight && !gemm.inp_bf16 ? static_cast<size_t>(N) * C : 0;
     auto* ws = static_cast<__nv_bfloat16*>(
         workspace(kWsGemm, (bf16_span(nd) + bf16_span(nw) + ni) * sizeof(__nv_bfloat16)));
     __nv_bfloat16 *dout16 = ws, *w16 = ws + bf16_span(nd), *inp16 = w16 + bf16_span(nw);
-    if (!given) to_bf16_rows(dout16, ldd, dout, N, OC);
+    if (!given) to_bf16_rows(dout16, ldd, dout, ld_in, N, OC);
     const __nv_bfloat16* d16 = given ? reinterpret_cast<const __nv_bfloat16*>(gemm.dout_bf16) : dout16;
     if (dinp != nullptr)
       gemm_bf16_rm(false, false, N, C, OC, d16, ldd, bf16_weight(w16, weight, gemm, static_cast<size_t>(OC) * C), C,
@@ -383,7 +394,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     if (dweight != nullptr)  // the input: the caller's bf16 copy, or converted here
       gemm_bf16_rm(true, false, OC, C, N, d16, ldd, bf16_operand(inp16, inp, gemm.inp_bf16, ni), C, 1.0f, dweight, C);
   }
-  if (dbias != nullptr) add_column_sums(dbias, dout, N, OC);
+  if (dbias != nullptr) add_column_sums(dbias, dout, N, OC, ld_in);
 }
 
 }  // namespace llmpi::cuda

@@ -18,7 +18,11 @@
 //                        StepScalars), which the step reads once with the loss and gradient norm
 //   softmax_xent_bf16_grad  softmax_xent_record writing the gradient as bf16 into another buffer
 //                        (a bf16 LM head's GEMM operand; rows padded with zeros)
+// The last two take the rows' stride ld >= V (the LM head's padded logits rows; the padding is
+// neither read nor, in the logits, written).
 #include <cuda_bf16.h>
+
+#include <type_traits>
 
 #include "cuda_common.cuh"
 #include "runtime/error.h"
@@ -32,8 +36,9 @@ constexpr int kThreads = 512;
 __device__ __forceinline__ void store_grad(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_grad(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
-// G = float: the gradient over the logits (grad = logits, ld = V); G = __nv_bfloat16: into grad
-// [N, ld] as bf16, padding columns zero, logits only read. One template, so the gradient's value
+// Rows are ld >= V values apart, in the logits and in grad. G = float: the gradient over the
+// logits (grad = logits; the padding untouched); G = __nv_bfloat16: into grad [N, ld] as bf16,
+// padding columns zero, logits only read. One template, so the gradient's value
 // is the same expression in both (its products rounded explicitly, as the CPU rounds them: e·f,
 // then − grad_scale on the target; no contraction into an FMA).
 template <typename G>
@@ -43,7 +48,7 @@ __global__ void softmax_xent_kernel(const float* logits, G* grad, int ld,  // (t
                                     float grad_scale) {
   __shared__ float sh[32];
   const int n = blockIdx.x;
-  const float* z = logits + static_cast<size_t>(n) * V;
+  const float* z = logits + static_cast<size_t>(n) * ld;
   const int y = targets[n];
   if (y < 0 || y >= V) {
     if (threadIdx.x == 0) {
@@ -75,23 +80,25 @@ __global__ void softmax_xent_kernel(const float* logits, G* grad, int ld,  // (t
       const float e = __fmul_rn(expf(z[j] - mx), f);
       store_grad(g + j, j == y ? __fsub_rn(e, grad_scale) : e);
     }
-    for (int j = V + threadIdx.x; j < ld; j += blockDim.x) store_grad(g + j, 0.0f);
+    if constexpr (!std::is_same_v<G, float>)
+      for (int j = V + threadIdx.x; j < ld; j += blockDim.x) store_grad(g + j, 0.0f);
   }
 }
 
 }  // namespace
 
-void softmax_xent_record(float* logits, float* losses, const int32_t* targets, int N, int V,
+void softmax_xent_record(float* logits, int ld, float* losses, const int32_t* targets, int N, int V,
                          float grad_scale, uint64_t* bad, int row0) {
+  if (ld < V) fail("internal: softmax_xent_record with ld ", ld, " < V ", V);
   if (N <= 0) return;
   static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "atomicMax on the 64-bit key");
   softmax_xent_kernel<float><<<N, kThreads, 0, compute_stream()>>>(
-      logits, logits, V, losses, targets, reinterpret_cast<unsigned long long*>(bad), V, row0, grad_scale);
+      logits, logits, ld, losses, targets, reinterpret_cast<unsigned long long*>(bad), V, row0, grad_scale);
   LLMPI_LAUNCH_CHECK("softmax_xent");
 }
 
-void softmax_xent_bf16_grad(const float* logits, float* losses, const int32_t* targets, int N, int V,
-                            float grad_scale, uint16_t* grad, int ld, uint64_t* bad, int row0) {
+void softmax_xent_bf16_grad(const float* logits, int ld, float* losses, const int32_t* targets, int N, int V,
+                            float grad_scale, uint16_t* grad, uint64_t* bad, int row0) {
   if (grad_scale == 0.0f || ld < V) fail("internal: softmax_xent_bf16_grad needs grad_scale != 0 and ld >= V");
   if (N <= 0) return;
   softmax_xent_kernel<__nv_bfloat16><<<N, kThreads, 0, compute_stream()>>>(
@@ -107,7 +114,7 @@ void softmax_xent(float* logits, float* losses, const int32_t* targets, int N, i
   cudaStream_t s = compute_stream();
   uint64_t* bad = static_cast<uint64_t*>(workspace(kWsFlag, sizeof(uint64_t)));
   LLMPI_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(uint64_t), s));
-  softmax_xent_record(logits, losses, targets, N, V, grad_scale, bad, 0);
+  softmax_xent_record(logits, V, losses, targets, N, V, grad_scale, bad, 0);
   uint64_t key = 0;
   LLMPI_CUDA_CHECK(cudaMemcpyAsync(&key, bad, sizeof(uint64_t), cudaMemcpyDeviceToHost, s));
   wait_for_stream();

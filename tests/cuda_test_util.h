@@ -103,4 +103,29 @@ inline std::string bit_difference(const std::vector<float>& a, const std::vector
 }
 #define EXPECT_SAME_BITS(a, b) EXPECT_EQ(llmpi::test::bit_difference((a), (b)), "")
 
+// A row-major [rows, cols] matrix as rows of ld >= cols values, the padding `fill` (a padded row
+// stride: GemmMode::out_ld / dout_ld, the LM head's logits); unpad_rows undoes it.
+template <typename T>
+std::vector<T> pad_rows(const std::vector<T>& a, int rows, int cols, int ld, T fill) {
+  std::vector<T> p(static_cast<size_t>(rows) * ld, fill);
+  for (int r = 0; r < rows; r++)
+    std::memcpy(&p[static_cast<size_t>(r) * ld], &a[static_cast<size_t>(r) * cols], sizeof(T) * cols);
+  return p;
+}
+template <typename T>
+std::vector<T> unpad_rows(const std::vector<T>& p, int rows, int cols, int ld) {
+  std::vector<T> a(static_cast<size_t>(rows) * cols);
+  for (int r = 0; r < rows; r++)
+    std::memcpy(&a[static_cast<size_t>(r) * cols], &p[static_cast<size_t>(r) * ld], sizeof(T) * cols);
+  return a;
+}
+// The padding columns of p (rows of ld values, cols used), row by row.
+template <typename T>
+std::vector<T> padding_of(const std::vector<T>& p, int rows, int cols, int ld) {
+  std::vector<T> out;
+  for (int r = 0; r < rows; r++)
+    out.insert(out.end(), p.begin() + static_cast<size_t>(r) * ld + cols, p.begin() + static_cast<size_t>(r + 1) * ld);
+  return out;
+}
+
 }  // namespace llmpi::test

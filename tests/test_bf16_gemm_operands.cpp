@@ -10,8 +10,8 @@
 //  - the norm forwards' and the erf-GELU / SwiGLU forwards' bf16 output is their fp32 output
 //    rounded, with or without the fp32 one; the GEMMs read a bf16 input (inp null) as they would
 //    have rounded the fp32 one;
-//  - softmax_xent_bf16_grad gives softmax_xent_record's losses and its gradient rounded, with zero
-//    padding, logits untouched, bad targets recorded; matmul_backward reads a given bf16 dout
+//  - softmax_xent_bf16_grad on logits in padded rows gives softmax_xent_record's losses and its
+//    gradient rounded, with zero padding, logits untouched, bad targets recorded; matmul_backward reads a given bf16 dout
 //    (dout null) as it would have rounded the fp32 one, and a dout that is not the rounded one
 //    changes the result;
 //  - a bf16 Model's training steps (plain, fused LM head, split backward; gpt2 with a chunked tied
@@ -44,6 +44,14 @@ using namespace llmpi::test;
 
 namespace {
 
+// The precision and the row strides of g, without its bf16 copies.
+GemmMode without_copies(const GemmMode& g) {
+  GemmMode m(g.prec);
+  m.out_ld = g.out_ld;
+  m.dout_ld = g.dout_ld;
+  return m;
+}
+
 // The backend B with dense-layer ops that drop the caller's copies (GemmMode::weight_bf16,
 // dout_bf16) and round their operands themselves: the behaviour before the copies existed, the
 // reference of these tests (with Activations::bf16_operands false, so the Model keeps every
@@ -55,17 +63,17 @@ const Ops& rounding_in_every_op() {
     o.matmul_forward = [](float* out, const float* inp, const float* w, const float* b, int N, int C, int OC,
                           GemmMode g) {
       if (g.inp_bf16 != nullptr) std::abort();
-      B().matmul_forward(out, inp, w, b, N, C, OC, g.prec);
+      B().matmul_forward(out, inp, w, b, N, C, OC, without_copies(g));
     };
     o.matmul_backward = [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                            int N, int C, int OC, GemmMode g) {
       if (g.dout_bf16 != nullptr || g.inp_bf16 != nullptr) std::abort();  // the reference has none
-      B().matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, g.prec);
+      B().matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, without_copies(g));
     };
     o.matmul_gelu_forward = [](float* pre, float* act, const float* inp, const float* w, const float* b, int N, int C,
-                               int OC, GemmMode g) { B().matmul_gelu_forward(pre, act, inp, w, b, N, C, OC, g.prec); };
+                               int OC, GemmMode g) { B().matmul_gelu_forward(pre, act, inp, w, b, N, C, OC, without_copies(g)); };
     o.matmul_dgelu_backward = [](float* dpre, const float* dout, const float* w, const float* pre, int N, int C, int OC,
-                                 GemmMode g) { B().matmul_dgelu_backward(dpre, dout, w, pre, N, C, OC, g.prec); };
+                                 GemmMode g) { B().matmul_dgelu_backward(dpre, dout, w, pre, N, C, OC, without_copies(g)); };
     return o;
   }();
   return ops;
@@ -167,24 +175,27 @@ struct XentCase {
 };
 }  // namespace
 
+// The logits come in rows of the padded stride ld (the LM head's chunk buffer), the padding NaN:
+// read, it would make the loss NaN; it must be left as it is.
 TEST(Bf16LogitsGradient, IsTheRecordedGradientRoundedWithZeroPadding) {
   for (auto [N, V, bad_row] : {std::array<int, 3>{5, 53, -1}, std::array<int, 3>{37, 1001, 11}, std::array<int, 3>{64, 4099, -1}}) {
     const XentCase x(N, V, bad_row, 60);
-    const int ld = bf16_row_stride(V);
+    const int ld = lm_logits_row_stride(V);
     const float scale = 0.37f;
     const std::string where = "N=" + std::to_string(N) + " V=" + std::to_string(V);
-    // the reference: the fp32 gradient over the logits
+    // the reference: the fp32 gradient over contiguous logits
     std::vector<float> want = x.logits, want_loss(N, -1.0f);
     uint64_t want_bad = 0;
-    cpu_ops().softmax_xent_record(want.data(), want_loss.data(), x.targets.data(), N, V, scale, &want_bad, 100);
-    std::vector<float> logits = x.logits, loss(N, -1.0f);
+    cpu_ops().softmax_xent_record(want.data(), V, want_loss.data(), x.targets.data(), N, V, scale, &want_bad, 100);
+    const std::vector<float> in = pad_rows(x.logits, N, V, ld, kNaN);
+    std::vector<float> logits = in, loss(N, -1.0f);
     std::vector<uint16_t> grad((size_t)N * ld, 0xABCD);
     uint64_t bad = 0;
-    cpu_ops().softmax_xent_bf16_grad(logits.data(), loss.data(), x.targets.data(), N, V, scale, grad.data(), ld, &bad, 100);
+    cpu_ops().softmax_xent_bf16_grad(logits.data(), ld, loss.data(), x.targets.data(), N, V, scale, grad.data(), &bad, 100);
     EXPECT_SAME_BITS(loss, want_loss) << where;
     EXPECT_EQ(bad, want_bad) << where;
     EXPECT_EQ(bad != 0, bad_row >= 0) << where;
-    EXPECT_SAME_BITS(logits, x.logits) << where << ": the logits are left as they are";
+    EXPECT_SAME_BITS(logits, in) << where << ": the logits are left as they are";
     size_t wrong = 0, pad = 0;
     for (int n = 0; n < N; n++) {
       if (n == bad_row) continue;
@@ -550,16 +561,17 @@ TEST(CudaBf16Operands, LogitsGradientIsTheRecordedOneRounded) {
   REQUIRE_GPU();
   for (auto [N, V, bad_row] : {std::array<int, 3>{37, 1001, 11}, std::array<int, 3>{64, 50257, -1}}) {
     const XentCase x(N, V, bad_row, 66);
-    const int ld = bf16_row_stride(V);
+    const int ld = lm_logits_row_stride(V);
     const std::string where = "N=" + std::to_string(N) + " V=" + std::to_string(V);
-    Dev want(x.logits), want_loss(nans(N)), logits(x.logits), loss(nans(N)), grad((size_t)N * ld * sizeof(uint16_t)),
+    const std::vector<float> in = pad_rows(x.logits, N, V, ld, kNaN);  // (as on the CPU)
+    Dev want(x.logits), want_loss(nans(N)), logits(in), loss(nans(N)), grad((size_t)N * ld * sizeof(uint16_t)),
         flags(std::vector<uint64_t>{0, 0}), targets(x.targets);
-    gpu().softmax_xent_record(want.f(), want_loss.f(), targets.i(), N, V, 0.37f, static_cast<uint64_t*>(flags.p), 100);
+    gpu().softmax_xent_record(want.f(), V, want_loss.f(), targets.i(), N, V, 0.37f, static_cast<uint64_t*>(flags.p), 100);
     gpu().copy_to_device(grad.p, std::vector<uint16_t>((size_t)N * ld, 0xABCD).data(), grad.bytes);
-    gpu().softmax_xent_bf16_grad(logits.f(), loss.f(), targets.i(), N, V, 0.37f, static_cast<uint16_t*>(grad.p), ld,
+    gpu().softmax_xent_bf16_grad(logits.f(), ld, loss.f(), targets.i(), N, V, 0.37f, static_cast<uint16_t*>(grad.p),
                                  static_cast<uint64_t*>(flags.p) + 1, 100);
     EXPECT_SAME_BITS(loss.get(), want_loss.get()) << where;
-    EXPECT_SAME_BITS(logits.get(), x.logits) << where;
+    EXPECT_SAME_BITS(logits.get(), in) << where;
     std::vector<uint64_t> f(2);
     gpu().copy_to_host(f.data(), flags.p, sizeof(uint64_t) * 2);
     EXPECT_EQ(f[0], f[1]) << where;

@@ -51,10 +51,10 @@ TEST(CudaStepSync, SoftmaxXentRecordMatchesCpu) {
       auto rz = z;
       std::vector<float> rl(N);
       uint64_t rbad = 0;
-      cpu().softmax_xent_record(rz.data(), rl.data(), y.data(), N, V, gs, &rbad, row0);
+      cpu().softmax_xent_record(rz.data(), V, rl.data(), y.data(), N, V, gs, &rbad, row0);
       Dev gz(z), gl(nans(N)), gy(y), gbad(std::vector<uint64_t>{0});
       const uint64_t waits = cuda_host_waits();
-      gpu().softmax_xent_record(gz.f(), gl.f(), gy.i(), N, V, gs, static_cast<uint64_t*>(gbad.p), row0);
+      gpu().softmax_xent_record(gz.f(), V, gl.f(), gy.i(), N, V, gs, static_cast<uint64_t*>(gbad.p), row0);
       EXPECT_EQ(cuda_host_waits(), waits) << "softmax_xent_record must not wait";
       EXPECT_EQ(get_one<uint64_t>(gbad.p), rbad) << "the same first bad row and target";
       if (with_bad) {

@@ -12,8 +12,9 @@
 //    rows split) up to 2.9e-7. Tolerances: each row's loss 1e-6 relative, each gradient tensor 2e-6
 //    (about 5x the measured, far below what a wrong chunk — a row missed, counted twice or
 //    scaled wrongly: O(1/64) — gives). The split backward is bit for bit (test_backward_split.cpp);
-//  - the Activations allocate R x V for the logits, as the memory estimate says, and all_logits
-//    asks for every row's (generation), which hold the unchunked logits bit for bit;
+//  - the Activations allocate R rows of lm_logits_row_stride(V) for the logits, as the memory
+//    estimate says, and all_logits asks for every row's (generation), which hold the unchunked
+//    logits bit for bit;
 //  - runtime.lm_head_chunk_rows is validated;
 //  - the fused head (train_forward: each chunk's backward inside the forward, nothing
 //    recomputed) equals forward + backward bit for bit — losses, every gradient — for every case
@@ -144,13 +145,14 @@ TEST_P(ChunkedLmHead, EqualsOneChunkOfAllRows) {
     }
     if (R == 7) std::printf("  %s R=%d: largest gradient relative difference %.2e\n", c.name, R, most);
     EXPECT_TRUE(head_seen);
-    // The logits buffer shrinks from N x V to R x V, and in bf16 so does the logits gradient's
-    // bf16 chunk, from N to R rows of bf16_row_stride(V) values (in floats, 16-aligned).
+    // The logits buffer shrinks from N to R rows of the padded stride lm_logits_row_stride(V)
+    // (V = 97: 128), and in bf16 so does the logits gradient's bf16 chunk (in floats, 16-aligned).
     auto aligned16 = [](size_t n) { return (n + 15) / 16 * 16; };
-    const size_t a16 = aligned16((size_t)R * d.vocab_size);
-    const size_t w16 = (size_t)kN * d.vocab_size;  // 64 · 97 is a multiple of 16
+    const size_t ld = (size_t)lm_logits_row_stride(d.vocab_size);
+    const size_t a16 = aligned16((size_t)R * ld);
+    const size_t w16 = (size_t)kN * ld;
     auto grad16 = [&](size_t rows) {
-      return c.precision == GemmPrecision::bf16 ? aligned16((rows * bf16_row_stride(d.vocab_size) + 1) / 2) : 0;
+      return c.precision == GemmPrecision::bf16 ? aligned16((rows * ld + 1) / 2) : 0;
     };
     EXPECT_EQ(whole.act_bytes - ch.act_bytes, (w16 - a16 + grad16(kN) - grad16(R)) * sizeof(float));
     EXPECT_EQ(ch.act_bytes + kN * sizeof(float), activation_bytes(head_desc(c, R), kB, kT, c.precision))
@@ -167,7 +169,7 @@ INSTANTIATE_TEST_SUITE_P(Families, ChunkedLmHead, ::testing::ValuesIn(kCases),
 // The chunk count follows the byte budget, and is clamped to [1, N].
 TEST(ChunkedLmHeadRows, FollowTheBudget) {
   ModelDesc d = desc_of("gpt2", 1, 2, 32, 8, 50257);
-  EXPECT_EQ(lm_head_chunk_rows(d, 65536), (int)(kLmHeadChunkBytes / (4 * 50257)));
+  EXPECT_EQ(lm_head_chunk_rows(d, 65536), (int)(kLmHeadChunkBytes / (4 * 50304)));  // rows padded to 50304
   EXPECT_EQ(lm_head_chunk_rows(d, 100), 100);
   d.lm_head_chunk_rows = 3;
   EXPECT_EQ(lm_head_chunk_rows(d, 100), 3);

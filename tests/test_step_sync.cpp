@@ -59,7 +59,7 @@ TEST(StepSync, SoftmaxXentRecordEqualsSoftmaxXent) {
     std::vector<float> z1 = z, z2 = z, l1(N), l2(N);
     ops().softmax_xent(z1.data(), l1.data(), y.data(), N, V, gs);
     uint64_t bad = 0;
-    ops().softmax_xent_record(z2.data(), l2.data(), y.data(), N, V, gs, &bad, 100);
+    ops().softmax_xent_record(z2.data(), V, l2.data(), y.data(), N, V, gs, &bad, 100);
     EXPECT_EQ(bad, 0u);
     EXPECT_TRUE(same_bits(l1, l2)) << "losses, grad_scale " << gs;
     EXPECT_TRUE(same_bits(z1, z2)) << "gradients, grad_scale " << gs;
@@ -74,7 +74,7 @@ TEST(StepSync, SoftmaxXentRecordNotesTheFirstBadRowAcrossCalls) {
   uint64_t bad = 0;
   // chunk 1 (rows 6..11): rows 6 + 4 = 10 and 6 + 2 bad
   y[2] = 10, y[4] = -3;
-  ops().softmax_xent_record(zz.data(), l.data(), y.data(), N, V, 1.0f, &bad, 6);
+  ops().softmax_xent_record(zz.data(), V, l.data(), y.data(), N, V, 1.0f, &bad, 6);
   ASSERT_NE(bad, 0u);
   EXPECT_EQ(bad_target_row(bad), 8);
   EXPECT_EQ(bad_target_value(bad), 10);
@@ -93,11 +93,11 @@ TEST(StepSync, SoftmaxXentRecordNotesTheFirstBadRowAcrossCalls) {
   // chunk 0 (rows 0..5) reported later: its bad row 1 is the first
   std::vector<int32_t> y0 = {0, 99, 0, 0, 0, 0};
   zz = z;
-  ops().softmax_xent_record(zz.data(), l.data(), y0.data(), N, V, 0.0f, &bad, 0);
+  ops().softmax_xent_record(zz.data(), V, l.data(), y0.data(), N, V, 0.0f, &bad, 0);
   EXPECT_EQ(bad_target_row(bad), 1);
   EXPECT_EQ(bad_target_value(bad), 99);
   // a later chunk does not displace it
-  ops().softmax_xent_record(zz.data(), l.data(), y.data(), N, V, 0.0f, &bad, 12);
+  ops().softmax_xent_record(zz.data(), V, l.data(), y.data(), N, V, 0.0f, &bad, 12);
   EXPECT_EQ(bad_target_row(bad), 1);
 }
 

@@ -34,7 +34,7 @@ void cuda_host_free(void*) {}
 bool cuda_sync_check_enabled() { return false; }
 bool cuda_gemm_epilogues_enabled() { return false; }
 CudaEpilogueCounts cuda_epilogue_counts() { return {}; }
-double cuda_gemm_tflops(int, int, int, int, const std::string&) { no_cuda("cuda_gemm_tflops"); }
+double cuda_gemm_tflops(int, int, int, int, const std::string&, int) { no_cuda("cuda_gemm_tflops"); }
 const char* cuda_flash_attention_kernel(GemmPrecision, int) { no_cuda("cuda_flash_attention_kernel"); }
 
 }  // namespace llmpi

@@ -74,8 +74,10 @@ CudaEpilogueCounts cuda_epilogue_counts();
 // Measured rate of a row-major GEMM C[M,N] = A[M,K] B[N,K]^T (fp32 C) on the compute stream, in
 // TFLOP/s: median of `iters` timed calls after 3 warm-up calls. math: "fp32" (cublasSgemm, no
 // TF32), "tf32" (fp32 operands, CUBLAS_COMPUTE_32F_FAST_TF32) or "bf16" (bf16 operands, fp32
-// accumulation): the ceiling each precision mode's dense layers can reach on this card.
-double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math = "fp32");
+// accumulation): the ceiling each precision mode's dense layers can reach on this card. ldc: C's
+// row stride (>= N; 0 = N), to compare the LM head's logits GEMM on rows of V = 50257 floats with
+// rows padded to 50304 (model_desc.h lm_logits_row_stride).
+double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math = "fp32", int ldc = 0);
 // The kernel flash_attention_forward/backward run on the bound device for this precision and
 // head size (for benchmark reports): "flash-bf16-wmma" (bf16 tensor cores, kernels/
 // flash_attention_bf16.cu) or "flash-fp32" (kernels/flash_attention.cu).

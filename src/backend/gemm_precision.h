@@ -44,17 +44,28 @@ struct GemmMode {
   // weight is then not read by the GEMMs. Null: the op rounds. The caller keeps it equal to the
   // weight (the op cannot tell a stale copy).
   const uint16_t* weight_bf16 = nullptr;
-  // bf16 only, matmul_backward only: the output gradient dout [N, OC] already as bf16 bits (rows
-  // of dout_ld >= OC values; the padding is not read as part of the product), which the GEMMs read
-  // in place of rounding dout (the LM head's logits gradient, written in bf16 by
-  // softmax_xent_bf16_grad). dout itself is then read only for dbias and may be null without one.
-  const uint16_t* dout_bf16 = nullptr;
+  // matmul_forward only, any precision: the row stride of out (>= OC values; 0 = OC). The padding
+  // columns are not written. The LM head writes its logits in rows padded to a multiple of 64
+  // (lm_logits_row_stride, model/model_desc.h), so that every row starts 256-byte aligned: with
+  // GPT-2's V = 50257 the rows would be 4-byte aligned only, which keeps cuBLAS from its fastest
+  // kernels (Hopper's TMA needs 16-byte row strides; nanoGPT's "pad the vocabulary to 50304").
+  int out_ld = 0;
+  // matmul_backward only, any precision: the row stride of dout and of dout_bf16 (>= OC values;
+  // 0 = OC; the padding is never read).
   int dout_ld = 0;
+  // bf16 only, matmul_backward only: the output gradient dout [N, OC] already as bf16 bits (rows
+  // of dout_ld values), which the GEMMs read in place of rounding dout (the LM head's logits
+  // gradient, written in bf16 by softmax_xent_bf16_grad). dout itself is then read only for dbias
+  // and may be null without one.
+  const uint16_t* dout_bf16 = nullptr;
   // bf16 only: the layer's input inp [N, C] already as bf16 bits (rows of C values; an activation
   // kept only in bf16), read by the forward GEMM and the backward's weight gradient in place of
   // rounding inp; inp itself may then be null.
   const uint16_t* inp_bf16 = nullptr;
   GemmMode(GemmPrecision p = GemmPrecision::fp32, const uint16_t* w16 = nullptr) : prec(p), weight_bf16(w16) {}
+  // out_ld / dout_ld resolved against the output width OC
+  int out_stride(int OC) const { return out_ld > 0 ? out_ld : OC; }
+  int dout_stride(int OC) const { return dout_ld > 0 ? dout_ld : OC; }
 };
 
 // The row stride of a bf16 copy of a [rows, cols] GEMM operand: cols rounded up to a multiple of 8

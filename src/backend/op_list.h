@@ -201,17 +201,18 @@
      *bad = max(*bad, encode_bad_target(row0 + n, target)) (backend/step_scalars.h: 0 = none;      \
      the first bad row wins). bad is backend memory; the caller reports it (read_step_scalars in   \
      model/transformer.h, with softmax_xent's message). softmax_xent itself stays the checked op:  \
-     it throws at once (on a GPU after waiting for the flag). */                                   \
-  X(void, softmax_xent_record, (float* logits, float* losses, const int32_t* targets, int N,       \
-                                int V, float grad_scale, uint64_t* bad, int row0))                 \
+     it throws at once (on a GPU after waiting for the flag). The logits' rows are ld >= V values  \
+     apart (the LM head pads them, GemmMode::out_ld); the padding is neither read nor written. */  \
+  X(void, softmax_xent_record, (float* logits, int ld, float* losses, const int32_t* targets,      \
+                                int N, int V, float grad_scale, uint64_t* bad, int row0))          \
   /* softmax_xent_record with the gradient (grad_scale != 0) written as bf16 bits (round to        \
-     nearest even) into grad [N, ld] (ld >= V; the padding columns 0) instead of over logits,      \
+     nearest even) into grad [N, ld] (the padding columns 0) instead of over logits [N, ld],       \
      which is left as it is: each value the one softmax_xent_record would write, rounded (the      \
      LM head's logits gradient as a bf16 GEMM operand, GemmMode::dout_bf16). A bad row's           \
      gradient row is left as it is too. */                                                         \
-  X(void, softmax_xent_bf16_grad, (const float* logits, float* losses, const int32_t* targets,     \
-                                   int N, int V, float grad_scale, uint16_t* grad, int ld,         \
-                                   uint64_t* bad, int row0))                                       \
+  X(void, softmax_xent_bf16_grad, (const float* logits, int ld, float* losses,                     \
+                                   const int32_t* targets, int N, int V, float grad_scale,         \
+                                   uint16_t* grad, uint64_t* bad, int row0))                       \
                                                                                                    \
   /* ---- optimizer and gradient utilities ----                                                    \
      AdamW for n elements, step t >= 1: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;                \

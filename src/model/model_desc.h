@@ -74,13 +74,21 @@ struct ModelDesc {
   int fc_dim() const { return mlp == MlpKind::swiglu ? 2 * ffn_dim : ffn_dim; }
 };
 
+// The row stride of the LM head's logits in its chunk buffer (Activations::logits_ld): V rounded
+// up to a multiple of 64 values (GPT-2: 50257 -> 50304, llm.c's padded vocabulary; 256-byte
+// aligned rows for the head's GEMMs, GemmMode::out_ld). Only the stride is padded: the weight
+// keeps V rows and the padding columns are never computed nor read.
+inline int lm_logits_row_stride(int V) { return (V + 63) / 64 * 64; }
+
 // The LM head's logits are computed in chunks of rows whose fp32 logits take at most this many
-// bytes (256 MiB: 1335 rows at GPT-2's V = 50257, against 13.2 GB for B = 64, T = 1024 whole).
+// bytes (256 MiB: 1334 rows of 50304 floats at GPT-2's V = 50257, against 13.2 GB for B = 64,
+// T = 1024 whole).
 constexpr size_t kLmHeadChunkBytes = size_t(256) << 20;
 // Rows per chunk of the LM head over N rows (1 <= result <= N; N when N < 1 rows fit).
 inline int lm_head_chunk_rows(const ModelDesc& d, int N) {
-  size_t r = d.lm_head_chunk_rows > 0 ? static_cast<size_t>(d.lm_head_chunk_rows)
-                                      : kLmHeadChunkBytes / (sizeof(float) * static_cast<size_t>(d.vocab_size > 0 ? d.vocab_size : 1));
+  size_t r = d.lm_head_chunk_rows > 0
+                 ? static_cast<size_t>(d.lm_head_chunk_rows)
+                 : kLmHeadChunkBytes / (sizeof(float) * static_cast<size_t>(lm_logits_row_stride(d.vocab_size > 0 ? d.vocab_size : 1)));
   if (r < 1) r = 1;
   return N < 1 ? 1 : static_cast<int>(r < static_cast<size_t>(N) ? r : static_cast<size_t>(N));
 }

@@ -299,15 +299,17 @@ void Activations::allocate(const Model& m, int B_, int T_) {
     plan.push_back({&L.res_mlp, N * C});
     if (!d.pre_norm) plan.push_back({&L.out, N * C});
   }
-  // A bf16 LM head's logits gradient in bf16.
+  // A bf16 LM head's logits gradient in bf16; the chunk buffers' rows padded (logits_ld).
   const bool bf16_grad = bf16 && m.part.head && d.head == HeadKind::lm && !all_logits;
-  logits_grad_ld = bf16_grad ? bf16_row_stride(d.vocab_size) : 0;
+  logits_ld = !m.part.head ? 0
+              : d.head == HeadKind::lm ? (all_logits ? d.vocab_size : lm_logits_row_stride(d.vocab_size))
+                                       : d.num_labels;
   if (m.part.head) {
     if (d.head == HeadKind::lm) {
       plan_norm(&final_norm, &final_norm_bf16);
       plan.insert(plan.end(), {{&final_mean, N}, {&final_rstd, N},
-                               {&logits, static_cast<size_t>(lm_rows) * d.vocab_size}, {&losses, N}});
-      if (bf16_grad) plan_half(&logits_grad_bf16, static_cast<size_t>(lm_rows) * logits_grad_ld);
+                               {&logits, static_cast<size_t>(lm_rows) * logits_ld}, {&losses, N}});
+      if (bf16_grad) plan_half(&logits_grad_bf16, static_cast<size_t>(lm_rows) * logits_ld);
     } else {
       const size_t BC = static_cast<size_t>(B) * C;
       plan.insert(plan.end(), {{&cls, BC}, {&pooled_pre, BC}, {&pooled, BC}, {&pooled_drop, BC},
@@ -561,13 +563,14 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
         const int rn = std::min(R, N - r0);
         GemmMode chunk_gemm = head_gemm;
         chunk_gemm.inp_bf16 = xf16 ? xf16 + static_cast<size_t>(r0) * C : nullptr;
+        chunk_gemm.out_ld = a.logits_ld;
         o.matmul_forward(a.logits, xf ? xf + static_cast<size_t>(r0) * C : nullptr, W, nullptr, rn, C, d.vocab_size,
                          chunk_gemm);
         if (need_grad && a.logits_grad_bf16)
-          o.softmax_xent_bf16_grad(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
-                                   grad_scale / static_cast<float>(N), a.logits_grad_bf16, a.logits_grad_ld, bad, r0);
+          o.softmax_xent_bf16_grad(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, d.vocab_size,
+                                   grad_scale / static_cast<float>(N), a.logits_grad_bf16, bad, r0);
         else
-          o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, d.vocab_size,
+          o.softmax_xent_record(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, d.vocab_size,
                                 need_grad ? grad_scale / static_cast<float>(N) : 0.0f, bad, r0);
       }
     }
@@ -585,7 +588,7 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
     }
     o.matmul_forward(a.logits, pd, pe[kClsW], pe[kClsB], B, C, d.num_labels,
                      gemm_rounding(pe[kClsW], static_cast<size_t>(d.num_labels) * C));
-    o.softmax_xent_record(a.logits, a.losses, a.targets, B, d.num_labels,
+    o.softmax_xent_record(a.logits, d.num_labels, a.losses, a.targets, B, d.num_labels,
                           need_grad ? grad_scale / static_cast<float>(B) : 0.0f, bad, 0);
   }
   a.head_grad = need_grad;
@@ -660,13 +663,15 @@ std::vector<int> Model::predictions(const Activations& a) const {
   const int rows = rows_for_loss(a.B, a.T), K = desc.head == HeadKind::lm ? desc.vocab_size : desc.num_labels;
   if (desc.head == HeadKind::lm && a.lm_rows < rows)
     fail("internal: predictions of an LM need every row's logits (Activations::all_logits)");
-  std::vector<float> logits(static_cast<size_t>(rows) * K);
+  const size_t ld = static_cast<size_t>(a.logits_ld);  // (>= K: the chunk buffer's padded rows)
+  std::vector<float> logits(static_cast<size_t>(rows) * ld);
   ops->copy_to_host(logits.data(), a.logits, logits.size() * sizeof(float));
   std::vector<int> pred(rows);
   for (int r = 0; r < rows; r++) {
+    const float* z = logits.data() + r * ld;
     int best = 0;
     for (int k = 1; k < K; k++)
-      if (logits[static_cast<size_t>(r) * K + k] > logits[static_cast<size_t>(r) * K + best]) best = k;
+      if (z[k] > z[best]) best = k;
     pred[r] = best;
   }
   return pred;
@@ -886,10 +891,9 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
   const uint16_t* xf16 = d.final_norm ? a.final_norm_bf16 : nullptr;  // (xf null then)
   const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
   GemmMode head_gemm = gemm_reading(W);  // the head forward rounded W
-  if (a.logits_grad_bf16) {  // the logits gradient is written in bf16, and the GEMMs read it so
-    head_gemm.dout_bf16 = a.logits_grad_bf16;
-    head_gemm.dout_ld = a.logits_grad_ld;
-  }
+  head_gemm.out_ld = head_gemm.dout_ld = a.logits_ld;
+  // the logits gradient is written in bf16, and the GEMMs read it so
+  if (a.logits_grad_bf16) head_gemm.dout_bf16 = a.logits_grad_bf16;
   // Per chunk [r0, r0 + rn), last to first: z = xf_c·W^T; z <- d loss/d z = grad_scale/N ·
   // (softmax(z) - onehot(y)) (the losses rewritten with the values head_forward wrote), unless the
   // buffer still holds it (the last chunk after the forward, or the only one; the same bits either
@@ -905,10 +909,11 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
       o.matmul_forward(a.logits, xc, W, nullptr, rn, C, V, chunk_gemm);
       const float scale = a.head_grad_scale / static_cast<float>(N);
       if (a.logits_grad_bf16)  // (a fused forward's target check, either way)
-        o.softmax_xent_bf16_grad(a.logits, a.losses + r0, a.targets + r0, rn, V, scale, a.logits_grad_bf16,
-                                 a.logits_grad_ld, &a.scalars->bad_target, r0);
+        o.softmax_xent_bf16_grad(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, V, scale,
+                                 a.logits_grad_bf16, &a.scalars->bad_target, r0);
       else
-        o.softmax_xent_record(a.logits, a.losses + r0, a.targets + r0, rn, V, scale, &a.scalars->bad_target, r0);
+        o.softmax_xent_record(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, V, scale,
+                              &a.scalars->bad_target, r0);
     }
     o.matmul_backward(dxf ? dxf + static_cast<size_t>(r0) * C : nullptr, dW, nullptr,
                       a.logits_grad_bf16 ? nullptr : a.logits, xc, W, rn, C, V, chunk_gemm);

@@ -41,7 +41,8 @@
 //
 // Chunked LM head: the N x V logits (13.2 GB fp32 for GPT-2 at B = 64, T = 1024) are never stored.
 // The rows go through the head in chunks of R = lm_head_chunk_rows(desc, N) (model_desc.h; one
-// chunk's logits within kLmHeadChunkBytes), one [R, V] buffer in the Activations. Forward: per
+// chunk's logits within kLmHeadChunkBytes), one buffer of R rows in the Activations (rows of
+// lm_logits_row_stride(V) values, a multiple of 64: Activations::logits_ld). Forward: per
 // chunk logits = xf·W^T and softmax_xent (with need_grad its gradient too), keeping only the
 // per-row losses — and, in the buffer, the last chunk's logits gradient. Backward runs the chunks
 // last to first: the last one's gradient is still in the buffer, every other chunk's logits are
@@ -176,15 +177,19 @@ struct Activations {
   // rounding its operands itself (the tests' reference path).
   bool bf16_operands = true;
   // Classifier: [B, classes]; after a training forward d loss / d logits. LM head: the chunk
-  // buffer [lm_rows, V] (see "Chunked LM head"), after a forward the last chunk's logits (all
-  // rows' with all_logits; with need_grad their gradient).
+  // buffer [lm_rows, logits_ld] (see "Chunked LM head"), after a forward the last chunk's logits
+  // (all rows' with all_logits; with need_grad their gradient).
   float* logits = nullptr;
   // A bf16 Model's LM head (not all_logits): the chunk's logits gradient as bf16, [lm_rows,
-  // logits_grad_ld] (ld = bf16_row_stride(V)), the head's GEMM operand, written by
-  // softmax_xent_bf16_grad instead of over `logits` ("bf16 weight copy" above); null otherwise.
-  // Where it exists, it and not `logits` holds the gradient lm_last_grad speaks of.
+  // logits_ld], the head's GEMM operand, written by softmax_xent_bf16_grad instead of over
+  // `logits` ("bf16 weight copy" above); null otherwise. Where it exists, it and not `logits`
+  // holds the gradient lm_last_grad speaks of.
   uint16_t* logits_grad_bf16 = nullptr;
-  int logits_grad_ld = 0;
+  // The row stride of `logits` and `logits_grad_bf16`: the LM head's chunk buffer pads its rows
+  // to lm_logits_row_stride(V) (a multiple of 64 values; model_desc.h), so that the head's GEMMs
+  // see 256-byte aligned rows; with all_logits (whose readers want [N, V]) and in the classifier
+  // it is the row width itself.
+  int logits_ld = 0;
   float* losses = nullptr;    // [rows]
   bool all_logits = false;    // set before allocation: the LM head keeps every row's logits
   int lm_rows = 0;            // rows of the LM head's chunk buffer

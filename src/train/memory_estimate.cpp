@@ -58,10 +58,11 @@ size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T,
     if (!d.pre_norm) plan.push_back(N * C);
   }
   if (part.head && d.head == HeadKind::lm) {
-    const size_t R = (size_t)lm_head_chunk_rows(d, (int)N);
-    plan.insert(plan.end(), {norm, N, N, R * d.vocab_size, N});
-    // bf16: the logits gradient's bf16 chunk [R, bf16_row_stride(V)] (2-byte values, in floats)
-    if (precision == GemmPrecision::bf16) plan.push_back((R * bf16_row_stride(d.vocab_size) + 1) / 2);
+    // the chunk buffer's rows padded (Activations::logits_ld)
+    const size_t R = (size_t)lm_head_chunk_rows(d, (int)N), ld = (size_t)lm_logits_row_stride(d.vocab_size);
+    plan.insert(plan.end(), {norm, N, N, R * ld, N});
+    // bf16: the logits gradient's bf16 chunk [R, ld] (2-byte values, in floats)
+    if (precision == GemmPrecision::bf16) plan.push_back((R * ld + 1) / 2);
   } else if (part.head) {
     plan.insert(plan.end(), {B * C, B * C, B * C, B * C, (size_t)B * d.num_labels, (size_t)B});
   }

@@ -67,6 +67,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
 // pre = inp·W^T + bias; act = gelu(pre)
 void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias, int N,
                          int C, int OC, GemmMode gemm) {
+  if (gemm.out_stride(OC) != OC) fail("internal: matmul_gelu_forward writes contiguous rows (out_ld ", gemm.out_ld, ")");
   matmul_forward(pre, inp, weight, bias, N, C, OC, gemm);
   if (N > 0 && OC > 0) gelu_forward(act, pre, static_cast<size_t>(N) * OC);
 }

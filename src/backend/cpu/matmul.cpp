@@ -133,7 +133,7 @@ void bf16_copy(uint16_t* dst, const float* src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = float_to_bf16_bits(src[i]);
 }
 
-// out[N,OC] = inp[N,C] · weight[OC,C]^T + bias[OC]
+// out[N,OC] = inp[N,C] · weight[OC,C]^T + bias[OC]   (out's rows gemm.out_stride(OC) apart)
 // With a bias, out is first filled with the bias rows and sgemm accumulates (beta = 1); this
 // costs the same single pass over out as sgemm's own beta = 0 clearing would.
 // bf16: inp and weight are replaced by rounded copies first.
@@ -141,6 +141,8 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
                     int C, int OC, GemmMode gemm) {
   check_cpu_precision(gemm.prec);
   if (N <= 0 || OC <= 0) return;
+  const int ldo = gemm.out_stride(OC);
+  if (ldo < OC) fail("internal: matmul_forward with out_ld ", ldo, " < OC ", OC);
   if (gemm.prec == GemmPrecision::bf16 && C > 0) {
     const size_t ni = static_cast<size_t>(N) * C, nw = static_cast<size_t>(OC) * C;
     float* s = thread_scratch(round16(ni) + nw);
@@ -150,27 +152,24 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     weight = s + round16(ni);
   }
   float beta = 0.0f;
-  if (bias != nullptr) {
+  if (bias != nullptr || C <= 0) {  // (no input: out = bias, or 0)
 #pragma omp parallel for schedule(static) if (static_cast<long long>(N) * OC > (1 << 16))
     for (int n = 0; n < N; n++) {
-      float* o = out + static_cast<size_t>(n) * OC;
+      float* o = out + static_cast<size_t>(n) * ldo;
 #pragma omp simd
-      for (int j = 0; j < OC; j++) o[j] = bias[j];
+      for (int j = 0; j < OC; j++) o[j] = bias != nullptr ? bias[j] : 0.0f;
     }
     beta = 1.0f;
   }
-  if (C <= 0) {
-    if (bias == nullptr)
-      for (size_t i = 0; i < static_cast<size_t>(N) * OC; i++) out[i] = 0.0f;
-    return;
-  }
-  sgemm_on_omp_threads(CblasNoTrans, CblasTrans, N, OC, C, inp, C, weight, C, beta, out, OC);
+  if (C <= 0) return;
+  sgemm_on_omp_threads(CblasNoTrans, CblasTrans, N, OC, C, inp, C, weight, C, beta, out, ldo);
 }
 
 // dinp[N,C]     += dout[N,OC] · weight[OC,C]         (sgemm, beta = 1)
 // dweight[OC,C] += dout[N,OC]^T · inp[N,C]           (sgemm, beta = 1)
 // dbias[OC]     += Σ_n dout[n, :]                    (column sum; threads split the columns,
 //                                                     each column summed in row order)
+// dout's rows (and dout_bf16's) are gemm.dout_stride(OC) apart.
 // Each of the three is skipped when its output is null; they are independent, so calling with
 // dinp alone and then with dweight, dbias alone gives the same bits as one call with all three.
 // bf16: the two GEMMs read rounded copies of dout, weight (for dinp) and inp (for dweight); the
@@ -179,21 +178,26 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* weight, int N, int C, int OC, GemmMode gemm) {
   check_cpu_precision(gemm.prec);
   if (N <= 0 || OC <= 0 || C <= 0) return;
-  const float* dout_g = dout;  // the GEMMs' dout
+  const size_t ldd = static_cast<size_t>(gemm.dout_stride(OC));
+  if (ldd < static_cast<size_t>(OC)) fail("internal: matmul_backward with dout_ld ", ldd, " < OC ", OC);
+  const float* dout_g = dout;  // the GEMMs' dout, rows ldg apart
+  size_t ldg = ldd;
   if (gemm.prec == GemmPrecision::bf16 && (dinp != nullptr || dweight != nullptr)) {
     const size_t nd = static_cast<size_t>(N) * OC, nw = dinp ? static_cast<size_t>(OC) * C : 0,
                  ni = dweight ? static_cast<size_t>(N) * C : 0;
     float* s = thread_scratch(round16(nd) + round16(nw) + ni);
-    if (gemm.dout_bf16 != nullptr) {  // dout given in bf16 (rows of dout_ld): widened, exact
-      const uint16_t* d16 = gemm.dout_bf16;
-      const size_t ld = static_cast<size_t>(gemm.dout_ld);
+    // dout's rounded copy, contiguous: widened from dout_bf16 (exact), or rounded from dout
+    const uint16_t* d16 = gemm.dout_bf16;
 #pragma omp parallel for schedule(static) if (nd > (1 << 18) && !omp_in_parallel())
-      for (int n = 0; n < N; n++)
-        for (int j = 0; j < OC; j++) s[static_cast<size_t>(n) * OC + j] = bf16_bits_to_float(d16[n * ld + j]);
-    } else {
-      round_into_bf16(s, dout, nd);
+    for (int n = 0; n < N; n++) {
+      float* r = s + static_cast<size_t>(n) * OC;
+      if (d16 != nullptr)
+        for (int j = 0; j < OC; j++) r[j] = bf16_bits_to_float(d16[n * ldd + j]);
+      else
+        for (int j = 0; j < OC; j++) r[j] = round_to_bf16(dout[n * ldd + j]);
     }
     dout_g = s;
+    ldg = static_cast<size_t>(OC);
     if (dinp) {
       bf16_weight_into(s + round16(nd), weight, gemm.weight_bf16, nw);
       weight = s + round16(nd);
@@ -204,9 +208,9 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     }
   }
   if (dinp != nullptr)
-    sgemm_on_omp_threads(CblasNoTrans, CblasNoTrans, N, C, OC, dout_g, OC, weight, C, 1.0f, dinp, C);
+    sgemm_on_omp_threads(CblasNoTrans, CblasNoTrans, N, C, OC, dout_g, static_cast<int>(ldg), weight, C, 1.0f, dinp, C);
   if (dweight != nullptr)
-    sgemm_on_omp_threads(CblasTrans, CblasNoTrans, OC, C, N, dout_g, OC, inp, C, 1.0f, dweight, C);
+    sgemm_on_omp_threads(CblasTrans, CblasNoTrans, OC, C, N, dout_g, static_cast<int>(ldg), inp, C, 1.0f, dweight, C);
   if (dbias != nullptr) {
 #pragma omp parallel if (static_cast<long long>(N) * OC > (1 << 16) && OC >= 32)
     {
@@ -217,7 +221,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
       const int j0 = static_cast<int>(l0 * 16);
       const int j1 = static_cast<int>(l1 * 16 < static_cast<size_t>(OC) ? l1 * 16 : OC);
       for (int n = 0; n < N; n++) {
-        const float* d = dout + static_cast<size_t>(n) * OC;
+        const float* d = dout + n * ldd;
 #pragma omp simd
         for (int j = j0; j < j1; j++) dbias[j] += d[j];
       }

@@ -66,22 +66,24 @@ void softmax_xent(float* logits, float* losses, const int32_t* targets, int N, i
   }
 }
 
-// The same with the bad targets recorded instead of thrown (bad rows: loss NaN, logits untouched).
-void softmax_xent_record(float* logits, float* losses, const int32_t* targets, int N, int V,
+// The same with the bad targets recorded instead of thrown (bad rows: loss NaN, logits untouched),
+// on rows ld apart.
+void softmax_xent_record(float* logits, int ld, float* losses, const int32_t* targets, int N, int V,
                          float grad_scale, uint64_t* bad, int row0) {
+  if (ld < V) fail("internal: softmax_xent_record with ld ", ld, " < V ", V);
   record_bad_target(targets, N, V, bad, row0);
 #pragma omp parallel for schedule(static) if (static_cast<long long>(N) * V > (1 << 15))
   for (int n = 0; n < N; n++) {
     const int y = targets[n];
-    float* z = logits + static_cast<size_t>(n) * V;
+    float* z = logits + static_cast<size_t>(n) * ld;
     losses[n] = y < 0 || y >= V ? std::numeric_limits<float>::quiet_NaN() : xent_row(z, z, y, V, grad_scale);
   }
 }
 
 // The gradient of each row computed into a per-thread fp32 row by the same xent_row, then rounded
 // into grad's row (padding zero): each value softmax_xent_record would have written, rounded.
-void softmax_xent_bf16_grad(const float* logits, float* losses, const int32_t* targets, int N, int V,
-                            float grad_scale, uint16_t* grad, int ld, uint64_t* bad, int row0) {
+void softmax_xent_bf16_grad(const float* logits, int ld, float* losses, const int32_t* targets, int N, int V,
+                            float grad_scale, uint16_t* grad, uint64_t* bad, int row0) {
   if (grad_scale == 0.0f || ld < V) fail("internal: softmax_xent_bf16_grad needs grad_scale != 0 and ld >= V");
   record_bad_target(targets, N, V, bad, row0);
 #pragma omp parallel for schedule(static) if (static_cast<long long>(N) * V > (1 << 15))
@@ -92,7 +94,7 @@ void softmax_xent_bf16_grad(const float* logits, float* losses, const int32_t* t
       continue;
     }
     float* row = thread_scratch(static_cast<size_t>(V));
-    losses[n] = xent_row(logits + static_cast<size_t>(n) * V, row, y, V, grad_scale);
+    losses[n] = xent_row(logits + static_cast<size_t>(n) * ld, row, y, V, grad_scale);
     uint16_t* g = grad + static_cast<size_t>(n) * ld;
     store_bf16_bits(g, row, static_cast<size_t>(V));
     for (int j = V; j < ld; j++) g[j] = 0;

@@ -1,0 +1,301 @@
+// Padded row strides (backend/gemm_precision.h GemmMode::out_ld / dout_ld, op_list.h
+// softmax_xent_record / softmax_xent_bf16_grad's ld): the LM head keeps its logits in rows of
+// lm_logits_row_stride(V) values (a multiple of 64; model/model_desc.h), so its GEMMs see aligned
+// rows. Every op must give on padded rows what it gives on contiguous ones, and leave the padding
+// alone:
+//  - matmul_forward with out_ld writes the contiguous result's bits into rows of out_ld and not a
+//    byte of the padding (fp32 and bf16, with and without a bias, and with no input, C = 0);
+//  - matmul_backward and matmul_dgelu_backward with dout_ld read dout (and a bf16 dout_bf16) in
+//    rows of dout_ld, and never the padding (NaN there: read, it would poison the result);
+//    matmul_gelu_forward refuses an out_ld (its two outputs are contiguous);
+//  - softmax_xent_record on rows of ld: the same losses and gradient bits, padding untouched;
+//  - the Model's LM-head chunk buffer has rows of lm_logits_row_stride(V) (GPT-2: 50304), all_logits
+//    and the classifier contiguous ones, and its memory is what memory_estimate counts.
+// The CUDA cases (CudaPaddedRows.*) skip without a GPU; there the GEMMs are compared with the CPU
+// (cuBLAS may pick another kernel for another stride, so not bit for bit), the softmax bit for
+// bit with the GPU's own contiguous result.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "backend/bf16.h"
+#include "backend/cuda_ops.h"
+#include "backend/ops.h"
+#include "cuda_test_util.h"
+#include "grad_check.h"
+#include "model/model_desc.h"
+#include "model_test_util.h"
+#include "runtime/error.h"
+#include "train/memory_estimate.h"
+
+using namespace llmpi;
+using namespace llmpi::test;
+
+namespace {
+
+constexpr double kOpTol = 1e-5;  // GPU against the CPU, norm-wise (as test_cuda_ops.cpp)
+const float kSentinel = 1234.5f;  // an output's padding before the op: must still be there after
+
+struct Dense {
+  int N, C, OC;
+};
+// OC odd (padded to 64) and a multiple of 8 that still gets a padded stride (768 -> 832: the
+// stride of OC + 1), large enough for the CPU's tiled sgemm.
+const Dense kCases[] = {{37, 70, 53}, {96, 256, 768}};
+int ld_for(int OC) { return lm_logits_row_stride(OC + 1); }
+
+const GemmPrecision kPrecisions[] = {GemmPrecision::fp32, GemmPrecision::bf16};
+
+std::string where(const Dense& s, GemmPrecision p) {
+  return "N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) + " OC=" + std::to_string(s.OC) + " " +
+         gemm_precision_name(p);
+}
+
+GemmMode with_out_ld(GemmPrecision p, int ld) {
+  GemmMode g(p);
+  g.out_ld = ld;
+  return g;
+}
+GemmMode with_dout_ld(GemmPrecision p, int ld) {
+  GemmMode g(p);
+  g.dout_ld = ld;
+  return g;
+}
+
+struct XentRows {
+  int N, V, ld;
+  std::vector<float> logits;
+  std::vector<int32_t> targets;
+  XentRows(int N_, int V_, int bad_row, uint32_t seed)
+      : N(N_), V(V_), ld(lm_logits_row_stride(V_)), logits(random_floats((size_t)N_ * V_, seed, -8.0f, 8.0f)) {
+    for (int n = 0; n < N; n++) targets.push_back((n * 5 + 1) % V);
+    if (bad_row >= 0) targets[bad_row] = -3;
+  }
+};
+
+}  // namespace
+
+TEST(PaddedRows, LmLogitsRowStrideIsTheNextMultipleOf64) {
+  EXPECT_EQ(lm_logits_row_stride(50257), 50304);  // GPT-2 (llm.c's padded vocabulary)
+  EXPECT_EQ(lm_logits_row_stride(32000), 32000);  // LLaMA: already a multiple of 64
+  EXPECT_EQ(lm_logits_row_stride(30522), 30528);  // BERT
+  EXPECT_EQ(lm_logits_row_stride(65), 128);
+  EXPECT_EQ(lm_logits_row_stride(1), 64);
+}
+
+// ---- the dense ops, CPU ----------------------------------------------------------------------------
+
+TEST(PaddedRows, MatmulForwardWritesRowsOfOutLdAndNotThePadding) {
+  for (const Dense& s : kCases)
+    for (GemmPrecision p : kPrecisions)
+      for (bool bias : {true, false}) {
+        const int ld = ld_for(s.OC);
+        const auto x = random_floats((size_t)s.N * s.C, 1), w = random_floats((size_t)s.OC * s.C, 2),
+                   b = random_floats(s.OC, 3);
+        const float* bp = bias ? b.data() : nullptr;
+        std::vector<float> want((size_t)s.N * s.OC), got((size_t)s.N * ld, kSentinel);
+        cpu_ops().matmul_forward(want.data(), x.data(), w.data(), bp, s.N, s.C, s.OC, p);
+        cpu_ops().matmul_forward(got.data(), x.data(), w.data(), bp, s.N, s.C, s.OC, with_out_ld(p, ld));
+        const std::string at = where(s, p) + " bias " + std::to_string(bias);
+        EXPECT_SAME_BITS(unpad_rows(got, s.N, s.OC, ld), want) << at;
+        EXPECT_SAME_BITS(padding_of(got, s.N, s.OC, ld), std::vector<float>((size_t)s.N * (ld - s.OC), kSentinel))
+            << at;
+      }
+  // No input (C = 0): out = bias, or 0, in rows of out_ld
+  const int N = 5, OC = 53, ld = ld_for(OC);
+  const auto b = random_floats(OC, 4);
+  for (bool bias : {true, false}) {
+    std::vector<float> got((size_t)N * ld, kSentinel);
+    cpu_ops().matmul_forward(got.data(), nullptr, nullptr, bias ? b.data() : nullptr, N, 0, OC,
+                             with_out_ld(GemmPrecision::fp32, ld));
+    std::vector<float> want;
+    for (int n = 0; n < N; n++)
+      for (int j = 0; j < OC; j++) want.push_back(bias ? b[j] : 0.0f);
+    EXPECT_SAME_BITS(unpad_rows(got, N, OC, ld), want) << "C = 0, bias " << bias;
+    EXPECT_SAME_BITS(padding_of(got, N, OC, ld), std::vector<float>((size_t)N * (ld - OC), kSentinel));
+  }
+}
+
+TEST(PaddedRows, MatmulBackwardReadsDoutRowsOfDoutLd) {
+  for (const Dense& s : kCases)
+    for (GemmPrecision p : kPrecisions)
+      for (bool given16 : {false, true}) {
+        if (given16 && p != GemmPrecision::bf16) continue;
+        const int ld = ld_for(s.OC);
+        const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C;
+        const auto x = random_floats(nx, 5), w = random_floats(nw, 6), dout = random_floats((size_t)s.N * s.OC, 7),
+                   dx0 = random_floats(nx, 8), dw0 = random_floats(nw, 9), db0 = random_floats(s.OC, 10);
+        auto want_x = dx0, want_w = dw0, want_b = db0;
+        cpu_ops().matmul_backward(want_x.data(), want_w.data(), want_b.data(), dout.data(), x.data(), w.data(), s.N,
+                                  s.C, s.OC, p);
+        const auto padded = pad_rows(dout, s.N, s.OC, ld, kNaN);
+        std::vector<uint16_t> bits16;
+        for (float v : dout) bits16.push_back(float_to_bf16_bits(v));
+        const auto padded16 = pad_rows(bits16, s.N, s.OC, ld, uint16_t{0x7FC0} /* NaN */);
+        GemmMode g = with_dout_ld(p, ld);
+        if (given16) g.dout_bf16 = padded16.data();
+        auto got_x = dx0, got_w = dw0, got_b = db0;
+        cpu_ops().matmul_backward(got_x.data(), got_w.data(), got_b.data(), padded.data(), x.data(), w.data(), s.N,
+                                  s.C, s.OC, g);
+        const std::string at = where(s, p) + (given16 ? " dout_bf16" : "");
+        EXPECT_SAME_BITS(got_x, want_x) << at;
+        EXPECT_SAME_BITS(got_w, want_w) << at;
+        EXPECT_SAME_BITS(got_b, want_b) << at;
+      }
+}
+
+TEST(PaddedRows, DgeluBackwardReadsDoutRowsOfDoutLdAndGeluForwardRefusesOutLd) {
+  for (const Dense& s : kCases)
+    for (GemmPrecision p : kPrecisions) {
+      const int ld = ld_for(s.OC);
+      const auto w = random_floats((size_t)s.OC * s.C, 11), dout = random_floats((size_t)s.N * s.OC, 12),
+                 pre = random_floats((size_t)s.N * s.C, 13, -3.0f, 3.0f);
+      std::vector<float> want((size_t)s.N * s.C), got((size_t)s.N * s.C);
+      cpu_ops().matmul_dgelu_backward(want.data(), dout.data(), w.data(), pre.data(), s.N, s.C, s.OC, p);
+      const auto padded = pad_rows(dout, s.N, s.OC, ld, kNaN);
+      cpu_ops().matmul_dgelu_backward(got.data(), padded.data(), w.data(), pre.data(), s.N, s.C, s.OC,
+                                      with_dout_ld(p, ld));
+      EXPECT_SAME_BITS(got, want) << where(s, p);
+    }
+  const Dense s = kCases[0];
+  std::vector<float> x((size_t)s.N * s.C), w((size_t)s.OC * s.C), pre((size_t)s.N * 64), act((size_t)s.N * 64);
+  EXPECT_THROW(cpu_ops().matmul_gelu_forward(pre.data(), act.data(), x.data(), w.data(), nullptr, s.N, s.C, s.OC,
+                                             with_out_ld(GemmPrecision::fp32, 64)),
+               Error);
+}
+
+// ---- the cross-entropy, CPU ------------------------------------------------------------------------
+
+TEST(PaddedRows, SoftmaxXentRecordOnRowsOfLd) {
+  for (auto [N, V, bad_row] : {std::array<int, 3>{7, 53, -1}, std::array<int, 3>{37, 1001, 4}}) {
+    const XentRows x(N, V, bad_row, 14);
+    const std::string at = "N=" + std::to_string(N) + " V=" + std::to_string(V);
+    for (float scale : {0.0f, 0.25f}) {
+      std::vector<float> want = x.logits, want_loss(N);
+      uint64_t want_bad = 0;
+      cpu_ops().softmax_xent_record(want.data(), V, want_loss.data(), x.targets.data(), N, V, scale, &want_bad, 9);
+      std::vector<float> got = pad_rows(x.logits, N, V, x.ld, kNaN), loss(N);
+      uint64_t bad = 0;
+      cpu_ops().softmax_xent_record(got.data(), x.ld, loss.data(), x.targets.data(), N, V, scale, &bad, 9);
+      EXPECT_SAME_BITS(loss, want_loss) << at << " scale " << scale;
+      EXPECT_SAME_BITS(unpad_rows(got, N, V, x.ld), want) << at << " scale " << scale;
+      EXPECT_SAME_BITS(padding_of(got, N, V, x.ld), std::vector<float>((size_t)N * (x.ld - V), kNaN)) << at;
+      EXPECT_EQ(bad, want_bad) << at;
+      EXPECT_EQ(bad != 0, bad_row >= 0) << at;
+    }
+  }
+}
+
+// ---- the Model ---------------------------------------------------------------------------------------
+
+TEST(PaddedRows, LmHeadChunkBufferHasPaddedRows) {
+  for (const char* family : {"gpt2", "llama", "bert"})
+    for (GemmPrecision p : kPrecisions) {
+      ModelDesc d = desc_of(family, 1, 2, 32, 8, 101);  // V = 101: rows of 128
+      d.lm_head_chunk_rows = 3;
+      const Model m(d, cpu_ops(), ModelPart::whole(), p);
+      const std::string at = std::string(family) + " " + gemm_precision_name(p);
+      for (bool all : {false, true}) {
+        Activations a;
+        a.all_logits = all;
+        a.allocate(m, 2, 8);
+        if (d.head != HeadKind::lm) {
+          EXPECT_EQ(a.logits_ld, d.num_labels) << at;
+        } else {
+          EXPECT_EQ(a.logits_ld, all ? 101 : 128) << at << " all_logits " << all;
+          EXPECT_EQ(a.lm_rows, all ? 16 : 3) << at;
+        }
+        if (!all) {  // (activation_bytes also counts the host's row of losses)
+          EXPECT_EQ(a.bytes() + m.rows_for_loss(2, 8) * sizeof(float), activation_bytes(d, 2, 8, p))
+              << at << ": memory_estimate counts the padding";
+        }
+      }
+    }
+}
+
+// ---- CUDA ------------------------------------------------------------------------------------------
+
+TEST(CudaPaddedRows, MatmulForwardWritesRowsOfOutLdAndNotThePadding) {
+  REQUIRE_GPU();
+  for (const Dense& s : kCases)
+    for (GemmPrecision p : kPrecisions)
+      for (bool bias : {true, false}) {
+        const int ld = ld_for(s.OC);
+        const auto x = random_floats((size_t)s.N * s.C, 1), w = random_floats((size_t)s.OC * s.C, 2),
+                   b = random_floats(s.OC, 3);
+        std::vector<float> want((size_t)s.N * s.OC);
+        cpu_ops().matmul_forward(want.data(), x.data(), w.data(), bias ? b.data() : nullptr, s.N, s.C, s.OC, p);
+        Dev dx(x), dw(w), db(b), out(std::vector<float>((size_t)s.N * ld, kSentinel));
+        gpu().matmul_forward(out.f(), dx.f(), dw.f(), bias ? db.f() : nullptr, s.N, s.C, s.OC, with_out_ld(p, ld));
+        const auto got = out.get();
+        const std::string at = where(s, p) + " bias " + std::to_string(bias);
+        EXPECT_LT(rel(unpad_rows(got, s.N, s.OC, ld), want), kOpTol) << at;
+        EXPECT_SAME_BITS(padding_of(got, s.N, s.OC, ld), std::vector<float>((size_t)s.N * (ld - s.OC), kSentinel))
+            << at;
+      }
+}
+
+TEST(CudaPaddedRows, MatmulBackwardReadsDoutRowsOfDoutLd) {
+  REQUIRE_GPU();
+  for (const Dense& s : kCases)
+    for (GemmPrecision p : kPrecisions)
+      for (bool given16 : {false, true}) {
+        if (given16 && p != GemmPrecision::bf16) continue;
+        const int ld = ld_for(s.OC);
+        const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C;
+        const auto x = random_floats(nx, 5), w = random_floats(nw, 6), dout = random_floats((size_t)s.N * s.OC, 7),
+                   dx0 = random_floats(nx, 8), dw0 = random_floats(nw, 9), db0 = random_floats(s.OC, 10);
+        auto want_x = dx0, want_w = dw0, want_b = db0;
+        cpu_ops().matmul_backward(want_x.data(), want_w.data(), want_b.data(), dout.data(), x.data(), w.data(), s.N,
+                                  s.C, s.OC, p);
+        std::vector<uint16_t> bits16;
+        for (float v : dout) bits16.push_back(float_to_bf16_bits(v));
+        const auto padded16 = pad_rows(bits16, s.N, s.OC, ld, uint16_t{0x7FC0});
+        Dev gx(x), gw(w), gd(pad_rows(dout, s.N, s.OC, ld, kNaN)), gd16(padded16), gdx(dx0), gdw(dw0), gdb(db0);
+        GemmMode g = with_dout_ld(p, ld);
+        if (given16) g.dout_bf16 = static_cast<const uint16_t*>(gd16.p);
+        gpu().matmul_backward(gdx.f(), gdw.f(), gdb.f(), gd.f(), gx.f(), gw.f(), s.N, s.C, s.OC, g);
+        const std::string at = where(s, p) + (given16 ? " dout_bf16" : "");
+        EXPECT_LT(rel(added(gdx.get(), dx0), added(want_x, dx0)), kOpTol) << at;
+        EXPECT_LT(rel(added(gdw.get(), dw0), added(want_w, dw0)), kOpTol) << at;
+        EXPECT_LT(rel(added(gdb.get(), db0), added(want_b, db0)), kOpTol) << at;
+      }
+}
+
+TEST(CudaPaddedRows, DgeluBackwardReadsDoutRowsOfDoutLd) {
+  REQUIRE_GPU();
+  for (const Dense& s : kCases)
+    for (GemmPrecision p : kPrecisions) {
+      const int ld = ld_for(s.OC);
+      const auto w = random_floats((size_t)s.OC * s.C, 11), dout = random_floats((size_t)s.N * s.OC, 12),
+                 pre = random_floats((size_t)s.N * s.C, 13, -3.0f, 3.0f);
+      std::vector<float> want((size_t)s.N * s.C);
+      cpu_ops().matmul_dgelu_backward(want.data(), dout.data(), w.data(), pre.data(), s.N, s.C, s.OC, p);
+      Dev gw(w), gd(pad_rows(dout, s.N, s.OC, ld, kNaN)), gpre(pre), got(nans((size_t)s.N * s.C));
+      gpu().matmul_dgelu_backward(got.f(), gd.f(), gw.f(), gpre.f(), s.N, s.C, s.OC, with_dout_ld(p, ld));
+      EXPECT_LT(rel(got.get(), want), kOpTol) << where(s, p);
+    }
+}
+
+// The same kernel on each row whatever the stride: the GPU's contiguous result, bit for bit.
+TEST(CudaPaddedRows, SoftmaxXentRecordOnRowsOfLd) {
+  REQUIRE_GPU();
+  for (auto [N, V, bad_row] : {std::array<int, 3>{37, 1001, 4}, std::array<int, 3>{64, 50257, -1}}) {
+    const XentRows x(N, V, bad_row, 15);
+    const std::string at = "N=" + std::to_string(N) + " V=" + std::to_string(V);
+    Dev want(x.logits), want_loss(nans(N)), got(pad_rows(x.logits, N, V, x.ld, kNaN)), loss(nans(N)),
+        targets(x.targets), flags(std::vector<uint64_t>{0, 0});
+    gpu().softmax_xent_record(want.f(), V, want_loss.f(), targets.i(), N, V, 0.25f, static_cast<uint64_t*>(flags.p), 9);
+    gpu().softmax_xent_record(got.f(), x.ld, loss.f(), targets.i(), N, V, 0.25f, static_cast<uint64_t*>(flags.p) + 1,
+                              9);
+    const auto g = got.get();
+    EXPECT_SAME_BITS(loss.get(), want_loss.get()) << at;
+    EXPECT_SAME_BITS(unpad_rows(g, N, V, x.ld), want.get()) << at;
+    EXPECT_SAME_BITS(padding_of(g, N, V, x.ld), std::vector<float>((size_t)N * (x.ld - V), kNaN)) << at;
+    std::vector<uint64_t> f(2);
+    gpu().copy_to_host(f.data(), flags.p, sizeof(uint64_t) * 2);
+    EXPECT_EQ(f[0], f[1]) << at;
+    EXPECT_EQ(f[1] != 0, bad_row >= 0) << at;
+  }
+}
