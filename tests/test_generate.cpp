@@ -64,7 +64,9 @@ std::vector<float> full_logits(const Model& m, const std::vector<int32_t>& token
   b.T = T;
   b.tokens = tokens.data();
   b.targets = targets.data();
-  Activations a(m, 1, T);
+  Activations a;
+  a.all_logits = true;  // every row's logits, in contiguous rows of V
+  a.allocate(m, 1, T);
   m.forward(a, b, false);
   return std::vector<float>(a.logits, a.logits + static_cast<size_t>(T) * m.desc.vocab_size);
 }

@@ -97,7 +97,9 @@ Outputs run_model(const HfModel& m, const json& inputs) {
     b.attn_mask = mask.data();
     b.labels = labels.data();
   }
-  Activations a(model, B, T);
+  Activations a;
+  a.all_logits = true;  // every row's logits, in contiguous rows
+  a.allocate(model, B, T);
   model.forward(a, b, /*need_grad=*/false);
   Outputs o;
   const size_t rows = model.rows_for_loss(B, T);
