@@ -298,7 +298,10 @@ int run(const Options& o) {
     const double mfu_own_peak = peak ? achieved_tflops / peak_own : 0.0;
     const double used_gib = peak_used / 1073741824.0;
     // params, grads, m, v; bf16: the Model's bf16 weight copy too
-    const double state_b = 4.0 * n * sizeof(float) + (o.precision == GemmPrecision::bf16 ? 2.0 * n : 0.0);
+    std::vector<size_t> copy_offsets;
+    const double state_b = 4.0 * n * sizeof(float) + (o.precision == GemmPrecision::bf16
+                                                          ? 2.0 * aligned_copy_layout(model.table, &copy_offsets)
+                                                          : 0.0);
     const double act_b = static_cast<double>(acts.bytes());
     const double ws_b = static_cast<double>(cuda_workspace_bytes());
     const double plan_gib = (state_b + act_b + ws_b) / 1073741824.0;

@@ -129,6 +129,11 @@ void lt_gemm_rm(const LtGemm& g);
 // Documented rule (cublasLt.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD): the GELU input matrix's
 // leading dimension must be divisible by 8.
 inline bool lt_gelu_ld_ok(int ld) { return ld > 0 && ld % 8 == 0; }
+// A precaution, not a documented rule: the bias vector of an epilogue 16-byte aligned (or none).
+// The parameters are packed, so after BERT's classifier ([labels, C], [labels]) with an odd label
+// count every later bias starts at an odd float; such a call takes the unfused path instead of
+// asking the heuristic for a kernel that reads a 4-byte-aligned bias.
+inline bool lt_bias_ok(const float* bias) { return reinterpret_cast<uintptr_t>(bias) % 16 == 0; }
 // The bias-gradient vector of a bgradb call: kLtBgradMaxFloats floats inside the kWsLt slot
 // (a layer with more output columns keeps the column-sum kernel).
 constexpr int kLtBgradMaxFloats = 1 << 16;

@@ -47,8 +47,11 @@ __device__ __forceinline__ void store_output(float* o, __nv_bfloat16* o16, const
   if (o) store_floats<V>(o, v);
   if (!o16) return;
   if constexpr (V == 4) {
-    __nv_bfloat162 pair[2] = {__floats2bfloat162_rn(v.v[0], v.v[1]), __floats2bfloat162_rn(v.v[2], v.v[3])};
-    *reinterpret_cast<uint2*>(o16) = *reinterpret_cast<const uint2*>(pair);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.v[0], v.v[1]), hi = __floats2bfloat162_rn(v.v[2], v.v[3]);
+    uint2 u;  // (built from two 4-byte values: no 8-byte read of a 4-byte-aligned local)
+    u.x = *reinterpret_cast<const unsigned*>(&lo);
+    u.y = *reinterpret_cast<const unsigned*>(&hi);
+    *reinterpret_cast<uint2*>(o16) = u;
   } else {
 #pragma unroll
     for (int j = 0; j < V; j++) o16[j] = __float2bfloat16_rn(v.v[j]);

@@ -16,7 +16,8 @@
 //             matmul_gelu_forward    act = gelu(pre), pre = inp·W^T + bias   GELU_AUX_BIAS
 //             matmul_dgelu_backward  dpre = gelu'(pre) ⊙ (dout·W), overwrite  DGELU, beta = 0
 //   falling back to the unfused kernels where a documented rule excludes a shape (the GELU
-//   row width not a multiple of 8) or LLMPI_CUDA_EPILOGUES=0.
+//   row width not a multiple of 8), a bias is not 16-byte aligned (lt_bias_ok, a precaution) or
+//   LLMPI_CUDA_EPILOGUES=0.
 //
 // The GEMMs' precision (backend/gemm_precision.h):
 //   fp32  cublasSgemm, pure fp32 (the handle's math mode is CUBLAS_DEFAULT_MATH: no TF32)
@@ -255,7 +256,7 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   const int ldo = gemm.out_stride(OC);
   if (ldo < OC) fail("internal: matmul_forward with out_ld ", ldo, " < OC ", OC);
   cudaStream_t s = compute_stream();
-  if (bias != nullptr && C > 0 && cuda_gemm_epilogues_enabled()) {
+  if (bias != nullptr && C > 0 && cuda_gemm_epilogues_enabled() && lt_bias_ok(bias)) {
     lt_gemm_rm(forward_lt(LtEpilogue::bias, out, ldo, forward_operands(inp, weight, N, C, OC, gemm), bias, N, C, OC,
                           prec));
     lt_count(LtCount::bias);
@@ -283,7 +284,7 @@ void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* 
   const GemmPrecision prec = gemm.prec;
   if (gemm.out_stride(OC) != OC) fail("internal: matmul_gelu_forward writes contiguous rows (out_ld ", gemm.out_ld, ")");
   if (N <= 0 || OC <= 0) return;
-  if (C > 0 && cuda_gemm_epilogues_enabled() && lt_gelu_ld_ok(OC)) {
+  if (C > 0 && cuda_gemm_epilogues_enabled() && lt_gelu_ld_ok(OC) && lt_bias_ok(bias)) {
     LtGemm g = forward_lt(LtEpilogue::gelu_aux, act, OC, forward_operands(inp, weight, N, C, OC, gemm), bias, N, C,
                           OC, prec);
     g.aux = pre;

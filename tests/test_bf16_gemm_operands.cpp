@@ -20,12 +20,15 @@
 //    (Activations::bf16_operands false: the path before) — so the activations kept only in bf16
 //    and the LM head's logits gradient written in bf16 give the same bits too;
 //  - and in such a step every dense weight is rounded exactly once (the LM head's too, whatever
-//    its chunk count), against more than that when every op rounds; fp32 rounds nothing.
+//    its chunk count), against more than that when every op rounds; fp32 rounds nothing;
+//  - the copy gives every tensor a 256-byte boundary although the fp32 parameters are packed
+//    (BERT with 3 labels), so every copy a dense op gets is as aligned as its own scratch.
 // The CUDA cases (CudaBf16Operands.*) skip without a GPU.
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -38,6 +41,7 @@
 #include "cuda_test_util.h"
 #include "grad_check.h"
 #include "model_test_util.h"
+#include "params/param_table.h"
 
 using namespace llmpi;
 using namespace llmpi::test;
@@ -74,6 +78,47 @@ const Ops& rounding_in_every_op() {
                                int OC, GemmMode g) { B().matmul_gelu_forward(pre, act, inp, w, b, N, C, OC, without_copies(g)); };
     o.matmul_dgelu_backward = [](float* dpre, const float* dout, const float* w, const float* pre, int N, int C, int OC,
                                  GemmMode g) { B().matmul_dgelu_backward(dpre, dout, w, pre, N, C, OC, without_copies(g)); };
+    return o;
+  }();
+  return ops;
+}
+
+// The backend B recording the bf16 weight copies the Model hands its dense ops: how many, and
+// how many of them do not start on a 256-byte boundary.
+struct CopyAlignment {
+  size_t seen = 0, misaligned = 0;
+  void note(const uint16_t* w16) {
+    if (w16 == nullptr) return;
+    seen++;
+    misaligned += reinterpret_cast<uintptr_t>(w16) % 256 != 0;
+  }
+};
+CopyAlignment g_copy_alignment;
+
+template <const Ops& (*B)()>
+const Ops& recording_copy_alignment() {
+  static const Ops ops = [] {
+    Ops o = B();
+    o.matmul_forward = [](float* out, const float* inp, const float* w, const float* b, int N, int C, int OC,
+                          GemmMode g) {
+      g_copy_alignment.note(g.weight_bf16);
+      B().matmul_forward(out, inp, w, b, N, C, OC, g);
+    };
+    o.matmul_backward = [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                           int N, int C, int OC, GemmMode g) {
+      g_copy_alignment.note(g.weight_bf16);
+      B().matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, g);
+    };
+    o.matmul_gelu_forward = [](float* pre, float* act, const float* inp, const float* w, const float* b, int N, int C,
+                               int OC, GemmMode g) {
+      g_copy_alignment.note(g.weight_bf16);
+      B().matmul_gelu_forward(pre, act, inp, w, b, N, C, OC, g);
+    };
+    o.matmul_dgelu_backward = [](float* dpre, const float* dout, const float* w, const float* pre, int N, int C, int OC,
+                                 GemmMode g) {
+      g_copy_alignment.note(g.weight_bf16);
+      B().matmul_dgelu_backward(dpre, dout, w, pre, N, C, OC, g);
+    };
     return o;
   }();
   return ops;
@@ -513,6 +558,42 @@ TEST_P(Bf16OperandsModel, EachDenseWeightIsRoundedOncePerStep) {
     train_step(f, fa, batch.b, kind);
     EXPECT_EQ(cpu_ops().bf16_weight_rounding_count(), c0) << where;
   }
+}
+
+// The fp32 parameters are packed (after BERT's 3-label classifier every later tensor starts at an
+// odd float); the bf16 copy gives every tensor a 256-byte boundary (aligned_copy_layout), the parts
+// of one tensor (BERT's q, k, v) adjacent, and every copy a dense op is handed starts on one.
+TEST_P(Bf16OperandsModel, WeightCopyTensorsAre256ByteAligned) {
+  const WeightCopyFamily& c = GetParam();
+  const ModelDesc d = copy_desc(c);
+  Model m(d, recording_copy_alignment<cpu_ops>(), ModelPart::whole(), kBf16);
+  const ParamTable& t = m.table;
+  std::vector<size_t> off;
+  const size_t n16 = aligned_copy_layout(t, &off);
+  ASSERT_EQ(off.size(), t.slices.size());
+  bool odd = false;
+  for (size_t i = 0; i < t.slices.size(); i++) {
+    const ParamSlice& s = t.slices[i];
+    odd |= s.offset % 2 == 1;
+    const bool part = i > 0 && t.slices[i - 1].layer == s.layer && t.slices[i - 1].role == s.role;
+    if (part)
+      EXPECT_EQ(off[i], off[i - 1] + t.slices[i - 1].numel) << s.name << ": the parts of a tensor are adjacent";
+    else
+      EXPECT_EQ(off[i] % 128, 0u) << s.name;
+    EXPECT_LE(off[i] + s.numel, n16) << s.name;
+  }
+  EXPECT_LT(n16, t.numel + 128 * t.slices.size());
+  if (std::string(c.family) == "bert") {
+    EXPECT_TRUE(odd) << "the case needs packed tensors at odd offsets";
+  }
+  Activations a(m, 4, 16);
+  m.init_params(3);
+  RandomBatch batch(d, 4, 16, 51);
+  g_copy_alignment = {};
+  for (StepKind kind : {StepKind::plain, StepKind::fused_head, StepKind::split_backward})
+    train_step(m, a, batch.b, kind);
+  EXPECT_GT(g_copy_alignment.seen, 0u);
+  EXPECT_EQ(g_copy_alignment.misaligned, 0u) << "of " << g_copy_alignment.seen << " weight copies handed to dense ops";
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Bf16OperandsModel, ::testing::ValuesIn(kFamilies),

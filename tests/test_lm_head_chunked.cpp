@@ -146,13 +146,14 @@ TEST_P(ChunkedLmHead, EqualsOneChunkOfAllRows) {
     if (R == 7) std::printf("  %s R=%d: largest gradient relative difference %.2e\n", c.name, R, most);
     EXPECT_TRUE(head_seen);
     // The logits buffer shrinks from N to R rows of the padded stride lm_logits_row_stride(V)
-    // (V = 97: 128), and in bf16 so does the logits gradient's bf16 chunk (in floats, 16-aligned).
-    auto aligned16 = [](size_t n) { return (n + 15) / 16 * 16; };
+    // (V = 97: 128), and in bf16 so does the logits gradient's bf16 chunk (in floats, each tensor
+    // 64-float aligned).
+    auto aligned64 = [](size_t n) { return (n + 63) / 64 * 64; };
     const size_t ld = (size_t)lm_logits_row_stride(d.vocab_size);
-    const size_t a16 = aligned16((size_t)R * ld);
+    const size_t a16 = aligned64((size_t)R * ld);
     const size_t w16 = (size_t)kN * ld;
     auto grad16 = [&](size_t rows) {
-      return c.precision == GemmPrecision::bf16 ? aligned16((rows * ld + 1) / 2) : 0;
+      return c.precision == GemmPrecision::bf16 ? aligned64((rows * ld + 1) / 2) : 0;
     };
     EXPECT_EQ(whole.act_bytes - ch.act_bytes, (w16 - a16 + grad16(kN) - grad16(R)) * sizeof(float));
     EXPECT_EQ(ch.act_bytes + kN * sizeof(float), activation_bytes(head_desc(c, R), kB, kT, c.precision))

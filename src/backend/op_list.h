@@ -29,7 +29,7 @@
 
 // clang-format off
 #define LLMPI_OPS(X)                                                                               \
-  /* ---- memory: alloc is zero-filled and aligned to >= 64 bytes ---- */                          \
+  /* ---- memory: alloc is zero-filled and aligned to >= 256 bytes ---- */                         \
   X(void*, alloc, (size_t bytes))                                                                  \
   X(void, free, (void* p))                                                                         \
   X(void, zero, (void* p, size_t bytes))                                                           \

@@ -151,7 +151,7 @@ Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision
   params = static_cast<float*>(ops->alloc(table.numel * sizeof(float)));
   grads = static_cast<float*>(ops->alloc(table.numel * sizeof(float)));
   if (precision == GemmPrecision::bf16)
-    weights_bf16_ = static_cast<uint16_t*>(ops->alloc(table.numel * sizeof(uint16_t)));
+    weights_bf16_ = static_cast<uint16_t*>(ops->alloc(aligned_copy_layout(table, &copy_offsets_) * sizeof(uint16_t)));
   const int nl = part.l1 - part.l0;
   pb.resize(nl);
   gb.resize(nl);
@@ -179,16 +179,28 @@ Model::~Model() {
   ops->free(scratch_);
 }
 
+uint16_t* Model::copy_of(const float* w) const {
+  const size_t o = static_cast<size_t>(w - params);
+  // the slice holding offset o: the last one starting at or before it
+  const auto it = std::upper_bound(table.slices.begin(), table.slices.end(), o,
+                                   [](size_t x, const ParamSlice& s) { return x < s.offset; });
+  if (w < params || o >= table.numel || it == table.slices.begin())
+    fail("internal: a bf16 weight copy asked for a pointer outside the parameters");
+  const size_t i = static_cast<size_t>(it - table.slices.begin()) - 1;
+  return weights_bf16_ + copy_offsets_[i] + (o - table.slices[i].offset);
+}
+
+// (a tensor of several slices — BERT's QKV — is contiguous in the copy as in params)
 GemmMode Model::gemm_rounding(const float* w, size_t n) const {
   if (weights_bf16_ == nullptr) return precision;
-  uint16_t* copy = weights_bf16_ + (w - params);
+  uint16_t* copy = copy_of(w);
   ops->bf16_copy(copy, w, n);
   return {precision, copy};
 }
 
 GemmMode Model::gemm_reading(const float* w) const {
   if (weights_bf16_ == nullptr) return precision;
-  return {precision, weights_bf16_ + (w - params)};
+  return {precision, copy_of(w)};
 }
 
 void Model::init_params(uint64_t seed) {
@@ -317,12 +329,15 @@ void Activations::allocate(const Model& m, int B_, int T_) {
     }
   }
   size_t total = 0;
-  for (auto& e : plan) total += (e.second + 15) / 16 * 16;  // every tensor 64-byte aligned
+  // every tensor 256-byte aligned (64 floats): the bf16 GEMM operands among them (the norms' and
+  // activations' bf16 outputs, the logits gradient) as aligned as the GEMMs' own scratch copies,
+  // so cuBLAS sees the same alignment with or without them (and its fastest kernels' 16 bytes)
+  for (auto& e : plan) total += (e.second + 63) / 64 * 64;
   mem_ = static_cast<float*>(m.ops->alloc(total * sizeof(float)));
   size_t off = 0;
   for (auto& e : plan) {
     *e.first = mem_ + off;
-    off += (e.second + 15) / 16 * 16;
+    off += (e.second + 63) / 64 * 64;
   }
   for (auto& h : half) *h.first = reinterpret_cast<uint16_t*>(h.second);
   for (Layer& L : layers)
@@ -524,6 +539,8 @@ void Model::head_forward_queued(Activations& a, bool need_grad, float grad_scale
 }
 
 void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, bool fused) const {
+  // (the cross-entropy writes a gradient only for a scale != 0; a backward would read stale logits)
+  if (need_grad && grad_scale == 0.0f) fail("internal: a head forward with need_grad and grad_scale 0");
   const Ops& o = *ops;
   const ModelDesc& d = desc;
   const int B = a.B, T = a.T, C = d.d_model, N = B * T;

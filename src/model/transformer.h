@@ -340,7 +340,10 @@ struct Model {
   // The bf16 weight copy ("bf16 weight copy" above; null unless precision is bf16), and the GEMM
   // mode of a dense layer whose weight w (n floats, a tensor of params) the forward rounds into it
   // now, or the backward reads as the forward rounded it. Plain `precision` when there is no copy.
+  // Its layout: aligned_copy_layout (params/param_table.h), each tensor 256-byte aligned.
   uint16_t* weights_bf16_ = nullptr;
+  std::vector<size_t> copy_offsets_;  // per slice of `table`: its first value in weights_bf16_
+  uint16_t* copy_of(const float* w) const;  // where the tensor at w (in params) has its bf16 copy
   GemmMode gemm_rounding(const float* w, size_t n) const;
   GemmMode gemm_reading(const float* w) const;
   const Activations* input_only_pass_ = nullptr;  // the Activations of the input-only pass running

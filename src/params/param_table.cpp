@@ -5,6 +5,19 @@
 
 namespace llmpi {
 
+size_t aligned_copy_layout(const ParamTable& t, std::vector<size_t>* offsets) {
+  offsets->assign(t.slices.size(), 0);
+  size_t n = 0;
+  for (size_t i = 0; i < t.slices.size(); i++) {
+    const ParamSlice& s = t.slices[i];
+    const bool same_tensor = i > 0 && t.slices[i - 1].layer == s.layer && t.slices[i - 1].role == s.role;
+    if (!same_tensor) n = (n + 127) / 128 * 128;
+    (*offsets)[i] = n;
+    n += s.numel;
+  }
+  return n;
+}
+
 ParamSlice& ParamTable::add(ParamSlice s) {
   size_t n = 1;
   for (int d : s.shape) {

@@ -45,6 +45,15 @@ struct ParamTable {
   size_t end_of(size_t i) const { return slices[i].offset + slices[i].numel; }
 };
 
+// The layout of a 2-byte copy of the buffer (a bf16 Model's weight copy, model/transformer.h):
+// each tensor — the adjacent slices of one (layer, role), e.g. BERT's q, k and v parts of one
+// QKV weight — starts at a multiple of 128 values (256 bytes), so that every GEMM operand the copy
+// hands out is as aligned as cuBLAS's fastest kernels want. The fp32 buffer itself is packed: after
+// BERT's classifier ([labels, C] and [labels]) every later tensor starts at an odd float when the
+// label count is odd. Fills (*offsets)[i] = slice i's first value in the copy; returns the copy's
+// length in values.
+size_t aligned_copy_layout(const ParamTable& t, std::vector<size_t>* offsets);
+
 // The table as stored in checkpoints and compared on resume: [{name, shape, offset}, ...].
 std::string param_table_json(const ParamTable& t);
 

@@ -14,6 +14,7 @@ namespace llmpi {
 namespace {
 
 size_t aligned16(size_t floats) { return (floats + 15) / 16 * 16; }  // the model's 64-byte tensor alignment
+size_t aligned64(size_t floats) { return (floats + 63) / 64 * 64; }  // the Activations' 256-byte alignment
 
 // Attention's saved state per layer: P [B, H, T, T] (full) or lse [B, H, T] (fused).
 size_t attention_state_floats(const ModelDesc& d, int B, int T) {
@@ -28,12 +29,13 @@ size_t attention_state_floats(const ModelDesc& d, int B, int T) {
 //   [embedding norm] emb_sum N·C, mean N, rstd N
 //   per layer: norm1 N·C, mean N, rstd N, qkv N·QKV, atty N·H·hd, att B·H·T² (fused: lse B·H·T), res_attn N·C,
 //              norm2 N·C, mean N, rstd N, fc N·FC, act N·F, res_mlp N·C, [post-norm: out N·C]
-//   LM head: final norm N·C, mean N, rstd N, logits R·V (R = lm_head_chunk_rows: the chunk buffer), losses N,
-//            and with runtime.precision bf16 the logits gradient's bf16 chunk R·bf16_row_stride(V)
+//   LM head: final norm N·C, mean N, rstd N, logits R·ld (R = lm_head_chunk_rows: the chunk buffer;
+//            ld = lm_logits_row_stride(V)), losses N, and with runtime.precision bf16 the logits
+//            gradient's bf16 chunk R·ld
 //   with runtime.precision bf16 a pre-norm model's norm outputs (norm1, norm2, final norm) are
 //   bf16: N·C 2-byte values each; so is act (N·F) unless the MLP is GELU (tanh)
 //   classifier: cls, pooled_pre, pooled, pooled_drop B·C each, logits B·K, losses B
-// each rounded up to 16 floats; plus the ids (4 · N int32) and the step's scalars
+// each rounded up to 64 floats (256 bytes); plus the ids (4 · N int32) and the step's scalars
 // (backend/step_scalars.h) in one allocation, and the host loss row.
 size_t activation_bytes(const ModelDesc& d, int B, int T, GemmPrecision precision) {
   return activation_bytes(d, ModelPart::whole(), B, T, precision);
@@ -68,7 +70,7 @@ size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T,
   }
   const size_t rows = d.head == HeadKind::lm ? N : (size_t)B;
   size_t total = 0;
-  for (size_t s : plan) total += aligned16(s);
+  for (size_t s : plan) total += aligned64(s);
   return total * sizeof(float) + 4 * N * sizeof(int32_t) + sizeof(StepScalars) + rows * sizeof(float);
 }
 
@@ -142,7 +144,10 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   e.params = e.grads = nb;
   GemmPrecision precision = GemmPrecision::fp32;
   parse_gemm_precision(cfg.runtime.precision, &precision);
-  if (precision == GemmPrecision::bf16) e.params += n * sizeof(uint16_t);  // the Model's bf16 weight copy
+  if (precision == GemmPrecision::bf16) {  // the Model's bf16 weight copy (its tensors 256-byte aligned)
+    std::vector<size_t> offsets;
+    e.params += (double)aligned_copy_layout(table, &offsets) * sizeof(uint16_t);
+  }
   const bool adamw = cfg.train.optimizer == "adamw";
   e.optimizer = adamw ? 2 * nb : 0;
   const std::vector<Bucket> buckets =

@@ -13,7 +13,7 @@ namespace llmpi::cpu {
 // aligned_alloc wants a size that is a multiple of the alignment; a 0-byte request still gets a
 // valid, unique pointer (one line) so that free() is always fine.
 void* alloc(size_t bytes) {
-  constexpr size_t kAlign = 64;
+  constexpr size_t kAlign = 256;  // (as cudaMalloc: op_list.h's contract)
   const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   void* p = std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded);
   if (p == nullptr) throw std::bad_alloc();
