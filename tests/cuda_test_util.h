@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/bf16.h"
 #include "backend/cuda_ops.h"
 #include "backend/ops.h"
 #include "grad_check.h"
@@ -102,6 +103,13 @@ inline std::string bit_difference(const std::vector<float>& a, const std::vector
   return buf;
 }
 #define EXPECT_SAME_BITS(a, b) EXPECT_EQ(llmpi::test::bit_difference((a), (b)), "")
+
+// The bf16 bits of each value (backend/bf16.h: round to nearest even).
+inline std::vector<uint16_t> host_bits(const std::vector<float>& w) {
+  std::vector<uint16_t> b(w.size());
+  for (size_t i = 0; i < w.size(); i++) b[i] = float_to_bf16_bits(w[i]);
+  return b;
+}
 
 // A row-major [rows, cols] matrix as rows of ld >= cols values, the padding `fill` (a padded row
 // stride: GemmMode::out_ld / dout_ld, the LM head's logits); unpad_rows undoes it.

@@ -48,43 +48,48 @@ using namespace llmpi::test;
 
 namespace {
 
-// The precision and the row strides of g, without its bf16 copies.
+// The backend B with its four dense-layer ops handing Through(g) to B's op instead of the
+// caller's GemmMode g.
+template <const Ops& (*B)(), GemmMode (*Through)(const GemmMode&)>
+const Ops& dense_ops_through() {
+  static const Ops ops = [] {
+    Ops o = B();
+    o.matmul_forward = [](float* out, const float* inp, const float* w, const float* b, int N, int C, int OC,
+                          GemmMode g) { B().matmul_forward(out, inp, w, b, N, C, OC, Through(g)); };
+    o.matmul_backward = [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                           int N, int C, int OC, GemmMode g) {
+      B().matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, Through(g));
+    };
+    o.matmul_gelu_forward = [](float* pre, float* act, const float* inp, const float* w, const float* b, int N, int C,
+                               int OC, GemmMode g) { B().matmul_gelu_forward(pre, act, inp, w, b, N, C, OC, Through(g)); };
+    o.matmul_dgelu_backward = [](float* dpre, const float* dout, const float* w, const float* pre, int N, int C, int OC,
+                                 GemmMode g) { B().matmul_dgelu_backward(dpre, dout, w, pre, N, C, OC, Through(g)); };
+    return o;
+  }();
+  return ops;
+}
+
+// The precision and the row strides of g, without its weight copy; the reference is never handed
+// an input or output gradient in bf16 (Activations::bf16_operands false).
 GemmMode without_copies(const GemmMode& g) {
+  if (g.dout_bf16 != nullptr || g.inp_bf16 != nullptr) std::abort();
   GemmMode m(g.prec);
   m.out_ld = g.out_ld;
   m.dout_ld = g.dout_ld;
   return m;
 }
 
-// The backend B with dense-layer ops that drop the caller's copies (GemmMode::weight_bf16,
-// dout_bf16) and round their operands themselves: the behaviour before the copies existed, the
-// reference of these tests (with Activations::bf16_operands false, so the Model keeps every
-// activation in fp32 and hands the GEMMs fp32 operands).
+// The backend B with dense-layer ops that drop the caller's copies (GemmMode::weight_bf16) and
+// round their operands themselves: the behaviour before the copies existed, the reference of these
+// tests (with Activations::bf16_operands false, so the Model keeps every activation in fp32 and
+// hands the GEMMs fp32 operands).
 template <const Ops& (*B)()>
 const Ops& rounding_in_every_op() {
-  static const Ops ops = [] {
-    Ops o = B();
-    o.matmul_forward = [](float* out, const float* inp, const float* w, const float* b, int N, int C, int OC,
-                          GemmMode g) {
-      if (g.inp_bf16 != nullptr) std::abort();
-      B().matmul_forward(out, inp, w, b, N, C, OC, without_copies(g));
-    };
-    o.matmul_backward = [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                           int N, int C, int OC, GemmMode g) {
-      if (g.dout_bf16 != nullptr || g.inp_bf16 != nullptr) std::abort();  // the reference has none
-      B().matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, without_copies(g));
-    };
-    o.matmul_gelu_forward = [](float* pre, float* act, const float* inp, const float* w, const float* b, int N, int C,
-                               int OC, GemmMode g) { B().matmul_gelu_forward(pre, act, inp, w, b, N, C, OC, without_copies(g)); };
-    o.matmul_dgelu_backward = [](float* dpre, const float* dout, const float* w, const float* pre, int N, int C, int OC,
-                                 GemmMode g) { B().matmul_dgelu_backward(dpre, dout, w, pre, N, C, OC, without_copies(g)); };
-    return o;
-  }();
-  return ops;
+  return dense_ops_through<B, without_copies>();
 }
 
-// The backend B recording the bf16 weight copies the Model hands its dense ops: how many, and
-// how many of them do not start on a 256-byte boundary.
+// The bf16 weight copies the Model hands its dense ops: how many, and how many of them do not
+// start on a 256-byte boundary.
 struct CopyAlignment {
   size_t seen = 0, misaligned = 0;
   void note(const uint16_t* w16) {
@@ -95,40 +100,17 @@ struct CopyAlignment {
 };
 CopyAlignment g_copy_alignment;
 
-template <const Ops& (*B)()>
-const Ops& recording_copy_alignment() {
-  static const Ops ops = [] {
-    Ops o = B();
-    o.matmul_forward = [](float* out, const float* inp, const float* w, const float* b, int N, int C, int OC,
-                          GemmMode g) {
-      g_copy_alignment.note(g.weight_bf16);
-      B().matmul_forward(out, inp, w, b, N, C, OC, g);
-    };
-    o.matmul_backward = [](float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
-                           int N, int C, int OC, GemmMode g) {
-      g_copy_alignment.note(g.weight_bf16);
-      B().matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, g);
-    };
-    o.matmul_gelu_forward = [](float* pre, float* act, const float* inp, const float* w, const float* b, int N, int C,
-                               int OC, GemmMode g) {
-      g_copy_alignment.note(g.weight_bf16);
-      B().matmul_gelu_forward(pre, act, inp, w, b, N, C, OC, g);
-    };
-    o.matmul_dgelu_backward = [](float* dpre, const float* dout, const float* w, const float* pre, int N, int C, int OC,
-                                 GemmMode g) {
-      g_copy_alignment.note(g.weight_bf16);
-      B().matmul_dgelu_backward(dpre, dout, w, pre, N, C, OC, g);
-    };
-    return o;
-  }();
-  return ops;
+GemmMode noting_copy_alignment(const GemmMode& g) {
+  g_copy_alignment.note(g.weight_bf16);
+  return g;
 }
 
-std::vector<uint16_t> host_bits(const std::vector<float>& w) {
-  std::vector<uint16_t> b(w.size());
-  for (size_t i = 0; i < w.size(); i++) b[i] = float_to_bf16_bits(w[i]);
-  return b;
+// The backend B recording g_copy_alignment.
+template <const Ops& (*B)()>
+const Ops& recording_copy_alignment() {
+  return dense_ops_through<B, noting_copy_alignment>();
 }
+
 
 const GemmPrecision kBf16 = GemmPrecision::bf16;
 
@@ -261,9 +243,7 @@ TEST(Bf16LogitsGradient, MatmulBackwardReadsTheBf16Dout) {
     const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
     const auto x = random_floats(nx, 61), w = random_floats(nw, 62), dout = random_floats(nd, 63),
                dx0 = random_floats(nx, 64), dw0 = random_floats(nw, 65);
-    std::vector<uint16_t> d16((size_t)s.N * ld, 0x3F80 /* padding 1.0: must not be read */);
-    for (int n = 0; n < s.N; n++)
-      for (int j = 0; j < s.OC; j++) d16[(size_t)n * ld + j] = float_to_bf16_bits(dout[(size_t)n * s.OC + j]);
+    std::vector<uint16_t> d16 = pad_rows(host_bits(dout), s.N, s.OC, ld, uint16_t{0x3F80} /* 1.0: must not be read */);
     const std::string where = "N=" + std::to_string(s.N) + " OC=" + std::to_string(s.OC);
     auto want_x = dx0, want_w = dw0, got_x = dx0, got_w = dw0;
     cpu_ops().matmul_backward(want_x.data(), want_w.data(), nullptr, dout.data(), x.data(), w.data(), s.N, s.C, s.OC,
@@ -678,9 +658,7 @@ TEST(CudaBf16Operands, MatmulBackwardReadsTheBf16Dout) {
     const int ld = bf16_row_stride(s.OC);
     const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
     const auto dout = random_floats(nd, 63);
-    std::vector<uint16_t> h16((size_t)s.N * ld, 0);
-    for (int n = 0; n < s.N; n++)
-      for (int j = 0; j < s.OC; j++) h16[(size_t)n * ld + j] = float_to_bf16_bits(dout[(size_t)n * s.OC + j]);
+    const std::vector<uint16_t> h16 = pad_rows(host_bits(dout), s.N, s.OC, ld, uint16_t{0});
     Dev x(random_floats(nx, 61)), w(random_floats(nw, 62)), d(dout), d16(h16.size() * sizeof(uint16_t)),
         want_x(random_floats(nx, 64)), want_w(random_floats(nw, 65)), got_x(random_floats(nx, 64)),
         got_w(random_floats(nw, 65));

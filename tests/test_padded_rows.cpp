@@ -16,6 +16,7 @@
 // bit with the GPU's own contiguous result.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,27 @@ GemmMode with_dout_ld(GemmPrecision p, int ld) {
   return g;
 }
 
+// A dense case's inputs (one seed each), with dout also in rows of ld_for(OC) whose padding is NaN
+// (read, it would poison a result), in fp32 and as bf16 bits.
+struct DenseInputs {
+  int ld;
+  std::vector<float> x, w, b, dout, dx0, dw0, db0, pre, padded_dout;
+  std::vector<uint16_t> padded_dout16;
+  explicit DenseInputs(const Dense& s)
+      : ld(ld_for(s.OC)), x(random_floats((size_t)s.N * s.C, 1)), w(random_floats((size_t)s.OC * s.C, 2)),
+        b(random_floats(s.OC, 3)), dout(random_floats((size_t)s.N * s.OC, 7)), dx0(random_floats(x.size(), 8)),
+        dw0(random_floats(w.size(), 9)), db0(random_floats(s.OC, 10)),
+        pre(random_floats((size_t)s.N * s.C, 13, -3.0f, 3.0f)), padded_dout(pad_rows(dout, s.N, s.OC, ld, kNaN)),
+        padded_dout16(pad_rows(host_bits(dout), s.N, s.OC, ld, uint16_t{0x7FC0} /* NaN */)) {}
+  // The CPU's matmul_backward on contiguous rows (the reference): the three gradients after.
+  std::array<std::vector<float>, 3> backward(const Dense& s, GemmPrecision p) const {
+    std::array<std::vector<float>, 3> g = {dx0, dw0, db0};
+    cpu_ops().matmul_backward(g[0].data(), g[1].data(), g[2].data(), dout.data(), x.data(), w.data(), s.N, s.C, s.OC,
+                              p);
+    return g;
+  }
+};
+
 struct XentRows {
   int N, V, ld;
   std::vector<float> logits;
@@ -90,13 +112,12 @@ TEST(PaddedRows, MatmulForwardWritesRowsOfOutLdAndNotThePadding) {
   for (const Dense& s : kCases)
     for (GemmPrecision p : kPrecisions)
       for (bool bias : {true, false}) {
-        const int ld = ld_for(s.OC);
-        const auto x = random_floats((size_t)s.N * s.C, 1), w = random_floats((size_t)s.OC * s.C, 2),
-                   b = random_floats(s.OC, 3);
-        const float* bp = bias ? b.data() : nullptr;
+        const DenseInputs in(s);
+        const int ld = in.ld;
+        const float* bp = bias ? in.b.data() : nullptr;
         std::vector<float> want((size_t)s.N * s.OC), got((size_t)s.N * ld, kSentinel);
-        cpu_ops().matmul_forward(want.data(), x.data(), w.data(), bp, s.N, s.C, s.OC, p);
-        cpu_ops().matmul_forward(got.data(), x.data(), w.data(), bp, s.N, s.C, s.OC, with_out_ld(p, ld));
+        cpu_ops().matmul_forward(want.data(), in.x.data(), in.w.data(), bp, s.N, s.C, s.OC, p);
+        cpu_ops().matmul_forward(got.data(), in.x.data(), in.w.data(), bp, s.N, s.C, s.OC, with_out_ld(p, ld));
         const std::string at = where(s, p) + " bias " + std::to_string(bias);
         EXPECT_SAME_BITS(unpad_rows(got, s.N, s.OC, ld), want) << at;
         EXPECT_SAME_BITS(padding_of(got, s.N, s.OC, ld), std::vector<float>((size_t)s.N * (ld - s.OC), kSentinel))
@@ -122,40 +143,28 @@ TEST(PaddedRows, MatmulBackwardReadsDoutRowsOfDoutLd) {
     for (GemmPrecision p : kPrecisions)
       for (bool given16 : {false, true}) {
         if (given16 && p != GemmPrecision::bf16) continue;
-        const int ld = ld_for(s.OC);
-        const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C;
-        const auto x = random_floats(nx, 5), w = random_floats(nw, 6), dout = random_floats((size_t)s.N * s.OC, 7),
-                   dx0 = random_floats(nx, 8), dw0 = random_floats(nw, 9), db0 = random_floats(s.OC, 10);
-        auto want_x = dx0, want_w = dw0, want_b = db0;
-        cpu_ops().matmul_backward(want_x.data(), want_w.data(), want_b.data(), dout.data(), x.data(), w.data(), s.N,
-                                  s.C, s.OC, p);
-        const auto padded = pad_rows(dout, s.N, s.OC, ld, kNaN);
-        std::vector<uint16_t> bits16;
-        for (float v : dout) bits16.push_back(float_to_bf16_bits(v));
-        const auto padded16 = pad_rows(bits16, s.N, s.OC, ld, uint16_t{0x7FC0} /* NaN */);
-        GemmMode g = with_dout_ld(p, ld);
-        if (given16) g.dout_bf16 = padded16.data();
-        auto got_x = dx0, got_w = dw0, got_b = db0;
-        cpu_ops().matmul_backward(got_x.data(), got_w.data(), got_b.data(), padded.data(), x.data(), w.data(), s.N,
-                                  s.C, s.OC, g);
+        const DenseInputs in(s);
+        const auto want = in.backward(s, p);
+        GemmMode g = with_dout_ld(p, in.ld);
+        if (given16) g.dout_bf16 = in.padded_dout16.data();
+        auto got_x = in.dx0, got_w = in.dw0, got_b = in.db0;
+        cpu_ops().matmul_backward(got_x.data(), got_w.data(), got_b.data(), in.padded_dout.data(), in.x.data(),
+                                  in.w.data(), s.N, s.C, s.OC, g);
         const std::string at = where(s, p) + (given16 ? " dout_bf16" : "");
-        EXPECT_SAME_BITS(got_x, want_x) << at;
-        EXPECT_SAME_BITS(got_w, want_w) << at;
-        EXPECT_SAME_BITS(got_b, want_b) << at;
+        EXPECT_SAME_BITS(got_x, want[0]) << at;
+        EXPECT_SAME_BITS(got_w, want[1]) << at;
+        EXPECT_SAME_BITS(got_b, want[2]) << at;
       }
 }
 
 TEST(PaddedRows, DgeluBackwardReadsDoutRowsOfDoutLdAndGeluForwardRefusesOutLd) {
   for (const Dense& s : kCases)
     for (GemmPrecision p : kPrecisions) {
-      const int ld = ld_for(s.OC);
-      const auto w = random_floats((size_t)s.OC * s.C, 11), dout = random_floats((size_t)s.N * s.OC, 12),
-                 pre = random_floats((size_t)s.N * s.C, 13, -3.0f, 3.0f);
+      const DenseInputs in(s);
       std::vector<float> want((size_t)s.N * s.C), got((size_t)s.N * s.C);
-      cpu_ops().matmul_dgelu_backward(want.data(), dout.data(), w.data(), pre.data(), s.N, s.C, s.OC, p);
-      const auto padded = pad_rows(dout, s.N, s.OC, ld, kNaN);
-      cpu_ops().matmul_dgelu_backward(got.data(), padded.data(), w.data(), pre.data(), s.N, s.C, s.OC,
-                                      with_dout_ld(p, ld));
+      cpu_ops().matmul_dgelu_backward(want.data(), in.dout.data(), in.w.data(), in.pre.data(), s.N, s.C, s.OC, p);
+      cpu_ops().matmul_dgelu_backward(got.data(), in.padded_dout.data(), in.w.data(), in.pre.data(), s.N, s.C, s.OC,
+                                      with_dout_ld(p, in.ld));
       EXPECT_SAME_BITS(got, want) << where(s, p);
     }
   const Dense s = kCases[0];
@@ -221,12 +230,12 @@ TEST(CudaPaddedRows, MatmulForwardWritesRowsOfOutLdAndNotThePadding) {
   for (const Dense& s : kCases)
     for (GemmPrecision p : kPrecisions)
       for (bool bias : {true, false}) {
-        const int ld = ld_for(s.OC);
-        const auto x = random_floats((size_t)s.N * s.C, 1), w = random_floats((size_t)s.OC * s.C, 2),
-                   b = random_floats(s.OC, 3);
+        const DenseInputs in(s);
+        const int ld = in.ld;
         std::vector<float> want((size_t)s.N * s.OC);
-        cpu_ops().matmul_forward(want.data(), x.data(), w.data(), bias ? b.data() : nullptr, s.N, s.C, s.OC, p);
-        Dev dx(x), dw(w), db(b), out(std::vector<float>((size_t)s.N * ld, kSentinel));
+        cpu_ops().matmul_forward(want.data(), in.x.data(), in.w.data(), bias ? in.b.data() : nullptr, s.N, s.C, s.OC,
+                                 p);
+        Dev dx(in.x), dw(in.w), db(in.b), out(std::vector<float>((size_t)s.N * ld, kSentinel));
         gpu().matmul_forward(out.f(), dx.f(), dw.f(), bias ? db.f() : nullptr, s.N, s.C, s.OC, with_out_ld(p, ld));
         const auto got = out.get();
         const std::string at = where(s, p) + " bias " + std::to_string(bias);
@@ -242,24 +251,16 @@ TEST(CudaPaddedRows, MatmulBackwardReadsDoutRowsOfDoutLd) {
     for (GemmPrecision p : kPrecisions)
       for (bool given16 : {false, true}) {
         if (given16 && p != GemmPrecision::bf16) continue;
-        const int ld = ld_for(s.OC);
-        const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C;
-        const auto x = random_floats(nx, 5), w = random_floats(nw, 6), dout = random_floats((size_t)s.N * s.OC, 7),
-                   dx0 = random_floats(nx, 8), dw0 = random_floats(nw, 9), db0 = random_floats(s.OC, 10);
-        auto want_x = dx0, want_w = dw0, want_b = db0;
-        cpu_ops().matmul_backward(want_x.data(), want_w.data(), want_b.data(), dout.data(), x.data(), w.data(), s.N,
-                                  s.C, s.OC, p);
-        std::vector<uint16_t> bits16;
-        for (float v : dout) bits16.push_back(float_to_bf16_bits(v));
-        const auto padded16 = pad_rows(bits16, s.N, s.OC, ld, uint16_t{0x7FC0});
-        Dev gx(x), gw(w), gd(pad_rows(dout, s.N, s.OC, ld, kNaN)), gd16(padded16), gdx(dx0), gdw(dw0), gdb(db0);
-        GemmMode g = with_dout_ld(p, ld);
+        const DenseInputs in(s);
+        const auto want = in.backward(s, p);
+        Dev gx(in.x), gw(in.w), gd(in.padded_dout), gd16(in.padded_dout16), gdx(in.dx0), gdw(in.dw0), gdb(in.db0);
+        GemmMode g = with_dout_ld(p, in.ld);
         if (given16) g.dout_bf16 = static_cast<const uint16_t*>(gd16.p);
         gpu().matmul_backward(gdx.f(), gdw.f(), gdb.f(), gd.f(), gx.f(), gw.f(), s.N, s.C, s.OC, g);
         const std::string at = where(s, p) + (given16 ? " dout_bf16" : "");
-        EXPECT_LT(rel(added(gdx.get(), dx0), added(want_x, dx0)), kOpTol) << at;
-        EXPECT_LT(rel(added(gdw.get(), dw0), added(want_w, dw0)), kOpTol) << at;
-        EXPECT_LT(rel(added(gdb.get(), db0), added(want_b, db0)), kOpTol) << at;
+        EXPECT_LT(rel(added(gdx.get(), in.dx0), added(want[0], in.dx0)), kOpTol) << at;
+        EXPECT_LT(rel(added(gdw.get(), in.dw0), added(want[1], in.dw0)), kOpTol) << at;
+        EXPECT_LT(rel(added(gdb.get(), in.db0), added(want[2], in.db0)), kOpTol) << at;
       }
 }
 
@@ -267,13 +268,11 @@ TEST(CudaPaddedRows, DgeluBackwardReadsDoutRowsOfDoutLd) {
   REQUIRE_GPU();
   for (const Dense& s : kCases)
     for (GemmPrecision p : kPrecisions) {
-      const int ld = ld_for(s.OC);
-      const auto w = random_floats((size_t)s.OC * s.C, 11), dout = random_floats((size_t)s.N * s.OC, 12),
-                 pre = random_floats((size_t)s.N * s.C, 13, -3.0f, 3.0f);
+      const DenseInputs in(s);
       std::vector<float> want((size_t)s.N * s.C);
-      cpu_ops().matmul_dgelu_backward(want.data(), dout.data(), w.data(), pre.data(), s.N, s.C, s.OC, p);
-      Dev gw(w), gd(pad_rows(dout, s.N, s.OC, ld, kNaN)), gpre(pre), got(nans((size_t)s.N * s.C));
-      gpu().matmul_dgelu_backward(got.f(), gd.f(), gw.f(), gpre.f(), s.N, s.C, s.OC, with_dout_ld(p, ld));
+      cpu_ops().matmul_dgelu_backward(want.data(), in.dout.data(), in.w.data(), in.pre.data(), s.N, s.C, s.OC, p);
+      Dev gw(in.w), gd(in.padded_dout), gpre(in.pre), got(nans((size_t)s.N * s.C));
+      gpu().matmul_dgelu_backward(got.f(), gd.f(), gw.f(), gpre.f(), s.N, s.C, s.OC, with_dout_ld(p, in.ld));
       EXPECT_LT(rel(got.get(), want), kOpTol) << where(s, p);
     }
 }

@@ -329,15 +329,12 @@ void Activations::allocate(const Model& m, int B_, int T_) {
     }
   }
   size_t total = 0;
-  // every tensor 256-byte aligned (64 floats): the bf16 GEMM operands among them (the norms' and
-  // activations' bf16 outputs, the logits gradient) as aligned as the GEMMs' own scratch copies,
-  // so cuBLAS sees the same alignment with or without them (and its fastest kernels' 16 bytes)
-  for (auto& e : plan) total += (e.second + 63) / 64 * 64;
+  for (auto& e : plan) total += activation_floats_aligned(e.second);  // every tensor 256-byte aligned
   mem_ = static_cast<float*>(m.ops->alloc(total * sizeof(float)));
   size_t off = 0;
   for (auto& e : plan) {
     *e.first = mem_ + off;
-    off += (e.second + 63) / 64 * 64;
+    off += activation_floats_aligned(e.second);
   }
   for (auto& h : half) *h.first = reinterpret_cast<uint16_t*>(h.second);
   for (Layer& L : layers)

@@ -145,6 +145,12 @@ struct DropoutContext {
 
 struct Model;
 
+// n floats rounded up to a multiple of 64 (256 bytes): the room one tensor of the Activations takes,
+// so that every tensor starts 256-byte aligned — the bf16 GEMM operands among them (the norms' and
+// activations' bf16 outputs, the logits gradient) as aligned as the GEMMs' own scratch copies, so
+// cuBLAS sees the same alignment with or without them. memory_estimate counts with it too.
+inline size_t activation_floats_aligned(size_t n) { return (n + 63) / 64 * 64; }
+
 // The activations of one micro-batch on one Model (backend memory, one allocation).
 struct Activations {
   struct Layer {

@@ -14,7 +14,6 @@ namespace llmpi {
 namespace {
 
 size_t aligned16(size_t floats) { return (floats + 15) / 16 * 16; }  // the model's 64-byte tensor alignment
-size_t aligned64(size_t floats) { return (floats + 63) / 64 * 64; }  // the Activations' 256-byte alignment
 
 // Attention's saved state per layer: P [B, H, T, T] (full) or lse [B, H, T] (fused).
 size_t attention_state_floats(const ModelDesc& d, int B, int T) {
@@ -70,7 +69,7 @@ size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T,
   }
   const size_t rows = d.head == HeadKind::lm ? N : (size_t)B;
   size_t total = 0;
-  for (size_t s : plan) total += aligned64(s);
+  for (size_t s : plan) total += activation_floats_aligned(s);
   return total * sizeof(float) + 4 * N * sizeof(int32_t) + sizeof(StepScalars) + rows * sizeof(float);
 }
 

@@ -187,14 +187,11 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
                  ni = dweight ? static_cast<size_t>(N) * C : 0;
     float* s = thread_scratch(round16(nd) + round16(nw) + ni);
     // dout's rounded copy, contiguous: widened from dout_bf16 (exact), or rounded from dout
-    const uint16_t* d16 = gemm.dout_bf16;
 #pragma omp parallel for schedule(static) if (nd > (1 << 18) && !omp_in_parallel())
-    for (int n = 0; n < N; n++) {
-      float* r = s + static_cast<size_t>(n) * OC;
-      if (d16 != nullptr)
-        for (int j = 0; j < OC; j++) r[j] = bf16_bits_to_float(d16[n * ldd + j]);
-      else
-        for (int j = 0; j < OC; j++) r[j] = round_to_bf16(dout[n * ldd + j]);
+    for (int n = 0; n < N; n++) {  // row n (its call runs serially inside this loop)
+      const uint16_t* row16 = gemm.dout_bf16 ? gemm.dout_bf16 + n * ldd : nullptr;
+      bf16_operand_into(s + static_cast<size_t>(n) * OC, row16 ? nullptr : dout + n * ldd, row16,
+                        static_cast<size_t>(OC));
     }
     dout_g = s;
     ldg = static_cast<size_t>(OC);
