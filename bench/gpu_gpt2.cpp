@@ -65,6 +65,7 @@ struct Options {
   int batch = 8, seq_len = 1024, steps = 20, warmup = 3;
   int layers = 12, heads = 12, d_model = 768, vocab = 50257;
   int device = 0, gemm = 8192;
+  int head_chunk_rows = 0;  // runtime.lm_head_chunk_rows (0: the default budget)
   std::string json;
   llmpi::GemmPrecision precision = llmpi::GemmPrecision::fp32;  // the dense layers' GEMMs (runtime.precision)
   std::string attention = "auto";
@@ -74,7 +75,7 @@ void usage() {
   std::printf(
       "usage: %s [--batch B] [--seq-len T] [--steps S] [--warmup W] [--json OUT]\n"
       "          [--layers L] [--heads H] [--d-model C] [--vocab V] [--device D] [--gemm N]\n"
-      "          [--precision fp32|tf32|bf16] [--attention auto|full|fused]\n",
+      "          [--precision fp32|tf32|bf16] [--attention auto|full|fused] [--lm-head-chunk-rows R]\n",
       kProg);
 }
 
@@ -122,6 +123,7 @@ bool parse(int argc, char** argv, Options& o) {
     else if (a == "--vocab") o.vocab = xi;
     else if (a == "--device") o.device = xi;
     else if (a == "--gemm") o.gemm = xi;
+    else if (a == "--lm-head-chunk-rows") o.head_chunk_rows = xi;
     else {
       std::fprintf(stderr, "%s: unknown option %s\n", kProg, a.c_str());
       usage();
@@ -209,6 +211,7 @@ int run(const Options& o) {
     mc.seq_len = o.seq_len;
     ModelDesc desc = model_desc_from_config(mc, o.vocab);
     desc.attention = resolve_attention(o.attention, true, desc.head_dim());
+    desc.lm_head_chunk_rows = o.head_chunk_rows;
     const std::string attn_kernel = desc.attention == AttentionImpl::fused
                                         ? cuda_flash_attention_kernel(o.precision, desc.head_dim())
                                         : "full-cublas-fp32";

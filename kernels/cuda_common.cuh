@@ -96,6 +96,12 @@ void sgemm_rm_batched(bool transA, bool transB, int M, int N, int K, float alpha
                       int lda, long long strideA, const float* B, int ldb, long long strideB,
                       float beta, float* C, int ldc, long long strideC, int batch);
 
+// The same (alpha = 1) on the tensor cores as the dense layers run it: bf16 operands (bf16 true;
+// A and B are __nv_bfloat16) or fp32 operands with TF32 math, fp32 C and accumulation, a ragged
+// dimension split off (matmul.cu). For benchmarks that measure what the model's GEMMs get.
+void gemm_tensor_rm(bool bf16, bool transA, bool transB, int M, int N, int K, const void* A, int lda,
+                    const void* B, int ldb, float beta, float* C, int ldc);
+
 // ---- cuBLASLt GEMMs with epilogues (gemm_lt.cu) ---------------------------------------------------
 // Row-major C[M,N] = op(A) op(B) + beta C (alpha = 1) as sgemm_rm, through cuBLASLt, with:
 //   bias           C[m, n] += bias[n] before the activation (bias [N])
@@ -138,7 +144,7 @@ inline bool lt_bias_ok(const float* bias) { return reinterpret_cast<uintptr_t>(b
 // (a layer with more output columns keeps the column-sum kernel).
 constexpr int kLtBgradMaxFloats = 1 << 16;
 float* lt_bgrad_scratch();
-enum class LtCount { bias, gelu_aux, dgelu, bgradb, unfused };
+enum class LtCount { bias, gelu_aux, dgelu, bgradb, unfused, ragged_split };
 void lt_count(LtCount what);
 
 // d[i] = gelu'(pre[i]) · d[i], GELU tanh (gelu.cu; matmul_dgelu_backward's unfused path)

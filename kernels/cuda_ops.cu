@@ -179,9 +179,6 @@ double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math,
   }
   LLMPI_LAUNCH_CHECK("fill_pattern");
   // Row-major C[M,N] = A[M,K] . B[N,K]^T is column-major C^T[N,M] = (B^T)^T[N,K] . A^T[K,M].
-  const cudaDataType_t in_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  const cublasComputeType_t compute = math == "tf32" ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  const float one = 1.0f, zero = 0.0f;
   cudaEvent_t e0, e1;
   LLMPI_CUDA_CHECK(cudaEventCreate(&e0));
   LLMPI_CUDA_CHECK(cudaEventCreate(&e1));
@@ -191,9 +188,8 @@ double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math,
     if (math == "fp32")
       cuda::sgemm_rm(false, true, M, N, K, 1.0f, static_cast<const float*>(a), K,
                      static_cast<const float*>(b), K, 0.0f, c, ldc);
-    else
-      LLMPI_CUBLAS_CHECK(cublasGemmEx(cuda::cublas(), CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, b, in_type, K, a,
-                                      in_type, K, &zero, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+    else  // as the dense layers run it (a ragged dimension split off: the LM head's V)
+      cuda::gemm_tensor_rm(bf16, false, true, M, N, K, a, K, b, K, 0.0f, c, ldc);
     LLMPI_CUDA_CHECK(cudaEventRecord(e1, s));
     LLMPI_CUDA_CHECK(cudaEventSynchronize(e1));
     float t = 0.0f;

@@ -38,6 +38,7 @@
 #include <mma.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "backend/dropout_hash.h"
 #include "backend/flash_bf16.h"
@@ -67,10 +68,36 @@ template <int HS>
 __host__ __device__ constexpr int ld_o() { return HS + 4; }  // fp32 [64][HS + 4]: O
 
 // Rows [r0, r0 + n) of a strided fp32 [T, ld] matrix's hs columns from col, rounded to bf16 into
-// a [64][HS + 8] tile, zero-padded (rows >= n, columns >= hs). All threads of the block.
+// a [64][HS + 8] tile, zero-padded (rows >= n, columns >= hs). All kThreads threads of the block.
+// When hs = HS and the rows' columns are 16-byte aligned (GPT-2: hs 64, rows of 3C or C floats):
+// 16-byte loads, every thread's HS/2 (HS = 64: 8) of them issued before the first is used, so a
+// tile costs one trip to memory instead of one per element — the first GPU run measured the
+// one-element-per-iteration loop as the bulk of these kernels' time (ncu: ~11 TFLOP/s forward,
+// docs/PERF.md "First run on a GPU"). Otherwise one element per thread and iteration.
 template <int HS>
 __device__ __forceinline__ void stage_bf16(bf16* tile, const float* base, int ld, int col, int r0,
                                            int n, int hs) {
+  constexpr int kPerRow = HS / 4, kLoads = kTile * kPerRow / kThreads;  // float4s: per row, per thread
+  static_assert(kTile * kPerRow % kThreads == 0, "whole float4 loads per thread");
+  if (hs == HS && ld % 4 == 0 && col % 4 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0) {
+    float4 v[kLoads];
+#pragma unroll
+    for (int it = 0; it < kLoads; it++) {
+      const int k = threadIdx.x + it * kThreads, r = k / kPerRow, d = k % kPerRow * 4;
+      v[it] = r < n ? *reinterpret_cast<const float4*>(base + static_cast<size_t>(r0 + r) * ld + col + d)
+                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int it = 0; it < kLoads; it++) {
+      const int k = threadIdx.x + it * kThreads, r = k / kPerRow, d = k % kPerRow * 4;
+      bf16* t = tile + r * ld_h<HS>() + d;  // 8-byte aligned: (HS + 8) and d are multiples of 4
+      t[0] = __float2bfloat16_rn(v[it].x);
+      t[1] = __float2bfloat16_rn(v[it].y);
+      t[2] = __float2bfloat16_rn(v[it].z);
+      t[3] = __float2bfloat16_rn(v[it].w);
+    }
+    return;
+  }
   for (int k = threadIdx.x; k < kTile * HS; k += blockDim.x) {
     const int r = k / HS, d = k % HS;
     const float x = r < n && d < hs ? base[static_cast<size_t>(r0 + r) * ld + col + d] : 0.0f;

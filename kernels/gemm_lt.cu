@@ -60,7 +60,7 @@ namespace {
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 constexpr size_t kLtSlotBytes = kLtWorkspaceBytes + sizeof(float) * kLtBgradMaxFloats;
 
-std::atomic<long long> g_counts[5];
+std::atomic<long long> g_counts[6];  // by LtCount
 
 struct LtHandle {
   cublasLtHandle_t h = nullptr;
@@ -242,6 +242,7 @@ CudaEpilogueCounts cuda_epilogue_counts() {
   c.dgelu = cuda::g_counts[static_cast<int>(cuda::LtCount::dgelu)];
   c.bgradb = cuda::g_counts[static_cast<int>(cuda::LtCount::bgradb)];
   c.unfused = cuda::g_counts[static_cast<int>(cuda::LtCount::unfused)];
+  c.ragged_split = cuda::g_counts[static_cast<int>(cuda::LtCount::ragged_split)];
   return c;
 }
 

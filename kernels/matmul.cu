@@ -151,23 +151,78 @@ void to_bf16_rows(__nv_bfloat16* dst, int ld, const float* src, int src_ld, int 
   LLMPI_LAUNCH_CHECK("to_bf16_rows");
 }
 
-// Row-major C[M,N] = op(A) op(B) + beta C as sgemm_rm (alpha = 1), with bf16 A and B.
-void gemm_bf16_rm(bool transA, bool transB, int M, int N, int K, const __nv_bfloat16* A, int lda,
-                  const __nv_bfloat16* B, int ldb, float beta, float* C, int ldc) {
-  const float alpha = 1.0f;
-  LLMPI_CUBLAS_CHECK(cublasGemmEx(cublas(), op(transB), op(transA), N, M, K, &alpha, B, CUDA_R_16BF, ldb, A,
-                                  CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT));
+// A ragged dimension split off (tensor-core GEMMs only). cuBLAS picks its vectorised kernels only
+// when every dimension that is contiguous in memory in some operand is a multiple of the vector
+// width; one such dimension of odd length (the LM head's V = 50257: the output's columns in the
+// forward, the reduction in dinp, the weight gradient's rows) sends the whole GEMM to a scalar
+// "align1" kernel, measured at ~80 TFLOP/s on an H100 against ~750 for aligned bf16 shapes (ncu,
+// docs/PERF.md "First run on a GPU"). So such a GEMM runs as two: the largest multiple of 64 of
+// that dimension, and the tail (< 64, a small GEMM), each writing its own part of C (M, N) or the
+// tail accumulated onto the main part (K: beta = 1). No padding of the weights or the logits is
+// needed. In row-major terms: N is contiguous in C (always) and in B unless transB, K in A unless
+// transA and in B if transB, M in A if transA.
+struct RaggedSplit {
+  char dim = 0;  // 'M', 'N', 'K' or 0: none
+  int main = 0;  // its aligned part
+};
+constexpr int kRaggedMin = 1024;  // smaller dimensions are left alone (a second launch for little gain)
+RaggedSplit ragged_split(bool transA, bool transB, int M, int N, int K) {
+  auto ragged = [](int d) { return d >= kRaggedMin && d % 8 != 0; };
+  if (ragged(N)) return {'N', N / 64 * 64};
+  if ((!transA || transB) && ragged(K)) return {'K', K / 64 * 64};
+  if (transA && ragged(M)) return {'M', M / 64 * 64};
+  return {};
 }
 
-// The same with fp32 operands: sgemm (fp32) or TF32 tensor-op math (tf32). Not for bf16.
+// Calls gemm(transA, transB, M, N, K, A, B, beta, C) once, or twice on the two parts of a ragged
+// dimension (above); T is the operands' element type.
+template <typename T, typename Gemm>
+void gemm_split_ragged(bool transA, bool transB, int M, int N, int K, const T* A, int lda, const T* B, int ldb,
+                       float beta, float* C, int ldc, Gemm gemm) {
+  const RaggedSplit r = ragged_split(transA, transB, M, N, K);
+  const size_t sa = lda, sb = ldb, sc = ldc;
+  if (r.dim != 0) lt_count(LtCount::ragged_split);
+  switch (r.dim) {
+    case 'N':
+      gemm(M, r.main, K, A, B, beta, C);
+      return gemm(M, N - r.main, K, A, transB ? B + r.main * sb : B + r.main, beta, C + r.main);
+    case 'K':
+      gemm(M, N, r.main, A, B, beta, C);
+      return gemm(M, N, K - r.main, transA ? A + r.main * sa : A + r.main, transB ? B + r.main : B + r.main * sb,
+                  1.0f, C);
+    case 'M':
+      gemm(r.main, N, K, A, B, beta, C);
+      return gemm(M - r.main, N, K, transA ? A + r.main : A + r.main * sa, B, beta, C + r.main * sc);
+    default:
+      return gemm(M, N, K, A, B, beta, C);
+  }
+}
+
+// Row-major C[M,N] = op(A) op(B) + beta C as sgemm_rm (alpha = 1), with bf16 A and B; a ragged
+// dimension split off (above).
+void gemm_bf16_rm(bool transA, bool transB, int M, int N, int K, const __nv_bfloat16* A, int lda,
+                  const __nv_bfloat16* B, int ldb, float beta, float* C, int ldc) {
+  gemm_split_ragged(transA, transB, M, N, K, A, lda, B, ldb, beta, C, ldc,
+                    [&](int m, int n, int k, const __nv_bfloat16* a, const __nv_bfloat16* b, float bt, float* c) {
+                      const float alpha = 1.0f;
+                      LLMPI_CUBLAS_CHECK(cublasGemmEx(cublas(), op(transB), op(transA), n, m, k, &alpha, b,
+                                                      CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &bt, c, CUDA_R_32F,
+                                                      ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                    });
+}
+
+// The same with fp32 operands: sgemm (fp32) or TF32 tensor-op math (tf32, a ragged dimension split
+// off as for bf16). Not for bf16.
 void gemm_f32_rm(GemmPrecision prec, bool transA, bool transB, int M, int N, int K, const float* A, int lda,
                  const float* B, int ldb, float beta, float* C, int ldc) {
   if (prec != GemmPrecision::tf32) return sgemm_rm(transA, transB, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
-  const float alpha = 1.0f;
-  LLMPI_CUBLAS_CHECK(cublasGemmEx(cublas(), op(transB), op(transA), N, M, K, &alpha, B, CUDA_R_32F, ldb, A,
-                                  CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_TF32,
-                                  CUBLAS_GEMM_DEFAULT));
+  gemm_split_ragged(transA, transB, M, N, K, A, lda, B, ldb, beta, C, ldc,
+                    [&](int m, int n, int k, const float* a, const float* b, float bt, float* c) {
+                      const float alpha = 1.0f;
+                      LLMPI_CUBLAS_CHECK(cublasGemmEx(cublas(), op(transB), op(transA), n, m, k, &alpha, b,
+                                                      CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &bt, c, CUDA_R_32F, ldc,
+                                                      CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+                    });
 }
 
 }  // namespace
@@ -176,6 +231,15 @@ void sgemm_rm(bool transA, bool transB, int M, int N, int K, float alpha, const 
               const float* B, int ldb, float beta, float* C, int ldc) {
   LLMPI_CUBLAS_CHECK(cublasSgemm(cublas(), op(transB), op(transA), N, M, K, &alpha, B, ldb, A, lda,
                                  &beta, C, ldc));
+}
+
+void gemm_tensor_rm(bool bf16, bool transA, bool transB, int M, int N, int K, const void* A, int lda,
+                    const void* B, int ldb, float beta, float* C, int ldc) {
+  if (bf16)
+    return gemm_bf16_rm(transA, transB, M, N, K, static_cast<const __nv_bfloat16*>(A), lda,
+                        static_cast<const __nv_bfloat16*>(B), ldb, beta, C, ldc);
+  gemm_f32_rm(GemmPrecision::tf32, transA, transB, M, N, K, static_cast<const float*>(A), lda,
+              static_cast<const float*>(B), ldb, beta, C, ldc);
 }
 
 void sgemm_rm_batched(bool transA, bool transB, int M, int N, int K, float alpha, const float* A,
@@ -299,8 +363,8 @@ void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* 
 }
 
 // dpre = gelu'(pre) ⊙ (dout·W), overwritten: one cuBLASLt GEMM with the DGELU epilogue (beta = 0,
-// aux = pre) when the epilogues are on and C is a multiple of 8; otherwise the GEMM with beta = 0
-// and gelu_grad_multiply. bf16: dout and W converted into kWsGemm first, as in matmul_backward.
+// aux = pre) when the epilogues are on, C is a multiple of 8 and the precision is not bf16;
+// otherwise the GEMM with beta = 0 and gelu_grad_multiply. bf16: dout and W converted into kWsGemm first, as in matmul_backward.
 void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, const float* pre, int N, int C,
                            int OC, GemmMode gemm) {
   const GemmPrecision prec = gemm.prec;
@@ -319,7 +383,10 @@ void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, 
     d = dout16;
     w = bf16_weight(ws + bf16_span(nd), weight, gemm, static_cast<size_t>(OC) * C);
   }
-  if (cuda_gemm_epilogues_enabled() && lt_gelu_ld_ok(C)) {
+  // Not in bf16: there cuBLASLt ran DGELU as a pass of its own after the GEMM, and the whole
+  // backward was slower than with our GEMM + gelu_grad_multiply (H100, GPT-2 124M bf16, B = 64:
+  // backward 215.1 ms with the epilogues, 208.4 ms without; docs/PERF.md "First run on a GPU").
+  if (cuda_gemm_epilogues_enabled() && lt_gelu_ld_ok(C) && prec != GemmPrecision::bf16) {
     LtGemm g;
     g.ep = LtEpilogue::dgelu;
     g.prec = prec;

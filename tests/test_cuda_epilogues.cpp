@@ -15,11 +15,16 @@
 //     rounding. Argument for keeping the op tolerance: the epilogue computes in fp32 on the fp32
 //     accumulator, so an fp32-accurate tanh (a few ulp) adds ~1e-7 to the pre-activation's error,
 //     and |gelu'| <= 1.13 carries that error through. To see the epilogue's GELU alone, the
-//     activation is also compared with the CPU's GELU of the GPU's own aux output, bound
-//     kGeluTol = 1e-6: a few fp32 ulp (two fp32-accurate GELUs of the same input; each value is
-//     printed). If cuBLASLt used a hardware tanh approximation (relative error ~2^-11), these checks
-//     fail by design: such a GELU would be less accurate than every other op of the backend, and
-//     the fix is not to fuse the GELU (LLMPI_CUDA_EPILOGUES=0 meanwhile), not a wider bound.
+//     activation is also compared with the CPU's GELU of the GPU's own aux output (each value is
+//     printed): bound kGeluTol = 1e-6 on the unfused path (our gelu_forward kernel: measured
+//     2e-8 to 3e-8 on an H100), kLtGeluTol = kOpTol on the fused one. The first GPU run (H100,
+//     CUDA 13, 2026-11-24) measured cuBLASLt's GELU at 2.6e-6 to 2.9e-6 from an fp32-accurate one
+//     in every precision (the same in fp32, bf16 and tf32: the epilogue's own tanh, not the GEMM),
+//     which failed the 1e-6 this test first asked for on the assumption of a few ulp. That is
+//     within the op tolerance every other op of the backend meets, and far from what a formula
+//     error or a hardware tanh.approx would give (the erf GELU differs from the tanh GELU by ~1e-4
+//     relative, tanh.approx by ~2^-11), which the bound still catches; bf16 activations are rounded
+//     to 2^-9 afterwards anyway. LLMPI_CUDA_EPILOGUES=0 runs the accurate unfused GELU.
 //   - tf32: within 1e-2 of fp32 and provably not fp32 (as CudaOps.MatmulTf32IsCloseToFp32);
 //   - shapes where a documented rule excludes the epilogue (GELU row width not a multiple of 8:
 //     OC = 53, C = 70) take the unfused path (cuda_epilogue_counts() says which path ran) and are
@@ -50,7 +55,8 @@ using namespace llmpi::test;
 namespace {
 
 constexpr double kOpTol = 1e-5;
-constexpr double kGeluTol = 1e-6;
+constexpr double kGeluTol = 1e-6;    // our GELU kernel against the CPU's, on the same input
+constexpr double kLtGeluTol = 1e-5;  // cuBLASLt's GELU epilogue (measured 2.6e-6 to 2.9e-6; above)
 const GemmPrecision kFp32 = GemmPrecision::fp32, kBf16 = GemmPrecision::bf16, kTf32 = GemmPrecision::tf32;
 
 const char* name(GemmPrecision p) { return p == kBf16 ? "bf16" : p == kTf32 ? "tf32" : "fp32"; }
@@ -198,14 +204,15 @@ TEST(CudaEpilogues, MatmulGeluForwardMatchesCpu) {
           EXPECT_LT(rel(got_act, act), kOpTol) << where << ": act";
         }
         const double e = rel(got_act, cpu_gelu(got_pre));
-        EXPECT_LT(e, kGeluTol) << where << ": the GELU of the GPU's own pre";
+        EXPECT_LT(e, fused ? kLtGeluTol : kGeluTol) << where << ": the GELU of the GPU's own pre";
         std::printf("[ epilogue ] gelu forward %s: act vs CPU gelu(own pre) %.3g\n", where.c_str(), e);
       }
     }
   }
 }
 
-// dpre starts as NaN (it is overwritten, not added to); C = 70 is not a multiple of 8: unfused.
+// dpre starts as NaN (it is overwritten, not added to); C = 70 is not a multiple of 8: unfused;
+// bf16 is unfused at every width.
 TEST(CudaEpilogues, MatmulDgeluBackwardMatchesCpu) {
   REQUIRE_GPU();
   for (auto [N, C, OC] : {std::array<int, 3>{37, 70, 53}, std::array<int, 3>{37, 64, 53},
@@ -221,7 +228,8 @@ TEST(CudaEpilogues, MatmulDgeluBackwardMatchesCpu) {
       Dev got(nans(N * C));
       const CudaEpilogueCounts before = cuda_epilogue_counts();
       gpu().matmul_dgelu_backward(got.f(), gdout.f(), dw.f(), gpre.f(), N, C, OC, prec);
-      expect_path(before, "dgelu", fused ? 1 : 0, where);
+      // bf16 takes the unfused path (measured faster on an H100, kernels/matmul.cu)
+      expect_path(before, "dgelu", fused && prec != kBf16 ? 1 : 0, where);
       EXPECT_LT(rel(got.get(), ref), prec == kTf32 ? 1e-2 : kOpTol) << where;
       // (No check of the epilogue's gelu' alone, as the forward has for its GELU: another GEMM
       // kernel's sums differ from the epilogue's by ~1e-7 already, too close to kGeluTol.)

@@ -66,9 +66,11 @@ bool cuda_sync_check_enabled();
 bool cuda_gemm_epilogues_enabled();
 // How many GEMMs of each kind ran through a cuBLASLt epilogue, and how many fused calls took the
 // unfused path because a documented rule excluded the shape (e.g. a GELU row width not a multiple
-// of 8), since the process started: the tests check which path a call took.
+// of 8), since the process started: the tests check which path a call took. ragged_split: the
+// tensor-core GEMMs (bf16, tf32) run as two because a dimension contiguous in memory was >= 1024
+// and not a multiple of 8 (kernels/matmul.cu, the LM head's V = 50257).
 struct CudaEpilogueCounts {
-  long long bias = 0, gelu_aux = 0, dgelu = 0, bgradb = 0, unfused = 0;
+  long long bias = 0, gelu_aux = 0, dgelu = 0, bgradb = 0, unfused = 0, ragged_split = 0;
 };
 CudaEpilogueCounts cuda_epilogue_counts();
 // Measured rate of a row-major GEMM C[M,N] = A[M,K] B[N,K]^T (fp32 C) on the compute stream, in

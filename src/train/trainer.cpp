@@ -772,9 +772,10 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
                   cfg.parallel.sync.c_str());
     } else {
       const GradSync& g = *r.sync;
-      std::printf("sync: %s of %zu fp32 values (%.1f MB) in %zu bucket%s (bucket_mb %g, first %g), overlap %s%s; "
+      std::printf("sync: %s of %zu %s values (%.1f MB) in %zu bucket%s (bucket_mb %g, first %g), overlap %s%s; "
                   "rank 0 sends ~%.1f MB per %s (tensors per bucket: comm_plan.json)\n",
-                  sync_method_name(g.opt.method), numel, numel * 4 / 1e6, g.buckets.size(),
+                  sync_method_name(g.opt.method), numel, g.opt.bf16 ? "bf16" : "fp32",
+                  numel * g.grad_wire_bytes() / 1e6, g.buckets.size(),
                   g.buckets.size() == 1 ? "" : "s", g.opt.bucket_mb, g.opt.first_bucket_mb,
                   g.opt.overlap ? "on" : "off",
                   g.opt.method == SyncMethod::weights ? (", parameters every " + std::to_string(g.opt.average_every) +

@@ -73,6 +73,11 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
 inline void __trap() { llmpi::sim::die("__trap"); }
 using std::min;
 
+struct float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
 struct __nv_bfloat16 {
   uint16_t bits;
 };
