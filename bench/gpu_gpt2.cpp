@@ -4,7 +4,11 @@
 //   build/bench-gpu_gpt2 [--batch B] [--seq-len T] [--steps S] [--warmup W] [--json OUT]
 //                        [--layers L] [--heads H] [--d-model C] [--vocab V] [--device D]
 //                        [--gemm N] [--precision fp32|tf32|bf16] [--attention auto|full|fused]
+//                        [--lm-head-chunk-rows R] [--no-rates]
 //
+// --no-rates skips the GEMM-rate measurements (the --gemm cube and the LM head's GEMM of one chunk,
+// 39 cuBLAS calls): for a profiler, whose kernel table should hold the training steps only; the
+// figures that need them (gemm_tflops, mfu_vs_measured_gemm, lm_head_gemm) are then null.
 // Defaults: GPT-2 124M (12 layers, 12 heads, d_model 768, vocab 50257, seq_len 1024), batch 8
 // per GPU, 3 warm-up + 20 timed steps, fp32 GEMMs, attention as runtime.attention "auto" runs it
 // on a GPU (fused: kernels/flash_attention.cu, or with --precision bf16 the tensor-core kernels
@@ -46,6 +50,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -66,6 +71,7 @@ struct Options {
   int layers = 12, heads = 12, d_model = 768, vocab = 50257;
   int device = 0, gemm = 8192;
   int head_chunk_rows = 0;  // runtime.lm_head_chunk_rows (0: the default budget)
+  bool rates = true;        // measure the GEMM rates (--no-rates: not)
   std::string json;
   llmpi::GemmPrecision precision = llmpi::GemmPrecision::fp32;  // the dense layers' GEMMs (runtime.precision)
   std::string attention = "auto";
@@ -75,7 +81,8 @@ void usage() {
   std::printf(
       "usage: %s [--batch B] [--seq-len T] [--steps S] [--warmup W] [--json OUT]\n"
       "          [--layers L] [--heads H] [--d-model C] [--vocab V] [--device D] [--gemm N]\n"
-      "          [--precision fp32|tf32|bf16] [--attention auto|full|fused] [--lm-head-chunk-rows R]\n",
+      "          [--precision fp32|tf32|bf16] [--attention auto|full|fused] [--lm-head-chunk-rows R]\n"
+      "          [--no-rates]\n",
       kProg);
 }
 
@@ -85,6 +92,10 @@ bool parse(int argc, char** argv, Options& o) {
     if (a == "-h" || a == "--help") {
       usage();
       std::exit(0);
+    }
+    if (a == "--no-rates") {
+      o.rates = false;
+      continue;
     }
     if (i + 1 >= argc) {
       std::fprintf(stderr, "%s: %s needs a value\n", kProg, a.c_str());
@@ -188,7 +199,8 @@ int run(const Options& o) {
 
     // The card's GEMM ceiling in the run's precision, measured; and its published peaks.
     const std::string prec = gemm_precision_name(o.precision);
-    const double gemm_tflops = cuda_gemm_tflops(o.gemm, o.gemm, o.gemm, 10, prec);
+    const double kNotMeasured = std::numeric_limits<double>::quiet_NaN();  // null in the JSON
+    const double gemm_tflops = o.rates ? cuda_gemm_tflops(o.gemm, o.gemm, o.gemm, 10, prec) : kNotMeasured;
     std::printf("cuBLAS GEMM %d^3 (%s operands, fp32 accumulation): %.1f TFLOP/s\n", o.gemm,
                 prec.c_str(), gemm_tflops);
     const CardPeak* peak = card_peak(dev);
@@ -220,8 +232,10 @@ int run(const Options& o) {
     // the padded rows the chunk buffer has (model_desc.h lm_logits_row_stride): what the padding
     // buys on this card (measured before the model takes its memory).
     const int head_rows = lm_head_chunk_rows(desc, N), head_ld = lm_logits_row_stride(o.vocab);
-    const double head_tflops_v = cuda_gemm_tflops(head_rows, o.vocab, o.d_model, 10, prec, o.vocab);
-    const double head_tflops_padded = cuda_gemm_tflops(head_rows, o.vocab, o.d_model, 10, prec, head_ld);
+    const double head_tflops_v =
+        o.rates ? cuda_gemm_tflops(head_rows, o.vocab, o.d_model, 10, prec, o.vocab) : kNotMeasured;
+    const double head_tflops_padded =
+        o.rates ? cuda_gemm_tflops(head_rows, o.vocab, o.d_model, 10, prec, head_ld) : kNotMeasured;
     std::printf("LM-head GEMM %d x %d x %d (%s): output rows of %d floats %.1f TFLOP/s, of %d floats %.1f TFLOP/s\n",
                 head_rows, o.vocab, o.d_model, prec.c_str(), o.vocab, head_tflops_v, head_ld, head_tflops_padded);
     const Ops& ops = cuda_ops();

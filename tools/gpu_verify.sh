@@ -48,8 +48,14 @@
 #   bench_bf16, bench_fp32, bench_tf32
 #             bench_P_bB    bench-gpu_gpt2 --precision P --batch B (B = 8, 16, 32, 64; T = 1024;
 #                           fused attention), and bench_bf16_b8_full: batch 8 with --attention full,
-#                           bench_fp32_b8_unfused: batch 8 with LLMPI_CUDA_EPILOGUES=0 (the dense
-#                           layers without cuBLASLt epilogues: the A/B against bench_fp32_b8)
+#                           bench_fp32_b8_unfused, bench_bf16_b64_unfused: with
+#                           LLMPI_CUDA_EPILOGUES=0 (the dense layers without cuBLASLt epilogues: the
+#                           A/B against bench_fp32_b8, bench_bf16_b64)
+#   profile   kernel_times  ncu's per-kernel GPU time of bench-gpu_gpt2 --precision bf16 --batch 8
+#                           (warm-up + 1 step, --no-rates): the 20 largest kernels in the record
+#             flash_sections  ncu's SpeedOfLight, Occupancy and LaunchStats sections for one launch
+#                           of each bf16 fused-attention kernel: duration, registers, occupancy,
+#                           SM throughput in the record (both need ncu on PATH; ~1 minute)
 #
 # Every step runs under its own time limit (seconds; LIMIT_<STEP>=N overrides one), and the whole
 # run under DEADLINE (seconds, default 570): a step that would start with less than 20 s left is
@@ -61,7 +67,7 @@
 # ${TMPDIR:-/tmp}/gpu_verify-work). Exit status: the number of failed steps.
 set -uo pipefail
 
-GROUPS_ALL="tests shapes sanitize train bench_bf16 bench_fp32 bench_tf32"
+GROUPS_ALL="tests shapes sanitize train bench_bf16 bench_fp32 bench_tf32 profile"
 group_steps() {
   case $1 in
     tests) echo "gpu cuda_tests" ;;
@@ -71,7 +77,8 @@ group_steps() {
                 "train_cpu_bf16 train_gpu_bf16_vs_cpu mpi_bf16_sync" ;;
     bench_bf16|bench_fp32|bench_tf32)
       local p=${1#bench_}
-      echo "bench_${p}_b8 bench_${p}_b16 bench_${p}_b32 bench_${p}_b64$([ "$p" = bf16 ] && echo " bench_bf16_b8_full")$([ "$p" = fp32 ] && echo " bench_fp32_b8_unfused")" ;;
+      echo "bench_${p}_b8 bench_${p}_b16 bench_${p}_b32 bench_${p}_b64$([ "$p" = bf16 ] && echo " bench_bf16_b8_full bench_bf16_b64_unfused")$([ "$p" = fp32 ] && echo " bench_fp32_b8_unfused")" ;;
+    profile) echo "kernel_times flash_sections" ;;
     *) return 1 ;;
   esac
 }
@@ -340,6 +347,60 @@ for p in bf16 fp32 tf32; do
 done
 wants bench_bf16_b8_full && bench_step bench_bf16_b8_full bf16 8 full
 wants bench_fp32_b8_unfused && bench_step bench_fp32_b8_unfused fp32 8 auto off
+wants bench_bf16_b64_unfused && bench_step bench_bf16_b64_unfused bf16 64 auto off
+
+# Where a bf16 step's time goes, for the next round of kernel work (docs/PERF.md "First run on a
+# GPU" has the first such table).
+NCU_RUN=("$BENCH" --batch 8 --precision bf16 --steps 1 --warmup 1 --no-rates)
+for s in kernel_times flash_sections; do
+  wants $s || continue
+  if ! command -v ncu >/dev/null 2>&1; then record "$s" 127 0 "\"why\": \"ncu not on PATH\""; continue; fi
+  if [ $s = kernel_times ]; then
+    step kernel_times 240 ncu --metrics gpu__time_duration.sum --clock-control none --cache-control none --csv \
+      --print-summary per-kernel "${NCU_RUN[@]}"
+    fig=$(python3 - "$WORK/kernel_times.out" <<'PY' 2>>"$LOG"
+import csv, json, sys
+rows = list(csv.reader(open(sys.argv[1])))
+h = next(r for r in rows if "Kernel Name" in r)
+scale = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
+out = []
+for r in rows[rows.index(h) + 1:]:
+    if len(r) != len(h): continue
+    d = dict(zip(h, r))
+    each = float(d["Average"].replace(",", "")) * scale[d["Metric Unit"]]
+    out.append({"kernel": d["Kernel Name"][:100], "calls": int(d["Invocations"]), "ms_each": round(each, 4),
+                "ms_total": round(each * int(d["Invocations"]), 3)})
+out.sort(key=lambda k: -k["ms_total"])
+for k in out[:20]: print("   | %8.3f ms %4d x %8.4f  %s" % (k["ms_total"], k["calls"], k["ms_each"], k["kernel"]), file=sys.stderr)
+print('"profiled": "bf16, B = 8, warm-up + 1 step", "ms_all_kernels": %.3f, "kernels": %s'
+      % (sum(k["ms_total"] for k in out), json.dumps(out[:20])))
+PY
+)
+  else
+    step flash_sections 200 bash -c 'for k in flash_bf16_forward_kernel flash_bf16_dkdv_kernel flash_bf16_dq_kernel; do
+        echo "### $k"; ncu --kernel-name "regex:$k" --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+          --section Occupancy --section LaunchStats "$@" || exit 1; done' _ "${NCU_RUN[@]}"
+    fig=$(python3 - "$WORK/flash_sections.out" <<'PY' 2>/dev/null
+import json, re, sys
+res, cur = {}, None
+want = {"Duration": "duration", "Registers Per Thread": "registers", "Dynamic Shared Memory Per Block": "smem_kb",
+        "Theoretical Occupancy": "occupancy_theoretical_pct", "Achieved Occupancy": "occupancy_achieved_pct",
+        "Compute (SM) Throughput": "sm_throughput_pct", "Memory Throughput": "memory_throughput_pct"}
+for line in open(sys.argv[1]):
+    m = re.match(r"### (\S+)", line)
+    if m: cur = res.setdefault(m.group(1), {}); continue
+    for k, v in want.items():
+        m = re.match(r"\s+%s\s+(\S+)\s+([\d.,]+)\s*$" % re.escape(k), line)
+        if m and cur is not None and v not in cur:
+            x = float(m.group(2).replace(",", ""))
+            if v == "duration": v, x = "duration_us", x * {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}.get(m.group(1), 1.0)
+            cur[v] = x
+print('"kernels": %s' % json.dumps(res))
+PY
+)
+  fi
+  record "$s" $STEP_RC $STEP_SECONDS "$fig"
+done
 
 echo "" >>"$JSON"; echo "]" >>"$JSON"
 echo "gpu_verify: $failed step(s) failed; summary in $JSON" | tee -a "$LOG"
