@@ -70,31 +70,38 @@ __host__ __device__ constexpr int ld_o() { return HS + 4; }  // fp32 [64][HS + 4
 // Rows [r0, r0 + n) of a strided fp32 [T, ld] matrix's hs columns from col, rounded to bf16 into
 // a [64][HS + 8] tile, zero-padded (rows >= n, columns >= hs). All kThreads threads of the block.
 // When hs = HS and the rows' columns are 16-byte aligned (GPT-2: hs 64, rows of 3C or C floats):
-// 16-byte loads, every thread's HS/2 (HS = 64: 8) of them issued before the first is used, so a
-// tile costs one trip to memory instead of one per element — the first GPU run measured the
-// one-element-per-iteration loop as the bulk of these kernels' time (ncu: ~11 TFLOP/s forward,
-// docs/PERF.md "First run on a GPU"). Otherwise one element per thread and iteration.
+// 16-byte loads, a thread's HS/8 of them (HS = 64: all 8) issued before the first is used — for
+// HS = 128 in batches of 2 (8 trips): all 16 in flight took the kernels to 255 registers with
+// spills (a desk review, ptxas -v; with batches of 2, sm_90: forward 128, dK/dV 172, dQ 128
+// registers, no spills, as before the change) — so a tile costs a few trips to memory instead of
+// one per element — the first GPU run measured the one-element-per-iteration loop as
+// the bulk of these kernels' time (ncu: ~11 TFLOP/s forward, docs/PERF.md "First run on a GPU").
+// Otherwise one element per thread and iteration.
 template <int HS>
 __device__ __forceinline__ void stage_bf16(bf16* tile, const float* base, int ld, int col, int r0,
                                            int n, int hs) {
   constexpr int kPerRow = HS / 4, kLoads = kTile * kPerRow / kThreads;  // float4s: per row, per thread
-  static_assert(kTile * kPerRow % kThreads == 0, "whole float4 loads per thread");
+  constexpr int kBatch = HS >= 128 ? 2 : kLoads < 8 ? kLoads : 8;  // loads in flight at once
+  static_assert(kTile * kPerRow % kThreads == 0 && kLoads % kBatch == 0, "whole batches of float4 loads");
   if (hs == HS && ld % 4 == 0 && col % 4 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0) {
-    float4 v[kLoads];
+#pragma unroll 1  // one batch after the other: unrolled, the compiler would issue all the loads at once
+    for (int b0 = 0; b0 < kLoads; b0 += kBatch) {
+      float4 v[kBatch];
 #pragma unroll
-    for (int it = 0; it < kLoads; it++) {
-      const int k = threadIdx.x + it * kThreads, r = k / kPerRow, d = k % kPerRow * 4;
-      v[it] = r < n ? *reinterpret_cast<const float4*>(base + static_cast<size_t>(r0 + r) * ld + col + d)
-                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+      for (int it = 0; it < kBatch; it++) {
+        const int k = threadIdx.x + (b0 + it) * kThreads, r = k / kPerRow, d = k % kPerRow * 4;
+        v[it] = r < n ? *reinterpret_cast<const float4*>(base + static_cast<size_t>(r0 + r) * ld + col + d)
+                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
 #pragma unroll
-    for (int it = 0; it < kLoads; it++) {
-      const int k = threadIdx.x + it * kThreads, r = k / kPerRow, d = k % kPerRow * 4;
-      bf16* t = tile + r * ld_h<HS>() + d;  // 8-byte aligned: (HS + 8) and d are multiples of 4
-      t[0] = __float2bfloat16_rn(v[it].x);
-      t[1] = __float2bfloat16_rn(v[it].y);
-      t[2] = __float2bfloat16_rn(v[it].z);
-      t[3] = __float2bfloat16_rn(v[it].w);
+      for (int it = 0; it < kBatch; it++) {
+        const int k = threadIdx.x + (b0 + it) * kThreads, r = k / kPerRow, d = k % kPerRow * 4;
+        bf16* t = tile + r * ld_h<HS>() + d;
+        t[0] = __float2bfloat16_rn(v[it].x);
+        t[1] = __float2bfloat16_rn(v[it].y);
+        t[2] = __float2bfloat16_rn(v[it].z);
+        t[3] = __float2bfloat16_rn(v[it].w);
+      }
     }
     return;
   }

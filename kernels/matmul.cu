@@ -160,14 +160,19 @@ void to_bf16_rows(__nv_bfloat16* dst, int ld, const float* src, int src_ld, int 
 // that dimension, and the tail (< 64, a small GEMM), each writing its own part of C (M, N) or the
 // tail accumulated onto the main part (K: beta = 1). No padding of the weights or the logits is
 // needed. In row-major terms: N is contiguous in C (always) and in B unless transB, K in A unless
-// transA and in B if transB, M in A if transA.
+// transA and in B if transB, M in A if transA. The vector is 16 bytes: 8 bf16 operands, 4 fp32
+// (tf32) ones. Only when every leading dimension is a whole number of vectors (the fp32 output
+// too): a ragged dimension that is also a row stride (a hidden size C = 1029 with rows of C)
+// leaves both parts misaligned, and the split would buy nothing (a desk review's point; the LM
+// head's rows are padded: lm_logits_row_stride, bf16_row_stride). One dimension is split at most.
 struct RaggedSplit {
   char dim = 0;  // 'M', 'N', 'K' or 0: none
   int main = 0;  // its aligned part
 };
 constexpr int kRaggedMin = 1024;  // smaller dimensions are left alone (a second launch for little gain)
-RaggedSplit ragged_split(bool transA, bool transB, int M, int N, int K) {
-  auto ragged = [](int d) { return d >= kRaggedMin && d % 8 != 0; };
+RaggedSplit ragged_split(bool transA, bool transB, int M, int N, int K, int lda, int ldb, int ldc, int vec) {
+  if (lda % vec != 0 || ldb % vec != 0 || ldc % 4 != 0) return {};
+  auto ragged = [vec](int d) { return d >= kRaggedMin && d % vec != 0; };
   if (ragged(N)) return {'N', N / 64 * 64};
   if ((!transA || transB) && ragged(K)) return {'K', K / 64 * 64};
   if (transA && ragged(M)) return {'M', M / 64 * 64};
@@ -179,7 +184,7 @@ RaggedSplit ragged_split(bool transA, bool transB, int M, int N, int K) {
 template <typename T, typename Gemm>
 void gemm_split_ragged(bool transA, bool transB, int M, int N, int K, const T* A, int lda, const T* B, int ldb,
                        float beta, float* C, int ldc, Gemm gemm) {
-  const RaggedSplit r = ragged_split(transA, transB, M, N, K);
+  const RaggedSplit r = ragged_split(transA, transB, M, N, K, lda, ldb, ldc, 16 / static_cast<int>(sizeof(T)));
   const size_t sa = lda, sb = ldb, sc = ldc;
   if (r.dim != 0) lt_count(LtCount::ragged_split);
   switch (r.dim) {
@@ -386,7 +391,8 @@ void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, 
   // Not in bf16: there cuBLASLt ran DGELU as a pass of its own after the GEMM, and the whole
   // backward was slower than with our GEMM + gelu_grad_multiply (H100, GPT-2 124M bf16, B = 64:
   // backward 215.1 ms with the epilogues, 208.4 ms without; docs/PERF.md "First run on a GPU").
-  if (cuda_gemm_epilogues_enabled() && lt_gelu_ld_ok(C) && prec != GemmPrecision::bf16) {
+  const bool shape_ok = lt_gelu_ld_ok(C);
+  if (cuda_gemm_epilogues_enabled() && shape_ok && prec != GemmPrecision::bf16) {
     LtGemm g;
     g.ep = LtEpilogue::dgelu;
     g.prec = prec;
@@ -401,7 +407,7 @@ void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, 
     lt_count(LtCount::dgelu);
     return;
   }
-  if (cuda_gemm_epilogues_enabled()) lt_count(LtCount::unfused);
+  if (cuda_gemm_epilogues_enabled() && !shape_ok) lt_count(LtCount::unfused);  // bf16: by choice, not counted
   if (prec == GemmPrecision::bf16)
     gemm_bf16_rm(false, false, N, C, OC, static_cast<const __nv_bfloat16*>(d), ldd,
                  static_cast<const __nv_bfloat16*>(w), C, 0.0f, dpre, C);

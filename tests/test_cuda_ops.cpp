@@ -353,21 +353,26 @@ TEST(CudaOps, MatmulBf16MatchesCpuEmulation) {
   }
 }
 
-// A dimension >= 1024 that is contiguous in memory and not a multiple of 8 (the LM head's V =
-// 50257) makes the tensor-core GEMMs run as two, its aligned part and its tail (kernels/matmul.cu;
-// cuda_epilogue_counts().ragged_split counts them): as the unsplit call, against the CPU. Shapes
-// that split each GEMM along each of M, N and K: OC = 1031 splits the forward's N, dinp's K and
-// dweight's M; C = 1029 the forward's K, dinp's N and dweight's N; both at once split one each.
-// bf16 within kOpTol of the CPU's emulation; tf32 within 1e-2 of fp32 and not fp32. The forward
-// writes rows padded as the LM head's (out_ld), and the padding stays untouched.
+// A dimension >= 1024 that is contiguous in memory and not a multiple of the 16-byte vector (the
+// LM head's V = 50257) makes the tensor-core GEMMs run as two, its aligned part and its tail
+// (kernels/matmul.cu; cuda_epilogue_counts().ragged_split counts them), when every row stride is
+// aligned — as the LM head's are: the forward writes rows padded to a multiple of 64 (out_ld) and
+// the backward reads dout in such rows (dout_ld; NaN in the padding: never read). OC = 1031 splits
+// the forward's N, dinp's K and dweight's M (3 splits); C = 1029 is ragged but also the rows'
+// stride, so nothing is split (0). Against the CPU (contiguous rows): bf16 within kOpTol of its
+// emulation, tf32 within 1e-2 of fp32 and not fp32; the forward's padding stays untouched.
 TEST(CudaOps, MatmulRaggedDimensionsSplitMatchCpu) {
   REQUIRE_GPU();
-  for (auto [N, C, OC] : {std::array<int, 3>{40, 64, 1031}, std::array<int, 3>{40, 1029, 72},
-                          std::array<int, 3>{33, 1100, 1031}}) {
-    const int ldo = (OC + 63) / 64 * 64;
-    const auto x = random_floats(N * C, 60), w = random_floats(OC * C, 61), b = random_floats(OC, 62);
+  struct Shape {
+    int N, C, OC, splits;
+  };
+  for (const Shape sh : {Shape{40, 64, 1031, 3}, Shape{40, 1029, 72, 0}, Shape{33, 1096, 1031, 3}}) {
+    const int N = sh.N, C = sh.C, OC = sh.OC, ld = (OC + 63) / 64 * 64;
+    const auto x = random_floats(N * C, 60), w = random_floats(OC * C, 61);
     const auto dout = random_floats(N * OC, 63), dx0 = random_floats(N * C, 64), dw0 = random_floats(OC * C, 65);
-    Dev dx(x), dw(w), db(b), gdout(dout);
+    std::vector<float> dout_padded = nans(N * ld);
+    for (int n = 0; n < N; n++) std::copy(&dout[n * OC], &dout[n * OC] + OC, &dout_padded[n * ld]);
+    Dev dx(x), dw(w), gdout(dout_padded);
     for (GemmPrecision prec : {GemmPrecision::bf16, GemmPrecision::tf32}) {
       const GemmPrecision ref_prec = prec == GemmPrecision::tf32 ? GemmPrecision::fp32 : prec;
       const std::string where = std::string(gemm_precision_name(prec)) + " N=" + std::to_string(N) +
@@ -375,18 +380,19 @@ TEST(CudaOps, MatmulRaggedDimensionsSplitMatchCpu) {
       std::vector<float> ref(N * OC), rdx = dx0, rdw = dw0, rdb(OC, 0.0f);
       cpu().matmul_forward(ref.data(), x.data(), w.data(), nullptr, N, C, OC, ref_prec);
       cpu().matmul_backward(rdx.data(), rdw.data(), rdb.data(), dout.data(), x.data(), w.data(), N, C, OC, ref_prec);
-      GemmMode mode(prec);
-      mode.out_ld = ldo;
-      Dev out(nans(N * ldo)), gdx(dx0), gdw(dw0), gdb(std::vector<float>(OC, 0.0f));
+      GemmMode fwd(prec), bwd(prec);
+      fwd.out_ld = ld;
+      bwd.dout_ld = ld;
+      Dev out(nans(N * ld)), gdx(dx0), gdw(dw0), gdb(std::vector<float>(OC, 0.0f));
       const long long before = cuda_epilogue_counts().ragged_split;
-      gpu().matmul_forward(out.f(), dx.f(), dw.f(), nullptr, N, C, OC, mode);
-      gpu().matmul_backward(gdx.f(), gdw.f(), gdb.f(), gdout.f(), dx.f(), dw.f(), N, C, OC, prec);
-      EXPECT_EQ(cuda_epilogue_counts().ragged_split - before, 3) << where << ": each of the three GEMMs split";
+      gpu().matmul_forward(out.f(), dx.f(), dw.f(), nullptr, N, C, OC, fwd);
+      gpu().matmul_backward(gdx.f(), gdw.f(), gdb.f(), gdout.f(), dx.f(), dw.f(), N, C, OC, bwd);
+      EXPECT_EQ(cuda_epilogue_counts().ragged_split - before, sh.splits) << where << ": GEMMs split";
       const auto padded = out.get();
       std::vector<float> got(N * OC);
       for (int n = 0; n < N; n++) {
-        for (int j = 0; j < OC; j++) got[n * OC + j] = padded[n * ldo + j];
-        for (int j = OC; j < ldo; j++) ASSERT_TRUE(std::isnan(padded[n * ldo + j])) << where << ": padding written";
+        for (int j = 0; j < OC; j++) got[n * OC + j] = padded[n * ld + j];
+        for (int j = OC; j < ld; j++) ASSERT_TRUE(std::isnan(padded[n * ld + j])) << where << ": padding written";
       }
       const double e[] = {rel(got, ref), rel(added(gdx.get(), dx0), added(rdx, dx0)),
                           rel(added(gdw.get(), dw0), added(rdw, dw0))};
@@ -438,6 +444,24 @@ TEST(CudaOps, Bf16ConversionIsRoundToNearestEven) {
       std::memcpy(&xb, &x[n + offset], 4);
       EXPECT_EQ(gb, wb) << std::hex << "input bits " << xb << ", offset " << offset
                         << (std::fpclassify(want) == FP_SUBNORMAL ? " (a bf16 subnormal: flushed by the GEMM?)" : "");
+    }
+    // The conversion alone (bf16_copy: the same kernel, its bits read back): -0 keeps its sign.
+    const size_t n = x.size() - offset;
+    Dev bits(n * sizeof(uint16_t));
+    gpu().bf16_copy(static_cast<uint16_t*>(bits.p), dx.f() + offset, n);
+    std::vector<uint16_t> got_bits(n);
+    gpu().copy_to_host(got_bits.data(), bits.p, n * sizeof(uint16_t));
+    const std::vector<float> src(x.begin() + offset, x.end());
+    const std::vector<uint16_t> want_bits = host_bits(src);
+    for (size_t k = 0; k < n; k++) {
+      if (std::isnan(src[k])) {
+        EXPECT_EQ(got_bits[k] & 0x7F80u, 0x7F80u) << k;  // a NaN (exponent all ones, mantissa non-zero)
+        EXPECT_NE(got_bits[k] & 0x007Fu, 0u) << k;
+        continue;
+      }
+      uint32_t xb;
+      std::memcpy(&xb, &src[k], 4);
+      EXPECT_EQ(got_bits[k], want_bits[k]) << std::hex << "bf16_copy of bits " << xb;
     }
   }
 }
