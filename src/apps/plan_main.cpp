@@ -85,7 +85,8 @@ int main(int argc, char** argv) {
   CLI::App app{"llmpi-plan: memory per rank, step time and scaling efficiency of a training run, before running it.\n"
                "Usage: llmpi-plan --config run.json [--set key=value]... --world W [--pp S] [--microbatches M] "
                "[--zero 0|1]\n       [--device h100|h200|cpu] [--link CLASS] [--intra-link CLASS] [--json OUT]\n"
-               "Memory is exact for fp32 (the code as built) and a projection for bf16 (not implemented yet); time is\n"
+               "Memory: fp32 and bf16 as the code allocates them, and a bf16 projection with every activation in bf16;\n"
+               "time is\n"
                "a model (docs/SCALING.md): per-layer compute from --profile or the device table, the pipeline\n"
                "simulated, data-parallel sync from an alpha-beta model of the links."};
   std::string config_path, device_name = "cpu", link_name, intra_name, links_path, precision = "fp32", json_out;
@@ -270,9 +271,12 @@ int main(int argc, char** argv) {
       std::printf("(the run's schedule 'interleaved' is not planned: its memory is shown as 1f1b's)\n");
       run_sch = "1f1b";
     }
-    for (const char* prec : {"fp32", "bf16"}) {
-      std::printf("\nmemory per rank, %s%s, schedule %s, ZeRO-%d:\n", prec,
-                  std::string(prec) == "bf16" ? " (PROJECTION: bf16 weights + fp32 master, grads, AdamW)" : " (the code as built)",
+    for (const char* prec : {"fp32", "bf16-built", "bf16"}) {
+      const std::string ps = prec;
+      std::printf("\nmemory per rank, %s, schedule %s, ZeRO-%d:\n",
+                  ps == "fp32"         ? "fp32 (the code as built)"
+                  : ps == "bf16-built" ? "bf16 as built (fp32 state + a bf16 weight copy; activations mostly fp32)"
+                                       : "bf16 PROJECTION (bf16 weights + fp32 master, grads, AdamW; every activation in bf16)",
                   run_sch.c_str(), in.zero);
       std::printf("  %-5s %-26s %6s %10s %10s %10s %12s %10s %10s %10s\n", "stage", "holds", "slots", "params", "grads",
                   "optimizer", "activations", "scratch", "buffers", "total");
@@ -290,19 +294,19 @@ int main(int argc, char** argv) {
     }
     std::printf("\nlargest rank (GB), every schedule and ZeRO stage%s:\n",
                 in.device.memory_bytes > 0 ? (" (device has " + gb(in.device.memory_bytes) + ")").c_str() : "");
-    std::printf("  %-8s %-6s %12s %12s\n", "schedule", "zero", "fp32", "bf16");
+    std::printf("  %-8s %-6s %12s %12s %12s\n", "schedule", "zero", "fp32", "bf16 built", "bf16 proj.");
     std::vector<std::string> schs = S > 1 ? std::vector<std::string>{"gpipe", "1f1b", "zb-h1"} : std::vector<std::string>{"-"};
     for (const std::string& sch : schs)
       for (int z = 0; z <= 1; z++) {
-        double mx[2] = {0, 0};
+        double mx[3] = {0, 0, 0};
         int i = 0;
-        for (const char* prec : {"fp32", "bf16"}) {
+        for (const char* prec : {"fp32", "bf16-built", "bf16"}) {
           for (int s = 0; s < S; s++)
             if (const MemoryRow* m = r.memory_row(prec, sch, z, s)) mx[i] = std::max(mx[i], m->total);
           i++;
         }
-        std::printf("  %-8s %-6d %12.2f %12.2f%s\n", sch.c_str(), z, mx[0] / 1e9, mx[1] / 1e9,
-                    in.device.memory_bytes > 0 && mx[1] > in.device.memory_bytes ? "  (bf16 does not fit)" : "");
+        std::printf("  %-8s %-6d %12.2f %12.2f %12.2f%s\n", sch.c_str(), z, mx[0] / 1e9, mx[1] / 1e9, mx[2] / 1e9,
+                    in.device.memory_bytes > 0 && mx[1] > in.device.memory_bytes ? "  (bf16 as built does not fit)" : "");
       }
     std::printf("\ntime per step (%s compute; %s):\n", precision_name(in.precision),
                 r.mfu_assumed > 0 ? ("MFU " + std::to_string(r.mfu_assumed).substr(0, 5) + " assumed").c_str()

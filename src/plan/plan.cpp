@@ -219,7 +219,9 @@ nlohmann::json PlanResult::to_json() const {
     j["stages"].push_back({{"stage", s.stage}, {"layers", {s.part.l0, s.part.l1}}, {"embedding", s.part.embedding},
                            {"head", s.part.head}, {"n_params", s.n_params}, {"shard_params", s.shard_params},
                            {"activation_slot_bytes_fp32", s.activation_slot}, {"kept_slot_bytes_fp32", s.kept_slot},
-                           {"scratch_bytes_fp32", s.scratch}, {"zero_recv_buffer_bytes", s.zero_recv_buffer},
+                           {"scratch_bytes_fp32", s.scratch}, {"activation_slot_bytes_bf16_built", s.activation_slot_bf16},
+                           {"scratch_bytes_bf16_built", s.scratch_bf16}, {"weight_copy_bytes_bf16", s.weight_copy_bf16},
+                           {"zero_recv_buffer_bytes", s.zero_recv_buffer},
                            {"gather_scatter_buffer_bytes", s.gather_scatter_buffers}});
   for (const MemoryRow& m : memory)
     j["memory"].push_back({{"precision", m.precision}, {"schedule", m.schedule}, {"zero", m.zero}, {"stage", m.stage},
@@ -349,6 +351,10 @@ PlanResult plan(const PlanInputs& in) {
     sm.activation_slot = (double)activation_bytes(d, sm.part, r.micro_batch, T);
     sm.kept_slot = (double)kept_bytes(d, sm.part, r.micro_batch, T);
     sm.scratch = (double)backward_scratch_bytes(d, r.micro_batch, T);
+    sm.activation_slot_bf16 = (double)activation_bytes(d, sm.part, r.micro_batch, T, GemmPrecision::bf16);
+    sm.scratch_bf16 = sm.scratch + (double)gemm_operand_scratch_bytes(d, r.micro_batch, T, GemmPrecision::bf16, in.device.gpu);
+    std::vector<size_t> copy_offsets;
+    sm.weight_copy_bf16 = (double)aligned_copy_layout(tables.back(), &copy_offsets) * sizeof(uint16_t);
     r.stages.push_back(sm);
   }
   std::vector<std::string> schedules;
@@ -361,8 +367,8 @@ PlanResult plan(const PlanInputs& in) {
     for (int s = 0; s < S; s++)
       slots[sch].push_back(S > 1 ? std::max(1, activation_peak(build_schedule(parse_schedule_kind(sch), S, M, s), 1).total) : 1);
   const double ids_bytes = 4.0 * r.micro_batch * T * 4 + (d.head == HeadKind::lm ? (double)r.micro_batch * T : r.micro_batch) * 4;
-  for (const char* prec : {"fp32", "bf16"}) {
-    const bool bf = std::string(prec) == "bf16";
+  for (const char* prec : {"fp32", "bf16-built", "bf16"}) {
+    const bool bf = std::string(prec) == "bf16", built16 = std::string(prec) == "bf16-built";
     for (const std::string& sch : schedules)
       for (int z = 0; z <= 1; z++)
         for (int s = 0; s < S; s++) {
@@ -371,13 +377,17 @@ PlanResult plan(const PlanInputs& in) {
           const double n = (double)sm.n_params, own = sharded ? (double)sm.shard_params : n;
           MemoryRow m;
           m.precision = prec, m.schedule = sch, m.zero = z, m.stage = s, m.slots = slots[sch][s];
-          m.params = bf ? 2 * n + 4 * own : 4 * n;  // bf16: bf16 weights + fp32 master weights (sharded by ZeRO-1)
+          // bf16 projection: bf16 weights + fp32 master weights (sharded by ZeRO-1); as built: the
+          // fp32 parameters (whole on every rank) + the bf16 weight copy
+          m.params = bf ? 2 * n + 4 * own : built16 ? 4 * n + sm.weight_copy_bf16 : 4 * n;
           m.grads = 4 * n;
           m.optimizer = adamw ? 8 * own : 0;
           const double kept = sch == "zb-h1" ? sm.kept_slot : 0;
-          const double slot = bf ? (sm.activation_slot - ids_bytes) / 2 + ids_bytes + kept / 2 : sm.activation_slot + kept;
+          const double slot = bf        ? (sm.activation_slot - ids_bytes) / 2 + ids_bytes + kept / 2
+                              : built16 ? sm.activation_slot_bf16 + kept
+                                        : sm.activation_slot + kept;
           m.activations = m.slots * slot;
-          m.scratch = bf ? sm.scratch / 2 : sm.scratch;
+          m.scratch = bf ? sm.scratch / 2 : built16 ? sm.scratch_bf16 : sm.scratch;
           m.buffers = (sharded ? sm.zero_recv_buffer : 0) + sm.gather_scatter_buffers;
           m.total = m.params + m.grads + m.optimizer + m.activations + m.scratch + m.buffers;
           r.memory.push_back(m);

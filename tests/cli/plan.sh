@@ -12,7 +12,7 @@ check "llama 7B at 512 GPUs: exit 0" "[ $? = 0 ]"
 check "... per-stage memory rows and the time table" \
   "grep -q 'layers \[28,32) +head' '$tmp/out' && grep -q '^  zb-h1    1' '$tmp/out' && grep -q 'MFU 0.400 assumed' '$tmp/out'"
 check "... the JSON holds every stage, schedule, ZeRO stage and precision" \
-  "[ \$(grep -c '\"total\":' '$tmp/p.json') = 96 ] && [ \$(grep -c '\"step_s\":' '$tmp/p.json') = 6 ] && grep -q '\"dp\": 64' '$tmp/p.json'"
+  "[ \$(grep -c '\"total\":' '$tmp/p.json') = 144 ] && [ \$(grep -c '\"step_s\":' '$tmp/p.json') = 6 ] && grep -q '\"dp\": 64' '$tmp/p.json'"
 
 "$B/llmpi-plan" --config data/demo.json --set data.train= --vocab 256 --world 2 --pp 2 --microbatches 4 \
   --profile --profile-reps 1 --profile-out "$tmp/prof.json" --links "$LINKS" >"$tmp/out" 2>"$tmp/err"
