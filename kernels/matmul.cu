@@ -179,11 +179,17 @@ RaggedSplit ragged_split(bool transA, bool transB, int M, int N, int K, int lda,
   return {};
 }
 
-// Calls gemm(transA, transB, M, N, K, A, B, beta, C) once, or twice on the two parts of a ragged
-// dimension (above); T is the operands' element type.
-template <typename T, typename Gemm>
-void gemm_split_ragged(bool transA, bool transB, int M, int N, int K, const T* A, int lda, const T* B, int ldb,
-                       float beta, float* C, int ldc, Gemm gemm) {
+// Row-major C[M,N] = op(A) op(B) + beta C (alpha = 1) by cublasGemmEx on the tensor cores, the
+// operands of element type T (`type`: CUDA_R_16BF or CUDA_R_32F), fp32 C, once or twice on the two
+// parts of a ragged dimension (above).
+template <typename T>
+void gemm_ex_rm(bool transA, bool transB, int M, int N, int K, const T* A, int lda, const T* B, int ldb, float beta,
+                float* C, int ldc, cudaDataType_t type, cublasComputeType_t compute) {
+  auto gemm = [&](int m, int n, int k, const T* a, const T* b, float bt, float* c) {
+    const float alpha = 1.0f;
+    LLMPI_CUBLAS_CHECK(cublasGemmEx(cublas(), op(transB), op(transA), n, m, k, &alpha, b, type, ldb, a, type, lda,
+                                    &bt, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+  };
   const RaggedSplit r = ragged_split(transA, transB, M, N, K, lda, ldb, ldc, 16 / static_cast<int>(sizeof(T)));
   const size_t sa = lda, sb = ldb, sc = ldc;
   if (r.dim != 0) lt_count(LtCount::ragged_split);
@@ -207,13 +213,7 @@ void gemm_split_ragged(bool transA, bool transB, int M, int N, int K, const T* A
 // dimension split off (above).
 void gemm_bf16_rm(bool transA, bool transB, int M, int N, int K, const __nv_bfloat16* A, int lda,
                   const __nv_bfloat16* B, int ldb, float beta, float* C, int ldc) {
-  gemm_split_ragged(transA, transB, M, N, K, A, lda, B, ldb, beta, C, ldc,
-                    [&](int m, int n, int k, const __nv_bfloat16* a, const __nv_bfloat16* b, float bt, float* c) {
-                      const float alpha = 1.0f;
-                      LLMPI_CUBLAS_CHECK(cublasGemmEx(cublas(), op(transB), op(transA), n, m, k, &alpha, b,
-                                                      CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &bt, c, CUDA_R_32F,
-                                                      ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-                    });
+  gemm_ex_rm(transA, transB, M, N, K, A, lda, B, ldb, beta, C, ldc, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
 }
 
 // The same with fp32 operands: sgemm (fp32) or TF32 tensor-op math (tf32, a ragged dimension split
@@ -221,13 +221,7 @@ void gemm_bf16_rm(bool transA, bool transB, int M, int N, int K, const __nv_bflo
 void gemm_f32_rm(GemmPrecision prec, bool transA, bool transB, int M, int N, int K, const float* A, int lda,
                  const float* B, int ldb, float beta, float* C, int ldc) {
   if (prec != GemmPrecision::tf32) return sgemm_rm(transA, transB, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
-  gemm_split_ragged(transA, transB, M, N, K, A, lda, B, ldb, beta, C, ldc,
-                    [&](int m, int n, int k, const float* a, const float* b, float bt, float* c) {
-                      const float alpha = 1.0f;
-                      LLMPI_CUBLAS_CHECK(cublasGemmEx(cublas(), op(transB), op(transA), n, m, k, &alpha, b,
-                                                      CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &bt, c, CUDA_R_32F, ldc,
-                                                      CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
-                    });
+  gemm_ex_rm(transA, transB, M, N, K, A, lda, B, ldb, beta, C, ldc, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_TF32);
 }
 
 }  // namespace
@@ -369,7 +363,8 @@ void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* 
 
 // dpre = gelu'(pre) ⊙ (dout·W), overwritten: one cuBLASLt GEMM with the DGELU epilogue (beta = 0,
 // aux = pre) when the epilogues are on, C is a multiple of 8 and the precision is not bf16;
-// otherwise the GEMM with beta = 0 and gelu_grad_multiply. bf16: dout and W converted into kWsGemm first, as in matmul_backward.
+// otherwise the GEMM with beta = 0 and gelu_grad_multiply. bf16: dout and W converted into
+// kWsGemm first, as in matmul_backward.
 void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, const float* pre, int N, int C,
                            int OC, GemmMode gemm) {
   const GemmPrecision prec = gemm.prec;

@@ -271,7 +271,7 @@ int main(int argc, char** argv) {
       std::printf("(the run's schedule 'interleaved' is not planned: its memory is shown as 1f1b's)\n");
       run_sch = "1f1b";
     }
-    for (const char* prec : {"fp32", "bf16-built", "bf16"}) {
+    for (const char* prec : kMemoryPrecisions) {
       const std::string ps = prec;
       std::printf("\nmemory per rank, %s, schedule %s, ZeRO-%d:\n",
                   ps == "fp32"         ? "fp32 (the code as built)"
@@ -298,9 +298,9 @@ int main(int argc, char** argv) {
     std::vector<std::string> schs = S > 1 ? std::vector<std::string>{"gpipe", "1f1b", "zb-h1"} : std::vector<std::string>{"-"};
     for (const std::string& sch : schs)
       for (int z = 0; z <= 1; z++) {
-        double mx[3] = {0, 0, 0};
+        double mx[std::size(kMemoryPrecisions)] = {};
         int i = 0;
-        for (const char* prec : {"fp32", "bf16-built", "bf16"}) {
+        for (const char* prec : kMemoryPrecisions) {
           for (int s = 0; s < S; s++)
             if (const MemoryRow* m = r.memory_row(prec, sch, z, s)) mx[i] = std::max(mx[i], m->total);
           i++;

@@ -367,7 +367,7 @@ PlanResult plan(const PlanInputs& in) {
     for (int s = 0; s < S; s++)
       slots[sch].push_back(S > 1 ? std::max(1, activation_peak(build_schedule(parse_schedule_kind(sch), S, M, s), 1).total) : 1);
   const double ids_bytes = 4.0 * r.micro_batch * T * 4 + (d.head == HeadKind::lm ? (double)r.micro_batch * T : r.micro_batch) * 4;
-  for (const char* prec : {"fp32", "bf16-built", "bf16"}) {
+  for (const char* prec : kMemoryPrecisions) {
     const bool bf = std::string(prec) == "bf16", built16 = std::string(prec) == "bf16-built";
     for (const std::string& sch : schedules)
       for (int z = 0; z <= 1; z++)

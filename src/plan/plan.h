@@ -148,6 +148,8 @@ struct StageMemory {  // one stage's rank
   double activation_slot_bf16 = 0, scratch_bf16 = 0, weight_copy_bf16 = 0;
   double zero_recv_buffer = 0, gather_scatter_buffers = 0;  // fp32 bytes
 };
+// The precisions of the memory rows, in the order they are planned and printed (above).
+inline constexpr const char* kMemoryPrecisions[] = {"fp32", "bf16-built", "bf16"};
 struct MemoryRow {
   std::string precision, schedule;  // schedule "-" with pp = 1
   int zero = 0, stage = 0, slots = 0;
