@@ -373,7 +373,7 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* out, 
 namespace llmpi {
 
 const char* cuda_flash_attention_kernel(GemmPrecision prec, int head_size) {
-  return prec == GemmPrecision::bf16 && cuda::flash_bf16_applies(head_size) ? "flash-bf16-wmma"
+  return prec == GemmPrecision::bf16 && cuda::flash_bf16_applies(head_size) ? "flash-bf16-mma"
                                                                              : "flash-fp32";
 }
 

@@ -1,41 +1,46 @@
 // Fused attention on tensor cores, for runtime.precision=bf16 (kernels/flash_attention_bf16.cuh;
 // called by flash_attention_forward/backward in flash_attention.cu). The same structure as the
-// fp32 kernels there, with the matrix products through the portable WMMA API (nvcuda::wmma,
-// 16x16x16 bf16 fragments, fp32 accumulators; sm_80 and later): operands are rounded to bf16
-// (__float2bfloat16_rn, round to nearest even) when they are staged into shared memory; softmax
-// statistics, rescaling, lse, D, dS and every accumulation stay fp32. The rounding points and the
-// base-2 scores with an integer running maximum: backend/flash_bf16.h (the CPU backend emulates
-// exactly these; it is the oracle of tests/test_cuda_flash_bf16.cpp).
+// fp32 kernels there, with the matrix products as PTX mma.sync m16n8k16 instructions (bf16
+// operands, fp32 accumulators; sm_80 and later; kernels/mma_m16n8k16.cuh gives the fragment
+// layouts): operands are rounded to bf16 (__float2bfloat16_rn, round to nearest even) when they
+// are staged into shared memory; softmax statistics, rescaling, lse, D, dS and every accumulation
+// stay fp32. The rounding points and the base-2 scores with an integer running maximum:
+// backend/flash_bf16.h (the CPU backend emulates exactly these; it is the oracle of
+// tests/test_cuda_flash_bf16.cpp and of tools/cuda_cpu_sim, which runs these kernels on the CPU).
 //
-// Blocks of 4 warps (128 threads); a warp owns 16 rows of a 64-row tile, and every tile a warp
-// writes and then reads again (scores, P, dS, its rows of O) is its own, so only the staged
-// Q/K/V/dO tiles need block-wide barriers.
+// Blocks of 4 warps (128 threads); a warp owns 16 rows of a 64-row tile. Scores, probabilities,
+// dP, dS and the output accumulators never leave registers: an accumulator fragment of one mma
+// (rows g, g+8; columns 2t, 2t+1 of each 8-column slice) is, two columns packed to a register, the
+// A operand of the next (to_a below), as in FlashAttention-2. A row's statistics are reduced over
+// the 4 lanes that hold it (shuffles). Only the staged Q/K/V/dO tiles live in shared memory, a
+// tile that is a B operand with its contraction index contiguous (K for Q K^T; V^T, Q^T, dO^T, K^T
+// staged transposed for the P V, dS^T Q, P^T dO and dS K products), so every operand is read as
+// 32-bit pairs without bank conflicts (rows of HS + 8 or 64 + 8 bf16).
 //
 //   forward   one block per (b, h, 64 query rows); the Q tile staged once, key tiles of 64 keys
-//             (K, V staged; causal: only up to the block's last row). Per tile and warp:
-//               S = Q_w K^T (16 x 64, tensor cores) -> t = c S, masked -> -inf
-//               per row (two lanes, interleaved columns): M' = max(M, ceil(max t)),
-//                 l = l 2^(M - M') + Σ 2^(t - M'),  l_r = l_r 2^(M - M') + Σ bf16(2^(t - M')),
-//                 P = bf16(2^(t - M')) keep,  O_row *= 2^(M - M') (exact: a power of two)
-//               O_w += P V (tensor cores; O kept in shared memory, fp32)
+//             (K, V^T staged; causal: only up to the block's last row). Per tile and warp:
+//               S = Q_w K^T (16 x 64) -> t = c S, masked -> -inf
+//               per row: M' = max(M, ceil(max t)), l = l 2^(M - M') + Σ 2^(t - M'),
+//                 l_r = l_r 2^(M - M') + Σ bf16(2^(t - M')), P = bf16(2^(t - M')) keep,
+//                 O_row *= 2^(M - M') (exact: a power of two)
+//               O_w += P V
 //             out = O (1/(1-p)) / l_r, lse = (M + log2 l) ln 2 (no visible key: out 0, lse -inf).
 //   backward  D_i = dO_i · out_i by the caller, then (FlashAttention-2 without atomics):
 //             dK, dV: one block per (b, kv head g, 64 keys), the K/V tile staged once; the
 //               group's query heads IN ORDER, query tiles of 64 (causal: from the block's first
-//               key); per tile and warp (16 keys): S^T = K_w Q^T, dP~^T = V_w dO^T (tensor
-//               cores), P = 2^(c S - lse log2 e), P~ = P keep/(1-p), dS' = sc (P~ dP~ - P D),
-//               then dV_w += bf16(P~)^T dO, dK_w += bf16(dS')^T Q with accumulator fragments held
-//               in registers over the whole loop; finally added to dqkv.
+//               key); per tile and warp (16 keys): S^T = K_w Q^T, dP~^T = V_w dO^T,
+//               P = 2^(c S - lse log2 e), P~ = P keep/(1-p), dS' = sc (P~ dP~ - P D),
+//               then dV_w += bf16(P~)^T dO, dK_w += bf16(dS')^T Q; finally added to dqkv.
 //             dQ: one block per (b, h, 64 query rows), key tiles of 64: the same S, dP~, dS', and
-//               dQ_w += bf16(dS') K in registers; then added to dqkv.
+//               dQ_w += bf16(dS') K; then added to dqkv.
 // One warp owns each output element and the mma order is fixed: bitwise deterministic run to run.
 //
 // Head size: HS = 32, 64 or 128 (hs <= HS zero-padded). Shared memory (dynamic, opt-in above
-// 48 KB): forward 52 / 72 / 113 KB, dK/dV 75 / 91 / 124 KB, dQ 65 / 82 / 114 KB for HS = 32 / 64
-// / 128. On a device below sm_80 (which cuda_available() already refuses) or with less opt-in
-// shared memory, flash_bf16_applies() is false and the caller runs the fp32 kernels.
+// 48 KB): forward 18 / 28 / 53 KB, dK/dV 32 / 55 / 104 KB, dQ 28 / 46 / 86 KB for HS = 32 / 64 /
+// 128 (forward_smem, dkdv_smem, dq_smem). On a device below sm_80 (which cuda_available() already
+// refuses) or with less opt-in shared memory, flash_bf16_applies() is false and the caller runs
+// the fp32 kernels.
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include <cmath>
 #include <cstdint>
@@ -45,6 +50,7 @@
 #include "cuda_common.cuh"
 #include "flash_attention_args.cuh"
 #include "flash_attention_bf16.cuh"
+#include "mma_m16n8k16.cuh"
 #include "runtime/error.h"
 
 namespace llmpi::cuda {
@@ -52,34 +58,41 @@ namespace llmpi::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
-namespace wmma = nvcuda::wmma;
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
-using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
-using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-constexpr int kTile = 64;     // rows of every staged tile (query rows, keys)
-constexpr int kThreads = 128;  // 4 warps, 16 rows each
-constexpr int kLdT = kTile + 8;  // bf16 [64][72]: P, dS (a row of 64 keys / queries)
-constexpr int kLdS = kTile + 4;  // fp32 [64][68]: scores, dP
+constexpr int kTile = 64;        // rows of every staged tile (query rows, keys)
+constexpr int kThreads = 128;    // 4 warps, 16 rows each
+constexpr int kLdT = kTile + 8;  // bf16 [HS][72]: a transposed tile (V^T, Q^T, dO^T, K^T)
 template <int HS>
 __host__ __device__ constexpr int ld_h() { return HS + 8; }  // bf16 [64][HS + 8]: Q, K, V, dO
+// Blocks per SM the backward kernels' register allocation must allow (__launch_bounds__): 3 up to
+// HS = 64, where the shared memory of 3 blocks fits (ptxas, sm_90, HS = 64: dK/dV 168 and dQ 168
+// registers, no spills; without the bound dK/dV took 176, which allows only 2 blocks); 2 at HS =
+// 128, where shared memory allows no more anyway. The forward has no bound: it takes 160 without
+// (3 blocks), and under a bound of 3 ptxas spilled 48 bytes.
 template <int HS>
-__host__ __device__ constexpr int ld_o() { return HS + 4; }  // fp32 [64][HS + 4]: O
+__host__ __device__ constexpr int min_blocks() { return HS <= 64 ? 3 : 2; }
 
-// Rows [r0, r0 + n) of a strided fp32 [T, ld] matrix's hs columns from col, rounded to bf16 into
-// a [64][HS + 8] tile, zero-padded (rows >= n, columns >= hs). All kThreads threads of the block.
+// Two bf16 at p (4-byte aligned: an even column of a row of even length) as one register.
+__device__ __forceinline__ uint32_t ld_pair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// bf16(lo) in the low half, bf16(hi) in the high half: an mma operand register.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+         static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16;
+}
+
+// Rows [r0, r0 + n) of a strided fp32 [T, ld] matrix's hs columns from col, rounded to bf16,
+// zero-padded (rows >= n, columns >= hs): into `tile` ([64][HS + 8], row-major) and/or `tile_t`
+// ([HS][64 + 8], transposed); either may be null. All kThreads threads of the block.
 // When hs = HS and the rows' columns are 16-byte aligned (GPT-2: hs 64, rows of 3C or C floats):
 // 16-byte loads, a thread's HS/8 of them (HS = 64: all 8) issued before the first is used — for
-// HS = 128 in batches of 2 (8 trips): all 16 in flight took the kernels to 255 registers with
-// spills (a desk review, ptxas -v; with batches of 2, sm_90: forward 128, dK/dV 172, dQ 128
-// registers, no spills, as before the change) — so a tile costs a few trips to memory instead of
-// one per element — the first GPU run measured the one-element-per-iteration loop as
-// the bulk of these kernels' time (ncu: ~11 TFLOP/s forward, docs/PERF.md "First run on a GPU").
-// Otherwise one element per thread and iteration.
+// HS = 128 in batches of 2: all 16 in flight took the old kernels to 255 registers with spills —
+// so a tile costs a few trips to memory instead of one per element (the first GPU run measured
+// the one-element-per-iteration loop as the bulk of the kernels' time, docs/PERF.md "First run on
+// a GPU"); the row-major tile is written 8 bytes at a time. Otherwise one element per thread and
+// iteration.
 template <int HS>
-__device__ __forceinline__ void stage_bf16(bf16* tile, const float* base, int ld, int col, int r0,
-                                           int n, int hs) {
+__device__ __forceinline__ void stage_bf16(bf16* tile, bf16* tile_t, const float* base, int ld, int col,
+                                           int r0, int n, int hs) {
   constexpr int kPerRow = HS / 4, kLoads = kTile * kPerRow / kThreads;  // float4s: per row, per thread
   constexpr int kBatch = HS >= 128 ? 2 : kLoads < 8 ? kLoads : 8;  // loads in flight at once
   static_assert(kTile * kPerRow % kThreads == 0 && kLoads % kBatch == 0, "whole batches of float4 loads");
@@ -96,11 +109,15 @@ __device__ __forceinline__ void stage_bf16(bf16* tile, const float* base, int ld
 #pragma unroll
       for (int it = 0; it < kBatch; it++) {
         const int k = threadIdx.x + (b0 + it) * kThreads, r = k / kPerRow, d = k % kPerRow * 4;
-        bf16* t = tile + r * ld_h<HS>() + d;
-        t[0] = __float2bfloat16_rn(v[it].x);
-        t[1] = __float2bfloat16_rn(v[it].y);
-        t[2] = __float2bfloat16_rn(v[it].z);
-        t[3] = __float2bfloat16_rn(v[it].w);
+        const uint32_t lo = pack_bf16x2(v[it].x, v[it].y), hi = pack_bf16x2(v[it].z, v[it].w);
+        if (tile != nullptr) *reinterpret_cast<uint2*>(tile + r * ld_h<HS>() + d) = make_uint2(lo, hi);
+        if (tile_t != nullptr) {
+          bf16* t = tile_t + d * kLdT + r;
+          t[0] = __float2bfloat16_rn(v[it].x);
+          t[kLdT] = __float2bfloat16_rn(v[it].y);
+          t[2 * kLdT] = __float2bfloat16_rn(v[it].z);
+          t[3 * kLdT] = __float2bfloat16_rn(v[it].w);
+        }
       }
     }
     return;
@@ -108,78 +125,103 @@ __device__ __forceinline__ void stage_bf16(bf16* tile, const float* base, int ld
   for (int k = threadIdx.x; k < kTile * HS; k += blockDim.x) {
     const int r = k / HS, d = k % HS;
     const float x = r < n && d < hs ? base[static_cast<size_t>(r0 + r) * ld + col + d] : 0.0f;
-    tile[r * ld_h<HS>() + d] = __float2bfloat16_rn(x);
+    if (tile != nullptr) tile[r * ld_h<HS>() + d] = __float2bfloat16_rn(x);
+    if (tile_t != nullptr) tile_t[d * kLdT + r] = __float2bfloat16_rn(x);
   }
 }
 
-// C (16 x 64, fp32, row-major at out with ld kLdS) = A (16 x HS rows of a [.][HS+8] bf16 tile)
-// times B^T, B being 64 rows of another such tile: the 16 x 64 block of A B^T.
+// The A operand (16 x 16) at rows [0, 16), columns [k0, k0 + 16) of a row-major bf16 tile.
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* rows, int ld, int k0) {
+  const int lane = threadIdx.x % 32;
+  const bf16* p = rows + (lane >> 2) * ld + k0 + 2 * (lane & 3);
+  a[0] = ld_pair(p);
+  a[1] = ld_pair(p + 8 * ld);
+  a[2] = ld_pair(p + 8);
+  a[3] = ld_pair(p + 8 * ld + 8);
+}
+// The B operand (16 x 8) B[k][n] = tile[(n0 + n) ld + k0 + k]: a tile that holds B^T row-major.
+__device__ __forceinline__ void load_b(uint32_t (&b)[2], const bf16* tile, int ld, int n0, int k0) {
+  const int lane = threadIdx.x % 32;
+  const bf16* p = tile + (n0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
+  b[0] = ld_pair(p);
+  b[1] = ld_pair(p + 8);
+}
+
+// s (16 x 64, accumulator fragments: s[n] holds columns 8n..8n+7) = A B^T, A the 16 rows of a
+// [.][HS + 8] tile at `rows`, B the 64 rows of another such tile.
 template <int HS>
-__device__ __forceinline__ void mma_abt_16x64(float* out, const bf16* A, const bf16* B) {
+__device__ __forceinline__ void mma_abt_16x64(float (&s)[kTile / 8][4], const bf16* rows, const bf16* B) {
 #pragma unroll
-  for (int n = 0; n < kTile / 16; n++) {
-    FragC c;
-    wmma::fill_fragment(c, 0.0f);
+  for (int n = 0; n < kTile / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-    for (int k = 0; k < HS / 16; k++) {
-      FragA fa;
-      FragBCol fb;  // B^T as a column-major K x N matrix: element (k, n) at B[n ld + k]
-      wmma::load_matrix_sync(fa, A + k * 16, ld_h<HS>());
-      wmma::load_matrix_sync(fb, B + n * 16 * ld_h<HS>() + k * 16, ld_h<HS>());
-      wmma::mma_sync(c, fa, fb, c);
+  for (int k = 0; k < HS / 16; k++) {
+    uint32_t a[4];
+    load_a(a, rows, ld_h<HS>(), k * 16);
+#pragma unroll
+    for (int n = 0; n < kTile / 8; n++) {
+      uint32_t b[2];
+      load_b(b, B, ld_h<HS>(), n * 8, k * 16);
+      mma_m16n8k16_bf16(s[n], a, b);
     }
-    wmma::store_matrix_sync(out + n * 16, c, kLdS, wmma::mem_row_major);
   }
 }
 
-// acc[n] += A (16 x 64 bf16, ld kLdT) times the 64 x HS tile V (ld HS + 8), n over HS/16.
-template <int HS>
-__device__ __forceinline__ void mma_acc_16xhs(FragC (&acc)[HS / 16], const bf16* A, const bf16* V) {
+// A 16 x 64 matrix held as accumulator fragments, rounded to bf16 as the A operands of the four
+// 16-column slices: the fragment layouts line up (kernels/mma_m16n8k16.cuh).
+__device__ __forceinline__ void to_a(uint32_t (&pa)[kTile / 16][4], const float (&v)[kTile / 8][4]) {
 #pragma unroll
   for (int k = 0; k < kTile / 16; k++) {
-    FragA fa;
-    wmma::load_matrix_sync(fa, A + k * 16, kLdT);
-#pragma unroll
-    for (int n = 0; n < HS / 16; n++) {
-      FragBRow fb;
-      wmma::load_matrix_sync(fb, V + k * 16 * ld_h<HS>() + n * 16, ld_h<HS>());
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
-    }
+    pa[k][0] = pack_bf16x2(v[2 * k][0], v[2 * k][1]);
+    pa[k][1] = pack_bf16x2(v[2 * k][2], v[2 * k][3]);
+    pa[k][2] = pack_bf16x2(v[2 * k + 1][0], v[2 * k + 1][1]);
+    pa[k][3] = pack_bf16x2(v[2 * k + 1][2], v[2 * k + 1][3]);
   }
 }
 
-// dst[r, col + d] += acc (16 rows from row r0, HS columns; rows >= T and columns >= hs skipped),
-// staged fragment by fragment through the warp's 16 x 16 fp32 scratch (ld kLdS).
+// acc (16 x HS) += P (16 x 64, A operands from to_a) times the 64 x HS matrix held transposed in
+// tile_t ([HS][kLdT]: tile_t[d][k] is row k, column d).
+template <int HS>
+__device__ __forceinline__ void mma_acc_16xhs(float (&acc)[HS / 8][4], const uint32_t (&pa)[kTile / 16][4],
+                                              const bf16* tile_t) {
+#pragma unroll
+  for (int k = 0; k < kTile / 16; k++)
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++) {
+      uint32_t b[2];
+      load_b(b, tile_t, kLdT, n * 8, k * 16);
+      mma_m16n8k16_bf16(acc[n], pa[k], b);
+    }
+}
+
+// dst[r, col + d] += acc (16 rows from row r0, HS columns; rows >= T and columns >= hs skipped).
 template <int HS>
 __device__ __forceinline__ void add_rows(float* dst, int ld, int col, int r0, int T, int hs,
-                                         FragC (&acc)[HS / 16], float* scratch) {
+                                         const float (&acc)[HS / 8][4]) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int n = 0; n < HS / 16; n++) {
-    wmma::store_matrix_sync(scratch, acc[n], kLdS, wmma::mem_row_major);
-    __syncwarp();
-    for (int e = lane; e < 256; e += 32) {
-      const int r = e / 16, d = n * 16 + e % 16;
-      if (r0 + r < T && d < hs) dst[static_cast<size_t>(r0 + r) * ld + col + d] += scratch[r * kLdS + e % 16];
+  for (int e = 0; e < 4; e++) {
+    const int r = r0 + (lane >> 2) + (e >> 1) * 8;
+    if (r >= T) continue;
+    float* row = dst + static_cast<size_t>(r) * ld + col;
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++) {
+      const int d = n * 8 + 2 * (lane & 3) + (e & 1);
+      if (d < hs) row[d] += acc[n][e];
     }
-    __syncwarp();
   }
 }
 
 template <int HS>
-constexpr size_t forward_smem() {
-  return 3 * kTile * ld_h<HS>() * sizeof(bf16) + kTile * kLdS * sizeof(float) +
-         kTile * kLdT * sizeof(bf16) + kTile * ld_o<HS>() * sizeof(float) + 2 * kTile * sizeof(float);
+constexpr size_t forward_smem() {  // Q, K; V^T; the key mask
+  return 2 * kTile * ld_h<HS>() * sizeof(bf16) + HS * kLdT * sizeof(bf16) + kTile * sizeof(int);
 }
 template <int HS>
-constexpr size_t dkdv_smem() {
-  return 4 * kTile * ld_h<HS>() * sizeof(bf16) + 2 * kTile * kLdS * sizeof(float) +
-         2 * kTile * kLdT * sizeof(bf16) + 3 * kTile * sizeof(float);
+constexpr size_t dkdv_smem() {  // K, V, Q, dO; Q^T, dO^T; lse, D, the key mask
+  return 4 * kTile * ld_h<HS>() * sizeof(bf16) + 2 * HS * kLdT * sizeof(bf16) + 3 * kTile * sizeof(float);
 }
 template <int HS>
-constexpr size_t dq_smem() {
-  return 4 * kTile * ld_h<HS>() * sizeof(bf16) + 2 * kTile * kLdS * sizeof(float) +
-         kTile * kLdT * sizeof(bf16) + 3 * kTile * sizeof(float);
+constexpr size_t dq_smem() {  // Q, dO, K, V; K^T; lse, D, the key mask
+  return 4 * kTile * ld_h<HS>() * sizeof(bf16) + HS * kLdT * sizeof(bf16) + 3 * kTile * sizeof(float);
 }
 
 // ---- forward --------------------------------------------------------------------------------------
@@ -190,103 +232,114 @@ __global__ void __launch_bounds__(kThreads)
                               const float* __restrict__ qkv, const int32_t* __restrict__ mask,
                               FlashArgs a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  constexpr int LDH = ld_h<HS>(), LDO = ld_o<HS>();
+  constexpr int LDH = ld_h<HS>();
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* Qs = reinterpret_cast<bf16*>(smem);        // [64][LDH]
-  bf16* Ks = Qs + kTile * LDH;                     // [64][LDH]
-  bf16* Vs = Ks + kTile * LDH;                     // [64][LDH]
-  float* Ss = reinterpret_cast<float*>(Vs + kTile * LDH);  // [64][kLdS] scores t
-  bf16* Ps = reinterpret_cast<bf16*>(Ss + kTile * kLdS);   // [64][kLdT] bf16(2^(t-M)) keep
-  float* Os = reinterpret_cast<float*>(Ps + kTile * kLdT);  // [64][LDO] output accumulator
-  float* Fs = Os + kTile * LDO;                    // [64] final factor (1/(1-p)) / l_r per row
-  int* Mk = reinterpret_cast<int*>(Fs + kTile);   // [64] key valid under the padding mask
+  bf16* Qs = reinterpret_cast<bf16*>(smem);  // [64][LDH]
+  bf16* Ks = Qs + kTile * LDH;               // [64][LDH]
+  bf16* Vt = Ks + kTile * LDH;               // [HS][kLdT] V transposed
+  int* Mk = reinterpret_cast<int*>(Vt + HS * kLdT);  // [64] key valid under the padding mask
 
   const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
   const int i0 = blockIdx.y * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int rw = warp * 16;                          // the warp's first row
-  const int rl = rw + lane / 2, half = lane & 1;     // this lane's row; its columns half, half+2..
-  const int i = i0 + rl;
-  const bool row_in = i < a.T;
+  const int rw = warp * 16;                    // the warp's first row
+  const int gid = lane >> 2, tq = lane & 3;    // this lane: rows rw + gid (+ 8), columns 2 tq (+ 1) of each 8
+  const int irow[2] = {i0 + rw + gid, i0 + rw + gid + 8};
   const float* qkv_b = qkv + static_cast<size_t>(b) * a.T * a.W;
 
-  stage_bf16<HS>(Qs, qkv_b, a.W, h * a.hs, i0, min(kTile, a.T - i0), a.hs);
-  for (int k = threadIdx.x; k < kTile * LDO; k += blockDim.x) Os[k] = 0.0f;
+  stage_bf16<HS>(Qs, nullptr, qkv_b, a.W, h * a.hs, i0, min(kTile, a.T - i0), a.hs);
 
-  // m: an integer (or -inf), the running ceil(max t); l = Σ 2^(t - m) (for lse), l_r = Σ
-  // bf16(2^(t - m)) (the normaliser of the rounded weights the P V product uses)
-  float m = -INFINITY, l = 0.0f, l_r = 0.0f;
-  float* srow = Ss + rl * kLdS;
-  bf16* prow = Ps + rl * kLdT;
-  float* orow = Os + rl * LDO;
+  // per row r (irow[r]): m, an integer (or -inf), the running ceil(max t); l = Σ 2^(t - m) (for
+  // lse), l_r = Σ bf16(2^(t - m)) (the normaliser of the rounded weights the P V product uses)
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, l_r[2] = {0.0f, 0.0f};
+  float o[HS / 8][4];
+#pragma unroll
+  for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   const int jmax = a.causal ? min(a.T, i0 + kTile) : a.T;  // the same for the whole block
   for (int j0 = 0; j0 < jmax; j0 += kTile) {
     const int nj = min(kTile, jmax - j0);
-    __syncthreads();  // the previous tile is no longer read (first pass: Q and O are ready)
-    stage_bf16<HS>(Ks, qkv_b, a.W, (a.NH + g) * a.hs, j0, nj, a.hs);
-    stage_bf16<HS>(Vs, qkv_b, a.W, (a.NH + a.NKV + g) * a.hs, j0, nj, a.hs);
+    __syncthreads();  // the previous tile is no longer read
+    stage_bf16<HS>(Ks, nullptr, qkv_b, a.W, (a.NH + g) * a.hs, j0, nj, a.hs);
+    stage_bf16<HS>(nullptr, Vt, qkv_b, a.W, (a.NH + a.NKV + g) * a.hs, j0, nj, a.hs);
     for (int jj = threadIdx.x; jj < kTile; jj += blockDim.x)
       Mk[jj] = jj < nj && (mask == nullptr || mask[static_cast<size_t>(b) * a.T + j0 + jj] != 0);
-    __syncthreads();
+    __syncthreads();  // (first pass: Q is ready too)
 
-    mma_abt_16x64<HS>(Ss + rw * kLdS, Qs + rw * LDH, Ks);  // S = Q_w K^T
-    __syncwarp();
-    float tmax = -INFINITY;
-    for (int jj = half; jj < kTile; jj += 2) {
-      const int j = j0 + jj;
-      const bool vis = row_in && Mk[jj] && (!a.causal || j <= i);
-      const float t = vis ? srow[jj] * a.c : -INFINITY;
-      srow[jj] = t;
-      tmax = fmaxf(tmax, t);
-    }
-    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));  // the row's two lanes agree
-    const bool any = tmax != -INFINITY;
-    const float mnew = any ? fmaxf(m, ceilf(tmax)) : m;
-    // 2^(m - mnew), a power of two, so the rescaling is exact: 0 on the first visible tile
-    const float scale =
-        !any ? 1.0f : m == -INFINITY ? 0.0f : ldexpf(1.0f, static_cast<int>(fmaxf(m - mnew, -200.0f)));
-    float sum = 0.0f, sum_r = 0.0f;  // of e = 2^(t - M'), and of bf16(e)
-    for (int jj = half; jj < kTile; jj += 2) {
-      const float t = srow[jj];
-      bf16 w = __float2bfloat16_rn(0.0f);
-      if (t != -INFINITY) {
-        const float e = exp2f(t - mnew);
-        const bf16 er = __float2bfloat16_rn(e);
-        sum += e;
-        sum_r += __bfloat162float(er);
-        if (kept(a, b, h, i, j0 + jj)) w = er;
+    float s[kTile / 8][4];
+    mma_abt_16x64<HS>(s, Qs + rw * LDH, Ks);  // S = Q_w K^T
+    float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int jj = n * 8 + 2 * tq + (e & 1), i = irow[e >> 1];
+        const bool vis = i < a.T && Mk[jj] && (!a.causal || j0 + jj <= i);
+        s[n][e] = vis ? s[n][e] * a.c : -INFINITY;
+        tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
       }
-      prow[jj] = w;
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum_r += __shfl_xor_sync(0xffffffffu, sum_r, 1);
-    if (any) {
-      l = l * scale + sum;
-      l_r = l_r * scale + sum_r;
-      m = mnew;
-      if (scale != 1.0f)
-        for (int d = half; d < HS; d += 2) orow[d] *= scale;
-    }
-    __syncwarp();
-    FragC o[HS / 16];
+    float mnew[2], scale[2], sum[2] = {0.0f, 0.0f}, sum_r[2] = {0.0f, 0.0f};  // sums of e = 2^(t - M'), of bf16(e)
+    bool any[2];
 #pragma unroll
-    for (int n = 0; n < HS / 16; n++)
-      wmma::load_matrix_sync(o[n], Os + rw * LDO + n * 16, LDO, wmma::mem_row_major);
-    mma_acc_16xhs<HS>(o, Ps + rw * kLdT, Vs);  // O_w += P_w V
+    for (int r = 0; r < 2; r++) {  // the row's four lanes agree
+      tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
+      tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
+      any[r] = tmax[r] != -INFINITY;
+      mnew[r] = any[r] ? fmaxf(m[r], ceilf(tmax[r])) : m[r];
+      // 2^(m - mnew), a power of two, so the rescaling is exact: 0 on the first visible tile
+      scale[r] = !any[r] ? 1.0f
+                 : m[r] == -INFINITY ? 0.0f
+                                     : ldexpf(1.0f, static_cast<int>(fmaxf(m[r] - mnew[r], -200.0f)));
+    }
 #pragma unroll
-    for (int n = 0; n < HS / 16; n++)
-      wmma::store_matrix_sync(Os + rw * LDO + n * 16, o[n], LDO, wmma::mem_row_major);
+    for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = e >> 1;
+        const float t = s[n][e];
+        float w = 0.0f;
+        if (t != -INFINITY) {
+          const float ex = exp2f(t - mnew[r]);
+          const float er = __bfloat162float(__float2bfloat16_rn(ex));
+          sum[r] += ex;
+          sum_r[r] += er;
+          if (kept(a, b, h, irow[r], j0 + n * 8 + 2 * tq + (e & 1))) w = er;
+        }
+        s[n][e] = w;  // bf16-exact: to_a's rounding keeps it
+      }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+      sum_r[r] += __shfl_xor_sync(0xffffffffu, sum_r[r], 1);
+      sum_r[r] += __shfl_xor_sync(0xffffffffu, sum_r[r], 2);
+      if (any[r]) {
+        l[r] = l[r] * scale[r] + sum[r];
+        l_r[r] = l_r[r] * scale[r] + sum_r[r];
+        m[r] = mnew[r];
+#pragma unroll
+        for (int n = 0; n < HS / 8; n++) {
+          o[n][2 * r] *= scale[r];
+          o[n][2 * r + 1] *= scale[r];
+        }
+      }
+    }
+    uint32_t pa[kTile / 16][4];
+    to_a(pa, s);
+    mma_acc_16xhs<HS>(o, pa, Vt);  // O_w += P_w V
   }
-  if (half == 0) {
-    Fs[rl] = l_r > 0.0f ? a.inv_keep / l_r : 0.0f;
-    if (row_in) lse[static_cast<size_t>(bh) * a.T + i] = l > 0.0f ? (m + log2f(l)) * kFlashLn2 : -INFINITY;
-  }
-  __syncwarp();
-  // the warp's 16 rows, coalesced along the head's columns
-  for (int e = lane; e < 16 * HS; e += 32) {
-    const int r = rw + e / HS, d = e % HS;
-    if (i0 + r < a.T && d < a.hs)
-      out[(static_cast<size_t>(b) * a.T + i0 + r) * a.C + h * a.hs + d] = Os[r * LDO + d] * Fs[r];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int i = irow[r];
+    if (i >= a.T) continue;
+    if (tq == 0) lse[static_cast<size_t>(bh) * a.T + i] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * kFlashLn2 : -INFINITY;
+    const float f = l_r[r] > 0.0f ? a.inv_keep / l_r[r] : 0.0f;
+    float* orow = out + (static_cast<size_t>(b) * a.T + i) * a.C + h * a.hs;
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++) {
+      const int d = n * 8 + 2 * tq;
+      if (d < a.hs) orow[d] = o[n][2 * r] * f;
+      if (d + 1 < a.hs) orow[d + 1] = o[n][2 * r + 1] * f;
+    }
   }
 #else
   __trap();  // never launched: flash_bf16_applies() requires compute capability 8.0
@@ -296,7 +349,7 @@ __global__ void __launch_bounds__(kThreads)
 // ---- backward: dK, dV ------------------------------------------------------------------------------
 
 template <int HS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, min_blocks<HS>())
     flash_bf16_dkdv_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                            const float* __restrict__ lse, const float* __restrict__ D,
                            const float* __restrict__ qkv, const int32_t* __restrict__ mask,
@@ -306,76 +359,75 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* Ks = reinterpret_cast<bf16*>(smem);  // [64][LDH] the block's keys
   bf16* Vs = Ks + kTile * LDH;
-  bf16* Qs = Vs + kTile * LDH;               // [64][LDH] the query tile
+  bf16* Qs = Vs + kTile * LDH;   // [64][LDH] the query tile
   bf16* dOs = Qs + kTile * LDH;
-  float* St = reinterpret_cast<float*>(dOs + kTile * LDH);  // [64 keys][kLdS] S^T
-  float* dPt = St + kTile * kLdS;                            // [64 keys][kLdS] dP~^T
-  bf16* Pt = reinterpret_cast<bf16*>(dPt + kTile * kLdS);   // [64 keys][kLdT] bf16(P~)^T
-  bf16* dSt = Pt + kTile * kLdT;                             // [64 keys][kLdT] bf16(dS')^T
-  float* Lb = reinterpret_cast<float*>(dSt + kTile * kLdT);  // [64] lse log2 e
-  float* Ds = Lb + kTile;                                    // [64] D
-  int* Kv = reinterpret_cast<int*>(Ds + kTile);              // [64] key in range and unmasked
+  bf16* Qt = dOs + kTile * LDH;  // [HS][kLdT] the query tile transposed
+  bf16* dOt = Qt + HS * kLdT;
+  float* Lb = reinterpret_cast<float*>(dOt + HS * kLdT);  // [64] lse log2 e
+  float* Ds = Lb + kTile;                                 // [64] D
+  int* Kv = reinterpret_cast<int*>(Ds + kTile);           // [64] key in range and unmasked
 
   const int bg = blockIdx.x, b = bg / a.NKV, g = bg % a.NKV;
   const int j0 = blockIdx.y * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kw = warp * 16;                       // the warp's first key
-  const int kl = kw + lane / 2, half = lane & 1;  // this lane's key; its query columns half, +2..
-  const int j = j0 + kl;
+  const int kw = warp * 16;                  // the warp's first key
+  const int gid = lane >> 2, tq = lane & 3;  // this lane: keys kw + gid (+ 8), queries 2 tq (+ 1) of each 8
   const float* qkv_b = qkv + static_cast<size_t>(b) * a.T * a.W;
   const float* dout_b = dout + static_cast<size_t>(b) * a.T * a.C;
 
   const int nk = min(kTile, a.T - j0);
-  stage_bf16<HS>(Ks, qkv_b, a.W, (a.NH + g) * a.hs, j0, nk, a.hs);
-  stage_bf16<HS>(Vs, qkv_b, a.W, (a.NH + a.NKV + g) * a.hs, j0, nk, a.hs);
+  stage_bf16<HS>(Ks, nullptr, qkv_b, a.W, (a.NH + g) * a.hs, j0, nk, a.hs);
+  stage_bf16<HS>(Vs, nullptr, qkv_b, a.W, (a.NH + a.NKV + g) * a.hs, j0, nk, a.hs);
   for (int jj = threadIdx.x; jj < kTile; jj += blockDim.x)
     Kv[jj] = jj < nk && (mask == nullptr || mask[static_cast<size_t>(b) * a.T + j0 + jj] != 0);
 
-  FragC dK[HS / 16], dV[HS / 16];
+  float dK[HS / 8][4], dV[HS / 8][4];
 #pragma unroll
-  for (int n = 0; n < HS / 16; n++) {
-    wmma::fill_fragment(dK[n], 0.0f);
-    wmma::fill_fragment(dV[n], 0.0f);
-  }
+  for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dK[n][e] = dV[n][e] = 0.0f;
   const int istart = a.causal ? j0 : 0;  // earlier queries see none of the block's keys
   for (int h = g * a.G; h < (g + 1) * a.G; h++) {  // the group's query heads, in order
     const size_t bh = static_cast<size_t>(b) * a.NH + h;
     for (int i0 = istart; i0 < a.T; i0 += kTile) {
       const int ni = min(kTile, a.T - i0);
-      __syncthreads();  // the previous query tile is no longer read (first pass: K, V ready)
-      stage_bf16<HS>(Qs, qkv_b, a.W, h * a.hs, i0, ni, a.hs);
-      stage_bf16<HS>(dOs, dout_b, a.C, h * a.hs, i0, ni, a.hs);
+      __syncthreads();  // the previous query tile is no longer read
+      stage_bf16<HS>(Qs, Qt, qkv_b, a.W, h * a.hs, i0, ni, a.hs);
+      stage_bf16<HS>(dOs, dOt, dout_b, a.C, h * a.hs, i0, ni, a.hs);
       for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
         Lb[r] = r < ni ? lse[bh * a.T + i0 + r] * kFlashLog2e : -INFINITY;
         Ds[r] = r < ni ? D[bh * a.T + i0 + r] : 0.0f;
       }
-      __syncthreads();
+      __syncthreads();  // (first pass: K, V and the key flags are ready too)
 
-      mma_abt_16x64<HS>(St + kw * kLdS, Ks + kw * LDH, Qs);    // S^T = K_w Q^T
-      mma_abt_16x64<HS>(dPt + kw * kLdS, Vs + kw * LDH, dOs);  // dP~^T = V_w dO^T
-      __syncwarp();
-      const bool key = Kv[kl] != 0;
-      for (int r = half; r < kTile; r += 2) {
-        const int i = i0 + r;
-        float pt = 0.0f, ds = 0.0f;
-        if (key && Lb[r] != -INFINITY && (!a.causal || j <= i)) {  // Lb = -inf also for r >= ni
-          const float p = exp2f(St[kl * kLdS + r] * a.c - Lb[r]);
-          pt = kept(a, b, h, i, j) ? p * a.inv_keep : 0.0f;
-          ds = a.sc * (pt * dPt[kl * kLdS + r] - p * Ds[r]);
+      float st[kTile / 8][4], dpt[kTile / 8][4];
+      mma_abt_16x64<HS>(st, Ks + kw * LDH, Qs);    // S^T = K_w Q^T
+      mma_abt_16x64<HS>(dpt, Vs + kw * LDH, dOs);  // dP~^T = V_w dO^T
+#pragma unroll
+      for (int n = 0; n < kTile / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int kl = kw + gid + (e >> 1) * 8, r = n * 8 + 2 * tq + (e & 1);
+          const int j = j0 + kl, i = i0 + r;
+          float pt = 0.0f, ds = 0.0f;
+          if (Kv[kl] && Lb[r] != -INFINITY && (!a.causal || j <= i)) {  // Lb = -inf also for r >= ni
+            const float p = exp2f(st[n][e] * a.c - Lb[r]);
+            pt = kept(a, b, h, i, j) ? p * a.inv_keep : 0.0f;
+            ds = a.sc * (pt * dpt[n][e] - p * Ds[r]);
+          }
+          st[n][e] = pt;
+          dpt[n][e] = ds;
         }
-        Pt[kl * kLdT + r] = __float2bfloat16_rn(pt);
-        dSt[kl * kLdT + r] = __float2bfloat16_rn(ds);
-      }
-      __syncwarp();
-      mma_acc_16xhs<HS>(dV, Pt + kw * kLdT, dOs);  // dV_w += P~^T dO
-      mma_acc_16xhs<HS>(dK, dSt + kw * kLdT, Qs);  // dK_w += dS'^T Q
+      uint32_t pa[kTile / 16][4];
+      to_a(pa, st);
+      mma_acc_16xhs<HS>(dV, pa, dOt);  // dV_w += P~^T dO
+      to_a(pa, dpt);
+      mma_acc_16xhs<HS>(dK, pa, Qt);  // dK_w += dS'^T Q
     }
   }
-  float* scratch = St + kw * kLdS;  // the warp's own rows
-  add_rows<HS>(dqkv + static_cast<size_t>(b) * a.T * a.W, a.W, (a.NH + g) * a.hs, j0 + kw, a.T,
-               a.hs, dK, scratch);
-  add_rows<HS>(dqkv + static_cast<size_t>(b) * a.T * a.W, a.W, (a.NH + a.NKV + g) * a.hs, j0 + kw,
-               a.T, a.hs, dV, scratch);
+  float* dqkv_b = dqkv + static_cast<size_t>(b) * a.T * a.W;
+  add_rows<HS>(dqkv_b, a.W, (a.NH + g) * a.hs, j0 + kw, a.T, a.hs, dK);
+  add_rows<HS>(dqkv_b, a.W, (a.NH + a.NKV + g) * a.hs, j0 + kw, a.T, a.hs, dV);
 #else
   __trap();
 #endif
@@ -384,7 +436,7 @@ __global__ void __launch_bounds__(kThreads)
 // ---- backward: dQ ---------------------------------------------------------------------------------
 
 template <int HS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, min_blocks<HS>())
     flash_bf16_dq_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                          const float* __restrict__ lse, const float* __restrict__ D,
                          const float* __restrict__ qkv, const int32_t* __restrict__ mask,
@@ -394,61 +446,63 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);  // [64][LDH] the block's query rows
   bf16* dOs = Qs + kTile * LDH;
-  bf16* Ks = dOs + kTile * LDH;              // [64][LDH] the key tile
+  bf16* Ks = dOs + kTile * LDH;  // [64][LDH] the key tile
   bf16* Vs = Ks + kTile * LDH;
-  float* Ss = reinterpret_cast<float*>(Vs + kTile * LDH);  // [64][kLdS] S
-  float* dPs = Ss + kTile * kLdS;                           // [64][kLdS] dP~
-  bf16* dSs = reinterpret_cast<bf16*>(dPs + kTile * kLdS);  // [64][kLdT] bf16(dS')
-  float* Lb = reinterpret_cast<float*>(dSs + kTile * kLdT);  // [64] lse log2 e
-  float* Ds = Lb + kTile;                                    // [64] D
-  int* Mk = reinterpret_cast<int*>(Ds + kTile);              // [64] key valid
+  bf16* Kt = Vs + kTile * LDH;   // [HS][kLdT] the key tile transposed
+  float* Lb = reinterpret_cast<float*>(Kt + HS * kLdT);  // [64] lse log2 e
+  float* Ds = Lb + kTile;                                // [64] D
+  int* Mk = reinterpret_cast<int*>(Ds + kTile);          // [64] key valid
 
   const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
   const int i0 = blockIdx.y * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rw = warp * 16;
-  const int rl = rw + lane / 2, half = lane & 1;
-  const int i = i0 + rl;
+  const int gid = lane >> 2, tq = lane & 3;  // this lane: rows rw + gid (+ 8), keys 2 tq (+ 1) of each 8
   const float* qkv_b = qkv + static_cast<size_t>(b) * a.T * a.W;
   const int ni = min(kTile, a.T - i0);
-  stage_bf16<HS>(Qs, qkv_b, a.W, h * a.hs, i0, ni, a.hs);
-  stage_bf16<HS>(dOs, dout + static_cast<size_t>(b) * a.T * a.C, a.C, h * a.hs, i0, ni, a.hs);
+  stage_bf16<HS>(Qs, nullptr, qkv_b, a.W, h * a.hs, i0, ni, a.hs);
+  stage_bf16<HS>(dOs, nullptr, dout + static_cast<size_t>(b) * a.T * a.C, a.C, h * a.hs, i0, ni, a.hs);
   for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
     Lb[r] = r < ni ? lse[static_cast<size_t>(bh) * a.T + i0 + r] * kFlashLog2e : -INFINITY;
     Ds[r] = r < ni ? D[static_cast<size_t>(bh) * a.T + i0 + r] : 0.0f;
   }
-  FragC dQ[HS / 16];
+  float dQ[HS / 8][4];
 #pragma unroll
-  for (int n = 0; n < HS / 16; n++) wmma::fill_fragment(dQ[n], 0.0f);
+  for (int n = 0; n < HS / 8; n++) dQ[n][0] = dQ[n][1] = dQ[n][2] = dQ[n][3] = 0.0f;
   const int jmax = a.causal ? min(a.T, i0 + kTile) : a.T;
   for (int j0 = 0; j0 < jmax; j0 += kTile) {
     const int nj = min(kTile, jmax - j0);
-    __syncthreads();  // the previous key tile is no longer read (first pass: Q, dO, Lb, Ds ready)
-    stage_bf16<HS>(Ks, qkv_b, a.W, (a.NH + g) * a.hs, j0, nj, a.hs);
-    stage_bf16<HS>(Vs, qkv_b, a.W, (a.NH + a.NKV + g) * a.hs, j0, nj, a.hs);
+    __syncthreads();  // the previous key tile is no longer read
+    stage_bf16<HS>(Ks, Kt, qkv_b, a.W, (a.NH + g) * a.hs, j0, nj, a.hs);
+    stage_bf16<HS>(Vs, nullptr, qkv_b, a.W, (a.NH + a.NKV + g) * a.hs, j0, nj, a.hs);
     for (int jj = threadIdx.x; jj < kTile; jj += blockDim.x)
       Mk[jj] = jj < nj && (mask == nullptr || mask[static_cast<size_t>(b) * a.T + j0 + jj] != 0);
-    __syncthreads();
+    __syncthreads();  // (first pass: Q, dO, Lb, Ds are ready too)
 
-    mma_abt_16x64<HS>(Ss + rw * kLdS, Qs + rw * LDH, Ks);    // S = Q_w K^T
-    mma_abt_16x64<HS>(dPs + rw * kLdS, dOs + rw * LDH, Vs);  // dP~ = dO_w V^T
-    __syncwarp();
-    const float L = Lb[rl], Di = Ds[rl];
-    for (int jj = half; jj < kTile; jj += 2) {
-      const int j = j0 + jj;
-      float ds = 0.0f;
-      if (L != -INFINITY && Mk[jj] && (!a.causal || j <= i)) {
-        const float p = exp2f(Ss[rl * kLdS + jj] * a.c - L);
-        const float pt = kept(a, b, h, i, j) ? p * a.inv_keep : 0.0f;
-        ds = a.sc * (pt * dPs[rl * kLdS + jj] - p * Di);
+    float s[kTile / 8][4], dp[kTile / 8][4];
+    mma_abt_16x64<HS>(s, Qs + rw * LDH, Ks);    // S = Q_w K^T
+    mma_abt_16x64<HS>(dp, dOs + rw * LDH, Vs);  // dP~ = dO_w V^T
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int rl = rw + gid + (e >> 1) * 8, i = i0 + rl;
+      const float L = Lb[rl], Di = Ds[rl];
+#pragma unroll
+      for (int n = 0; n < kTile / 8; n++) {
+        const int jj = n * 8 + 2 * tq + (e & 1), j = j0 + jj;
+        float ds = 0.0f;
+        if (L != -INFINITY && Mk[jj] && (!a.causal || j <= i)) {
+          const float p = exp2f(s[n][e] * a.c - L);
+          const float pt = kept(a, b, h, i, j) ? p * a.inv_keep : 0.0f;
+          ds = a.sc * (pt * dp[n][e] - p * Di);
+        }
+        s[n][e] = ds;
       }
-      dSs[rl * kLdT + jj] = __float2bfloat16_rn(ds);
     }
-    __syncwarp();
-    mma_acc_16xhs<HS>(dQ, dSs + rw * kLdT, Ks);  // dQ_w += dS' K
+    uint32_t pa[kTile / 16][4];
+    to_a(pa, s);
+    mma_acc_16xhs<HS>(dQ, pa, Kt);  // dQ_w += dS' K
   }
-  add_rows<HS>(dqkv + static_cast<size_t>(b) * a.T * a.W, a.W, h * a.hs, i0 + rw, a.T, a.hs, dQ,
-               Ss + rw * kLdS);
+  add_rows<HS>(dqkv + static_cast<size_t>(b) * a.T * a.W, a.W, h * a.hs, i0 + rw, a.T, a.hs, dQ);
 #else
   __trap();
 #endif

@@ -111,7 +111,7 @@ class CudaFlashBf16 : public ::testing::TestWithParam<FlashCase> {};
 TEST_P(CudaFlashBf16, MatchesCpuEmulation) {
   REQUIRE_GPU();
   const FlashCase& c = GetParam();
-  ASSERT_STREQ(cuda_flash_attention_kernel(GemmPrecision::bf16, c.hs), "flash-bf16-wmma");
+  ASSERT_STREQ(cuda_flash_attention_kernel(GemmPrecision::bf16, c.hs), "flash-bf16-mma");
   const auto qkv = flash_qkv(c);
   const auto d0 = flash_dqkv0(c);
   const Out r = run_cpu(c, qkv, GemmPrecision::bf16);
@@ -142,7 +142,7 @@ TEST(CudaFlashBf16Kernel, DiffersFromTheFp32Kernel) {
   const FlashCase c{"gpt2_T257", 2, 257, 12, 12, 64, true, false, 0.0f};
   EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::fp32, 64), "flash-fp32");
   EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::tf32, 64), "flash-fp32");
-  EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::bf16, 64), "flash-bf16-wmma");
+  EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::bf16, 64), "flash-bf16-mma");
   const auto qkv = flash_qkv(c);
   const auto d0 = flash_dqkv0(c);
   const Out f32 = run_cpu(c, qkv, GemmPrecision::fp32);

@@ -1,6 +1,6 @@
 // The bf16 fused attention (runtime.precision=bf16 with fused attention): what it rounds and the
 // constants both of its implementations use, so that the CUDA kernel (kernels/flash_attention_bf16.cu,
-// tensor cores through WMMA) and the CPU backend's emulation (backend/cpu/attention.cpp) compute the
+// tensor cores through mma.sync) and the CPU backend's emulation (backend/cpu/attention.cpp) compute the
 // same function up to fp32 summation order.
 //
 // Scores are handled in base 2: t_ij = c (q_i · k_j) with c = log2(e) / sqrt(hs) (one fp32 multiply

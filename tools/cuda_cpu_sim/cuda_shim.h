@@ -4,12 +4,13 @@
 //     (std::barrier), __shfl_xor_sync goes through a per-warp exchange array between two barriers;
 //   - blocks run one after another; `extern __shared__` arrays resolve to one static buffer that is
 //     filled with NaN bytes before every block, so a read of shared memory nobody wrote shows;
-//   - WMMA (16x16x16, bf16 inputs, fp32 accumulators) keeps every fragment as a full 16x16 matrix
-//     in each thread (the real fragments are spread over the warp's lanes; the kernels only use
-//     them through load / store / fill / mma, so that does not show), checks that every fragment
-//     pointer is 32-byte aligned and every ldm a multiple of 16 bytes (the documented rules), and
-//     sums a product's 16 terms in fp32 in index order (with -DLLMPI_SIM_TRUNCATE_MMA: exactly, then
-//     rounded toward zero, as tensor cores may);
+//   - mma_m16n8k16_bf16 (kernels/mma_m16n8k16.cuh: the PTX mma.sync m16n8k16 with bf16 operands
+//     and fp32 accumulators) is a warp-collective exchange: every lane deposits its operand
+//     registers, each rebuilds the 16x16 A and 16x8 B matrices from the documented fragment
+//     layouts and computes its own four outputs, summing a product's 16 terms in fp32 in index
+//     order (with -DLLMPI_SIM_TRUNCATE_MMA: exactly, then rounded toward zero, as tensor cores
+//     may). A kernel that put an element in the wrong lane or register half gets a wrong product;
+//     the layouts themselves are the PTX ISA's ("Matrix Fragments for mma.m16n8k16");
 //   - bf16 conversions are backend/bf16.h's round to nearest even.
 // What it cannot show: timing, occupancy, bank conflicts, the hardware's own rounding, memory
 // ordering between blocks, and anything in code that does not compile against this header.
@@ -29,7 +30,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __align__(n)
 #define __shared__
@@ -47,6 +48,7 @@ struct BlockContext {
   std::barrier<> block{kBlockThreads};
   std::barrier<> warp[kWarps] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32)};
   float exchange[kWarps][32];
+  uint32_t mma_a[kWarps][32][4], mma_b[kWarps][32][2];  // each lane's mma operand registers
 };
 inline thread_local BlockContext* g_block = nullptr;
 
@@ -77,92 +79,62 @@ struct float4 {
   float x, y, z, w;
 };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+struct uint2 {
+  uint32_t x, y;
+};
+inline uint2 make_uint2(uint32_t x, uint32_t y) { return {x, y}; }
 
 struct __nv_bfloat16 {
   uint16_t bits;
 };
 inline __nv_bfloat16 __float2bfloat16_rn(float x) { return {llmpi::float_to_bf16_bits(x)}; }
 inline float __bfloat162float(__nv_bfloat16 b) { return llmpi::bf16_bits_to_float(b.bits); }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.bits; }
 
-namespace nvcuda::wmma {
+namespace llmpi::cuda {
 
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-
-template <class Use, int M, int N, int K, class T, class Layout = void>
-struct fragment {
-  float x[16][16];  // [row][col] of A, [k][n] of B, [m][n] of an accumulator
-};
-
-inline void check_operand(const void* p, unsigned ldm, int elem_bytes) {
-  if (reinterpret_cast<uintptr_t>(p) % 32 != 0) llmpi::sim::die("a WMMA pointer that is not 32-byte aligned");
-  if ((ldm * elem_bytes) % 16 != 0) llmpi::sim::die("a WMMA ldm that is not a multiple of 16 bytes");
-}
-
-template <class L>
-inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, __nv_bfloat16, L>& f, const __nv_bfloat16* p,
-                             unsigned ldm) {
-  static_assert(std::is_same_v<L, row_major>, "the kernels load A row-major");
-  check_operand(p, ldm, 2);
-  for (int r = 0; r < 16; r++)
-    for (int c = 0; c < 16; c++) f.x[r][c] = __bfloat162float(p[r * ldm + c]);
-}
-inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, __nv_bfloat16, row_major>& f, const __nv_bfloat16* p,
-                             unsigned ldm) {
-  check_operand(p, ldm, 2);
-  for (int k = 0; k < 16; k++)
-    for (int n = 0; n < 16; n++) f.x[k][n] = __bfloat162float(p[k * ldm + n]);
-}
-inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, __nv_bfloat16, col_major>& f, const __nv_bfloat16* p,
-                             unsigned ldm) {
-  check_operand(p, ldm, 2);
-  for (int k = 0; k < 16; k++)
-    for (int n = 0; n < 16; n++) f.x[k][n] = __bfloat162float(p[n * ldm + k]);
-}
-inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm, layout_t l) {
-  check_operand(p, ldm, 4);
-  if (l != mem_row_major) llmpi::sim::die("the kernels keep accumulators row-major");
-  for (int r = 0; r < 16; r++)
-    for (int c = 0; c < 16; c++) f.x[r][c] = p[r * ldm + c];
-}
-// Every lane holds the whole tile here: lane 0 writes it, between two warp barriers (a warp's
-// store is collective).
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm, layout_t l) {
-  check_operand(p, ldm, 4);
-  if (l != mem_row_major) llmpi::sim::die("the kernels keep accumulators row-major");
+// D (16 x 8) += A (16 x 16) B (16 x 8), the whole warp together; g = lane / 4, t = lane % 4:
+// a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9];
+// b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g]; d[0], d[1] = D[g][2t, 2t+1], d[2], d[3] = D[g+8][..];
+// the lower index in a register's low 16 bits.
+inline void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  auto& blk = *llmpi::sim::g_block;
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = 0; r < 4; r++) blk.mma_a[w][lane][r] = a[r];
+  for (int r = 0; r < 2; r++) blk.mma_b[w][lane][r] = b[r];
   __syncwarp();
-  if (threadIdx.x % 32 == 0)
-    for (int r = 0; r < 16; r++)
-      for (int c = 0; c < 16; c++) p[r * ldm + c] = f.x[r][c];
-  __syncwarp();
-}
-inline void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, float v) {
-  for (auto& row : f.x)
-    for (float& e : row) e = v;
-}
-template <class A, class B>
-inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const A& a, const B& b,
-                     const fragment<accumulator, 16, 16, 16, float>& c) {
-  float t[16][16];
-  for (int m = 0; m < 16; m++)
-    for (int n = 0; n < 16; n++) {
-#ifdef LLMPI_SIM_TRUNCATE_MMA
-      double s = c.x[m][n];
-      for (int k = 0; k < 16; k++) s += static_cast<double>(a.x[m][k]) * b.x[k][n];
-      float f = static_cast<float>(s);
-      if (std::fabs(static_cast<double>(f)) > std::fabs(s)) f = std::nextafter(f, 0.0f);
-      t[m][n] = f;
-#else
-      float s = c.x[m][n];
-      for (int k = 0; k < 16; k++) s += a.x[m][k] * b.x[k][n];
-      t[m][n] = s;
-#endif
+  auto lo = [](uint32_t v) { return llmpi::bf16_bits_to_float(static_cast<uint16_t>(v & 0xffffu)); };
+  auto hi = [](uint32_t v) { return llmpi::bf16_bits_to_float(static_cast<uint16_t>(v >> 16)); };
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; l++) {
+    const int g = l / 4, t = l % 4;
+    for (int r = 0; r < 4; r++) {
+      const int row = g + (r & 1) * 8, col = 2 * t + (r >> 1) * 8;
+      A[row][col] = lo(blk.mma_a[w][l][r]);
+      A[row][col + 1] = hi(blk.mma_a[w][l][r]);
     }
-  std::memcpy(d.x, t, sizeof t);
+    for (int r = 0; r < 2; r++) {
+      const int k = 2 * t + r * 8;
+      B[k][g] = lo(blk.mma_b[w][l][r]);
+      B[k + 1][g] = hi(blk.mma_b[w][l][r]);
+    }
+  }
+  __syncwarp();  // every lane has read the others' registers
+  const int g = lane / 4, t = lane % 4;
+  for (int e = 0; e < 4; e++) {
+    const int m = g + (e >> 1) * 8, n = 2 * t + (e & 1);
+#ifdef LLMPI_SIM_TRUNCATE_MMA
+    double s = d[e];
+    for (int k = 0; k < 16; k++) s += static_cast<double>(A[m][k]) * B[k][n];
+    float f = static_cast<float>(s);
+    if (std::fabs(static_cast<double>(f)) > std::fabs(s)) f = std::nextafter(f, 0.0f);
+    d[e] = f;
+#else
+    float s = d[e];
+    for (int k = 0; k < 16; k++) s += A[m][k] * B[k][n];
+    d[e] = s;
+#endif
+  }
 }
 
-}  // namespace nvcuda::wmma
+}  // namespace llmpi::cuda

@@ -1,8 +1,8 @@
 // The bf16 fused-attention kernels of kernels/flash_attention_bf16.cu (forward, dK/dV, dQ) run on
 // the CPU through cuda_shim.h, against the CPU backend's flash_attention_forward / backward in
 // bf16 (the oracle the CUDA tests use), with the CUDA tests' tolerances. It executes the kernels'
-// own source: tile loops, masking, the online softmax, the WMMA operand layouts and alignments,
-// barriers, GQA head mapping, dropout indices; not the hardware (tools/cuda_cpu_sim/README.md).
+// own source: tile loops, masking, the online softmax, the mma fragment layouts, barriers, GQA
+// head mapping, dropout indices; not the hardware (tools/cuda_cpu_sim/README.md).
 //
 //   build/sim-flash_bf16            every case; exit 0 when all are within the tolerances
 //
