@@ -85,7 +85,9 @@ __global__ void __launch_bounds__(kFwdRows)
   __shared__ float Ss[kFwdRows][kFwdKeys + 1];  // each thread's scores of the tile
   __shared__ int Ms[kFwdKeys];                  // key valid under the padding mask
   const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
-  const int i0 = blockIdx.y * kFwdRows, t = threadIdx.x, i = i0 + t;
+  // the last query tiles first (causal: the longest; blocks start in blockIdx order)
+  const int i0 = ((a.T + kFwdRows - 1) / kFwdRows - 1 - static_cast<int>(blockIdx.y)) * kFwdRows;
+  const int t = threadIdx.x, i = i0 + t;
   const bool row = i < a.T;
   const float* qkv_b = qkv + static_cast<size_t>(b) * a.T * a.W;
   float q[HS], acc[HS];
@@ -243,7 +245,8 @@ __global__ void __launch_bounds__(kDqRows)
   __shared__ int Ms[kDqKeys];
   __shared__ float dQs[kDqRows][HS + 1];  // thread t's row (padded)
   const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
-  const int i0 = blockIdx.y * kDqRows, t = threadIdx.x, i = i0 + t;
+  const int i0 = ((a.T + kDqRows - 1) / kDqRows - 1 - static_cast<int>(blockIdx.y)) * kDqRows;  // last first
+  const int t = threadIdx.x, i = i0 + t;
   const float* qkv_b = qkv + static_cast<size_t>(b) * a.T * a.W;
   const float L = i < a.T ? lse[static_cast<size_t>(bh) * a.T + i] : -INFINITY;
   const bool row = L != -INFINITY;  // in range, with at least one visible key

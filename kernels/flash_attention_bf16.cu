@@ -17,8 +17,9 @@
 // staged transposed for the P V, dS^T Q, P^T dO and dS K products), so every operand is read as
 // 32-bit pairs without bank conflicts (rows of HS + 8 or 64 + 8 bf16).
 //
-//   forward   one block per (b, h, 64 query rows); the Q tile staged once, key tiles of 64 keys
-//             (K, V^T staged; causal: only up to the block's last row). Per tile and warp:
+//   forward   one block per (b, h, 64 query rows), the last rows' blocks first (causal: the
+//             longest); the Q tile staged once, key tiles of 64 keys (K, V^T staged; causal:
+//             only up to the block's last row). Per tile and warp:
 //               S = Q_w K^T (16 x 64) -> t = c S, masked -> -inf
 //               per row: M' = max(M, ceil(max t)), l = l 2^(M - M') + Σ 2^(t - M'),
 //                 l_r = l_r 2^(M - M') + Σ bf16(2^(t - M')), P = bf16(2^(t - M')) keep,
@@ -31,7 +32,8 @@
 //               key); per tile and warp (16 keys): S^T = K_w Q^T, dP~^T = V_w dO^T,
 //               P = 2^(c S - lse log2 e), P~ = P keep/(1-p), dS' = sc (P~ dP~ - P D),
 //               then dV_w += bf16(P~)^T dO, dK_w += bf16(dS')^T Q; finally added to dqkv.
-//             dQ: one block per (b, h, 64 query rows), key tiles of 64: the same S, dP~, dS', and
+//             dQ: one block per (b, h, 64 query rows), the last rows' blocks first, key tiles of
+//               64: the same S, dP~, dS', and
 //               dQ_w += bf16(dS') K; then added to dqkv.
 // One warp owns each output element and the mma order is fixed: bitwise deterministic run to run.
 //
@@ -240,7 +242,9 @@ __global__ void __launch_bounds__(kThreads)
   int* Mk = reinterpret_cast<int*>(Vt + HS * kLdT);  // [64] key valid under the padding mask
 
   const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
-  const int i0 = blockIdx.y * kTile;
+  // the last query tiles first: under a causal mask they have the most keys, and blocks start
+  // in order of blockIdx, so the short ones fill the tail of the grid instead of the long ones
+  const int i0 = ((a.T + kTile - 1) / kTile - 1 - static_cast<int>(blockIdx.y)) * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rw = warp * 16;                    // the warp's first row
   const int gid = lane >> 2, tq = lane & 3;    // this lane: rows rw + gid (+ 8), columns 2 tq (+ 1) of each 8
@@ -368,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<HS>())
   int* Kv = reinterpret_cast<int*>(Ds + kTile);           // [64] key in range and unmasked
 
   const int bg = blockIdx.x, b = bg / a.NKV, g = bg % a.NKV;
-  const int j0 = blockIdx.y * kTile;
+  const int j0 = blockIdx.y * kTile;  // (the first key tiles, with the most queries, start first)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kw = warp * 16;                  // the warp's first key
   const int gid = lane >> 2, tq = lane & 3;  // this lane: keys kw + gid (+ 8), queries 2 tq (+ 1) of each 8
@@ -454,7 +458,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<HS>())
   int* Mk = reinterpret_cast<int*>(Ds + kTile);          // [64] key valid
 
   const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
-  const int i0 = blockIdx.y * kTile;
+  // the last query tiles first: under a causal mask they have the most keys, and blocks start
+  // in order of blockIdx, so the short ones fill the tail of the grid instead of the long ones
+  const int i0 = ((a.T + kTile - 1) / kTile - 1 - static_cast<int>(blockIdx.y)) * kTile;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rw = warp * 16;
   const int gid = lane >> 2, tq = lane & 3;  // this lane: rows rw + gid (+ 8), keys 2 tq (+ 1) of each 8
