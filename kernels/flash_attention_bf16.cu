@@ -66,13 +66,6 @@ constexpr int kThreads = 128;    // 4 warps, 16 rows each
 constexpr int kLdT = kTile + 8;  // bf16 [HS][72]: a transposed tile (V^T, Q^T, dO^T, K^T)
 template <int HS>
 __host__ __device__ constexpr int ld_h() { return HS + 8; }  // bf16 [64][HS + 8]: Q, K, V, dO
-// Blocks per SM the backward kernels' register allocation must allow (__launch_bounds__): 3 up to
-// HS = 64, where the shared memory of 3 blocks fits (ptxas, sm_90, HS = 64: dK/dV 168 and dQ 168
-// registers, no spills; without the bound dK/dV took 176, which allows only 2 blocks); 2 at HS =
-// 128, where shared memory allows no more anyway. The forward has no bound: it takes 160 without
-// (3 blocks), and under a bound of 3 ptxas spilled 48 bytes.
-template <int HS>
-__host__ __device__ constexpr int min_blocks() { return HS <= 64 ? 3 : 2; }
 
 // Two bf16 at p (4-byte aligned: an even column of a row of even length) as one register.
 __device__ __forceinline__ uint32_t ld_pair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
@@ -87,39 +80,77 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // ([HS][64 + 8], transposed); either may be null. All kThreads threads of the block.
 // When hs = HS and the rows' columns are 16-byte aligned (GPT-2: hs 64, rows of 3C or C floats):
 // 16-byte loads, a thread's HS/8 of them (HS = 64: all 8) issued before the first is used — for
-// HS = 128 in batches of 2: all 16 in flight took the old kernels to 255 registers with spills —
-// so a tile costs a few trips to memory instead of one per element (the first GPU run measured
-// the one-element-per-iteration loop as the bulk of the kernels' time, docs/PERF.md "First run on
-// a GPU"); the row-major tile is written 8 bytes at a time. Otherwise one element per thread and
+// HS = 128 in batches — so a tile costs a few trips to memory instead of one per element (the
+// first GPU run measured the one-element-per-iteration loop as the bulk of the kernels' time,
+// docs/PERF.md "First run on a GPU"). Row-major only: a thread's float4 is 4 columns of one row,
+// written as one 8-byte store. With the transposed tile: a thread takes 4 columns of two rows
+// (r, r + 1), so each column's pair is one 32-bit store to tile_t; lanes 0-15 take 16 row pairs
+// and lanes 16-31 the next 4 columns, which puts a warp's 32 stores in 32 different banks (one
+// bf16 per thread and store, as before, was an 8-way conflict at HS = 64, 16-way at 128: a desk
+// review's bank model). Otherwise (a padded head, an unaligned row) one element per thread and
 // iteration.
 template <int HS>
 __device__ __forceinline__ void stage_bf16(bf16* tile, bf16* tile_t, const float* base, int ld, int col,
                                            int r0, int n, int hs) {
-  constexpr int kPerRow = HS / 4, kLoads = kTile * kPerRow / kThreads;  // float4s: per row, per thread
-  constexpr int kBatch = HS >= 128 ? 2 : kLoads < 8 ? kLoads : 8;  // loads in flight at once
-  static_assert(kTile * kPerRow % kThreads == 0 && kLoads % kBatch == 0, "whole batches of float4 loads");
-  if (hs == HS && ld % 4 == 0 && col % 4 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0) {
+  const bool fast = hs == HS && ld % 4 == 0 && col % 4 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
+  auto row4 = [&](int r, int d) {  // columns d..d+3 of tile row r (0 beyond the n rows)
+    return r < n ? *reinterpret_cast<const float4*>(base + static_cast<size_t>(r0 + r) * ld + col + d)
+                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  };
+  auto put_row = [&](int r, int d, float4 v) {
+    *reinterpret_cast<uint2*>(tile + r * ld_h<HS>() + d) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+  };
+  if (fast && tile_t == nullptr) {
+    constexpr int kPerRow = HS / 4, kLoads = kTile * kPerRow / kThreads;  // float4s: per row, per thread
+    constexpr int kBatch = HS >= 128 ? 2 : kLoads < 8 ? kLoads : 8;       // loads in flight at once
+    static_assert(kTile * kPerRow % kThreads == 0 && kLoads % kBatch == 0, "whole batches of float4 loads");
 #pragma unroll 1  // one batch after the other: unrolled, the compiler would issue all the loads at once
     for (int b0 = 0; b0 < kLoads; b0 += kBatch) {
       float4 v[kBatch];
 #pragma unroll
       for (int it = 0; it < kBatch; it++) {
-        const int k = threadIdx.x + (b0 + it) * kThreads, r = k / kPerRow, d = k % kPerRow * 4;
-        v[it] = r < n ? *reinterpret_cast<const float4*>(base + static_cast<size_t>(r0 + r) * ld + col + d)
-                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const int k = threadIdx.x + (b0 + it) * kThreads;
+        v[it] = row4(k / kPerRow, k % kPerRow * 4);
       }
 #pragma unroll
       for (int it = 0; it < kBatch; it++) {
-        const int k = threadIdx.x + (b0 + it) * kThreads, r = k / kPerRow, d = k % kPerRow * 4;
-        const uint32_t lo = pack_bf16x2(v[it].x, v[it].y), hi = pack_bf16x2(v[it].z, v[it].w);
-        if (tile != nullptr) *reinterpret_cast<uint2*>(tile + r * ld_h<HS>() + d) = make_uint2(lo, hi);
-        if (tile_t != nullptr) {
-          bf16* t = tile_t + d * kLdT + r;
-          t[0] = __float2bfloat16_rn(v[it].x);
-          t[kLdT] = __float2bfloat16_rn(v[it].y);
-          t[2 * kLdT] = __float2bfloat16_rn(v[it].z);
-          t[3 * kLdT] = __float2bfloat16_rn(v[it].w);
+        const int k = threadIdx.x + (b0 + it) * kThreads;
+        put_row(k / kPerRow, k % kPerRow * 4, v[it]);
+      }
+    }
+    return;
+  }
+  if (fast) {
+    // units of (row pair, 4 columns): 32 pairs x HS/4 column groups, a warp's 32 units are 16
+    // pairs x 2 adjacent column groups
+    constexpr int kUnits = kTile / 2 * (HS / 4) / kThreads;  // per thread: HS = 32, 64, 128: 2, 4, 8
+    constexpr int kBatch = 2;  // units (2 float4 each) in flight: 4 of them spilled (ptxas)
+    static_assert(kTile / 2 * (HS / 4) % kThreads == 0 && kUnits % kBatch == 0, "whole batches of units");
+    const int lane = threadIdx.x % 32;
+#pragma unroll 1
+    for (int b0 = 0; b0 < kUnits; b0 += kBatch) {
+      float4 v[kBatch][2];
+#pragma unroll
+      for (int it = 0; it < kBatch; it++) {
+        const int grp = (threadIdx.x + (b0 + it) * kThreads) / 32;
+        const int r = ((grp % 2) * 16 + lane % 16) * 2, d = ((grp / 2) * 2 + lane / 16) * 4;
+        v[it][0] = row4(r, d);
+        v[it][1] = row4(r + 1, d);
+      }
+#pragma unroll
+      for (int it = 0; it < kBatch; it++) {
+        const int grp = (threadIdx.x + (b0 + it) * kThreads) / 32;
+        const int r = ((grp % 2) * 16 + lane % 16) * 2, d = ((grp / 2) * 2 + lane / 16) * 4;
+        const float4 a = v[it][0], b = v[it][1];
+        if (tile != nullptr) {
+          put_row(r, d, a);
+          put_row(r + 1, d, b);
         }
+        uint32_t* t = reinterpret_cast<uint32_t*>(tile_t + d * kLdT + r);  // r even: 4-byte aligned
+        t[0] = pack_bf16x2(a.x, b.x);
+        t[kLdT / 2] = pack_bf16x2(a.y, b.y);
+        t[kLdT] = pack_bf16x2(a.z, b.z);
+        t[3 * kLdT / 2] = pack_bf16x2(a.w, b.w);
       }
     }
     return;
@@ -224,6 +255,23 @@ constexpr size_t dkdv_smem() {  // K, V, Q, dO; Q^T, dO^T; lse, D, the key mask
 template <int HS>
 constexpr size_t dq_smem() {  // Q, dO, K, V; K^T; lse, D, the key mask
   return 4 * kTile * ld_h<HS>() * sizeof(bf16) + HS * kLdT * sizeof(bf16) + 3 * kTile * sizeof(float);
+}
+
+// Blocks per SM the backward kernels' register allocation must allow (__launch_bounds__): as
+// many as the shared memory of the architecture compiled for holds (an SM's 228 KB on sm_90, 164
+// KB on sm_80, 1 KB reserved per block), at most 3. ptxas (CUDA 13.0), sm_90, HS = 64: dK/dV
+// and dQ 168 registers for 3 blocks, spilling 16 and 100 bytes (loads; without the bound dK/dV
+// took 176 registers, which allows only 2 blocks). On sm_80 dK/dV at HS = 64 fits 2 blocks only:
+// asking for 3 there just spilled (a desk review). The forward has no bound: 138 registers on
+// sm_90 at HS = 64 (3 blocks), and a bound made ptxas spill.
+__host__ __device__ constexpr int min_blocks(size_t smem_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  constexpr size_t kSmPerSm = 164 * 1024;
+#else
+  constexpr size_t kSmPerSm = 228 * 1024;
+#endif
+  const size_t fit = kSmPerSm / (smem_bytes + 1024);
+  return fit >= 3 ? 3 : fit >= 1 ? static_cast<int>(fit) : 1;
 }
 
 // ---- forward --------------------------------------------------------------------------------------
@@ -353,7 +401,7 @@ __global__ void __launch_bounds__(kThreads)
 // ---- backward: dK, dV ------------------------------------------------------------------------------
 
 template <int HS>
-__global__ void __launch_bounds__(kThreads, min_blocks<HS>())
+__global__ void __launch_bounds__(kThreads, min_blocks(dkdv_smem<HS>()))
     flash_bf16_dkdv_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                            const float* __restrict__ lse, const float* __restrict__ D,
                            const float* __restrict__ qkv, const int32_t* __restrict__ mask,
@@ -440,7 +488,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<HS>())
 // ---- backward: dQ ---------------------------------------------------------------------------------
 
 template <int HS>
-__global__ void __launch_bounds__(kThreads, min_blocks<HS>())
+__global__ void __launch_bounds__(kThreads, min_blocks(dq_smem<HS>()))
     flash_bf16_dq_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
                          const float* __restrict__ lse, const float* __restrict__ D,
                          const float* __restrict__ qkv, const int32_t* __restrict__ mask,
