@@ -1,5 +1,5 @@
-// The CPU backend's bf16 fused attention (flash_attention_forward/backward with prec = bf16): the
-// emulation of the CUDA tensor-core kernel's rounding (backend/flash_bf16.h), which is the oracle
+// The CPU backend's bf16 and tf32 fused attention (flash_attention_forward/backward with prec = bf16 or tf32): the
+// emulation of the CUDA tensor-core kernels' rounding (backend/flash_bf16.h), which is the oracle
 // of tests/test_cuda_flash_bf16.cpp.
 //  - FlashBf16Cpu.MatchesTheRoundingSpecInDouble: out, lse and the added dqkv against an
 //    independent double-precision implementation of the spec (the same bf16 operands, sums in
@@ -10,7 +10,8 @@
 //  - ...OnlyTheRoundedInputsCount: qkv and round_to_bf16(qkv) give the same bits (q, k, v are
 //    read only through their bf16 roundings), and the result differs from the fp32 op by a
 //    bf16-sized amount (the mode is applied, and it is not wrong by more than bf16 rounding).
-//  - ...SameBitsWithOneAndTwoThreads; ...Tf32IsFp32 (tf32 leaves attention in fp32, as on CUDA).
+//  - ...SameBitsWithOneAndTwoThreads. Each of the three for bf16 and for tf32 (the same rounding
+//    points with round_to_tf32, which Tf32Rounding checks bit by bit).
 //  - FlashBf16Model: gpt2 / llama (grouped K/V) / bert (padding mask) with fused attention, 20 AdamW
 //    steps in bf16 follow fp32 within 1e-2 (the bf16 tolerance, as test_precision.cpp
 //    checks for full attention).
@@ -29,6 +30,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/dropout_hash.h"
 #include "backend/flash_bf16.h"
+#include "backend/tf32.h"
 #include "backend/ops.h"
 #include "flash_bf16_test_util.h"
 #include "grad_check.h"
@@ -47,7 +49,10 @@ namespace {
 // grow with T: at T = 1024 / 1023 (hs 64; run once, too slow to keep here) out was 9.8e-6 /
 // 2.0e-5 / 5.2e-6 and dqkv 2.4e-5 / 7.0e-5 / 1.5e-5 (causal / bidirectional with mask and dropout /
 // causal with dropout); test_cuda_flash_bf16.cpp's bounds follow from these.
-constexpr double kOutTol = 1e-5;
+// tf32 (the same points, an 11-bit significand): out up to 9.0e-6, dqkv 6.7e-6. Its finer grid
+// makes a rounding flip ~8x likelier and ~8x smaller than bf16's, so the flips' norm-wise effect
+// is of the same order (bf16's cases here happened to have none in out); out gets 4e-5 for tf32.
+constexpr double kOutTol = 1e-5, kOutTolTf32 = 4e-5;
 constexpr double kLseTol = 1e-6;   // |lse - ref| / max(1, |ref|)
 constexpr double kGradTol = 1e-4;
 
@@ -83,14 +88,17 @@ Result run(const FlashCase& c, const std::vector<float>& qkv, GemmPrecision prec
   return r;
 }
 
-double bf(double x) { return round_to_bf16(static_cast<float>(x)); }
+// The operand rounding of a precision: bf16 or tf32 (backend/flash_bf16.h: the same points).
+using Rounding = float (*)(float);
+Rounding rounding(GemmPrecision prec) { return prec == GemmPrecision::bf16 ? round_to_bf16 : round_to_tf32; }
 
-// backend/flash_bf16.h's function in double: the same bf16 operands (q, k, v, dO; P before P V,
+// backend/flash_bf16.h's function in double: the same rounded operands (q, k, v, dO; P before P V,
 // P~ before P~^T dO, dS' before its two products), every sum in double. The backward takes the
 // op's out and lse, as the op does.
 void reference(const FlashCase& c, const std::vector<float>& qkv, const std::vector<float>& out_f,
-               const std::vector<float>& lse_f, std::vector<double>* out, std::vector<double>* lse,
+               const std::vector<float>& lse_f, Rounding rnd, std::vector<double>* out, std::vector<double>* lse,
                std::vector<double>* dqkv) {
+  auto bf = [rnd](double x) { return static_cast<double>(rnd(static_cast<float>(x))); };
   const int T = c.T, W = c.W(), C = c.C(), hs = c.hs, G = c.NH / c.NKV;
   const auto mask = flash_mask(c);
   const auto dout = flash_dout(c);
@@ -169,41 +177,51 @@ class FlashBf16Cpu : public ::testing::TestWithParam<FlashCase> {};
 TEST_P(FlashBf16Cpu, MatchesTheRoundingSpecInDouble) {
   const FlashCase& c = GetParam();
   const auto qkv = flash_qkv(c);
-  const Result r = run(c, qkv, GemmPrecision::bf16);
-  std::vector<double> out, lse, dqkv;
-  reference(c, qkv, r.out, r.lse, &out, &lse, &dqkv);
-  double lse_err = 0.0;
-  for (size_t k = 0; k < lse.size(); k++) {
-    if (lse[k] == -INFINITY) {
-      ASSERT_EQ(r.lse[k], -INFINITY) << k;
-      continue;
+  for (GemmPrecision prec : {GemmPrecision::bf16, GemmPrecision::tf32}) {
+    SCOPED_TRACE(gemm_precision_name(prec));
+    const Result r = run(c, qkv, prec);
+    std::vector<double> out, lse, dqkv;
+    reference(c, qkv, r.out, r.lse, rounding(prec), &out, &lse, &dqkv);
+    double lse_err = 0.0;
+    for (size_t k = 0; k < lse.size(); k++) {
+      if (lse[k] == -INFINITY) {
+        ASSERT_EQ(r.lse[k], -INFINITY) << k;
+        continue;
+      }
+      lse_err = std::max(lse_err, std::fabs(r.lse[k] - lse[k]) / std::max(1.0, std::fabs(lse[k])));
     }
-    lse_err = std::max(lse_err, std::fabs(r.lse[k] - lse[k]) / std::max(1.0, std::fabs(lse[k])));
+    const double eo = rel_err(r.out, out), eg = rel_err(r.dqkv, dqkv);
+    std::printf("%s %s: out %.2e, lse %.2e, dqkv %.2e\n", c.name, gemm_precision_name(prec), eo, lse_err, eg);
+    EXPECT_LT(eo, prec == GemmPrecision::tf32 ? kOutTolTf32 : kOutTol);
+    EXPECT_LT(lse_err, kLseTol);
+    EXPECT_LT(eg, kGradTol);
   }
-  const double eo = rel_err(r.out, out), eg = rel_err(r.dqkv, dqkv);
-  std::printf("%s: out %.2e, lse %.2e, dqkv %.2e\n", c.name, eo, lse_err, eg);
-  EXPECT_LT(eo, kOutTol);
-  EXPECT_LT(lse_err, kLseTol);
-  EXPECT_LT(eg, kGradTol);
 }
 
+// Only the rounded inputs count, and the mode is applied: the result differs from fp32's by
+// about the rounding's size. bf16 (8-bit significand) measured ~3e-3 from fp32 on these cases,
+// tf32 (11 bits) ~8x less: the bounds are a factor 4-7 around those.
 TEST_P(FlashBf16Cpu, OnlyTheRoundedInputsCount) {
   const FlashCase& c = GetParam();
   const auto qkv = flash_qkv(c);
-  std::vector<float> qkv_r = qkv;
-  for (float& x : qkv_r) x = round_to_bf16(x);
-  const Result a = run(c, qkv, GemmPrecision::bf16), b = run(c, qkv_r, GemmPrecision::bf16);
-  EXPECT_EQ(0, std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(a.dqkv.data(), b.dqkv.data(), a.dqkv.size() * sizeof(float)));
-  if (c.T < 5) return;  // a single key: P = 1 exactly in both modes
-  const Result f = run(c, qkv, GemmPrecision::fp32);
-  const double eo = rel_err(a.out, to_double(f.out)), eg = rel_err(a.dqkv, to_double(f.dqkv));
-  std::printf("%s: bf16 vs fp32: out %.2e, dqkv %.2e\n", c.name, eo, eg);
-  EXPECT_GT(eo, 1e-4) << "bf16 equals fp32: the mode is not applied";
-  EXPECT_LT(eo, 2e-2);
-  EXPECT_GT(eg, 1e-4);
-  EXPECT_LT(eg, 5e-2);
+  for (GemmPrecision prec : {GemmPrecision::bf16, GemmPrecision::tf32}) {
+    SCOPED_TRACE(gemm_precision_name(prec));
+    std::vector<float> qkv_r = qkv;
+    for (float& x : qkv_r) x = rounding(prec)(x);
+    const Result a = run(c, qkv, prec), b = run(c, qkv_r, prec);
+    EXPECT_EQ(0, std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(a.dqkv.data(), b.dqkv.data(), a.dqkv.size() * sizeof(float)));
+    if (c.T < 5) continue;  // a single key: P = 1 exactly in every mode
+    const Result f = run(c, qkv, GemmPrecision::fp32);
+    const double eo = rel_err(a.out, to_double(f.out)), eg = rel_err(a.dqkv, to_double(f.dqkv));
+    std::printf("%s: %s vs fp32: out %.2e, dqkv %.2e\n", c.name, gemm_precision_name(prec), eo, eg);
+    const double lo = prec == GemmPrecision::bf16 ? 1e-4 : 1e-5, hi = prec == GemmPrecision::bf16 ? 2e-2 : 2.5e-3;
+    EXPECT_GT(eo, lo) << "equals fp32: the mode is not applied";
+    EXPECT_LT(eo, hi);
+    EXPECT_GT(eg, lo);
+    EXPECT_LT(eg, 2.5 * hi);
+  }
 }
 
 TEST_P(FlashBf16Cpu, SameBitsWithOneAndTwoThreads) {
@@ -211,22 +229,31 @@ TEST_P(FlashBf16Cpu, SameBitsWithOneAndTwoThreads) {
   const auto qkv = flash_qkv(c);
   const int saved = omp_get_max_threads(), saved_blas = openblas_get_num_threads();
   openblas_set_num_threads(1);  // as in test_flash_attention.cpp: OpenMP threads only
-  omp_set_num_threads(1);
-  const Result one = run(c, qkv, GemmPrecision::bf16);
-  omp_set_num_threads(2);
-  const Result two = run(c, qkv, GemmPrecision::bf16);
+  for (GemmPrecision prec : {GemmPrecision::bf16, GemmPrecision::tf32}) {
+    omp_set_num_threads(1);
+    const Result one = run(c, qkv, prec);
+    omp_set_num_threads(2);
+    const Result two = run(c, qkv, prec);
+    EXPECT_EQ(0, std::memcmp(one.out.data(), two.out.data(), one.out.size() * sizeof(float))) << gemm_precision_name(prec);
+    EXPECT_EQ(0, std::memcmp(one.dqkv.data(), two.dqkv.data(), one.dqkv.size() * sizeof(float))) << gemm_precision_name(prec);
+  }
   omp_set_num_threads(saved);
   openblas_set_num_threads(saved_blas);
-  EXPECT_EQ(0, std::memcmp(one.out.data(), two.out.data(), one.out.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(one.dqkv.data(), two.dqkv.data(), one.dqkv.size() * sizeof(float)));
 }
 
-TEST_P(FlashBf16Cpu, Tf32IsFp32) {
-  const FlashCase& c = GetParam();
-  const auto qkv = flash_qkv(c);
-  const Result a = run(c, qkv, GemmPrecision::tf32), f = run(c, qkv, GemmPrecision::fp32);
-  EXPECT_EQ(0, std::memcmp(a.out.data(), f.out.data(), a.out.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(a.dqkv.data(), f.dqkv.data(), a.dqkv.size() * sizeof(float)));
+// round_to_tf32 is cvt.rna.tf32.f32: nearest, ties away from zero, 13 low bits cleared.
+TEST(Tf32Rounding, NearestTiesAwayFromZero) {
+  auto bits = [](float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; };
+  auto from = [](uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; };
+  EXPECT_EQ(bits(round_to_tf32(from(0x3F800FFFu))), 0x3F800000u);  // below half: down
+  EXPECT_EQ(bits(round_to_tf32(from(0x3F801000u))), 0x3F802000u);  // a tie: away from zero
+  EXPECT_EQ(bits(round_to_tf32(from(0xBF801000u))), 0xBF802000u);  // negative tie: away too
+  EXPECT_EQ(bits(round_to_tf32(from(0x3F803000u))), 0x3F804000u);  // a tie on an odd last bit
+  EXPECT_EQ(bits(round_to_tf32(from(0x3FFFF000u))), 0x40000000u);  // carry into the exponent
+  EXPECT_EQ(bits(round_to_tf32(from(0x7F7FF000u))), 0x7F800000u);  // the largest finite: to inf
+  EXPECT_TRUE(std::isnan(round_to_tf32(std::nanf(""))));
+  EXPECT_EQ(round_to_tf32(-INFINITY), -INFINITY);
+  EXPECT_EQ(bits(round_to_tf32(-0.0f)), 0x80000000u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, FlashBf16Cpu, ::testing::ValuesIn(kCases),

@@ -34,6 +34,7 @@
 #include "backend/bf16.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/flash_bf16.h"
+#include "backend/tf32.h"
 #include "runtime/error.h"
 
 
@@ -390,30 +391,33 @@ inline void probs_from_lse(float* row, int n, int nk, const int32_t* keymask, fl
   for (int j = n; j < nk; j++) row[j] = 0.0f;
 }
 
-// ---- the bf16 variant (prec == bf16): the CUDA tensor-core kernel's rounding, emulated ----------
+// ---- the bf16 and tf32 variants: the CUDA tensor-core kernels' rounding, emulated -------------
 //
-// What is rounded and where: backend/flash_bf16.h. Rounding the operands into fp32 copies and
+// What is rounded and where: backend/flash_bf16.h; `rnd` is round_to_bf16 (prec = bf16) or
+// round_to_tf32 (prec = tf32), applied at the same points. Rounding the operands into fp32 copies and
 // running the same sgemm calls is exact emulation up to summation order (a product of two bf16
 // values is exact in fp32). The forward needs no key tiling: with the integer running maximum
 // of the kernel, its P V operand bf16(2^(t - M)) depends only on the row's final M = ceil(max t).
 
-// dst [T, hs] (contiguous) = the bf16 rounding of T rows of hs floats at src with row stride ld
-// (one head of qkv or dout): per-thread copies, O(T hs), never a copy of the whole qkv.
-void round_head(float* dst, const float* src, int T, int ld, int hs) {
+using Rounding = float (*)(float);
+
+// dst [T, hs] (contiguous) = the rounding of T rows of hs floats at src with row stride ld (one
+// head of qkv or dout): per-thread copies, O(T hs), never a copy of the whole qkv.
+void round_head(float* dst, const float* src, int T, int ld, int hs, Rounding rnd) {
   for (int t = 0; t < T; t++)
     for (int d = 0; d < hs; d++)
-      dst[static_cast<size_t>(t) * hs + d] = round_to_bf16(src[static_cast<size_t>(t) * ld + d]);
+      dst[static_cast<size_t>(t) * hs + d] = rnd(src[static_cast<size_t>(t) * ld + d]);
 }
 
 // For each (b, h) and row block [i0, i1), keys [0, nk):
 //   Tb = c Qr[i0:i1] Kr[0:nk]^T                    sgemm (c = log2 e / sqrt(hs); Qr, Kr rounded)
-//   per row: M = ceil(max visible t), e_j = 2^(t_j - M), l = Σ e_j, l_r = Σ bf16(e_j),
-//            Tb_j <- bf16(e_j) keep_j (0 for the invisible keys), lse = (M + log2 l) ln 2,
+//   per row: M = ceil(max visible t), e_j = 2^(t_j - M), l = Σ e_j, l_r = Σ rnd(e_j),
+//            Tb_j <- rnd(e_j) keep_j (0 for the invisible keys), lse = (M + log2 l) ln 2,
 //            f = (1/(1-p)) / l_r
 //   out[i0:i1] = Tb Vr[0:nk], row i scaled by its f  sgemm (Vr rounded)
-void flash_forward_bf16(float* out, float* lse, const float* qkv, const int32_t* mask, int B, int T,
-                        int NH, int NKV, int hs, bool causal, float dropout_p,
-                        uint64_t dropout_key) {
+void flash_forward_rounded(float* out, float* lse, const float* qkv, const int32_t* mask, int B, int T,
+                           int NH, int NKV, int hs, bool causal, float dropout_p, uint64_t dropout_key,
+                           Rounding rnd) {
   const AttentionShape sh(B, T, NH, NKV, hs, causal);
   const int W = sh.W, C = sh.C;
   const float c = flash_bf16_score_scale(hs);
@@ -432,9 +436,9 @@ void flash_forward_bf16(float* out, float* lse, const float* qkv, const int32_t*
 #pragma omp for schedule(static)
     for (int bh = 0; bh < BH; bh++) {
       const int b = bh / NH, h = bh % NH, g = h / sh.group;
-      round_head(qr.data(), qkv + sh.q_offset(b, h), T, W, hs);
-      round_head(kr.data(), qkv + sh.k_offset(b, g), T, W, hs);
-      round_head(vr.data(), qkv + sh.v_offset(b, g), T, W, hs);
+      round_head(qr.data(), qkv + sh.q_offset(b, h), T, W, hs, rnd);
+      round_head(kr.data(), qkv + sh.k_offset(b, g), T, W, hs, rnd);
+      round_head(vr.data(), qkv + sh.v_offset(b, g), T, W, hs, rnd);
       const float* q = qr.data();
       const float* k = kr.data();
       const float* v = vr.data();
@@ -470,7 +474,7 @@ void flash_forward_bf16(float* out, float* lse, const float* qkv, const int32_t*
             continue;
           }
           const float M = std::ceil(mx);
-          float sum = 0.0f, sum_r = 0.0f;  // of e, and of bf16(e)
+          float sum = 0.0f, sum_r = 0.0f;  // of e, and of rnd(e)
           const uint64_t er = e0 + static_cast<uint64_t>(i) * T;
           for (int j = 0; j < n; j++) {
             if (keymask != nullptr && keymask[j] == 0) {
@@ -478,7 +482,7 @@ void flash_forward_bf16(float* out, float* lse, const float* qkv, const int32_t*
               continue;
             }
             const float e = std::exp2(row[j] - M);
-            const float e_r = round_to_bf16(e);
+            const float e_r = rnd(e);
             sum += e;
             sum_r += e_r;
             const bool keep = !dropout || dropout_keep_bits(dropout_key, er + j, threshold);
@@ -502,11 +506,11 @@ void flash_forward_bf16(float* out, float* lse, const float* qkv, const int32_t*
 // [0, nk) (Qr, Kr, Vr, dOr the rounded copies):
 //   Tb = c Qr Kr^T;  P_ij = 2^(t_ij - lse_i log2 e) (visible), else 0;  P~ = P keep/(1-p)
 //   D_i = dO_i · out_i (unrounded)
-//   dV += bf16(P~)^T dOr;  dP~ = dOr Vr^T;  dS' = bf16(sc (P~ dP~ - P D))
+//   dV += rnd(P~)^T dOr;  dP~ = dOr Vr^T;  dS' = rnd(sc (P~ dP~ - P D))
 //   dQ += dS' Kr;  dK += dS'^T Qr
-void flash_backward_bf16(float* dqkv, const float* dout, const float* out, const float* lse,
-                         const float* qkv, const int32_t* mask, int B, int T, int NH, int NKV,
-                         int hs, bool causal, float dropout_p, uint64_t dropout_key) {
+void flash_backward_rounded(float* dqkv, const float* dout, const float* out, const float* lse,
+                            const float* qkv, const int32_t* mask, int B, int T, int NH, int NKV,
+                            int hs, bool causal, float dropout_p, uint64_t dropout_key, Rounding rnd) {
   const AttentionShape sh(B, T, NH, NKV, hs, causal);
   const int W = sh.W, C = sh.C;
   const float c = flash_bf16_score_scale(hs);
@@ -527,8 +531,8 @@ void flash_backward_bf16(float* dqkv, const float* dout, const float* out, const
 #pragma omp for schedule(static)
     for (int bg = 0; bg < BG; bg++) {
       const int b = bg / NKV, g = bg % NKV;
-      round_head(kr.data(), qkv + sh.k_offset(b, g), T, W, hs);
-      round_head(vr.data(), qkv + sh.v_offset(b, g), T, W, hs);
+      round_head(kr.data(), qkv + sh.k_offset(b, g), T, W, hs, rnd);
+      round_head(vr.data(), qkv + sh.v_offset(b, g), T, W, hs, rnd);
       const float* k = kr.data();
       const float* v = vr.data();
       float* dk = dqkv + sh.k_offset(b, g);
@@ -536,8 +540,8 @@ void flash_backward_bf16(float* dqkv, const float* dout, const float* out, const
       const int32_t* keymask = mask ? mask + static_cast<size_t>(b) * T : nullptr;
       const int kend = valid_key_end(mask, b, T);
       for (int h = g * sh.group; h < (g + 1) * sh.group; h++) {
-        round_head(qr.data(), qkv + sh.q_offset(b, h), T, W, hs);
-        round_head(dOr.data(), dout + sh.out_offset(b, h), T, C, hs);
+        round_head(qr.data(), qkv + sh.q_offset(b, h), T, W, hs, rnd);
+        round_head(dOr.data(), dout + sh.out_offset(b, h), T, C, hs, rnd);
         const float* q = qr.data();
         float* dq = dqkv + sh.q_offset(b, h);
         const float* dO = dout + sh.out_offset(b, h);
@@ -582,8 +586,8 @@ void flash_backward_bf16(float* dqkv, const float* dout, const float* out, const
             float* dr = dsb + static_cast<size_t>(r) * T;
             const float D = Drow[r];
             for (int j = 0; j < nk; j++) {
-              dr[j] = round_to_bf16(sc * (tr[j] * dr[j] - pr[j] * D));
-              tr[j] = round_to_bf16(tr[j]);
+              dr[j] = rnd(sc * (tr[j] * dr[j] - pr[j] * D));
+              tr[j] = rnd(tr[j]);
             }
           }
           cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, m, 1.0f, tb, T, dOb, hs,
@@ -608,8 +612,9 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const int
                              int T, int NH, int NKV, int hs, bool causal, float dropout_p,
                              uint64_t dropout_key, GemmPrecision prec) {
   check_attention_args("flash_attention_forward", NH, NKV, dropout_p);
-  if (prec == GemmPrecision::bf16) {  // tf32 is fp32 here, as on CUDA (attention stays fp32)
-    flash_forward_bf16(out, lse, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+  if (prec != GemmPrecision::fp32) {  // bf16, tf32: the tensor-core kernels' rounding
+    flash_forward_rounded(out, lse, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key,
+                          prec == GemmPrecision::bf16 ? round_to_bf16 : round_to_tf32);
     return;
   }
   const AttentionShape sh(B, T, NH, NKV, hs, causal);
@@ -679,9 +684,9 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* out, 
                               int NKV, int hs, bool causal, float dropout_p,
                               uint64_t dropout_key, GemmPrecision prec) {
   check_attention_args("flash_attention_backward", NH, NKV, dropout_p);
-  if (prec == GemmPrecision::bf16) {
-    flash_backward_bf16(dqkv, dout, out, lse, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p,
-                        dropout_key);
+  if (prec != GemmPrecision::fp32) {
+    flash_backward_rounded(dqkv, dout, out, lse, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p,
+                           dropout_key, prec == GemmPrecision::bf16 ? round_to_bf16 : round_to_tf32);
     return;
   }
   const AttentionShape sh(B, T, NH, NKV, hs, causal);
