@@ -105,7 +105,7 @@ TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
 BENCH_SRC:= $(sort $(wildcard bench/*.cpp))
 BENCH_BINS := $(BENCH_SRC:bench/%.cpp=$(BUILD)/bench-%)
 
-binaries: $(APP_BINS) $(BUILD)/llmpi-tests $(BENCH_BINS) $(BUILD)/sim-flash_bf16
+binaries: $(APP_BINS) $(BUILD)/llmpi-tests $(BENCH_BINS) $(BUILD)/sim-flash_mma
 
 $(BUILD)/obj/%.o: %.cpp | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -140,14 +140,14 @@ $(BUILD)/bench-%: $(BUILD)/obj/bench/%.o $(BUILD)/libllmpi.a
 # .cu (from `namespace llmpi::cuda {` to the "---- launch" line) compiled with g++ against
 # cuda_shim.h, checked against the CPU backend by `make test`. No nvcc needed; C++20 for std::barrier.
 SIM_DIR := $(BUILD)/cuda_cpu_sim
-$(SIM_DIR)/flash_bf16_kernels.inc: kernels/flash_attention_bf16.cu
+$(SIM_DIR)/flash_mma_kernels.inc: kernels/flash_attention_mma.cu
 	@mkdir -p $(dir $@)
 	@awk '/^namespace llmpi::cuda \{/ {on = 1} /^\/\/ ---- launch/ {exit} on' $< > $@.tmp
 	@printf '}  // namespace\n}  // namespace llmpi::cuda\n' >> $@.tmp
-	@grep -q 'flash_bf16_dq_kernel(' $@.tmp || { echo "sim: no kernels found in $<"; rm -f $@.tmp; exit 1; }
+	@grep -q 'flash_mma_dq_kernel(' $@.tmp || { echo "sim: no kernels found in $<"; rm -f $@.tmp; exit 1; }
 	@mv $@.tmp $@
-$(BUILD)/sim-flash_bf16: tools/cuda_cpu_sim/flash_bf16_sim.cpp tools/cuda_cpu_sim/cuda_shim.h \
-    $(SIM_DIR)/flash_bf16_kernels.inc src/backend/flash_bf16.h kernels/flash_attention_args.cuh $(BUILD)/libllmpi.a
+$(BUILD)/sim-flash_mma: tools/cuda_cpu_sim/flash_mma_sim.cpp tools/cuda_cpu_sim/cuda_shim.h \
+    $(SIM_DIR)/flash_mma_kernels.inc src/backend/flash_bf16.h kernels/flash_attention_args.cuh $(BUILD)/libllmpi.a
 	$(CXX) $(filter-out -std=c++17 -MMD -MP,$(CXXFLAGS)) -std=c++20 -Wno-unknown-pragmas $(SIM_FLAGS) \
 	    -Itools/cuda_cpu_sim -Ikernels -I$(SIM_DIR) \
 	    $< $(BUILD)/libllmpi.a -o $@ $(LDLIBS)

@@ -12,7 +12,7 @@
 // Defaults: GPT-2 124M (12 layers, 12 heads, d_model 768, vocab 50257, seq_len 1024), batch 8
 // per GPU, 3 warm-up + 20 timed steps, fp32 GEMMs, attention as runtime.attention "auto" runs it
 // on a GPU (fused: kernels/flash_attention.cu, or with --precision bf16 the tensor-core kernels
-// of kernels/flash_attention_bf16.cu; full stores the B x NH x T x T probabilities per layer).
+// of kernels/flash_attention_mma.cu; full stores the B x NH x T x T probabilities per layer).
 // The report names the attention kernel that ran ("attention_kernel": flash-bf16-mma,
 // flash-fp32 or full-cublas-fp32). A step is what the trainer does on one rank: zero grads,
 // forward (fused softmax + cross-entropy; the LM head's backward inside it: transformer.h "Fused

@@ -4,8 +4,9 @@
 // e = ((b NH + h) T + i) T + j, sc = 1/sqrt(hs)), but P is never stored: the forward keeps
 // lse [B, NH, T] per query row, the backward recomputes P from it. Memory O(B NH T), never T x T.
 // Plain fp32 on CUDA cores, written for correctness first (speed: a later GPU session). With
-// prec == bf16 both ops run the tensor-core kernels of flash_attention_bf16.cu instead, where
-// flash_bf16_applies(hs) (hs <= 128, compute capability >= 8.0); fp32 and tf32 run these.
+// prec == bf16 or tf32 both ops run the tensor-core kernels of flash_attention_mma.cu instead,
+// where flash_mma_applies(prec, hs) (hs <= 128, compute capability >= 8.0, enough shared memory);
+// fp32 runs these.
 //
 //   forward   one block per (b, h, tile of kFwdRows query rows), one thread per query row; key
 //             tiles of kFwdKeys rows of K and V staged in shared memory. Per tile, each thread
@@ -40,7 +41,7 @@
 #include "backend/dropout_hash.h"
 #include "cuda_common.cuh"
 #include "flash_attention_args.cuh"
-#include "flash_attention_bf16.cuh"
+#include "flash_attention_mma.cuh"
 #include "runtime/error.h"
 
 namespace llmpi::cuda {
@@ -334,8 +335,8 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const int
                              uint64_t dropout_key, GemmPrecision prec) {
   check_flash_args("flash_attention_forward", NH, NKV, hs, dropout_p);
   if (B <= 0 || T <= 0 || NH <= 0 || hs <= 0) return;
-  if (prec == GemmPrecision::bf16 && flash_bf16_applies(hs)) {  // tensor cores (flash_attention_bf16.cu)
-    flash_bf16_forward(out, lse, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+  if (flash_mma_applies(prec, hs)) {  // bf16, tf32: tensor cores (flash_attention_mma.cu)
+    flash_mma_forward(prec, out, lse, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
     return;
   }
   const FlashArgs a = make_flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
@@ -358,9 +359,8 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* out, 
   float* D = static_cast<float*>(workspace(kWsAttn, rows * sizeof(float)));
   flash_rowdot_kernel<<<grid_for(rows, 256), 256, 0, compute_stream()>>>(D, dout, out, a);
   LLMPI_LAUNCH_CHECK("flash_attention_backward (D)");
-  if (prec == GemmPrecision::bf16 && flash_bf16_applies(hs)) {
-    flash_bf16_backward(dqkv, dout, lse, D, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p,
-                        dropout_key);
+  if (flash_mma_applies(prec, hs)) {
+    flash_mma_backward(prec, dqkv, dout, lse, D, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
     return;
   }
   switch (head_case(hs)) {
@@ -376,8 +376,8 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* out, 
 namespace llmpi {
 
 const char* cuda_flash_attention_kernel(GemmPrecision prec, int head_size) {
-  return prec == GemmPrecision::bf16 && cuda::flash_bf16_applies(head_size) ? "flash-bf16-mma"
-                                                                             : "flash-fp32";
+  if (!cuda::flash_mma_applies(prec, head_size)) return "flash-fp32";
+  return prec == GemmPrecision::bf16 ? "flash-bf16-mma" : "flash-tf32-mma";
 }
 
 }  // namespace llmpi

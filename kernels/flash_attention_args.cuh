@@ -1,5 +1,5 @@
 // What every fused-attention kernel needs of one call — the fp32 kernels (flash_attention.cu) and
-// the bf16 tensor-core ones (flash_attention_bf16.cu) — and the dropout decision they share with
+// the bf16 tensor-core ones (flash_attention_mma.cu) — and the dropout decision they share with
 // the full attention ops (op_list.h): attention element (b, h, i, j) has the index
 // e = ((b NH + h) T + i) T + j and is kept when dropout_keep(key, e, p).
 #pragma once

@@ -1,14 +1,14 @@
-// The bf16 tensor-core fused attention (kernels/flash_attention_bf16.cu: flash_attention_forward/
-// backward with prec = bf16 on CUDA) against the CPU backend's emulation of the same rounding
+// The tensor-core fused attention (kernels/flash_attention_mma.cu: flash_attention_forward/backward
+// with prec = bf16 or tf32 on CUDA) against the CPU backend's emulation of the same rounding
 // (backend/flash_bf16.h; itself checked against a double implementation of the spec in
-// test_flash_bf16.cpp). Skipped without a GPU.
+// test_flash_bf16.cpp). Skipped without a GPU. Each case runs in bf16 and in tf32.
 //
 //   CudaFlashBf16.MatchesCpuEmulation/*   out, lse and the added dqkv over: T = 1024 and 1023 with
 //       hs = 64 and NH/NKV 12/12 and 4/2, causal and bidirectional with a padding mask (queries and
 //       a sequence with no visible key), dropout 0 and 0.1; hs 32 (all-MiniLM), 48 (zero-padded to
 //       64), 128 (LLaMA); T = 1 and 5; and the same bits on a second run (forward and backward).
-//   CudaFlashBf16.DiffersFromTheFp32Kernel: prec bf16 and fp32 give different results on the GPU
-//       (the tensor-core kernel ran), both close to the CPU fp32 op, and the benchmark's kernel
+//   CudaFlashBf16.DiffersFromTheFp32Kernel: prec bf16, tf32 and fp32 give different results on the
+//       GPU (the tensor-core kernels ran), all close to the CPU fp32 op, and the benchmark's kernel
 //       name says which one runs.
 //
 // Tolerances. Both sides round the same operands to bf16 the same way (round to nearest even), a
@@ -22,6 +22,12 @@
 // orders differ by about sqrt(2) times that; the bounds, out 2e-4 and dqkv 5e-4, leave ~5x more,
 // and stay well below what a missing or misplaced rounding point gives (bf16 against fp32:
 // ~3.5e-3 / 4e-3; the CPU emulation with P left unrounded before P V: out 1.7e-3). lse: 1e-5.
+// tf32 (11-bit operands; round to nearest, ties away): the CPU emulation against the double spec
+// measured out 9.0e-6, dqkv 6.7e-6 at T = 130, and the simulated kernel against the CPU at T = 1023
+// out 6.2e-6, dqkv 3.6e-5 (tools/cuda_cpu_sim) — the bf16 case's size, as flips on the finer grid
+// are likelier but smaller. Its distance from fp32 is ~8x less than bf16's (3e-4 to 5e-4), so its
+// bounds are halved: out 1e-4, dqkv 2.5e-4, which a missing rounding point (about half of that
+// distance, as in bf16) would still cross.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,9 +46,9 @@ using namespace llmpi::test;
 
 namespace {
 
-constexpr double kOutTol = 2e-4;
+constexpr double kOutTol = 2e-4, kOutTolTf32 = 1e-4;
 constexpr double kLseTol = 1e-5;  // |lse - ref| / max(1, |ref|)
-constexpr double kGradTol = 5e-4;
+constexpr double kGradTol = 5e-4, kGradTolTf32 = 2.5e-4;
 
 const FlashCase kCases[] = {
     {"gpt2_T1024", 1, 1024, 12, 12, 64, true, false, 0.0f},
@@ -111,27 +117,31 @@ class CudaFlashBf16 : public ::testing::TestWithParam<FlashCase> {};
 TEST_P(CudaFlashBf16, MatchesCpuEmulation) {
   REQUIRE_GPU();
   const FlashCase& c = GetParam();
-  ASSERT_STREQ(cuda_flash_attention_kernel(GemmPrecision::bf16, c.hs), "flash-bf16-mma");
   const auto qkv = flash_qkv(c);
   const auto d0 = flash_dqkv0(c);
-  const Out r = run_cpu(c, qkv, GemmPrecision::bf16);
-  const Out g = run_gpu(c, qkv, GemmPrecision::bf16);
-  ASSERT_TRUE(all_finite(g.out)) << "an output element was not written";
-  ASSERT_TRUE(all_finite(g.dqkv));
-  for (size_t k = 0; k < g.lse.size(); k++) ASSERT_FALSE(std::isnan(g.lse[k])) << "lse " << k << " not written";
-  bool same_inf = false;
-  const double el = lse_error(g.lse, r.lse, &same_inf);
-  const double eo = rel(g.out, r.out), eg = rel(added(g.dqkv, d0), added(r.dqkv, d0));
-  std::printf("%s: out %.2e, lse %.2e, dqkv %.2e\n", c.name, eo, el, eg);
-  EXPECT_TRUE(same_inf) << "-inf lse (no visible key) at different rows";
-  EXPECT_LT(eo, kOutTol);
-  EXPECT_LT(el, kLseTol);
-  EXPECT_LT(eg, kGradTol);
-  // run to run: the same bits
-  const Out g2 = run_gpu(c, qkv, GemmPrecision::bf16);
-  EXPECT_SAME_BITS(g2.out, g.out);
-  EXPECT_SAME_BITS(g2.lse, g.lse);
-  EXPECT_SAME_BITS(g2.dqkv, g.dqkv);
+  for (GemmPrecision prec : {GemmPrecision::bf16, GemmPrecision::tf32}) {
+    SCOPED_TRACE(gemm_precision_name(prec));
+    const bool tf32 = prec == GemmPrecision::tf32;
+    ASSERT_STREQ(cuda_flash_attention_kernel(prec, c.hs), tf32 ? "flash-tf32-mma" : "flash-bf16-mma");
+    const Out r = run_cpu(c, qkv, prec);
+    const Out g = run_gpu(c, qkv, prec);
+    ASSERT_TRUE(all_finite(g.out)) << "an output element was not written";
+    ASSERT_TRUE(all_finite(g.dqkv));
+    for (size_t k = 0; k < g.lse.size(); k++) ASSERT_FALSE(std::isnan(g.lse[k])) << "lse " << k << " not written";
+    bool same_inf = false;
+    const double el = lse_error(g.lse, r.lse, &same_inf);
+    const double eo = rel(g.out, r.out), eg = rel(added(g.dqkv, d0), added(r.dqkv, d0));
+    std::printf("%s %s: out %.2e, lse %.2e, dqkv %.2e\n", c.name, gemm_precision_name(prec), eo, el, eg);
+    EXPECT_TRUE(same_inf) << "-inf lse (no visible key) at different rows";
+    EXPECT_LT(eo, tf32 ? kOutTolTf32 : kOutTol);
+    EXPECT_LT(el, kLseTol);
+    EXPECT_LT(eg, tf32 ? kGradTolTf32 : kGradTol);
+    // run to run: the same bits
+    const Out g2 = run_gpu(c, qkv, prec);
+    EXPECT_SAME_BITS(g2.out, g.out);
+    EXPECT_SAME_BITS(g2.lse, g.lse);
+    EXPECT_SAME_BITS(g2.dqkv, g.dqkv);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaFlashBf16, ::testing::ValuesIn(kCases),
@@ -141,17 +151,23 @@ TEST(CudaFlashBf16Kernel, DiffersFromTheFp32Kernel) {
   REQUIRE_GPU();
   const FlashCase c{"gpt2_T257", 2, 257, 12, 12, 64, true, false, 0.0f};
   EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::fp32, 64), "flash-fp32");
-  EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::tf32, 64), "flash-fp32");
+  EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::tf32, 64), "flash-tf32-mma");
   EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::bf16, 64), "flash-bf16-mma");
   const auto qkv = flash_qkv(c);
   const auto d0 = flash_dqkv0(c);
   const Out f32 = run_cpu(c, qkv, GemmPrecision::fp32);
   const Out gb = run_gpu(c, qkv, GemmPrecision::bf16), gf = run_gpu(c, qkv, GemmPrecision::fp32);
-  const double eb = rel(gb.out, f32.out), ef = rel(gf.out, f32.out);
-  const double gbe = rel(added(gb.dqkv, d0), added(f32.dqkv, d0));
-  std::printf("vs the CPU fp32 op: bf16 kernel out %.2e dqkv %.2e; fp32 kernel out %.2e\n", eb, gbe, ef);
+  const Out gt = run_gpu(c, qkv, GemmPrecision::tf32);
+  const double eb = rel(gb.out, f32.out), ef = rel(gf.out, f32.out), et = rel(gt.out, f32.out);
+  const double gbe = rel(added(gb.dqkv, d0), added(f32.dqkv, d0)), gte = rel(added(gt.dqkv, d0), added(f32.dqkv, d0));
+  std::printf("vs the CPU fp32 op: bf16 kernel out %.2e dqkv %.2e; tf32 kernel out %.2e dqkv %.2e; fp32 kernel out %.2e\n",
+              eb, gbe, et, gte, ef);
   EXPECT_LT(ef, 1e-5);
   EXPECT_GT(eb, 1e-4) << "prec = bf16 gave fp32 results: the tensor-core kernel did not run";
   EXPECT_LT(eb, 2e-2);
   EXPECT_LT(gbe, 5e-2);
+  // the CPU's tf32 emulation measured 3e-4 to 5e-4 from fp32 (test_flash_bf16.cpp)
+  EXPECT_GT(et, 1e-5) << "prec = tf32 gave fp32 results: the tensor-core kernel did not run";
+  EXPECT_LT(et, 2.5e-3);
+  EXPECT_LT(gte, 6e-3);
 }

@@ -377,7 +377,7 @@ print('"profiled": "bf16, B = 8, warm-up + 1 step", "ms_all_kernels": %.3f, "ker
 PY
 )
   else
-    step flash_sections 200 bash -c 'for k in flash_bf16_forward_kernel flash_bf16_dkdv_kernel flash_bf16_dq_kernel; do
+    step flash_sections 200 bash -c 'for k in flash_mma_forward_kernel flash_mma_dkdv_kernel flash_mma_dq_kernel; do
         echo "### $k"; ncu --kernel-name "regex:$k" --launch-skip 2 --launch-count 1 --section SpeedOfLight \
           --section Occupancy --section LaunchStats "$@" || exit 1; done' _ "${NCU_RUN[@]}"
     fig=$(python3 - "$WORK/flash_sections.out" <<'PY' 2>/dev/null

@@ -82,7 +82,7 @@ CudaEpilogueCounts cuda_epilogue_counts();
 double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math = "fp32", int ldc = 0);
 // The kernel flash_attention_forward/backward run on the bound device for this precision and
 // head size (for benchmark reports): "flash-bf16-mma" (bf16 tensor cores, kernels/
-// flash_attention_bf16.cu) or "flash-fp32" (kernels/flash_attention.cu).
+// flash_attention_mma.cu) or "flash-fp32" (kernels/flash_attention.cu).
 const char* cuda_flash_attention_kernel(GemmPrecision prec, int head_size);
 
 }  // namespace llmpi

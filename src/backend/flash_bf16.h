@@ -1,7 +1,11 @@
 // The bf16 fused attention (runtime.precision=bf16 with fused attention): what it rounds and the
-// constants both of its implementations use, so that the CUDA kernel (kernels/flash_attention_bf16.cu,
-// tensor cores through mma.sync) and the CPU backend's emulation (backend/cpu/attention.cpp) compute the
-// same function up to fp32 summation order.
+// constants both of its implementations use, so that the CUDA kernels (kernels/flash_attention_mma.cu,
+// tensor cores through mma.sync) and the CPU backend's emulation (backend/cpu/attention.cpp) compute
+// the same function up to fp32 summation order.
+//
+// tf32 (runtime.precision=tf32) is the same function with every "bf16(x)" below read as
+// round_to_tf32(x) (backend/tf32.h: an 11-bit significand, to nearest with ties away from zero,
+// what the kernels' cvt.rna.tf32.f32 does): a product of two tf32 values is exact in fp32 too.
 //
 // Scores are handled in base 2: t_ij = c (q_i · k_j) with c = log2(e) / sqrt(hs) (one fp32 multiply
 // of the fp32 dot product), so exp(S_ij - x) = 2^(t_ij - x log2 e).

@@ -1,8 +1,8 @@
 // The precision of the dense layers' GEMMs (runtime.precision), passed to matmul_forward and
 // matmul_backward (backend/op_list.h) by the Model that owns the layer. Everything else (master
 // weights, gradients, optimizer state, every non-GEMM op, full attention's internal products) is
-// fp32 in every mode; fused attention rounds its products' operands in bf16 mode too
-// (backend/flash_bf16.h).
+// fp32 in every mode; fused attention rounds its products' operands in bf16 and tf32 modes too
+// (backend/flash_bf16.h: there the kernels round to tf32 explicitly, so the CPU emulates them).
 //
 //   fp32  operands and accumulation in fp32 (cuBLAS sgemm without TF32; OpenBLAS sgemm)
 //   tf32  CUDA only: fp32 operands fed to the tensor cores as TF32 (10-bit mantissa), fp32

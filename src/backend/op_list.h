@@ -144,14 +144,14 @@
      dropout_keep), but P is never stored: memory O(B NH T), never T x T.                          \
      lse [B,NH,T]: lse_i = log Σ_{visible j} exp(S_ij) (so P_ij = exp(S_ij - lse_i)); a row with   \
      no visible key has out = 0 and lse = -inf (its P is 0, as in attention_forward).             \
-     prec (runtime.precision): fp32 and tf32 compute in fp32 (the CUDA tf32 mode leaves attention \
-     in fp32); bf16 rounds the operands of the products to bf16 at the points listed in          \
+     prec (runtime.precision): fp32 computes in fp32; bf16 and tf32 round the operands of the     \
+     products (to bf16, or to tf32 with ties away from zero) at the points listed in              \
      backend/flash_bf16.h (fp32 softmax statistics and sums; base-2 scores with an integer        \
      running max). The CPU backend EMULATES that rounding (same operands, exact products, fp32    \
      sums), so CPU and GPU bf16 models with fused attention agree as their bf16 GEMMs do, and the \
-     CPU op is the oracle of the CUDA tensor-core kernel; in fp32 the CPU op is unchanged. The    \
-     CUDA backend falls back to its fp32 kernel where the bf16 one does not apply (hs > 128 is     \
-     refused either way). */                                                                      \
+     CPU op is the oracle of the CUDA tensor-core kernels; in fp32 the CPU op is unchanged. The   \
+     CUDA backend falls back to its fp32 kernel where a tensor-core one does not apply (hs > 128  \
+     is refused either way). */                                                                   \
   X(void, flash_attention_forward, (float* out, float* lse, const float* qkv,                      \
                                     const int32_t* mask, int B, int T, int NH, int NKV, int hs,    \
                                     bool causal, float dropout_p, uint64_t dropout_key,            \

@@ -1,13 +1,13 @@
-// The bf16 fused-attention kernels of kernels/flash_attention_bf16.cu (forward, dK/dV, dQ) run on
+// The bf16 fused-attention kernels of kernels/flash_attention_mma.cu (forward, dK/dV, dQ) run on
 // the CPU through cuda_shim.h, against the CPU backend's flash_attention_forward / backward in
 // bf16 (the oracle the CUDA tests use), with the CUDA tests' tolerances. It executes the kernels'
 // own source: tile loops, masking, the online softmax, the mma fragment layouts, barriers, GQA
 // head mapping, dropout indices; not the hardware (tools/cuda_cpu_sim/README.md).
 //
-//   build/sim-flash_bf16            every case; exit 0 when all are within the tolerances
+//   build/sim-flash_mma            every case; exit 0 when all are within the tolerances
 //
 // The kernels' part of the .cu (from `namespace llmpi::cuda {` up to its "---- launch" line) is
-// extracted by the Makefile into $(BUILD)/cuda_cpu_sim/flash_bf16_kernels.inc, included below.
+// extracted by the Makefile into $(BUILD)/cuda_cpu_sim/flash_mma_kernels.inc, included below.
 #include "cuda_shim.h"
 
 #include <thread>
@@ -44,7 +44,7 @@ alignas(256) unsigned char smem[240 * 1024];
 }  // namespace
 }  // namespace llmpi::cuda
 
-#include "flash_bf16_kernels.inc"
+#include "flash_mma_kernels.inc"
 
 #ifdef exp2f
 #undef exp2f
@@ -106,13 +106,13 @@ double rel(const std::vector<float>& a, const std::vector<float>& ref) {
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
-template <int HS>
+template <class Op, int HS>
 void run_kernels(const Case& c, const FlashArgs& a, std::vector<float>& out, std::vector<float>& lse,
                  std::vector<float>& dqkv, const std::vector<float>& qkv, const std::vector<float>& dout,
                  const int32_t* mask) {
   const unsigned tiles = static_cast<unsigned>((c.T + 63) / 64);
-  launch(c.B * c.NH, tiles, forward_smem<HS>(),
-         [&] { flash_bf16_forward_kernel<HS>(out.data(), lse.data(), qkv.data(), mask, a); });
+  launch(c.B * c.NH, tiles, forward_smem<Op, HS>(),
+         [&] { flash_mma_forward_kernel<Op, HS>(out.data(), lse.data(), qkv.data(), mask, a); });
   // D_i = Σ_d dO_id out_id, as the launcher's row-dot kernel computes it
   std::vector<float> D(static_cast<size_t>(c.B) * c.NH * c.T);
   for (int b = 0; b < c.B; b++)
@@ -123,12 +123,20 @@ void run_kernels(const Case& c, const FlashArgs& a, std::vector<float>& out, std
         for (int d = 0; d < c.hs; d++) s += dout[off + d] * out[off + d];
         D[(static_cast<size_t>(b) * c.NH + h) * c.T + i] = s;
       }
-  launch(c.B * c.NKV, tiles, dkdv_smem<HS>(), [&] {
-    flash_bf16_dkdv_kernel<HS>(dqkv.data(), dout.data(), lse.data(), D.data(), qkv.data(), mask, a);
+  launch(c.B * c.NKV, tiles, dkdv_smem<Op, HS>(), [&] {
+    flash_mma_dkdv_kernel<Op, HS>(dqkv.data(), dout.data(), lse.data(), D.data(), qkv.data(), mask, a);
   });
-  launch(c.B * c.NH, tiles, dq_smem<HS>(), [&] {
-    flash_bf16_dq_kernel<HS>(dqkv.data(), dout.data(), lse.data(), D.data(), qkv.data(), mask, a);
+  launch(c.B * c.NH, tiles, dq_smem<Op, HS>(), [&] {
+    flash_mma_dq_kernel<Op, HS>(dqkv.data(), dout.data(), lse.data(), D.data(), qkv.data(), mask, a);
   });
+}
+
+template <int HS>
+void run_case(GemmPrecision prec, const Case& c, const FlashArgs& a, std::vector<float>& out, std::vector<float>& lse,
+              std::vector<float>& dqkv, const std::vector<float>& qkv, const std::vector<float>& dout,
+              const int32_t* mask) {
+  if (prec == GemmPrecision::bf16) run_kernels<Bf16Operands, HS>(c, a, out, lse, dqkv, qkv, dout, mask);
+  else run_kernels<Tf32Operands, HS>(c, a, out, lse, dqkv, qkv, dout, mask);
 }
 
 }  // namespace
@@ -152,9 +160,17 @@ int main() {
   };
   const uint64_t key = 0x5eedbf16;
   int failed = 0;
-  std::printf("%-28s %10s %10s %10s  (tolerances %.0e %.0e %.0e)\n", "case", "out", "lse", "dqkv", kOutTol, kLseTol,
+  // bf16: every case; tf32 (twice the mma instructions: each sums 8 terms) the ones marked
+  const bool in_tf32[] = {true, true, true, false, true, true, false, false, true, true, false};
+  static_assert(std::size(in_tf32) == std::size(cases));
+  int runs = 0;
+  std::printf("%-33s %10s %10s %10s  (tolerances %.0e %.0e %.0e)\n", "case", "out", "lse", "dqkv", kOutTol, kLseTol,
               kGradTol);
-  for (const Case& c : cases) {
+  for (GemmPrecision prec : {GemmPrecision::bf16, GemmPrecision::tf32})
+  for (size_t ci = 0; ci < std::size(cases); ci++) {
+    const Case& c = cases[ci];
+    if (prec == GemmPrecision::tf32 && !in_tf32[ci]) continue;
+    runs++;
     const int W = (c.NH + 2 * c.NKV) * c.hs, C = c.NH * c.hs;
     const auto qkv = uniform(static_cast<size_t>(c.B) * c.T * W, 11 + c.T, -2, 2);
     const auto dout = uniform(static_cast<size_t>(c.B) * c.T * C, 12 + c.T, -1, 1);
@@ -175,16 +191,16 @@ int main() {
     std::vector<float> ro(dout.size(), nan), rl(static_cast<size_t>(c.B) * c.NH * c.T, nan), rd = d0;
     const Ops& cpu = cpu_ops();
     cpu.flash_attention_forward(ro.data(), rl.data(), qkv.data(), m, c.B, c.T, c.NH, c.NKV, c.hs, c.causal, c.p, key,
-                                GemmPrecision::bf16);
+                                prec);
     cpu.flash_attention_backward(rd.data(), dout.data(), ro.data(), rl.data(), qkv.data(), m, c.B, c.T, c.NH, c.NKV,
-                                 c.hs, c.causal, c.p, key, GemmPrecision::bf16);
+                                 c.hs, c.causal, c.p, key, prec);
     std::vector<float> go(dout.size(), nan), gl(rl.size(), nan), gd = d0;
     FlashArgs a = make_flash_args(c.B, c.T, c.NH, c.NKV, c.hs, c.causal, c.p, key);
     a.c = flash_bf16_score_scale(c.hs);
     switch (c.hs <= 32 ? 32 : c.hs <= 64 ? 64 : 128) {
-      case 32: run_kernels<32>(c, a, go, gl, gd, qkv, dout, m); break;
-      case 64: run_kernels<64>(c, a, go, gl, gd, qkv, dout, m); break;
-      default: run_kernels<128>(c, a, go, gl, gd, qkv, dout, m); break;
+      case 32: run_case<32>(prec, c, a, go, gl, gd, qkv, dout, m); break;
+      case 64: run_case<64>(prec, c, a, go, gl, gd, qkv, dout, m); break;
+      default: run_case<128>(prec, c, a, go, gl, gd, qkv, dout, m); break;
     }
     // lse: -inf (a row with no visible key) where the CPU has it, else within kLseTol
     int inf_mismatch = 0, nan_lse = 0;
@@ -205,10 +221,11 @@ int main() {
     const double out_err = rel(go, ro), grad_err = rel(g_added, r_added);
     const bool ok = out_err < kOutTol && lse_err < kLseTol && grad_err < kGradTol && inf_mismatch == 0 && nan_lse == 0;
     failed += !ok;
-    std::printf("%-28s %10.2e %10.2e %10.2e  %s", c.name, out_err, lse_err, grad_err, ok ? "ok" : "FAIL");
+    std::printf("%-28s %-4s %10.2e %10.2e %10.2e  %s", c.name, gemm_precision_name(prec), out_err, lse_err, grad_err,
+                ok ? "ok" : "FAIL");
     if (inf_mismatch || nan_lse) std::printf(" (lse: %d -inf mismatches, %d NaN)", inf_mismatch, nan_lse);
     std::printf("\n");
   }
-  std::printf("sim-flash_bf16: %d of %zu cases outside the tolerances\n", failed, std::size(cases));
+  std::printf("sim-flash_mma: %d of %d runs (cases x precisions) outside the tolerances\n", failed, runs);
   return failed == 0 ? 0 : 1;
 }
