@@ -122,7 +122,13 @@ TEST_P(CudaFlashBf16, MatchesCpuEmulation) {
   for (GemmPrecision prec : {GemmPrecision::bf16, GemmPrecision::tf32}) {
     SCOPED_TRACE(gemm_precision_name(prec));
     const bool tf32 = prec == GemmPrecision::tf32;
-    ASSERT_STREQ(cuda_flash_attention_kernel(prec, c.hs), tf32 ? "flash-tf32-mma" : "flash-bf16-mma");
+    const std::string kernel = cuda_flash_attention_kernel(prec, c.hs);
+    if (tf32 && kernel == "flash-fp32") {  // (tf32 tiles take twice bf16's shared memory)
+      std::printf("%s tf32: this card's shared memory per block is too small for the tf32 kernels at hs %d; "
+                  "they fall back to the fp32 ones (CudaFlashAttention.* checks those)\n", c.name, c.hs);
+      continue;
+    }
+    ASSERT_EQ(kernel, tf32 ? "flash-tf32-mma" : "flash-bf16-mma");
     const Out r = run_cpu(c, qkv, prec);
     const Out g = run_gpu(c, qkv, prec);
     ASSERT_TRUE(all_finite(g.out)) << "an output element was not written";
@@ -151,7 +157,10 @@ TEST(CudaFlashBf16Kernel, DiffersFromTheFp32Kernel) {
   REQUIRE_GPU();
   const FlashCase c{"gpt2_T257", 2, 257, 12, 12, 64, true, false, 0.0f};
   EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::fp32, 64), "flash-fp32");
-  EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::tf32, 64), "flash-tf32-mma");
+  // tf32 at hs 64 needs 109 KB of shared memory per block: an A100 or H100 has it, an sm_86/89
+  // card (99 KB) does not, and there tf32 falls back to the fp32 kernels
+  const bool tf32_mma = std::string(cuda_flash_attention_kernel(GemmPrecision::tf32, 64)) == "flash-tf32-mma";
+  if (!tf32_mma) EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::tf32, 64), "flash-fp32");
   EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::bf16, 64), "flash-bf16-mma");
   const auto qkv = flash_qkv(c);
   const auto d0 = flash_dqkv0(c);
@@ -167,7 +176,11 @@ TEST(CudaFlashBf16Kernel, DiffersFromTheFp32Kernel) {
   EXPECT_LT(eb, 2e-2);
   EXPECT_LT(gbe, 5e-2);
   // the CPU's tf32 emulation measured 3e-4 to 5e-4 from fp32 (test_flash_bf16.cpp)
-  EXPECT_GT(et, 1e-5) << "prec = tf32 gave fp32 results: the tensor-core kernel did not run";
-  EXPECT_LT(et, 2.5e-3);
-  EXPECT_LT(gte, 6e-3);
+  if (tf32_mma) {
+    EXPECT_GT(et, 1e-5) << "prec = tf32 gave fp32 results: the tensor-core kernel did not run";
+    EXPECT_LT(et, 2.5e-3);
+    EXPECT_LT(gte, 6e-3);
+  } else {
+    EXPECT_LT(et, 1e-5) << "tf32 on the fp32 kernels";
+  }
 }

@@ -252,6 +252,7 @@ TEST(Tf32Rounding, NearestTiesAwayFromZero) {
   EXPECT_EQ(bits(round_to_tf32(from(0x3FFFF000u))), 0x40000000u);  // carry into the exponent
   EXPECT_EQ(bits(round_to_tf32(from(0x7F7FF000u))), 0x7F800000u);  // the largest finite: to inf
   EXPECT_TRUE(std::isnan(round_to_tf32(std::nanf(""))));
+  EXPECT_EQ(bits(round_to_tf32(from(0x7F800001u))), 0x7F800000u);  // a low-bit-only NaN: inf, as the device
   EXPECT_EQ(round_to_tf32(-INFINITY), -INFINITY);
   EXPECT_EQ(bits(round_to_tf32(-0.0f)), 0x80000000u);
 }
