@@ -160,7 +160,9 @@ TEST(CudaFlashBf16Kernel, DiffersFromTheFp32Kernel) {
   // tf32 at hs 64 needs 109 KB of shared memory per block: an A100 or H100 has it, an sm_86/89
   // card (99 KB) does not, and there tf32 falls back to the fp32 kernels
   const bool tf32_mma = std::string(cuda_flash_attention_kernel(GemmPrecision::tf32, 64)) == "flash-tf32-mma";
-  if (!tf32_mma) EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::tf32, 64), "flash-fp32");
+  if (!tf32_mma) {
+    EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::tf32, 64), "flash-fp32");
+  }
   EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::bf16, 64), "flash-bf16-mma");
   const auto qkv = flash_qkv(c);
   const auto d0 = flash_dqkv0(c);
