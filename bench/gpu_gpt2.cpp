@@ -11,10 +11,10 @@
 // figures that need them (gemm_tflops, mfu_vs_measured_gemm, lm_head_gemm) are then null.
 // Defaults: GPT-2 124M (12 layers, 12 heads, d_model 768, vocab 50257, seq_len 1024), batch 8
 // per GPU, 3 warm-up + 20 timed steps, fp32 GEMMs, attention as runtime.attention "auto" runs it
-// on a GPU (fused: kernels/flash_attention.cu, or with --precision bf16 the tensor-core kernels
-// of kernels/flash_attention_mma.cu; full stores the B x NH x T x T probabilities per layer).
-// The report names the attention kernel that ran ("attention_kernel": flash-bf16-mma,
-// flash-fp32 or full-cublas-fp32). A step is what the trainer does on one rank: zero grads,
+// on a GPU (fused: kernels/flash_attention.cu, or with --precision bf16 / tf32 the tensor-core
+// kernels of kernels/flash_attention_mma.cu; full stores the B x NH x T x T probabilities per
+// layer). The report names the attention kernel that ran ("attention_kernel": flash-bf16-mma,
+// flash-tf32-mma, flash-fp32 or full-cublas-fp32). A step is what the trainer does on one rank: zero grads,
 // forward (fused softmax + cross-entropy; the LM head's backward inside it: transformer.h "Fused
 // LM head", so forward ms holds it), backward, global-norm clip at 1.0 and AdamW on every
 // parameter (weight decay on the 2-D tensors only) — the trainer's one-rank step: the clip factor

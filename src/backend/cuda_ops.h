@@ -81,8 +81,8 @@ CudaEpilogueCounts cuda_epilogue_counts();
 // rows padded to 50304 (model_desc.h lm_logits_row_stride).
 double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math = "fp32", int ldc = 0);
 // The kernel flash_attention_forward/backward run on the bound device for this precision and
-// head size (for benchmark reports): "flash-bf16-mma" (bf16 tensor cores, kernels/
-// flash_attention_mma.cu) or "flash-fp32" (kernels/flash_attention.cu).
+// head size (for benchmark reports): "flash-bf16-mma" / "flash-tf32-mma" (tensor cores,
+// kernels/flash_attention_mma.cu) or "flash-fp32" (kernels/flash_attention.cu).
 const char* cuda_flash_attention_kernel(GemmPrecision prec, int head_size);
 
 }  // namespace llmpi
