@@ -84,5 +84,11 @@ double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math 
 // head size (for benchmark reports): "flash-bf16-mma" / "flash-tf32-mma" (tensor cores,
 // kernels/flash_attention_mma.cu) or "flash-fp32" (kernels/flash_attention.cu).
 const char* cuda_flash_attention_kernel(GemmPrecision prec, int head_size);
+// Self-tests of the tensor-core instructions the fused attention is built on (kernels/mma_sync.cuh,
+// kernels/mma_sync_probe.cu): one warp computes D [16 x 8] = A [16 x K] B [K x 8] (host buffers,
+// row-major; bf16: K = 16, the operands rounded to bf16; tf32: K = 8, rounded by cvt.rna) through
+// the fragment layouts the header states; and round_tf32 (cvt.rna.tf32.f32) of n host values.
+void cuda_mma_probe(GemmPrecision prec, const float* A, const float* B, float* D);
+void cuda_round_tf32(const float* in, float* out, size_t n);
 
 }  // namespace llmpi

@@ -1,0 +1,90 @@
+// The tensor-core instructions under the fused attention, on the card itself
+// (kernels/mma_sync.cuh through backend/cuda_ops.h cuda_mma_probe / cuda_round_tf32). The CPU
+// simulator (tools/cuda_cpu_sim) runs the attention kernels against the fragment layouts the PTX
+// ISA documents; these tests check that the hardware uses those layouts and that cvt.rna rounds as
+// backend/tf32.h does — so a failing CudaFlashBf16 case can be told apart from a wrong layout.
+// Skipped without a GPU.
+//
+//   CudaMma.FragmentLayoutsGiveTheProduct   bf16 m16n8k16 and tf32 m16n8k8: random A, B (their
+//       rounded values, so every product is exact in fp32) through the documented layouts: D
+//       equals A B summed in double within 1e-6 relative (K = 16 or 8 fp32 sums); a layout off by
+//       a lane or a register half gives errors of order 1.
+//   CudaMma.RoundTf32IsTheHostRounding      cvt.rna.tf32.f32 and round_to_tf32 give the same bits
+//       for 2^20 random patterns and the edge cases (ties, carries, the largest finite values,
+//       subnormals, ±0, ±inf, NaNs).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/bf16.h"
+#include "backend/cuda_ops.h"
+#include "backend/tf32.h"
+#include "cuda_test_util.h"
+
+using namespace llmpi;
+
+namespace {
+
+float from_bits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+uint32_t bits_of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+}  // namespace
+
+TEST(CudaMma, FragmentLayoutsGiveTheProduct) {
+  REQUIRE_GPU();
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (GemmPrecision prec : {GemmPrecision::bf16, GemmPrecision::tf32}) {
+    SCOPED_TRACE(gemm_precision_name(prec));
+    const int K = prec == GemmPrecision::bf16 ? 16 : 8;
+    auto rnd = prec == GemmPrecision::bf16 ? round_to_bf16 : round_to_tf32;
+    std::vector<float> A(16 * K), B(K * 8), D(16 * 8, std::nanf(""));
+    for (float& x : A) x = rnd(dist(rng));
+    for (float& x : B) x = rnd(dist(rng));
+    cuda_mma_probe(prec, A.data(), B.data(), D.data());
+    double num = 0.0, den = 0.0;
+    for (int m = 0; m < 16; m++)
+      for (int n = 0; n < 8; n++) {
+        double s = 0.0;
+        for (int k = 0; k < K; k++) s += static_cast<double>(A[m * K + k]) * B[k * 8 + n];
+        ASSERT_TRUE(std::isfinite(D[m * 8 + n])) << "D[" << m << "][" << n << "] not written";
+        num += (D[m * 8 + n] - s) * (D[m * 8 + n] - s);
+        den += s * s;
+      }
+    const double err = std::sqrt(num / den);
+    std::printf("%s mma: D vs A B %.2e\n", gemm_precision_name(prec), err);
+    EXPECT_LT(err, 1e-6) << "the fragment layouts of kernels/mma_sync.cuh are not the hardware's";
+  }
+}
+
+TEST(CudaMma, RoundTf32IsTheHostRounding) {
+  REQUIRE_GPU();
+  std::vector<uint32_t> pats = {0x00000000u, 0x80000000u, 0x00000001u, 0x00001000u, 0x00001fffu, 0x007fffffu,
+                                0x3F800FFFu, 0x3F801000u, 0xBF801000u, 0x3F803000u, 0x3FFFF000u, 0x7F7FEFFFu,
+                                0x7F7FF000u, 0xFF7FF000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u,
+                                0xFFC00001u, 0x7F802000u};
+  std::mt19937 rng(11);
+  for (int i = 0; i < (1 << 20); i++) pats.push_back(static_cast<uint32_t>(rng()));
+  std::vector<float> in(pats.size()), out(pats.size());
+  for (size_t i = 0; i < pats.size(); i++) in[i] = from_bits(pats[i]);
+  cuda_round_tf32(in.data(), out.data(), in.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < in.size(); i++) {
+    const uint32_t want = bits_of(round_to_tf32(in[i])), got = bits_of(out[i]);
+    if (want != got && differ++ < 8)
+      ADD_FAILURE() << std::hex << "0x" << pats[i] << ": device 0x" << got << ", host 0x" << want;
+  }
+  EXPECT_EQ(differ, 0u) << "of " << in.size() << " patterns";
+}
