@@ -1,23 +1,25 @@
-// Fused attention on tensor cores, for runtime.precision=bf16 and tf32 (kernels/flash_attention_mma.cuh;
-// called by flash_attention_forward/backward in flash_attention.cu). The same structure as the
-// fp32 kernels there, with the matrix products as PTX mma.sync instructions (sm_80 and later;
-// kernels/mma_sync.cuh gives the fragment layouts), one template over the operand type
-// (Bf16Operands: m16n8k16, operands rounded by __float2bfloat16_rn, round to nearest even;
-// Tf32Operands: m16n8k8, operands rounded by cvt.rna.tf32.f32, ties away from zero): operands are
-// rounded when they are staged into shared memory, P and dS when they become the next product's
-// operand; softmax statistics, rescaling, lse, D, dS and every accumulation stay fp32. The rounding points and the base-2 scores with an integer running maximum:
-// backend/flash_bf16.h (the CPU backend emulates exactly these; it is the oracle of
-// tests/test_cuda_flash_bf16.cpp and of tools/cuda_cpu_sim, which runs these kernels on the CPU).
+// Fused attention on tensor cores, for runtime.precision=bf16 and tf32
+// (kernels/flash_attention_mma.cuh; called by flash_attention_forward/backward in
+// flash_attention.cu). The same structure as the fp32 kernels there, with the matrix products as
+// PTX mma.sync instructions (sm_80 and later; kernels/mma_sync.cuh gives the fragment layouts),
+// one template over the operand type (Bf16Operands: m16n8k16, operands rounded by
+// __float2bfloat16_rn, round to nearest even; Tf32Operands: m16n8k8, operands rounded by
+// cvt.rna.tf32.f32, ties away from zero). Operands are rounded when they are staged into shared
+// memory, P and dS when they become the next product's operand; softmax statistics, rescaling,
+// lse, D, dS and every accumulation stay fp32. The rounding points and the base-2 scores with an
+// integer running maximum: backend/flash_bf16.h (the CPU backend emulates exactly these; it is
+// the oracle of tests/test_cuda_flash_bf16.cpp and of tools/cuda_cpu_sim, which runs these
+// kernels on the CPU).
 //
 // Blocks of 4 warps (128 threads); a warp owns 16 rows of a 64-row tile. Scores, probabilities,
 // dP, dS and the output accumulators never leave registers: an accumulator fragment of one mma
-// (rows g, g+8; columns 2t, 2t+1 of each 8-column slice) is the A operand of the next (to_a below:
-// bf16 packs two columns to a register; tf32 permutes the contraction index, Tf32Operands), as in
-// FlashAttention-2. A row's statistics are reduced over
-// the 4 lanes that hold it (shuffles). Only the staged Q/K/V/dO tiles live in shared memory, a
-// tile that is a B operand with its contraction index contiguous (K for Q K^T; V^T, Q^T, dO^T, K^T
-// staged transposed for the P V, dS^T Q, P^T dO and dS K products), so every operand is read as
-// pairs without bank conflicts (rows of HS + 8 or 64 + 8 elements). Below, bf16(x) stands for the
+// (rows g, g+8; columns 2t, 2t+1 of each 8-column slice) is the A operand of the next (to_a
+// below: bf16 packs two columns to a register; tf32 permutes the contraction index,
+// Tf32Operands), as in FlashAttention-2. A row's statistics are reduced over the 4 lanes that
+// hold it (shuffles). Only the staged Q/K/V/dO tiles live in shared memory, a tile that is a B
+// operand with its contraction index contiguous (K for Q K^T; V^T, Q^T, dO^T, K^T staged
+// transposed for the P V, dS^T Q, P^T dO and dS K products), so every operand is read as pairs
+// without bank conflicts (rows of HS + 8 or 64 + 8 elements). Below, bf16(x) stands for the
 // operand type's rounding (round_tf32 in tf32).
 //
 //   forward   one block per (b, h, 64 query rows), the last rows' blocks first (causal: the
@@ -36,8 +38,7 @@
 //               P = 2^(c S - lse log2 e), P~ = P keep/(1-p), dS' = sc (P~ dP~ - P D),
 //               then dV_w += bf16(P~)^T dO, dK_w += bf16(dS')^T Q; finally added to dqkv.
 //             dQ: one block per (b, h, 64 query rows), the last rows' blocks first, key tiles of
-//               64: the same S, dP~, dS', and
-//               dQ_w += bf16(dS') K; then added to dqkv.
+//               64: the same S, dP~, dS', and dQ_w += bf16(dS') K; then added to dqkv.
 // One warp owns each output element and the mma order is fixed: bitwise deterministic run to run.
 //
 // Head size: HS = 32, 64 or 128 (hs <= HS zero-padded). Shared memory (dynamic, opt-in above
