@@ -395,8 +395,8 @@ inline void probs_from_lse(float* row, int n, int nk, const int32_t* keymask, fl
 //
 // What is rounded and where: backend/flash_bf16.h; `rnd` is round_to_bf16 (prec = bf16) or
 // round_to_tf32 (prec = tf32), applied at the same points. Rounding the operands into fp32 copies and
-// running the same sgemm calls is exact emulation up to summation order (a product of two bf16
-// values is exact in fp32). The forward needs no key tiling: with the integer running maximum
+// running the same sgemm calls is exact emulation up to summation order (a product of two bf16,
+// or two tf32, values is exact in fp32). The forward needs no key tiling: with the integer running maximum
 // of the kernel, its P V operand bf16(2^(t - M)) depends only on the row's final M = ceil(max t).
 
 using Rounding = float (*)(float);
