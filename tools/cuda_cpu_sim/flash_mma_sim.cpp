@@ -1,6 +1,7 @@
-// The bf16 fused-attention kernels of kernels/flash_attention_mma.cu (forward, dK/dV, dQ) run on
-// the CPU through cuda_shim.h, against the CPU backend's flash_attention_forward / backward in
-// bf16 (the oracle the CUDA tests use), with the CUDA tests' tolerances. It executes the kernels'
+// The tensor-core fused-attention kernels of kernels/flash_attention_mma.cu (forward, dK/dV, dQ;
+// bf16 and tf32) run on the CPU through cuda_shim.h, against the CPU backend's
+// flash_attention_forward / backward in the same precision (the oracle the CUDA tests use), with
+// the CUDA tests' tolerances. It executes the kernels'
 // own source: tile loops, masking, the online softmax, the mma fragment layouts, barriers, GQA
 // head mapping, dropout indices; not the hardware (tools/cuda_cpu_sim/README.md).
 //
@@ -56,8 +57,9 @@ using namespace llmpi::cuda;
 namespace {
 
 constexpr size_t kSmemLimit = 232448;  // an H100's opt-in shared memory per block (227 KB)
-// tests/test_cuda_flash_bf16.cpp's tolerances
+// tests/test_cuda_flash_bf16.cpp's tolerances (tf32's out and dqkv bounds are half of bf16's)
 constexpr double kOutTol = 2e-4, kLseTol = 1e-5, kGradTol = 5e-4;
+constexpr double kOutTolTf32 = 1e-4, kGradTolTf32 = 2.5e-4;
 
 // A grid of gx x gy blocks of 128 threads, one block after another.
 template <class F>
@@ -164,8 +166,8 @@ int main() {
   const bool in_tf32[] = {true, true, true, false, true, true, false, false, true, true, false};
   static_assert(std::size(in_tf32) == std::size(cases));
   int runs = 0;
-  std::printf("%-33s %10s %10s %10s  (tolerances %.0e %.0e %.0e)\n", "case", "out", "lse", "dqkv", kOutTol, kLseTol,
-              kGradTol);
+  std::printf("%-33s %10s %10s %10s  (tolerances %.0e %.0e %.0e; tf32 %.0e %.0e %.0e)\n", "case", "out", "lse",
+              "dqkv", kOutTol, kLseTol, kGradTol, kOutTolTf32, kLseTol, kGradTolTf32);
   for (GemmPrecision prec : {GemmPrecision::bf16, GemmPrecision::tf32})
   for (size_t ci = 0; ci < std::size(cases); ci++) {
     const Case& c = cases[ci];
@@ -219,7 +221,9 @@ int main() {
     std::vector<float> g_added(gd.size()), r_added(rd.size());
     for (size_t k = 0; k < gd.size(); k++) g_added[k] = gd[k] - d0[k], r_added[k] = rd[k] - d0[k];
     const double out_err = rel(go, ro), grad_err = rel(g_added, r_added);
-    const bool ok = out_err < kOutTol && lse_err < kLseTol && grad_err < kGradTol && inf_mismatch == 0 && nan_lse == 0;
+    const bool tf32 = prec == GemmPrecision::tf32;
+    const bool ok = out_err < (tf32 ? kOutTolTf32 : kOutTol) && lse_err < kLseTol &&
+                    grad_err < (tf32 ? kGradTolTf32 : kGradTol) && inf_mismatch == 0 && nan_lse == 0;
     failed += !ok;
     std::printf("%-28s %-4s %10.2e %10.2e %10.2e  %s", c.name, gemm_precision_name(prec), out_err, lse_err, grad_err,
                 ok ? "ok" : "FAIL");
