@@ -166,7 +166,7 @@ int main() {
   const bool in_tf32[] = {true, true, true, false, true, true, false, false, true, true, false};
   static_assert(std::size(in_tf32) == std::size(cases));
   int runs = 0;
-  std::printf("%-33s %10s %10s %10s  (tolerances %.0e %.0e %.0e; tf32 %.0e %.0e %.0e)\n", "case", "out", "lse",
+  std::printf("%-33s %10s %10s %10s  (tolerances %.2g %.2g %.2g; tf32 %.2g %.2g %.2g)\n", "case", "out", "lse",
               "dqkv", kOutTol, kLseTol, kGradTol, kOutTolTf32, kLseTol, kGradTolTf32);
   for (GemmPrecision prec : {GemmPrecision::bf16, GemmPrecision::tf32})
   for (size_t ci = 0; ci < std::size(cases); ci++) {
