@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <vector>
@@ -25,6 +26,18 @@ inline std::vector<int32_t> random_ints(size_t n, uint32_t seed, int32_t lo, int
   std::vector<int32_t> v(n);
   for (auto& x : v) x = d(gen);
   return v;
+}
+
+// A float's IEEE bits and back (the rounding tests: bf16, tf32).
+inline float from_bits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+inline uint32_t to_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
 }
 
 inline std::vector<double> to_double(const std::vector<float>& v) {

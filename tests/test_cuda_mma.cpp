@@ -26,21 +26,7 @@
 #include "cuda_test_util.h"
 
 using namespace llmpi;
-
-namespace {
-
-float from_bits(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
-uint32_t bits_of(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-
-}  // namespace
+using namespace llmpi::test;
 
 TEST(CudaMma, FragmentLayoutsGiveTheProduct) {
   REQUIRE_GPU();
@@ -82,7 +68,7 @@ TEST(CudaMma, RoundTf32IsTheHostRounding) {
   cuda_round_tf32(in.data(), out.data(), in.size());
   size_t differ = 0;
   for (size_t i = 0; i < in.size(); i++) {
-    const uint32_t want = bits_of(round_to_tf32(in[i])), got = bits_of(out[i]);
+    const uint32_t want = to_bits(round_to_tf32(in[i])), got = to_bits(out[i]);
     if (want != got && differ++ < 8)
       ADD_FAILURE() << std::hex << "0x" << pats[i] << ": device 0x" << got << ", host 0x" << want;
   }

@@ -243,18 +243,16 @@ TEST_P(FlashBf16Cpu, SameBitsWithOneAndTwoThreads) {
 
 // round_to_tf32 is cvt.rna.tf32.f32: nearest, ties away from zero, 13 low bits cleared.
 TEST(Tf32Rounding, NearestTiesAwayFromZero) {
-  auto bits = [](float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; };
-  auto from = [](uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; };
-  EXPECT_EQ(bits(round_to_tf32(from(0x3F800FFFu))), 0x3F800000u);  // below half: down
-  EXPECT_EQ(bits(round_to_tf32(from(0x3F801000u))), 0x3F802000u);  // a tie: away from zero
-  EXPECT_EQ(bits(round_to_tf32(from(0xBF801000u))), 0xBF802000u);  // negative tie: away too
-  EXPECT_EQ(bits(round_to_tf32(from(0x3F803000u))), 0x3F804000u);  // a tie on an odd last bit
-  EXPECT_EQ(bits(round_to_tf32(from(0x3FFFF000u))), 0x40000000u);  // carry into the exponent
-  EXPECT_EQ(bits(round_to_tf32(from(0x7F7FF000u))), 0x7F800000u);  // the largest finite: to inf
+  EXPECT_EQ(to_bits(round_to_tf32(from_bits(0x3F800FFFu))), 0x3F800000u);  // below half: down
+  EXPECT_EQ(to_bits(round_to_tf32(from_bits(0x3F801000u))), 0x3F802000u);  // a tie: away from zero
+  EXPECT_EQ(to_bits(round_to_tf32(from_bits(0xBF801000u))), 0xBF802000u);  // negative tie: away too
+  EXPECT_EQ(to_bits(round_to_tf32(from_bits(0x3F803000u))), 0x3F804000u);  // a tie on an odd last bit
+  EXPECT_EQ(to_bits(round_to_tf32(from_bits(0x3FFFF000u))), 0x40000000u);  // carry into the exponent
+  EXPECT_EQ(to_bits(round_to_tf32(from_bits(0x7F7FF000u))), 0x7F800000u);  // the largest finite: to inf
   EXPECT_TRUE(std::isnan(round_to_tf32(std::nanf(""))));
-  EXPECT_EQ(bits(round_to_tf32(from(0x7F800001u))), 0x7F800000u);  // a low-bit-only NaN: inf, as the device
+  EXPECT_EQ(to_bits(round_to_tf32(from_bits(0x7F800001u))), 0x7F800000u);  // a low-bit-only NaN: inf, as the device
   EXPECT_EQ(round_to_tf32(-INFINITY), -INFINITY);
-  EXPECT_EQ(bits(round_to_tf32(-0.0f)), 0x80000000u);
+  EXPECT_EQ(to_bits(round_to_tf32(-0.0f)), 0x80000000u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, FlashBf16Cpu, ::testing::ValuesIn(kCases),

@@ -27,17 +27,6 @@ using namespace llmpi::test;
 
 namespace {
 
-float from_bits(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
-uint32_t to_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-
 std::vector<float> rounded(std::vector<float> v) {
   for (float& x : v) x = round_to_bf16(x);
   return v;
