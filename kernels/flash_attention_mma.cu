@@ -305,6 +305,23 @@ __device__ __forceinline__ void add_rows(float* dst, int ld, int col, int r0, in
   }
 }
 
+// flags[jj] = key j0 + jj is in the tile (jj < n) and visible under the padding mask (none: all).
+// All kThreads threads of the block.
+__device__ __forceinline__ void stage_key_flags(int* flags, const int32_t* mask, int b, int T, int j0, int n) {
+  for (int jj = threadIdx.x; jj < kTile; jj += blockDim.x)
+    flags[jj] = jj < n && (mask == nullptr || mask[static_cast<size_t>(b) * T + j0 + jj] != 0);
+}
+
+// Lb[r] = lse log2 e and Ds[r] = D of query row i0 + r of head row block bh (r < n; beyond the
+// tile: -inf, which no key sees, and 0). All kThreads threads of the block.
+__device__ __forceinline__ void stage_row_stats(float* Lb, float* Ds, const float* lse, const float* D, size_t bh,
+                                                int T, int i0, int n) {
+  for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
+    Lb[r] = r < n ? lse[bh * T + i0 + r] * kFlashLog2e : -INFINITY;
+    Ds[r] = r < n ? D[bh * T + i0 + r] : 0.0f;
+  }
+}
+
 template <class Op, int HS>
 constexpr size_t forward_smem() {  // Q, K; V^T; the key mask
   return (2 * kTile * ld_h<HS>() + HS * kLdT) * sizeof(typename Op::T) + kTile * sizeof(int);
@@ -375,8 +392,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // the previous tile is no longer read
     stage<Op, HS>(Ks, nullptr, qkv_b, a.W, (a.NH + g) * a.hs, j0, nj, a.hs);
     stage<Op, HS>(nullptr, Vt, qkv_b, a.W, (a.NH + a.NKV + g) * a.hs, j0, nj, a.hs);
-    for (int jj = threadIdx.x; jj < kTile; jj += blockDim.x)
-      Mk[jj] = jj < nj && (mask == nullptr || mask[static_cast<size_t>(b) * a.T + j0 + jj] != 0);
+    stage_key_flags(Mk, mask, b, a.T, j0, nj);
     __syncthreads();  // (first pass: Q is ready too)
 
     float s[kTile / 8][4];
@@ -491,8 +507,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(dkdv_smem<Op, HS>()))
   const int nk = min(kTile, a.T - j0);
   stage<Op, HS>(Ks, nullptr, qkv_b, a.W, (a.NH + g) * a.hs, j0, nk, a.hs);
   stage<Op, HS>(Vs, nullptr, qkv_b, a.W, (a.NH + a.NKV + g) * a.hs, j0, nk, a.hs);
-  for (int jj = threadIdx.x; jj < kTile; jj += blockDim.x)
-    Kv[jj] = jj < nk && (mask == nullptr || mask[static_cast<size_t>(b) * a.T + j0 + jj] != 0);
+  stage_key_flags(Kv, mask, b, a.T, j0, nk);
 
   float dK[HS / 8][4], dV[HS / 8][4];
 #pragma unroll
@@ -507,10 +522,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(dkdv_smem<Op, HS>()))
       __syncthreads();  // the previous query tile is no longer read
       stage<Op, HS>(Qs, Qt, qkv_b, a.W, h * a.hs, i0, ni, a.hs);
       stage<Op, HS>(dOs, dOt, dout_b, a.C, h * a.hs, i0, ni, a.hs);
-      for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
-        Lb[r] = r < ni ? lse[bh * a.T + i0 + r] * kFlashLog2e : -INFINITY;
-        Ds[r] = r < ni ? D[bh * a.T + i0 + r] : 0.0f;
-      }
+      stage_row_stats(Lb, Ds, lse, D, bh, a.T, i0, ni);
       __syncthreads();  // (first pass: K, V and the key flags are ready too)
 
       float st[kTile / 8][4], dpt[kTile / 8][4];
@@ -575,10 +587,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(dq_smem<Op, HS>()))
   const int ni = min(kTile, a.T - i0);
   stage<Op, HS>(Qs, nullptr, qkv_b, a.W, h * a.hs, i0, ni, a.hs);
   stage<Op, HS>(dOs, nullptr, dout + static_cast<size_t>(b) * a.T * a.C, a.C, h * a.hs, i0, ni, a.hs);
-  for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
-    Lb[r] = r < ni ? lse[static_cast<size_t>(bh) * a.T + i0 + r] * kFlashLog2e : -INFINITY;
-    Ds[r] = r < ni ? D[static_cast<size_t>(bh) * a.T + i0 + r] : 0.0f;
-  }
+  stage_row_stats(Lb, Ds, lse, D, static_cast<size_t>(bh), a.T, i0, ni);
   float dQ[HS / 8][4];
 #pragma unroll
   for (int n = 0; n < HS / 8; n++) dQ[n][0] = dQ[n][1] = dQ[n][2] = dQ[n][3] = 0.0f;
@@ -588,8 +597,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(dq_smem<Op, HS>()))
     __syncthreads();  // the previous key tile is no longer read
     stage<Op, HS>(Ks, Kt, qkv_b, a.W, (a.NH + g) * a.hs, j0, nj, a.hs);
     stage<Op, HS>(Vs, nullptr, qkv_b, a.W, (a.NH + a.NKV + g) * a.hs, j0, nj, a.hs);
-    for (int jj = threadIdx.x; jj < kTile; jj += blockDim.x)
-      Mk[jj] = jj < nj && (mask == nullptr || mask[static_cast<size_t>(b) * a.T + j0 + jj] != 0);
+    stage_key_flags(Mk, mask, b, a.T, j0, nj);
     __syncthreads();  // (first pass: Q, dO, Lb, Ds are ready too)
 
     float s[kTile / 8][4], dp[kTile / 8][4];
@@ -684,6 +692,15 @@ void backward_case(int HS, float* dqkv, const float* dout, const float* lse, con
   }
 }
 
+// The head-size case of a call the caller has checked with flash_mma_applies (an internal error
+// otherwise).
+int kernel_case(const char* op, GemmPrecision prec, int hs) {
+  const int HS = head_case(hs);
+  if (HS == 0 || prec == GemmPrecision::fp32)
+    fail(op, " (tensor cores): head size ", hs, " or precision ", gemm_precision_name(prec), " has no such kernel");
+  return HS;
+}
+
 }  // namespace
 
 bool flash_mma_applies(GemmPrecision prec, int hs) {
@@ -706,10 +723,7 @@ void flash_mma_forward(GemmPrecision prec, float* out, float* lse, const float* 
                        int T, int NH, int NKV, int hs, bool causal, float dropout_p, uint64_t dropout_key) {
   FlashArgs a = make_flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
   a.c = flash_bf16_score_scale(hs);
-  const int HS = head_case(hs);
-  if (HS == 0 || prec == GemmPrecision::fp32)
-    fail("flash_attention_forward (tensor cores): head size ", hs, " or precision ", gemm_precision_name(prec),
-         " has no such kernel");
+  const int HS = kernel_case("flash_attention_forward", prec, hs);
   if (prec == GemmPrecision::bf16) forward_case<Bf16Operands>(HS, out, lse, qkv, mask, a);
   else forward_case<Tf32Operands>(HS, out, lse, qkv, mask, a);
 }
@@ -719,10 +733,7 @@ void flash_mma_backward(GemmPrecision prec, float* dqkv, const float* dout, cons
                         float dropout_p, uint64_t dropout_key) {
   FlashArgs a = make_flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
   a.c = flash_bf16_score_scale(hs);
-  const int HS = head_case(hs);
-  if (HS == 0 || prec == GemmPrecision::fp32)
-    fail("flash_attention_backward (tensor cores): head size ", hs, " or precision ", gemm_precision_name(prec),
-         " has no such kernel");
+  const int HS = kernel_case("flash_attention_backward", prec, hs);
   if (prec == GemmPrecision::bf16) backward_case<Bf16Operands>(HS, dqkv, dout, lse, D, qkv, mask, a);
   else backward_case<Tf32Operands>(HS, dqkv, dout, lse, D, qkv, mask, a);
 }
