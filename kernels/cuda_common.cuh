@@ -149,6 +149,9 @@ void lt_count(LtCount what);
 
 // d[i] = gelu'(pre[i]) · d[i], GELU tanh (gelu.cu; matmul_dgelu_backward's unfused path)
 void gelu_grad_multiply(float* d, const float* pre, size_t n);
+// gelu_forward into out and / or, rounded to bf16, out_bf16 (either may be null; gelu.cu; the
+// path of matmul_gelu_forward that runs no GELU epilogue)
+void gelu_forward_to(float* out, uint16_t* out_bf16, const float* inp, size_t n);
 
 // Column sums, deterministic: colsum[j] += Σ_n x[n, j] for x [N, M], rows ld apart (0 = M)
 // (matmul.cu).

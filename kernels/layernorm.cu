@@ -40,24 +40,6 @@ constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 constexpr int kChunkRows = 32;
 constexpr int kColThreads = 256;
 
-// V output values of a norm: fp32 into o and / or their bf16 rounding into o16 (either may be
-// null: out_bf16 of op_list.h). With V = 4 the bf16 store is one 8-byte access.
-template <int V>
-__device__ __forceinline__ void store_output(float* o, __nv_bfloat16* o16, const Floats<V>& v) {
-  if (o) store_floats<V>(o, v);
-  if (!o16) return;
-  if constexpr (V == 4) {
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.v[0], v.v[1]), hi = __floats2bfloat162_rn(v.v[2], v.v[3]);
-    uint2 u;  // (built from two 4-byte values: no 8-byte read of a 4-byte-aligned local)
-    u.x = *reinterpret_cast<const unsigned*>(&lo);
-    u.y = *reinterpret_cast<const unsigned*>(&hi);
-    *reinterpret_cast<uint2*>(o16) = u;
-  } else {
-#pragma unroll
-    for (int j = 0; j < V; j++) o16[j] = __float2bfloat16_rn(v.v[j]);
-  }
-}
-
 // The V rule of a norm's forward: V = 4 when its rows (C floats) at out, inp and the parameters
 // are float4-aligned and the bf16 output's rows 8-byte aligned (null pointers ignored), so that an
 // op writing only the bf16 output sums in the order of one writing the fp32 one.
@@ -93,7 +75,7 @@ __device__ __forceinline__ void layernorm_row_finish(float* __restrict__ o, __nv
     Floats<V> ov;
 #pragma unroll
     for (int j = 0; j < V; j++) ov.v[j] = (xv.v[j] - m) * r * wv.v[j] + bv.v[j];
-    store_output<V>(o ? o + q * V : nullptr, o16 ? o16 + q * V : nullptr, ov);
+    store_floats_bf16<V>(o ? o + q * V : nullptr, o16 ? o16 + q * V : nullptr, ov);
   }
   if (lane == 0) {
     mean[n] = m;
@@ -114,7 +96,7 @@ __device__ __forceinline__ void rmsnorm_row_finish(float* __restrict__ o, __nv_b
     Floats<V> ov;
 #pragma unroll
     for (int j = 0; j < V; j++) ov.v[j] = xv.v[j] * r * wv.v[j];
-    store_output<V>(o ? o + q * V : nullptr, o16 ? o16 + q * V : nullptr, ov);
+    store_floats_bf16<V>(o ? o + q * V : nullptr, o16 ? o16 + q * V : nullptr, ov);
   }
   if (lane == 0) rstd[n] = r;
 }

@@ -15,6 +15,8 @@
 //   fused with GELU (tanh), GPT-2's MLP (gemm_lt.cu, docs/GPU.md "cuBLASLt epilogues"):
 //             matmul_gelu_forward    act = gelu(pre), pre = inp·W^T + bias   GELU_AUX_BIAS
 //             matmul_dgelu_backward  dpre = gelu'(pre) ⊙ (dout·W), overwrite  DGELU, beta = 0
+//             (fp32 and tf32; in bf16 both run as the GEMM and a GELU kernel, measured or
+//             expected faster there: the functions' comments)
 //   falling back to the unfused kernels where a documented rule excludes a shape (the GELU
 //   row width not a multiple of 8), a bias is not 16-byte aligned (lt_bias_ok, a precaution) or
 //   LLMPI_CUDA_EPILOGUES=0.
@@ -340,14 +342,22 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 }
 
 // act = gelu(pre), pre = inp·Wᵀ + bias: one cuBLASLt GEMM with the GELU_AUX(_BIAS) epilogue (D =
-// act, aux = pre) when the epilogues are on and the row width OC suits the aux rule (a multiple
-// of 8); otherwise matmul_forward then gelu_forward.
+// act, aux = pre) when the epilogues are on, the row width OC suits the aux rule (a multiple of 8),
+// the precision is not bf16 and no bf16 act is asked for; otherwise matmul_forward (its BIAS
+// epilogue) then our GELU kernel, which writes act and / or act_bf16. Not in bf16: with bf16
+// operands and an fp32 output cuBLASLt ran GELU_AUX as a pass of its own after the GEMM
+// (`epilogue::globalKernel`, 0.23 ms per GPT-2 124M layer at B = 8 on an H100: reading D and
+// writing D and aux, 12 bytes a value), and it writes act in the GEMM's output type, so a bf16 act
+// would have rounded pre and the bias too (cublasLt.h: the aux and bias types follow the output's).
+// Our kernel reads pre and writes act_bf16 (6 bytes a value) and the projection's GEMMs then read
+// act_bf16 in place instead of converting act in the forward and again in the backward.
 void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias, int N,
-                         int C, int OC, GemmMode gemm) {
+                         int C, int OC, GemmMode gemm, uint16_t* act_bf16) {
   const GemmPrecision prec = gemm.prec;
   if (gemm.out_stride(OC) != OC) fail("internal: matmul_gelu_forward writes contiguous rows (out_ld ", gemm.out_ld, ")");
   if (N <= 0 || OC <= 0) return;
-  if (C > 0 && cuda_gemm_epilogues_enabled() && lt_gelu_ld_ok(OC) && lt_bias_ok(bias)) {
+  const bool lt = cuda_gemm_epilogues_enabled() && prec != GemmPrecision::bf16;
+  if (C > 0 && lt && act_bf16 == nullptr && lt_gelu_ld_ok(OC) && lt_bias_ok(bias)) {
     LtGemm g = forward_lt(LtEpilogue::gelu_aux, act, OC, forward_operands(inp, weight, N, C, OC, gemm), bias, N, C,
                           OC, prec);
     g.aux = pre;
@@ -356,9 +366,9 @@ void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* 
     lt_count(LtCount::gelu_aux);
     return;
   }
-  if (cuda_gemm_epilogues_enabled()) lt_count(LtCount::unfused);
+  if (lt) lt_count(LtCount::unfused);  // bf16: by choice, not counted
   matmul_forward(pre, inp, weight, bias, N, C, OC, gemm);
-  gelu_forward(act, pre, static_cast<size_t>(N) * OC);
+  gelu_forward_to(act, act_bf16, pre, static_cast<size_t>(N) * OC);
 }
 
 // dpre = gelu'(pre) ⊙ (dout·W), overwritten: one cuBLASLt GEMM with the DGELU epilogue (beta = 0,

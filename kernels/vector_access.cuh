@@ -10,6 +10,8 @@
 // bytes (op_list.h), so this fails only for odd C or a pointer offset into a buffer by a
 // non-multiple of 4 floats.
 #pragma once
+#include <cuda_bf16.h>
+
 #include <cstdint>
 #include <initializer_list>
 
@@ -40,6 +42,25 @@ __device__ __forceinline__ Floats<V> load_floats_any(const float* p, bool aligne
 #pragma unroll
   for (int j = 0; j < V; j++) r.v[j] = p[j];
   return r;
+}
+
+// V output values: fp32 into o and / or their bf16 rounding (round to nearest even) into o16
+// (either may be null: the out_bf16 of op_list.h's norms and activations). With V = 4 the bf16
+// store is one 8-byte access (o16 8-byte aligned).
+template <int V>
+__device__ __forceinline__ void store_floats_bf16(float* o, __nv_bfloat16* o16, const Floats<V>& v) {
+  if (o) store_floats<V>(o, v);
+  if (!o16) return;
+  if constexpr (V == 4) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.v[0], v.v[1]), hi = __floats2bfloat162_rn(v.v[2], v.v[3]);
+    uint2 u;  // (built from two 4-byte values: no 8-byte read of a 4-byte-aligned local)
+    u.x = *reinterpret_cast<const unsigned*>(&lo);
+    u.y = *reinterpret_cast<const unsigned*>(&hi);
+    *reinterpret_cast<uint2*>(o16) = u;
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; j++) o16[j] = __float2bfloat16_rn(v.v[j]);
+  }
 }
 
 // True when rows of `len` floats starting at each of `ptrs` (null ones ignored) can be read as

@@ -1,14 +1,14 @@
 // The bf16 GEMM operands produced once (model/transformer.h "bf16 weight copy",
 // backend/gemm_precision.h GemmMode): the Model's bf16 weight copy, the LM head's logits gradient
 // written in bf16, and the activations only GEMMs read kept in bf16 (the pre-norm norms' outputs,
-// the SwiGLU / erf-GELU output).
+// the MLP's activation output).
 //  - bf16_copy writes backend/bf16.h's bits (nearest even, canonical NaN) and counts its values;
 //  - the dense-layer ops read a given weight copy instead of rounding the weight: with the copy of
 //    the weight they give the bits of rounding it themselves, and with the copy of ANOTHER weight
 //    they give that weight's result (so the copy is what the GEMMs read); without a copy they
 //    count the weight values they round (bf16_weight_rounding_count), with one they count none;
-//  - the norm forwards' and the erf-GELU / SwiGLU forwards' bf16 output is their fp32 output
-//    rounded, with or without the fp32 one; the GEMMs read a bf16 input (inp null) as they would
+//  - the norm forwards' and the activation forwards' (erf GELU, SwiGLU, GPT-2's dense layer + tanh
+//    GELU) bf16 output is their fp32 output rounded, with or without the fp32 one; the GEMMs read a bf16 input (inp null) as they would
 //    have rounded the fp32 one;
 //  - softmax_xent_bf16_grad on logits in padded rows gives softmax_xent_record's losses and its
 //    gradient rounded, with zero padding, logits untouched, bad targets recorded; matmul_backward reads a given bf16 dout
@@ -61,7 +61,9 @@ const Ops& dense_ops_through() {
       B().matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, Through(g));
     };
     o.matmul_gelu_forward = [](float* pre, float* act, const float* inp, const float* w, const float* b, int N, int C,
-                               int OC, GemmMode g) { B().matmul_gelu_forward(pre, act, inp, w, b, N, C, OC, Through(g)); };
+                               int OC, GemmMode g, uint16_t* act16) {
+      B().matmul_gelu_forward(pre, act, inp, w, b, N, C, OC, Through(g), act16);
+    };
     o.matmul_dgelu_backward = [](float* dpre, const float* dout, const float* w, const float* pre, int N, int C, int OC,
                                  GemmMode g) { B().matmul_dgelu_backward(dpre, dout, w, pre, N, C, OC, Through(g)); };
     return o;
@@ -130,7 +132,7 @@ std::vector<float> dense_ops(const Ops& o, const DenseCase& s, const float* x, c
   const int N = s.N, C = s.C, OC = s.OC;
   o.matmul_forward(out, x, w, b, N, C, OC, g);
   std::vector<float> all = get(out, (size_t)N * OC);
-  o.matmul_gelu_forward(out, out2, x, w, b, N, C, OC, g);
+  o.matmul_gelu_forward(out, out2, x, w, b, N, C, OC, g, nullptr);
   for (float v : get(out2, (size_t)N * OC)) all.push_back(v);
   o.zero(dinp, (size_t)N * C * sizeof(float));
   o.matmul_backward(dinp, nullptr, nullptr, dout, nullptr, w, N, C, OC, g);
@@ -362,6 +364,50 @@ TEST(Bf16ActivationOutput, IsTheFp32OutputRoundedWithOrWithoutIt) {
   }
 }
 
+namespace {
+// GPT-2's dense layer + GELU (tanh) in precision prec on backend o, writing act (may be null) and
+// act16 (may be null): pre, then act and act16.
+ForwardOutputs gemm_gelu_outputs(const Ops& o, const DenseCase& s, GemmPrecision prec, bool with_f32, bool with_b16,
+                                 const float* x, const float* w, const float* b, float* pre, float* act,
+                                 uint16_t* act16) {
+  ForwardOutputs r;
+  const size_t n = (size_t)s.N * s.OC;
+  o.matmul_gelu_forward(pre, with_f32 ? act : nullptr, x, w, b, s.N, s.C, s.OC, prec, with_b16 ? act16 : nullptr);
+  r.append(o, pre, nullptr, n);
+  r.append(o, with_f32 ? act : nullptr, with_b16 ? act16 : nullptr, n);
+  return r;
+}
+// The act part of gemm_gelu_outputs' f32 (after pre)
+std::vector<float> act_part(const ForwardOutputs& r, size_t n) { return {r.f32.begin() + n, r.f32.end()}; }
+}  // namespace
+
+// GPT-2's GELU output (matmul_gelu_forward's act_bf16), in fp32 and bf16: the fp32 act rounded,
+// pre and act unchanged by asking for it, and the same bf16 bits without the fp32 act.
+TEST(Bf16ActivationOutput, GemmGeluOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
+  for (const DenseCase& s : kDense) {
+    const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
+    const auto x = random_floats(nx, 81, -2.0f, 2.0f), w = random_floats(nw, 82), b = random_floats(s.OC, 83);
+    std::vector<float> pre(nd), act(nd);
+    std::vector<uint16_t> act16(nd);
+    for (GemmPrecision prec : {GemmPrecision::fp32, kBf16}) {
+      auto run = [&](bool f32, bool b16) {
+        std::fill(pre.begin(), pre.end(), kNaN);
+        std::fill(act.begin(), act.end(), kNaN);
+        std::fill(act16.begin(), act16.end(), 0xABCD);
+        return gemm_gelu_outputs(cpu_ops(), s, prec, f32, b16, x.data(), w.data(), b.data(), pre.data(), act.data(),
+                                 act16.data());
+      };
+      const std::string where = std::string(prec == kBf16 ? "bf16" : "fp32") + " N=" + std::to_string(s.N) +
+                                " OC=" + std::to_string(s.OC);
+      const ForwardOutputs fp32 = run(true, false), both = run(true, true), only = run(false, true);
+      EXPECT_SAME_BITS(both.f32, fp32.f32) << where;
+      EXPECT_EQ(both.b16, host_bits(act_part(fp32, nd))) << where;
+      EXPECT_SAME_BITS(only.f32, std::vector<float>(fp32.f32.begin(), fp32.f32.begin() + nd)) << where << ": pre";
+      EXPECT_EQ(only.b16, both.b16) << where << ": the bf16 output alone";
+    }
+  }
+}
+
 TEST(Bf16NormOutput, GemmsReadTheBf16Input) {
   for (const DenseCase& s : kDense) {
     const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
@@ -375,8 +421,9 @@ TEST(Bf16NormOutput, GemmsReadTheBf16Input) {
     cpu_ops().matmul_forward(want.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC, kBf16);
     cpu_ops().matmul_forward(got.data(), nullptr, w.data(), b.data(), s.N, s.C, s.OC, g);
     EXPECT_SAME_BITS(got, want) << where;
-    cpu_ops().matmul_gelu_forward(pre.data(), want_act.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC, kBf16);
-    cpu_ops().matmul_gelu_forward(pre.data(), act.data(), nullptr, w.data(), b.data(), s.N, s.C, s.OC, g);
+    cpu_ops().matmul_gelu_forward(pre.data(), want_act.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC, kBf16,
+                                  nullptr);
+    cpu_ops().matmul_gelu_forward(pre.data(), act.data(), nullptr, w.data(), b.data(), s.N, s.C, s.OC, g, nullptr);
     EXPECT_SAME_BITS(act, want_act) << where;
     auto want_w = dw0, got_w = dw0;
     cpu_ops().matmul_backward(nullptr, want_w.data(), nullptr, dout.data(), x.data(), nullptr, s.N, s.C, s.OC, kBf16);
@@ -714,6 +761,33 @@ TEST(CudaBf16Operands, ActivationOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
   }
 }
 
+// matmul_gelu_forward's act_bf16 on CUDA: the rounding of the act written beside it, and the same
+// bits without it. In fp32 asking for it leaves cuBLASLt's GELU epilogue (our kernel writes the
+// bf16 act), so the fp32 act is compared with the epilogue's only in bf16, where both are ours.
+TEST(CudaBf16Operands, GemmGeluOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
+  REQUIRE_GPU();
+  for (const DenseCase& s : kDense) {
+    const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
+    Dev x(random_floats(nx, 81, -2.0f, 2.0f)), w(random_floats(nw, 82)), b(random_floats(s.OC, 83)), pre(nd * 4),
+        act(nd * 4), act16(nd * 2);
+    for (GemmPrecision prec : {GemmPrecision::fp32, kBf16}) {
+      auto run = [&](bool f32, bool b16) {
+        return gemm_gelu_outputs(gpu(), s, prec, f32, b16, x.f(), w.f(), b.f(), pre.f(), act.f(),
+                                 static_cast<uint16_t*>(act16.p));
+      };
+      const std::string where = std::string(prec == kBf16 ? "bf16" : "fp32") + " N=" + std::to_string(s.N) +
+                                " OC=" + std::to_string(s.OC);
+      const ForwardOutputs fp32 = run(true, false), both = run(true, true), only = run(false, true);
+      if (prec == kBf16) {
+        EXPECT_SAME_BITS(both.f32, fp32.f32) << where;
+      }
+      EXPECT_EQ(both.b16, host_bits(act_part(both, nd))) << where;
+      EXPECT_SAME_BITS(only.f32, std::vector<float>(both.f32.begin(), both.f32.begin() + nd)) << where << ": pre";
+      EXPECT_EQ(only.b16, both.b16) << where << ": the bf16 output alone";
+    }
+  }
+}
+
 TEST(CudaBf16Operands, GemmsReadTheBf16Input) {
   REQUIRE_GPU();
   for (const DenseCase& s : kDense) {
@@ -729,8 +803,8 @@ TEST(CudaBf16Operands, GemmsReadTheBf16Input) {
     gpu().matmul_forward(want.f(), x.f(), w.f(), b.f(), s.N, s.C, s.OC, kBf16);
     gpu().matmul_forward(got.f(), nullptr, w.f(), b.f(), s.N, s.C, s.OC, g);
     EXPECT_SAME_BITS(got.get(), want.get()) << where;
-    gpu().matmul_gelu_forward(pre.f(), want.f(), x.f(), w.f(), b.f(), s.N, s.C, s.OC, kBf16);
-    gpu().matmul_gelu_forward(pre.f(), got.f(), nullptr, w.f(), b.f(), s.N, s.C, s.OC, g);
+    gpu().matmul_gelu_forward(pre.f(), want.f(), x.f(), w.f(), b.f(), s.N, s.C, s.OC, kBf16, nullptr);
+    gpu().matmul_gelu_forward(pre.f(), got.f(), nullptr, w.f(), b.f(), s.N, s.C, s.OC, g, nullptr);
     EXPECT_SAME_BITS(got.get(), want.get()) << where;
     gpu().matmul_backward(nullptr, want_w.f(), nullptr, dout.f(), x.f(), nullptr, s.N, s.C, s.OC, kBf16);
     gpu().matmul_backward(nullptr, got_w.f(), nullptr, dout.f(), nullptr, nullptr, s.N, s.C, s.OC, g);

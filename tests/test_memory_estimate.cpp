@@ -145,16 +145,18 @@ TEST(MemoryEstimate, Bf16CountsTheGemmOperandScratch) {
   EXPECT_EQ(estimate_memory(d, B, T, cfg, 1, 0, false).scratch - fp32,
             4.0 * (pad(N * V, 16) + pad((size_t)V * C, 16) + N * C));
   // On the GPU W takes no scratch (the calls read the Model's bf16 weight copy), nor does the LM
-  // head's dout (its logits gradient comes in bf16), nor the norms' outputs (kept in bf16): the
-  // largest call is the MLP's output projection's backward, dout N·C (padded to 128) and its
-  // GELU (tanh) input N·4C.
-  EXPECT_EQ(gemm_operand_scratch_bytes(d, B, T, GemmPrecision::bf16, true), (pad(N * C, 128) + N * 4 * C) * 2 * 5 / 4);
-  // LLaMA's SwiGLU output comes in bf16 too, so only the attention output's input is converted:
-  // its largest call is that layer's backward (dout and inp N·C) or a backward whose only
-  // converted operand is dout (QKV: N·QKV; the MLP's first layer: N·2F).
-  const ModelDesc dl = test::desc_of("llama", 2, 2, C, T, V);
-  EXPECT_EQ(gemm_operand_scratch_bytes(dl, B, T, GemmPrecision::bf16, true),
-            std::max({pad(N * C, 128) + N * C, pad(N * dl.qkv_dim(), 128), pad(N * dl.fc_dim(), 128)}) * 2 * 5 / 4);
+  // head's dout (its logits gradient comes in bf16), nor the norms' outputs and the MLP's
+  // activation output (GPT-2's GELU, LLaMA's SwiGLU: kept in bf16), so only the attention
+  // output's input is converted: the largest call is that layer's backward (dout and inp N·C) or
+  // a backward whose only converted operand is dout (QKV: N·QKV; the MLP's first layer: N·FC,
+  // GPT-2 4C, LLaMA 2F) — here the MLP's first layer, N·4C (a multiple of 128: 1536 values).
+  for (const char* family : {"gpt2", "llama"}) {
+    const ModelDesc dm = test::desc_of(family, 2, 2, C, T, V);
+    EXPECT_EQ(gemm_operand_scratch_bytes(dm, B, T, GemmPrecision::bf16, true),
+              std::max({pad(N * C, 128) + N * C, pad(N * dm.qkv_dim(), 128), pad(N * dm.fc_dim(), 128)}) * 2 * 5 / 4)
+        << family;
+  }
+  EXPECT_EQ(gemm_operand_scratch_bytes(d, B, T, GemmPrecision::bf16, true), N * 4 * C * 2 * 5 / 4);
   // The copy itself: 2 bytes per parameter (each tensor 256-byte aligned), with the parameters.
   std::vector<size_t> copy_offsets;
   EXPECT_EQ(estimate_memory(d, B, T, cfg, 1, 0, true).params - estimate_memory(d, B, T, config_with("adamw"), 1, 0, true).params,

@@ -170,7 +170,7 @@ TEST(PaddedRows, DgeluBackwardReadsDoutRowsOfDoutLdAndGeluForwardRefusesOutLd) {
   const Dense s = kCases[0];
   std::vector<float> x((size_t)s.N * s.C), w((size_t)s.OC * s.C), pre((size_t)s.N * 64), act((size_t)s.N * 64);
   EXPECT_THROW(cpu_ops().matmul_gelu_forward(pre.data(), act.data(), x.data(), w.data(), nullptr, s.N, s.C, s.OC,
-                                             with_out_ld(GemmPrecision::fp32, 64)),
+                                             with_out_ld(GemmPrecision::fp32, 64), nullptr),
                Error);
 }
 

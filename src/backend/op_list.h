@@ -100,10 +100,13 @@
   /* ---- dense layer + GELU (tanh approximation), GPT-2's MLP input layer:                        \
      pre[N,OC] = inp . weight^T + bias (bias may be null), act[N,OC] = gelu(pre); pre is the      \
      GELU's input that backward reads. Equal to matmul_forward then gelu_forward (the CPU op is   \
-     exactly that; CUDA: one cuBLASLt GEMM with the GELU_AUX(_BIAS) epilogue, cuBLASLt's own GELU, \
-     the same tanh approximation to rounding) */                                                   \
+     exactly that; CUDA in fp32 / tf32: one cuBLASLt GEMM with the GELU_AUX(_BIAS) epilogue,      \
+     cuBLASLt's own GELU, the same tanh approximation to rounding; in bf16 the GEMM with its bias \
+     epilogue, then our GELU kernel). act_bf16 (may be null) receives act as bf16 bits, each the  \
+     rounding of the fp32 value, as the norms' out_bf16; act may be null when it is given */     \
   X(void, matmul_gelu_forward, (float* pre, float* act, const float* inp, const float* weight,     \
-                                const float* bias, int N, int C, int OC, GemmMode gemm))           \
+                                const float* bias, int N, int C, int OC, GemmMode gemm,            \
+                                uint16_t* act_bf16))                                               \
   /* dpre[N,C] = gelu'(pre) * (dout[N,OC] . weight[OC,C]): the input gradient of a dense layer     \
      whose input was gelu(pre), taken through the GELU. It OVERWRITES dpre (the one op that does   \
      not add): dpre is a caller-owned scratch holding nothing else (the model's d_fc, zeroed       \

@@ -273,9 +273,8 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   // each) through `half`, whose pointers become the uint16 ones after the allocation.
   const bool bf16 = m.precision == GemmPrecision::bf16 && bf16_operands;
   const bool norms16 = bf16 && d.pre_norm;
-  // the MLP's activation output, read only by the output projection's GEMMs, in bf16 unless it
-  // comes out of the fused GELU (tanh) GEMM (cuBLASLt's epilogue writes fp32)
-  const bool act16 = bf16 && d.mlp != MlpKind::gelu_tanh;
+  // the MLP's activation output, read only by the output projection's GEMMs, in bf16 too
+  const bool act16 = bf16;
   std::vector<std::pair<uint16_t**, float*>> half;
   half.reserve(3 * (m.part.l1 - m.part.l0) + 2);
   final_norm = nullptr;
@@ -509,7 +508,9 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     GemmMode fc_gemm = gemm_rounding(w[kFcW], static_cast<size_t>(FC) * C);
     fc_gemm.inp_bf16 = h2_16;
     switch (d.mlp) {  // GELU (tanh) is fused with its dense layer (a cuBLASLt epilogue on CUDA)
-      case MlpKind::gelu_tanh: o.matmul_gelu_forward(L.fc, L.act, h2, w[kFcW], w[kFcB], N, C, FC, fc_gemm); break;
+      case MlpKind::gelu_tanh:
+        o.matmul_gelu_forward(L.fc, L.act, h2, w[kFcW], w[kFcB], N, C, FC, fc_gemm, L.act_bf16);
+        break;
       case MlpKind::gelu_erf:
         o.matmul_forward(L.fc, h2, w[kFcW], w[kFcB], N, C, FC, fc_gemm);
         o.gelu_erf_forward(L.act, L.fc, static_cast<size_t>(N) * F, L.act_bf16);

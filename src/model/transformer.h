@@ -84,8 +84,8 @@
 // (Activations::bf16_operands): the LM head's logits gradient (softmax_xent_bf16_grad into
 // Activations::logits_grad_bf16, rows padded to a multiple of 8; GemmMode::dout_bf16) and, in a
 // pre-norm model, the norms' outputs (the norm ops' out_bf16; GemmMode::inp_bf16), and the MLP's
-// SwiGLU / erf-GELU output, which only GEMMs read and which are then kept only in bf16 (half
-// their memory). Each GEMM reads them as
+// activation output (GELU, erf GELU or SwiGLU), which only GEMMs read and which are then kept only
+// in bf16 (half their memory). Each GEMM reads them as
 // they are: no fp32 copy written and read back, no conversion pass; again the same bits.
 #pragma once
 #include <cstdint>
@@ -158,8 +158,8 @@ struct Activations {
         *fc, *act, *res_mlp, *out;
     // A bf16 pre-norm model (bf16_operands): the norms' outputs, inputs of the QKV and MLP GEMMs
     // only, are kept only in bf16 [N, C] here, and norm1 / norm2 are null; null otherwise. The
-    // same for the MLP's activation output act [N, F] (input of its output projection only) in a
-    // bf16 model whose MLP is not GELU (tanh) (fused with its GEMM, whose epilogue writes fp32).
+    // same for the MLP's activation output act [N, F] (input of its output projection only) in
+    // every bf16 model (bf16_operands).
     uint16_t *norm1_bf16, *norm2_bf16, *act_bf16;
     // Attention's saved state: att [B, NH, T, T] (full attention) or lse [B, NH, T] (fused);
     // the other is null (model_desc.h AttentionImpl).

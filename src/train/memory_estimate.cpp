@@ -50,8 +50,8 @@ size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T,
   // bf16, pre-norm: the norms' outputs kept only in bf16 (N·C 2-byte values, in floats)
   const bool bf16 = precision == GemmPrecision::bf16;
   const size_t norm = bf16 && d.pre_norm ? (N * C + 1) / 2 : N * C;
-  // bf16, an MLP other than GELU (tanh): its activation output in bf16 too
-  const size_t act = bf16 && d.mlp != MlpKind::gelu_tanh ? (N * F + 1) / 2 : N * F;
+  // bf16: the MLP's activation output in bf16 too
+  const size_t act = bf16 ? (N * F + 1) / 2 : N * F;
   std::vector<size_t> plan = {N * C, N * C, N * C};
   if (part.embedding && d.embedding_norm) plan.insert(plan.end(), {N * C, N, N});
   for (int l = part.l0; l < l1; l++) {
@@ -100,7 +100,7 @@ size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
 // a quarter of headroom when it grows, and whose copy of dout has rows of a multiple of 8 values).
 // The Model hands every call its bf16 weight copy (model/transformer.h), the LM head's calls their
 // logits gradient in bf16, and the calls whose input is kept only in bf16 (a pre-norm model's
-// norm outputs, a SwiGLU / erf-GELU output) that input: CUDA reads them in place, so they take no
+// norm outputs, the MLP's activation output) that input: CUDA reads them in place, so they take no
 // scratch there; the CPU widens them into its fp32 scratch. The buffer grows to the largest call.
 size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecision precision, bool on_gpu) {
   if (precision != GemmPrecision::bf16) return 0;
@@ -117,11 +117,11 @@ size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecisio
     most = std::max({most, span(x) + w, span(dout) + span(w) + x});
   };
   const size_t N = (size_t)B * T, C = d.d_model, AY = (size_t)d.n_head * d.head_dim();
-  const bool norms16 = d.pre_norm, act16 = d.mlp != MlpKind::gelu_tanh;  // (Activations::bf16_operands)
+  const bool norms16 = d.pre_norm;  // (Activations::bf16_operands; the MLP's activation always)
   dense(N, C, d.qkv_dim(), norms16);
   dense(N, AY, C);
   dense(N, C, d.fc_dim(), norms16);
-  dense(N, d.ffn_dim, C, act16);
+  dense(N, d.ffn_dim, C, true);
   if (d.head == HeadKind::lm) {
     dense((size_t)lm_head_chunk_rows(d, (int)N), C, d.vocab_size, norms16 && d.final_norm, true);
   } else {

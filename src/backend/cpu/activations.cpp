@@ -32,17 +32,18 @@ void check_dropout_p(const char* op, float p) {
 // With e = exp(-|2u|) <= 1 (never overflows):
 //   sigmoid(2u) = (u >= 0 ? 1 : e) / (1 + e),   sigmoid(2u) (1 - sigmoid(2u)) = e / (1 + e)²
 
-// out = x * s,  s = sigmoid(2u)
+// gelu(x) = x * s,  s = sigmoid(2u)
+static inline float gelu_tanh_value(float x) {
+  const float a = 2.0f * kK * (x + kA * x * x * x);
+  const float e = fast_expf(-std::fabs(a));
+  const float s = select_float(a >= 0.0f, 1.0f, e) / (1.0f + e);
+  return x * s;
+}
+
 void gelu_forward(float* out, const float* inp, size_t n) {
   const long long nn = static_cast<long long>(n);
 #pragma omp parallel for simd schedule(static) if (nn > kParMin)
-  for (long long i = 0; i < nn; i++) {
-    const float x = inp[i];
-    const float a = 2.0f * kK * (x + kA * x * x * x);
-    const float e = fast_expf(-std::fabs(a));
-    const float s = select_float(a >= 0.0f, 1.0f, e) / (1.0f + e);
-    out[i] = x * s;
-  }
+  for (long long i = 0; i < nn; i++) out[i] = gelu_tanh_value(inp[i]);
 }
 
 // d gelu/dx = 0.5(1+tanh u) + 0.5 x sech²(u) u' = s + 2 x s (1 - s) k (1 + 3·0.044715 x²)
@@ -64,12 +65,27 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
 }
 
 // ---- dense layer + GELU (tanh), fused on CUDA; here exactly the unfused sequence ---------------
-// pre = inp·W^T + bias; act = gelu(pre)
+// pre = inp·W^T + bias; act = gelu(pre). With act_bf16: in blocks of kBf16Block values, computed
+// into act's block (or, act null, this thread's scratch) by gelu_forward's expression, and rounded
+// from there (the same bits as gelu_forward, then rounding; as gelu_erf_forward below).
+constexpr long long kBf16Block = 4096;
 void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias, int N,
-                         int C, int OC, GemmMode gemm) {
+                         int C, int OC, GemmMode gemm, uint16_t* act_bf16) {
   if (gemm.out_stride(OC) != OC) fail("internal: matmul_gelu_forward writes contiguous rows (out_ld ", gemm.out_ld, ")");
   matmul_forward(pre, inp, weight, bias, N, C, OC, gemm);
-  if (N > 0 && OC > 0) gelu_forward(act, pre, static_cast<size_t>(N) * OC);
+  if (N <= 0 || OC <= 0) return;
+  const size_t n = static_cast<size_t>(N) * OC;
+  if (act_bf16 == nullptr) return gelu_forward(act, pre, n);
+  const long long nn = static_cast<long long>(n), blocks = (nn + kBf16Block - 1) / kBf16Block;
+#pragma omp parallel for schedule(static) if (nn > kParMin)
+  for (long long b = 0; b < blocks; b++) {
+    const long long i0 = b * kBf16Block, m = std::min(kBf16Block, nn - i0);
+    float* o = act ? act + i0 : thread_scratch(kBf16Block);
+    const float* x = pre + i0;
+#pragma omp simd
+    for (long long i = 0; i < m; i++) o[i] = gelu_tanh_value(x[i]);
+    store_bf16_bits(act_bf16 + i0, o, static_cast<size_t>(m));
+  }
 }
 
 // dpre = gelu'(pre) ⊙ (dout·W), overwriting dpre. The unfused model zeroed a scratch d, added
@@ -134,7 +150,6 @@ static inline float normal_cdf(float x) {
 
 // out = x Phi(x). With out_bf16: in blocks of kBf16Block values, computed into out's block (or,
 // out null, this thread's scratch, by the same loop: the same bits) and rounded from there.
-constexpr long long kBf16Block = 4096;
 void gelu_erf_forward(float* out, const float* inp, size_t n, uint16_t* out_bf16) {
   const long long nn = static_cast<long long>(n);
   if (out_bf16 == nullptr) {
