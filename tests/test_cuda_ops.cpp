@@ -1010,30 +1010,59 @@ TEST(CudaOps, SoftmaxXent) {
 
 // The one-pass (online) max and sum: -inf logits add nothing (the row's loss equals the CPU's),
 // a NaN logit anywhere in a row makes its loss NaN (the trainer's non-finite check relies on it),
-// wherever it falls in a thread's sequence — first, after a -inf, or late — and the other rows
-// stay finite.
+// wherever it falls in a thread's sequence — first, after a -inf, late, or in a thread that sees
+// nothing else but -inf (its running maximum stays -inf) — and the other rows stay finite. Both
+// kernels (kernels/softmax_xent.cu): V = 3001 keeps the row in shared memory (1024 threads, thread
+// t owns the group of logits 4t..4t+3 if t < 750, thread 0 also the last logit, 3000); V = 60000
+// (240 KB) is more than any card gives a block, so the row is read twice (512 threads, thread t
+// owns logits t, t + 512, ...). Rows 2 and 4 put a NaN after a -inf in thread 0's sequence of the
+// one and of the other; row 5 is -inf but for its target and one NaN, owned by another thread.
 TEST(CudaOps, SoftmaxXentNonFiniteLogits) {
   REQUIRE_GPU();
-  const int N = 5, V = 3001;
-  auto z = random_floats(N * V, 41, -4.0f, 4.0f);
-  const auto y = random_ints(N, 42, 0, V);
-  auto row = [&](int n) { return z.data() + static_cast<size_t>(n) * V; };
-  for (int j = 0; j < V; j += 3) row(0)[j] = -INFINITY;  // row 0: a third of the logits -inf
-  if (row(0)[y[0]] == -INFINITY) row(0)[y[0]] = 1.0f;
-  row(1)[0] = NAN;                                         // row 1: NaN first (thread 0's first element)
-  row(2)[0] = -INFINITY;                                   // row 2: NaN after a -inf in thread 0's sequence
-  row(2)[512] = NAN;
-  row(3)[V - 1] = NAN;                                     // row 3: NaN last
-  for (float gs : {0.0f, 0.5f}) {
-    auto rz = z;
-    std::vector<float> rl(N);
-    cpu().softmax_xent(rz.data(), rl.data(), y.data(), N, V, gs);
-    Dev gz(z), gl(nans(N)), gy(y);
-    gpu().softmax_xent(gz.f(), gl.f(), gy.i(), N, V, gs);
-    const auto loss = gl.get();
-    EXPECT_NEAR(loss[0], rl[0], 1e-5 * (std::fabs(rl[0]) + 1)) << "grad_scale " << gs;
-    EXPECT_NEAR(loss[4], rl[4], 1e-5 * (std::fabs(rl[4]) + 1)) << "grad_scale " << gs;
-    for (int n : {1, 2, 3}) EXPECT_TRUE(std::isnan(loss[n])) << "row " << n << ": " << loss[n];
+  for (int V : {3001, 60000}) {
+    const int N = 7;
+    // the thread of either kernel that reads logit j
+    auto owner = [&](int j) {
+      if (V > 58080) return j % 512;
+      const int groups = V / 4;
+      return j < 4 * groups ? (j / 4) % 1024 : j - 4 * groups;
+    };
+    auto z = random_floats((size_t)N * V, 41, -4.0f, 4.0f);
+    const auto y = random_ints(N, 42, 0, V);
+    auto row = [&](int n) { return z.data() + static_cast<size_t>(n) * V; };
+    for (int j = 0; j < V; j += 3) row(0)[j] = -INFINITY;  // row 0: a third of the logits -inf
+    if (row(0)[y[0]] == -INFINITY) row(0)[y[0]] = 1.0f;
+    row(1)[0] = NAN;                                         // row 1: NaN first (thread 0's first element)
+    row(2)[0] = -INFINITY;                                   // row 2: NaN after a -inf (same group of four)
+    row(2)[1] = NAN;
+    row(3)[V - 1] = NAN;                                     // row 3: NaN last
+    row(4)[0] = -INFINITY;                                   // row 4: NaN after a -inf 512 logits later
+    row(4)[512] = NAN;
+    for (int j = 0; j < V; j++) row(5)[j] = -INFINITY;       // row 5: -inf, the target 1, one NaN
+    row(5)[y[5]] = 1.0f;
+    int nan_at = (y[5] + 1029) % V;
+    while (owner(nan_at) == owner(y[5])) nan_at = (nan_at + 1) % V;
+    row(5)[nan_at] = NAN;
+    for (float gs : {0.0f, 0.5f}) {
+      auto rz = z;
+      std::vector<float> rl(N);
+      cpu().softmax_xent(rz.data(), rl.data(), y.data(), N, V, gs);
+      Dev gz(z), gl(nans(N)), gy(y);
+      gpu().softmax_xent(gz.f(), gl.f(), gy.i(), N, V, gs);
+      const auto loss = gl.get();
+      const std::string where = "V " + std::to_string(V) + ", grad_scale " + std::to_string(gs);
+      EXPECT_NEAR(loss[0], rl[0], 1e-5 * (std::fabs(rl[0]) + 1)) << where;
+      EXPECT_NEAR(loss[6], rl[6], 1e-5 * (std::fabs(rl[6]) + 1)) << where;
+      for (int n : {1, 2, 3, 4, 5}) EXPECT_TRUE(std::isnan(loss[n])) << where << ", row " << n << ": " << loss[n];
+      if (gs != 0.0f) {  // the finite rows' gradients
+        const auto g = gz.get();
+        for (int n : {0, 6}) {
+          const std::vector<float> got(g.begin() + (size_t)n * V, g.begin() + (size_t)(n + 1) * V),
+              want(rz.begin() + (size_t)n * V, rz.begin() + (size_t)(n + 1) * V);
+          EXPECT_LT(rel(got, want), kOpTol) << where << ", row " << n;
+        }
+      }
+    }
   }
 }
 
