@@ -12,6 +12,8 @@
 //             dW[OC,C]     += dout[N,OC]^T · inp[N,C]       GEMM TN, beta = 1
 //             dbias[OC]    += Σ_n dout[n, :]                fp32: the BGRADB epilogue of the dW
 //                                                            GEMM; else the two-pass column sum
+//                                                            (bf16: its first pass also writes
+//                                                            dout's bf16 copy for the GEMMs)
 //   fused with GELU (tanh), GPT-2's MLP (gemm_lt.cu, docs/GPU.md "cuBLASLt epilogues"):
 //             matmul_gelu_forward    act = gelu(pre), pre = inp·W^T + bias   GELU_AUX_BIAS
 //             matmul_dgelu_backward  dpre = gelu'(pre) ⊙ (dout·W), overwrite  DGELU, beta = 0
@@ -80,6 +82,32 @@ __global__ void colsum_partial_kernel(float* __restrict__ part, const float* __r
     const int n1 = min(n0 + kColChunk, N);
     float s = 0.0f;
     for (int n = n0; n < n1; n++) s += x[static_cast<size_t>(n) * ld + j];
+    part[static_cast<size_t>(k) * M + j] = s;
+  }
+}
+
+// colsum_partial_kernel that also writes x rounded to bf16, dst [N, ldd] (ldd >= M; columns
+// [M, ldd) zero): a bf16 dense layer's backward converts its output gradient for the GEMMs and sums
+// its columns for the bias gradient, and this reads it once for both. The sums are
+// colsum_partial_kernel's, in its order (the same bits); every dst value is __float2bfloat16_rn
+// of x, as to_bf16_rows writes it.
+__global__ void colsum_partial_to_bf16_kernel(float* __restrict__ part, __nv_bfloat16* __restrict__ dst, int ldd,
+                                              const float* __restrict__ x, int N, int M, int ld) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= ldd) return;
+  for (int k = blockIdx.y; k * kColChunk < N; k += gridDim.y) {  // chunk k (grid-stride in y)
+    const int n0 = k * kColChunk;
+    const int n1 = min(n0 + kColChunk, N);
+    if (j >= M) {  // a padding column
+      for (int n = n0; n < n1; n++) dst[static_cast<size_t>(n) * ldd + j] = __float2bfloat16_rn(0.0f);
+      continue;
+    }
+    float s = 0.0f;
+    for (int n = n0; n < n1; n++) {
+      const float v = x[static_cast<size_t>(n) * ld + j];
+      dst[static_cast<size_t>(n) * ldd + j] = __float2bfloat16_rn(v);
+      s += v;
+    }
     part[static_cast<size_t>(k) * M + j] = s;
   }
 }
@@ -251,19 +279,32 @@ void sgemm_rm_batched(bool transA, bool transB, int M, int N, int K, float alpha
                                                strideC, batch));
 }
 
-void add_column_sums(float* colsum, const float* x, int N, int M, int ld) {
+// add_column_sums, and with dst also x rounded to bf16 into dst (rows of ldd >= M values, the
+// padding zero) in the same pass over x
+static void add_column_sums_to_bf16(float* colsum, __nv_bfloat16* dst, int ldd, const float* x, int N, int M,
+                                    int ld) {
   if (N <= 0 || M <= 0) return;
   if (ld <= 0) ld = M;
   const int nchunks = (N + kColChunk - 1) / kColChunk;
   float* part = static_cast<float*>(
       workspace(kWsPartials, static_cast<size_t>(nchunks) * M * sizeof(float)));
   cudaStream_t s = compute_stream();
-  const dim3 g1((M + kColThreads - 1) / kColThreads, chunk_grid_y(nchunks));
-  colsum_partial_kernel<<<g1, kColThreads, 0, s>>>(part, x, N, M, ld);
-  LLMPI_LAUNCH_CHECK("colsum_partial");
+  if (dst != nullptr) {
+    const dim3 g1((ldd + kColThreads - 1) / kColThreads, chunk_grid_y(nchunks));
+    colsum_partial_to_bf16_kernel<<<g1, kColThreads, 0, s>>>(part, dst, ldd, x, N, M, ld);
+    LLMPI_LAUNCH_CHECK("colsum_partial_to_bf16");
+  } else {
+    const dim3 g1((M + kColThreads - 1) / kColThreads, chunk_grid_y(nchunks));
+    colsum_partial_kernel<<<g1, kColThreads, 0, s>>>(part, x, N, M, ld);
+    LLMPI_LAUNCH_CHECK("colsum_partial");
+  }
   colsum_final_kernel<<<(M + kColThreads - 1) / kColThreads, kColThreads, 0, s>>>(colsum, part,
                                                                                    nchunks, M);
   LLMPI_LAUNCH_CHECK("colsum_final");
+}
+
+void add_column_sums(float* colsum, const float* x, int N, int M, int ld) {
+  add_column_sums_to_bf16(colsum, nullptr, 0, x, N, M, ld);
 }
 
 void bf16_copy(uint16_t* dst, const float* src, size_t n) {
@@ -465,7 +506,14 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     auto* ws = static_cast<__nv_bfloat16*>(
         workspace(kWsGemm, (bf16_span(nd) + bf16_span(nw) + ni) * sizeof(__nv_bfloat16)));
     __nv_bfloat16 *dout16 = ws, *w16 = ws + bf16_span(nd), *inp16 = w16 + bf16_span(nw);
-    if (!given) to_bf16_rows(dout16, ldd, dout, ld_in, N, OC);
+    if (!given) {
+      if (dbias != nullptr) {  // the bias gradient's column sums in the conversion's pass over dout
+        add_column_sums_to_bf16(dbias, dout16, ldd, dout, N, OC, ld_in);
+        dbias = nullptr;
+      } else {
+        to_bf16_rows(dout16, ldd, dout, ld_in, N, OC);
+      }
+    }
     const __nv_bfloat16* d16 = given ? reinterpret_cast<const __nv_bfloat16*>(gemm.dout_bf16) : dout16;
     if (dinp != nullptr)
       gemm_bf16_rm(false, false, N, C, OC, d16, ldd, bf16_weight(w16, weight, gemm, static_cast<size_t>(OC) * C), C,

@@ -283,6 +283,31 @@ TEST(CudaEpilogues, MatmulBackwardBiasGradientMatchesCpu) {
   }
 }
 
+// bf16 and tf32: a call that converts dout for its GEMMs (bf16 with dinp or dweight) sums dout's
+// columns for dbias in the conversion's pass (kernels/matmul.cu colsum_partial_to_bf16_kernel);
+// a call with dbias alone, and tf32, run the column-sum kernels by themselves. All three give the
+// same bits (one summation order), and the GEMMs fed by the fused conversion give the bits of
+// the plain conversion (a split call's dinp converts with to_bf16_rows). OC = 53: padded bf16 rows.
+TEST(CudaEpilogues, BiasGradientSummedInTheConversionHasTheSameBits) {
+  REQUIRE_GPU();
+  for (auto [N, C, OC] : {std::array<int, 3>{100, 70, 53}, std::array<int, 3>{129, 64, 96}}) {
+    const Problem p(N, C, OC, 520);
+    const auto dx0 = random_floats(N * C, 530), dw0 = random_floats(OC * C, 531), db0 = random_floats(OC, 532);
+    Dev dx(p.x), dw(p.w), gdout(p.dout);
+    const std::string where = "OC=" + std::to_string(OC);
+    Dev alone(db0), fused(db0), tf32(db0), fused_dx(dx0), fused_dw(dw0), plain_dx(dx0), plain_dw(dw0), tw(dw0);
+    gpu().matmul_backward(nullptr, nullptr, alone.f(), gdout.f(), nullptr, nullptr, N, C, OC, kBf16);
+    gpu().matmul_backward(fused_dx.f(), fused_dw.f(), fused.f(), gdout.f(), dx.f(), dw.f(), N, C, OC, kBf16);
+    gpu().matmul_backward(nullptr, tw.f(), tf32.f(), gdout.f(), dx.f(), nullptr, N, C, OC, kTf32);
+    gpu().matmul_backward(plain_dx.f(), plain_dw.f(), nullptr, gdout.f(), dx.f(), dw.f(), N, C, OC, kBf16);
+    EXPECT_SAME_BITS(fused.get(), alone.get()) << where << ": dbias, fused against alone";
+    EXPECT_SAME_BITS(tf32.get(), alone.get()) << where << ": dbias, tf32 against bf16 alone";
+    EXPECT_SAME_BITS(fused_dx.get(), plain_dx.get()) << where << ": dinp";
+    EXPECT_SAME_BITS(fused_dw.get(), plain_dw.get()) << where << ": dweight";
+    EXPECT_NE(bit_difference(alone.get(), db0), "") << where << ": dbias was not added to";
+  }
+}
+
 // Every fused op twice on the same inputs: the same bits.
 TEST(CudaEpilogues, BitwiseRepeatable) {
   REQUIRE_GPU();
