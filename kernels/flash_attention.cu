@@ -151,19 +151,27 @@ __global__ void __launch_bounds__(kFwdRows)
 
 // ---- backward ---------------------------------------------------------------------------------------
 
-// D[b,h,i] = Σ_d dout[b,i,h hs + d] out[b,i,h hs + d]
+// D[b,h,i] = Σ_d dout[b,i,h hs + d] out[b,i,h hs + d]. One warp per (b, i, h), taken in memory
+// order (h fastest): lane l sums d = l, l + 32, ... (each load a warp's 128 contiguous bytes),
+// then the lanes' sums are added by warp_sum. (A thread per (b, h, i) walking its hs values read
+// 32 rows C floats apart per load: 0.061 ms per GPT-2 124M layer at B = 8 on an H100, ~0.8 TB/s.)
+constexpr int kRowdotWarps = 8;  // per block of flash_rowdot_kernel
 __global__ void flash_rowdot_kernel(float* __restrict__ D, const float* __restrict__ dout,
                                     const float* __restrict__ out, FlashArgs a) {
-  const size_t rows = static_cast<size_t>(a.B) * a.NH * a.T;
-  for (size_t r = grid_first(); r < rows; r += grid_stride()) {
-    const int i = static_cast<int>(r % a.T);
-    const size_t bh = r / a.T;
-    const int h = static_cast<int>(bh % a.NH);
-    const size_t b = bh / a.NH;
-    const size_t off = (b * a.T + i) * a.C + static_cast<size_t>(h) * a.hs;
+  const size_t rows = static_cast<size_t>(a.B) * a.T * a.NH;
+  const int lane = threadIdx.x & 31;
+  const size_t first = static_cast<size_t>(blockIdx.x) * kRowdotWarps + (threadIdx.x >> 5);
+  for (size_t r = first; r < rows; r += static_cast<size_t>(gridDim.x) * kRowdotWarps) {
+    const int h = static_cast<int>(r % a.NH);
+    const size_t bi = r / a.NH;  // b T + i
+    const size_t off = bi * a.C + static_cast<size_t>(h) * a.hs;
     float s = 0.0f;
-    for (int d = 0; d < a.hs; d++) s += dout[off + d] * out[off + d];
-    D[r] = s;
+    for (int d = lane; d < a.hs; d += 32) s += dout[off + d] * out[off + d];
+    s = warp_sum(s);
+    if (lane == 0) {
+      const size_t b = bi / a.T, i = bi % a.T;
+      D[(b * a.NH + h) * a.T + i] = s;
+    }
   }
 }
 
@@ -357,7 +365,7 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* out, 
   const FlashArgs a = make_flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
   const size_t rows = static_cast<size_t>(B) * NH * T;
   float* D = static_cast<float*>(workspace(kWsAttn, rows * sizeof(float)));
-  flash_rowdot_kernel<<<grid_for(rows, 256), 256, 0, compute_stream()>>>(D, dout, out, a);
+  flash_rowdot_kernel<<<grid_for(rows, kRowdotWarps), kRowdotWarps * 32, 0, compute_stream()>>>(D, dout, out, a);
   LLMPI_LAUNCH_CHECK("flash_attention_backward (D)");
   if (flash_mma_applies(prec, hs)) {
     flash_mma_backward(prec, dqkv, dout, lse, D, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key);

@@ -115,7 +115,8 @@ void run_kernels(const Case& c, const FlashArgs& a, std::vector<float>& out, std
   const unsigned tiles = static_cast<unsigned>((c.T + 63) / 64);
   launch(c.B * c.NH, tiles, forward_smem<Op, HS>(),
          [&] { flash_mma_forward_kernel<Op, HS>(out.data(), lse.data(), qkv.data(), mask, a); });
-  // D_i = Σ_d dO_id out_id, as the launcher's row-dot kernel computes it
+  // D_i = Σ_d dO_id out_id, what the launcher's row-dot kernel computes (it adds over a warp's lanes:
+  // another order of the same sum)
   std::vector<float> D(static_cast<size_t>(c.B) * c.NH * c.T);
   for (int b = 0; b < c.B; b++)
     for (int h = 0; h < c.NH; h++)
