@@ -10,7 +10,7 @@
 // outside [0, 1), NH not a multiple of NKV) throw llmpi::Error before anything is enqueued.
 //
 // Determinism: no float atomics anywhere. Column sums (dbias, LayerNorm/RMSNorm dweight/dbias)
-// are summed per fixed chunk of rows, then the chunks in order; the embedding backwards sort
+// are summed per fixed chunk of rows, then the chunks in a fixed order (add_partial_sums); the embedding backwards sort
 // positions by token (stable) and sum each token's rows in position order; attention sums the
 // dK/dV contributions of the query heads sharing a K/V head in head order (a reduction kernel);
 // sum_squares uses a grid that depends only on n. Dropout masks are a hash of (key, element
@@ -156,6 +156,10 @@ void gelu_forward_to(float* out, uint16_t* out_bf16, const float* inp, size_t n)
 // Column sums, deterministic: colsum[j] += Σ_n x[n, j] for x [N, M], rows ld apart (0 = M)
 // (matmul.cu).
 void add_column_sums(float* colsum, const float* x, int N, int M, int ld = 0);
+// The second pass of the column sums (these and the norms' parameter gradients): for each column
+// j < M of part [nchunks, M] (per-chunk sums), out0[j] += Σ_k part[k, j] for j < split, else
+// out1[j - split] += it; summed in a fixed order (matmul.cu partial_sums_final_kernel).
+void add_partial_sums(float* out0, float* out1, int split, const float* part, int nchunks, int M);
 
 // Deterministic scatter-add of rows by index (embedding.cu), no atomics:
 //   dst[ids[n], :] += src[n, :]  for n = 0..N-1, each dst row receiving its terms in increasing n

@@ -18,7 +18,7 @@
 //   dweight_c += Σ_n norm_c * dout_c
 //
 // The column sums are deterministic (no atomics): partial sums over fixed chunks of kChunkRows
-// rows, one thread per column (coalesced), then the chunks added in order.
+// rows, one thread per column (coalesced), then the chunks added in a fixed order (add_partial_sums).
 //
 // Every forward may also (or only: out null) write its output rounded to bf16 (out_bf16, a bf16
 // GEMM's input kept in bf16): the same value rounded, stored next to or instead of the fp32 one.
@@ -187,20 +187,6 @@ __global__ void layernorm_dparams_partial_kernel(float* __restrict__ part,
   }
 }
 
-__global__ void layernorm_dparams_final_kernel(float* __restrict__ dweight,
-                                               float* __restrict__ dbias,
-                                               const float* __restrict__ part, int nchunks, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float sw = 0.0f, sb = 0.0f;
-  for (int k = 0; k < nchunks; k++) {
-    sw += part[static_cast<size_t>(k) * 2 * C + c];
-    sb += part[static_cast<size_t>(k) * 2 * C + C + c];
-  }
-  dweight[c] += sw;
-  dbias[c] += sb;
-}
-
 // Fused residual + norm (pre-norm blocks), one warp per row: res = a + b written, then the norm of
 // layernorm_forward_kernel / rmsnorm_forward_kernel over it, every sum in the same lane order, so
 // the bits equal residual_forward then the norm's kernel. Each lane reads back only the elements it
@@ -310,15 +296,6 @@ __global__ void rmsnorm_dweight_partial_kernel(float* __restrict__ part,
   }
 }
 
-__global__ void rmsnorm_dweight_final_kernel(float* __restrict__ dweight,
-                                             const float* __restrict__ part, int nchunks, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float sw = 0.0f;
-  for (int k = 0; k < nchunks; k++) sw += part[static_cast<size_t>(k) * C + c];
-  dweight[c] += sw;
-}
-
 }  // namespace
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -355,8 +332,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   const dim3 grid(cblocks, chunk_grid_y(nchunks));
   layernorm_dparams_partial_kernel<<<grid, kColThreads, 0, s>>>(part, dout, inp, mean, rstd, N, C);
   LLMPI_LAUNCH_CHECK("layernorm_dparams_partial");
-  layernorm_dparams_final_kernel<<<cblocks, kColThreads, 0, s>>>(dweight, dbias, part, nchunks, C);
-  LLMPI_LAUNCH_CHECK("layernorm_dparams_final");
+  add_partial_sums(dweight, dbias, C, part, nchunks, 2 * C);  // part's columns: [dweight | dbias]
 }
 
 void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
@@ -421,8 +397,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   const dim3 grid(cblocks, chunk_grid_y(nchunks));
   rmsnorm_dweight_partial_kernel<<<grid, kColThreads, 0, s>>>(part, dout, inp, rstd, N, C);
   LLMPI_LAUNCH_CHECK("rmsnorm_dweight_partial");
-  rmsnorm_dweight_final_kernel<<<cblocks, kColThreads, 0, s>>>(dweight, part, nchunks, C);
-  LLMPI_LAUNCH_CHECK("rmsnorm_dweight_final");
+  add_partial_sums(dweight, nullptr, C, part, nchunks, C);
 }
 
 }  // namespace llmpi::cuda
