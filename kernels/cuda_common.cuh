@@ -144,7 +144,7 @@ inline bool lt_bias_ok(const float* bias) { return reinterpret_cast<uintptr_t>(b
 // (a layer with more output columns keeps the column-sum kernel).
 constexpr int kLtBgradMaxFloats = 1 << 16;
 float* lt_bgrad_scratch();
-enum class LtCount { bias, gelu_aux, dgelu, bgradb, unfused, ragged_split };
+enum class LtCount { bias, gelu_aux, dgelu, bgradb, unfused, ragged_split, colsum_in_conversion, kinds };
 void lt_count(LtCount what);
 
 // d[i] = gelu'(pre[i]) · d[i], GELU tanh (gelu.cu; matmul_dgelu_backward's unfused path)

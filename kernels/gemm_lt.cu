@@ -60,7 +60,7 @@ namespace {
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 constexpr size_t kLtSlotBytes = kLtWorkspaceBytes + sizeof(float) * kLtBgradMaxFloats;
 
-std::atomic<long long> g_counts[6];  // by LtCount
+std::atomic<long long> g_counts[static_cast<int>(LtCount::kinds)];  // by LtCount
 
 struct LtHandle {
   cublasLtHandle_t h = nullptr;
@@ -243,6 +243,7 @@ CudaEpilogueCounts cuda_epilogue_counts() {
   c.bgradb = cuda::g_counts[static_cast<int>(cuda::LtCount::bgradb)];
   c.unfused = cuda::g_counts[static_cast<int>(cuda::LtCount::unfused)];
   c.ragged_split = cuda::g_counts[static_cast<int>(cuda::LtCount::ragged_split)];
+  c.colsum_in_conversion = cuda::g_counts[static_cast<int>(cuda::LtCount::colsum_in_conversion)];
   return c;
 }
 

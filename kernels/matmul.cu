@@ -293,9 +293,8 @@ void sgemm_rm_batched(bool transA, bool transB, int M, int N, int K, float alpha
                                                strideC, batch));
 }
 
-// add_column_sums, and with dst also x rounded to bf16 into dst (rows of ldd >= M values, the
-// padding zero) in the same pass over x
 void add_partial_sums(float* out0, float* out1, int split, const float* part, int nchunks, int M) {
+  if (out1 == nullptr && split < M) fail("internal: add_partial_sums with columns past ", split, " and no out1");
   if (nchunks <= 0 || M <= 0) return;
   const dim3 block(kFinalCols, kFinalLanes);
   partial_sums_final_kernel<<<(M + kFinalCols - 1) / kFinalCols, block, 0, compute_stream()>>>(out0, out1, split,
@@ -303,6 +302,8 @@ void add_partial_sums(float* out0, float* out1, int split, const float* part, in
   LLMPI_LAUNCH_CHECK("partial_sums_final");
 }
 
+// add_column_sums, and with dst also x rounded to bf16 into dst (rows of ldd >= M values, the
+// padding zero) in the same pass over x
 static void add_column_sums_to_bf16(float* colsum, __nv_bfloat16* dst, int ldd, const float* x, int N, int M,
                                     int ld) {
   if (N <= 0 || M <= 0) return;
@@ -529,6 +530,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     if (!given) {
       if (dbias != nullptr) {  // the bias gradient's column sums in the conversion's pass over dout
         add_column_sums_to_bf16(dbias, dout16, ldd, dout, N, OC, ld_in);
+        lt_count(LtCount::colsum_in_conversion);
         dbias = nullptr;
       } else {
         to_bf16_rows(dout16, ldd, dout, ld_in, N, OC);

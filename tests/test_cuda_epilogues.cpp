@@ -37,6 +37,7 @@
 // With LLMPI_CUDA_EPILOGUES=0 the same tests check the unfused path (the counters must not move).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -283,27 +284,41 @@ TEST(CudaEpilogues, MatmulBackwardBiasGradientMatchesCpu) {
   }
 }
 
-// bf16 and tf32: a call that converts dout for its GEMMs (bf16 with dinp or dweight) sums dout's
-// columns for dbias in the conversion's pass (kernels/matmul.cu colsum_partial_to_bf16_kernel);
-// a call with dbias alone, and tf32, run the column-sum kernels by themselves. All three give the
-// same bits (one summation order), and the GEMMs fed by the fused conversion give the bits of
-// the plain conversion (a split call's dinp converts with to_bf16_rows). OC = 53: padded bf16 rows.
+// bf16: a call that converts dout for its GEMMs (with dinp or dweight) sums dout's columns for
+// dbias in the conversion's pass (kernels/matmul.cu colsum_partial_to_bf16_kernel; the counter
+// colsum_in_conversion says it ran); a call with dbias alone runs the column-sum kernels by
+// themselves. Both give the same dbias bits (one summation order), and the GEMMs fed by the fused
+// conversion the bits of the plain conversion (a call without dbias converts with to_bf16_rows);
+// the same again with dout in rows of OC + 11 floats whose padding is NaN (gemm.dout_ld: a
+// padding value read would show). OC = 53: padded bf16 rows.
 TEST(CudaEpilogues, BiasGradientSummedInTheConversionHasTheSameBits) {
   REQUIRE_GPU();
   for (auto [N, C, OC] : {std::array<int, 3>{100, 70, 53}, std::array<int, 3>{129, 64, 96}}) {
     const Problem p(N, C, OC, 520);
     const auto dx0 = random_floats(N * C, 530), dw0 = random_floats(OC * C, 531), db0 = random_floats(OC, 532);
-    Dev dx(p.x), dw(p.w), gdout(p.dout);
+    const int ld = OC + 11;
+    std::vector<float> padded((size_t)N * ld, std::numeric_limits<float>::quiet_NaN());
+    for (int n = 0; n < N; n++)
+      std::copy(p.dout.begin() + (size_t)n * OC, p.dout.begin() + (size_t)(n + 1) * OC, padded.begin() + (size_t)n * ld);
+    Dev dx(p.x), dw(p.w), gdout(p.dout), gpadded(padded);
+    GemmMode rows_ld(kBf16);
+    rows_ld.dout_ld = ld;
     const std::string where = "OC=" + std::to_string(OC);
-    Dev alone(db0), fused(db0), tf32(db0), fused_dx(dx0), fused_dw(dw0), plain_dx(dx0), plain_dw(dw0), tw(dw0);
-    gpu().matmul_backward(nullptr, nullptr, alone.f(), gdout.f(), nullptr, nullptr, N, C, OC, kBf16);
+    Dev alone(db0), fused(db0), fused_dx(dx0), fused_dw(dw0), plain_dx(dx0), plain_dw(dw0), ld_db(db0), ld_dx(dx0),
+        ld_dw(dw0);
+    const long long before = cuda_epilogue_counts().colsum_in_conversion;
     gpu().matmul_backward(fused_dx.f(), fused_dw.f(), fused.f(), gdout.f(), dx.f(), dw.f(), N, C, OC, kBf16);
-    gpu().matmul_backward(nullptr, tw.f(), tf32.f(), gdout.f(), dx.f(), nullptr, N, C, OC, kTf32);
+    EXPECT_EQ(cuda_epilogue_counts().colsum_in_conversion - before, 1) << where << ": the fused pass ran";
+    gpu().matmul_backward(nullptr, nullptr, alone.f(), gdout.f(), nullptr, nullptr, N, C, OC, kBf16);
     gpu().matmul_backward(plain_dx.f(), plain_dw.f(), nullptr, gdout.f(), dx.f(), dw.f(), N, C, OC, kBf16);
+    EXPECT_EQ(cuda_epilogue_counts().colsum_in_conversion - before, 1) << where << ": only the call that converts";
+    gpu().matmul_backward(ld_dx.f(), ld_dw.f(), ld_db.f(), gpadded.f(), dx.f(), dw.f(), N, C, OC, rows_ld);
     EXPECT_SAME_BITS(fused.get(), alone.get()) << where << ": dbias, fused against alone";
-    EXPECT_SAME_BITS(tf32.get(), alone.get()) << where << ": dbias, tf32 against bf16 alone";
     EXPECT_SAME_BITS(fused_dx.get(), plain_dx.get()) << where << ": dinp";
     EXPECT_SAME_BITS(fused_dw.get(), plain_dw.get()) << where << ": dweight";
+    EXPECT_SAME_BITS(ld_db.get(), fused.get()) << where << ": dbias from rows of " << ld;
+    EXPECT_SAME_BITS(ld_dx.get(), fused_dx.get()) << where << ": dinp from rows of " << ld;
+    EXPECT_SAME_BITS(ld_dw.get(), fused_dw.get()) << where << ": dweight from rows of " << ld;
     EXPECT_NE(bit_difference(alone.get(), db0), "") << where << ": dbias was not added to";
   }
 }

@@ -68,9 +68,10 @@ bool cuda_gemm_epilogues_enabled();
 // unfused path because a documented rule excluded the shape (e.g. a GELU row width not a multiple
 // of 8), since the process started: the tests check which path a call took. ragged_split: the
 // tensor-core GEMMs (bf16, tf32) run as two because a dimension contiguous in memory was >= 1024
-// and not a multiple of 8 (kernels/matmul.cu, the LM head's V = 50257).
+// and not a multiple of 8 (kernels/matmul.cu, the LM head's V = 50257). colsum_in_conversion: bf16
+// backwards whose bias-gradient column sums ran in the pass converting dout to bf16.
 struct CudaEpilogueCounts {
-  long long bias = 0, gelu_aux = 0, dgelu = 0, bgradb = 0, unfused = 0, ragged_split = 0;
+  long long bias = 0, gelu_aux = 0, dgelu = 0, bgradb = 0, unfused = 0, ragged_split = 0, colsum_in_conversion = 0;
 };
 CudaEpilogueCounts cuda_epilogue_counts();
 // Measured rate of a row-major GEMM C[M,N] = A[M,K] B[N,K]^T (fp32 C) on the compute stream, in
