@@ -70,6 +70,18 @@ uint64_t host_waits();
 // One result handed to the host (readback_count): copy_to_host, sum_squares, softmax_xent.
 void count_readback();
 
+// The bound device's shared memory per block with opt-in (cudaDevAttrMaxSharedMemoryPerBlockOptin:
+// an H100 227 KB, an A100 163 KB), read once per bound device (a process binds one).
+int device_smem_optin();
+// Opts kernel k in to `bytes` of dynamic shared memory above the 48 KB default; *allowed (the
+// caller's static, 0 at first) remembers the most it has asked for, so a call asks only to grow.
+template <typename Kernel>
+void allow_smem(Kernel k, size_t bytes, size_t* allowed) {
+  if (bytes <= 48 * 1024 || bytes <= *allowed) return;
+  LLMPI_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  *allowed = bytes;
+}
+
 // Blocks for a grid-stride loop over n items: one item per thread, at most 2^20 blocks.
 inline unsigned grid_for(size_t n, int threads) {
   size_t b = (n + threads - 1) / threads;

@@ -147,6 +147,16 @@ bool cuda_sync_check_enabled() {
 }
 
 namespace cuda {
+int device_smem_optin() {
+  static int cached_dev = -1, optin = 0;
+  const int dev = cuda_device();
+  if (dev != cached_dev) {
+    LLMPI_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    cached_dev = dev;
+  }
+  return optin;
+}
+
 void launch_check(const char* name, const char* file, int line) {
   cudaError_t e = cudaPeekAtLastError();
   if (e == cudaSuccess && cuda_sync_check_enabled()) e = cudaStreamSynchronize(compute_stream());

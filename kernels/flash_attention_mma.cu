@@ -52,6 +52,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backend/cuda_ops.h"
 #include "backend/dropout_hash.h"
 #include "backend/flash_bf16.h"
 #include "cuda_common.cuh"
@@ -633,20 +634,11 @@ int head_case(int hs) { return hs <= 32 ? 32 : hs <= 64 ? 64 : hs <= 128 ? 128 :
 
 unsigned tiles(int T) { return static_cast<unsigned>((T + kTile - 1) / kTile); }
 
-// Opts a kernel in to `bytes` of dynamic shared memory (above the 48 KB default), once.
-template <typename Kernel>
-void allow_smem(Kernel k, size_t bytes, bool* done) {
-  if (*done) return;
-  LLMPI_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(bytes)));
-  *done = true;
-}
-
 template <class Op, int HS>
 void launch_forward(float* out, float* lse, const float* qkv, const int32_t* mask, const FlashArgs& a) {
-  static bool ready = false;
+  static size_t allowed = 0;
   constexpr size_t smem = forward_smem<Op, HS>();
-  allow_smem(flash_mma_forward_kernel<Op, HS>, smem, &ready);
+  allow_smem(flash_mma_forward_kernel<Op, HS>, smem, &allowed);
   const dim3 grid(static_cast<unsigned>(a.B * a.NH), tiles(a.T));
   flash_mma_forward_kernel<Op, HS><<<grid, kThreads, smem, compute_stream()>>>(out, lse, qkv, mask, a);
   LLMPI_LAUNCH_CHECK("flash_attention_forward (tensor cores)");
@@ -655,10 +647,10 @@ void launch_forward(float* out, float* lse, const float* qkv, const int32_t* mas
 template <class Op, int HS>
 void launch_backward(float* dqkv, const float* dout, const float* lse, const float* D,
                      const float* qkv, const int32_t* mask, const FlashArgs& a) {
-  static bool ready_kv = false, ready_q = false;
+  static size_t allowed_kv = 0, allowed_q = 0;
   constexpr size_t smem_kv = dkdv_smem<Op, HS>(), smem_q = dq_smem<Op, HS>();
-  allow_smem(flash_mma_dkdv_kernel<Op, HS>, smem_kv, &ready_kv);
-  allow_smem(flash_mma_dq_kernel<Op, HS>, smem_q, &ready_q);
+  allow_smem(flash_mma_dkdv_kernel<Op, HS>, smem_kv, &allowed_kv);
+  allow_smem(flash_mma_dq_kernel<Op, HS>, smem_q, &allowed_q);
   const dim3 gkv(static_cast<unsigned>(a.B * a.NKV), tiles(a.T));
   flash_mma_dkdv_kernel<Op, HS><<<gkv, kThreads, smem_kv, compute_stream()>>>(dqkv, dout, lse, D, qkv, mask, a);
   LLMPI_LAUNCH_CHECK("flash_attention_backward (tensor cores: dK, dV)");
@@ -706,17 +698,15 @@ int kernel_case(const char* op, GemmPrecision prec, int hs) {
 bool flash_mma_applies(GemmPrecision prec, int hs) {
   const int HS = head_case(hs);
   if (HS == 0 || prec == GemmPrecision::fp32) return false;
-  // the device's properties, read once per bound device (a process binds one)
-  static int cached_dev = -1, major = 0, optin = 0;
-  int dev = 0;
-  LLMPI_CUDA_CHECK(cudaGetDevice(&dev));
+  // the device's compute capability, read once per bound device (a process binds one)
+  static int cached_dev = -1, major = 0;
+  const int dev = cuda_device();
   if (dev != cached_dev) {
     LLMPI_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    LLMPI_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     cached_dev = dev;
   }
   const size_t need = prec == GemmPrecision::bf16 ? largest_smem<Bf16Operands>(HS) : largest_smem<Tf32Operands>(HS);
-  return major >= 8 && static_cast<size_t>(optin) >= need;
+  return major >= 8 && static_cast<size_t>(device_smem_optin()) >= need;
 }
 
 void flash_mma_forward(GemmPrecision prec, float* out, float* lse, const float* qkv, const int32_t* mask, int B,

@@ -200,17 +200,10 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 // The row kernel's shared memory for V, or 0 when the bound device cannot give a block that much
-// (then softmax_xent_kernel runs). The device's limit read once per bound device (a process binds one).
+// beside its 32 reduction slots (then softmax_xent_kernel runs).
 size_t row_kernel_smem(int V) {
-  static int cached_dev = -1, optin = 0;
-  int dev = 0;
-  LLMPI_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev != cached_dev) {
-    LLMPI_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    cached_dev = dev;
-  }
   const size_t bytes = (static_cast<size_t>(V) + 3) / 4 * sizeof(float4);
-  return bytes + 32 * sizeof(float) <= static_cast<size_t>(optin) ? bytes : 0;
+  return bytes + 32 * sizeof(float) <= static_cast<size_t>(device_smem_optin()) ? bytes : 0;
 }
 
 // One of the two kernels over N rows (grad may alias logits for G = float).
@@ -223,12 +216,8 @@ void launch_softmax_xent(const float* logits, G* grad, int ld, float* losses, co
     softmax_xent_kernel<G><<<N, kThreads, 0, s>>>(logits, grad, ld, losses, targets, bad, V, row0, grad_scale);
     return;
   }
-  static int allowed = 0;  // the dynamic shared memory this instantiation has been opted in to
-  if (smem > 48 * 1024 && static_cast<int>(smem) > allowed) {
-    LLMPI_CUDA_CHECK(cudaFuncSetAttribute(softmax_xent_row_kernel<G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-    allowed = static_cast<int>(smem);
-  }
+  static size_t allowed = 0;  // the dynamic shared memory this instantiation has been opted in to
+  allow_smem(softmax_xent_row_kernel<G>, smem, &allowed);
   softmax_xent_row_kernel<G><<<N, kRowThreads, smem, s>>>(logits, grad, ld, losses, targets, bad, V, row0, grad_scale);
 }
 

@@ -268,13 +268,12 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   lm_rows = lm_rows_;
   head_grad = false;
   bf16_planned_ = bf16_operands;
-  // bf16 operands ("bf16 weight copy" in transformer.h): the pre-norm norms' outputs kept only in
-  // bf16, the LM head's logits gradient in bf16. Their buffers are planned in floats (2 values
-  // each) through `half`, whose pointers become the uint16 ones after the allocation.
+  // bf16 operands ("bf16 weight copy" in transformer.h): the pre-norm norms' outputs and the MLP's
+  // activation output (read only by GEMMs) kept only in bf16, the LM head's logits gradient in
+  // bf16. Their buffers are planned in floats (2 values each) through `half`, whose pointers
+  // become the uint16 ones after the allocation.
   const bool bf16 = m.precision == GemmPrecision::bf16 && bf16_operands;
   const bool norms16 = bf16 && d.pre_norm;
-  // the MLP's activation output, read only by the output projection's GEMMs, in bf16 too
-  const bool act16 = bf16;
   std::vector<std::pair<uint16_t**, float*>> half;
   half.reserve(3 * (m.part.l1 - m.part.l0) + 2);
   final_norm = nullptr;
@@ -305,7 +304,7 @@ void Activations::allocate(const Model& m, int B_, int T_) {
                              {&L.atty, N * AY}, {fused ? &L.lse : &L.att, fused ? lse : att}, {&L.res_attn, N * C}});
     plan_norm(&L.norm2, &L.norm2_bf16);
     plan.insert(plan.end(), {{&L.norm2_mean, N}, {&L.norm2_rstd, N}, {&L.fc, N * FC}});
-    if (act16) plan_half(&L.act_bf16, N * F);
+    if (bf16) plan_half(&L.act_bf16, N * F);
     else plan.push_back({&L.act, N * F});
     plan.push_back({&L.res_mlp, N * C});
     if (!d.pre_norm) plan.push_back({&L.out, N * C});

@@ -64,11 +64,27 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
   for (long long i = 0; i < nn; i++) dinp[i] += gelu_tanh_grad(inp[i]) * dout[i];
 }
 
-// ---- dense layer + GELU (tanh), fused on CUDA; here exactly the unfused sequence ---------------
-// pre = inp·W^T + bias; act = gelu(pre). With act_bf16: in blocks of kBf16Block values, computed
-// into act's block (or, act null, this thread's scratch) by gelu_forward's expression, and rounded
-// from there (the same bits as gelu_forward, then rounding; as gelu_erf_forward below).
+// out[i] = f(inp[i]) for i < n, also (or only: out null) rounded to bf16 into out_bf16: in blocks
+// of kBf16Block values, computed into out's block (or this thread's scratch) by the same loop, so
+// with the same bits either way, and rounded from there. (The elementwise activations' bf16 path.)
 constexpr long long kBf16Block = 4096;
+template <class F>
+static void map_with_bf16(float* out, uint16_t* out_bf16, const float* inp, size_t n, F f) {
+  const long long nn = static_cast<long long>(n), blocks = (nn + kBf16Block - 1) / kBf16Block;
+#pragma omp parallel for schedule(static) if (nn > kParMin)
+  for (long long b = 0; b < blocks; b++) {
+    const long long i0 = b * kBf16Block, m = std::min(kBf16Block, nn - i0);
+    float* o = out ? out + i0 : thread_scratch(kBf16Block);
+    const float* x = inp + i0;
+#pragma omp simd
+    for (long long i = 0; i < m; i++) o[i] = f(x[i]);
+    store_bf16_bits(out_bf16 + i0, o, static_cast<size_t>(m));
+  }
+}
+
+// ---- dense layer + GELU (tanh), fused on CUDA; here exactly the unfused sequence ---------------
+// pre = inp·W^T + bias; act = gelu(pre) (with act_bf16: map_with_bf16 of gelu_forward's
+// expression, the same bits as gelu_forward, then rounding)
 void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* weight, const float* bias, int N,
                          int C, int OC, GemmMode gemm, uint16_t* act_bf16) {
   if (gemm.out_stride(OC) != OC) fail("internal: matmul_gelu_forward writes contiguous rows (out_ld ", gemm.out_ld, ")");
@@ -76,16 +92,7 @@ void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* 
   if (N <= 0 || OC <= 0) return;
   const size_t n = static_cast<size_t>(N) * OC;
   if (act_bf16 == nullptr) return gelu_forward(act, pre, n);
-  const long long nn = static_cast<long long>(n), blocks = (nn + kBf16Block - 1) / kBf16Block;
-#pragma omp parallel for schedule(static) if (nn > kParMin)
-  for (long long b = 0; b < blocks; b++) {
-    const long long i0 = b * kBf16Block, m = std::min(kBf16Block, nn - i0);
-    float* o = act ? act + i0 : thread_scratch(kBf16Block);
-    const float* x = pre + i0;
-#pragma omp simd
-    for (long long i = 0; i < m; i++) o[i] = gelu_tanh_value(x[i]);
-    store_bf16_bits(act_bf16 + i0, o, static_cast<size_t>(m));
-  }
+  map_with_bf16(act, act_bf16, pre, n, [](float x) { return gelu_tanh_value(x); });
 }
 
 // dpre = gelu'(pre) ⊙ (dout·W), overwriting dpre. The unfused model zeroed a scratch d, added
@@ -148,8 +155,7 @@ static inline float normal_cdf(float x) {
   return r;
 }
 
-// out = x Phi(x). With out_bf16: in blocks of kBf16Block values, computed into out's block (or,
-// out null, this thread's scratch, by the same loop: the same bits) and rounded from there.
+// out = x Phi(x) (with out_bf16: map_with_bf16)
 void gelu_erf_forward(float* out, const float* inp, size_t n, uint16_t* out_bf16) {
   const long long nn = static_cast<long long>(n);
   if (out_bf16 == nullptr) {
@@ -160,16 +166,7 @@ void gelu_erf_forward(float* out, const float* inp, size_t n, uint16_t* out_bf16
     }
     return;
   }
-  const long long blocks = (nn + kBf16Block - 1) / kBf16Block;
-#pragma omp parallel for schedule(static) if (nn > kParMin)
-  for (long long b = 0; b < blocks; b++) {
-    const long long i0 = b * kBf16Block, m = std::min(kBf16Block, nn - i0);
-    float* o = out ? out + i0 : thread_scratch(kBf16Block);
-    const float* x = inp + i0;
-#pragma omp simd
-    for (long long i = 0; i < m; i++) o[i] = x[i] * normal_cdf(x[i]);
-    store_bf16_bits(out_bf16 + i0, o, static_cast<size_t>(m));
-  }
+  map_with_bf16(out, out_bf16, inp, n, [](float x) { return x * normal_cdf(x); });
 }
 
 // d gelu/dx = Phi(x) + x phi(x),  phi(x) = exp(-x²/2) / sqrt(2 pi);  dinp += that * dout
