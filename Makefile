@@ -105,7 +105,7 @@ TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
 BENCH_SRC:= $(sort $(wildcard bench/*.cpp))
 BENCH_BINS := $(BENCH_SRC:bench/%.cpp=$(BUILD)/bench-%)
 
-binaries: $(APP_BINS) $(BUILD)/llmpi-tests $(BENCH_BINS) $(BUILD)/sim-flash_mma
+binaries: $(APP_BINS) $(BUILD)/llmpi-tests $(BENCH_BINS) $(BUILD)/sim-flash_mma $(BUILD)/sim-cuda_ops
 
 $(BUILD)/obj/%.o: %.cpp | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -146,11 +146,39 @@ $(SIM_DIR)/flash_mma_kernels.inc: kernels/flash_attention_mma.cu
 	@printf '}  // namespace\n}  // namespace llmpi::cuda\n' >> $@.tmp
 	@grep -q 'flash_mma_dq_kernel(' $@.tmp || { echo "sim: no kernels found in $<"; rm -f $@.tmp; exit 1; }
 	@mv $@.tmp $@
-$(BUILD)/sim-flash_mma: tools/cuda_cpu_sim/flash_mma_sim.cpp tools/cuda_cpu_sim/cuda_shim.h \
+$(BUILD)/sim-flash_mma: tools/cuda_cpu_sim/flash_mma_sim.cpp tools/cuda_cpu_sim/cuda_shim.h tools/cuda_cpu_sim/launch.h \
     $(SIM_DIR)/flash_mma_kernels.inc src/backend/flash_bf16.h kernels/flash_attention_args.cuh $(BUILD)/libllmpi.a
 	$(CXX) $(filter-out -std=c++17 -MMD -MP,$(CXXFLAGS)) -std=c++20 -Wno-unknown-pragmas $(SIM_FLAGS) \
 	    -Itools/cuda_cpu_sim -Ikernels -I$(SIM_DIR) \
 	    $< $(BUILD)/libllmpi.a -o $@ $(LDLIBS)
+
+# CUDA backend ops run on the CPU, kernels and launchers together (tools/cuda_cpu_sim/README.md):
+# each .cu below rewritten by rewrite_cu.pl (launches, shared arrays) and compiled with g++ against
+# the stand-in CUDA headers of tools/cuda_cpu_sim/include; sim_runtime.cpp gives the host side.
+# UBSan's alignment check stops the run at a misaligned 16- or 8-byte access, as the GPU would fault.
+SIM_CU     := softmax_xent gelu layernorm matmul flash_attention flash_attention_mma activations
+SIM_CXX    := $(filter-out -std=c++17 -MMD -MP -I$(CUDA_HOME)/include,$(CXXFLAGS)) -std=c++20 -Wno-unknown-pragmas \
+              -Wno-sign-compare -fno-strict-aliasing -ffp-contract=off $(SIM_FLAGS) \
+              -fsanitize=alignment -fno-sanitize-recover=alignment \
+              -Itools/cuda_cpu_sim/include -Itools/cuda_cpu_sim -Ikernels
+SIM_OPS_OBJ := $(SIM_CU:%=$(SIM_DIR)/ops/%.o) $(SIM_DIR)/ops/sim_runtime.o $(SIM_DIR)/ops/ops_sim.o
+SIM_HEADERS := $(wildcard tools/cuda_cpu_sim/*.h tools/cuda_cpu_sim/include/*) $(wildcard kernels/*.cuh)
+$(SIM_DIR)/ops/%.cpp: kernels/%.cu tools/cuda_cpu_sim/rewrite_cu.pl
+	@mkdir -p $(dir $@)
+	perl tools/cuda_cpu_sim/rewrite_cu.pl $< > $@.tmp && mv $@.tmp $@
+$(SIM_DIR)/ops/%.o: $(SIM_DIR)/ops/%.cpp $(SIM_HEADERS)
+	$(CXX) $(SIM_CXX) -c $< -o $@
+$(SIM_DIR)/ops/%.o: tools/cuda_cpu_sim/%.cpp $(SIM_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SIM_CXX) -c $< -o $@
+# (linked with the host code only: the nvcc-built kernels of libllmpi.a, or without nvcc
+# src/backend/cuda_fallback.cpp, define what the simulated files and sim_runtime.cpp define)
+$(SIM_DIR)/libllmpi_host.a: $(filter-out $(BUILD)/obj/src/backend/cuda_fallback.o,$(LIB_OBJ))
+	@mkdir -p $(dir $@)
+	@rm -f $@ && ar rcs $@ $^
+$(BUILD)/sim-cuda_ops: $(SIM_OPS_OBJ) $(SIM_DIR)/libllmpi_host.a
+	$(CXX) $(SIM_CXX) $^ -o $@ $(LDLIBS)
+.SECONDARY: $(SIM_CU:%=$(SIM_DIR)/ops/%.cpp)
 
 # ---- the two quick-start commands -----------------------------------------------------------
 DEMO_DIR := $(BUILD)/demo

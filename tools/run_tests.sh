@@ -3,8 +3,8 @@
 #   1. serial unit tests:   llmpi-tests --gtest_filter=-Mpi*
 #   2. MPI tests, each in its own `mpiexec` with its own time limit, so a deadlock fails that test
 #      instead of hanging the suite: Mpi* under -n 2, MpiN4* under -n 4, MpiN6* under -n 6
-#   3. the tensor-core fused-attention CUDA kernels (bf16, tf32) run on the CPU (build/sim-flash_mma,
-#      tools/cuda_cpu_sim)
+#   3. CUDA kernels run on the CPU (tools/cuda_cpu_sim): the tensor-core fused-attention kernels
+#      (bf16, tf32; build/sim-flash_mma) and CUDA ops with their launchers (build/sim-cuda_ops)
 #   4. command-line checks: tests/cli/*.sh (exit codes and messages of the real programs)
 # Logs go to $BUILD/test-logs/. The last line is "llmpi tests: N passed, N failed".
 set -u
@@ -55,6 +55,9 @@ echo "== CUDA kernels run on the CPU (tools/cuda_cpu_sim)"
 log=$LOGS/sim-flash_mma.log
 timeout --kill-after=10 600 "$BUILD/sim-flash_mma" >"$log" 2>&1
 record "sim-flash_mma (the bf16 and tf32 fused-attention kernels against the CPU op)" $? "$log"
+log=$LOGS/sim-cuda_ops.log
+timeout --kill-after=10 600 "$BUILD/sim-cuda_ops" >"$log" 2>&1
+record "sim-cuda_ops (CUDA ops, kernels and launchers, against the CPU ops)" $? "$log"
 
 echo "== command-line checks"
 for s in tests/cli/*.sh; do

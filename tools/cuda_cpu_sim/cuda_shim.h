@@ -16,13 +16,19 @@
 // ordering between blocks, and anything in code that does not compile against this header.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "backend/bf16.h"
 #include "backend/tf32.h"
@@ -36,55 +42,147 @@
 #define __align__(n)
 #define __shared__
 
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
 namespace llmpi::sim {
 
-constexpr int kBlockThreads = 128;  // the flash kernels' block: 4 warps
-constexpr int kWarps = kBlockThreads / 32;
-
-struct Dim3 {
-  unsigned x = 0, y = 0, z = 0;
-};
-
-struct BlockContext {
-  std::barrier<> block{kBlockThreads};
-  std::barrier<> warp[kWarps] = {std::barrier<>(32), std::barrier<>(32), std::barrier<>(32), std::barrier<>(32)};
-  float exchange[kWarps][32];
-  uint32_t mma_a[kWarps][32][4], mma_b[kWarps][32][2];  // each lane's mma operand registers
-};
-inline thread_local BlockContext* g_block = nullptr;
+using Dim3 = ::dim3;
+constexpr int kBlockThreads = 128;  // the flash kernels' block: 4 warps (flash_mma_sim.cpp)
+constexpr size_t kSmemPerBlock = 232448;  // an H100's opt-in shared memory per block (227 KB)
 
 [[noreturn]] inline void die(const char* what) {
   std::fprintf(stderr, "cuda_cpu_sim: %s\n", what);
   std::abort();
 }
 
+// One block's threads, barriers, exchange slots and shared memory. Warps are 32 consecutive
+// linear thread ids (x fastest), the last one possibly partial.
+struct BlockContext {
+  explicit BlockContext(int threads_, size_t dynamic_bytes = 0)
+      : threads(threads_), block(threads_), exchange((threads_ + 31) / 32), mma_a(exchange.size()),
+        mma_b(exchange.size()), dynamic_smem(dynamic_bytes) {
+    for (int w = 0; w * 32 < threads; w++) warp.emplace_back(std::min(32, threads - w * 32));
+    std::memset(dynamic_smem.data(), 0xff, dynamic_smem.size());  // NaN bytes
+  }
+  // a `__shared__ T name[...]` declaration's memory in this block (key: the declaration), NaN
+  // bytes at first; every thread of the block gets the same
+  void* static_memory(const void* key, size_t bytes) {
+    std::lock_guard<std::mutex> lock(statics_mutex);
+    auto& m = statics[key];
+    if (!m.empty()) return m.data();
+    m.assign(bytes, 0xff);
+    static_bytes += bytes;
+    if (static_bytes + dynamic_smem.size() > kSmemPerBlock) die("a block uses more shared memory than an H100 has");
+    return m.data();
+  }
+  int threads;
+  std::barrier<> block;
+  std::deque<std::barrier<>> warp;
+  std::vector<std::array<uint64_t, 32>> exchange;
+  std::vector<std::array<std::array<uint32_t, 4>, 32>> mma_a;  // each lane's mma operand registers
+  std::vector<std::array<std::array<uint32_t, 2>, 32>> mma_b;
+  std::vector<unsigned char> dynamic_smem;
+  std::mutex statics_mutex;
+  std::map<const void*, std::vector<unsigned char>> statics;
+  size_t static_bytes = 0;
+};
+inline thread_local BlockContext* g_block = nullptr;
+
 }  // namespace llmpi::sim
 
-inline thread_local llmpi::sim::Dim3 threadIdx, blockIdx;
-inline llmpi::sim::Dim3 blockDim{llmpi::sim::kBlockThreads, 1, 1};
+inline thread_local dim3 threadIdx{0, 0, 0}, blockIdx{0, 0, 0};
+inline dim3 blockDim{llmpi::sim::kBlockThreads, 1, 1}, gridDim{1, 1, 1};  // set by each launch
+
+namespace llmpi::sim {
+inline int linear_thread() { return static_cast<int>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); }
+inline int warp_id() { return linear_thread() / 32; }
+inline int lane_id() { return linear_thread() % 32; }
+
+// What the rewritten kernels' shared arrays name (the Makefile's rewrite of a .cu):
+//   extern __shared__ T name[];   ->  T* const name = dynamic_shared<T>();
+//   __shared__ T name[N]...;      ->  auto& name = static_shared<T[N]...>([] {});  (the lambda's
+//                                     type makes each declaration, in each instantiation, its own)
+template <class T>
+T* dynamic_shared() {
+  return reinterpret_cast<T*>(g_block->dynamic_smem.data());
+}
+template <class T, class Tag>
+T& static_shared(Tag) {
+  static const char key = 0;
+  return *reinterpret_cast<T*>(g_block->static_memory(&key, sizeof(T)));
+}
+
+// A value of lane src of this warp (every lane calls it: two warp barriers)
+template <class T>
+T exchange(T v, int src) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
+  auto& slots = g_block->exchange[warp_id()];
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  slots[lane_id()] = bits;
+  g_block->warp[warp_id()].arrive_and_wait();
+  bits = slots[src & 31];
+  g_block->warp[warp_id()].arrive_and_wait();
+  T r;
+  std::memcpy(&r, &bits, sizeof(T));
+  return r;
+}
+
+inline std::mutex& atomic_mutex() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace llmpi::sim
 
 inline void __syncthreads() { llmpi::sim::g_block->block.arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { llmpi::sim::g_block->warp[threadIdx.x / 32].arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
-  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-  llmpi::sim::g_block->exchange[w][l] = v;
-  __syncwarp();
-  const float r = llmpi::sim::g_block->exchange[w][l ^ lane_mask];
-  __syncwarp();
-  return r;
+inline void __syncwarp(unsigned = 0xffffffffu) { llmpi::sim::g_block->warp[llmpi::sim::warp_id()].arrive_and_wait(); }
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int lane_mask, int = 32) {
+  return llmpi::sim::exchange(v, llmpi::sim::lane_id() ^ lane_mask);
+}
+template <class T>
+T __shfl_down_sync(unsigned, T v, unsigned delta, int = 32) {
+  const int l = llmpi::sim::lane_id();
+  return llmpi::sim::exchange(v, l + static_cast<int>(delta) < 32 ? l + static_cast<int>(delta) : l);
+}
+template <class T>
+T __shfl_up_sync(unsigned, T v, unsigned delta, int = 32) {
+  const int l = llmpi::sim::lane_id();
+  return llmpi::sim::exchange(v, l >= static_cast<int>(delta) ? l - static_cast<int>(delta) : l);
+}
+template <class T>
+T __shfl_sync(unsigned, T v, int src, int = 32) {
+  return llmpi::sim::exchange(v, src);
+}
+template <class T>
+T atomicMax(T* p, T v) {
+  std::lock_guard<std::mutex> lock(llmpi::sim::atomic_mutex());
+  const T old = *p;
+  if (v > old) *p = v;
+  return old;
+}
+template <class T>
+T atomicAdd(T* p, T v) {
+  std::lock_guard<std::mutex> lock(llmpi::sim::atomic_mutex());
+  const T old = *p;
+  *p = old + v;
+  return old;
 }
 inline void __trap() { llmpi::sim::die("__trap"); }
 using std::min;
 
-struct float4 {
+struct alignas(16) float4 {
   float x, y, z, w;
 };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
-struct float2 {
+struct alignas(8) float2 {
   float x, y;
 };
 inline float2 make_float2(float x, float y) { return {x, y}; }
-struct uint2 {
+struct alignas(8) uint2 {
   uint32_t x, y;
 };
 inline uint2 make_uint2(uint32_t x, uint32_t y) { return {x, y}; }
@@ -95,10 +193,40 @@ struct __nv_bfloat16 {
 inline __nv_bfloat16 __float2bfloat16_rn(float x) { return {llmpi::float_to_bf16_bits(x)}; }
 inline float __bfloat162float(__nv_bfloat16 b) { return llmpi::bf16_bits_to_float(b.bits); }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.bits; }
+struct __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+};
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)}; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return {u}; }
+inline float __low2float(__nv_bfloat162 v) { return __bfloat162float(v.x); }
+inline float __high2float(__nv_bfloat162 v) { return __bfloat162float(v.y); }
+inline float2 __bfloat1622float2(__nv_bfloat162 v) { return {__bfloat162float(v.x), __bfloat162float(v.y)}; }
 inline unsigned __float_as_uint(float x) {
   unsigned u;
   std::memcpy(&u, &x, sizeof u);
   return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+inline int __float_as_int(float x) { return static_cast<int>(__float_as_uint(x)); }
+inline float __int_as_float(int i) { return __uint_as_float(static_cast<unsigned>(i)); }
+// The correctly rounded operations the kernels name to keep nvcc from contracting them into an
+// FMA (the sim's builds pass -ffp-contract=off, so g++ contracts nothing: where nvcc would fuse
+// an a * b + c elsewhere the sim rounds twice, a difference within the comparisons' tolerances).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline float __expf(float x) { return std::exp(x); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }  // the device's is within 2 ulp
+template <class T>
+T __ldg(const T* p) {
+  return *p;
 }
 
 namespace llmpi::cuda {
@@ -113,7 +241,7 @@ inline float as_float(uint32_t u) {
 // K terms in index order in fp32 (-DLLMPI_SIM_TRUNCATE_MMA: exactly, then rounded toward zero)
 template <int K>
 void accumulate(float (&d)[4], const float (&A)[16][K], const float (&B)[K][8]) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int lane = llmpi::sim::lane_id(), g = lane / 4, t = lane % 4;
   for (int e = 0; e < 4; e++) {
     const int m = g + (e >> 1) * 8, n = 2 * t + (e & 1);
 #ifdef LLMPI_SIM_TRUNCATE_MMA
@@ -132,7 +260,7 @@ void accumulate(float (&d)[4], const float (&A)[16][K], const float (&B)[K][8]) 
 // every lane's operand registers, between two warp barriers
 inline void exchange(const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   auto& blk = *llmpi::sim::g_block;
-  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int w = llmpi::sim::warp_id(), lane = llmpi::sim::lane_id();
   for (int r = 0; r < 4; r++) blk.mma_a[w][lane][r] = a[r];
   for (int r = 0; r < 2; r++) blk.mma_b[w][lane][r] = b[r];
   __syncwarp();
@@ -145,7 +273,7 @@ inline void exchange(const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 // the lower index in a register's low 16 bits.
 inline void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   const auto& blk = *llmpi::sim::g_block;
-  const int w = threadIdx.x / 32;
+  const int w = llmpi::sim::warp_id();
   sim_mma::exchange(a, b);
   auto lo = [](uint32_t v) { return llmpi::bf16_bits_to_float(static_cast<uint16_t>(v & 0xffffu)); };
   auto hi = [](uint32_t v) { return llmpi::bf16_bits_to_float(static_cast<uint16_t>(v >> 16)); };
@@ -173,7 +301,7 @@ inline void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint3
 // stops the run here, so an unrounded operand cannot pass unnoticed.
 inline void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   const auto& blk = *llmpi::sim::g_block;
-  const int w = threadIdx.x / 32;
+  const int w = llmpi::sim::warp_id();
   sim_mma::exchange(a, b);
   auto tf = [](uint32_t v) {
     if ((v & 0x1fffu) != 0 && (v & 0x7f800000u) != 0x7f800000u) llmpi::sim::die("a tf32 mma operand that is not rounded");

@@ -10,6 +10,7 @@
 // The kernels' part of the .cu (from `namespace llmpi::cuda {` up to its "---- launch" line) is
 // extracted by the Makefile into $(BUILD)/cuda_cpu_sim/flash_mma_kernels.inc, included below.
 #include "cuda_shim.h"
+#include "launch.h"
 
 #include <thread>
 #include <random>
@@ -68,16 +69,13 @@ void launch(unsigned gx, unsigned gy, size_t smem_bytes, F kernel) {
   for (unsigned by = 0; by < gy; by++)
     for (unsigned bx = 0; bx < gx; bx++) {
       std::memset(smem, 0xff, sizeof smem);  // NaN bytes: a read of unwritten shared memory shows
-      sim::BlockContext block;
-      std::vector<std::thread> threads;
-      for (unsigned t = 0; t < sim::kBlockThreads; t++)
-        threads.emplace_back([&, t] {
-          threadIdx = {t, 0, 0};
-          blockIdx = {bx, by, 0};
-          sim::g_block = &block;
-          kernel();
-        });
-      for (auto& th : threads) th.join();
+      sim::BlockContext block(sim::kBlockThreads);
+      sim::thread_pool().run(sim::kBlockThreads, [&](int t) {
+        threadIdx = {static_cast<unsigned>(t), 0, 0};
+        blockIdx = {bx, by, 0};
+        sim::g_block = &block;
+        kernel();
+      });
     }
 }
 

@@ -1,0 +1,145 @@
+// The host side of a simulated launch (tools/cuda_cpu_sim/README.md): a kernel's grid run on the
+// CPU, block after block, each block's threads real threads. The Makefile's rewrite of a .cu turns
+//   kernel<<<grid, block, smem, stream>>>(args)  into  ::llmpi::sim::launcher(kernel, grid, block, smem, stream)(args)
+// Checks what a launch on an H100 would refuse or fault on: an empty grid, more than 1024 threads
+// a block, a grid's y or z over 65535, and dynamic shared memory above 48 KB without the kernel's
+// cudaFuncSetAttribute opt-in (or above the 227 KB a block can have).
+#pragma once
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "cuda_shim.h"
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+namespace llmpi::sim {
+
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes): per kernel
+inline std::map<const void*, size_t>& smem_opt_in() {
+  static std::map<const void*, size_t> m;
+  return m;
+}
+struct LaunchStats {
+  long long launches = 0, blocks = 0;
+};
+inline LaunchStats& launch_stats() {
+  static LaunchStats s;
+  return s;
+}
+
+// Threads that run one block's threads after another's (creating 1024 threads per block would
+// cost more than the kernels): run(n, f) calls f(0..n-1), each on its own thread, and returns when
+// all have returned.
+class ThreadPool {
+ public:
+  ~ThreadPool() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      quit_ = true;
+    }
+    start_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void run(int n, const std::function<void(int)>& f) {
+    while (static_cast<int>(threads_.size()) < n) {
+      const int i = static_cast<int>(threads_.size());
+      threads_.emplace_back([this, i] { work(i); });
+    }
+    std::unique_lock<std::mutex> lock(m_);
+    job_ = &f;
+    active_ = n;
+    remaining_ = n;
+    generation_++;
+    start_.notify_all();
+    done_.wait(lock, [this] { return remaining_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void work(int i) {
+    uint64_t seen = 0;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      seen = generation_;  // a thread created for this run must not skip it: see below
+      if (job_ && i < active_) seen--;
+    }
+    for (;;) {
+      const std::function<void(int)>* job;
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        start_.wait(lock, [&] { return quit_ || generation_ != seen; });
+        if (quit_) return;
+        seen = generation_;
+        if (i >= active_) continue;
+        job = job_;
+      }
+      (*job)(i);
+      std::lock_guard<std::mutex> lock(m_);
+      if (--remaining_ == 0) done_.notify_one();
+    }
+  }
+  std::vector<std::thread> threads_;
+  std::mutex m_;
+  std::condition_variable start_, done_;
+  const std::function<void(int)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int active_ = 0, remaining_ = 0;
+  bool quit_ = false;
+};
+inline ThreadPool& thread_pool() {
+  static ThreadPool p;
+  return p;
+}
+
+// body() as every thread of the grid
+inline void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
+  const long long threads = static_cast<long long>(block.x) * block.y * block.z;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0) die("a launch with an empty grid or block");
+  if (threads > 1024) die("a launch with more than 1024 threads per block");
+  if (grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu) die("a grid dimension over its limit");
+  if (smem > 48 * 1024) {
+    auto it = smem_opt_in().find(kernel);
+    if (it == smem_opt_in().end() || it->second < smem)
+      die("dynamic shared memory above 48 KB without cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  }
+  if (smem > kSmemPerBlock) die("dynamic shared memory above the 227 KB an H100 block can have");
+  blockDim = block;
+  gridDim = grid;
+  launch_stats().launches++;
+  for (unsigned bz = 0; bz < grid.z; bz++)
+    for (unsigned by = 0; by < grid.y; by++)
+      for (unsigned bx = 0; bx < grid.x; bx++) {
+        launch_stats().blocks++;
+        BlockContext ctx(static_cast<int>(threads), smem);
+        thread_pool().run(static_cast<int>(threads), [&](int t) {
+          threadIdx = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
+          blockIdx = dim3(bx, by, bz);
+          g_block = &ctx;
+          body();
+          // an exited thread no longer takes part in its block's or warp's barriers
+          ctx.warp[warp_id()].arrive_and_drop();
+          ctx.block.arrive_and_drop();
+        });
+      }
+}
+
+template <class... P>
+struct Launcher {
+  void (*kernel)(P...);
+  dim3 grid, block;
+  size_t smem;
+  template <class... A>
+  void operator()(A&&... args) const {
+    run_grid(reinterpret_cast<const void*>(kernel), grid, block, smem, [&] { kernel(args...); });
+  }
+};
+template <class... P>
+Launcher<P...> launcher(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem = 0, cudaStream_t = nullptr) {
+  return {kernel, grid, block, smem};
+}
+
+}  // namespace llmpi::sim

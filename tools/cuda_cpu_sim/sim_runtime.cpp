@@ -1,0 +1,153 @@
+// The host side of the CUDA backend that the simulated .cu files call but do not define
+// (kernels/memory.cu's stream, workspace and waits; cuda_ops.cu's device queries; gemm_lt.cu's
+// cuBLASLt epilogues), for the CPU runs of tools/cuda_cpu_sim (README.md there). "Device" memory is
+// host memory and every launch has finished when it returns, so a wait is only counted.
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda_ops.h"
+#include "backend/ops.h"
+#include "cublas_v2.h"
+#include "cuda_common.cuh"
+#include "runtime/error.h"
+#include "sim_runtime.h"
+
+namespace llmpi::sim {
+
+bool g_epilogues = true;
+long long g_lt_counts[static_cast<int>(cuda::LtCount::kinds)] = {};
+
+cublasStatus_t gemm_col_major(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                              const void* A, cudaDataType_t at, int lda, const void* B, cudaDataType_t bt, int ldb,
+                              float beta, float* C, int ldc, bool tf32) {
+  // cuBLAS's argument rules (cublasGemmEx: "invalid value" otherwise)
+  const int a_rows = ta == CUBLAS_OP_N ? m : k, b_rows = tb == CUBLAS_OP_N ? k : n;
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) || ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (at != bt || (at != CUDA_R_32F && at != CUDA_R_16BF)) return CUBLAS_STATUS_INVALID_VALUE;
+  auto value = [&](const void* p, cudaDataType_t t, size_t i) {
+    if (t == CUDA_R_16BF) return bf16_bits_to_float(static_cast<const uint16_t*>(p)[i]);
+    const float x = static_cast<const float*>(p)[i];
+    return tf32 ? round_to_tf32(x) : x;
+  };
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < m; i++) {
+      float s = 0.0f;
+      for (int l = 0; l < k; l++) {
+        const size_t ai = ta == CUBLAS_OP_N ? i + static_cast<size_t>(l) * lda : l + static_cast<size_t>(i) * lda;
+        const size_t bi = tb == CUBLAS_OP_N ? l + static_cast<size_t>(j) * ldb : j + static_cast<size_t>(l) * ldb;
+        s += value(A, at, ai) * value(B, bt, bi);
+      }
+      float& c = C[i + static_cast<size_t>(j) * ldc];
+      c = alpha * s + (beta == 0.0f ? 0.0f : beta * c);  // beta = 0: C is not read (may be NaN)
+    }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace llmpi::sim
+
+namespace llmpi::cuda {
+
+namespace {
+struct Slot {
+  void* p = nullptr;
+  size_t bytes = 0;
+};
+Slot g_slots[kWsSlots];
+uint64_t g_waits = 0, g_readbacks = 0;
+}  // namespace
+
+cudaStream_t compute_stream() { return nullptr; }
+cublasHandle_t cublas() { return nullptr; }
+void* workspace(WorkspaceSlot slot, size_t bytes) {
+  Slot& s = g_slots[slot];
+  if (bytes > s.bytes) {  // grows as memory.cu's does; the old contents are not kept
+    std::free(s.p);
+    s.bytes = (bytes + 255) / 256 * 256;
+    s.p = std::aligned_alloc(256, s.bytes);
+    std::memset(s.p, 0xff, s.bytes);  // NaN bytes, as unwritten device memory may hold anything
+  }
+  return s.p;
+}
+size_t workspace_bytes() {
+  size_t n = 0;
+  for (const Slot& s : g_slots) n += s.bytes;
+  return n;
+}
+void wait_for_stream() { g_waits++; }
+uint64_t host_waits() { return g_waits; }
+void count_readback() { g_readbacks++; }
+int device_smem_optin() { return static_cast<int>(sim::kSmemPerBlock); }
+void launch_check(const char*, const char*, int) {}
+[[noreturn]] void throw_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  fail("CUDA (simulated) error ", e, " in ", what, " at ", file, ":", line);
+}
+[[noreturn]] void throw_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
+  fail("cuBLAS (simulated) error ", static_cast<int>(s), " in ", what, " at ", file, ":", line);
+}
+
+void zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
+void lt_count(LtCount what) { sim::g_lt_counts[static_cast<int>(what)]++; }
+float* lt_bgrad_scratch() {
+  static std::vector<float> v(kLtBgradMaxFloats);
+  return v.data();
+}
+
+// gemm_lt.cu's contract (cuda_common.cuh): D = epilogue(op(A) op(B) + beta C [+ bias]), row-major,
+// computed as the swapped column-major product as the real one is; the GELU (tanh) and its
+// derivative by the CPU backend's ops.
+void lt_gemm_rm(const LtGemm& g) {
+  const cudaDataType_t t = g.prec == GemmPrecision::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasOperation_t opA = g.transA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = g.transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (g.ep == LtEpilogue::bgradb) {  // bgrad[m] = Σ_k op(A)[m, k], from the operand as given
+    for (int m = 0; m < g.M; m++) {
+      float s = 0.0f;
+      for (int k = 0; k < g.K; k++) {
+        const size_t i = g.transA ? static_cast<size_t>(k) * g.lda + m : static_cast<size_t>(m) * g.lda + k;
+        s += t == CUDA_R_16BF ? bf16_bits_to_float(static_cast<const uint16_t*>(g.A)[i])
+                              : static_cast<const float*>(g.A)[i];
+      }
+      g.bgrad[m] = s;
+    }
+  }
+  std::vector<float> prod(static_cast<size_t>(g.M) * g.N);  // op(A) op(B), row-major, ld N
+  const cublasStatus_t s = sim::gemm_col_major(opB, opA, g.N, g.M, g.K, 1.0f, g.B, t, g.ldb, g.A, t, g.lda, 0.0f,
+                                               prod.data(), g.N, g.prec == GemmPrecision::tf32);
+  if (s != CUBLAS_STATUS_SUCCESS) throw_cublas(s, "lt_gemm_rm", __FILE__, __LINE__);
+  const Ops& cpu = cpu_ops();
+  for (int m = 0; m < g.M; m++)
+    for (int n = 0; n < g.N; n++) {
+      float& c = g.C[static_cast<size_t>(m) * g.ldc + n];
+      float v = prod[static_cast<size_t>(m) * g.N + n] + (g.beta == 0.0f ? 0.0f : g.beta * c);
+      switch (g.ep) {
+        case LtEpilogue::bias:
+          v += g.bias[n];
+          break;
+        case LtEpilogue::gelu_aux: {
+          if (g.bias) v += g.bias[n];
+          g.aux[static_cast<size_t>(m) * g.ldaux + n] = v;
+          float out;
+          cpu.gelu_forward(&out, &v, 1);
+          v = out;
+          break;
+        }
+        case LtEpilogue::dgelu: {
+          float d = 0.0f;
+          cpu.gelu_backward(&d, &g.aux[static_cast<size_t>(m) * g.ldaux + n], &v, 1);
+          v = d;
+          break;
+        }
+        default:
+          break;
+      }
+      c = v;
+    }
+}
+
+}  // namespace llmpi::cuda
+
+namespace llmpi {
+bool cuda_gemm_epilogues_enabled() { return sim::g_epilogues; }
+int cuda_device() { return 0; }
+}  // namespace llmpi
