@@ -105,7 +105,7 @@ TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
 BENCH_SRC:= $(sort $(wildcard bench/*.cpp))
 BENCH_BINS := $(BENCH_SRC:bench/%.cpp=$(BUILD)/bench-%)
 
-binaries: $(APP_BINS) $(BUILD)/llmpi-tests $(BENCH_BINS) $(BUILD)/sim-flash_mma $(BUILD)/sim-cuda_ops
+binaries: $(APP_BINS) $(BUILD)/llmpi-tests $(BENCH_BINS) $(BUILD)/sim-flash_mma $(BUILD)/sim-cuda_ops $(BUILD)/sim-cuda_tests
 
 $(BUILD)/obj/%.o: %.cpp | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -156,7 +156,7 @@ $(BUILD)/sim-flash_mma: tools/cuda_cpu_sim/flash_mma_sim.cpp tools/cuda_cpu_sim/
 # each .cu below rewritten by rewrite_cu.pl (launches, shared arrays) and compiled with g++ against
 # the stand-in CUDA headers of tools/cuda_cpu_sim/include; sim_runtime.cpp gives the host side.
 # UBSan's alignment check stops the run at a misaligned 16- or 8-byte access, as the GPU would fault.
-SIM_CU     := softmax_xent gelu layernorm matmul flash_attention flash_attention_mma activations
+SIM_CU     := $(filter-out gemm_lt nccl_sync,$(basename $(notdir $(wildcard kernels/*.cu))))
 SIM_CXX    := $(filter-out -std=c++17 -MMD -MP -I$(CUDA_HOME)/include,$(CXXFLAGS)) -std=c++20 -Wno-unknown-pragmas \
               -Wno-sign-compare -fno-strict-aliasing -ffp-contract=off $(SIM_FLAGS) \
               -fsanitize=alignment -fno-sanitize-recover=alignment \
@@ -172,12 +172,22 @@ $(SIM_DIR)/ops/%.o: tools/cuda_cpu_sim/%.cpp $(SIM_HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SIM_CXX) -c $< -o $@
 # (linked with the host code only: the nvcc-built kernels of libllmpi.a, or without nvcc
-# src/backend/cuda_fallback.cpp, define what the simulated files and sim_runtime.cpp define)
-$(SIM_DIR)/libllmpi_host.a: $(filter-out $(BUILD)/obj/src/backend/cuda_fallback.o,$(LIB_OBJ))
+# src/backend/cuda_fallback.cpp, define what the simulated files and sim_runtime.cpp define; NCCL is
+# not simulated: nccl_host.cpp comes built without it, its NcclSync members refusing)
+$(SIM_DIR)/libllmpi_host.a: $(filter-out $(BUILD)/obj/src/backend/cuda_fallback.o $(BUILD)/obj/src/backend/nccl_host.o,$(LIB_OBJ)) \
+    $(SIM_DIR)/ops/nccl_host_without_nccl.o
 	@mkdir -p $(dir $@)
 	@rm -f $@ && ar rcs $@ $^
+$(SIM_DIR)/ops/nccl_host_without_nccl.o: src/backend/nccl_host.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(filter-out -MMD -MP -DLLMPI_HAVE_NCCL=1,$(CXXFLAGS)) -c $< -o $@
 $(BUILD)/sim-cuda_ops: $(SIM_OPS_OBJ) $(SIM_DIR)/libllmpi_host.a
 	$(CXX) $(SIM_CXX) $^ -o $@ $(LDLIBS)
+# The CUDA unit tests (tests/test_cuda_*.cpp and the Cuda* cases beside CPU ones) on that backend.
+SIM_TEST_OBJ := $(patsubst %.cpp,$(BUILD)/obj/%.o,tests/main.cpp $(wildcard tests/test_cuda_*.cpp) \
+                tests/test_bf16_gemm_operands.cpp tests/test_padded_rows.cpp)
+$(BUILD)/sim-cuda_tests: $(filter-out $(SIM_DIR)/ops/ops_sim.o,$(SIM_OPS_OBJ)) $(SIM_TEST_OBJ) $(SIM_DIR)/libllmpi_host.a
+	$(CXX) $(SIM_CXX) $^ -o $@ -lgtest -lpthread $(LDLIBS)
 .SECONDARY: $(SIM_CU:%=$(SIM_DIR)/ops/%.cpp)
 
 # ---- the two quick-start commands -----------------------------------------------------------

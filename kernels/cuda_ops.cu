@@ -181,11 +181,11 @@ double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math,
   void* b = cuda::alloc(nb * elem);
   float* c = static_cast<float*>(cuda::alloc(nc * sizeof(float)));
   if (bf16) {
-    fill_pattern_kernel<<<cuda::grid_for(na, 256), 256, 0, s>>>(static_cast<__nv_bfloat16*>(a), na, 1u);
-    fill_pattern_kernel<<<cuda::grid_for(nb, 256), 256, 0, s>>>(static_cast<__nv_bfloat16*>(b), nb, 2u);
+    fill_pattern_kernel<__nv_bfloat16><<<cuda::grid_for(na, 256), 256, 0, s>>>(static_cast<__nv_bfloat16*>(a), na, 1u);
+    fill_pattern_kernel<__nv_bfloat16><<<cuda::grid_for(nb, 256), 256, 0, s>>>(static_cast<__nv_bfloat16*>(b), nb, 2u);
   } else {
-    fill_pattern_kernel<<<cuda::grid_for(na, 256), 256, 0, s>>>(static_cast<float*>(a), na, 1u);
-    fill_pattern_kernel<<<cuda::grid_for(nb, 256), 256, 0, s>>>(static_cast<float*>(b), nb, 2u);
+    fill_pattern_kernel<float><<<cuda::grid_for(na, 256), 256, 0, s>>>(static_cast<float*>(a), na, 1u);
+    fill_pattern_kernel<float><<<cuda::grid_for(nb, 256), 256, 0, s>>>(static_cast<float*>(b), nb, 2u);
   }
   LLMPI_LAUNCH_CHECK("fill_pattern");
   // Row-major C[M,N] = A[M,K] . B[N,K]^T is column-major C^T[N,M] = (B^T)^T[N,K] . A^T[K,M].

@@ -1,9 +1,13 @@
-// A stand-in for the small part of CUDA that kernels/flash_attention_mma.cu's kernels use, so that
-// their source runs unchanged on the CPU (tools/cuda_cpu_sim/README.md). Not an emulator of a GPU:
-//   - a block is 128 real threads (std::thread), __syncthreads and __syncwarp are real barriers
-//     (std::barrier), __shfl_xor_sync goes through a per-warp exchange array between two barriers;
-//   - blocks run one after another; `extern __shared__` arrays resolve to one static buffer that is
-//     filled with NaN bytes before every block, so a read of shared memory nobody wrote shows;
+// A stand-in for the device side of CUDA that the backend's kernels use, so that their source runs
+// unchanged on the CPU (tools/cuda_cpu_sim/README.md; launch.h is the host side). Not an emulator of
+// a GPU:
+//   - a block's threads are real threads (launch.h's pool), any block shape; __syncthreads and
+//     __syncwarp are real barriers (std::barrier), the shuffles and __any_sync go through a
+//     per-warp exchange array between two warp barriers; a thread that returns leaves both;
+//   - blocks run one after another; shared memory is per block and starts as NaN bytes: the
+//     launch's dynamic bytes (dynamic_shared) and each static __shared__ array (static_shared, one
+//     per declaration) in the rewritten files; sim-flash_mma's extracted kernels name one static
+//     buffer instead (`__shared__` is empty there);
 //   - mma_m16n8k16_bf16 and mma_m16n8k8_tf32 (kernels/mma_sync.cuh: the PTX mma.sync with bf16 or
 //     tf32 operands and fp32 accumulators) are a warp-collective exchange: every lane deposits
 //     its operand registers, each rebuilds A and B from the documented fragment layouts and
@@ -11,7 +15,8 @@
 //     order (with -DLLMPI_SIM_TRUNCATE_MMA: exactly, then rounded toward zero, as tensor cores
 //     may). A kernel that put an element in the wrong lane or register half gets a wrong product;
 //     the layouts themselves are the PTX ISA's ("Matrix Fragments for mma.m16n8k16");
-//   - bf16 conversions are backend/bf16.h's round to nearest even, round_tf32 backend/tf32.h's.
+//   - bf16 conversions are backend/bf16.h's round to nearest even, round_tf32 backend/tf32.h's;
+//     atomics take one lock.
 // What it cannot show: timing, occupancy, bank conflicts, the hardware's own rounding, memory
 // ordering between blocks, and anything in code that does not compile against this header.
 #pragma once
@@ -156,6 +161,16 @@ T __shfl_up_sync(unsigned, T v, unsigned delta, int = 32) {
 template <class T>
 T __shfl_sync(unsigned, T v, int src, int = 32) {
   return llmpi::sim::exchange(v, src);
+}
+inline int __any_sync(unsigned, int pred) {
+  auto& blk = *llmpi::sim::g_block;
+  const int w = llmpi::sim::warp_id(), lanes = std::min(32, blk.threads - 32 * w);
+  blk.exchange[w][llmpi::sim::lane_id()] = pred != 0;
+  __syncwarp();
+  int any = 0;
+  for (int l = 0; l < lanes; l++) any |= static_cast<int>(blk.exchange[w][l]);
+  __syncwarp();
+  return any;
 }
 template <class T>
 T atomicMax(T* p, T v) {

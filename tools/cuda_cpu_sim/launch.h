@@ -5,9 +5,11 @@
 // a block, a grid's y or z over 65535, and dynamic shared memory above 48 KB without the kernel's
 // cudaFuncSetAttribute opt-in (or above the 227 KB a block can have).
 #pragma once
-#include <condition_variable>
+#include <atomic>
 #include <functional>
 #include <map>
+#include <memory>
+#include <semaphore>
 #include <string>
 #include <thread>
 
@@ -33,62 +35,47 @@ inline LaunchStats& launch_stats() {
 
 // Threads that run one block's threads after another's (creating 1024 threads per block would
 // cost more than the kernels): run(n, f) calls f(0..n-1), each on its own thread, and returns when
-// all have returned.
+// all have returned. Each worker waits on its own semaphore, so a block of 128 threads wakes 128.
 class ThreadPool {
  public:
   ~ThreadPool() {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      quit_ = true;
-    }
-    start_.notify_all();
-    for (auto& t : threads_) t.join();
+    quit_ = true;
+    for (auto& w : workers_) w->go.release();
+    for (auto& w : workers_) w->thread.join();
   }
   void run(int n, const std::function<void(int)>& f) {
-    while (static_cast<int>(threads_.size()) < n) {
-      const int i = static_cast<int>(threads_.size());
-      threads_.emplace_back([this, i] { work(i); });
+    while (static_cast<int>(workers_.size()) < n) {
+      auto w = std::make_unique<Worker>();
+      Worker* self = w.get();
+      const int i = static_cast<int>(workers_.size());
+      w->thread = std::thread([this, self, i] { work(*self, i); });
+      workers_.push_back(std::move(w));
     }
-    std::unique_lock<std::mutex> lock(m_);
     job_ = &f;
-    active_ = n;
-    remaining_ = n;
-    generation_++;
-    start_.notify_all();
-    done_.wait(lock, [this] { return remaining_ == 0; });
+    remaining_.store(n);
+    for (int i = 0; i < n; i++) workers_[i]->go.release();
+    done_.acquire();
     job_ = nullptr;
   }
 
  private:
-  void work(int i) {
-    uint64_t seen = 0;
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      seen = generation_;  // a thread created for this run must not skip it: see below
-      if (job_ && i < active_) seen--;
-    }
+  struct Worker {
+    std::binary_semaphore go{0};
+    std::thread thread;
+  };
+  void work(Worker& w, int i) {
     for (;;) {
-      const std::function<void(int)>* job;
-      {
-        std::unique_lock<std::mutex> lock(m_);
-        start_.wait(lock, [&] { return quit_ || generation_ != seen; });
-        if (quit_) return;
-        seen = generation_;
-        if (i >= active_) continue;
-        job = job_;
-      }
-      (*job)(i);
-      std::lock_guard<std::mutex> lock(m_);
-      if (--remaining_ == 0) done_.notify_one();
+      w.go.acquire();
+      if (quit_) return;
+      (*job_)(i);
+      if (remaining_.fetch_sub(1) == 1) done_.release();
     }
   }
-  std::vector<std::thread> threads_;
-  std::mutex m_;
-  std::condition_variable start_, done_;
+  std::vector<std::unique_ptr<Worker>> workers_;
   const std::function<void(int)>* job_ = nullptr;
-  uint64_t generation_ = 0;
-  int active_ = 0, remaining_ = 0;
-  bool quit_ = false;
+  std::atomic<int> remaining_{0};
+  std::binary_semaphore done_{0};
+  std::atomic<bool> quit_{false};
 };
 inline ThreadPool& thread_pool() {
   static ThreadPool p;

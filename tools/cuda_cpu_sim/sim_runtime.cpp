@@ -1,7 +1,8 @@
-// The host side of the CUDA backend that the simulated .cu files call but do not define
-// (kernels/memory.cu's stream, workspace and waits; cuda_ops.cu's device queries; gemm_lt.cu's
-// cuBLASLt epilogues), for the CPU runs of tools/cuda_cpu_sim (README.md there). "Device" memory is
-// host memory and every launch has finished when it returns, so a wait is only counted.
+// What the simulated CUDA backend (tools/cuda_cpu_sim/README.md) takes from the two .cu files it
+// does not compile: gemm_lt.cu's cuBLASLt GEMMs with epilogues, here computed on the CPU to their
+// contract (cuda_common.cuh), with its counters and switch (nccl_sync.cu, NCCL, is not simulated:
+// the Makefile links src/backend/nccl_host.cpp built without NCCL, whose members refuse);
+// and the column-major GEMM behind include/cublas_v2.h.
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -49,45 +50,6 @@ cublasStatus_t gemm_col_major(cublasOperation_t ta, cublasOperation_t tb, int m,
 
 namespace llmpi::cuda {
 
-namespace {
-struct Slot {
-  void* p = nullptr;
-  size_t bytes = 0;
-};
-Slot g_slots[kWsSlots];
-uint64_t g_waits = 0, g_readbacks = 0;
-}  // namespace
-
-cudaStream_t compute_stream() { return nullptr; }
-cublasHandle_t cublas() { return nullptr; }
-void* workspace(WorkspaceSlot slot, size_t bytes) {
-  Slot& s = g_slots[slot];
-  if (bytes > s.bytes) {  // grows as memory.cu's does; the old contents are not kept
-    std::free(s.p);
-    s.bytes = (bytes + 255) / 256 * 256;
-    s.p = std::aligned_alloc(256, s.bytes);
-    std::memset(s.p, 0xff, s.bytes);  // NaN bytes, as unwritten device memory may hold anything
-  }
-  return s.p;
-}
-size_t workspace_bytes() {
-  size_t n = 0;
-  for (const Slot& s : g_slots) n += s.bytes;
-  return n;
-}
-void wait_for_stream() { g_waits++; }
-uint64_t host_waits() { return g_waits; }
-void count_readback() { g_readbacks++; }
-int device_smem_optin() { return static_cast<int>(sim::kSmemPerBlock); }
-void launch_check(const char*, const char*, int) {}
-[[noreturn]] void throw_cuda(cudaError_t e, const char* what, const char* file, int line) {
-  fail("CUDA (simulated) error ", e, " in ", what, " at ", file, ":", line);
-}
-[[noreturn]] void throw_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
-  fail("cuBLAS (simulated) error ", static_cast<int>(s), " in ", what, " at ", file, ":", line);
-}
-
-void zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
 void lt_count(LtCount what) { sim::g_lt_counts[static_cast<int>(what)]++; }
 float* lt_bgrad_scratch() {
   static std::vector<float> v(kLtBgradMaxFloats);
@@ -149,5 +111,18 @@ void lt_gemm_rm(const LtGemm& g) {
 
 namespace llmpi {
 bool cuda_gemm_epilogues_enabled() { return sim::g_epilogues; }
-int cuda_device() { return 0; }
+CudaEpilogueCounts cuda_epilogue_counts() {
+  const long long* n = sim::g_lt_counts;
+  using K = cuda::LtCount;
+  CudaEpilogueCounts c;
+  c.bias = n[static_cast<int>(K::bias)];
+  c.gelu_aux = n[static_cast<int>(K::gelu_aux)];
+  c.dgelu = n[static_cast<int>(K::dgelu)];
+  c.bgradb = n[static_cast<int>(K::bgradb)];
+  c.unfused = n[static_cast<int>(K::unfused)];
+  c.ragged_split = n[static_cast<int>(K::ragged_split)];
+  c.colsum_in_conversion = n[static_cast<int>(K::colsum_in_conversion)];
+  return c;
+}
 }  // namespace llmpi
+

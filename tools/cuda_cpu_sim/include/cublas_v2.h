@@ -1,4 +1,4 @@
-// tools/cuda_cpu_sim's stand-in for <cublas_v2.h>: the three calls kernels/matmul.cu makes,
+// tools/cuda_cpu_sim's stand-in for <cublas_v2.h>: the three GEMMs kernels/matmul.cu calls,
 // computed on the CPU in column-major order as cuBLAS defines them (fp32 sums in k order;
 // bf16 operands read as their values; CUBLAS_COMPUTE_32F_FAST_TF32 rounds the fp32 operands to
 // tf32 first, backend/tf32.h). A reference for the code around the GEMMs (operand conversions,
@@ -12,6 +12,15 @@ enum cublasStatus_t { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_INVALID_VALUE = 7
 enum cublasOperation_t { CUBLAS_OP_N, CUBLAS_OP_T };
 enum cublasComputeType_t { CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32 };
 enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT, CUBLAS_GEMM_DEFAULT_TENSOR_OP = 99 };
+enum cublasMath_t { CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 3 };
+inline cublasStatus_t cublasCreate(cublasHandle_t* h) {
+  *h = reinterpret_cast<cublasHandle_t>(new char(0));
+  return CUBLAS_STATUS_SUCCESS;
+}
+inline cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+inline cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+inline const char* cublasGetStatusName(cublasStatus_t) { return "CUBLAS_STATUS (simulated)"; }
+inline const char* cublasGetStatusString(cublasStatus_t) { return "(simulated)"; }
 
 namespace llmpi::sim {
 // C (m x n, column-major, ldc) = alpha op(A) op(B) + beta C
