@@ -162,15 +162,16 @@ SIM_CXX    := $(filter-out -std=c++17 -MMD -MP -I$(CUDA_HOME)/include,$(CXXFLAGS
               -fsanitize=alignment -fno-sanitize-recover=alignment \
               -Itools/cuda_cpu_sim/include -Itools/cuda_cpu_sim -Ikernels
 SIM_OPS_OBJ := $(SIM_CU:%=$(SIM_DIR)/ops/%.o) $(SIM_DIR)/ops/sim_runtime.o $(SIM_DIR)/ops/ops_sim.o
-SIM_HEADERS := $(wildcard tools/cuda_cpu_sim/*.h tools/cuda_cpu_sim/include/*) $(wildcard kernels/*.cuh)
+SIM_HEADERS := $(wildcard tools/cuda_cpu_sim/*.h tools/cuda_cpu_sim/include/*.h tools/cuda_cpu_sim/include/*.cuh \
+                 tools/cuda_cpu_sim/include/cub/device/*.cuh) $(wildcard kernels/*.cuh)
 $(SIM_DIR)/ops/%.cpp: kernels/%.cu tools/cuda_cpu_sim/rewrite_cu.pl
 	@mkdir -p $(dir $@)
 	perl tools/cuda_cpu_sim/rewrite_cu.pl $< > $@.tmp && mv $@.tmp $@
 $(SIM_DIR)/ops/%.o: $(SIM_DIR)/ops/%.cpp $(SIM_HEADERS)
-	$(CXX) $(SIM_CXX) -c $< -o $@
+	$(CXX) $(SIM_CXX) -MMD -MP -c $< -o $@
 $(SIM_DIR)/ops/%.o: tools/cuda_cpu_sim/%.cpp $(SIM_HEADERS)
 	@mkdir -p $(dir $@)
-	$(CXX) $(SIM_CXX) -c $< -o $@
+	$(CXX) $(SIM_CXX) -MMD -MP -c $< -o $@
 # (linked with the host code only: the nvcc-built kernels of libllmpi.a, or without nvcc
 # src/backend/cuda_fallback.cpp, define what the simulated files and sim_runtime.cpp define; NCCL is
 # not simulated: nccl_host.cpp comes built without it, its NcclSync members refusing)
@@ -180,7 +181,7 @@ $(SIM_DIR)/libllmpi_host.a: $(filter-out $(BUILD)/obj/src/backend/cuda_fallback.
 	@rm -f $@ && ar rcs $@ $^
 $(SIM_DIR)/ops/nccl_host_without_nccl.o: src/backend/nccl_host.cpp
 	@mkdir -p $(dir $@)
-	$(CXX) $(filter-out -MMD -MP -DLLMPI_HAVE_NCCL=1,$(CXXFLAGS)) -c $< -o $@
+	$(CXX) $(filter-out -DLLMPI_HAVE_NCCL=1,$(CXXFLAGS)) -c $< -o $@
 $(BUILD)/sim-cuda_ops: $(SIM_OPS_OBJ) $(SIM_DIR)/libllmpi_host.a
 	$(CXX) $(SIM_CXX) $^ -o $@ $(LDLIBS)
 # The CUDA unit tests (tests/test_cuda_*.cpp and the Cuda* cases beside CPU ones) on that backend.
@@ -242,7 +243,7 @@ clean:
 # CUDA-mode stamp and produced a build without CUDA. (GNU make 4.4 has .NOTINTERMEDIATE for this.)
 $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard src/apps/*_main.cpp) $(BENCH_SRC)): | $(DEPS_STAMP)
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(SIM_DIR) -name '*.d' 2>/dev/null)
 
 # ---- a real pretrained model -------------------------------------------------------------------
 #   make pretrained   sentence-transformers' all-MiniLM-L6-v2 (BertModel: 6 layers, width 384, 12 heads,
