@@ -12,8 +12,6 @@
 #include "cuda_shim.h"
 #include "launch.h"
 
-#include <thread>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -54,6 +52,7 @@ alignas(256) unsigned char smem[240 * 1024];
 
 using namespace llmpi;
 using namespace llmpi::cuda;
+using llmpi::sim::uniform;
 
 namespace {
 
@@ -70,12 +69,7 @@ void launch(unsigned gx, unsigned gy, size_t smem_bytes, F kernel) {
     for (unsigned bx = 0; bx < gx; bx++) {
       std::memset(smem, 0xff, sizeof smem);  // NaN bytes: a read of unwritten shared memory shows
       sim::BlockContext block(sim::kBlockThreads);
-      sim::thread_pool().run(sim::kBlockThreads, [&](int t) {
-        threadIdx = {static_cast<unsigned>(t), 0, 0};
-        blockIdx = {bx, by, 0};
-        sim::g_block = &block;
-        kernel();
-      });
+      sim::run_block(block, dim3(sim::kBlockThreads), bx, by, 0, kernel);
     }
 }
 
@@ -85,14 +79,6 @@ struct Case {
   bool causal, masked;
   float p;
 };
-
-std::vector<float> uniform(size_t n, unsigned seed, float lo, float hi) {
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
 
 // ‖a − ref‖ / ‖ref‖; a non-finite a is infinitely wrong
 double rel(const std::vector<float>& a, const std::vector<float>& ref) {

@@ -9,8 +9,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <semaphore>
-#include <string>
 #include <thread>
 
 #include "cuda_shim.h"
@@ -82,6 +82,29 @@ inline ThreadPool& thread_pool() {
   return p;
 }
 
+// what a simulation's main fills its inputs with
+inline std::vector<float> uniform(size_t n, unsigned seed, float lo, float hi) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// body() as every thread of block (bx, by, bz) of `block` threads, on the pool, in context ctx
+inline void run_block(BlockContext& ctx, dim3 block, unsigned bx, unsigned by, unsigned bz,
+                      const std::function<void()>& body) {
+  thread_pool().run(ctx.threads, [&](int t) {
+    threadIdx = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
+    blockIdx = dim3(bx, by, bz);
+    g_block = &ctx;
+    body();
+    // an exited thread no longer takes part in its block's or warp's barriers
+    ctx.warp[warp_id()].arrive_and_drop();
+    ctx.block.arrive_and_drop();
+  });
+}
+
 // body() as every thread of the grid
 inline void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
   const long long threads = static_cast<long long>(block.x) * block.y * block.z;
@@ -102,15 +125,7 @@ inline void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, con
       for (unsigned bx = 0; bx < grid.x; bx++) {
         launch_stats().blocks++;
         BlockContext ctx(static_cast<int>(threads), smem);
-        thread_pool().run(static_cast<int>(threads), [&](int t) {
-          threadIdx = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
-          blockIdx = dim3(bx, by, bz);
-          g_block = &ctx;
-          body();
-          // an exited thread no longer takes part in its block's or warp's barriers
-          ctx.warp[warp_id()].arrive_and_drop();
-          ctx.block.arrive_and_drop();
-        });
+        run_block(ctx, block, bx, by, bz, body);
       }
 }
 

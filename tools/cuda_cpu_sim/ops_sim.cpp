@@ -26,6 +26,7 @@
 #include "sim_runtime.h"
 
 using namespace llmpi;
+using llmpi::sim::uniform;
 
 namespace {
 
@@ -37,14 +38,6 @@ void check(bool ok, const std::string& what, const std::string& detail = "") {
   g_checks++;
   if (!ok) g_failed++;
   std::printf("  %-4s %s%s%s\n", ok ? "ok" : "FAIL", what.c_str(), detail.empty() ? "" : "  ", detail.c_str());
-}
-
-std::vector<float> uniform(size_t n, unsigned seed, float lo, float hi) {
-  std::mt19937 g(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
 }
 
 // ‖a − ref‖ / ‖ref‖ over [0, n); a non-finite value where ref has a finite one is infinitely wrong

@@ -10,7 +10,6 @@ use warnings;
 
 local $/;
 my $src = <>;
-my $file = $ARGV // 'input';
 
 $src =~ s{extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:]+(?:\s+[\w:]+)*?)\s+(\w+)\s*\[\s*\]\s*;}
          {$1* const $2 = ::llmpi::sim::dynamic_shared<$1>();}g;
