@@ -105,7 +105,8 @@ TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
 BENCH_SRC:= $(sort $(wildcard bench/*.cpp))
 BENCH_BINS := $(BENCH_SRC:bench/%.cpp=$(BUILD)/bench-%)
 
-binaries: $(APP_BINS) $(BUILD)/llmpi-tests $(BENCH_BINS) $(BUILD)/sim-flash_mma $(BUILD)/sim-cuda_ops $(BUILD)/sim-cuda_tests
+binaries: $(APP_BINS) $(BUILD)/llmpi-tests $(BENCH_BINS) $(BUILD)/sim-flash_mma $(BUILD)/sim-cuda_ops $(BUILD)/sim-cuda_tests \
+          $(BUILD)/sim-llmpi-train
 
 $(BUILD)/obj/%.o: %.cpp | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -138,7 +139,7 @@ $(BUILD)/bench-%: $(BUILD)/obj/bench/%.o $(BUILD)/libllmpi.a
 
 # The bf16 fused-attention kernels run on the CPU (tools/cuda_cpu_sim/README.md): their part of the
 # .cu (from `namespace llmpi::cuda {` to the "---- launch" line) compiled with g++ against
-# cuda_shim.h, checked against the CPU backend by `make test`. No nvcc needed; C++20 for std::barrier.
+# cuda_shim.h, checked against the CPU backend by `make test`. No nvcc needed; C++20 for std::binary_semaphore.
 SIM_DIR := $(BUILD)/cuda_cpu_sim
 $(SIM_DIR)/flash_mma_kernels.inc: kernels/flash_attention_mma.cu
 	@mkdir -p $(dir $@)
@@ -146,11 +147,12 @@ $(SIM_DIR)/flash_mma_kernels.inc: kernels/flash_attention_mma.cu
 	@printf '}  // namespace\n}  // namespace llmpi::cuda\n' >> $@.tmp
 	@grep -q 'flash_mma_dq_kernel(' $@.tmp || { echo "sim: no kernels found in $<"; rm -f $@.tmp; exit 1; }
 	@mv $@.tmp $@
-$(BUILD)/sim-flash_mma: tools/cuda_cpu_sim/flash_mma_sim.cpp tools/cuda_cpu_sim/cuda_shim.h tools/cuda_cpu_sim/launch.h \
-    $(SIM_DIR)/flash_mma_kernels.inc src/backend/flash_bf16.h kernels/flash_attention_args.cuh $(BUILD)/libllmpi.a
+$(BUILD)/sim-flash_mma: tools/cuda_cpu_sim/flash_mma_sim.cpp tools/cuda_cpu_sim/fiber.cpp tools/cuda_cpu_sim/cuda_shim.h \
+    tools/cuda_cpu_sim/launch.h tools/cuda_cpu_sim/fiber.h $(SIM_DIR)/flash_mma_kernels.inc src/backend/flash_bf16.h \
+    kernels/flash_attention_args.cuh $(BUILD)/libllmpi.a
 	$(CXX) $(filter-out -std=c++17 -MMD -MP,$(CXXFLAGS)) -std=c++20 -Wno-unknown-pragmas $(SIM_FLAGS) \
 	    -Itools/cuda_cpu_sim -Ikernels -I$(SIM_DIR) \
-	    $< $(BUILD)/libllmpi.a -o $@ $(LDLIBS)
+	    $(filter %.cpp,$^) $(BUILD)/libllmpi.a -o $@ $(LDLIBS)
 
 # CUDA backend ops run on the CPU, kernels and launchers together (tools/cuda_cpu_sim/README.md):
 # each .cu below rewritten by rewrite_cu.pl (launches, shared arrays) and compiled with g++ against
@@ -161,7 +163,7 @@ SIM_CXX    := $(filter-out -std=c++17 -MMD -MP -I$(CUDA_HOME)/include,$(CXXFLAGS
               -Wno-sign-compare -fno-strict-aliasing -ffp-contract=off $(SIM_FLAGS) \
               -fsanitize=alignment -fno-sanitize-recover=alignment \
               -Itools/cuda_cpu_sim/include -Itools/cuda_cpu_sim -Ikernels
-SIM_OPS_OBJ := $(SIM_CU:%=$(SIM_DIR)/ops/%.o) $(SIM_DIR)/ops/sim_runtime.o $(SIM_DIR)/ops/ops_sim.o
+SIM_OPS_OBJ := $(SIM_CU:%=$(SIM_DIR)/ops/%.o) $(SIM_DIR)/ops/sim_runtime.o $(SIM_DIR)/ops/fiber.o $(SIM_DIR)/ops/ops_sim.o
 SIM_HEADERS := $(wildcard tools/cuda_cpu_sim/*.h tools/cuda_cpu_sim/include/*.h tools/cuda_cpu_sim/include/*.cuh \
                  tools/cuda_cpu_sim/include/cub/device/*.cuh) $(wildcard kernels/*.cuh)
 $(SIM_DIR)/ops/%.cpp: kernels/%.cu tools/cuda_cpu_sim/rewrite_cu.pl
@@ -189,6 +191,11 @@ SIM_TEST_OBJ := $(patsubst %.cpp,$(BUILD)/obj/%.o,tests/main.cpp $(wildcard test
                 tests/test_bf16_gemm_operands.cpp tests/test_padded_rows.cpp)
 $(BUILD)/sim-cuda_tests: $(filter-out $(SIM_DIR)/ops/ops_sim.o,$(SIM_OPS_OBJ)) $(SIM_TEST_OBJ) $(SIM_DIR)/libllmpi_host.a
 	$(CXX) $(SIM_CXX) $^ -o $@ -lgtest -lpthread $(LDLIBS)
+# The trainer on that backend: llmpi-train whose runtime.device=cuda runs on the simulated card
+# (tools/gpu_verify.sh's trainer steps, run on the CPU by tests/cli/sim_trainer.sh).
+$(BUILD)/sim-llmpi-train: $(BUILD)/obj/src/apps/train_main.o $(filter-out $(SIM_DIR)/ops/ops_sim.o,$(SIM_OPS_OBJ)) \
+    $(SIM_DIR)/libllmpi_host.a
+	$(CXX) $(SIM_CXX) $^ -o $@ $(LDLIBS)
 .SECONDARY: $(SIM_CU:%=$(SIM_DIR)/ops/%.cpp)
 
 # ---- the two quick-start commands -----------------------------------------------------------

@@ -1,10 +1,11 @@
 // A stand-in for the device side of CUDA that the backend's kernels use, so that their source runs
 // unchanged on the CPU (tools/cuda_cpu_sim/README.md; launch.h is the host side). Not an emulator of
 // a GPU:
-//   - a block's threads are real threads (launch.h's pool), any block shape; __syncthreads and
-//     __syncwarp are real barriers (std::barrier), the shuffles and __any_sync go through a
-//     per-warp exchange array between two warp barriers; a thread that returns leaves both;
-//   - blocks run one after another; shared memory is per block and starts as NaN bytes: the
+//   - a block's threads are fibers (fiber.h), any block shape; __syncthreads and __syncwarp are
+//     barriers between them, the shuffles and __any_sync go through per-warp exchange slots,
+//     one warp barrier each; a thread that returns leaves both;
+//   - blocks run side by side on the OS threads of launch.h's pool, each block's threads on one OS
+//     thread; shared memory is per block and starts as NaN bytes: the
 //     launch's dynamic bytes (dynamic_shared) and each static __shared__ array (static_shared, one
 //     per declaration) in the rewritten files; sim-flash_mma's extracted kernels name one static
 //     buffer instead (`__shared__` is empty there);
@@ -22,13 +23,11 @@
 #pragma once
 #include <algorithm>
 #include <array>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,6 +36,7 @@
 
 #include "backend/bf16.h"
 #include "backend/tf32.h"
+#include "fiber.h"
 
 #define __global__
 #define __device__
@@ -63,13 +63,11 @@ constexpr size_t kSmemPerBlock = 232448;  // an H100's opt-in shared memory per 
   std::abort();
 }
 
-// One block's threads, barriers, exchange slots and shared memory. Warps are 32 consecutive
+// One block's exchange slots and shared memory. Warps are 32 consecutive
 // linear thread ids (x fastest), the last one possibly partial.
 struct BlockContext {
   explicit BlockContext(int threads_, size_t dynamic_bytes = 0)
-      : threads(threads_), block(threads_), exchange((threads_ + 31) / 32), mma_a(exchange.size()),
-        mma_b(exchange.size()), dynamic_smem(dynamic_bytes) {
-    for (int w = 0; w * 32 < threads; w++) warp.emplace_back(std::min(32, threads - w * 32));
+      : threads(threads_), warp_slots((threads_ + 31) / 32), dynamic_smem(dynamic_bytes) {
     std::memset(dynamic_smem.data(), 0xff, dynamic_smem.size());  // NaN bytes
   }
   // a `__shared__ T name[...]` declaration's memory in this block (key: the declaration), NaN
@@ -84,11 +82,21 @@ struct BlockContext {
     return m.data();
   }
   int threads;
-  std::barrier<> block;
-  std::deque<std::barrier<>> warp;
-  std::vector<std::array<uint64_t, 32>> exchange;
-  std::vector<std::array<std::array<uint32_t, 4>, 32>> mma_a;  // each lane's mma operand registers
-  std::vector<std::array<std::array<uint32_t, 2>, 32>> mma_b;
+  // what a warp's lanes hand each other (shuffles, __any_sync, mma.sync operands): two sets, used
+  // in turn, so that one warp barrier per exchange is enough (WarpSlots::next)
+  struct WarpSlots {
+    std::array<uint64_t, 32> value[2];
+    std::array<std::array<uint32_t, 4>, 32> mma_a[2];
+    std::array<std::array<uint32_t, 2>, 32> mma_b[2];
+    std::array<unsigned char, 32> turn{};  // each lane's next set
+    // The set for this lane's next exchange. A lane writes set s, waits at the warp barrier, then
+    // reads the others' values. Set s is written again only at the exchange after next, which a
+    // lane reaches after the next exchange's barrier, that is, after every lane has arrived
+    // there, done reading this one. (Every lane of a warp takes part in every exchange, as the
+    // kernels' full-mask shuffles require.)
+    int next(int lane) { return turn[lane] ^= 1; }
+  };
+  std::vector<WarpSlots> warp_slots;
   std::vector<unsigned char> dynamic_smem;
   std::mutex statics_mutex;
   std::map<const void*, std::vector<unsigned char>> statics;
@@ -106,6 +114,17 @@ inline int linear_thread() { return static_cast<int>(threadIdx.x + blockDim.x * 
 inline int warp_id() { return linear_thread() / 32; }
 inline int lane_id() { return linear_thread() % 32; }
 
+// Waits at this warp's or block's barrier (fiber.h); the fibers that ran meanwhile set the
+// thread-local ids to theirs, so this thread's are put back
+inline void wait_at(Wait w) {
+  const dim3 t = threadIdx, b = blockIdx;
+  BlockContext* const blk = g_block;
+  suspend(w);
+  threadIdx = t;
+  blockIdx = b;
+  g_block = blk;
+}
+
 // What the rewritten kernels' shared arrays name (the Makefile's rewrite of a .cu):
 //   extern __shared__ T name[];   ->  T* const name = dynamic_shared<T>();
 //   __shared__ T name[N]...;      ->  auto& name = static_shared<T[N]...>([] {});  (the lambda's
@@ -120,17 +139,17 @@ T& static_shared(Tag) {
   return *reinterpret_cast<T*>(g_block->static_memory(&key, sizeof(T)));
 }
 
-// A value of lane src of this warp (every lane calls it: two warp barriers)
+// A value of lane src of this warp (every lane calls it: one warp barrier)
 template <class T>
 T exchange(T v, int src) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
-  auto& slots = g_block->exchange[warp_id()];
+  auto& ws = g_block->warp_slots[warp_id()];
+  auto& slots = ws.value[ws.next(lane_id())];
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
   slots[lane_id()] = bits;
-  g_block->warp[warp_id()].arrive_and_wait();
+  wait_at(Wait::warp);
   bits = slots[src & 31];
-  g_block->warp[warp_id()].arrive_and_wait();
   T r;
   std::memcpy(&r, &bits, sizeof(T));
   return r;
@@ -142,8 +161,8 @@ inline std::mutex& atomic_mutex() {
 }
 }  // namespace llmpi::sim
 
-inline void __syncthreads() { llmpi::sim::g_block->block.arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { llmpi::sim::g_block->warp[llmpi::sim::warp_id()].arrive_and_wait(); }
+inline void __syncthreads() { llmpi::sim::wait_at(llmpi::sim::Wait::block); }
+inline void __syncwarp(unsigned = 0xffffffffu) { llmpi::sim::wait_at(llmpi::sim::Wait::warp); }
 template <class T>
 T __shfl_xor_sync(unsigned, T v, int lane_mask, int = 32) {
   return llmpi::sim::exchange(v, llmpi::sim::lane_id() ^ lane_mask);
@@ -165,11 +184,12 @@ T __shfl_sync(unsigned, T v, int src, int = 32) {
 inline int __any_sync(unsigned, int pred) {
   auto& blk = *llmpi::sim::g_block;
   const int w = llmpi::sim::warp_id(), lanes = std::min(32, blk.threads - 32 * w);
-  blk.exchange[w][llmpi::sim::lane_id()] = pred != 0;
+  auto& ws = blk.warp_slots[w];
+  auto& slots = ws.value[ws.next(llmpi::sim::lane_id())];
+  slots[llmpi::sim::lane_id()] = pred != 0;
   __syncwarp();
   int any = 0;
-  for (int l = 0; l < lanes; l++) any |= static_cast<int>(blk.exchange[w][l]);
-  __syncwarp();
+  for (int l = 0; l < lanes; l++) any |= static_cast<int>(slots[l]);
   return any;
 }
 template <class T>
@@ -272,13 +292,14 @@ void accumulate(float (&d)[4], const float (&A)[16][K], const float (&B)[K][8]) 
 #endif
   }
 }
-// every lane's operand registers, between two warp barriers
-inline void exchange(const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  auto& blk = *llmpi::sim::g_block;
-  const int w = llmpi::sim::warp_id(), lane = llmpi::sim::lane_id();
-  for (int r = 0; r < 4; r++) blk.mma_a[w][lane][r] = a[r];
-  for (int r = 0; r < 2; r++) blk.mma_b[w][lane][r] = b[r];
+// every lane's operand registers, after the warp barrier: the set of slots they are in
+inline int exchange(const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  auto& ws = llmpi::sim::g_block->warp_slots[llmpi::sim::warp_id()];
+  const int lane = llmpi::sim::lane_id(), set = ws.next(lane);
+  for (int r = 0; r < 4; r++) ws.mma_a[set][lane][r] = a[r];
+  for (int r = 0; r < 2; r++) ws.mma_b[set][lane][r] = b[r];
   __syncwarp();
+  return set;
 }
 }  // namespace sim_mma
 
@@ -287,9 +308,8 @@ inline void exchange(const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 // b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g]; d[0], d[1] = D[g][2t, 2t+1], d[2], d[3] = D[g+8][..];
 // the lower index in a register's low 16 bits.
 inline void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  const auto& blk = *llmpi::sim::g_block;
-  const int w = llmpi::sim::warp_id();
-  sim_mma::exchange(a, b);
+  const int set = sim_mma::exchange(a, b);
+  const auto& ws = llmpi::sim::g_block->warp_slots[llmpi::sim::warp_id()];
   auto lo = [](uint32_t v) { return llmpi::bf16_bits_to_float(static_cast<uint16_t>(v & 0xffffu)); };
   auto hi = [](uint32_t v) { return llmpi::bf16_bits_to_float(static_cast<uint16_t>(v >> 16)); };
   float A[16][16], B[16][8];
@@ -297,16 +317,15 @@ inline void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint3
     const int g = l / 4, t = l % 4;
     for (int r = 0; r < 4; r++) {
       const int row = g + (r & 1) * 8, col = 2 * t + (r >> 1) * 8;
-      A[row][col] = lo(blk.mma_a[w][l][r]);
-      A[row][col + 1] = hi(blk.mma_a[w][l][r]);
+      A[row][col] = lo(ws.mma_a[set][l][r]);
+      A[row][col + 1] = hi(ws.mma_a[set][l][r]);
     }
     for (int r = 0; r < 2; r++) {
       const int k = 2 * t + r * 8;
-      B[k][g] = lo(blk.mma_b[w][l][r]);
-      B[k + 1][g] = hi(blk.mma_b[w][l][r]);
+      B[k][g] = lo(ws.mma_b[set][l][r]);
+      B[k + 1][g] = hi(ws.mma_b[set][l][r]);
     }
   }
-  __syncwarp();  // every lane has read the others' registers
   sim_mma::accumulate<16>(d, A, B);
 }
 
@@ -315,9 +334,8 @@ inline void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint3
 // 19 bits; the kernels round every operand first (round_tf32), and a value with low bits left
 // stops the run here, so an unrounded operand cannot pass unnoticed.
 inline void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  const auto& blk = *llmpi::sim::g_block;
-  const int w = llmpi::sim::warp_id();
-  sim_mma::exchange(a, b);
+  const int set = sim_mma::exchange(a, b);
+  const auto& ws = llmpi::sim::g_block->warp_slots[llmpi::sim::warp_id()];
   auto tf = [](uint32_t v) {
     if ((v & 0x1fffu) != 0 && (v & 0x7f800000u) != 0x7f800000u) llmpi::sim::die("a tf32 mma operand that is not rounded");
     return sim_mma::as_float(v);
@@ -325,10 +343,9 @@ inline void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32
   float A[16][8], B[8][8];
   for (int l = 0; l < 32; l++) {
     const int g = l / 4, t = l % 4;
-    for (int r = 0; r < 4; r++) A[g + (r & 1) * 8][t + (r >> 1) * 4] = tf(blk.mma_a[w][l][r]);
-    for (int r = 0; r < 2; r++) B[t + r * 4][g] = tf(blk.mma_b[w][l][r]);
+    for (int r = 0; r < 4; r++) A[g + (r & 1) * 8][t + (r >> 1) * 4] = tf(ws.mma_a[set][l][r]);
+    for (int r = 0; r < 2; r++) B[t + r * 4][g] = tf(ws.mma_b[set][l][r]);
   }
-  __syncwarp();
   sim_mma::accumulate<8>(d, A, B);
 }
 

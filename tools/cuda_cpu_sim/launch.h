@@ -1,11 +1,15 @@
 // The host side of a simulated launch (tools/cuda_cpu_sim/README.md): a kernel's grid run on the
-// CPU, block after block, each block's threads real threads. The Makefile's rewrite of a .cu turns
+// CPU, blocks side by side on the OS threads of a pool (one per core; LLMPI_SIM_THREADS sets the
+// count), each block's threads fibers on one of them (fiber.h). The Makefile's rewrite of a .cu
+// turns
 //   kernel<<<grid, block, smem, stream>>>(args)  into  ::llmpi::sim::launcher(kernel, grid, block, smem, stream)(args)
 // Checks what a launch on an H100 would refuse or fault on: an empty grid, more than 1024 threads
 // a block, a grid's y or z over 65535, and dynamic shared memory above 48 KB without the kernel's
 // cudaFuncSetAttribute opt-in (or above the 227 KB a block can have).
 #pragma once
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -33,9 +37,8 @@ inline LaunchStats& launch_stats() {
   return s;
 }
 
-// Threads that run one block's threads after another's (creating 1024 threads per block would
-// cost more than the kernels): run(n, f) calls f(0..n-1), each on its own thread, and returns when
-// all have returned. Each worker waits on its own semaphore, so a block of 128 threads wakes 128.
+// OS threads that run the blocks of a grid: run(n, f) calls f(0..n-1), each on its own thread, and
+// returns when all have returned. Each worker waits on its own semaphore.
 class ThreadPool {
  public:
   ~ThreadPool() {
@@ -81,6 +84,15 @@ inline ThreadPool& thread_pool() {
   static ThreadPool p;
   return p;
 }
+// how many blocks run side by side: LLMPI_SIM_THREADS, else one per core
+inline int pool_threads() {
+  static const int n = [] {
+    const char* e = std::getenv("LLMPI_SIM_THREADS");
+    const int v = e ? std::atoi(e) : static_cast<int>(std::thread::hardware_concurrency());
+    return std::max(1, std::min(v, 64));
+  }();
+  return n;
+}
 
 // what a simulation's main fills its inputs with
 inline std::vector<float> uniform(size_t n, unsigned seed, float lo, float hi) {
@@ -91,18 +103,25 @@ inline std::vector<float> uniform(size_t n, unsigned seed, float lo, float hi) {
   return v;
 }
 
-// body() as every thread of block (bx, by, bz) of `block` threads, on the pool, in context ctx
+// body() as every thread of block (bx, by, bz) of `block` threads, as fibers on the calling OS
+// thread, in context ctx
+struct BlockRun {
+  BlockContext* ctx;
+  dim3 block;
+  unsigned bx, by, bz;
+  const std::function<void()>* body;
+};
+inline void enter_block_thread(int t, void* arg) {
+  const BlockRun& r = *static_cast<const BlockRun*>(arg);
+  threadIdx = dim3(t % r.block.x, t / r.block.x % r.block.y, t / (r.block.x * r.block.y));
+  blockIdx = dim3(r.bx, r.by, r.bz);
+  g_block = r.ctx;
+  (*r.body)();
+}
 inline void run_block(BlockContext& ctx, dim3 block, unsigned bx, unsigned by, unsigned bz,
                       const std::function<void()>& body) {
-  thread_pool().run(ctx.threads, [&](int t) {
-    threadIdx = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
-    blockIdx = dim3(bx, by, bz);
-    g_block = &ctx;
-    body();
-    // an exited thread no longer takes part in its block's or warp's barriers
-    ctx.warp[warp_id()].arrive_and_drop();
-    ctx.block.arrive_and_drop();
-  });
+  BlockRun r{&ctx, block, bx, by, bz, &body};
+  run_fibers(ctx.threads, &enter_block_thread, &r);
 }
 
 // body() as every thread of the grid
@@ -119,14 +138,23 @@ inline void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, con
   if (smem > kSmemPerBlock) die("dynamic shared memory above the 227 KB an H100 block can have");
   blockDim = block;
   gridDim = grid;
+  const long long blocks = static_cast<long long>(grid.x) * grid.y * grid.z;
   launch_stats().launches++;
-  for (unsigned bz = 0; bz < grid.z; bz++)
-    for (unsigned by = 0; by < grid.y; by++)
-      for (unsigned bx = 0; bx < grid.x; bx++) {
-        launch_stats().blocks++;
-        BlockContext ctx(static_cast<int>(threads), smem);
-        run_block(ctx, block, bx, by, bz, body);
-      }
+  launch_stats().blocks += blocks;
+  // blocks are independent (no kernel here waits on another block), so any order will do
+  std::atomic<long long> next{0};
+  const int workers = static_cast<int>(std::min<long long>(pool_threads(), blocks));
+  auto worker = [&](int) {
+    for (long long b = next++; b < blocks; b = next++) {
+      BlockContext ctx(static_cast<int>(threads), smem);
+      run_block(ctx, block, static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
+                static_cast<unsigned>(b / (static_cast<long long>(grid.x) * grid.y)), body);
+    }
+  };
+  if (workers == 1)
+    worker(0);
+  else
+    thread_pool().run(workers, worker);
 }
 
 template <class... P>

@@ -3,6 +3,7 @@
 // contract (cuda_common.cuh), with its counters and switch (nccl_sync.cu, NCCL, is not simulated:
 // the Makefile links src/backend/nccl_host.cpp built without NCCL, whose members refuse);
 // and the column-major GEMM behind include/cublas_v2.h.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -32,17 +33,46 @@ cublasStatus_t gemm_col_major(cublasOperation_t ta, cublasOperation_t tb, int m,
     const float x = static_cast<const float*>(p)[i];
     return tf32 ? round_to_tf32(x) : x;
   };
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  // The operands' values packed in panels of 8 rows of op(A) and 8 columns of op(B), each panel
+  // k x 8 with its 8 values of one l side by side (zeros past m and n):
+  //   a_p[p][l][r] = op(A)[8p + r][l],  b_p[q][l][c] = op(B)[l][8q + c]
+  const int pa = (m + 7) / 8, pb = (n + 7) / 8;
+  std::vector<float> a_p(static_cast<size_t>(pa) * k * 8, 0.0f), b_p(static_cast<size_t>(pb) * k * 8, 0.0f);
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < m; i++)
+    for (int l = 0; l < k; l++)
+      a_p[(static_cast<size_t>(i / 8) * k + l) * 8 + i % 8] =
+          value(A, at, ta == CUBLAS_OP_N ? i + static_cast<size_t>(l) * lda : l + static_cast<size_t>(i) * lda);
+#pragma omp parallel for schedule(static)
   for (int j = 0; j < n; j++)
-    for (int i = 0; i < m; i++) {
-      float s = 0.0f;
-      for (int l = 0; l < k; l++) {
-        const size_t ai = ta == CUBLAS_OP_N ? i + static_cast<size_t>(l) * lda : l + static_cast<size_t>(i) * lda;
-        const size_t bi = tb == CUBLAS_OP_N ? l + static_cast<size_t>(j) * ldb : j + static_cast<size_t>(l) * ldb;
-        s += value(A, at, ai) * value(B, bt, bi);
+    for (int l = 0; l < k; l++)
+      b_p[(static_cast<size_t>(j / 8) * k + l) * 8 + j % 8] =
+          value(B, bt, tb == CUBLAS_OP_N ? l + static_cast<size_t>(j) * ldb : j + static_cast<size_t>(l) * ldb);
+  // s[i][j] = Σ_l a(i, l) b(l, j), each sum in fp32 in l order from +0: the bits of one loop per
+  // element (the order of each sum is kept; only independent sums run side by side, 8 rows in a
+  // vector, 8 columns in 8 of them)
+  typedef float v8 __attribute__((vector_size(32)));
+  constexpr int kPanelsPerTask = 4;  // column panels per task: an A panel is read from cache 4 times
+  const int tasks = (pb + kPanelsPerTask - 1) / kPanelsPerTask;
+#pragma omp parallel for schedule(dynamic)
+  for (int task = 0; task < tasks; task++)
+    for (int p = 0; p < pa; p++)
+      for (int q = task * kPanelsPerTask; q < std::min(pb, (task + 1) * kPanelsPerTask); q++) {
+        const float* a = &a_p[static_cast<size_t>(p) * k * 8];
+        const float* b = &b_p[static_cast<size_t>(q) * k * 8];
+        v8 s[8] = {};
+        for (int l = 0; l < k; l++) {
+          v8 av;
+          std::memcpy(&av, a + static_cast<size_t>(l) * 8, sizeof av);
+          for (int c = 0; c < 8; c++) s[c] += av * b[static_cast<size_t>(l) * 8 + c];
+        }
+        for (int c = 0; c < 8 && 8 * q + c < n; c++)
+          for (int r = 0; r < 8 && 8 * p + r < m; r++) {
+            float& out = C[(8 * p + r) + static_cast<size_t>(8 * q + c) * ldc];
+            out = alpha * s[c][r] + (beta == 0.0f ? 0.0f : beta * out);  // beta = 0: C is not read (may be NaN)
+          }
       }
-      float& c = C[i + static_cast<size_t>(j) * ldc];
-      c = alpha * s + (beta == 0.0f ? 0.0f : beta * c);  // beta = 0: C is not read (may be NaN)
-    }
   return CUBLAS_STATUS_SUCCESS;
 }
 
