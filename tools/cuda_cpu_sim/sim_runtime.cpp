@@ -59,8 +59,8 @@ cublasStatus_t gemm_col_major(cublasOperation_t ta, cublasOperation_t tb, int m,
   for (int task = 0; task < tasks; task++)
     for (int p = 0; p < pa; p++)
       for (int q = task * kPanelsPerTask; q < std::min(pb, (task + 1) * kPanelsPerTask); q++) {
-        const float* a = &a_p[static_cast<size_t>(p) * k * 8];
-        const float* b = &b_p[static_cast<size_t>(q) * k * 8];
+        const float* a = a_p.data() + static_cast<size_t>(p) * k * 8;  // (k = 0: empty panels)
+        const float* b = b_p.data() + static_cast<size_t>(q) * k * 8;
         v8 s[8] = {};
         for (int l = 0; l < k; l++) {
           v8 av;
