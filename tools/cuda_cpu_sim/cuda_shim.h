@@ -71,9 +71,8 @@ struct BlockContext {
     std::memset(dynamic_smem.data(), 0xff, dynamic_smem.size());  // NaN bytes
   }
   // a `__shared__ T name[...]` declaration's memory in this block (key: the declaration), NaN
-  // bytes at first; every thread of the block gets the same
+  // bytes at first; every thread of the block gets the same (they share one OS thread: no lock)
   void* static_memory(const void* key, size_t bytes) {
-    std::lock_guard<std::mutex> lock(statics_mutex);
     auto& m = statics[key];
     if (!m.empty()) return m.data();
     m.assign(bytes, 0xff);
@@ -98,7 +97,6 @@ struct BlockContext {
   };
   std::vector<WarpSlots> warp_slots;
   std::vector<unsigned char> dynamic_smem;
-  std::mutex statics_mutex;
   std::map<const void*, std::vector<unsigned char>> statics;
   size_t static_bytes = 0;
 };
@@ -139,17 +137,22 @@ T& static_shared(Tag) {
   return *reinterpret_cast<T*>(g_block->static_memory(&key, sizeof(T)));
 }
 
-// A value of lane src of this warp (every lane calls it: one warp barrier)
+// Hands `bits` to the other lanes of this warp (every lane calls it: one warp barrier) and returns
+// what each lane handed over
+inline const std::array<uint64_t, 32>& share(uint64_t bits) {
+  auto& ws = g_block->warp_slots[warp_id()];
+  auto& slots = ws.value[ws.next(lane_id())];
+  slots[lane_id()] = bits;
+  wait_at(Wait::warp);
+  return slots;
+}
+// A value of lane src of this warp (every lane calls it)
 template <class T>
 T exchange(T v, int src) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
-  auto& ws = g_block->warp_slots[warp_id()];
-  auto& slots = ws.value[ws.next(lane_id())];
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
-  slots[lane_id()] = bits;
-  wait_at(Wait::warp);
-  bits = slots[src & 31];
+  bits = share(bits)[src & 31];
   T r;
   std::memcpy(&r, &bits, sizeof(T));
   return r;
@@ -182,12 +185,8 @@ T __shfl_sync(unsigned, T v, int src, int = 32) {
   return llmpi::sim::exchange(v, src);
 }
 inline int __any_sync(unsigned, int pred) {
-  auto& blk = *llmpi::sim::g_block;
-  const int w = llmpi::sim::warp_id(), lanes = std::min(32, blk.threads - 32 * w);
-  auto& ws = blk.warp_slots[w];
-  auto& slots = ws.value[ws.next(llmpi::sim::lane_id())];
-  slots[llmpi::sim::lane_id()] = pred != 0;
-  __syncwarp();
+  const int lanes = std::min(32, llmpi::sim::g_block->threads - 32 * llmpi::sim::warp_id());
+  const auto& slots = llmpi::sim::share(pred != 0);
   int any = 0;
   for (int l = 0; l < lanes; l++) any |= static_cast<int>(slots[l]);
   return any;
