@@ -119,7 +119,7 @@ $(BUILD)/obj/%.o: %.cu | $(DEPS_STAMP)
 # Objects whose content depends on LLMPI_HAVE_CUDA are rebuilt when the CUDA mode changes.
 $(CUDA_MODE_STAMP): | $(DEPS_STAMP)
 	@rm -f $(BUILD)/.mode-* && touch $@
-$(BUILD)/obj/src/backend/cuda_fallback.o $(BUILD)/obj/src/backend/nccl_host.o $(BUILD)/obj/src/runtime/watchdog.o \
+$(BUILD)/obj/src/backend/cuda_fallback.o $(BUILD)/obj/src/comm/nccl_exchange.o $(BUILD)/obj/src/runtime/watchdog.o \
   $(BUILD)/obj/tests/test_cuda_ops.o $(BUILD)/obj/bench/gpu_gpt2.o: $(CUDA_MODE_STAMP)
 
 $(BUILD)/libllmpi.a: $(LIB_OBJ) $(CU_OBJ)
@@ -176,12 +176,12 @@ $(SIM_DIR)/ops/%.o: tools/cuda_cpu_sim/%.cpp $(SIM_HEADERS)
 	$(CXX) $(SIM_CXX) -MMD -MP -c $< -o $@
 # (linked with the host code only: the nvcc-built kernels of libllmpi.a, or without nvcc
 # src/backend/cuda_fallback.cpp, define what the simulated files and sim_runtime.cpp define; NCCL is
-# not simulated: nccl_host.cpp comes built without it, its NcclSync members refusing)
-$(SIM_DIR)/libllmpi_host.a: $(filter-out $(BUILD)/obj/src/backend/cuda_fallback.o $(BUILD)/obj/src/backend/nccl_host.o,$(LIB_OBJ)) \
+# not simulated: comm/nccl_exchange.cpp comes built without it, its NcclComm members refusing)
+$(SIM_DIR)/libllmpi_host.a: $(filter-out $(BUILD)/obj/src/backend/cuda_fallback.o $(BUILD)/obj/src/comm/nccl_exchange.o,$(LIB_OBJ)) \
     $(SIM_DIR)/ops/nccl_host_without_nccl.o
 	@mkdir -p $(dir $@)
 	@rm -f $@ && ar rcs $@ $^
-$(SIM_DIR)/ops/nccl_host_without_nccl.o: src/backend/nccl_host.cpp
+$(SIM_DIR)/ops/nccl_host_without_nccl.o: src/comm/nccl_exchange.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(filter-out -DLLMPI_HAVE_NCCL=1,$(CXXFLAGS)) -c $< -o $@
 $(BUILD)/sim-cuda_ops: $(SIM_OPS_OBJ) $(SIM_DIR)/libllmpi_host.a
@@ -295,7 +295,7 @@ FUZZ_FLAGS      ?=
 FUZZ_PACKAGES   := clang libclang-rt-dev llvm libhdf5-dev nlohmann-json3-dev
 FUZZ_NAMES      := config token_file token_header tokenizer safetensors hf_tokenizer
 FUZZ_BINS       := $(FUZZ_NAMES:%=$(FUZZ_BUILD)/%_fuzz)
-FUZZ_LIB_SRC    := src/runtime/config.cpp src/data/token_file.cpp $(wildcard src/data/h5_util.cpp) \
+FUZZ_LIB_SRC    := src/runtime/config.cpp src/runtime/options.cpp src/data/token_file.cpp $(wildcard src/data/h5_util.cpp) \
                    $(sort $(wildcard src/tokenizer/*.cpp)) src/hf/safetensors.cpp
 FUZZ_LIB_OBJ    := $(FUZZ_LIB_SRC:%.cpp=$(FUZZ_BUILD)/obj/%.o)
 FUZZ_SAN        := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer

@@ -21,7 +21,7 @@
 #include "runtime/config.h"
 #include "runtime/error.h"
 #include "cpu_step_timing.h"
-#include "train/memory_estimate.h"
+#include "model/memory_estimate.h"
 
 namespace {
 

@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
 
   CheckpointData d;
   ModelConfig m{};
-  m.family = "gpt2";
+  m.family = Family::gpt2;
   m.n_layer = 1;
   m.n_head = 1;
   m.d_model = 8;

@@ -245,7 +245,7 @@ int run(const Options& o) {
     model.init_params(1234);
     Activations acts(model, B, T);
     const size_t n = model.table.numel;
-    Optimizer opt(ops, n, "adamw");  // the trainer's multi-tensor AdamW, the clip computed on the device
+    Optimizer opt(ops, n, OptimizerKind::adamw);  // the trainer's multi-tensor AdamW, the clip computed on the device
     TrainConfig tc;
     tc.beta1 = 0.9, tc.beta2 = 0.95, tc.eps = 1e-8, tc.weight_decay = 0.1, tc.grad_clip = 1.0;
 

@@ -37,7 +37,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/ops.h"
-#include "metrics/metrics.h"
+#include "runtime/clock.h"
 #include "model/transformer.h"
 #include "pipeline/schedule.h"
 #include "runtime/config.h"

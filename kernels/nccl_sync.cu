@@ -1,24 +1,11 @@
-// NCCL all-reduce of gradient buckets (API and usage: src/backend/nccl_sync.h).
-//
-// Ordering, per bucket [a, b):
-//   compute stream:  ... backward kernels that finish grads[a, b) ... record ev_i
-//   comm stream:     wait ev_i; ncclAllReduce(grads + a, b - a, float, avg), in place
-// finish(): comm stream records `done`; the compute stream waits on it, so the optimizer kernels
-// enqueued next see averaged gradients, and the host never blocks. The comm stream is
-// non-blocking (it does not serialise with the legacy default stream), at the highest priority so
-// that its small kernels get SMs while backward keeps the card busy.
-// bf16 (begin(..., bf16 = true)), per bucket on the comm stream after the same event:
-//   wire[a, b) = bf16_rn(grads[a, b));  ncclAllReduce(wire + a, b - a, bfloat16, avg), in place;
-//   grads[a, b) = float(wire[a, b))
-// wire is a device buffer of `total` bf16 values, grown (cudaMalloc) in begin() before backward.
-// STATUS: compile-only (no GPU was available); see docs/GPU.md.
+// NCCL passes on the communication stream (API, ordering and the bf16 path: src/comm/nccl.h).
 #include <cuda_bf16.h>
 #include <nccl.h>
 
 #include <cstring>
 #include <vector>
 
-#include "backend/nccl_sync.h"
+#include "comm/nccl.h"
 #include "cuda_common.cuh"
 #include "runtime/error.h"
 
@@ -50,13 +37,13 @@ __global__ void from_bf16_kernel(float* __restrict__ out, const __nv_bfloat16* _
 
 }  // namespace
 
-struct NcclSync::Impl {
-  __nv_bfloat16* wire = nullptr;  // bf16 staging of the whole gradient (bf16 only)
+struct NcclComm::Impl {
+  __nv_bfloat16* wire = nullptr;  // bf16 staging of the largest pass (bf16 only)
   size_t wire_n = 0;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   cudaEvent_t done = nullptr;
-  std::vector<cudaEvent_t> events;  // one per bucket of the current step, reused across steps
+  std::vector<cudaEvent_t> events;  // one per pass since the last compute_waits, reused afterwards
   size_t next_event = 0;
   cudaEvent_t event() {
     if (next_event == events.size()) {
@@ -66,9 +53,15 @@ struct NcclSync::Impl {
     }
     return events[next_event++];
   }
+  // The comm stream waits for the compute stream's work so far.
+  void after_compute() {
+    cudaEvent_t ev = event();
+    LLMPI_CUDA_CHECK(cudaEventRecord(ev, cuda::compute_stream()));
+    LLMPI_CUDA_CHECK(cudaStreamWaitEvent(stream, ev, 0));
+  }
 };
 
-NcclId NcclSync::make_id() {
+NcclId NcclComm::make_id() {
   ncclUniqueId id;
   LLMPI_NCCL_CHECK(ncclGetUniqueId(&id));
   NcclId out;
@@ -76,7 +69,7 @@ NcclId NcclSync::make_id() {
   return out;
 }
 
-NcclSync::NcclSync(const NcclId& id, int rank, int world)
+NcclComm::NcclComm(const NcclId& id, int rank, int world)
     : impl_(new Impl), rank_(rank), world_(world) {
   ncclUniqueId nid;
   std::memcpy(&nid, id.bytes, sizeof nid);
@@ -88,7 +81,7 @@ NcclSync::NcclSync(const NcclId& id, int rank, int world)
   LLMPI_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->done, cudaEventDisableTiming));
 }
 
-NcclSync::~NcclSync() {
+NcclComm::~NcclComm() {
   if (!impl_) return;
   (void)cudaStreamSynchronize(impl_->stream);
   for (cudaEvent_t e : impl_->events) (void)cudaEventDestroy(e);
@@ -98,73 +91,37 @@ NcclSync::~NcclSync() {
   if (impl_->wire) (void)cudaFree(impl_->wire);
 }
 
-void NcclSync::allreduce_avg(float* data, size_t count) {
-  if (count == 0) return;
-  cudaEvent_t ev = impl_->event();
-  LLMPI_CUDA_CHECK(cudaEventRecord(ev, cuda::compute_stream()));
-  LLMPI_CUDA_CHECK(cudaStreamWaitEvent(impl_->stream, ev, 0));
-  LLMPI_NCCL_CHECK(
-      ncclAllReduce(data, data, count, ncclFloat32, ncclAvg, impl_->comm, impl_->stream));
-  buckets_++;
-  bytes_ += count * sizeof(float);
-}
-
-void NcclSync::launch_bucket(size_t begin, size_t count) {
-  if (!bf16_) {
-    allreduce_avg(grads_ + begin, count);
-    return;
-  }
-  if (count == 0) return;
-  cudaEvent_t ev = impl_->event();
-  LLMPI_CUDA_CHECK(cudaEventRecord(ev, cuda::compute_stream()));
-  LLMPI_CUDA_CHECK(cudaStreamWaitEvent(impl_->stream, ev, 0));
-  __nv_bfloat16* w = impl_->wire + begin;
-  const unsigned blocks = cuda::grid_for(count, 256);
-  to_bf16_kernel<<<blocks, 256, 0, impl_->stream>>>(w, grads_ + begin, count);
-  LLMPI_LAUNCH_CHECK("nccl to_bf16");
-  LLMPI_NCCL_CHECK(ncclAllReduce(w, w, count, ncclBfloat16, ncclAvg, impl_->comm, impl_->stream));
-  from_bf16_kernel<<<blocks, 256, 0, impl_->stream>>>(grads_ + begin, w, count);
-  LLMPI_LAUNCH_CHECK("nccl from_bf16");
-  buckets_++;
-  bytes_ += count * sizeof(__nv_bfloat16);
-}
-
-void NcclSync::begin(float* grads, size_t total, size_t bucket_floats, bool bf16) {
-  bf16_ = bf16;
-  if (bf16 && impl_->wire_n < total) {
+void NcclComm::allreduce_avg(float* data, size_t n, bool bf16) {
+  if (n == 0) return;
+  if (bf16 && impl_->wire_n < n) {  // grown before it is used: the stream is idle or ordered after the free
+    LLMPI_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
     if (impl_->wire) LLMPI_CUDA_CHECK(cudaFree(impl_->wire));
     impl_->wire = nullptr;
     impl_->wire_n = 0;
-    LLMPI_CUDA_CHECK(cudaMalloc(&impl_->wire, total * sizeof(__nv_bfloat16)));
-    impl_->wire_n = total;
+    LLMPI_CUDA_CHECK(cudaMalloc(&impl_->wire, n * sizeof(__nv_bfloat16)));
+    impl_->wire_n = n;
   }
-  grads_ = grads;
-  total_ = total;
-  bucket_floats_ = bucket_floats;
-  start_ = 0;
-  buckets_ = 0;
-  bytes_ = 0;
+  impl_->after_compute();
+  if (!bf16) {
+    LLMPI_NCCL_CHECK(ncclAllReduce(data, data, n, ncclFloat32, ncclAvg, impl_->comm, impl_->stream));
+  } else {
+    __nv_bfloat16* w = impl_->wire;
+    const unsigned blocks = cuda::grid_for(n, 256);
+    to_bf16_kernel<<<blocks, 256, 0, impl_->stream>>>(w, data, n);
+    LLMPI_LAUNCH_CHECK("nccl to_bf16");
+    LLMPI_NCCL_CHECK(ncclAllReduce(w, w, n, ncclBfloat16, ncclAvg, impl_->comm, impl_->stream));
+    from_bf16_kernel<<<blocks, 256, 0, impl_->stream>>>(data, w, n);
+    LLMPI_LAUNCH_CHECK("nccl from_bf16");
+  }
+  passes_++;
+}
+
+void NcclComm::compute_waits() {
+  LLMPI_CUDA_CHECK(cudaEventRecord(impl_->done, impl_->stream));
+  LLMPI_CUDA_CHECK(cudaStreamWaitEvent(cuda::compute_stream(), impl_->done, 0));
   impl_->next_event = 0;
 }
 
-void NcclSync::ready(size_t k) {
-  if (k > total_) fail("NcclSync::ready(", k, ") beyond the gradient's ", total_, " floats");
-  if (k <= start_) return;
-  if (k - start_ >= bucket_floats_ || k == total_) {
-    launch_bucket(start_, k - start_);
-    start_ = k;
-  }
-}
-
-void NcclSync::finish() {
-  if (start_ < total_) {
-    launch_bucket(start_, total_ - start_);
-    start_ = total_;
-  }
-  LLMPI_CUDA_CHECK(cudaEventRecord(impl_->done, impl_->stream));
-  LLMPI_CUDA_CHECK(cudaStreamWaitEvent(cuda::compute_stream(), impl_->done, 0));
-}
-
-void NcclSync::synchronize() { LLMPI_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+void NcclComm::synchronize() { LLMPI_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
 
 }  // namespace llmpi

@@ -75,10 +75,10 @@ TEST(Bf16Sync, ConfigRefusesWhatIsNotImplemented) {
     sets.insert(sets.begin(), "data.train=-");
     return parse_config("{}", "test", sets);
   };
-  EXPECT_EQ(parse({}).parallel.grad_dtype, "fp32");
-  EXPECT_EQ(parse({"parallel.grad_dtype=bf16"}).parallel.grad_dtype, "bf16");
-  EXPECT_EQ(parse({"parallel.grad_dtype=bf16", "parallel.sync=nccl"}).parallel.grad_dtype, "bf16");
-  EXPECT_EQ(parse({"parallel.grad_dtype=bf16", "parallel.zero=1"}).parallel.grad_dtype, "bf16");
+  EXPECT_EQ(parse({}).parallel.grad_dtype, GradDtype::fp32);
+  EXPECT_EQ(parse({"parallel.grad_dtype=bf16"}).parallel.grad_dtype, GradDtype::bf16);
+  EXPECT_EQ(parse({"parallel.grad_dtype=bf16", "parallel.sync=nccl"}).parallel.grad_dtype, GradDtype::bf16);
+  EXPECT_EQ(parse({"parallel.grad_dtype=bf16", "parallel.zero=1"}).parallel.grad_dtype, GradDtype::bf16);
   for (const char* method : {"gather_scatter", "weights"}) {
     try {
       parse({"parallel.grad_dtype=bf16", std::string("parallel.sync=") + method});

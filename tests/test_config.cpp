@@ -21,7 +21,7 @@ TEST(Config, DefaultsFillMissingKeys) {
   Config c = parse_config(kMinimal, "run.json");
   EXPECT_EQ(c.data.train, "t.h5");
   EXPECT_EQ(c.model.n_layer, 4);
-  EXPECT_EQ(c.parallel.sync, "allreduce");
+  EXPECT_EQ(c.parallel.sync, SyncMethod::allreduce);
   EXPECT_EQ(c.resolved["train"]["lr"].get<double>(), 3e-4);
 }
 
@@ -92,7 +92,7 @@ TEST(Config, EpochsAndScheduleKeys) {
   Config c = parse_config(kMinimal, "run.json", {"train.epochs=3", "train.drop_last=false", "train.lr_schedule=linear"});
   EXPECT_EQ(c.train.epochs, 3);
   EXPECT_FALSE(c.train.drop_last);
-  EXPECT_EQ(c.train.lr_schedule, "linear");
+  EXPECT_EQ(c.train.lr_schedule, LrSchedule::linear);
   std::string e = error_of(kMinimal, {"train.epochs=3", "train.steps=100"});
   EXPECT_NE(e.find("both 'train.steps' (100) and 'train.epochs' (3) are set"), std::string::npos) << e;
   EXPECT_EQ(error_of(kMinimal, {"train.epochs=3", "train.steps=0"}), "");  // 0 steps: measured in epochs
@@ -101,4 +101,26 @@ TEST(Config, EpochsAndScheduleKeys) {
   e = error_of(kMinimal, {"train.epochs=-1"});
   EXPECT_NE(e.find("'train.epochs' must be >= 0"), std::string::npos) << e;
   EXPECT_EQ(error_of(kMinimal, {"train.eval_batches=0"}), "");  // 0 = the whole validation file
+}
+
+// A key the user set that does nothing in the configuration it is in is named (the trainer warns at
+// start-up); keys left at their defaults, and keys that act, are not.
+TEST(Config, KeysWithoutEffectAreNamed) {
+  auto notes = [](std::vector<std::string> sets) {
+    sets.insert(sets.begin(), "data.train=t.h5");
+    return keys_without_effect(parse_config("{}", "test", sets));
+  };
+  EXPECT_TRUE(notes({}).empty());
+  EXPECT_TRUE(notes({"parallel.microbatches=4"}).empty()) << "gradient accumulation with pp_stages 1";
+  EXPECT_TRUE(notes({"parallel.pp_stages=2", "parallel.schedule=gpipe"}).empty());
+  std::vector<std::string> n = notes({"parallel.schedule=gpipe", "parallel.average_every=4", "train.eval_every=5"});
+  ASSERT_EQ(n.size(), 3u);
+  EXPECT_NE(n[0].find("'parallel.schedule' has no effect with parallel.pp_stages 1"), std::string::npos) << n[0];
+  EXPECT_NE(n[1].find("'parallel.average_every' has no effect with parallel.sync \"allreduce\""), std::string::npos)
+      << n[1];
+  EXPECT_NE(n[2].find("'train.eval_every' has no effect without data.val"), std::string::npos) << n[2];
+  EXPECT_EQ(notes({"parallel.sync=weights", "parallel.average_every=4"}).size(), 0u);
+  EXPECT_EQ(notes({"train.max_consecutive_skips=3"}).size(), 1u) << "with on_nonfinite abort";
+  EXPECT_EQ(notes({"train.on_nonfinite=skip", "train.max_consecutive_skips=3"}).size(), 0u);
+  EXPECT_EQ(notes({"model.family=bert", "runtime.lm_head_chunk_rows=64"}).size(), 1u);
 }

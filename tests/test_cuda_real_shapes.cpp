@@ -9,7 +9,7 @@
 //                     and the dbias column sums at N = 65536 rows, embedding backward with one
 //                     dominant token (bitwise), AdamW / sum_squares / scale at 124,439,808 elements,
 //                     one GPT-2 124M step CPU vs GPU, and two GPU steps giving the same bits
-//   NcclSync.*        world size 1: averaging is the identity, bit for bit (NcclSync directly,
+//   NcclSync.*        world size 1: averaging is the identity, bit for bit (NcclComm directly,
 //                     every bucket size, boundaries inside "tensors"; in bf16 the gradient's bf16
 //                     rounding; and GradSync with parallel.sync = nccl around a real backward)
 //
@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "backend/cuda_ops.h"
-#include "backend/nccl_sync.h"
+#include "comm/nccl.h"
 #include "backend/ops.h"
 #include "comm/grad_sync.h"
 #include "cuda_test_util.h"
@@ -647,72 +647,57 @@ TEST(NcclSync, GradSyncRefusesTheCpuBackend) {
   }
 }
 
-// NcclSync over MPI_COMM_SELF (a communicator of one rank, whatever mpiexec started): ncclAvg over
-// one rank is the identity (the sum of one term, times 1), so every bucket comes back bit for bit.
-// Buckets are cut where ready(k) finds at least bucket_floats pending floats; the ready points
-// here are "tensor" ends of uneven sizes and also points inside them, so buckets end inside
-// tensors, span several, or hold one float.
+// NcclComm over MPI_COMM_SELF (a communicator of one rank, whatever mpiexec started): ncclAvg over
+// one rank is the identity (the sum of one term, times 1), so every pass comes back bit for bit.
+// The passes cover uneven ranges — one float, ranges ending inside "tensors", a whole buffer — as
+// the gradient sync's buckets do, enqueued back to back before the compute stream waits for them.
 TEST(NcclSync, WorldOneAveragingIsTheIdentity) {
   REQUIRE_NCCL();
-  auto sync = nccl_sync_create(MPI_COMM_SELF);
-  ASSERT_TRUE(sync);
-  EXPECT_EQ(sync->world(), 1);
+  auto nccl = nccl_comm_create(MPI_COMM_SELF);
+  ASSERT_TRUE(nccl);
+  EXPECT_EQ(nccl->world(), 1);
   const size_t total = 3000017;
   const auto h = random_floats(total, 800, -3.0f, 3.0f);
-  // ready points: ends of tensors of sizes 1, 7, 768, 2304·768, ... and some points inside them
-  std::vector<size_t> ready;
+  // range ends: ends of tensors of sizes 1, 7, 768, 2304·768, ... and some points inside them
+  std::vector<size_t> ends;
   {
     const size_t sizes[] = {1, 7, 768, 589824, 3, 1000000, 65536, 1};
     size_t at = 0;
     for (size_t s : sizes) {
-      if (s > 10) ready.push_back(at + s / 3);  // inside the tensor
+      if (s > 10) ends.push_back(at + s / 3);  // inside the tensor
       at += s;
-      ready.push_back(at);
+      ends.push_back(at);
     }
     ASSERT_LT(at, total);
-    ready.push_back(total - 5);
-    ready.push_back(total);
+    ends.push_back(total - 5);
+    ends.push_back(total);
   }
-  for (size_t bucket : {size_t(0), size_t(1), size_t(1000), size_t(65537), size_t(700000), total,
-                        size_t(1) << 40}) {
-    Dev g(h);
-    sync->begin(g.f(), total, bucket);
-    // the launches NcclSync must make: a bucket when >= bucket floats are pending, or at the end
-    size_t start = 0, expect_buckets = 0;
-    for (size_t k : ready) {
-      sync->ready(k);
-      if (k > start && (k - start >= bucket || k == total)) {
-        expect_buckets++;
-        start = k;
-      }
-    }
-    sync->finish();  // nothing left: every ready point ends at total
-    EXPECT_EQ(sync->buckets_launched(), expect_buckets) << "bucket_floats " << bucket;
-    EXPECT_EQ(sync->bytes_reduced(), total * sizeof(float)) << "bucket_floats " << bucket;
-    EXPECT_SAME_BITS(g.get(), h) << "world 1 must give the gradient back unchanged, bucket_floats "
-                                 << bucket;
-  }
-  // finish() launches what ready() left pending (here: everything after the last ready point)
   Dev g(h);
-  sync->begin(g.f(), total, size_t(1) << 40);
-  sync->ready(12345);
-  sync->finish();
-  EXPECT_EQ(sync->buckets_launched(), 1u);
+  const size_t before = nccl->passes();
+  size_t start = 0;
+  for (size_t k : ends) {
+    nccl->allreduce_avg(g.f() + start, k - start);
+    start = k;
+  }
+  nccl->compute_waits();
+  EXPECT_EQ(nccl->passes() - before, ends.size());
+  EXPECT_SAME_BITS(g.get(), h) << "world 1 must give the gradient back unchanged";
+  // the whole buffer in one pass, an empty pass (not counted), and the host wait
+  nccl->allreduce_avg(g.f(), total);
+  nccl->allreduce_avg(g.f() + 17, 0);
+  nccl->compute_waits();
+  nccl->synchronize();
+  EXPECT_EQ(nccl->passes() - before, ends.size() + 1);
   EXPECT_SAME_BITS(g.get(), h);
-  // a direct average of a sub-range, and the host wait
-  sync->allreduce_avg(g.f() + 17, 1000);
-  sync->synchronize();
-  EXPECT_SAME_BITS(g.get(), h);
-  EXPECT_THROW(sync->ready(total + 1), Error);
 }
 
-// parallel.grad_dtype bf16 through NCCL at world size 1: each bucket is rounded to bfloat16 on the
+// parallel.grad_dtype bf16 through NCCL at world size 1: each pass is rounded to bfloat16 on the
 // device, averaged as ncclBfloat16 (over one rank: unchanged) and widened back, so the gradient
-// comes back as exactly its bf16 rounding (the host's bf16_round: nearest, ties to even), and
-// half the bytes are counted.
+// comes back as exactly its bf16 rounding (the host's bf16_round: nearest, ties to even), whatever
+// the ranges (the device staging buffer grows to the largest).
 TEST(NcclSync, Bf16WorldOneGivesTheBf16Rounding) {
   REQUIRE_NCCL();
-  auto sync = nccl_sync_create(MPI_COMM_SELF);
+  auto nccl = nccl_comm_create(MPI_COMM_SELF);
   const size_t total = 1000003;
   auto h = random_floats(total, 820, -3.0f, 3.0f);
   h[0] = 1.0f + 0x1p-8f;      // a tie: to even (1.0)
@@ -721,13 +706,15 @@ TEST(NcclSync, Bf16WorldOneGivesTheBf16Rounding) {
   std::vector<float> expect(total);
   for (size_t i = 0; i < total; i++) expect[i] = bf16_widen(bf16_round(h[i]));
   ASSERT_NE(bit_difference(expect, h), "") << "the rounding must change something";
-  for (size_t bucket : {size_t(0), size_t(4099), total}) {
+  for (const std::vector<size_t>& ends : {std::vector<size_t>{1, 5000, 5001, 777777, total}, std::vector<size_t>{total}}) {
     Dev g(h);
-    sync->begin(g.f(), total, bucket, /*bf16=*/true);
-    for (size_t k : {size_t(1), size_t(5000), size_t(5001), size_t(777777), total}) sync->ready(k);
-    sync->finish();
-    EXPECT_EQ(sync->bytes_reduced(), total * 2) << "bucket_floats " << bucket;
-    EXPECT_SAME_BITS(g.get(), expect) << "bucket_floats " << bucket;
+    size_t start = 0;
+    for (size_t k : ends) {
+      nccl->allreduce_avg(g.f() + start, k - start, /*bf16=*/true);
+      start = k;
+    }
+    nccl->compute_waits();
+    EXPECT_SAME_BITS(g.get(), expect) << ends.size() << " passes";
   }
 }
 

@@ -110,8 +110,6 @@ TEST(CudaStepSync, SegmentUpdatesMatchCpuAndScaleThenUpdate) {
   const ParamTable t = build_param_table(d);
   const size_t n = t.numel;
   const auto segs = update_segments(t, 0, n, 0);
-  TrainConfig tc;
-  tc.weight_decay = 0.1;
   for (bool sgd : {false, true})
     for (float clip : {1.0f, 0.37f}) {
       const auto p0 = random_floats(n, 64);

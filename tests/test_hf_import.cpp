@@ -524,7 +524,7 @@ TEST(HfImport, ConfigFillsModelKeysAndConflictsNameBoth) {
   const HfConfig c = read_hf_config(d);
   const std::string base = R"({"data": {"train": "x.h5"}, "model": {"seq_len": 32}})";
   const Config cfg = parse_config(base, "run.json", {}, &c.source);
-  EXPECT_EQ(cfg.model.family, "llama");
+  EXPECT_EQ(cfg.model.family, Family::llama);
   EXPECT_EQ(cfg.model.n_layer, 2);
   EXPECT_EQ(cfg.model.n_kv_head, 2);
   EXPECT_EQ(cfg.model.ffn_dim, 64);

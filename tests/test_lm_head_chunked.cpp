@@ -33,7 +33,7 @@
 #include "model_test_util.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
-#include "train/memory_estimate.h"
+#include "model/memory_estimate.h"
 
 using namespace llmpi;
 using test::desc_of;

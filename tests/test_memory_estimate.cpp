@@ -1,4 +1,4 @@
-// The memory estimate (train/memory_estimate.h) against what the code really allocates:
+// The memory estimate (model/memory_estimate.h) against what the code really allocates:
 //   - byte counts: a copy of the CPU Ops table whose alloc/free count bytes; the model's
 //     parameters, gradients, AdamW state, one micro-batch's activations and the backward scratch
 //     of one step must equal the estimate exactly, for every family;
@@ -11,10 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine.h"
 #include "model_test_util.h"
 #include "optim/optimizer.h"
 #include "params/param_table.h"
-#include "train/memory_estimate.h"
+#include "model/memory_estimate.h"
 
 using namespace llmpi;
 
@@ -80,7 +81,7 @@ TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
     d.attention = c.attention;
     d.lm_head_chunk_rows = c.head_chunk_rows;
     Config cfg = config_with(c.optimizer);
-    cfg.runtime.precision = gemm_precision_name(c.precision);
+    cfg.runtime.precision = c.precision;
     const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
     const Ops ops = counting_ops();
     g_allocated = 0;
@@ -92,7 +93,7 @@ TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
     EXPECT_EQ(e.params, (double)m.table.numel * 4 + copy) << c.family;
     EXPECT_LT(copy, (double)m.table.numel * 2 + 256.0 * m.table.slices.size()) << c.family;
     g_allocated = 0;
-    Optimizer opt(ops, m.table.numel, c.optimizer);
+    Optimizer opt(ops, m.table.numel, c.optimizer == "sgd" ? OptimizerKind::sgd : OptimizerKind::adamw);
     EXPECT_EQ((double)g_allocated, e.optimizer) << c.family << " " << c.optimizer;
     g_allocated = 0;
     Activations a(m, B, T);
@@ -112,15 +113,49 @@ TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
   }
 }
 
+// Gradient accumulation (parallel.microbatches M, pp_stages 1) holds one micro-batch at a time:
+// the estimate's activations and backward scratch are those of local_batch / M sequences (the batch
+// itself stays on the host whole), and the step engine allocates exactly that: the parameters,
+// gradients, AdamW state and one activation slot of the micro-batch.
+TEST(MemoryEstimate, GradientAccumulationHoldsOneMicroBatch) {
+  const int B = 8, T = 12, M = 4;
+  for (const char* family : {"gpt2", "llama", "bert"}) {
+    const ModelDesc d = test::desc_of(family, 2, 2, 16, T, 37);
+    Config cfg = config_with("adamw");
+    const MemoryEstimate whole = estimate_memory(d, B, T, cfg, 1, 0, false);
+    const MemoryEstimate micro = estimate_memory(d, B / M, T, cfg, 1, 0, false);
+    cfg.parallel.microbatches = M;
+    const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
+    EXPECT_EQ(e.micro_batch, B / M) << family;
+    EXPECT_EQ(e.activations, micro.activations) << family;
+    EXPECT_EQ(e.scratch, micro.scratch) << family;
+    EXPECT_LT(e.activations, whole.activations / 2) << family;
+    EXPECT_EQ(e.data, whole.data) << family;  // the step's batch is read whole
+    EXPECT_EQ(e.params + e.grads + e.optimizer, whole.params + whole.grads + whole.optimizer) << family;
+    const Ops ops = counting_ops();
+    ParallelGroups groups(MPI_COMM_SELF, 1, false);
+    EngineOptions eo;
+    eo.local_batch = B;
+    eo.T = T;
+    eo.seed = 1;
+    g_allocated = 0;
+    Engine engine(d, ops, groups, cfg.parallel, sync_options(cfg.parallel), eo);
+    EXPECT_EQ(engine.micro_batch, B / M) << family;
+    EXPECT_EQ(engine.chunks.front().slots.size(), 1u) << family << ": one micro-batch alive at a time";
+    EXPECT_EQ((double)g_allocated,
+              e.params + e.grads + e.optimizer + e.activations - host_loss_row(d, B / M, T)) << family;
+  }
+}
+
 TEST(MemoryEstimate, CheckpointAndSyncBuffersFollowTheConfiguration) {
   const ModelDesc d = test::desc_of("gpt2", 2, 2, 16, 8, 37);
   Config cfg = config_with("adamw");
   const double nb = 4.0 * estimate_memory(d, 1, 8, cfg, 1, 0, false).n_params;
   EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 0, false).checkpoint_staging, 3 * nb);  // params, m, v
-  cfg.parallel.sync = "weights";  // rank 0 gathers every rank's rows
+  cfg.parallel.sync = SyncMethod::weights;  // rank 0 gathers every rank's rows
   EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 0, false).checkpoint_staging, 3 * 4 * nb + nb);
   EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 1, false).checkpoint_staging, nb);
-  cfg.parallel.sync = "gather_scatter";
+  cfg.parallel.sync = SyncMethod::gather_scatter;
   cfg.parallel.bucket_mb = 1e6;  // one bucket: rank 0 gathers and scatters 4 copies of everything
   EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 0, false).sync_buffers, 2 * 4 * nb);
   EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 1, false).sync_buffers, 0);
@@ -137,9 +172,9 @@ TEST(MemoryEstimate, Bf16CountsTheGemmOperandScratch) {
   const ModelDesc d = test::desc_of("gpt2", 2, 2, C, T, V);
   Config cfg = config_with("adamw");
   const double fp32 = estimate_memory(d, B, T, cfg, 1, 0, false).scratch;
-  cfg.runtime.precision = "tf32";
+  cfg.runtime.precision = GemmPrecision::tf32;
   EXPECT_EQ(estimate_memory(d, B, T, cfg, 1, 0, true).scratch, estimate_memory(d, B, T, config_with("adamw"), 1, 0, true).scratch);
-  cfg.runtime.precision = "bf16";
+  cfg.runtime.precision = GemmPrecision::bf16;
   const size_t N = (size_t)B * T;
   auto pad = [](size_t n, size_t q) { return (n + q - 1) / q * q; };
   EXPECT_EQ(estimate_memory(d, B, T, cfg, 1, 0, false).scratch - fp32,
@@ -188,7 +223,7 @@ TEST(MemoryEstimate, PeakRssOfOneStepMatches) {
   {
     Model m(d, cpu_ops());
     m.init_params(1);
-    Optimizer opt(cpu_ops(), m.table.numel, "adamw");
+    Optimizer opt(cpu_ops(), m.table.numel, OptimizerKind::adamw);
     Activations a(m, B, T);
     m.forward(a, batch.b, true);
     m.backward(a);

@@ -106,3 +106,38 @@ TEST(MpiCheckpoint, NonFiniteStepsAbortOrSkip) {
   EXPECT_GE(r.skipped_steps, 1);
   for (float p : r.final_params) ASSERT_TRUE(std::isfinite(p)) << "a skipped step must not touch the parameters";
 }
+
+// train.on_nonfinite=skip is bounded: train.max_consecutive_skips non-finite steps in a row stop the
+// run on every rank, naming the steps and the key; and a run whose final validation loss is not
+// finite fails (an error, not a closing line that reads as success).
+TEST(MpiCheckpoint, SkippedStepsAreBoundedAndADivergedRunFails) {
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  const std::string tr = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 23);
+  const std::string va = make_pattern_file(MPI_COMM_WORLD, dir, "val.h5", 8000, 64, 24);
+  // SGD with an absurd learning rate: the first update blows the parameters up, every later step
+  // is non-finite (and skipped: the parameters stay as they are).
+  const std::vector<std::string> blowup = {"train.optimizer=sgd", "train.lr=1e30", "train.grad_clip=0",
+                                           "train.warmup_steps=0", "checkpoint.every=0", "train.steps=8",
+                                           "train.on_nonfinite=skip"};
+  auto sets = blowup;
+  sets.push_back("train.max_consecutive_skips=3");
+  try {
+    train(ckpt_config(tr, dir + "/a", sets), MPI_COMM_WORLD, train_options(false));
+    ADD_FAILURE() << "8 steps ran with 3 consecutive skips allowed";
+  } catch (const CollectiveError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("3 steps in a row were not finite (steps 1 to 3"), std::string::npos) << m;
+    EXPECT_NE(m.find("train.max_consecutive_skips"), std::string::npos) << m;
+  }
+  sets = blowup;
+  sets.push_back("data.val=" + va);
+  try {
+    train(ckpt_config(tr, dir + "/b", sets), MPI_COMM_WORLD, train_options(false));
+    ADD_FAILURE() << "a run ending with a non-finite validation loss succeeded";
+  } catch (const CollectiveError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("the validation loss after step 8 is"), std::string::npos) << m;
+    EXPECT_NE(m.find("the model diverged (7 non-finite steps skipped)"), std::string::npos) << m;
+  }
+}
+

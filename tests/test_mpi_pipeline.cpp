@@ -1,4 +1,4 @@
-// Pipeline parallelism under MPI (pipeline/pipeline_step.h): training with S stages, every
+// Pipeline parallelism under MPI (engine/engine.h): training with S stages, every
 // schedule, equals non-pipelined training on one rank with the same global batch (1e-5 relative,
 // per-step loss and final parameters, 10 steps) for gpt2 (tied embedding: the copies on the first
 // and last stage) and llama (untied), bert on S = 2 (gpipe, 1f1b, zb-h1); data parallelism × pipelines (2 × 2 on 4
@@ -19,7 +19,7 @@
 #include "hf/hf_import.h"
 #include "model_test_util.h"
 #include "mpi_test_data.h"
-#include "pipeline/pipeline_step.h"
+#include "engine/engine.h"
 #include "runtime/parallel_groups.h"
 #include "train/trainer.h"
 
@@ -239,14 +239,19 @@ void zero_bubble_defers_the_weight_gradient() {
     const ModelDesc d = test::desc_of(family, 4, 2, 32, T, 64);
     ParallelGroups g(MPI_COMM_WORLD, S, d.head == HeadKind::lm && d.tie_embeddings);
     ParallelConfig pc{};
-    pc.sync = "allreduce";
+    pc.sync = SyncMethod::allreduce;
     pc.pp_stages = S;
     pc.microbatches = M;
     pc.virtual_stages = 1;
     const test::RandomBatch rb(d, rows, T, 7);
+    const TrainConfig tc = parse_config("{}", "test", {"data.train=-"}).train;
     auto one_step = [&](const std::string& schedule, bool watch) {
-      pc.schedule = schedule;
-      Pipeline p(d, cpu_ops(), g, pc, SyncOptions{}, "adamw", rows, T, 11, nullptr);
+      pc.schedule = parse_schedule_kind(schedule);
+      EngineOptions eo;
+      eo.local_batch = rows;
+      eo.T = T;
+      eo.seed = 11;
+      Engine p(d, cpu_ops(), g, pc, SyncOptions{}, eo);
       p.connect();
       const Model& md = *p.chunks[0].model;
       auto deferred = [&](const ParamSlice& s) { return test::added_by_weight_pass(md, s); };
@@ -275,7 +280,7 @@ void zero_bubble_defers_the_weight_gradient() {
           order.push_back(a);
           before = now;
         };
-      p.forward_backward(0, rb.b);
+      p.step(0, rb.b, 1e-3, tc);
       if (watch) {
         auto at = [&](ActionType t, int m) {
           for (size_t i = 0; i < order.size(); i++)

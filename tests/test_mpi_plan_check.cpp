@@ -17,7 +17,7 @@
 #include "mpi_test_data.h"
 #include "plan/plan.h"
 #include "plan/profile.h"
-#include "train/memory_estimate.h"
+#include "model/memory_estimate.h"
 #include "train/trainer.h"
 
 using namespace llmpi;

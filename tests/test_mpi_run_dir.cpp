@@ -204,11 +204,11 @@ TEST(MpiRunDir, CheckpointStoresTheResolvedConfig) {
   }
 }
 
-// --resume auto decides on each rank; ranks that see different checkpoints (here: rank 1's run
-// directory lacks the newest one, as a node with a stale view of a shared file system would) are
-// refused on every rank with one message naming both choices, instead of training on from two
-// states. The same directories with the same files resume.
-TEST(MpiRunDir, ResumeAutoRefusesRanksThatSeeDifferentCheckpoints) {
+// --resume auto: rank 0 chooses, every rank loads that file from its own run directory. When one
+// cannot (here: rank 1's run directory lacks the newest one, as a node with a stale view of a
+// shared file system would), every rank fails with one message naming the rank and the file,
+// instead of training on from two states. The same directories with the same files resume.
+TEST(MpiRunDir, ResumeAutoFailsTogetherWhenARankCannotReadTheChosenCheckpoint) {
   const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
   const std::string tr = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 35);
   MPI_Comm one;
@@ -229,10 +229,29 @@ TEST(MpiRunDir, ResumeAutoRefusesRanksThatSeeDifferentCheckpoints) {
   // copy so that the two can differ.
   const std::string mine = world_rank() == 0 ? "/run0" : "/stale";
   const std::string err = error_of(run_config(tr, dir + mine), opts("auto"));
-  EXPECT_NE(err.find("the ranks see different checkpoints"), std::string::npos) << err;
-  EXPECT_NE(err.find("but rank 0 from 'step-"), std::string::npos) << err;
+  EXPECT_NE(err.find("--resume auto: rank 1 cannot resume from '" + dir + "/stale/checkpoints/step-00000006.h5', "
+                     "the checkpoint rank 0 chose"), std::string::npos) << err;
   MPI_Barrier(MPI_COMM_WORLD);
   const std::string agreeing = world_rank() == 0 ? "/run0" : "/same";
   TrainResult r = train(run_config(tr, dir + agreeing), MPI_COMM_WORLD, opts("auto"));
   EXPECT_EQ(r.start_step, 6);
 }
+
+// --resume auto takes the run's own lineage (run.dir/lineage): a newer checkpoint another run
+// wrote into the directory is skipped with a warning, as pruning skips it.
+TEST(MpiRunDir, ResumeAutoTakesTheRunsOwnLineage) {
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  const std::string tr = make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 36);
+  TrainOptions first = opts();
+  first.preempt_after_step = 3;  // checkpoints after steps 2 and the pre-emption's 4
+  EXPECT_TRUE(train(run_config(tr, dir + "/run"), MPI_COMM_WORLD, first).preempted);
+  train(run_config(tr, dir + "/other"), MPI_COMM_WORLD, opts());  // another lineage, up to step 8
+  if (world_rank() == 0) {
+    EXPECT_EQ(slurp(dir + "/run/lineage"), read_checkpoint_info(dir + "/run/checkpoints/step-00000004.h5").lineage + "\n");
+    fs::copy(dir + "/other/checkpoints/step-00000008.h5", dir + "/run/checkpoints/step-00000008.h5");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  TrainResult r = train(run_config(tr, dir + "/run"), MPI_COMM_WORLD, opts("auto"));
+  EXPECT_EQ(r.start_step, 4) << "the run's own newest checkpoint, not the other run's step 8";
+}
+

@@ -28,7 +28,7 @@
 #include "model/model_desc.h"
 #include "model_test_util.h"
 #include "runtime/error.h"
-#include "train/memory_estimate.h"
+#include "model/memory_estimate.h"
 
 using namespace llmpi;
 using namespace llmpi::test;

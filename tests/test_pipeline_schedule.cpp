@@ -11,7 +11,7 @@
 #include <tuple>
 
 #include "model/transformer.h"
-#include "pipeline/pipeline_step.h"
+#include "pipeline/stage_layers.h"
 #include "pipeline/schedule.h"
 #include "runtime/config.h"
 #include "runtime/error.h"

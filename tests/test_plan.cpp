@@ -10,12 +10,12 @@
 
 #include "comm/grad_sync.h"
 #include "model_test_util.h"
-#include "pipeline/pipeline_step.h"
+#include "pipeline/stage_layers.h"
 #include "plan/link_model.h"
 #include "plan/plan.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
-#include "train/memory_estimate.h"
+#include "model/memory_estimate.h"
 
 using namespace llmpi;
 
@@ -100,7 +100,7 @@ TEST(PlanMemory, OneStageEqualsTheStartupEstimate) {
     // and the GEMMs' operand scratch, as the start-up estimate counts them (CPU device: fp32 scratch
     // copies); larger than fp32 at this toy size, and not the projection.
     cfg.parallel.zero = 0;
-    cfg.runtime.precision = "bf16";
+    cfg.runtime.precision = GemmPrecision::bf16;
     const MemoryEstimate eb = estimate_memory(d, G / world, T, cfg, world, 0, false);
     const MemoryRow* mb = r.memory_row("bf16-built", "-", 0, 0);
     const MemoryRow* mp = r.memory_row("bf16", "-", 0, 0);
@@ -113,6 +113,37 @@ TEST(PlanMemory, OneStageEqualsTheStartupEstimate) {
     EXPECT_GT(mb->params, m->params) << fam << ": the bf16 weight copy";
     EXPECT_NE(mb->total, mp->total) << fam;
   }
+}
+
+// Gradient accumulation (parallel.microbatches M, pp 1): the plan holds one micro-batch of
+// activations, as the start-up estimate does, and the step's compute is M micro-batches' (the same
+// FLOPs: within rounding of the one-batch plan's, the fixed per-micro-batch costs aside).
+TEST(PlanMemory, GradientAccumulationHoldsOneMicroBatch) {
+  const int T = 12, world = 2, G = 8, M = 4;
+  const ModelDesc d = test::desc_of("gpt2", 3, 2, 16, T, 37);
+  Config cfg = parse_config("{}", "test", {"data.train=-", "train.global_batch=8", "model.seq_len=12",
+                                           "parallel.microbatches=4"});
+  PlanInputs in = plan_inputs_from_config(cfg, d, world);
+  EXPECT_EQ(in.microbatches, M);
+  in.fabric.intra = simple_link("test", 1e-5, 1e-9);
+  const PlanResult r = plan(in);
+  EXPECT_EQ(r.micro_batch, G / world / M);
+  const MemoryEstimate e = estimate_memory(d, G / world, T, cfg, world, 0, false);
+  const MemoryRow* m = r.memory_row("fp32", "-", 0, 0);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->slots, 1);
+  EXPECT_EQ(m->activations, e.activations);
+  EXPECT_EQ(m->scratch, e.scratch);
+  in.microbatches = 1;
+  const PlanResult one = plan(in);
+  const MemoryRow* m1 = one.memory_row("fp32", "-", 0, 0);
+  ASSERT_TRUE(m1);
+  EXPECT_LT(m->activations, m1->activations / 2);
+  EXPECT_EQ(m->params + m->grads + m->optimizer, m1->params + m1->grads + m1->optimizer);
+  const TimeRow* t = r.time_row("-", 0);
+  const TimeRow* t1 = one.time_row("-", 0);
+  ASSERT_TRUE(t && t1);
+  EXPECT_NEAR(t->compute_s, t1->compute_s, 0.05 * t1->compute_s);
 }
 
 // On a GPU device the bf16 rows as built count the GEMMs' operand scratch in bf16, as
@@ -230,7 +261,7 @@ TEST(PlanTime, Bf16GradientsHalveTheGradientBytes) {
     rows++;
   }
   EXPECT_GT(rows, 0);
-  in.sync = "gather_scatter";
+  in.sync = SyncMethod::gather_scatter;
   EXPECT_THROW(plan(in), Error);
 }
 
@@ -475,7 +506,7 @@ TEST(PlanTime, FusedLmHeadDropsTheRecomputeButUnderZbH1) {
   EXPECT_THROW(LayerCosts::from_json(j, "t"), Error);
   // The device-table costs carry it for a chunked head (GPT-2's vocabulary at B·T = 8192 rows).
   ModelDesc big = test::desc_of("gpt2", 2, 2, 16, 1024, 50257);
-  const LayerCosts t = costs_from_device(big, 8, 1024, find_device("h100"), Precision::bf16, 0.4, 1);
+  const LayerCosts t = costs_from_device(big, 8, 1024, find_device("h100"), GemmPrecision::bf16, 0.4, 1);
   const double chunks = std::ceil(8.0 * 1024 / lm_head_chunk_rows(big, 8 * 1024));
   EXPECT_GT(chunks, 1);
   EXPECT_NEAR(t.head_recompute, (chunks - 1) / chunks * t.head_f, 1e-12 * t.head_f);

@@ -168,7 +168,7 @@ TEST(StepSync, SegmentUpdatesWithFoldedClipEqualScaleThenUpdate) {
     for (float clip : {1.0f, 0.37f, 3.0e-3f}) {
       const auto p0 = random_floats(t.numel, 15);
       std::vector<float> pr = p0, pn = p0, mr(t.numel), vr(t.numel);
-      Optimizer opt(ops(), t.numel, sgd ? "sgd" : "adamw");
+      Optimizer opt(ops(), t.numel, sgd ? OptimizerKind::sgd : OptimizerKind::adamw);
       for (int step = 1; step <= 3; step++) {
         const auto g = random_floats(t.numel, 16 + step, -2.0f, 2.0f);
         std::vector<float> gr = g, gn = g;
@@ -406,7 +406,7 @@ TEST(StepSync, OptimizerStepOnDeviceAndUnstepKeepTheBiasCorrection) {
   TrainConfig tc;
   tc.weight_decay = 0.1, tc.beta1 = 0.9, tc.beta2 = 0.95, tc.eps = 1e-8;
   tc.grad_clip = 1.0;
-  for (const char* kind : {"adamw", "sgd"}) {
+  for (const OptimizerKind kind : {OptimizerKind::adamw, OptimizerKind::sgd}) {
     const auto p0 = random_floats(n, 101);
     std::vector<float> ph = p0, pd = p0, pn = p0;
     Optimizer host(ops(), n, kind), dev(ops(), n, kind), no_unstep(ops(), n, kind);
@@ -422,19 +422,19 @@ TEST(StepSync, OptimizerStepOnDeviceAndUnstepKeepTheBiasCorrection) {
       dev.step_on_device(pd.data(), g.data(), t, 1e-2, tc, &sc);
       if (!update_allowed(sc)) dev.unstep();
       no_unstep.step_on_device(pn.data(), g.data(), t, 1e-2, tc, &sc);
-      EXPECT_EQ(dev.t, host.t) << kind << " step " << s;
-      EXPECT_TRUE(same_bits(pd, ph)) << kind << " step " << s;
-      if (std::string(kind) == "adamw") {
+      EXPECT_EQ(dev.t, host.t) << option_name(kind) << " step " << s;
+      EXPECT_TRUE(same_bits(pd, ph)) << option_name(kind) << " step " << s;
+      if (kind == OptimizerKind::adamw) {
         EXPECT_TRUE(same_bits(std::vector<float>(dev.m, dev.m + n), std::vector<float>(host.m, host.m + n)));
         EXPECT_TRUE(same_bits(std::vector<float>(dev.v, dev.v + n), std::vector<float>(host.v, host.v + n)));
       }
     }
     EXPECT_EQ(host.t, 3);
-    if (std::string(kind) == "adamw") {  // without unstep the bias correction of later steps differs
+    if (kind == OptimizerKind::adamw) {  // without unstep the bias correction of later steps differs
       EXPECT_FALSE(same_bits(pn, ph)) << "the check above could not fail";
     }
   }
-  Optimizer o(ops(), 8, "adamw");
+  Optimizer o(ops(), 8, OptimizerKind::adamw);
   EXPECT_THROW(o.unstep(), Error) << "unstep before any step";
 }
 

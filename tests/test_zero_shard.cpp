@@ -47,7 +47,7 @@ TEST(ZeroShard, ShardedOptimizersEqualOneWholeOptimizer) {
   std::vector<float> init(t.numel);
   for (float& x : init) x = (float)(rng.normal() * 0.1);
   const std::vector<Bucket> buckets = make_buckets(t, 0.002, 0.002);  // pieces cut through tensors
-  for (const std::string kind : {"adamw", "sgd"}) {
+  for (const OptimizerKind kind : {OptimizerKind::adamw, OptimizerKind::sgd}) {
     const int world = 3;
     std::vector<float> whole = init, sharded = init;
     Optimizer one(ops, t.numel, kind);
@@ -63,8 +63,8 @@ TEST(ZeroShard, ShardedOptimizersEqualOneWholeOptimizer) {
         for (size_t b = 0; b < buckets.size(); b++) parts[r]->update_range(b, sharded.data(), g.data(), t, 1e-2, tc);
       }
     }
-    EXPECT_EQ(sharded, whole) << kind << ": every float updated once, as by the whole optimizer";
-    if (kind == "sgd") continue;
+    EXPECT_EQ(sharded, whole) << option_name(kind) << ": every float updated once, as by the whole optimizer";
+    if (kind == OptimizerKind::sgd) continue;
     size_t state = 0;
     for (int r = 0; r < world; r++) {
       state += parts[r]->n;

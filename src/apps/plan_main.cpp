@@ -20,7 +20,7 @@
 #include "plan/profile.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
-#include "train/memory_estimate.h"
+#include "model/memory_estimate.h"
 
 using namespace llmpi;
 
@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
       if (!has_data)
         fail("model.vocab_size is 0 (take it from the data) but the configuration names no data.train file: set "
              "model.vocab_size, or give --vocab N");
-      if (cfg.model.family == "bert")
+      if (cfg.model.family == Family::bert)
         fail("model.vocab_size is 0: give --vocab N (or set model.vocab_size) for a bert plan");
       V = (int)open_token_file_info(cfg.data.train).vocab_size;
     }
@@ -166,15 +166,15 @@ int main(int argc, char** argv) {
     if (microbatches > 0) in.microbatches = microbatches;
     if (zero >= 0) in.zero = zero;
     if (in.zero != 0 && in.zero != 1) fail("--zero must be 0 or 1");
-    in.schedule = schedule.empty() ? cfg.parallel.schedule : schedule;
-    if (in.schedule != "gpipe" && in.schedule != "1f1b" && in.schedule != "zb-h1" && in.schedule != "interleaved")
-      fail("unknown schedule '", in.schedule, "': use gpipe, 1f1b or zb-h1");
+    if (!schedule.empty() && !parse_option(schedule, &in.schedule))
+      fail("unknown schedule '", schedule, "': use ", option_words<ScheduleKind>());
     if (pp > 0 && pp != cfg.parallel.pp_stages) in.stage_layers.clear();  // balanced for the new stage count
     in.device = find_device(device_name);
     in.desc.attention = resolve_attention(cfg.runtime.attention, in.device.gpu, in.desc.head_dim());  // P or lse
     in.desc.lm_head_chunk_rows = cfg.runtime.lm_head_chunk_rows;  // the LM head's chunk buffer
-    in.precision = parse_precision(precision);
-    if (in.precision != Precision::fp32 && !in.device.gpu)
+    if (!parse_gemm_precision(precision, &in.precision))
+      fail("--precision must be ", option_words<GemmPrecision>(), ", got '", precision, "'");
+    if (in.precision != GemmPrecision::fp32 && !in.device.gpu)
       fail("--precision ", precision, " is a GPU projection: use --precision fp32 with --device cpu");
     if (mfu < 0 || mfu > 1) fail("--mfu must be in (0, 1]");
     in.mfu = mfu;
@@ -252,9 +252,9 @@ int main(int argc, char** argv) {
                 build_param_table(d).numel / 1e6, r.flops_per_token);
     std::printf("run: world %d = %d data-parallel x %d stage%s; global batch %d -> %d per replica, %d micro-batch%s of "
                 "%d; sync %s%s, buckets %g MB, optimizer %s\n",
-                in.world, r.dp, S, S > 1 ? "s" : "", in.global_batch, r.local_batch, S > 1 ? in.microbatches : 1,
-                S > 1 && in.microbatches > 1 ? "es" : "", r.micro_batch, in.sync.c_str(), in.overlap ? " (overlap)" : "",
-                in.bucket_mb, in.optimizer.c_str());
+                in.world, r.dp, S, S > 1 ? "s" : "", in.global_batch, r.local_batch, in.microbatches,
+                in.microbatches > 1 ? "es" : "", r.micro_batch, option_name(in.sync), in.overlap ? " (overlap)" : "",
+                in.bucket_mb, option_name(in.optimizer));
     if (S > 1) {
       std::printf("layers per stage:");
       for (int n : r.layer_counts) std::printf(" %d", n);
@@ -266,7 +266,7 @@ int main(int argc, char** argv) {
     if (spans_nodes)
       std::printf("link between nodes: %s (%s), %d ranks and %d NICs per node\n", in.fabric.inter.name.c_str(),
                   in.fabric.inter.source.c_str(), in.fabric.ranks_per_node, in.fabric.nics_per_node);
-    std::string run_sch = S > 1 ? in.schedule : "-";
+    std::string run_sch = S > 1 ? schedule_kind_name(in.schedule) : "-";
     if (run_sch == "interleaved") {
       std::printf("(the run's schedule 'interleaved' is not planned: its memory is shown as 1f1b's)\n");
       run_sch = "1f1b";
@@ -308,7 +308,7 @@ int main(int argc, char** argv) {
         std::printf("  %-8s %-6d %12.2f %12.2f %12.2f%s\n", sch.c_str(), z, mx[0] / 1e9, mx[1] / 1e9, mx[2] / 1e9,
                     in.device.memory_bytes > 0 && mx[1] > in.device.memory_bytes ? "  (bf16 as built does not fit)" : "");
       }
-    std::printf("\ntime per step (%s compute; %s):\n", precision_name(in.precision),
+    std::printf("\ntime per step (%s compute; %s):\n", gemm_precision_name(in.precision),
                 r.mfu_assumed > 0 ? ("MFU " + std::to_string(r.mfu_assumed).substr(0, 5) + " assumed").c_str()
                                   : "measured profile");
     std::printf("  %-8s %-4s %10s %10s %10s %10s %10s %10s %12s %6s %6s\n", "schedule", "zero", "compute", "bubble",
@@ -324,10 +324,10 @@ int main(int argc, char** argv) {
     if (!json_out.empty()) {
       nlohmann::json j = r.to_json();
       j["inputs"] = {{"config", config_path}, {"set", sets}, {"world", in.world}, {"pp", in.pp},
-                     {"microbatches", in.microbatches}, {"zero", in.zero}, {"schedule", in.schedule},
-                     {"sync", in.sync}, {"overlap", in.overlap}, {"bucket_mb", in.bucket_mb},
+                     {"microbatches", in.microbatches}, {"zero", in.zero}, {"schedule", schedule_kind_name(in.schedule)},
+                     {"sync", option_name(in.sync)}, {"overlap", in.overlap}, {"bucket_mb", in.bucket_mb},
                      {"device", in.device.name}, {"device_source", in.device.source},
-                     {"precision", precision_name(in.precision)}, {"cores_per_rank", in.cores_per_rank},
+                     {"precision", gemm_precision_name(in.precision)}, {"cores_per_rank", in.cores_per_rank},
                      {"ranks_per_node", in.fabric.ranks_per_node}, {"nics_per_node", in.fabric.nics_per_node},
                      {"intra_link", within_node ? in.fabric.intra.name : ""},
                      {"inter_link", spans_nodes ? in.fabric.inter.name : ""},

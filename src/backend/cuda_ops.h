@@ -43,7 +43,7 @@ uint64_t cuda_host_waits();
 // Timing a step without waiting: cuda_mark(k) records timestamp k (0 <= k < kCudaMarks) on the
 // compute stream; once the stream has passed both marks (after cuda_synchronize, say),
 // cuda_marks_ms(a, b) is the GPU time from mark a to mark b in ms (no wait).
-constexpr int kCudaMarks = 8;
+constexpr int kCudaMarks = 64;
 void cuda_mark(int k);
 double cuda_marks_ms(int a, int b);
 int cuda_device();                                     // the bound device's ordinal

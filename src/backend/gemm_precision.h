@@ -27,13 +27,12 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/options.h"
+
 namespace llmpi {
 
-enum class GemmPrecision { fp32, tf32, bf16 };
-
-inline const char* gemm_precision_name(GemmPrecision p) {
-  return p == GemmPrecision::fp32 ? "fp32" : p == GemmPrecision::tf32 ? "tf32" : "bf16";
-}
+// (GemmPrecision itself is a configuration choice: runtime/options.h.)
+inline const char* gemm_precision_name(GemmPrecision p) { return option_name(p); }
 
 // The GEMM mode of one dense-layer op call (backend/op_list.h). Built implicitly from a
 // GemmPrecision (no copy: the op rounds the weight itself in bf16).
@@ -74,13 +73,6 @@ struct GemmMode {
 inline int bf16_row_stride(int cols) { return (cols + 7) / 8 * 8; }
 
 // "fp32" | "tf32" | "bf16" -> true and *out; anything else -> false.
-inline bool parse_gemm_precision(const std::string& s, GemmPrecision* out) {
-  for (GemmPrecision p : {GemmPrecision::fp32, GemmPrecision::tf32, GemmPrecision::bf16})
-    if (s == gemm_precision_name(p)) {
-      *out = p;
-      return true;
-    }
-  return false;
-}
+inline bool parse_gemm_precision(const std::string& s, GemmPrecision* out) { return parse_option(s, out); }
 
 }  // namespace llmpi

@@ -232,7 +232,7 @@ static CheckpointInfo read_info(const std::string& path, bool& wrong_version) {
     // Version 1: a gpt2 model with the defaults of its time (LayerNorm eps 1e-5, MLP 4 d_model,
     // tied head, positions = seq_len).
     ModelConfig m{};
-    m.family = "gpt2";
+    m.family = Family::gpt2;
     m.n_layer = (int)require_int(f, "n_layer", path);
     m.n_head = (int)require_int(f, "n_head", path);
     m.d_model = (int)require_int(f, "d_model", path);

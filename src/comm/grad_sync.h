@@ -1,20 +1,25 @@
-// Gradient synchronisation: how ranks agree on an update. Chosen at run time (parallel.*).
+// Gradient synchronisation: how the ranks of a data-parallel group agree on an update. The
+// method is chosen at run time (parallel.sync) and is one small type behind one interface
+// (comm/exchange.h: allreduce, gather_scatter, nccl; "weights" averages parameters instead of
+// gradients). GradSync is the driver every method shares: it cuts the flat gradient into buckets,
+// starts each bucket's collective as soon as backward has finished it, runs them on a
+// communication thread when overlapping, stages them through host memory when the gradients live
+// on a GPU and the method is an MPI one, and counts the bytes.
 //
 //   gather_scatter  rank 0 MPI_Gathers every rank's gradient, averages element-wise, and
 //                   MPI_Scatters the mean back (the textbook baseline)
 //   allreduce       MPI_Allreduce(SUM), then divide by the world size
 //   weights         no gradient exchange: every rank steps its own optimizer and the parameters
 //                   are averaged (MPI_Allreduce) every parallel.average_every steps
-//   nccl            (CUDA backend) bucketed ncclAllReduce(avg) on a communication stream that
-//                   waits on an event per bucket, overlapping backward (src/backend/nccl_sync.h)
+//   nccl            (CUDA backend) ncclAllReduce(avg) per bucket on a communication stream that
+//                   waits on an event per bucket, overlapping backward (comm/nccl.h)
 //
 // On the GPU the MPI methods stage each bucket through a host buffer (device -> host, MPI,
 // host -> device); the copies synchronise the compute stream, so they do not overlap backward.
 //
-// Buckets (parallel.bucket_mb): the flat gradient is cut, at tensor boundaries and in the order
-// backward finishes it, into contiguous buckets of about bucket_mb MB; the first is at most
-// first_bucket_mb when overlapping (DDP's trick: the first collective starts early). bucket_mb 0 = one collective
-// per parameter tensor; a huge bucket_mb = one collective for the whole gradient.
+// Buckets (parallel.bucket_mb; params/buckets.h): the flat gradient is cut, at tensor boundaries
+// and in the order backward finishes it, into contiguous buckets of about bucket_mb MB; the first
+// is at most first_bucket_mb when overlapping (DDP's trick: the first collective starts early).
 //
 // ZeRO-1 (parallel.zero 1, SyncOptions::zero): rank r owns piece r of every bucket (shard_pieces)
 // and keeps AdamW moments for those floats only (optim/optimizer.h). Per bucket, the gradient is
@@ -22,28 +27,17 @@
 // in this rank's pieces (the rest of the buffer holds this rank's own, unaveraged gradient and is
 // not read); the optimizer updates the pieces and gather_params() all-gathers every bucket, after
 // which every rank holds the same full parameters. Per rank and step that moves (W−1)/W·B for the
-// reduce-scatter and (W−1)/W·B for the all-gather: all-reduce's 2(W−1)/W·B. The methods:
-//   allreduce       MPI_Reduce_scatter (pieces of n/W floats) + MPI_Allgather of the pieces padded
-//                   to ceil(n/W) floats (MPICH's Allgatherv is pathologically slow when ranks share cores)
-//   gather_scatter  through rank 0: MPI_Gather, average, MPI_Scatterv of the pieces; then
-//                   MPI_Gatherv of the updated pieces and MPI_Scatter of W copies of the bucket
-//   weights         refused: every rank steps its own optimizer over every parameter
-//   nccl            refused: not written, since NCCL takes one rank per GPU and a ZeRO-1 step can
-//                   only be checked with two or more GPUs (the lent machines have one)
-// With overlap, the reduce-scatters run on the communication thread during backward as the
-// all-reduces do, and each bucket's all-gather runs there while the optimizer updates the next
-// bucket's piece.
+// reduce-scatter and (W−1)/W·B for the all-gather: all-reduce's 2(W−1)/W·B. "weights" refuses it
+// (every rank steps its own optimizer over every parameter); so does nccl for now. With overlap,
+// the reduce-scatters run on the communication thread during backward as the all-reduces do, and
+// each bucket's all-gather runs there while the optimizer updates the next bucket's piece.
 //
-// Gradient type on the wire (parallel.grad_dtype, SyncOptions::bf16): "fp32", or "bf16" for half
-// the bytes. With bf16 each bucket is rounded to bfloat16 (round to nearest even) into a staging
-// buffer of 2-byte elements, reduced with a user-defined MPI_Op over MPI_UINT16_T that adds two
-// bf16 values in fp32 and rounds the sum to bf16, and widened back to fp32 (times 1/W). The
-// all-reduce (allreduce) and ZeRO-1's reduce-scatter do so; ZeRO-1's all-gather of parameters
-// stays fp32 (every rank must hold the same parameters). With nccl: ncclAllReduce over
-// ncclBfloat16 (backend/nccl_sync.h). Refused for gather_scatter and weights. Accuracy: each
-// rank's gradient is rounded once (relative error ≤ 2^-8, bf16's unit roundoff) and every partial
-// sum once more, so an averaged element is within about (1 + ⌈log2 W⌉)·2^-8 of the fp32 average
-// (relative to the magnitudes summed). Host staging on the GPU stays fp32 (PCIe); MPI moves bf16.
+// Gradient type on the wire (parallel.grad_dtype, SyncOptions::bf16): fp32, or bf16 for half the
+// bytes, with allreduce (with or without ZeRO-1) and nccl (comm/exchange.h says how each rounds).
+// ZeRO-1's all-gather of parameters stays fp32 (every rank must hold the same parameters).
+// Accuracy: each rank's gradient is rounded once (relative error ≤ 2^-8, bf16's unit roundoff) and
+// every partial sum once more, so an averaged element is within about (1 + ⌈log2 W⌉)·2^-8 of the
+// fp32 average (relative to the magnitudes summed). Host staging on the GPU stays fp32 (PCIe).
 //
 // Overlap (parallel.overlap): a communication thread owns the collectives. Backward reports
 // finished gradient prefixes (on_ready); every bucket that is complete is queued at once and
@@ -53,6 +47,7 @@
 // With parallel.poll_us > 0 the thread starts a nonblocking collective and polls it with
 // MPI_Test, sleeping poll_us between polls, so it leaves the core to the compute thread while
 // the network works; poll_us 0 calls the blocking collective (lowest latency, but it spins).
+// NCCL needs no thread: its passes are enqueued on its own stream as buckets become ready.
 #pragma once
 #include <mpi.h>
 
@@ -70,14 +65,14 @@
 #include <memory>
 
 #include "backend/ops.h"
+#include "comm/exchange.h"
+#include "params/buckets.h"
 #include "params/param_table.h"
 
 namespace llmpi {
 
 struct Tracer;
-class NcclSync;
-
-enum class SyncMethod { gather_scatter, allreduce, weights, nccl };
+struct Exchange;
 
 SyncMethod parse_sync_method(const std::string& name);  // throws Error naming the valid ones
 const char* sync_method_name(SyncMethod m);
@@ -92,25 +87,6 @@ struct SyncOptions {
   bool zero = false;  // ZeRO-1 (above)
   bool bf16 = false;  // gradients exchanged as bfloat16 (parallel.grad_dtype "bf16"; above)
 };
-
-struct Bucket {
-  size_t begin, end;                 // float offsets into the flat buffer, [begin, end)
-  size_t first_slice, last_slice;    // table slices it holds, inclusive
-};
-
-// Contiguous buckets over the table's slices (see above). Every slice is in exactly one bucket.
-std::vector<Bucket> make_buckets(const ParamTable& table, double bucket_mb, double first_bucket_mb);
-
-// ZeRO-1 (parallel.zero 1): every bucket is cut into `world` contiguous pieces, piece r of n
-// floats holding n/world floats, one more for the first n mod world ranks. Rank r owns piece r of
-// every bucket: its optimizer state covers exactly those floats. One piece per bucket, in bucket
-// order (a piece may be empty when a bucket has fewer floats than there are ranks).
-struct ShardPiece {
-  size_t begin, end;  // float offsets into the flat buffer, [begin, end)
-};
-std::vector<ShardPiece> shard_pieces(const std::vector<Bucket>& buckets, int world, int rank);
-// The piece sizes and offsets (relative to the bucket's begin) of every rank, for one bucket.
-void piece_counts(size_t n, int world, std::vector<int>& counts, std::vector<int>& displs);
 
 // bfloat16 as the exchange stores it (the top 16 bits of an IEEE float): rounding to nearest,
 // ties to even (a NaN stays a quiet NaN; values past the largest bf16 round to infinity), and
@@ -189,11 +165,10 @@ struct GradSync {
   std::vector<float> pieces_of(const float* full) const;
 
  private:
-  size_t next_launch_ = 0;        // buckets [0, next_launch_) have been started this step
-  std::vector<float> gather_buf_, scatter_buf_;
-  bool device_ = false;            // buffers live in device memory: stage through staging_
-  float* staging_ = nullptr;       // page-locked host copy of the gradients (GPU, world > 1 only)
-  std::unique_ptr<NcclSync> nccl_;
+  std::unique_ptr<Exchange> exchange_;  // the method's collectives (comm/exchange.h); nccl: from connect()
+  size_t next_launch_ = 0;         // buckets [0, next_launch_) have been started this step
+  bool device_ = false;            // buffers live in device memory
+  float* staging_ = nullptr;       // page-locked host copy of the gradients (an MPI method on a GPU, world > 1)
   // communication thread (overlap)
   std::thread thread_;
   std::mutex mu_;
@@ -204,24 +179,18 @@ struct GradSync {
   };
   std::deque<Job> queue_;
   float* params_ = nullptr;        // gather_params' buffer, for the communication thread
-  std::vector<float> piece_buf_;   // reduce-scatter's receive buffer (one piece)
-  std::vector<uint16_t> wire_, wire_piece_;  // bf16: a bucket, and reduce-scatter's piece
-  MPI_Op bf16_sum_ = MPI_OP_NULL;  // bf16: the sum of two bf16 values, in fp32, rounded to bf16
-  std::vector<float> gather_send_, gather_recv_;  // all-gather: one padded piece, and W of them
   size_t completed_ = 0;
   bool stop_ = false;
 
   void launch(size_t b, bool params = false);
   void wait_all(size_t jobs);
-  // One collective pass over base[begin, begin + n) (gradients or parameters), averaged; with
-  // zero, gradients are reduce-scattered (mean in this rank's piece only).
-  void reduce(float* base, size_t begin, size_t n, const std::string& label);
+  // One collective pass over bucket b of base (gradients or parameters), averaged; with zero,
+  // gradients are reduce-scattered (mean in this rank's piece only).
+  void reduce(float* base, size_t b, const std::string& label);
   // zero: bucket b's pieces of base, each from its owner, gathered into every rank's copy.
   void all_gather(float* base, size_t b, const std::string& label);
-  void account(double t0, double t_end, double t1, double sent, double received, int collectives,
-               const std::string& label, size_t n);
+  void account(double t0, double t_end, double t1, const Traffic& moved, const std::string& label, size_t n);
   void comm_loop();
-  void wait_request(MPI_Request* req);
 };
 
 }  // namespace llmpi

@@ -359,7 +359,7 @@ ModelDesc hf_model_desc(const HfConfig& c) {
   for (auto& [k, v] : c.source.defaults.items()) m[k] = v;
   for (auto& [k, v] : c.source.fixed.items()) m[k] = v;
   ModelConfig mc;
-  mc.family = m["family"];
+  mc.family = c.family;
   mc.n_layer = m["n_layer"];
   mc.n_head = m["n_head"];
   mc.n_kv_head = m.value("n_kv_head", 0);

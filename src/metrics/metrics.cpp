@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -24,23 +23,6 @@ void JsonlWriter::write(const nlohmann::json& j) {
   std::string line = j.dump() + "\n";
   std::fwrite(line.data(), 1, line.size(), f);
   std::fflush(f);
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t k = v.size() / 2;
-  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
-}
-
-std::string format_duration(double s) {
-  if (!(s >= 0)) return "?";
-  long t = (long)(s + 0.5);
-  char buf[64];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
-  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%lds", t);
-  return buf;
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {

@@ -7,24 +7,17 @@
 namespace llmpi {
 
 const std::vector<std::string>& family_names() {
-  static const std::vector<std::string> n = {"gpt2", "llama", "bert"};
+  static const std::vector<std::string> n = {option_name(Family::gpt2), option_name(Family::llama),
+                                             option_name(Family::bert)};
   return n;
 }
 
-const char* family_name(Family f) {
-  switch (f) {
-    case Family::gpt2: return "gpt2";
-    case Family::llama: return "llama";
-    case Family::bert: return "bert";
-  }
-  return "?";
-}
+const char* family_name(Family f) { return option_name(f); }
 
 Family parse_family(const std::string& name) {
-  if (name == "gpt2") return Family::gpt2;
-  if (name == "llama") return Family::llama;
-  if (name == "bert") return Family::bert;
-  fail("unknown model family \"", name, "\": use \"gpt2\", \"llama\" or \"bert\"");
+  Family f{};
+  if (!parse_option(name, &f)) fail("unknown model family \"", name, "\": use ", option_words<Family>());
+  return f;
 }
 
 const char* role_name(int role) {
@@ -45,24 +38,32 @@ std::vector<std::string> family_tensor_names(Family f, int role, int layer) {
   return {};
 }
 
-AttentionImpl resolve_attention(const std::string& setting, bool on_gpu, int head_dim) {
+AttentionImpl resolve_attention(AttentionChoice setting, bool on_gpu, int head_dim) {
   const bool kernels_take_it = head_dim <= kFusedAttentionMaxHeadDimCuda;
-  if (setting == "full") return AttentionImpl::full;
-  if (setting == "fused") {
-    if (on_gpu && !kernels_take_it)
-      fail("runtime.attention \"fused\": the CUDA kernels take head sizes up to ", kFusedAttentionMaxHeadDimCuda,
-           ", but model.d_model / model.n_head is ", head_dim, ": set runtime.attention \"full\" (or \"auto\")");
-    return AttentionImpl::fused;
+  switch (setting) {
+    case AttentionChoice::full: return AttentionImpl::full;
+    case AttentionChoice::fused:
+      if (on_gpu && !kernels_take_it)
+        fail("runtime.attention \"fused\": the CUDA kernels take head sizes up to ", kFusedAttentionMaxHeadDimCuda,
+             ", but model.d_model / model.n_head is ", head_dim, ": set runtime.attention \"full\" (or \"auto\")");
+      return AttentionImpl::fused;
+    case AttentionChoice::automatic: break;
   }
-  if (setting == "auto") return on_gpu && kernels_take_it ? AttentionImpl::fused : AttentionImpl::full;
-  fail("runtime.attention must be \"auto\", \"full\" or \"fused\", got \"", setting, "\"");
+  return on_gpu && kernels_take_it ? AttentionImpl::fused : AttentionImpl::full;
+}
+
+AttentionImpl resolve_attention(const std::string& setting, bool on_gpu, int head_dim) {
+  AttentionChoice c{};
+  if (!parse_option(setting, &c))
+    fail("runtime.attention must be ", option_words<AttentionChoice>(), ", got \"", setting, "\"");
+  return resolve_attention(c, on_gpu, head_dim);
 }
 
 const char* attention_impl_name(AttentionImpl a) { return a == AttentionImpl::fused ? "fused" : "full"; }
 
 ModelDesc model_desc_from_config(const ModelConfig& m, int vocab_size) {
   ModelDesc d;
-  switch (parse_family(m.family)) {
+  switch (m.family) {
     case Family::gpt2: d = gpt2_desc(m); break;
     case Family::llama: d = llama_desc(m); break;
     case Family::bert: d = bert_desc(m); break;

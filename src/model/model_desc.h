@@ -17,13 +17,14 @@
 #include <string>
 #include <vector>
 
+#include "runtime/options.h"
+
 #include <nlohmann/json.hpp>
 
 namespace llmpi {
 
 struct ModelConfig;
 
-enum class Family { gpt2, llama, bert };
 enum class NormKind { layernorm, rmsnorm };
 enum class MlpKind { gelu_tanh, gelu_erf, swiglu };
 enum class HeadKind { lm, classifier };
@@ -102,6 +103,8 @@ ModelDesc model_desc_from_config(const ModelConfig& m, int vocab_size);
 // GEMM-based full attention is the faster one there). Throws Error for another value, and for
 // "fused" on a GPU with a head size the kernels do not take.
 constexpr int kFusedAttentionMaxHeadDimCuda = 128;  // kernels/flash_attention.cu
+AttentionImpl resolve_attention(AttentionChoice setting, bool on_gpu, int head_dim);
+// The same from the word ("auto", "full", "fused"; an Error for any other): command-line options.
 AttentionImpl resolve_attention(const std::string& setting, bool on_gpu, int head_dim);
 const char* attention_impl_name(AttentionImpl a);
 

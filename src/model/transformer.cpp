@@ -535,6 +535,10 @@ void Model::head_forward_queued(Activations& a, bool need_grad, float grad_scale
   head_forward_impl(a, need_grad, grad_scale, false);
 }
 
+void Model::train_head_forward_queued(Activations& a, float grad_scale, bool fused) const {
+  head_forward_impl(a, true, grad_scale, fused && desc.head == HeadKind::lm);
+}
+
 void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, bool fused) const {
   // (the cross-entropy writes a gradient only for a scale != 0; a backward would read stale logits)
   if (need_grad && grad_scale == 0.0f) fail("internal: a head forward with need_grad and grad_scale 0");

@@ -297,6 +297,9 @@ struct Model {
   // recorded in a.scalars->bad_target (softmax_xent_record). head_forward = this + read_scalars
   // (the target check) + the per-row losses copied to a.losses_host and summed there.
   void head_forward_queued(Activations& a, bool need_grad, float grad_scale = 1.0f) const;
+  // The training head without a readback: with `fused` an LM head runs its backward inside
+  // (train_head_forward's work), else head_forward_queued(a, true, grad_scale)'s.
+  void train_head_forward_queued(Activations& a, float grad_scale, bool fused) const;
   // a.scalars in one copy (a host wait on a GPU); throws softmax_xent's error, naming the target
   // and row, when the last forward recorded one out of range.
   StepScalars read_scalars(const Activations& a) const;

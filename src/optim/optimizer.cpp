@@ -7,8 +7,8 @@
 
 namespace llmpi {
 
-Optimizer::Optimizer(const Ops& o, size_t n_params, const std::string& kind, const std::vector<ShardPiece>& r)
-    : ops(&o), sgd(kind == "sgd"), ranges(r) {
+Optimizer::Optimizer(const Ops& o, size_t n_params, OptimizerKind kind, const std::vector<ShardPiece>& r)
+    : ops(&o), sgd(kind == OptimizerKind::sgd), ranges(r) {
   if (ranges.empty()) ranges.push_back({0, n_params});
   for (const ShardPiece& p : ranges) {
     state_offset.push_back(n);
@@ -107,9 +107,9 @@ double lr_at(const TrainConfig& tc, int64_t s) {
   if (s < tc.warmup_steps) return tc.lr * (double)(s + 1) / (double)tc.warmup_steps;
   const double min_lr = tc.lr * tc.min_lr_ratio;
   const int64_t decay_steps = tc.steps - tc.warmup_steps;
-  if (tc.lr_schedule == "constant" || decay_steps <= 0) return tc.lr;
+  if (tc.lr_schedule == LrSchedule::constant || decay_steps <= 0) return tc.lr;
   const double progress = std::min(1.0, (double)(s - tc.warmup_steps) / (double)decay_steps);
-  if (tc.lr_schedule == "linear") return min_lr + (1.0 - progress) * (tc.lr - min_lr);
+  if (tc.lr_schedule == LrSchedule::linear) return min_lr + (1.0 - progress) * (tc.lr - min_lr);
   return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (tc.lr - min_lr);
 }
 

@@ -1,7 +1,7 @@
 // The optimizer (AdamW with decoupled weight decay, or plain SGD), the learning-rate schedule,
 // and global-norm clipping. AdamW's moments m and v cover the ranges of the flat buffer this rank
 // updates: the whole buffer, or with ZeRO-1 (parallel.zero 1) only this rank's shard, its piece
-// of every bucket (comm/grad_sync.h shard_pieces). The moments of range k are stored contiguously
+// of every bucket (params/buckets.h shard_pieces). The moments of range k are stored contiguously
 // at state_offset[k], the ranges one after another (backend memory); SGD keeps no state.
 #pragma once
 #include <cstddef>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backend/ops.h"
-#include "comm/grad_sync.h"
+#include "params/buckets.h"
 #include "params/param_table.h"
 #include "runtime/config.h"
 
@@ -17,7 +17,7 @@ namespace llmpi {
 
 struct Optimizer {
   const Ops* ops;
-  bool sgd;  // train.optimizer == "sgd"
+  bool sgd;  // train.optimizer sgd
   std::vector<ShardPiece> ranges;    // flat-buffer ranges this optimizer updates, in order
   std::vector<size_t> state_offset;  // where range k's moments start in m and v
   size_t n = 0;                      // floats of state per moment: the ranges' total
@@ -30,7 +30,7 @@ struct Optimizer {
   std::vector<size_t> segment_first;
 
   // The whole buffer of n_params floats (ranges empty), or only `ranges`.
-  Optimizer(const Ops& ops, size_t n_params, const std::string& kind, const std::vector<ShardPiece>& ranges = {});
+  Optimizer(const Ops& ops, size_t n_params, OptimizerKind kind, const std::vector<ShardPiece>& ranges = {});
   ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;

@@ -8,7 +8,8 @@
 // always a prefix [0, k) of the flat gradient buffer, so a bucket of them is one contiguous range
 // that can be reduced in place, and "gradient ready" is one number: k.
 //
-// This header knows nothing about any model: comm/, optim/ and checkpoint/ depend on it alone.
+// This header knows nothing about any model. params/buckets.h cuts the buffer into the ranges the
+// gradient sync and a sharded optimizer work on.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -10,22 +10,13 @@
 namespace llmpi {
 
 ScheduleKind parse_schedule_kind(const std::string& name) {
-  if (name == "gpipe") return ScheduleKind::gpipe;
-  if (name == "1f1b") return ScheduleKind::one_f_one_b;
-  if (name == "interleaved") return ScheduleKind::interleaved;
-  if (name == "zb-h1") return ScheduleKind::zb_h1;
-  fail("parallel.schedule must be \"gpipe\", \"1f1b\", \"interleaved\" or \"zb-h1\", got \"", name, "\"");
+  ScheduleKind k{};
+  if (!parse_option(name, &k))
+    fail("parallel.schedule must be ", option_words<ScheduleKind>(), ", got \"", name, "\"");
+  return k;
 }
 
-const char* schedule_kind_name(ScheduleKind k) {
-  switch (k) {
-    case ScheduleKind::gpipe: return "gpipe";
-    case ScheduleKind::one_f_one_b: return "1f1b";
-    case ScheduleKind::interleaved: return "interleaved";
-    case ScheduleKind::zb_h1: return "zb-h1";
-  }
-  return "?";
-}
+const char* schedule_kind_name(ScheduleKind k) { return option_name(k); }
 
 const char* action_type_name(ActionType t) {
   switch (t) {

@@ -30,9 +30,10 @@
 #include <string>
 #include <vector>
 
+#include "runtime/options.h"
+
 namespace llmpi {
 
-enum class ScheduleKind { gpipe, one_f_one_b, interleaved, zb_h1 };
 ScheduleKind parse_schedule_kind(const std::string& name);  // throws Error naming the valid ones
 const char* schedule_kind_name(ScheduleKind k);
 

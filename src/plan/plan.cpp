@@ -5,11 +5,11 @@
 #include <cstdio>
 #include <map>
 
-#include "comm/grad_sync.h"
-#include "pipeline/pipeline_step.h"
+#include "params/buckets.h"
+#include "pipeline/stage_layers.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
-#include "train/memory_estimate.h"
+#include "model/memory_estimate.h"
 
 namespace llmpi {
 
@@ -62,18 +62,8 @@ DeviceSpec find_device(const std::string& name) {
   fail("unknown device '", name, "': use one of ", device_names_list());
 }
 
-Precision parse_precision(const std::string& s) {
-  if (s == "fp32") return Precision::fp32;
-  if (s == "tf32") return Precision::tf32;
-  if (s == "bf16") return Precision::bf16;
-  fail("unknown precision '", s, "': use fp32 (the code as built), tf32 or bf16 (projections)");
-}
-const char* precision_name(Precision p) {
-  return p == Precision::fp32 ? "fp32" : p == Precision::tf32 ? "tf32" : "bf16";
-}
-
-static double device_peak(const DeviceSpec& d, Precision p, int cores) {
-  const double per = p == Precision::fp32 ? d.fp32 : p == Precision::tf32 ? d.tf32 : d.bf16;
+static double device_peak(const DeviceSpec& d, GemmPrecision p, int cores) {
+  const double per = p == GemmPrecision::fp32 ? d.fp32 : p == GemmPrecision::tf32 ? d.tf32 : d.bf16;
   return d.gpu ? per : per * std::max(1, cores);
 }
 
@@ -132,7 +122,7 @@ double lm_head_recompute_share(const ModelDesc& d, int B, int T) {
   return (chunks - 1) / chunks;
 }
 
-LayerCosts costs_from_device(const ModelDesc& d, int B, int T, const DeviceSpec& dev, Precision p, double mfu,
+LayerCosts costs_from_device(const ModelDesc& d, int B, int T, const DeviceSpec& dev, GemmPrecision p, double mfu,
                              int cores) {
   if (mfu <= 0) mfu = dev.default_mfu;
   const double rate = device_peak(dev, p, cores) * mfu;
@@ -158,13 +148,13 @@ LayerCosts costs_from_device(const ModelDesc& d, int B, int T, const DeviceSpec&
   c.head_b = 2 * c.head_f + recompute;
   c.head_bi = c.head_f + recompute;
   c.head_recompute = recompute;
-  const double elt = p == Precision::bf16 ? 2 : 4;
+  const double elt = p == GemmPrecision::bf16 ? 2 : 4;
   c.embed_f = 3 * N * C * elt / bw;
   c.embed_b = 3 * N * C * elt / bw;
   c.opt_per_param = 28.0 / bw;
   char buf[200];
   std::snprintf(buf, sizeof buf, "device table %s %s: %.4g TFLOP/s peak x MFU %.3f (assumed)", dev.name.c_str(),
-                precision_name(p), device_peak(dev, p, cores) / 1e12, mfu);
+                gemm_precision_name(p), device_peak(dev, p, cores) / 1e12, mfu);
   c.source = buf;
   return c;
 }
@@ -282,7 +272,7 @@ PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int
   in.zero = cfg.parallel.zero;
   in.schedule = cfg.parallel.schedule;
   in.sync = cfg.parallel.sync;
-  in.grad_bf16 = cfg.parallel.grad_dtype == "bf16";
+  in.grad_bf16 = cfg.parallel.grad_dtype == GradDtype::bf16;
   in.optimizer = cfg.train.optimizer;
   in.bucket_mb = cfg.parallel.bucket_mb;
   in.first_bucket_mb = cfg.parallel.first_bucket_mb;
@@ -308,19 +298,21 @@ PlanResult plan(const PlanInputs& in) {
     fail("train.global_batch ", G, " is not divisible by the ", r.dp, " data-parallel replicas (world ", W, " / pp ", S,
          "): choose a global batch that is a multiple of ", r.dp);
   r.local_batch = G / r.dp;
-  const int M = S > 1 ? in.microbatches : 1;
+  // Micro-batches: a pipeline's, or without stages gradient accumulation's (one at a time).
+  const int M = in.microbatches;
   if (M < 1) fail("--microbatches must be >= 1");
   if (r.local_batch % M != 0)
-    fail("parallel.microbatches ", M, " does not divide the ", r.local_batch, " sequences each pipeline replica gets per "
-         "step (train.global_batch ", G, " / ", r.dp, " replicas): choose micro-batches dividing ", r.local_batch);
+    fail("parallel.microbatches ", M, " does not divide the ", r.local_batch, " sequences each data-parallel replica "
+         "gets per step (train.global_batch ", G, " / ", r.dp, " replicas): choose micro-batches dividing ",
+         r.local_batch);
   r.micro_batch = r.local_batch / M;
   const bool zb_possible = S > 1;
-  if (in.sync != "allreduce" && in.sync != "gather_scatter" && in.sync != "nccl")
-    fail("parallel.sync '", in.sync, "' is not planned: use allreduce, gather_scatter or nccl (\"weights\" exchanges no "
+  if (in.sync == SyncMethod::weights)
+    fail("parallel.sync 'weights' is not planned: use allreduce, gather_scatter or nccl (\"weights\" exchanges no "
          "gradients and does not combine with pipelines)");
-  const bool adamw = in.optimizer == "adamw";
+  const bool adamw = in.optimizer == OptimizerKind::adamw;
   r.layer_counts = S > 1 ? split_layers(d, T, S, in.stage_layers) : std::vector<int>{d.n_layer};
-  const bool gs = in.sync == "gather_scatter";
+  const bool gs = in.sync == SyncMethod::gather_scatter;
   if (gs && in.grad_bf16)
     fail("parallel.grad_dtype \"bf16\" is not implemented for parallel.sync \"gather_scatter\": use \"allreduce\" or \"nccl\"");
   const int rpn = std::max(1, in.fabric.ranks_per_node);
@@ -360,7 +352,7 @@ PlanResult plan(const PlanInputs& in) {
   std::vector<std::string> schedules;
   if (S > 1) schedules = {"gpipe", "1f1b", "zb-h1"};
   else schedules = {"-"};
-  if (S > 1 && in.schedule == "interleaved")
+  if (S > 1 && in.schedule == ScheduleKind::interleaved)
     r.notes.push_back("the run's schedule 'interleaved' is not planned (gpipe, 1f1b and zb-h1 are)");
   std::map<std::string, std::vector<int>> slots;  // schedule → per stage
   for (const std::string& sch : schedules)
@@ -393,7 +385,10 @@ PlanResult plan(const PlanInputs& in) {
           r.memory.push_back(m);
         }
   }
-  if (!zb_possible) r.notes.push_back("pp = 1: one activation slot of the whole local batch (no micro-batches)");
+  if (!zb_possible)
+    r.notes.push_back(M > 1 ? "pp = 1: one activation slot of a micro-batch of " + std::to_string(r.micro_batch) +
+                                  " (gradient accumulation over " + std::to_string(M) + ")"
+                            : std::string("pp = 1: one activation slot of the whole local batch (no micro-batches)"));
 
   // ---- time ----
   r.costs = in.have_profile ? in.profile.scaled_to(r.micro_batch)
@@ -439,7 +434,7 @@ PlanResult plan(const PlanInputs& in) {
     return sc;
   };
   // Point-to-point messages: one hidden state (or its gradient) of the micro-batch.
-  const double elt = in.precision == Precision::bf16 ? 2 : 4;
+  const double elt = in.precision == GemmPrecision::bf16 ? 2 : 4;
   r.p2p_message_bytes = (double)r.micro_batch * T * d.d_model * elt;
   Link inter = in.fabric.inter;
   inter.beta_s_per_byte *= in.fabric.inter_beta_scale();
@@ -481,7 +476,7 @@ PlanResult plan(const PlanInputs& in) {
   r.single_rank_tokens_per_s = (double)G * T / t1;
 
   for (const std::string& sch : schedules) {
-    const ScheduleKind kind = S > 1 ? parse_schedule_kind(sch) : ScheduleKind::gpipe;
+    const ScheduleKind kind = S > 1 ? parse_schedule_kind(sch) : ScheduleKind::one_f_one_b;
     const LayerCosts& cs = kind == ScheduleKind::zb_h1 ? c : cf;
     const PipelineSim sim =
         simulate_pipeline(kind, S, M, stage_costs(cs), r.p2p_s.empty() ? std::vector<double>{0} : r.p2p_s);

@@ -39,6 +39,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/gemm_precision.h"
 #include "model/model_desc.h"
 #include "model/transformer.h"
 #include "pipeline/schedule.h"
@@ -84,9 +85,6 @@ struct LayerCosts {
   LayerCosts with_fused_head() const;
 };
 
-enum class Precision { fp32, tf32, bf16 };
-Precision parse_precision(const std::string& s);  // throws Error
-const char* precision_name(Precision p);
 
 // The chunked LM head's recompute in backward, as a share of the head's forward: (chunks - 1) /
 // chunks for an LM head over B x T rows (model/transformer.h "Chunked LM head"), else 0.
@@ -97,7 +95,7 @@ double lm_head_recompute_share(const ModelDesc& d, int B, int T);
 // that, of which the weight gradients are 2 · (dense weights) per token; the LM head 2 · V · C per
 // token forward. The embedding and the optimizer are memory traffic: 3 · N · C · 4 bytes each way;
 // AdamW reads p, g, m, v and writes p, m, v (28 bytes per parameter).
-LayerCosts costs_from_device(const ModelDesc& d, int micro_batch, int T, const DeviceSpec& dev, Precision p,
+LayerCosts costs_from_device(const ModelDesc& d, int micro_batch, int T, const DeviceSpec& dev, GemmPrecision p,
                              double mfu, int cores_per_rank);
 
 // ---- the simulated pipeline ----------------------------------------------------------------------------
@@ -120,14 +118,14 @@ struct PlanInputs {
   int world = 1, pp = 1, microbatches = 1;
   std::vector<int> stage_layers;                 // empty = split_layers' balance
   int zero = 0;                                  // the run's choice (both are always planned)
-  std::string schedule = "1f1b";                 // the run's choice (every schedule is planned)
-  std::string sync = "allreduce";                // allreduce | gather_scatter | nccl
+  ScheduleKind schedule = ScheduleKind::one_f_one_b;  // the run's choice (every schedule is planned)
+  SyncMethod sync = SyncMethod::allreduce;       // allreduce | gather_scatter | nccl
   bool grad_bf16 = false;                        // parallel.grad_dtype "bf16": gradients exchanged in bf16
-  std::string optimizer = "adamw";
+  OptimizerKind optimizer = OptimizerKind::adamw;
   double bucket_mb = 25, first_bucket_mb = 1;
   bool overlap = false;
   DeviceSpec device;
-  Precision precision = Precision::fp32;         // for the time (memory is given for fp32 and bf16)
+  GemmPrecision precision = GemmPrecision::fp32;  // for the time (memory is given for fp32 and bf16)
   double mfu = 0;                                // 0 = the device's default
   int cores_per_rank = 1;
   Fabric fabric;                                 // links and ranks per node

@@ -12,6 +12,7 @@
 #include "backend/ops.h"
 #include "model/transformer.h"
 #include "optim/optimizer.h"
+#include "runtime/clock.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
 
@@ -21,12 +22,6 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // Random values into backend memory (the hidden state entering a part, the gradient leaving it).
@@ -70,7 +65,7 @@ LayerCosts measure_profile(const ModelDesc& d, int B, int T, int reps, int threa
   blk.load_batch(ab, batch);
   head.load_batch(ah, batch);
   std::vector<double> ef, eb, bf, bb, bbi, bw, hf, hb, hbi, hw, opt;
-  Optimizer adam(o, blk.table.numel, "adamw");
+  Optimizer adam(o, blk.table.numel, OptimizerKind::adamw);
   TrainConfig tc{};
   tc.beta1 = 0.9, tc.beta2 = 0.95, tc.eps = 1e-8, tc.weight_decay = 0.1, tc.lr = 1e-4;
   for (int rep = 0; rep <= reps; rep++) {  // rep 0 warms up

@@ -7,7 +7,6 @@
 #include <sstream>
 #include <type_traits>
 
-#include "backend/gemm_precision.h"
 #include "runtime/error.h"
 
 namespace llmpi {
@@ -24,7 +23,8 @@ const json& config_defaults() {
     "train":    {"steps": 1000, "epochs": 0, "global_batch": 16, "drop_last": true, "lr": 3e-4,
                  "lr_schedule": "cosine", "min_lr_ratio": 0.1, "warmup_steps": 0, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
                  "eps": 1e-8, "optimizer": "adamw", "grad_clip": 1.0, "seed": 1337, "log_every": 10,
-                 "eval_every": 100, "eval_batches": 8, "on_nonfinite": "abort"},
+                 "eval_every": 100, "eval_batches": 8, "on_nonfinite": "abort",
+                 "max_consecutive_skips": 10},
     "parallel": {"sync": "allreduce", "bucket_mb": 25.0, "first_bucket_mb": 1.0, "overlap": false,
                  "poll_us": 50, "average_every": 1, "pp_stages": 1, "microbatches": 1,
                  "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [], "zero": 0,
@@ -41,18 +41,23 @@ const json& config_defaults() {
 json family_model_defaults(const std::string& family) {
   static const std::vector<std::string> common = {"family", "n_layer", "n_head", "d_model", "ffn_dim", "seq_len",
                                                   "max_seq_len", "vocab_size", "init_std", "norm_eps", "dropout"};
+  Family f{};
+  if (!parse_option(family, &f))
+    fail("config: 'model.family' must be ", option_words<Family>(), ", got \"", family, "\"");
   std::vector<std::string> keys = common;
   json over = json::object();
-  if (family == "gpt2") {
-    keys.push_back("tie_embeddings");
-  } else if (family == "llama") {
-    keys.insert(keys.end(), {"n_kv_head", "rope_theta", "tie_embeddings"});
-    over = {{"tie_embeddings", false}};
-  } else if (family == "bert") {
-    keys.insert(keys.end(), {"attn_dropout", "num_labels", "type_vocab_size"});
-    over = {{"norm_eps", 1e-12}, {"dropout", 0.1}, {"attn_dropout", 0.1}};
-  } else {
-    fail("config: 'model.family' must be \"gpt2\", \"llama\" or \"bert\", got \"", family, "\"");
+  switch (f) {
+    case Family::gpt2:
+      keys.push_back("tie_embeddings");
+      break;
+    case Family::llama:
+      keys.insert(keys.end(), {"n_kv_head", "rope_theta", "tie_embeddings"});
+      over = {{"tie_embeddings", false}};
+      break;
+    case Family::bert:
+      keys.insert(keys.end(), {"attn_dropout", "num_labels", "type_vocab_size"});
+      over = {{"norm_eps", 1e-12}, {"dropout", 0.1}, {"attn_dropout", 0.1}};
+      break;
   }
   json m = json::object();
   for (auto& k : keys) m[k] = over.contains(k) ? over[k] : config_defaults()["model"][k];
@@ -208,13 +213,23 @@ static T as_int(const json& v, const char* path) {
   return v.get<T>();
 }
 
+// The enum for the word at `path`; an unknown word is an error listing the valid ones (and `note`).
+template <typename E>
+static E as_option(const json& v, const char* path, const char* note = "") {
+  E e{};
+  const std::string word = v.get<std::string>();
+  if (!parse_option(word, &e))
+    fail("config: '", path, "' must be ", option_words<E>(), note, ", got \"", word, "\"");
+  return e;
+}
+
 static Config extract(const json& r) {
   Config c;
   c.resolved = r;
   // Keys a family does not take read as the document's defaults (they are not used).
   json m = config_defaults()["model"];
   for (auto& [k, v] : r["model"].items()) m[k] = v;
-  c.model.family = m["family"];
+  c.model.family = as_option<Family>(m["family"], "model.family");
   c.model.n_layer = as_int<int>(m["n_layer"], "model.n_layer");
   c.model.n_head = as_int<int>(m["n_head"], "model.n_head");
   c.model.n_kv_head = as_int<int>(m["n_kv_head"], "model.n_kv_head");
@@ -236,7 +251,7 @@ static Config extract(const json& r) {
   c.train.steps = as_int<int64_t>(t["steps"], "train.steps");
   c.train.epochs = as_int<int>(t["epochs"], "train.epochs");
   c.train.drop_last = t["drop_last"];
-  c.train.lr_schedule = t["lr_schedule"];
+  c.train.lr_schedule = as_option<LrSchedule>(t["lr_schedule"], "train.lr_schedule");
   c.train.global_batch = as_int<int>(t["global_batch"], "train.global_batch");
   c.train.lr = t["lr"];
   c.train.min_lr_ratio = t["min_lr_ratio"];
@@ -250,9 +265,9 @@ static Config extract(const json& r) {
   c.train.log_every = as_int<int64_t>(t["log_every"], "train.log_every");
   c.train.eval_every = as_int<int64_t>(t["eval_every"], "train.eval_every");
   c.train.eval_batches = as_int<int>(t["eval_batches"], "train.eval_batches");
-  c.train.optimizer = t["optimizer"];
+  c.train.optimizer = as_option<OptimizerKind>(t["optimizer"], "train.optimizer");
   auto& p = r["parallel"];
-  c.parallel.sync = p["sync"];
+  c.parallel.sync = as_option<SyncMethod>(p["sync"], "parallel.sync");
   c.parallel.bucket_mb = p["bucket_mb"];
   c.parallel.first_bucket_mb = p["first_bucket_mb"];
   c.parallel.overlap = p["overlap"];
@@ -260,20 +275,26 @@ static Config extract(const json& r) {
   c.parallel.average_every = as_int<int>(p["average_every"], "parallel.average_every");
   c.parallel.pp_stages = as_int<int>(p["pp_stages"], "parallel.pp_stages");
   c.parallel.microbatches = as_int<int>(p["microbatches"], "parallel.microbatches");
-  c.parallel.schedule = p["schedule"];
-  c.parallel.zero = as_int<int>(p["zero"], "parallel.zero");
-  c.parallel.grad_dtype = p["grad_dtype"];
+  c.parallel.schedule = as_option<ScheduleKind>(p["schedule"], "parallel.schedule");
+  const int zero = as_int<int>(p["zero"], "parallel.zero");
+  require(zero == 0 || zero == 1, "parallel.zero",
+          "must be 0 (every rank keeps the whole optimizer state) or 1 (ZeRO-1: each data-parallel rank keeps "
+          "the AdamW moments of its 1/DP shard), got " + std::to_string(zero));
+  c.parallel.zero = zero == 1;
+  c.parallel.grad_dtype = as_option<GradDtype>(p["grad_dtype"], "parallel.grad_dtype", " (the gradient's type on the wire)");
   c.parallel.virtual_stages = as_int<int>(p["virtual_stages"], "parallel.virtual_stages");
   for (const json& e : p["stage_layers"]) c.parallel.stage_layers.push_back(as_int<int>(e, "parallel.stage_layers"));
   c.runtime.trace_steps = as_int<int>(r["runtime"]["trace_steps"], "runtime.trace_steps");
   c.runtime.step_timeout_s = r["runtime"]["step_timeout_s"];
   c.runtime.memory_check = r["runtime"]["memory_check"];
-  c.train.on_nonfinite = t["on_nonfinite"];
+  c.train.on_nonfinite = as_option<OnNonfinite>(t["on_nonfinite"], "train.on_nonfinite");
+  c.train.max_consecutive_skips = as_int<int>(t["max_consecutive_skips"], "train.max_consecutive_skips");
   c.checkpoint.every = as_int<int64_t>(r["checkpoint"]["every"], "checkpoint.every");
   c.checkpoint.keep = as_int<int>(r["checkpoint"]["keep"], "checkpoint.keep");
-  c.runtime.device = r["runtime"]["device"];
-  c.runtime.precision = r["runtime"]["precision"];
-  c.runtime.attention = r["runtime"]["attention"];
+  c.runtime.device = as_option<DeviceChoice>(r["runtime"]["device"], "runtime.device");
+  c.runtime.precision = as_option<GemmPrecision>(r["runtime"]["precision"], "runtime.precision",
+                                                " (the dense layers' GEMMs; tf32 only on CUDA)");
+  c.runtime.attention = as_option<AttentionChoice>(r["runtime"]["attention"], "runtime.attention");
   c.runtime.threads = as_int<int>(r["runtime"]["threads"], "runtime.threads");
   c.runtime.lm_head_chunk_rows = as_int<int>(r["runtime"]["lm_head_chunk_rows"], "runtime.lm_head_chunk_rows");
   c.run.dir = r["run"]["dir"];
@@ -287,7 +308,7 @@ static Config extract(const json& r) {
   require(c.model.vocab_size >= 0, "model.vocab_size", "must be >= 0 (0 = from the training file)");
   require(c.model.init_std > 0, "model.init_std", "must be > 0");
   require(c.model.n_kv_head >= 0, "model.n_kv_head", "must be >= 0 (0 = n_head)");
-  if (c.model.family == "llama") {
+  if (c.model.family == Family::llama) {
     if (c.model.n_kv_head > 0 && c.model.n_head % c.model.n_kv_head != 0)
       fail("config: 'model.n_kv_head' (", c.model.n_kv_head, ") must divide 'model.n_head' (", c.model.n_head,
            "): every key/value head serves the same number of query heads");
@@ -319,59 +340,29 @@ static Config extract(const json& r) {
   require(c.train.eval_every >= 0, "train.eval_every", "must be >= 0 (0 = evaluate only at the end)");
   require(c.train.eval_batches >= 0, "train.eval_batches", "must be >= 0 (0 = the whole validation file)");
   require(c.train.epochs >= 0, "train.epochs", "must be >= 0 (0 = run train.steps steps)");
-  require(c.train.lr_schedule == "cosine" || c.train.lr_schedule == "linear" || c.train.lr_schedule == "constant",
-          "train.lr_schedule", "must be \"cosine\", \"linear\" or \"constant\", got \"" + c.train.lr_schedule + "\"");
-  require(c.train.optimizer == "adamw" || c.train.optimizer == "sgd", "train.optimizer",
-          "must be \"adamw\" or \"sgd\", got \"" + c.train.optimizer + "\"");
-  require(c.parallel.sync == "gather_scatter" || c.parallel.sync == "allreduce" || c.parallel.sync == "weights" ||
-              c.parallel.sync == "nccl",
-          "parallel.sync", "must be \"gather_scatter\", \"allreduce\", \"weights\" or \"nccl\", got \"" +
-                               c.parallel.sync + "\"");
   require(c.parallel.bucket_mb >= 0, "parallel.bucket_mb", "must be >= 0 (0 = one collective per tensor)");
   require(c.parallel.first_bucket_mb > 0, "parallel.first_bucket_mb", "must be > 0");
   require(c.parallel.poll_us >= 0, "parallel.poll_us", "must be >= 0 (0 = blocking collectives)");
   require(c.parallel.average_every >= 1, "parallel.average_every", "must be >= 1");
   require(c.parallel.pp_stages >= 1, "parallel.pp_stages", "must be >= 1 (1 = no pipeline)");
-  require(c.parallel.zero == 0 || c.parallel.zero == 1, "parallel.zero",
-          "must be 0 (every rank keeps the whole optimizer state) or 1 (ZeRO-1: each data-parallel rank keeps "
-          "the AdamW moments of its 1/DP shard), got " + std::to_string(c.parallel.zero));
-  require(c.parallel.grad_dtype == "fp32" || c.parallel.grad_dtype == "bf16", "parallel.grad_dtype",
-          "must be \"fp32\" or \"bf16\" (the gradient's type on the wire), got \"" + c.parallel.grad_dtype + "\"");
-  require(c.parallel.grad_dtype == "fp32" || c.parallel.sync == "allreduce" || c.parallel.sync == "nccl",
-          "parallel.grad_dtype",
-          "\"bf16\" is implemented for parallel.sync \"allreduce\" (with or without zero 1) and \"nccl\", not \"" +
-              c.parallel.sync + "\": use one of those, or grad_dtype \"fp32\"");
-  require(!(c.parallel.zero == 1 && c.parallel.sync == "weights"), "parallel.zero",
-          "shards the optimizer state of ranks that average gradients; \"weights\" gives every rank its own "
-          "optimizer over every parameter: use parallel.sync \"allreduce\" or \"gather_scatter\" with zero 1, "
-          "or zero 0");
+  const std::string sync_error = sync_choice_error(c.parallel.sync, c.parallel.zero, c.parallel.grad_dtype,
+                                                   c.parallel.overlap);
+  if (!sync_error.empty()) fail(sync_error);
   require(c.parallel.microbatches >= 1, "parallel.microbatches", "must be >= 1");
   require(c.parallel.virtual_stages >= 1, "parallel.virtual_stages", "must be >= 1");
-  require(c.parallel.schedule == "gpipe" || c.parallel.schedule == "1f1b" || c.parallel.schedule == "interleaved" ||
-              c.parallel.schedule == "zb-h1",
-          "parallel.schedule", "must be \"gpipe\", \"1f1b\", \"interleaved\" or \"zb-h1\", got \"" +
-                                   c.parallel.schedule + "\"");
   for (int n : c.parallel.stage_layers)
     require(n >= 0, "parallel.stage_layers", "must list layer counts >= 0, one per (virtual) stage");
-  require(!(c.parallel.overlap && c.parallel.sync == "weights"), "parallel.overlap",
-          "applies to gradient averaging; \"weights\" averages parameters after the step: set it to false");
-  require(c.runtime.device == "auto" || c.runtime.device == "cpu" || c.runtime.device == "cuda",
-          "runtime.device", "must be \"auto\", \"cpu\" or \"cuda\", got \"" + c.runtime.device + "\"");
-  GemmPrecision gemm_precision;
-  require(parse_gemm_precision(c.runtime.precision, &gemm_precision), "runtime.precision",
-          "must be \"fp32\", \"tf32\" or \"bf16\" (the dense layers' GEMMs; tf32 only on CUDA), got \"" +
-              c.runtime.precision + "\"");
-  require(!(gemm_precision == GemmPrecision::tf32 && c.runtime.device == "cpu"), "runtime.precision",
-          "\"tf32\" is a CUDA tensor-core mode; use \"fp32\" or \"bf16\" with runtime.device \"cpu\"");
-  require(c.runtime.attention == "auto" || c.runtime.attention == "full" || c.runtime.attention == "fused",
-          "runtime.attention", "must be \"auto\", \"full\" or \"fused\", got \"" + c.runtime.attention + "\"");
+  if (c.runtime.device == DeviceChoice::cpu) {  // explicit; an automatic choice is checked when resolved
+    const std::string e = precision_device_error(c.runtime.precision, c.runtime.device, false);
+    if (!e.empty()) fail(e);
+  }
   require(c.runtime.threads >= 0, "runtime.threads", "must be >= 0 (0 = cores / ranks per node)");
   require(c.runtime.lm_head_chunk_rows >= 0, "runtime.lm_head_chunk_rows",
           "must be >= 0 (rows per chunk of the LM head; 0 = as many as fit 256 MiB of logits)");
   require(c.runtime.trace_steps >= 0, "runtime.trace_steps", "must be >= 0 (0 = no trace)");
   require(c.runtime.step_timeout_s >= 0, "runtime.step_timeout_s", "must be >= 0 (0 = no limit)");
-  require(c.train.on_nonfinite == "abort" || c.train.on_nonfinite == "skip", "train.on_nonfinite",
-          "must be \"abort\" or \"skip\", got \"" + c.train.on_nonfinite + "\"");
+  require(c.train.max_consecutive_skips >= 1, "train.max_consecutive_skips",
+          "must be >= 1 (the non-finite steps in a row train.on_nonfinite=skip tolerates before the run stops)");
   require(c.checkpoint.every >= 0, "checkpoint.every", "must be >= 0 (0 = only at pre-emption)");
   require(c.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1");
   require(!c.run.dir.empty(), "run.dir", "must name a directory");
@@ -508,7 +499,39 @@ Config parse_config(const std::string& text, const std::string& source,
     fail(source, ": both 'train.steps' (", resolved["train"]["steps"].dump(), ") and 'train.epochs' (",
          resolved["train"]["epochs"].dump(), ") are set; a run is measured in one of them: remove one or set it to 0 "
          "(e.g. --set train.epochs=0 --set train.steps=N)");
-  return extract(resolved);
+  Config c = extract(resolved);
+  c.given = given;
+  return c;
+}
+
+std::vector<std::string> keys_without_effect(const Config& c) {
+  std::vector<std::string> notes;
+  auto given = [&](const char* key) { return std::find(c.given.begin(), c.given.end(), key) != c.given.end(); };
+  auto note = [&](const char* key, const std::string& why) {
+    if (given(key)) notes.push_back(std::string("'") + key + "' has no effect " + why);
+  };
+  if (c.parallel.pp_stages == 1)
+    for (const char* key : {"parallel.schedule", "parallel.virtual_stages", "parallel.stage_layers"})
+      note(key, "with parallel.pp_stages 1: it shapes pipeline stages (set parallel.pp_stages > 1 to use one)");
+  if (c.parallel.sync != SyncMethod::weights)
+    note("parallel.average_every", std::string("with parallel.sync \"") + option_name(c.parallel.sync) +
+                                       "\": only \"weights\" averages parameters");
+  if (!c.parallel.overlap) {
+    note("parallel.first_bucket_mb", "without parallel.overlap=true: the small first bucket only helps when buckets "
+                                     "are reduced during backward");
+    note("parallel.poll_us", "without parallel.overlap=true: it paces the communication thread");
+  }
+  if (c.data.val.empty())
+    for (const char* key : {"train.eval_every", "train.eval_batches"})
+      note(key, "without data.val: there is no validation split to evaluate");
+  if (c.train.lr_schedule == LrSchedule::constant) note("train.min_lr_ratio", "with train.lr_schedule \"constant\"");
+  if (c.train.optimizer == OptimizerKind::sgd)
+    for (const char* key : {"train.beta1", "train.beta2", "train.eps"}) note(key, "with train.optimizer \"sgd\"");
+  if (c.train.on_nonfinite == OnNonfinite::abort)
+    note("train.max_consecutive_skips", "with train.on_nonfinite \"abort\": the first non-finite step stops the run");
+  if (c.model.family == Family::bert)
+    note("runtime.lm_head_chunk_rows", "with model.family \"bert\": a classifier has no language-model head");
+  return notes;
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides,

@@ -1,16 +1,19 @@
 // The run configuration: a JSON file (nlohmann/json) plus `--set key.path=value` overrides,
 // validated against the defaults document in config.cpp, which is also the list of every key.
 // Unknown keys, wrong types and impossible values are Errors that name the key and the fix.
+// A choice that is a word is an enum here (runtime/options.h): it is parsed once, when read.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "runtime/options.h"
+
 namespace llmpi {
 
 struct ModelConfig {
-  std::string family;   // "gpt2" | "llama" | "bert" (model/model_desc.h)
+  Family family;
   int n_layer, n_head, d_model, seq_len;
   int n_kv_head;        // llama: key/value heads (0 = n_head)
   int ffn_dim;          // MLP hidden size (0 = the family's default)
@@ -31,19 +34,20 @@ struct TrainConfig {
   int epochs;              // > 0: run this many passes over the training data instead of `steps`
   int global_batch;        // sequences per step, summed over ranks
   bool drop_last;          // true: an epoch's last partial global batch is dropped; false: it is a shorter step
-  std::string lr_schedule; // "cosine" | "linear" | "constant" after the warm-up
+  LrSchedule lr_schedule;  // after the warm-up
   double lr, min_lr_ratio; // peak LR; cosine/linear decay to lr * min_lr_ratio at `steps`
   int64_t warmup_steps;    // linear warm-up from lr/warmup to lr
   double weight_decay, beta1, beta2, eps;
-  std::string optimizer;   // "adamw" | "sgd"
+  OptimizerKind optimizer;
   double grad_clip;        // global-norm clip; 0 = off
   uint64_t seed;
   int64_t log_every, eval_every;  // eval_every 0 = only at the end
   int eval_batches;        // global batches of the val file per evaluation; 0 = the whole file
-  std::string on_nonfinite;  // "abort" | "skip": a non-finite loss or gradient norm
+  OnNonfinite on_nonfinite;  // a non-finite loss or gradient norm
+  int max_consecutive_skips;  // on_nonfinite skip: the run stops after this many skipped steps in a row
 };
 struct ParallelConfig {
-  std::string sync;        // "gather_scatter" | "allreduce" | "weights" | "nccl"
+  SyncMethod sync;
   double bucket_mb;        // 0 = one collective per tensor; else buckets of about this size
   double first_bucket_mb;  // the first bucket's size limit (DDP-style small first bucket)
   bool overlap;            // reduce buckets on a communication thread during backward
@@ -51,21 +55,22 @@ struct ParallelConfig {
   int average_every;       // weights: average parameters every k steps
   // Pipeline parallelism (pipeline/pipeline_step.h); pp_stages 1 = none.
   int pp_stages;           // stages per pipeline; world = data-parallel replicas × pp_stages
-  int microbatches;        // micro-batches per step per replica (must divide the per-replica batch)
-  std::string schedule;    // "gpipe" | "1f1b" | "interleaved" | "zb-h1"
+  int microbatches;        // micro-batches per step per data-parallel replica: gradient accumulation
+                           // (pp_stages 1), or the pipeline's micro-batches (must divide the replica's batch)
+  ScheduleKind schedule;
   int virtual_stages;      // interleaved: model chunks per stage
   std::vector<int> stage_layers;  // blocks per (virtual) stage, in order; empty = balanced by cost
-  // Sharded optimizer (comm/grad_sync.h "ZeRO-1"): 1 = each data-parallel rank keeps the AdamW
-  // moments of its shard only; gradients are reduce-scattered, parameters all-gathered.
-  int zero = 0;
-  // The gradient's type in the exchange (comm/grad_sync.h): "fp32" | "bf16" (half the bytes;
-  // each bucket rounded to bfloat16, summed in fp32 and rounded again at every reduction step).
-  std::string grad_dtype = "fp32";
+  // Sharded optimizer (comm/grad_sync.h "ZeRO-1"), parallel.zero 1: each data-parallel rank keeps
+  // the AdamW moments of its shard only; gradients are reduce-scattered, parameters all-gathered.
+  bool zero = false;
+  // The gradient's type in the exchange (comm/grad_sync.h): fp32, or bf16 for half the bytes
+  // (each bucket rounded to bfloat16, summed in fp32 and rounded again at every reduction step).
+  GradDtype grad_dtype = GradDtype::fp32;
 };
 struct RuntimeConfig {
-  std::string device;      // "auto" | "cpu" | "cuda"
-  std::string precision;   // the dense layers' GEMMs: "fp32" | "tf32" (CUDA) | "bf16" (backend/gemm_precision.h)
-  std::string attention;   // "auto" | "full" | "fused" (model/model_desc.h resolve_attention)
+  DeviceChoice device;
+  GemmPrecision precision;  // the dense layers' GEMMs (backend/gemm_precision.h); tf32 only on CUDA
+  AttentionChoice attention;  // model/model_desc.h resolve_attention
   int threads;             // OpenMP/OpenBLAS threads per rank; 0 = cores on the node / ranks on it
   int trace_steps;         // record trace-rank{N}.json for the first trace_steps steps (0 = off)
   double step_timeout_s;   // abort when one phase of a step takes longer (0 = off)
@@ -89,6 +94,7 @@ struct Config {
   RunConfig run;
   CheckpointConfig checkpoint;
   nlohmann::json resolved;  // every key with its final value, as written to run_dir/config.json
+  std::vector<std::string> given;  // the keys the user set ("train.lr"), in the order given
 };
 
 // The defaults document: every valid key with its default value and type. The model section
@@ -113,5 +119,10 @@ Config parse_config(const std::string& json_text, const std::string& source,
                     const std::vector<std::string>& overrides = {}, const ModelSource* model_source = nullptr);
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
                    const ModelSource* model_source = nullptr);
+
+// The keys the user set that do nothing in the configuration they are in ("parallel.schedule" with
+// parallel.pp_stages 1, say), one line each naming the key, why, and what would use it: the
+// trainer prints them as start-up warnings. pp_stages and data.val are as configured.
+std::vector<std::string> keys_without_effect(const Config& c);
 
 }  // namespace llmpi

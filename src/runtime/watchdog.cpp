@@ -3,7 +3,7 @@
 #include <chrono>
 #include <string>
 
-#include "metrics/metrics.h"
+#include "runtime/clock.h"
 #include "runtime/mpi_env.h"
 
 #ifdef LLMPI_HAVE_CUDA

@@ -17,6 +17,7 @@
 #include <map>
 #include <sstream>
 
+#include "metrics/metrics.h"
 #include "runtime/error.h"
 
 namespace llmpi {
@@ -272,6 +273,19 @@ RunDirClaim claim_run_dir(const std::string& dir, bool resuming, bool overwrite,
   const std::string aside = move_run_aside(dir);
   c.notes.push_back("--overwrite: moved the earlier run's files (" + earlier + ") into " + aside);
   return c;
+}
+
+// Keep only the lines of a JSON Lines file whose "step" passes `keep` (a resumed run drops what
+// the interrupted run logged after its last checkpoint, so each step appears once).
+void trim_jsonl(const std::string& path, const std::function<bool(int64_t)>& keep) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string line, out;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("step") && keep(j["step"].get<int64_t>())) out += line + "\n";
+  }
+  write_file_atomic(path, out);
 }
 
 }  // namespace llmpi

@@ -17,6 +17,8 @@
 //             (checkpoint.keep) removes only checkpoints of the run's own lineage.
 #pragma once
 #include <memory>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -59,5 +61,9 @@ std::string host_name();
 
 // mkdir -p: creates dir and its parents; an error names the part that could not be made.
 void make_dirs(const std::string& dir);
+
+// Keep only the lines of a JSON Lines file whose "step" passes `keep` (a resumed run drops what
+// the interrupted run logged after its last checkpoint, so each step appears once); atomic.
+void trim_jsonl(const std::string& path, const std::function<bool(int64_t)>& keep);
 
 }  // namespace llmpi

@@ -3,7 +3,8 @@
 # (build/sim-llmpi-train: llmpi-train linked with the CUDA backend's own source compiled for the
 # CPU). What tools/gpu_verify.sh's `train` steps run on a GPU, on a smaller model: the losses of
 # 1 rank, 2 ranks through the MPI host staging (allreduce, gather/scatter, ZeRO-1) and bf16
-# against the CPU backend's, step by step; and the configuration the GPU refuses, refused. Not a
+# against the CPU backend's, step by step; gradient accumulation against one batch; and the
+# configuration the GPU refuses, refused. Not a
 # GPU run (tools/cuda_cpu_sim/README.md says what the simulation cannot show).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -54,6 +55,14 @@ run cpu_bf16 "$B/llmpi-train" 1 runtime.device=cpu runtime.precision=bf16 &&
   run cuda_bf16 "$SIM" 1 runtime.device=cuda runtime.precision=bf16
 check "bf16 on the card against the CPU's emulation of it: losses within 1e-2 (the issue's bound)" \
   "[ $? = 0 ] && losses_within cpu_bf16 cuda_bf16 1e-2"
+# Gradient accumulation on the card: 2 micro-batches of 1 per rank against one batch of 2 (the
+# issue's bound: the same training within 1e-6), on 1 rank and on 2 ranks through the MPI staging.
+run mpi_acc "$SIM" 2 runtime.device=cuda parallel.sync=allreduce parallel.overlap=false parallel.microbatches=2
+check "2 ranks, gradient accumulation over 2 micro-batches: losses within 1e-6 of one batch's" \
+  "[ $? = 0 ] && losses_within mpi mpi_acc 1e-6"
+run cuda_acc "$SIM" 1 runtime.device=cuda parallel.microbatches=4
+check "1 rank, gradient accumulation over 4 micro-batches: losses within 1e-6 of one batch's" \
+  "[ $? = 0 ] && losses_within cuda cuda_acc 1e-6"
 run overlap "$SIM" 2 runtime.device=cuda parallel.sync=allreduce parallel.overlap=true
 rc=$?
 check "overlap with an MPI method on the card: refused (non-zero exit), the message naming the fix" \

@@ -1,7 +1,7 @@
 // What the simulated CUDA backend (tools/cuda_cpu_sim/README.md) takes from the two .cu files it
 // does not compile: gemm_lt.cu's cuBLASLt GEMMs with epilogues, here computed on the CPU to their
 // contract (cuda_common.cuh), with its counters and switch (nccl_sync.cu, NCCL, is not simulated:
-// the Makefile links src/backend/nccl_host.cpp built without NCCL, whose members refuse);
+// the Makefile links src/comm/nccl_exchange.cpp built without NCCL, whose members refuse);
 // and the column-major GEMM behind include/cublas_v2.h.
 #include <algorithm>
 #include <cstdlib>

@@ -1,12 +1,11 @@
-#include "train/memory_estimate.h"
+#include "model/memory_estimate.h"
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
-#include "comm/grad_sync.h"
+#include "params/buckets.h"
+#include "runtime/host_memory.h"
 #include "model/transformer.h"
 
 namespace llmpi {
@@ -141,17 +140,16 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   const double n = (double)table.numel, nb = n * sizeof(float);
   e.n_params = (int64_t)table.numel;
   e.params = e.grads = nb;
-  GemmPrecision precision = GemmPrecision::fp32;
-  parse_gemm_precision(cfg.runtime.precision, &precision);
+  const GemmPrecision precision = cfg.runtime.precision;
   if (precision == GemmPrecision::bf16) {  // the Model's bf16 weight copy (its tensors 256-byte aligned)
     std::vector<size_t> offsets;
     e.params += (double)aligned_copy_layout(table, &offsets) * sizeof(uint16_t);
   }
-  const bool adamw = cfg.train.optimizer == "adamw";
+  const bool adamw = cfg.train.optimizer == OptimizerKind::adamw;
   e.optimizer = adamw ? 2 * nb : 0;
   const std::vector<Bucket> buckets =
       make_buckets(table, cfg.parallel.bucket_mb, cfg.parallel.overlap ? cfg.parallel.first_bucket_mb : cfg.parallel.bucket_mb);
-  if (cfg.parallel.zero == 1 && world > 1) {
+  if (cfg.parallel.zero && world > 1) {
     // ZeRO-1: the moments of this rank's shard only (comm/grad_sync.h), and a receive buffer for
     // the largest piece of one reduce-scatter.
     size_t mine = 0, largest_piece = 0;
@@ -159,23 +157,27 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
     for (const Bucket& b : buckets) largest_piece = std::max(largest_piece, (b.end - b.begin + world - 1) / world);
     e.optimizer = adamw ? 2.0 * mine * sizeof(float) : 0;
     // ... and the all-gather's padded piece and W padded pieces (comm/grad_sync.cpp), allreduce only
-    if (cfg.parallel.sync != "gather_scatter") e.sync_buffers += (double)(world + 1) * largest_piece * sizeof(float);
+    if (cfg.parallel.sync != SyncMethod::gather_scatter) e.sync_buffers += (double)(world + 1) * largest_piece * sizeof(float);
     e.sync_buffers += (double)largest_piece * sizeof(float);
   }
-  e.activations = (double)activation_bytes(desc, local_batch, seq_len, precision);
-  e.scratch = (double)backward_scratch_bytes(desc, local_batch, seq_len);
-  e.scratch += (double)gemm_operand_scratch_bytes(desc, local_batch, seq_len, precision, on_gpu);
+  // One micro-batch is alive at a time: with gradient accumulation (parallel.microbatches M) the
+  // activations and the backward's scratch are those of ceil(local_batch / M) sequences.
+  const int micro = micro_batch_rows(local_batch, cfg.parallel.microbatches);
+  e.micro_batch = micro;
+  e.activations = (double)activation_bytes(desc, micro, seq_len, precision);
+  e.scratch = (double)backward_scratch_bytes(desc, micro, seq_len);
+  e.scratch += (double)gemm_operand_scratch_bytes(desc, micro, seq_len, precision, on_gpu);
   // Gradient synchronisation.
-  const std::string& sync = cfg.parallel.sync;
-  if (world > 1 && sync == "gather_scatter" && rank == 0) {
+  const SyncMethod sync = cfg.parallel.sync;
+  if (world > 1 && sync == SyncMethod::gather_scatter && rank == 0) {
     size_t largest = 0;
     for (const Bucket& b : buckets) largest = std::max(largest, b.end - b.begin);
     e.sync_buffers += 2.0 * world * largest * sizeof(float);
   }
-  if (world > 1 && on_gpu && sync != "nccl") e.sync_buffers += nb;  // pinned staging copy
+  if (world > 1 && on_gpu && sync != SyncMethod::nccl) e.sync_buffers += nb;  // pinned staging copy
   // Checkpoints (and resume, which reads the same arrays): host copies of params (+ m, v).
   const double arrays = adamw ? 3 : 1;
-  if (sync == "weights" && world > 1)
+  if (sync == SyncMethod::weights && world > 1)
     e.checkpoint_staging = rank == 0 ? arrays * world * nb + nb : nb;
   else
     e.checkpoint_staging = arrays * nb;
@@ -184,18 +186,10 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   return e;
 }
 
-std::string format_bytes(double b) {
-  char buf[32];
-  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
-  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.0f kB", b / 1e3);
-  return buf;
-}
-
 std::string MemoryEstimate::describe() const {
   std::string s = "params " + format_bytes(params) + " + grads " + format_bytes(grads);
   if (optimizer > 0) s += " + AdamW state " + format_bytes(optimizer);
-  s += " + activations " + format_bytes(activations) + " (" + std::to_string(local_batch) + " × " +
+  s += " + activations " + format_bytes(activations) + " (" + std::to_string(micro_batch) + " × " +
        std::to_string(seq_len) + " tokens) + backward scratch " + format_bytes(scratch);
   if (on_gpu) s += " = " + format_bytes(device_bytes()) + " on the GPU; host: ";
   else s += " + ";
@@ -203,105 +197,6 @@ std::string MemoryEstimate::describe() const {
   s += "checkpoint staging " + format_bytes(checkpoint_staging) + " + batch " + format_bytes(data) + " = " +
        format_bytes(host_bytes());
   return s;
-}
-
-namespace {
-
-// A number from a one-line file ("max" = no limit: -1).
-double read_number_file(const std::string& path) {
-  std::ifstream in(path);
-  std::string s;
-  if (!(in >> s)) return -1;
-  if (s == "max") return -1;
-  try {
-    return std::stod(s);
-  } catch (...) {
-    return -1;
-  }
-}
-
-// This process's memory cgroup path from /proc/self/cgroup: v2 ("0::/path") or v1 ("N:memory:/path").
-std::string cgroup_path(bool v2) {
-  std::ifstream in("/proc/self/cgroup");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (v2 && line.rfind("0::", 0) == 0) return line.substr(3);
-    if (!v2) {
-      auto a = line.find(':'), b = line.find(':', a + 1);
-      if (a == std::string::npos || b == std::string::npos) continue;
-      std::string ctrls = "," + line.substr(a + 1, b - a - 1) + ",";
-      if (ctrls.find(",memory,") != std::string::npos) return line.substr(b + 1);
-    }
-  }
-  return "";
-}
-
-}  // namespace
-
-double peak_rss_bytes() {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmHWM:") {
-      double kb = -1;
-      in >> kb;
-      return kb * 1024;
-    }
-    std::getline(in, key);
-  }
-  return -1;
-}
-
-double host_memory_available(std::string* source) {
-  double avail = -1;
-  std::string from = "MemAvailable";
-  {
-    std::ifstream in("/proc/meminfo");
-    std::string key, unit;
-    double kb;
-    while (in >> key >> kb) {
-      std::getline(in, unit);
-      if (key == "MemAvailable:") avail = kb * 1024;
-    }
-  }
-  // A memory cgroup's limit, less what the group uses, when it is tighter. The limit files are
-  // looked for at the group's own path and at the mount root (a container sees its own group there).
-  // Usage counts the page cache, which the kernel reclaims before it kills: like container
-  // runtimes, count the inactive file pages (memory.stat) as free.
-  auto stat_value = [](const std::string& path, const char* key) {
-    std::ifstream in(path);
-    std::string k;
-    double v;
-    while (in >> k >> v)
-      if (k == key) return v;
-    return 0.0;
-  };
-  auto consider = [&](double limit, double usage, const std::string& what) {
-    if (limit <= 0 || limit > 1e18 || usage < 0) return;
-    const double left = std::max(0.0, limit - usage);
-    if (avail < 0 || left < avail) avail = left, from = what;
-  };
-  const std::string p2 = cgroup_path(true);
-  for (const std::string& dir : {"/sys/fs/cgroup" + p2, std::string("/sys/fs/cgroup")}) {
-    const double lim = read_number_file(dir + "/memory.max");
-    if (lim > 0) {
-      consider(lim, read_number_file(dir + "/memory.current") - stat_value(dir + "/memory.stat", "inactive_file"),
-               "cgroup memory.max");
-      break;
-    }
-  }
-  const std::string p1 = cgroup_path(false);
-  for (const std::string& dir : {"/sys/fs/cgroup/memory" + p1, std::string("/sys/fs/cgroup/memory")}) {
-    const double lim = read_number_file(dir + "/memory.limit_in_bytes");
-    if (lim > 0) {
-      consider(lim,
-               read_number_file(dir + "/memory.usage_in_bytes") - stat_value(dir + "/memory.stat", "total_inactive_file"),
-               "cgroup memory.limit_in_bytes");
-      break;
-    }
-  }
-  if (source) *source = from;
-  return avail;
 }
 
 }  // namespace llmpi

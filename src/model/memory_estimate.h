@@ -8,7 +8,8 @@
 //   optimizer                  AdamW: m and v, 2n floats; SGD: none. With parallel.zero 1 only this
 //                              rank's shard (about 2n/world floats: exactly its pieces of every
 //                              bucket, comm/grad_sync.h), plus one reduce-scatter receive buffer
-//   activations                one micro-batch of B sequences × T tokens, exactly the tensors
+//   activations                one micro-batch of B sequences × T tokens (B = the local batch, or
+//                              with gradient accumulation over M micro-batches ceil(local/M)), exactly the tensors
 //                              Activations::allocate lays out (model/transformer.cpp; per layer
 //                              about 12·N·C + N·(QKV + FC + F) + B·H·T² floats, N = B·T), the
 //                              device copies of the ids and the host loss row
@@ -37,6 +38,7 @@
 #include "model/model_desc.h"
 #include "model/transformer.h"
 #include "runtime/config.h"
+#include "runtime/host_memory.h"
 
 namespace llmpi {
 
@@ -46,6 +48,7 @@ struct MemoryEstimate {
   double sync_buffers = 0, checkpoint_staging = 0, data = 0;                 // host memory
   bool on_gpu = false;
   int local_batch = 0, seq_len = 0;
+  int micro_batch = 0;  // the sequences of one micro-batch (local_batch without accumulation)
   int64_t n_params = 0;
   double device_bytes() const { return on_gpu ? params + grads + optimizer + activations + scratch : 0; }
   double host_bytes() const {
@@ -54,6 +57,12 @@ struct MemoryEstimate {
   // One line: "params 3.4 MB + grads 3.4 MB + AdamW 6.7 MB + activations ... = 45.1 MB"
   std::string describe() const;
 };
+
+// The rows of the largest micro-batch when `local_batch` rows are cut into `microbatches` (as
+// evenly as they go): ceil(local_batch / microbatches).
+inline int micro_batch_rows(int local_batch, int microbatches) {
+  return microbatches > 1 ? (local_batch + microbatches - 1) / microbatches : local_batch;
+}
 
 // What one rank of this run needs: the model `desc`, `local_batch` sequences of `seq_len` tokens,
 // and the configuration's optimizer, sync method and checkpointing.
@@ -78,15 +87,5 @@ size_t activation_bytes(const ModelDesc& desc, const ModelPart& part, int B, int
 // part: Model::kept_floats (per block 2·N·C + N·fc + N·qkv floats, each rounded to 16; the
 // classifier head's pooler output gradient), in bytes.
 size_t kept_bytes(const ModelDesc& desc, const ModelPart& part, int B, int T);
-
-// Host memory this process may still use: MemAvailable (/proc/meminfo), lowered to what the
-// memory cgroup (v2 memory.max − memory.current, or v1 limit − usage) leaves. `source` says which.
-double host_memory_available(std::string* source = nullptr);
-
-// This process's peak resident set (VmHWM of /proc/self/status) in bytes; -1 when unknown.
-double peak_rss_bytes();
-
-// "1.5 GB", "350 MB"
-std::string format_bytes(double bytes);
 
 }  // namespace llmpi

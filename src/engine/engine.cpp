@@ -1,0 +1,262 @@
+// The step engine's set-up and state: chunks, slots, checkpoints by name, --init-from
+// (engine/engine.h). The step itself is in engine/engine_step.cpp.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <unordered_map>
+
+#include "backend/cuda_ops.h"
+#include "hf/hf_import.h"
+#include "pipeline/stage_layers.h"
+#include "runtime/error.h"
+#include "runtime/mpi_env.h"
+
+namespace llmpi {
+
+SyncOptions sync_options(const ParallelConfig& pc) {
+  SyncOptions so;
+  so.method = pc.sync;
+  so.bucket_mb = pc.bucket_mb;
+  so.first_bucket_mb = pc.first_bucket_mb;
+  so.overlap = pc.overlap;
+  so.poll_us = pc.poll_us;
+  so.average_every = pc.average_every;
+  so.zero = pc.zero;
+  so.bf16 = pc.grad_dtype == GradDtype::bf16;
+  return so;
+}
+
+namespace {
+
+// The layout's refusals, before anything is allocated.
+void check_layout(const Ops& ops, const ParallelGroups& g, const ParallelConfig& pc, const SyncOptions& so,
+                  int local_batch) {
+  const int M = pc.microbatches;
+  if (g.pp == 1) {
+    if (local_batch % M != 0)
+      fail("parallel.microbatches ", M, " does not divide the ", local_batch, " sequences each rank gets per step "
+           "(train.global_batch / ranks): choose microbatches dividing ", local_batch);
+    return;
+  }
+  check_schedule_params(pc.schedule, g.pp, M, pc.virtual_stages);
+  if (ops.on_gpu())  // messages are sent from backend memory; device buffers would need CUDA-aware MPI or staging
+    fail("parallel.pp_stages > 1 runs on the CPU backend only so far (activations are sent straight from backend "
+         "memory): use runtime.device \"cpu\", or parallel.pp_stages 1 on GPUs");
+  if (so.method == SyncMethod::weights)
+    fail("parallel.sync \"weights\" averages whole-model parameters and does not combine with pipeline stages: "
+         "use \"allreduce\", \"gather_scatter\" or \"nccl\" with parallel.pp_stages > 1");
+  if (local_batch % M != 0)
+    fail("parallel.microbatches ", M, " does not divide the ", local_batch, " sequences each pipeline gets per step "
+         "(train.global_batch / data-parallel replicas): choose microbatches dividing ", local_batch);
+  if (2 * g.pp * pc.virtual_stages * M >= 32767)
+    fail("parallel.microbatches ", M, " is too large for the message tags (", g.pp * pc.virtual_stages,
+         " virtual stages): use fewer micro-batches");
+}
+
+}  // namespace
+
+Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, const ParallelConfig& pc,
+               const SyncOptions& so, const EngineOptions& eo)
+    : g(groups), ops(o), desc(d), kind(groups.pp > 1 ? pc.schedule : ScheduleKind::one_f_one_b), S(groups.pp),
+      M(pc.microbatches), v(groups.pp > 1 ? pc.virtual_stages : 1), T(eo.T), seed(eo.seed), opt(eo) {
+  check_layout(ops, g, pc, so, eo.local_batch);
+  micro_batch = eo.local_batch / M;
+  layer_counts = S > 1 ? split_layers(d, T, S * v, pc.stage_layers) : std::vector<int>{d.n_layer};
+  whole_table = build_param_table(d);
+  actions = schedule_for(M);
+  const ActivationPeak peak = activation_peak(actions, v);
+  const bool tied_lm = d.head == HeadKind::lm && d.tie_embeddings;
+  chunks.resize(v);
+  for (int c = 0; c < v; c++) {
+    ModelChunk& ch = chunks[c];
+    ch.vstage = virtual_stage(S, g.stage, c);
+    ch.part = S > 1 ? virtual_stage_part(layer_counts, ch.vstage) : ModelPart::whole();
+    ch.model = std::make_unique<Model>(d, ops, ch.part, eo.precision);
+    ch.part = ch.model->part;  // its block range resolved (ModelPart::whole() says "to the last")
+    ch.model->init_params(seed);
+    ch.sync = std::make_unique<GradSync>(so, g.data, ops, ch.model->grads, ch.model->table, eo.tracer);
+    // ZeRO-1 over the stage's data-parallel group: the moments of this rank's pieces only.
+    ch.opt = std::make_unique<Optimizer>(ops, ch.model->table.numel, eo.optimizer,
+                                         so.zero ? ch.sync->shard : std::vector<ShardPiece>{});
+    ch.tied = tied_lm && (ch.part.embedding != ch.part.head);
+    ch.tied_copy = ch.tied && ch.part.head;
+    ch.ready_cap = ch.model->table.numel;
+    if (ch.tied) {
+      const ParamSlice& last = ch.model->table.slices.back();
+      if (last.role != kTokEmb) fail("internal: the tied token embedding is not the last tensor of a stage");
+      ch.ready_cap = last.offset;
+    }
+    for (int i = 0; i < std::max(1, peak.per_chunk[c]); i++) {
+      ch.slots.push_back(std::make_unique<Activations>(*ch.model, micro_batch, T));
+      if (kind == ScheduleKind::zb_h1) ch.model->reserve_input_only(*ch.slots.back());  // counted up front
+    }
+  }
+}
+
+std::vector<Action> Engine::schedule_for(int micro_batches) const {
+  return build_schedule(kind, S, micro_batches, g.stage, v);
+}
+
+void Engine::connect() {
+  for (ModelChunk& ch : chunks) ch.sync->connect();
+}
+
+int64_t Engine::optimizer_state_floats() const {
+  int64_t n = 0;
+  for (const ModelChunk& ch : chunks) n += ch.opt->sgd ? 0 : 2 * (int64_t)ch.opt->n;
+  return n;
+}
+
+std::string Engine::describe_layers() const {
+  std::string s;
+  for (const ModelChunk& ch : chunks) {
+    if (!s.empty()) s += "; ";
+    s += "virtual stage " + std::to_string(ch.vstage) + ": layers [" + std::to_string(ch.part.l0) + "," +
+         std::to_string(ch.part.l1) + ")";
+    if (ch.part.embedding) s += " + embedding";
+    if (ch.part.head) s += " + head";
+    if (ch.tied_copy) s += " (tied copy of the token embedding)";
+    char mb[32];
+    std::snprintf(mb, sizeof mb, "%.2f", ch.slots.size() * ch.slots[0]->bytes() / 1e6);
+    s += ", " + std::to_string(ch.slots.size()) + " activation slot" + (ch.slots.size() == 1 ? "" : "s") + " (" +
+         mb + " MB)";
+  }
+  return s;
+}
+
+// ---- checkpoints ---------------------------------------------------------------------------------
+
+std::vector<float> Engine::gather_whole(int which) {
+  // ZeRO-1: a chunk's moments are first assembled from its data-parallel group on replica 0.
+  std::vector<std::vector<float>> assembled(chunks.size());
+  for (size_t c = 0; which != 0 && c < chunks.size(); c++) {
+    ModelChunk& ch = chunks[c];
+    if (!ch.sync->opt.zero) continue;
+    std::vector<float> mine(ch.opt->n);
+    ops.copy_to_host(mine.data(), which == 1 ? ch.opt->m : ch.opt->v, mine.size() * sizeof(float));
+    ch.sync->gather_sharded(mine.data(), assembled[c]);  // collective over the data-parallel group
+  }
+  // The chunk's values on the host, in its table's layout.
+  auto host_copy = [&](size_t c, size_t n) {
+    std::vector<float> host(n);
+    if (!assembled[c].empty()) {
+      std::copy(assembled[c].begin(), assembled[c].begin() + n, host.begin());
+    } else {
+      const ModelChunk& ch = chunks[c];
+      ops.copy_to_host(host.data(), which == 0 ? ch.model->params : which == 1 ? ch.opt->m : ch.opt->v,
+                       n * sizeof(float));
+    }
+    return host;
+  };
+  std::vector<float> whole;
+  if (g.dp_rank != 0) return whole;
+  if (g.stage != 0) {
+    for (size_t c = 0; c < chunks.size(); c++) {
+      const std::vector<float> host = host_copy(c, chunks[c].ready_cap);  // the tied copy (last) is not sent
+      MPI_Send(host.data(), (int)host.size(), MPI_FLOAT, 0, 1000 + chunks[c].vstage, g.pipeline);
+    }
+    return whole;
+  }
+  std::unordered_map<std::string, size_t> offset_of;
+  for (const ParamSlice& s : whole_table.slices) offset_of[s.name] = s.offset;
+  whole.assign(whole_table.numel, 0.0f);
+  for (int s = 0; s < S; s++) {
+    for (int c = 0; c < v; c++) {
+      const int k = virtual_stage(S, s, c);
+      const ModelPart part = S > 1 ? virtual_stage_part(layer_counts, k) : ModelPart::whole();
+      const ParamTable t = build_param_table(desc, part);
+      std::vector<float> host;
+      if (s == 0) {
+        host = host_copy(c, t.numel);
+      } else {
+        int n = 0;
+        MPI_Status status;
+        MPI_Probe(s, 1000 + k, g.pipeline, &status);
+        MPI_Get_count(&status, MPI_FLOAT, &n);
+        host.resize(n);
+        MPI_Recv(host.data(), n, MPI_FLOAT, s, 1000 + k, g.pipeline, MPI_STATUS_IGNORE);
+      }
+      for (const ParamSlice& sl : t.slices) {
+        if (sl.offset + sl.numel > host.size()) continue;  // a tied copy, not sent
+        std::copy(host.begin() + sl.offset, host.begin() + sl.offset + sl.numel, whole.begin() + offset_of.at(sl.name));
+      }
+    }
+  }
+  return whole;
+}
+
+std::vector<float> Engine::whole_params_everywhere() {
+  std::vector<float> whole(whole_table.numel);
+  if (S == 1) {  // the chunk is the whole model, in the whole table's layout
+    ops.copy_to_host(whole.data(), chunks.front().model->params, whole.size() * sizeof(float));
+    return whole;
+  }
+  whole = gather_whole(0);
+  whole.resize(whole_table.numel);
+  MPI_Bcast(whole.data(), (int)whole.size(), MPI_FLOAT, 0, g.world);
+  return whole;
+}
+
+void Engine::load_whole(const float* params, const float* m, const float* vv, int64_t optimizer_t) {
+  std::unordered_map<std::string, size_t> offset_of;
+  for (const ParamSlice& s : whole_table.slices) offset_of[s.name] = s.offset;
+  for (ModelChunk& ch : chunks) {
+    const ParamTable& t = ch.model->table;
+    std::vector<float> host(t.numel);
+    auto load = [&](const float* src, float* dst) {
+      for (const ParamSlice& sl : t.slices) {
+        auto it = offset_of.find(sl.name);
+        if (it == offset_of.end()) fail("internal: tensor ", sl.name, " is not in the whole model");
+        std::copy(src + it->second, src + it->second + sl.numel, host.begin() + sl.offset);
+      }
+      if (dst) ops.copy_to_device(dst, host.data(), host.size() * sizeof(float));
+    };
+    load(params, ch.model->params);
+    // The moments: the chunk's layout, or with ZeRO-1 this rank's pieces of it.
+    auto load_state = [&](const float* src, float* dst) {
+      if (!ch.sync->opt.zero) return load(src, dst);
+      load(src, nullptr);
+      const std::vector<float> mine = ch.sync->pieces_of(host.data());
+      ops.copy_to_device(dst, mine.data(), mine.size() * sizeof(float));
+    };
+    if (m && ch.opt->m) load_state(m, ch.opt->m);
+    if (vv && ch.opt->v) load_state(vv, ch.opt->v);
+    ch.opt->t = optimizer_t;
+  }
+}
+
+void Engine::init_from_hf(const std::string& dir, std::vector<std::string>* notes) {
+  std::vector<std::string> mine;
+  std::string err;
+  try {
+    for (ModelChunk& ch : chunks) {
+      std::vector<float> host(ch.model->table.numel);
+      load_hf_params(dir, desc, ch.model->table, seed, host.data(), &mine);
+      ops.copy_to_device(ch.model->params, host.data(), host.size() * sizeof(float));
+    }
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  err = agree_on_error(g.world, err);
+  if (!err.empty()) fail(err);  // the same error on every rank
+  // The notes of the pipeline's stages, to its stage 0, one per line.
+  std::string text;
+  for (const std::string& n : mine) text += n + "\n";
+  int len = (int)text.size();
+  std::vector<int> lens(S), offs(S, 0);
+  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, g.pipeline);
+  for (int s = 1; s < S; s++) offs[s] = offs[s - 1] + lens[s - 1];
+  std::string all(g.stage == 0 ? offs[S - 1] + lens[S - 1] : 0, '\0');
+  MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, 0, g.pipeline);
+  if (!notes || g.world_rank != 0) return;
+  std::set<std::string> seen;
+  for (size_t b = 0, e; b < all.size(); b = e + 1) {
+    e = all.find('\n', b);
+    const std::string line = all.substr(b, e - b);
+    if (seen.insert(line).second) notes->push_back(line);
+  }
+}
+
+}  // namespace llmpi

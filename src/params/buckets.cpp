@@ -1,0 +1,52 @@
+#include "params/buckets.h"
+
+#include <algorithm>
+
+namespace llmpi {
+
+std::vector<Bucket> make_buckets(const ParamTable& t, double bucket_mb, double first_bucket_mb) {
+  // Counts stay far below INT_MAX, even multiplied by the world size for the gather buffer.
+  const size_t max_floats = (size_t)1 << 28;
+  std::vector<Bucket> out;
+  size_t i = 0;
+  while (i < t.slices.size()) {
+    Bucket b{t.slices[i].offset, t.slices[i].offset + t.slices[i].numel, i, i};
+    if (bucket_mb > 0) {
+      const double mb = out.empty() ? std::min(first_bucket_mb, bucket_mb) : bucket_mb;
+      const size_t cap = (size_t)std::min(mb * 1e6 / sizeof(float), (double)max_floats);
+      // Whole tensors are added until the bucket reaches its size; a tensor is never split.
+      while (b.end - b.begin < cap && b.last_slice + 1 < t.slices.size() &&
+             b.end - b.begin + t.slices[b.last_slice + 1].numel <= max_floats) {
+        b.last_slice++;
+        b.end += t.slices[b.last_slice].numel;
+      }
+    }
+    out.push_back(b);
+    i = b.last_slice + 1;
+  }
+  return out;
+}
+
+void piece_counts(size_t n, int world, std::vector<int>& counts, std::vector<int>& displs) {
+  counts.assign(world, 0);
+  displs.assign(world, 0);
+  const size_t base = n / world, extra = n % world;
+  size_t off = 0;
+  for (int r = 0; r < world; r++) {
+    counts[r] = (int)(base + ((size_t)r < extra ? 1 : 0));
+    displs[r] = (int)off;
+    off += counts[r];
+  }
+}
+
+std::vector<ShardPiece> shard_pieces(const std::vector<Bucket>& buckets, int world, int rank) {
+  std::vector<ShardPiece> out;
+  std::vector<int> counts, displs;
+  for (const Bucket& b : buckets) {
+    piece_counts(b.end - b.begin, world, counts, displs);
+    out.push_back({b.begin + displs[rank], b.begin + displs[rank] + counts[rank]});
+  }
+  return out;
+}
+
+}  // namespace llmpi

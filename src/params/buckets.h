@@ -1,0 +1,39 @@
+// Ranges of the flat parameter buffer (params/param_table.h) that the gradient sync and the
+// optimizer work on, as pure functions of the table:
+//
+//   Bucket      a contiguous run of whole tensors, in backward order (a prefix of the flat
+//               buffer is always final first, so a bucket is ready as one range). make_buckets
+//               cuts the table into buckets of about bucket_mb MB; the first at most
+//               first_bucket_mb (DDP's trick: the first collective can start early during
+//               backward). bucket_mb 0 = one bucket per tensor; a huge bucket_mb = one bucket.
+//   ShardPiece  ZeRO-1's cut of every bucket among the `world` ranks of a data-parallel group:
+//               piece r of n floats holds n/world floats, one more for the first n mod world
+//               ranks. Rank r owns piece r of every bucket: its optimizer state covers exactly
+//               those floats (optim/optimizer.h), and the sync reduce-scatters into them
+//               (comm/grad_sync.h).
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "params/param_table.h"
+
+namespace llmpi {
+
+struct Bucket {
+  size_t begin, end;                 // float offsets into the flat buffer, [begin, end)
+  size_t first_slice, last_slice;    // table slices it holds, inclusive
+};
+
+// Contiguous buckets over the table's slices. Every slice is in exactly one bucket; a tensor is
+// never split.
+std::vector<Bucket> make_buckets(const ParamTable& table, double bucket_mb, double first_bucket_mb);
+
+struct ShardPiece {
+  size_t begin, end;  // float offsets into the flat buffer, [begin, end)
+};
+// One piece per bucket, in bucket order (empty when a bucket has fewer floats than ranks).
+std::vector<ShardPiece> shard_pieces(const std::vector<Bucket>& buckets, int world, int rank);
+// The piece sizes and offsets (relative to the bucket's begin) of every rank, for a bucket of n.
+void piece_counts(size_t n, int world, std::vector<int>& counts, std::vector<int>& displs);
+
+}  // namespace llmpi

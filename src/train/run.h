@@ -1,0 +1,101 @@
+// Everything a training run holds, and the pieces of the run around the step loop
+// (train/trainer.cpp): set-up (train/setup.cpp), checkpoints and resume (train/checkpointing.cpp),
+// evaluation and what the run reports (train/report.cpp). Each rank holds one Run.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/sampler.h"
+#include "engine/engine.h"
+#include "metrics/metrics.h"
+#include "metrics/trace.h"
+#include "model/memory_estimate.h"
+#include "runtime/config.h"
+#include "runtime/parallel_groups.h"
+#include "runtime/watchdog.h"
+#include "train/resume_contract.h"
+#include "train/run_dir.h"
+#include "train/train_data.h"
+#include "train/trainer.h"
+
+namespace llmpi {
+
+struct Run {
+  Config cfg;                 // train.steps resolved from train.epochs
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, world = 1, threads = 1;
+  const Ops* ops = nullptr;
+  bool on_gpu = false;
+  DataSplit train_data, val_data;
+  bool has_val = false;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<ParallelGroups> groups;  // the topology: DP × PP (runtime/parallel_groups.h)
+  std::unique_ptr<Engine> engine;          // the model on this rank and its step (engine/engine.h)
+  Tracer tracer;
+  std::unique_ptr<JsonlWriter> metrics, evals;
+  std::unique_ptr<Watchdog> watchdog;
+  std::string ckpt_dir;
+  int64_t start_step = 0;
+  std::string resumed_from;                   // checkpoint path, "" when starting fresh
+  std::string data_json;                      // identity of the train and val files (stored in checkpoints)
+  RunDirClaim claim;                          // rank 0: run.dir's lock, held for the life of the run
+  std::string lineage;                        // this run's lineage id, kept across resumes
+  std::vector<ContractRow> accepted_changes;  // resume-contract changes --resume-override accepted (logged)
+  bool node_has_rank0 = false;                // rank 0 runs on this rank's node
+  MemoryEstimate memory;                      // this rank's estimate (model/memory_estimate.h)
+  std::string memory_note;                    // what the node has, for the start-up lines
+  double rss_before_model = -1;               // peak RSS before the model was allocated
+  int64_t saved_at = 0;                       // the state after this many steps is on disk (or is the start)
+  int skipped_in_a_row = 0;                   // train.on_nonfinite skip: non-finite steps since the last finite one
+};
+
+// ---- set-up (train/setup.cpp) ----
+// Everything up to the first step, collective over comm: run directory, topology, device, data,
+// memory check, the engine, --init-from, resume, logs. A problem is a CollectiveError with one
+// agreed message on every rank.
+void start_run(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o);
+
+// ---- checkpoints (train/checkpointing.cpp) ----
+// Restore parameters, optimizer state and the step from a checkpoint, after checking that it
+// belongs to this model and configuration (an Error naming the difference otherwise).
+void resume_from(Run& r, const std::string& path, const std::vector<std::string>& overrides);
+// --resume auto: rank 0 chooses the newest checkpoint of the run's lineage (run.dir/lineage) that
+// verifies (damaged ones and other runs' are skipped with a warning; another refusal stops); every
+// rank loads that file from its run.dir, and they start together or fail together (an Error on
+// every rank naming the rank that could not). No checkpoint: a fresh start. Collective over r.comm.
+void resume_auto(Run& r, const std::vector<std::string>& overrides);
+// The state after `steps_done` steps into run.dir/checkpoints; collective; every rank continues or
+// stops together (CollectiveError). Returns the path.
+std::string save_checkpoint(Run& r, int64_t steps_done);
+
+// ---- evaluation and reports (train/report.cpp) ----
+struct EvalResult {
+  float loss = 0;
+  double accuracy = -1;      // < 0: not a classifier
+  double f1 = -1, mcc = -1;  // two-label classifiers only
+  int64_t counted = 0;       // samples evaluated, over all ranks
+};
+// The validation split in global batches, in file order (train/report.cpp says how it is shared).
+EvalResult evaluate(Run& r, int64_t step);
+// Evaluates, records in res and eval.jsonl, and prints (rank 0).
+void evaluate_and_log(Run& r, int64_t step, TrainResult& res, bool print);
+// The start-up lines (rank 0): ranks and device, model, data, schedule, layout and sync, memory,
+// resume; with a pipeline every rank's topology line (collective).
+void print_start(const Run& r, const TrainOptions& o, const TrainResult& res);
+// One metrics.jsonl line and one printed line for step `step`.
+struct StepLog {
+  int64_t step = 0;
+  float loss = 0;
+  double lr = 0, grad_norm = 0, data_ms = 0, optim_ms = 0, step_ms = 0, tokens = 0;
+  bool skipped = false;
+};
+void log_step(Run& r, const StepLog& s, const StepResult& st, const TrainResult& res, bool print);
+// After the last step: summary.json, the closing line, the trace, the peak RSS of every rank
+// (collective).
+void finish_run(Run& r, TrainResult& res, const TrainOptions& o);
+
+}  // namespace llmpi
