@@ -127,9 +127,9 @@ BUILD=${BUILD:-build}
 BINS="llmpi-tests llmpi-train llmpi-prep llmpi-demo-corpus bench-gpu_gpt2"
 # The last commit whose bench-gpu_gpt2 a card verified (an H100, 2026-11-24: docs/GPU.md "Verified
 # on an H100"). --pack builds that binary once (cached in .device-baseline/, git-ignored; a full
-# CUDA build of that commit in a temporary worktree, BASELINE_MAKE_ARGS passed to its make, e.g.
-# CXX="ccache mpicxx") and packs it as bench-gpu_gpt2-verified, so every window measures its
-# baseline on its own card. Move it forward in the change that records a newer verified run.
+# CUDA build of that commit in a temporary worktree) and packs it as bench-gpu_gpt2-verified, so every window measures its
+# baseline on its own card (BASELINE_CXX, BASELINE_NVCC: the compilers for that build, e.g.
+# "ccache mpicxx"). Move it forward in the change that records a newer verified run.
 BASELINE_COMMIT=${BASELINE_COMMIT:-105e0be}
 if [ "${1:-}" = "--pack" ]; then
   SHARED=${SHARED:-../shared}
@@ -146,8 +146,11 @@ if [ "${1:-}" = "--pack" ]; then
   base=.device-baseline/$BASELINE_COMMIT/bench-gpu_gpt2
   if [ ! -x "$base" ]; then
     echo "gpu_verify: building bench-gpu_gpt2 at the verified commit $BASELINE_COMMIT (once; cached in $base)"
-    wt=$(mktemp -d) && git worktree add --detach "$wt/src" "$BASELINE_COMMIT" >/dev/null || exit 2
-    make -C "$wt/src" -j2 CUDA=1 ${BASELINE_MAKE_ARGS:-} build/bench-gpu_gpt2 >"$wt/build.log" 2>&1 ||
+    wt=$(mktemp -d) && git worktree add --quiet --detach "$wt/src" "$BASELINE_COMMIT" || exit 2
+    margs=(CUDA=1)
+    [ -z "${BASELINE_CXX:-}" ] || margs+=("CXX=$BASELINE_CXX")
+    [ -z "${BASELINE_NVCC:-}" ] || margs+=("NVCC=$BASELINE_NVCC")
+    make -C "$wt/src" -j2 "${margs[@]}" build/bench-gpu_gpt2 >"$wt/build.log" 2>&1 ||
       { tail -20 "$wt/build.log" >&2; echo "gpu_verify: the baseline build failed (log above)" >&2; exit 2; }
     mkdir -p "$(dirname "$base")" && cp "$wt/src/build/bench-gpu_gpt2" "$base"
     git worktree remove --force "$wt/src" && rm -rf "$wt"
