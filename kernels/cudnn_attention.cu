@@ -2,7 +2,7 @@
 // built with cuDNN's C++ frontend (header-only: the Makefile fetches the nvidia-cudnn-frontend
 // wheel's headers at build time) in its dynamic-loading mode: libcudnn.so.9 is opened with dlopen
 // at the first call, so no binary links it and one runs where it is absent (the path then says
-// why it is off). Unverified on a GPU.
+// why it is off). Run on an H100 (2026-11-27): docs/GPU.md "Run on an H100, 2026-11-27".
 //
 // What cuDNN computes (bf16 in and out, fp32 softmax and accumulation), mapped onto the ops'
 // contract (op_list.h flash_attention_forward/backward):
@@ -10,10 +10,10 @@
 //             strides: dims [B, heads, T, hs], strides [T W, hs, W, 1] (W = (NH + 2 NKV) hs), K and
 //             V at column offsets NH hs and (NH + NKV) hs; grouped K/V heads are cuDNN's own (NKV
 //             heads, NH a multiple).
-//   mask      causal: the top-left diagonal band (key j visible to query i when j <= i); a key
-//             padding mask: an additive bf16 bias [B, 1, 1, T] of 0 or -1e30 (finite, so a row
-//             stays finite); a batch element with no visible key at all gets the contract's out =
-//             0, lse = -inf and no gradient (cuDNN would average it uniformly).
+//   mask      causal: the top-left diagonal band (key j visible to query i when j <= i). No key
+//             padding mask: through an additive bias [B, 1, 1, T] cuDNN's forward met the contract
+//             but its backward's dQ, dK, dV were off by O(1) on an H100, so a padding mask (BERT)
+//             runs our kernels.
 //   out       cuDNN's O in bf16 [B, T, NH hs], widened to fp32 (so out holds bf16 values).
 //   lse       cuDNN's Stats, fp32 [B, NH, T, 1]: log Σ_j exp(S_ij) in natural log, the contract's.
 //   backward  out and dout rounded to bf16 (out is exact: it holds bf16 values), Stats = lse,
@@ -23,7 +23,7 @@
 // So against our bf16 kernels (backend/flash_bf16.h) the output and the gradients are each rounded
 // to bf16 once more (relative 2^-9), and cuDNN's own rounding points differ: tests compare it
 // with the CPU's bf16 emulation at bounds argued in tests/test_cuda_cudnn_attention.cpp.
-// Graphs are built once per shape (B, T, heads, hs, causal, masked) and cached; a shape cuDNN has
+// Graphs are built once per shape (B, T, heads, hs, causal) and cached; a shape cuDNN has
 // no plan for is remembered, its reason printed once, and the caller runs its own kernels.
 #include <cuda_bf16.h>
 #include <dlfcn.h>
@@ -58,40 +58,14 @@ namespace {
 
 // ---- conversions around the library call -----------------------------------------------------
 
-// visible[b] = 1 when some key of sequence b is visible under the padding mask (mask [B, T]).
-__global__ void cudnn_visible_kernel(int* __restrict__ visible, const int32_t* __restrict__ mask, int B, int T) {
-  const int b = blockIdx.x;
-  int any = 0;
-  for (int j = threadIdx.x; j < T; j += blockDim.x) any |= mask[static_cast<size_t>(b) * T + j] != 0;
-  any = __syncthreads_or(any);
-  if (threadIdx.x == 0) visible[b] = any;
+// out = O widened
+__global__ void cudnn_widen_out_kernel(float* __restrict__ out, const __nv_bfloat16* __restrict__ o, size_t n) {
+  for (size_t i = grid_first(); i < n; i += grid_stride()) out[i] = __bfloat162float(o[i]);
 }
 
-// bias[b, j] = 0 for a visible key, -1e30 for a masked one (bf16)
-__global__ void cudnn_bias_kernel(__nv_bfloat16* __restrict__ bias, const int32_t* __restrict__ mask, size_t n) {
-  for (size_t i = grid_first(); i < n; i += grid_stride())
-    bias[i] = __float2bfloat16_rn(mask[i] != 0 ? 0.0f : -1e30f);
-}
-
-// out [B, T, C] = O widened; rows of a batch element without a visible key 0 (visible null: all)
-__global__ void cudnn_widen_out_kernel(float* __restrict__ out, const __nv_bfloat16* __restrict__ o,
-                                       const int* __restrict__ visible, size_t per_batch, size_t n) {
-  for (size_t i = grid_first(); i < n; i += grid_stride())
-    out[i] = visible == nullptr || visible[i / per_batch] ? __bfloat162float(o[i]) : 0.0f;
-}
-
-// lse [B, NH, T] = -inf for a batch element without a visible key
-__global__ void cudnn_empty_lse_kernel(float* __restrict__ lse, const int* __restrict__ visible, size_t per_batch,
-                                       size_t n) {
-  for (size_t i = grid_first(); i < n; i += grid_stride())
-    if (!visible[i / per_batch]) lse[i] = -INFINITY;
-}
-
-// dqkv += widened g (both [B, T, W]); batch elements without a visible key get nothing
-__global__ void cudnn_add_grad_kernel(float* __restrict__ dqkv, const __nv_bfloat16* __restrict__ g,
-                                      const int* __restrict__ visible, size_t per_batch, size_t n) {
-  for (size_t i = grid_first(); i < n; i += grid_stride())
-    if (visible == nullptr || visible[i / per_batch]) dqkv[i] += __bfloat162float(g[i]);
+// dqkv += widened g (both [B, T, W])
+__global__ void cudnn_add_grad_kernel(float* __restrict__ dqkv, const __nv_bfloat16* __restrict__ g, size_t n) {
+  for (size_t i = grid_first(); i < n; i += grid_stride()) dqkv[i] += __bfloat162float(g[i]);
 }
 
 size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -143,15 +117,14 @@ const Loaded& loaded() {
 #if LLMPI_HAVE_CUDNN_FRONTEND
 namespace fe = cudnn_frontend;
 
-enum Uid : int64_t { kQ = 1, kK, kV, kBias, kO, kStats, kdO, kdQ, kdK, kdV };
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
 
 struct Shape {
   bool backward;
   int B, T, NH, NKV, hs;
-  bool causal, masked;
+  bool causal;
   bool operator<(const Shape& o) const {
-    return std::tie(backward, B, T, NH, NKV, hs, causal, masked) <
-           std::tie(o.backward, o.B, o.T, o.NH, o.NKV, o.hs, o.causal, o.masked);
+    return std::tie(backward, B, T, NH, NKV, hs, causal) < std::tie(o.backward, o.B, o.T, o.NH, o.NKV, o.hs, o.causal);
   }
 };
 
@@ -194,18 +167,10 @@ Plan build(const Shape& s, std::string* why) {
   auto Q = strided(*g, "Q", kQ, s.B, s.NH, s.T, s.hs, W);
   auto K = strided(*g, "K", kK, s.B, s.NKV, s.T, s.hs, W);
   auto V = strided(*g, "V", kV, s.B, s.NKV, s.T, s.hs, W);
-  std::shared_ptr<fe::graph::Tensor_attributes> bias;
-  if (s.masked)
-    bias = g->tensor(fe::graph::Tensor_attributes()
-                         .set_name("bias")
-                         .set_uid(kBias)
-                         .set_dim({s.B, 1, 1, s.T})
-                         .set_stride({s.T, s.T, s.T, 1}));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
   if (!s.backward) {
     auto opt = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(scale);
     if (s.causal) opt.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-    if (bias) opt.set_bias(bias);
     auto [O, Stats] = g->sdpa(Q, K, V, opt);
     set_strided(O, kO, s.B, s.NH, s.T, s.hs, C);
     Stats->set_output(true)
@@ -227,7 +192,6 @@ Plan build(const Shape& s, std::string* why) {
                    .set_attn_scale(scale)
                    .set_deterministic_algorithm(true);
     if (s.causal) opt.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-    if (bias) opt.set_bias(bias);
     auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opt);
     set_strided(dQ, kdQ, s.B, s.NH, s.T, s.hs, W);
     set_strided(dK, kdK, s.B, s.NKV, s.T, s.hs, W);
@@ -262,18 +226,17 @@ const Plan& plan(const Shape& s) {
   }
   if (!p.graph)
     std::fprintf(stderr,
-                 "llmpi: cuDNN attention has no plan for %s B=%d T=%d NH=%d NKV=%d hs=%d%s%s (%s); "
+                 "llmpi: cuDNN attention has no plan for %s B=%d T=%d NH=%d NKV=%d hs=%d%s (%s); "
                  "running our fused-attention kernels for it\n",
                  s.backward ? "backward" : "forward", s.B, s.T, s.NH, s.NKV, s.hs, s.causal ? " causal" : "",
-                 s.masked ? " masked" : "", why.c_str());
+                 why.c_str());
   return plans.emplace(s, std::move(p)).first->second;
 }
 
-// The scratch of one call, carved out of the kWsCudnn slot: bf16 qkv, O, dO, dqkv, the bias, the
-// visible flags and cuDNN's workspace.
+// The scratch of one call, carved out of the kWsCudnn slot: bf16 qkv, O, dO, dqkv and cuDNN's
+// workspace.
 struct Scratch {
-  __nv_bfloat16 *qkv16 = nullptr, *o16 = nullptr, *do16 = nullptr, *dqkv16 = nullptr, *bias = nullptr;
-  int* visible = nullptr;
+  __nv_bfloat16 *qkv16 = nullptr, *o16 = nullptr, *do16 = nullptr, *dqkv16 = nullptr;
   void* ws = nullptr;
 };
 
@@ -284,8 +247,6 @@ Scratch scratch(const Shape& s, int64_t ws_bytes) {
                           aligned(N * C * 2),
                           s.backward ? aligned(N * C * 2) : 0,
                           s.backward ? aligned(N * W * 2) : 0,
-                          s.masked ? aligned(N * 2) : 0,
-                          s.masked ? aligned(s.B * sizeof(int)) : 0,
                           aligned(static_cast<size_t>(ws_bytes))};
   size_t total = 0;
   for (size_t b : sizes) total += b;
@@ -293,23 +254,12 @@ Scratch scratch(const Shape& s, int64_t ws_bytes) {
   Scratch r;
   void** slots[] = {reinterpret_cast<void**>(&r.qkv16), reinterpret_cast<void**>(&r.o16),
                     reinterpret_cast<void**>(&r.do16),  reinterpret_cast<void**>(&r.dqkv16),
-                    reinterpret_cast<void**>(&r.bias),  reinterpret_cast<void**>(&r.visible), &r.ws};
-  for (int k = 0; k < 7; k++) {
+                    &r.ws};
+  for (int k = 0; k < 5; k++) {
     *slots[k] = sizes[k] ? p : nullptr;
     p += sizes[k];
   }
   return r;
-}
-
-// The inputs every call shares: qkv in bf16, and with a mask the bias and the visible flags.
-void stage_inputs(const Scratch& x, const Shape& s, const float* qkv, const int32_t* mask) {
-  const size_t N = static_cast<size_t>(s.B) * s.T, W = static_cast<size_t>(s.NH + 2 * s.NKV) * s.hs;
-  to_bf16_values(reinterpret_cast<uint16_t*>(x.qkv16), qkv, N * W);
-  if (!s.masked) return;
-  cudnn_bias_kernel<<<grid_for(N, 256), 256, 0, compute_stream()>>>(x.bias, mask, N);
-  LLMPI_LAUNCH_CHECK("cudnn_attention (bias)");
-  cudnn_visible_kernel<<<s.B, 256, 0, compute_stream()>>>(x.visible, mask, s.B, s.T);
-  LLMPI_LAUNCH_CHECK("cudnn_attention (visible)");
 }
 
 void execute(const Plan& p, std::unordered_map<int64_t, void*>& pack, void* ws, const char* what) {
@@ -336,46 +286,33 @@ bool cudnn_attention_applies(GemmPrecision prec, int NH, int NKV, int hs, float 
 }
 
 #if LLMPI_HAVE_CUDNN_FRONTEND
-bool cudnn_attention_forward(float* out, float* lse, const float* qkv, const int32_t* mask, int B, int T, int NH,
-                             int NKV, int hs, bool causal) {
-  // (causal with a padding mask: a row whose visible keys are all masked must be 0, which the bias
-  // cannot give: our kernels)
-  if (causal && mask != nullptr) return false;
-  const Shape s{false, B, T, NH, NKV, hs, causal, mask != nullptr};
+bool cudnn_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int NKV, int hs,
+                             bool causal) {
+  const Shape s{false, B, T, NH, NKV, hs, causal};
   const Plan& p = plan(s);
   if (!p.graph) return false;
   const Scratch x = scratch(s, p.workspace);
-  stage_inputs(x, s, qkv, mask);
+  const size_t W = static_cast<size_t>(NH + 2 * NKV) * hs;
+  to_bf16_values(reinterpret_cast<uint16_t*>(x.qkv16), qkv, static_cast<size_t>(B) * T * W);
   const size_t kv_off = static_cast<size_t>(NH) * hs, v_off = static_cast<size_t>(NH + NKV) * hs;
   std::unordered_map<int64_t, void*> pack = {{kQ, x.qkv16}, {kK, x.qkv16 + kv_off}, {kV, x.qkv16 + v_off},
                                              {kO, x.o16},   {kStats, lse}};
-  if (s.masked) pack[kBias] = x.bias;
   execute(p, pack, x.ws, "flash_attention_forward (cuDNN)");
   const size_t n = static_cast<size_t>(B) * T * NH * hs;
-  cudnn_widen_out_kernel<<<grid_for(n, 256), 256, 0, compute_stream()>>>(out, x.o16, x.visible,
-                                                                        static_cast<size_t>(T) * NH * hs, n);
+  cudnn_widen_out_kernel<<<grid_for(n, 256), 256, 0, compute_stream()>>>(out, x.o16, n);
   LLMPI_LAUNCH_CHECK("flash_attention_forward (cuDNN out)");
-  if (s.masked) {
-    const size_t nl = static_cast<size_t>(B) * NH * T;
-    cudnn_empty_lse_kernel<<<grid_for(nl, 256), 256, 0, compute_stream()>>>(lse, x.visible,
-                                                                           static_cast<size_t>(NH) * T, nl);
-    LLMPI_LAUNCH_CHECK("flash_attention_forward (cuDNN lse)");
-  }
   return true;
 }
 
 bool cudnn_attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv,
-                              const int32_t* mask, int B, int T, int NH, int NKV, int hs, bool causal) {
-  // (causal with a padding mask: a row whose visible keys are all masked must be 0, which the bias
-  // cannot give: our kernels)
-  if (causal && mask != nullptr) return false;
-  const Shape s{true, B, T, NH, NKV, hs, causal, mask != nullptr};
+                              int B, int T, int NH, int NKV, int hs, bool causal) {
+  const Shape s{true, B, T, NH, NKV, hs, causal};
   const Plan& p = plan(s);
   if (!p.graph) return false;
   const Scratch x = scratch(s, p.workspace);
-  stage_inputs(x, s, qkv, mask);
   const size_t N = static_cast<size_t>(B) * T, C = static_cast<size_t>(NH) * hs,
                W = static_cast<size_t>(NH + 2 * NKV) * hs;
+  to_bf16_values(reinterpret_cast<uint16_t*>(x.qkv16), qkv, N * W);
   to_bf16_values(reinterpret_cast<uint16_t*>(x.o16), out, N * C);
   to_bf16_values(reinterpret_cast<uint16_t*>(x.do16), dout, N * C);
   const size_t kv_off = static_cast<size_t>(NH) * hs, v_off = static_cast<size_t>(NH + NKV) * hs;
@@ -383,19 +320,15 @@ bool cudnn_attention_backward(float* dqkv, const float* dout, const float* out, 
       {kQ, x.qkv16},         {kK, x.qkv16 + kv_off},  {kV, x.qkv16 + v_off},  {kO, x.o16},
       {kdO, x.do16},         {kStats, const_cast<float*>(lse)}, {kdQ, x.dqkv16}, {kdK, x.dqkv16 + kv_off},
       {kdV, x.dqkv16 + v_off}};
-  if (s.masked) pack[kBias] = x.bias;
   execute(p, pack, x.ws, "flash_attention_backward (cuDNN)");
-  cudnn_add_grad_kernel<<<grid_for(N * W, 256), 256, 0, compute_stream()>>>(dqkv, x.dqkv16, x.visible,
-                                                                           static_cast<size_t>(T) * W, N * W);
+  cudnn_add_grad_kernel<<<grid_for(N * W, 256), 256, 0, compute_stream()>>>(dqkv, x.dqkv16, N * W);
   LLMPI_LAUNCH_CHECK("flash_attention_backward (cuDNN dqkv)");
   return true;
 }
 #else
-bool cudnn_attention_forward(float*, float*, const float*, const int32_t*, int, int, int, int, int, bool) {
-  return false;
-}
-bool cudnn_attention_backward(float*, const float*, const float*, const float*, const float*, const int32_t*, int,
-                              int, int, int, int, bool) {
+bool cudnn_attention_forward(float*, float*, const float*, int, int, int, int, int, bool) { return false; }
+bool cudnn_attention_backward(float*, const float*, const float*, const float*, const float*, int, int, int, int, int,
+                              bool) {
   return false;
 }
 #endif

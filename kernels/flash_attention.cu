@@ -378,8 +378,8 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const int
                              uint64_t dropout_key, GemmPrecision prec) {
   check_flash_args("flash_attention_forward", NH, NKV, hs, dropout_p);
   if (B <= 0 || T <= 0 || NH <= 0 || hs <= 0) return;
-  if (cudnn_attention_applies(prec, NH, NKV, hs, dropout_p) &&
-      cudnn_attention_forward(out, lse, qkv, mask, B, T, NH, NKV, hs, causal))
+  if (mask == nullptr && cudnn_attention_applies(prec, NH, NKV, hs, dropout_p) &&
+      cudnn_attention_forward(out, lse, qkv, B, T, NH, NKV, hs, causal))
     return;
   switch (tensor_kernel(prec, hs)) {  // bf16, tf32: tensor cores
     case TensorKernel::mma:
@@ -405,8 +405,8 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* out, 
                               uint64_t dropout_key, GemmPrecision prec) {
   check_flash_args("flash_attention_backward", NH, NKV, hs, dropout_p);
   if (B <= 0 || T <= 0 || NH <= 0 || hs <= 0) return;
-  if (cudnn_attention_applies(prec, NH, NKV, hs, dropout_p) &&
-      cudnn_attention_backward(dqkv, dout, out, lse, qkv, mask, B, T, NH, NKV, hs, causal))
+  if (mask == nullptr && cudnn_attention_applies(prec, NH, NKV, hs, dropout_p) &&
+      cudnn_attention_backward(dqkv, dout, out, lse, qkv, B, T, NH, NKV, hs, causal))
     return;
   const FlashArgs a = flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
   const size_t rows = static_cast<size_t>(B) * NH * T;

@@ -208,7 +208,10 @@ TEST(CudaPathsFallback, AttentionTileOrderAndRowDot) {
 
 // GPT-2's bf16 GELU: our kernel writing act in bf16, or cuBLASLt's GELU epilogue in fp32 then
 // converted: pre within the op tolerance, act_bf16 the bf16 rounding of a GELU that differs from
-// ours by at most cuBLASLt's 2.9e-6 (measured on an H100): each value within one bf16 step.
+// ours by at most cuBLASLt's 2.9e-6 (measured on an H100): each value within one bf16 step of
+// itself, or within 1e-5 absolute where GELU is near 0 (x well below 0: cuBLASLt's GELU gave 6.6e-11
+// where ours gave 0 or the reverse; a relative bound means nothing there, and 1e-5 is far below
+// the bf16 step of the O(1) activations).
 TEST(CudaPathsFallback, Bf16GeluOutputThroughTheEpilogueThenConverted) {
   REQUIRE_GPU();
   const int N = 40, C = 64, OC = 256;
@@ -232,5 +235,5 @@ TEST(CudaPathsFallback, Bf16GeluOutputThroughTheEpilogueThenConverted) {
   EXPECT_LT(rel(std::vector<float>(lt.begin(), lt.begin() + n), std::vector<float>(ours.begin(), ours.begin() + n)),
             1e-5);
   for (size_t k = n; k < 2 * n; k++)
-    ASSERT_LE(std::fabs(lt[k] - ours[k]), std::fabs(ours[k]) * (1.0f / 128) + 1e-30f) << "act " << k - n;
+    ASSERT_LE(std::fabs(lt[k] - ours[k]), std::fabs(ours[k]) * (1.0f / 128) + 1e-5f) << "act " << k - n;
 }

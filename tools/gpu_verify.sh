@@ -20,7 +20,7 @@
 # bench_fp32, bench_tf32, profile. Steps of quick:
 #   gpu           nvidia-smi
 #   suites        one llmpi-tests process per suite of '*Cuda*:*Cudnn*:NcclSync*' but the real shapes
-#                 (--gtest_list_tests), each under its own limit (about twice its healthy time:
+#                 and the models' loss curves (--gtest_list_tests), each under its own limit (about twice its healthy time:
 #                 SUITE_LIMIT, 60 s, or LIMIT_SUITE_<NAME>), so a hang or a fault costs one suite;
 #                 the record counts the suites and tests passed, failed, skipped, and names the
 #                 failing suites; cuDNN's attention off (LLMPI_CUDA_OFF=cudnn_attention: these hold
@@ -43,6 +43,8 @@
 #   shapes    real_shapes   llmpi-tests --gtest_filter='*CudaRealShape*' (GPT-2 124M shapes:
 #                           V = 50257, T = 1024, N = 65536 rows, 124M-element AdamW, a whole step
 #                           CPU vs GPU, bitwise repeatability)
+#             model_curves  '*CudaModel*TrainingFollows*': every family's AdamW loss curve on the GPU
+#                           against the CPU's (fp32, bf16, cuDNN's attention; about 3 minutes)
 #             (after suites and real_shapes, only when tests failed: the failing ones again
 #             with LLMPI_CUDA_SYNC_CHECK=1, step *_synccheck, with LLMPI_CUDA_EPILOGUES=0, step
 #             *_noepilogues, and with every unverified path off, LLMPI_CUDA_OFF=all, step
@@ -103,7 +105,7 @@ group_steps() {
                 "bench_bf16_b64_nocudnn peer_llmc peer_pytorch kernel_times" ;;
     rest) echo "$(group_steps shapes) $(group_steps sanitize) $(group_steps train) $(group_steps pipeline)" ;;
     tests) echo "gpu suites" ;;
-    shapes) echo "real_shapes" ;;
+    shapes) echo "real_shapes model_curves" ;;
     sanitize) echo "memcheck racecheck initcheck" ;;
     train) echo "train_cpu train_gpu train_gpu_full mpi_staging mpi_staging_zero nccl_world1 train_gpu_bf16 train_gpu_tf32" \
                 "train_cpu_bf16 train_gpu_bf16_vs_cpu mpi_bf16_sync" ;;
@@ -307,7 +309,7 @@ if wants suites; then
   for su in $suites; do
     sname="suite_$(echo "$su" | tr '/' '_')"; var="LIMIT_${sname^^}"
     export "$var=${!var:-${SUITE_LIMIT:-60}}"
-    gtest_step "$sname" 60 "$su.*"
+    gtest_step "$sname" 60 "$su.*:-*TrainingFollows*"
     nsuites=$((nsuites + 1)); cat "$WORK/$sname.out" >>"$WORK/suites.out"
     p=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$WORK/$sname.out" | tail -1)
     f=$(grep -oP '^\[  FAILED  \] \K[0-9]+(?= test)' "$WORK/$sname.out" | tail -1)
@@ -323,10 +325,14 @@ fi
 # verified: the suites that run an unverified path, with all of them off (the versions a card
 # verified, still built beside them, must still pass).
 wants verified && GTEST_ENV=LLMPI_CUDA_OFF=all gtest_step verified 150 \
-  '*CudaFlashBf16*:*CudaFlashAttention*:*CudaEpilogues*:*CudaBf16Operands*:CudaOps.SoftmaxXent*:CudaOps.*Norm*:*CudaModel*:*CudaPaths*'
+  '*CudaFlashBf16*:*CudaFlashAttention*:*CudaEpilogues*:*CudaBf16Operands*:CudaOps.SoftmaxXent*:CudaOps.*Norm*:*CudaModel*:*CudaPaths*:-*TrainingFollows*'
 # cudnn: cuDNN's attention against the CPU (the tests switch it on themselves).
 wants cudnn && GTEST_ENV=LLMPI_CUDA_OFF= gtest_step cudnn 90 '*CudnnAttention*'
 wants real_shapes && { gtest_step real_shapes 560 '*CudaRealShape*'; triage real_shapes; }
+# model_curves: every family trained a few AdamW steps on the GPU against the CPU's loss curve
+# (about 3 s a test, some 50 tests: too long for quick).
+wants model_curves && { GTEST_ENV=LLMPI_CUDA_OFF=cudnn_attention gtest_step model_curves 300 '*CudaModel*TrainingFollows*'
+                        triage model_curves; }
 
 for tool in memcheck racecheck initcheck; do
   wants $tool || continue
