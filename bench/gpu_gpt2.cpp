@@ -13,8 +13,8 @@
 // per GPU, 3 warm-up + 20 timed steps, fp32 GEMMs, attention as runtime.attention "auto" runs it
 // on a GPU (fused: kernels/flash_attention.cu, or with --precision bf16 / tf32 the tensor-core
 // kernels of kernels/flash_attention_mma.cu; full stores the B x NH x T x T probabilities per
-// layer). The report names the attention kernel that ran ("attention_kernel": flash-bf16-mma,
-// flash-tf32-mma, flash-fp32 or full-cublas-fp32). A step is what the trainer does on one rank: zero grads,
+// layer). The report names the attention kernel that ran ("attention_kernel": cudnn-sdpa-bf16,
+// flash-bf16-mma, flash-bf16-wmma, flash-tf32-mma, flash-fp32 or full-cublas-fp32). A step is what the trainer does on one rank: zero grads,
 // forward (fused softmax + cross-entropy; the LM head's backward inside it: transformer.h "Fused
 // LM head", so forward ms holds it), backward, global-norm clip at 1.0 and AdamW on every
 // parameter (weight decay on the 2-D tensors only) — the trainer's one-rank step: the clip factor
@@ -41,7 +41,9 @@
 //   Model's weight copy rounds each dense weight once per forward: about N for GPT-2, whose
 //   dense weights and tied wte are nearly all its parameters).
 // The dense layers use cuBLASLt epilogues (bias, GELU, GELU gradient, bias gradient) unless
-// LLMPI_CUDA_EPILOGUES=0 is set: run twice to compare (the JSON records "gemm_epilogues").
+// LLMPI_CUDA_EPILOGUES=0 is set: run twice to compare (the JSON records "gemm_epilogues"). The
+// unverified kernel paths (backend/cuda_ops.h "Paths") are printed and recorded ("cuda_paths",
+// "cuda_paths_off"); LLMPI_CUDA_OFF=all runs the versions a card verified.
 // Exit status: 0 measured; 2 when built without CUDA or no usable GPU (the reason is printed).
 #include <algorithm>
 #include <chrono>
@@ -242,6 +244,7 @@ int run(const Options& o) {
     Model model(desc, ops, ModelPart::whole(), o.precision);
     std::printf("dense GEMMs: %s, cuBLASLt epilogues %s (LLMPI_CUDA_EPILOGUES=0 turns them off)\n",
                 gemm_precision_name(o.precision), cuda_gemm_epilogues_enabled() ? "on" : "off");
+    std::printf("%s\n", cuda_paths_description().c_str());
     model.init_params(1234);
     Activations acts(model, B, T);
     const size_t n = model.table.numel;
@@ -354,11 +357,20 @@ int run(const Options& o) {
     std::printf("%-34s %12.2f\n", "  backend workspace, GiB", ws_b / 1073741824.0);
 
     if (!o.json.empty()) {
+      // the unverified paths (backend/cuda_ops.h "Paths"): which ran, which were off and why
+      nlohmann::json paths_json = nlohmann::json::array();
+      std::string paths_off;
+      for (const CudaPath& p : cuda_paths()) {
+        paths_json.push_back({{"name", p.name}, {"on", p.on}, {"why_off", p.why_off}});
+        if (!p.on) paths_off += (paths_off.empty() ? "" : ",") + p.name;
+      }
       nlohmann::json j = {
           {"benchmark", "gpu_gpt2"},
           {"device", dev},
           {"precision", gemm_precision_name(o.precision)},
           {"gemm_epilogues", cuda_gemm_epilogues_enabled()},
+          {"cuda_paths_off", paths_off},
+          {"cuda_paths", paths_json},
           {"card", peak ? peak->card : ""},
           {"published_peak_tflops",
            {{"fp32", peak ? peak->fp32 : 0.0}, {"tf32", peak ? peak->tf32 : 0.0},

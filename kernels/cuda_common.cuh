@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "backend/op_list.h"
 
@@ -46,6 +47,18 @@ namespace llmpi::cuda {
 void launch_check(const char* name, const char* file, int line);
 #define LLMPI_LAUNCH_CHECK(name) ::llmpi::cuda::launch_check(name, __FILE__, __LINE__)
 
+// ---- unverified paths (cuda_paths.cu; backend/cuda_ops.h "Paths") -------------------------------
+// Each kernel change no card has run yet, switched off by LLMPI_CUDA_OFF=name,... (or all): the
+// code that asks path_on(p) runs the version a card verified instead. In the order of cuda_paths.cu.
+enum class Path {
+  mma_attention, tf32_attention, attention_tile_order, rowdot_warp, softmax_row_smem, colsum_in_conversion,
+  gelu_grad_vec4, bf16_gelu_kernel, partial_sums_lanes, cudnn_attention, count
+};
+bool path_on(Path p);
+std::string set_paths_off(const std::string& list);  // replaces LLMPI_CUDA_OFF's list (tests); returns it
+// Whether libcudnn could be loaded (cudnn_attention.cu; dlopen once), else false and *why.
+bool cudnn_attention_loadable(std::string* why);
+
 // ---- shared state (memory.cu) ------------------------------------------------------------------
 cudaStream_t compute_stream();
 cublasHandle_t cublas();
@@ -57,8 +70,12 @@ cublasHandle_t cublas();
 // kWsLt: cuBLASLt's workspace and the bias-gradient vector of a BGRADB epilogue (gemm_lt.cu), one
 // fixed size (kLtSlotBytes), so it is allocated once, at the first dense layer of the first
 // forward, and never grows afterwards (in particular never inside a backward).
+// kWsAct: GPT-2's GELU output in fp32 before its bf16 conversion, when the bf16 GELU kernel's path
+// is off (matmul_gelu_forward). kWsCudnn: cuDNN attention's bf16 operands and its workspace
+// (cudnn_attention.cu).
 enum WorkspaceSlot {
-  kWsPartials = 0, kWsSortKeys, kWsSortVals, kWsSortTemp, kWsReduce, kWsFlag, kWsAttn, kWsGemm, kWsLt, kWsSlots
+  kWsPartials = 0, kWsSortKeys, kWsSortVals, kWsSortTemp, kWsReduce, kWsFlag, kWsAttn, kWsGemm, kWsLt, kWsAct,
+  kWsCudnn, kWsSlots
 };
 void* workspace(WorkspaceSlot slot, size_t bytes);
 size_t workspace_bytes();  // all slots together
@@ -164,6 +181,10 @@ void gelu_grad_multiply(float* d, const float* pre, size_t n);
 // gelu_forward into out and / or, rounded to bf16, out_bf16 (either may be null; gelu.cu; the
 // path of matmul_gelu_forward that runs no GELU epilogue)
 void gelu_forward_to(float* out, uint16_t* out_bf16, const float* inp, size_t n);
+
+// dst[i] = bf16 bits of src[i], round to nearest even (matmul.cu; bf16_copy without counting a
+// weight rounding): an activation handed to a bf16 library call (cudnn_attention.cu)
+void to_bf16_values(uint16_t* dst, const float* src, size_t n);
 
 // Column sums, deterministic: colsum[j] += Σ_n x[n, j] for x [N, M], rows ld apart (0 = M)
 // (matmul.cu).

@@ -41,7 +41,9 @@
 #include "backend/dropout_hash.h"
 #include "cuda_common.cuh"
 #include "flash_attention_args.cuh"
+#include "cudnn_attention.cuh"
 #include "flash_attention_mma.cuh"
+#include "flash_attention_wmma.cuh"
 #include "runtime/error.h"
 
 namespace llmpi::cuda {
@@ -86,8 +88,7 @@ __global__ void __launch_bounds__(kFwdRows)
   __shared__ float Ss[kFwdRows][kFwdKeys + 1];  // each thread's scores of the tile
   __shared__ int Ms[kFwdKeys];                  // key valid under the padding mask
   const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
-  // the last query tiles first (causal: the longest; blocks start in blockIdx order)
-  const int i0 = ((a.T + kFwdRows - 1) / kFwdRows - 1 - static_cast<int>(blockIdx.y)) * kFwdRows;
+  const int i0 = query_tile_start(a, kFwdRows);  // (the last tiles first: flash_attention_args.cuh)
   const int t = threadIdx.x, i = i0 + t;
   const bool row = i < a.T;
   const float* qkv_b = qkv + static_cast<size_t>(b) * a.T * a.W;
@@ -175,6 +176,23 @@ __global__ void flash_rowdot_kernel(float* __restrict__ D, const float* __restri
   }
 }
 
+// The same D with a thread per (b, h, i) walking its hs values in order (the kernel verified on an
+// H100, 2026-11-24; runs when Path::rowdot_warp is off).
+__global__ void flash_rowdot_thread_kernel(float* __restrict__ D, const float* __restrict__ dout,
+                                           const float* __restrict__ out, FlashArgs a) {
+  const size_t rows = static_cast<size_t>(a.B) * a.NH * a.T;
+  for (size_t r = grid_first(); r < rows; r += grid_stride()) {
+    const int i = static_cast<int>(r % a.T);
+    const size_t bh = r / a.T;
+    const int h = static_cast<int>(bh % a.NH);
+    const size_t b = bh / a.NH;
+    const size_t off = (b * a.T + i) * a.C + static_cast<size_t>(h) * a.hs;
+    float s = 0.0f;
+    for (int d = 0; d < a.hs; d++) s += dout[off + d] * out[off + d];
+    D[r] = s;
+  }
+}
+
 template <int HS>
 __global__ void __launch_bounds__(kBwdKeys)
     flash_dkdv_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
@@ -254,7 +272,7 @@ __global__ void __launch_bounds__(kDqRows)
   __shared__ int Ms[kDqKeys];
   __shared__ float dQs[kDqRows][HS + 1];  // thread t's row (padded)
   const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
-  const int i0 = ((a.T + kDqRows - 1) / kDqRows - 1 - static_cast<int>(blockIdx.y)) * kDqRows;  // last first
+  const int i0 = query_tile_start(a, kDqRows);
   const int t = threadIdx.x, i = i0 + t;
   const float* qkv_b = qkv + static_cast<size_t>(b) * a.T * a.W;
   const float L = i < a.T ? lse[static_cast<size_t>(bh) * a.T + i] : -INFINITY;
@@ -317,6 +335,23 @@ void check_flash_args(const char* op, int NH, int NKV, int hs, float p) {
 
 unsigned tiles(int T, int per) { return static_cast<unsigned>((T + per - 1) / per); }
 
+FlashArgs flash_args(int B, int T, int NH, int NKV, int hs, bool causal, float p, uint64_t key) {
+  FlashArgs a = make_flash_args(B, T, NH, NKV, hs, causal, p, key);
+  a.last_first = path_on(Path::attention_tile_order);
+  return a;
+}
+
+// Which tensor-core kernels run for prec and hs: the mma.sync ones (flash_attention_mma.cu), the
+// WMMA ones verified on an H100 (flash_attention_wmma.cu, bf16 only) when Path::mma_attention is
+// off, or none (the fp32 kernels here). tf32 runs the fp32 kernels when Path::tf32_attention is off.
+enum class TensorKernel { none, mma, wmma };
+TensorKernel tensor_kernel(GemmPrecision prec, int hs) {
+  if (prec == GemmPrecision::tf32 && !path_on(Path::tf32_attention)) return TensorKernel::none;
+  if (prec == GemmPrecision::bf16 && !path_on(Path::mma_attention))
+    return flash_wmma_applies(hs) ? TensorKernel::wmma : TensorKernel::none;
+  return flash_mma_applies(prec, hs) ? TensorKernel::mma : TensorKernel::none;
+}
+
 template <int HS>
 void launch_forward(float* out, float* lse, const float* qkv, const int32_t* mask,
                     const FlashArgs& a) {
@@ -343,11 +378,19 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, const int
                              uint64_t dropout_key, GemmPrecision prec) {
   check_flash_args("flash_attention_forward", NH, NKV, hs, dropout_p);
   if (B <= 0 || T <= 0 || NH <= 0 || hs <= 0) return;
-  if (flash_mma_applies(prec, hs)) {  // bf16, tf32: tensor cores (flash_attention_mma.cu)
-    flash_mma_forward(prec, out, lse, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+  if (mask == nullptr && cudnn_attention_applies(prec, NH, NKV, hs, dropout_p) &&
+      cudnn_attention_forward(out, lse, qkv, B, T, NH, NKV, hs, causal))
     return;
+  switch (tensor_kernel(prec, hs)) {  // bf16, tf32: tensor cores
+    case TensorKernel::mma:
+      flash_mma_forward(prec, out, lse, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+      return;
+    case TensorKernel::wmma:
+      flash_wmma_forward(out, lse, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+      return;
+    case TensorKernel::none: break;
   }
-  const FlashArgs a = make_flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+  const FlashArgs a = flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
   switch (head_case(hs)) {
     case 16: launch_forward<16>(out, lse, qkv, mask, a); break;
     case 32: launch_forward<32>(out, lse, qkv, mask, a); break;
@@ -362,14 +405,25 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* out, 
                               uint64_t dropout_key, GemmPrecision prec) {
   check_flash_args("flash_attention_backward", NH, NKV, hs, dropout_p);
   if (B <= 0 || T <= 0 || NH <= 0 || hs <= 0) return;
-  const FlashArgs a = make_flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+  if (mask == nullptr && cudnn_attention_applies(prec, NH, NKV, hs, dropout_p) &&
+      cudnn_attention_backward(dqkv, dout, out, lse, qkv, B, T, NH, NKV, hs, causal))
+    return;
+  const FlashArgs a = flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
   const size_t rows = static_cast<size_t>(B) * NH * T;
   float* D = static_cast<float*>(workspace(kWsAttn, rows * sizeof(float)));
-  flash_rowdot_kernel<<<grid_for(rows, kRowdotWarps), kRowdotWarps * 32, 0, compute_stream()>>>(D, dout, out, a);
+  if (path_on(Path::rowdot_warp))
+    flash_rowdot_kernel<<<grid_for(rows, kRowdotWarps), kRowdotWarps * 32, 0, compute_stream()>>>(D, dout, out, a);
+  else
+    flash_rowdot_thread_kernel<<<grid_for(rows, 256), 256, 0, compute_stream()>>>(D, dout, out, a);
   LLMPI_LAUNCH_CHECK("flash_attention_backward (D)");
-  if (flash_mma_applies(prec, hs)) {
-    flash_mma_backward(prec, dqkv, dout, lse, D, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
-    return;
+  switch (tensor_kernel(prec, hs)) {
+    case TensorKernel::mma:
+      flash_mma_backward(prec, dqkv, dout, lse, D, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+      return;
+    case TensorKernel::wmma:
+      flash_wmma_backward(dqkv, dout, lse, D, qkv, mask, B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
+      return;
+    case TensorKernel::none: break;
   }
   switch (head_case(hs)) {
     case 16: launch_backward<16>(dqkv, dout, lse, D, qkv, mask, a); break;
@@ -384,8 +438,13 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* out, 
 namespace llmpi {
 
 const char* cuda_flash_attention_kernel(GemmPrecision prec, int head_size) {
-  if (!cuda::flash_mma_applies(prec, head_size)) return "flash-fp32";
-  return prec == GemmPrecision::bf16 ? "flash-bf16-mma" : "flash-tf32-mma";
+  if (cuda::cudnn_attention_applies(prec, 1, 1, head_size, 0.0f)) return "cudnn-sdpa-bf16";
+  switch (cuda::tensor_kernel(prec, head_size)) {
+    case cuda::TensorKernel::mma: return prec == GemmPrecision::bf16 ? "flash-bf16-mma" : "flash-tf32-mma";
+    case cuda::TensorKernel::wmma: return "flash-bf16-wmma";
+    case cuda::TensorKernel::none: break;
+  }
+  return "flash-fp32";
 }
 
 }  // namespace llmpi

@@ -21,6 +21,7 @@ struct FlashArgs {
   float p;         // dropout probability (0: none)
   float inv_keep;  // 1/(1-p)
   uint64_t key;
+  bool last_first;  // the forward's and dQ's blocks take the last query tiles first (query_tile_start)
 };
 
 inline FlashArgs make_flash_args(int B, int T, int NH, int NKV, int hs, bool causal, float p, uint64_t key) {
@@ -39,7 +40,16 @@ inline FlashArgs make_flash_args(int B, int T, int NH, int NKV, int hs, bool cau
   a.p = p;
   a.inv_keep = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
   a.key = key;
+  a.last_first = true;
   return a;
+}
+
+// The first query row of this block's tile of `rows` rows (blockIdx.y counts the tiles): with
+// last_first the last tiles first, as under a causal mask they have the most keys and blocks start
+// in blockIdx order, so the longest start first and the short ones fill the grid's tail.
+__device__ __forceinline__ int query_tile_start(const FlashArgs& a, int rows) {
+  const int t = static_cast<int>(blockIdx.y);
+  return (a.last_first ? (a.T + rows - 1) / rows - 1 - t : t) * rows;
 }
 
 // Whether dropout keeps attention element (b, h, i, j) (always, without dropout).

@@ -370,9 +370,7 @@ __global__ void __launch_bounds__(kThreads)
   int* Mk = reinterpret_cast<int*>(Vt + HS * kLdT);  // [64] key valid under the padding mask
 
   const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
-  // the last query tiles first: under a causal mask they have the most keys, and blocks start
-  // in order of blockIdx, so the short ones fill the tail of the grid instead of the long ones
-  const int i0 = ((a.T + kTile - 1) / kTile - 1 - static_cast<int>(blockIdx.y)) * kTile;
+  const int i0 = query_tile_start(a, kTile);  // (the last tiles first: flash_attention_args.cuh)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rw = warp * 16;                    // the warp's first row
   const int gid = lane >> 2, tq = lane & 3;    // this lane: rows rw + gid (+ 8), columns 2 tq (+ 1) of each 8
@@ -578,9 +576,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(dq_smem<Op, HS>()))
   int* Mk = reinterpret_cast<int*>(Ds + kTile);          // [64] key valid
 
   const int bh = blockIdx.x, b = bh / a.NH, h = bh % a.NH, g = h / a.G;
-  // the last query tiles first: under a causal mask they have the most keys, and blocks start
-  // in order of blockIdx, so the short ones fill the tail of the grid instead of the long ones
-  const int i0 = ((a.T + kTile - 1) / kTile - 1 - static_cast<int>(blockIdx.y)) * kTile;
+  const int i0 = query_tile_start(a, kTile);  // (the last tiles first: flash_attention_args.cuh)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rw = warp * 16;
   const int gid = lane >> 2, tq = lane & 3;  // this lane: rows rw + gid (+ 8), keys 2 tq (+ 1) of each 8
@@ -713,6 +709,7 @@ void flash_mma_forward(GemmPrecision prec, float* out, float* lse, const float* 
                        int T, int NH, int NKV, int hs, bool causal, float dropout_p, uint64_t dropout_key) {
   FlashArgs a = make_flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
   a.c = flash_bf16_score_scale(hs);
+  a.last_first = path_on(Path::attention_tile_order);
   const int HS = kernel_case("flash_attention_forward", prec, hs);
   if (prec == GemmPrecision::bf16) forward_case<Bf16Operands>(HS, out, lse, qkv, mask, a);
   else forward_case<Tf32Operands>(HS, out, lse, qkv, mask, a);
@@ -723,6 +720,7 @@ void flash_mma_backward(GemmPrecision prec, float* dqkv, const float* dout, cons
                         float dropout_p, uint64_t dropout_key) {
   FlashArgs a = make_flash_args(B, T, NH, NKV, hs, causal, dropout_p, dropout_key);
   a.c = flash_bf16_score_scale(hs);
+  a.last_first = path_on(Path::attention_tile_order);
   const int HS = kernel_case("flash_attention_backward", prec, hs);
   if (prec == GemmPrecision::bf16) backward_case<Bf16Operands>(HS, dqkv, dout, lse, D, qkv, mask, a);
   else backward_case<Tf32Operands>(HS, dqkv, dout, lse, D, qkv, mask, a);

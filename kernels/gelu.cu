@@ -92,7 +92,7 @@ __global__ void gelu_grad_multiply_kernel(float* __restrict__ d, const float* __
 
 void gelu_grad_multiply(float* d, const float* pre, size_t n) {
   if (n == 0) return;
-  if (vec4_rows(0, {d, pre}))  // alignment only: the kernel does the n % 4 tail
+  if (path_on(Path::gelu_grad_vec4) && vec4_rows(0, {d, pre}))  // alignment only: the kernel does the n % 4 tail
     gelu_grad_multiply_kernel<4><<<grid_for(n / 4 + 1, 256), 256, 0, compute_stream()>>>(d, pre, n);
   else
     gelu_grad_multiply_kernel<1><<<grid_for(n, 256), 256, 0, compute_stream()>>>(d, pre, n);

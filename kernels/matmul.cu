@@ -135,6 +135,20 @@ __global__ void partial_sums_final_kernel(float* __restrict__ out0, float* __res
     out1[j - split] += t;
 }
 
+// The same sums with a thread per column adding the chunks in order (the kernels verified on an
+// H100, 2026-11-24, for dbias and the norms' parameters; run when Path::partial_sums_lanes is off).
+__global__ void partial_sums_serial_kernel(float* __restrict__ out0, float* __restrict__ out1, int split,
+                                           const float* __restrict__ part, int nchunks, int M) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= M) return;
+  float s = 0.0f;
+  for (int k = 0; k < nchunks; k++) s += part[static_cast<size_t>(k) * M + j];
+  if (j < split)
+    out0[j] += s;
+  else
+    out1[j - split] += s;
+}
+
 // dst[i] = bf16(src[i]), round to nearest even (backend/bf16.h is the host twin). The first
 // 4·n4 elements four at a time (16-byte loads; the host passes n4 = 0 unless src is 16-byte and
 // dst 8-byte aligned), the rest one at a time.
@@ -296,6 +310,12 @@ void sgemm_rm_batched(bool transA, bool transB, int M, int N, int K, float alpha
 void add_partial_sums(float* out0, float* out1, int split, const float* part, int nchunks, int M) {
   if (out1 == nullptr && split < M) fail("internal: add_partial_sums with columns past ", split, " and no out1");
   if (nchunks <= 0 || M <= 0) return;
+  if (!path_on(Path::partial_sums_lanes)) {
+    partial_sums_serial_kernel<<<(M + kColThreads - 1) / kColThreads, kColThreads, 0, compute_stream()>>>(
+        out0, out1, split, part, nchunks, M);
+    LLMPI_LAUNCH_CHECK("partial_sums_serial");
+    return;
+  }
   const dim3 block(kFinalCols, kFinalLanes);
   partial_sums_final_kernel<<<(M + kFinalCols - 1) / kFinalCols, block, 0, compute_stream()>>>(out0, out1, split,
                                                                                                part, nchunks, M);
@@ -327,6 +347,8 @@ static void add_column_sums_to_bf16(float* colsum, __nv_bfloat16* dst, int ldd, 
 void add_column_sums(float* colsum, const float* x, int N, int M, int ld) {
   add_column_sums_to_bf16(colsum, nullptr, 0, x, N, M, ld);
 }
+
+void to_bf16_values(uint16_t* dst, const float* src, size_t n) { to_bf16(reinterpret_cast<__nv_bfloat16*>(dst), src, n); }
 
 void bf16_copy(uint16_t* dst, const float* src, size_t n) {
   weight_roundings.fetch_add(n, std::memory_order_relaxed);
@@ -418,6 +440,25 @@ void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* 
   const GemmPrecision prec = gemm.prec;
   if (gemm.out_stride(OC) != OC) fail("internal: matmul_gelu_forward writes contiguous rows (out_ld ", gemm.out_ld, ")");
   if (N <= 0 || OC <= 0) return;
+  const size_t n = static_cast<size_t>(N) * OC;
+  if (prec == GemmPrecision::bf16 && !path_on(Path::bf16_gelu_kernel)) {
+    // The way an H100 verified (2026-11-24): act in fp32 by cuBLASLt's GELU_AUX_BIAS epilogue (or,
+    // without the epilogues, the GEMM and the fp32 GELU), then converted to bf16 if asked.
+    float* act32 = act != nullptr ? act : static_cast<float*>(workspace(kWsAct, n * sizeof(float)));
+    if (C > 0 && cuda_gemm_epilogues_enabled() && lt_gelu_ld_ok(OC) && lt_bias_ok(bias)) {
+      LtGemm g = forward_lt(LtEpilogue::gelu_aux, act32, OC, forward_operands(inp, weight, N, C, OC, gemm), bias,
+                            N, C, OC, prec);
+      g.aux = pre;
+      g.ldaux = OC;
+      lt_gemm_rm(g);
+      lt_count(LtCount::gelu_aux);
+    } else {
+      matmul_forward(pre, inp, weight, bias, N, C, OC, gemm);
+      gelu_forward_to(act32, nullptr, pre, n);
+    }
+    if (act_bf16 != nullptr) to_bf16(reinterpret_cast<__nv_bfloat16*>(act_bf16), act32, n);
+    return;
+  }
   const bool lt = cuda_gemm_epilogues_enabled() && prec != GemmPrecision::bf16;
   if (C > 0 && lt && act_bf16 == nullptr && lt_gelu_ld_ok(OC) && lt_bias_ok(bias)) {
     LtGemm g = forward_lt(LtEpilogue::gelu_aux, act, OC, forward_operands(inp, weight, N, C, OC, gemm), bias, N, C,
@@ -430,7 +471,7 @@ void matmul_gelu_forward(float* pre, float* act, const float* inp, const float* 
   }
   if (lt) lt_count(LtCount::unfused);  // bf16: by choice, not counted
   matmul_forward(pre, inp, weight, bias, N, C, OC, gemm);
-  gelu_forward_to(act, act_bf16, pre, static_cast<size_t>(N) * OC);
+  gelu_forward_to(act, act_bf16, pre, n);
 }
 
 // dpre = gelu'(pre) ⊙ (dout·W), overwritten: one cuBLASLt GEMM with the DGELU epilogue (beta = 0,
@@ -528,7 +569,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
         workspace(kWsGemm, (bf16_span(nd) + bf16_span(nw) + ni) * sizeof(__nv_bfloat16)));
     __nv_bfloat16 *dout16 = ws, *w16 = ws + bf16_span(nd), *inp16 = w16 + bf16_span(nw);
     if (!given) {
-      if (dbias != nullptr) {  // the bias gradient's column sums in the conversion's pass over dout
+      if (dbias != nullptr && path_on(Path::colsum_in_conversion)) {  // the bias gradient's column sums in the conversion's pass over dout
         add_column_sums_to_bf16(dbias, dout16, ldd, dout, N, OC, ld_in);
         lt_count(LtCount::colsum_in_conversion);
         dbias = nullptr;

@@ -211,7 +211,7 @@ template <typename G>
 void launch_softmax_xent(const float* logits, G* grad, int ld, float* losses, const int32_t* targets,
                          unsigned long long* bad, int N, int V, int row0, float grad_scale) {
   cudaStream_t s = compute_stream();
-  const size_t smem = row_kernel_smem(V);
+  const size_t smem = path_on(Path::softmax_row_smem) ? row_kernel_smem(V) : 0;
   if (smem == 0) {
     softmax_xent_kernel<G><<<N, kThreads, 0, s>>>(logits, grad, ld, losses, targets, bad, V, row0, grad_scale);
     return;

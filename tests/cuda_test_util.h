@@ -38,6 +38,21 @@ namespace llmpi::test {
                    << " GB free";                                                              \
   } while (0)
 
+// Switches the named unverified CUDA paths off (backend/cuda_ops.h "Paths") for the scope, on top
+// of LLMPI_CUDA_OFF's list ("" adds none; with replace, the list is exactly `list`: "" turns every
+// path on), and restores the list after. Tests of our kernels keep cuDNN's attention off so that
+// they test them; cuDNN's tests turn it on.
+struct ScopedCudaPathsOff {
+  std::string saved;
+  explicit ScopedCudaPathsOff(const std::string& list, bool replace = false) {
+    saved = cuda_set_paths_off("");
+    cuda_set_paths_off(replace ? list : saved + "," + list);
+  }
+  ~ScopedCudaPathsOff() { cuda_set_paths_off(saved); }
+  ScopedCudaPathsOff(const ScopedCudaPathsOff&) = delete;
+  ScopedCudaPathsOff& operator=(const ScopedCudaPathsOff&) = delete;
+};
+
 inline const Ops& gpu() { return cuda_ops(); }
 inline const Ops& cpu() { return cpu_ops(); }
 

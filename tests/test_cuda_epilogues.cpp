@@ -196,8 +196,9 @@ TEST(CudaEpilogues, MatmulGeluForwardMatchesCpu) {
         const CudaEpilogueCounts before = cuda_epilogue_counts();
         gpu().matmul_gelu_forward(gpre.f(), gact.f(), dx.f(), dw.f(), with_bias ? db.f() : nullptr, N, C, OC, prec,
                                   nullptr);
-        // bf16 takes the GEMM and our GELU kernel at every width (kernels/matmul.cu), uncounted
-        const bool lt_gelu = fused && prec != kBf16;
+        // bf16 takes the GEMM and our GELU kernel at every width (kernels/matmul.cu), uncounted;
+        // with that path off (LLMPI_CUDA_OFF=bf16_gelu_kernel), cuBLASLt's GELU epilogue as before
+        const bool lt_gelu = fused && (prec != kBf16 || !cuda_path_enabled("bf16_gelu_kernel"));
         expect_path(before, "gelu_aux", lt_gelu ? 1 : 0, where);
         expect_path(before, "unfused", fused || prec == kBf16 ? 0 : 1, where);
         const auto got_pre = gpre.get(), got_act = gact.get();
@@ -307,11 +308,12 @@ TEST(CudaEpilogues, BiasGradientSummedInTheConversionHasTheSameBits) {
     Dev alone(db0), fused(db0), fused_dx(dx0), fused_dw(dw0), plain_dx(dx0), plain_dw(dw0), ld_db(db0), ld_dx(dx0),
         ld_dw(dw0);
     const long long before = cuda_epilogue_counts().colsum_in_conversion;
+    const long long runs = cuda_path_enabled("colsum_in_conversion") ? 1 : 0;  // (LLMPI_CUDA_OFF: the two passes)
     gpu().matmul_backward(fused_dx.f(), fused_dw.f(), fused.f(), gdout.f(), dx.f(), dw.f(), N, C, OC, kBf16);
-    EXPECT_EQ(cuda_epilogue_counts().colsum_in_conversion - before, 1) << where << ": the fused pass ran";
+    EXPECT_EQ(cuda_epilogue_counts().colsum_in_conversion - before, runs) << where << ": the fused pass ran";
     gpu().matmul_backward(nullptr, nullptr, alone.f(), gdout.f(), nullptr, nullptr, N, C, OC, kBf16);
     gpu().matmul_backward(plain_dx.f(), plain_dw.f(), nullptr, gdout.f(), dx.f(), dw.f(), N, C, OC, kBf16);
-    EXPECT_EQ(cuda_epilogue_counts().colsum_in_conversion - before, 1) << where << ": only the call that converts";
+    EXPECT_EQ(cuda_epilogue_counts().colsum_in_conversion - before, runs) << where << ": only the call that converts";
     gpu().matmul_backward(ld_dx.f(), ld_dw.f(), ld_db.f(), gpadded.f(), dx.f(), dw.f(), N, C, OC, rows_ld);
     EXPECT_SAME_BITS(fused.get(), alone.get()) << where << ": dbias, fused against alone";
     EXPECT_SAME_BITS(fused_dx.get(), plain_dx.get()) << where << ": dinp";

@@ -10,6 +10,9 @@
 //   CudaFlashBf16.DiffersFromTheFp32Kernel: prec bf16, tf32 and fp32 give different results on the
 //       GPU (the tensor-core kernels ran), all close to the CPU fp32 op, and the benchmark's kernel
 //       name says which one runs.
+//   (These hold our kernels to the emulation: cuDNN's attention is switched off for them. With
+//   LLMPI_CUDA_OFF=mma_attention the bf16 cases run the verified WMMA kernels, at the same bounds.)
+//   CudnnAttention.*, CudnnAttentionFallback.*: cuDNN's attention, at the end of the file.
 //
 // Tolerances. Both sides round the same operands to bf16 the same way (round to nearest even), a
 // product of two bf16 values is exact in fp32, and every sum is fp32: what differs is the order of
@@ -110,60 +113,88 @@ double lse_error(const std::vector<float>& got, const std::vector<float>& ref, b
   return worst;
 }
 
+// The GPU op against the CPU's emulation within the bounds (out, lse, dqkv norm-wise; the same
+// -inf lse rows) and the same bits on a second run; returns the GPU's results.
+Out check_against_cpu(const FlashCase& c, GemmPrecision prec, const char* label, double out_tol, double grad_tol) {
+  const auto qkv = flash_qkv(c);
+  const auto d0 = flash_dqkv0(c);
+  const Out r = run_cpu(c, qkv, prec);
+  const Out g = run_gpu(c, qkv, prec);
+  EXPECT_TRUE(all_finite(g.out)) << "an output element was not written";
+  EXPECT_TRUE(all_finite(g.dqkv));
+  for (size_t k = 0; k < g.lse.size(); k++) EXPECT_FALSE(std::isnan(g.lse[k])) << "lse " << k << " not written";
+  bool same_inf = false;
+  const double el = lse_error(g.lse, r.lse, &same_inf);
+  const double eo = rel(g.out, r.out), eg = rel(added(g.dqkv, d0), added(r.dqkv, d0));
+  std::printf("%s %s: out %.2e, lse %.2e, dqkv %.2e\n", c.name, label, eo, el, eg);
+  EXPECT_TRUE(same_inf) << "-inf lse (no visible key) at different rows";
+  EXPECT_LT(eo, out_tol);
+  EXPECT_LT(el, kLseTol);
+  EXPECT_LT(eg, grad_tol);
+  // run to run: the same bits
+  const Out g2 = run_gpu(c, qkv, prec);
+  EXPECT_SAME_BITS(g2.out, g.out);
+  EXPECT_SAME_BITS(g2.lse, g.lse);
+  EXPECT_SAME_BITS(g2.dqkv, g.dqkv);
+  return g;
+}
+
 class CudaFlashBf16 : public ::testing::TestWithParam<FlashCase> {};
 
 }  // namespace
 
+// The tensor-core kernel bf16 runs when cuDNN's attention is off: mma.sync, or the WMMA version an
+// H100 verified when that path is switched off (LLMPI_CUDA_OFF=mma_attention or all).
+std::string bf16_kernel() { return cuda_path_enabled("mma_attention") ? "flash-bf16-mma" : "flash-bf16-wmma"; }
+
 TEST_P(CudaFlashBf16, MatchesCpuEmulation) {
   REQUIRE_GPU();
+  const ScopedCudaPathsOff our_kernels("cudnn_attention");
   const FlashCase& c = GetParam();
-  const auto qkv = flash_qkv(c);
-  const auto d0 = flash_dqkv0(c);
   for (GemmPrecision prec : {GemmPrecision::bf16, GemmPrecision::tf32}) {
     SCOPED_TRACE(gemm_precision_name(prec));
     const bool tf32 = prec == GemmPrecision::tf32;
     const std::string kernel = cuda_flash_attention_kernel(prec, c.hs);
     if (tf32 && kernel == "flash-fp32") {  // (tf32 tiles take twice bf16's shared memory)
-      std::printf("%s tf32: this card's shared memory per block is too small for the tf32 kernels at hs %d; "
-                  "they fall back to the fp32 ones (CudaFlashAttention.* checks those)\n", c.name, c.hs);
+      std::printf("%s tf32: the tf32 tensor-core path is switched off, or this card's shared memory per block is "
+                  "too small for it at hs %d: the fp32 kernels run (CudaFlashAttention.* checks those)\n", c.name,
+                  c.hs);
       continue;
     }
-    ASSERT_EQ(kernel, tf32 ? "flash-tf32-mma" : "flash-bf16-mma");
-    const Out r = run_cpu(c, qkv, prec);
-    const Out g = run_gpu(c, qkv, prec);
-    ASSERT_TRUE(all_finite(g.out)) << "an output element was not written";
-    ASSERT_TRUE(all_finite(g.dqkv));
-    for (size_t k = 0; k < g.lse.size(); k++) ASSERT_FALSE(std::isnan(g.lse[k])) << "lse " << k << " not written";
-    bool same_inf = false;
-    const double el = lse_error(g.lse, r.lse, &same_inf);
-    const double eo = rel(g.out, r.out), eg = rel(added(g.dqkv, d0), added(r.dqkv, d0));
-    std::printf("%s %s: out %.2e, lse %.2e, dqkv %.2e\n", c.name, gemm_precision_name(prec), eo, el, eg);
-    EXPECT_TRUE(same_inf) << "-inf lse (no visible key) at different rows";
-    EXPECT_LT(eo, tf32 ? kOutTolTf32 : kOutTol);
-    EXPECT_LT(el, kLseTol);
-    EXPECT_LT(eg, tf32 ? kGradTolTf32 : kGradTol);
-    // run to run: the same bits
-    const Out g2 = run_gpu(c, qkv, prec);
-    EXPECT_SAME_BITS(g2.out, g.out);
-    EXPECT_SAME_BITS(g2.lse, g.lse);
-    EXPECT_SAME_BITS(g2.dqkv, g.dqkv);
+    ASSERT_EQ(kernel, tf32 ? "flash-tf32-mma" : bf16_kernel());
+    check_against_cpu(c, prec, gemm_precision_name(prec), tf32 ? kOutTolTf32 : kOutTol, tf32 ? kGradTolTf32 : kGradTol);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaFlashBf16, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<FlashCase>& i) { return std::string(i.param.name); });
 
+// The WMMA kernels an H100 verified (2026-11-24), which run when the mma_attention path is off,
+// on the small cases at the same bounds (the simulator runs them too, in make test).
+TEST(CudaFlashBf16Wmma, VerifiedKernelsMatchCpuEmulation) {
+  REQUIRE_GPU();
+  const ScopedCudaPathsOff verified("cudnn_attention,mma_attention");
+  ASSERT_EQ(cuda_flash_attention_kernel(GemmPrecision::bf16, 64), std::string("flash-bf16-wmma"));
+  for (const FlashCase& c : kCases) {
+    if (c.T > 100) continue;  // (the simulator's WMMA stand-in is slow: the small cases)
+    SCOPED_TRACE(c.name);
+    check_against_cpu(c, GemmPrecision::bf16, "bf16 wmma", kOutTol, kGradTol);
+  }
+}
+
 TEST(CudaFlashBf16Kernel, DiffersFromTheFp32Kernel) {
   REQUIRE_GPU();
+  const ScopedCudaPathsOff our_kernels("cudnn_attention");
   const FlashCase c{"gpt2_T257", 2, 257, 12, 12, 64, true, false, 0.0f};
   EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::fp32, 64), "flash-fp32");
   // tf32 at hs 64 needs 109 KB of shared memory per block: an A100 or H100 has it, an sm_86/89
-  // card (99 KB) does not, and there tf32 falls back to the fp32 kernels
+  // card (99 KB) does not, and there tf32 falls back to the fp32 kernels (as it does with the
+  // tf32 path switched off)
   const bool tf32_mma = std::string(cuda_flash_attention_kernel(GemmPrecision::tf32, 64)) == "flash-tf32-mma";
   if (!tf32_mma) {
     EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::tf32, 64), "flash-fp32");
   }
-  EXPECT_STREQ(cuda_flash_attention_kernel(GemmPrecision::bf16, 64), "flash-bf16-mma");
+  EXPECT_EQ(cuda_flash_attention_kernel(GemmPrecision::bf16, 64), bf16_kernel());
   const auto qkv = flash_qkv(c);
   const auto d0 = flash_dqkv0(c);
   const Out f32 = run_cpu(c, qkv, GemmPrecision::fp32);
@@ -184,5 +215,85 @@ TEST(CudaFlashBf16Kernel, DiffersFromTheFp32Kernel) {
     EXPECT_LT(gte, 6e-3);
   } else {
     EXPECT_LT(et, 1e-5) << "tf32 on the fp32 kernels";
+  }
+}
+
+// ---- cuDNN's attention (kernels/cudnn_attention.cu) ------------------------------------------------
+//
+// CudnnAttention.MatchesCpuEmulation/* runs the op with cuDNN's SDPA graphs (the path switched on
+// for the test, whatever LLMPI_CUDA_OFF says) on the cases it takes — bf16, no dropout, hs a
+// multiple of 8, no padding mask — and compares it with the CPU's bf16 emulation
+// of our kernels. Skipped without a GPU, and without cuDNN ("no cuDNN: <why>": libcudnn.so.9 not
+// found, or built without the frontend headers; the CPU simulator has none).
+//
+// Bounds. cuDNN reads the same bf16 Q, K, V (our conversion), computes its softmax statistics and
+// accumulates in fp32, but rounds its output O and its gradients dQ, dK, dV to bf16 (its io type),
+// and its internal rounding points (P before P V, dS) are its own. One rounding to nearest even
+// moves an element by at most 2^-9 relative, so norm-wise by at most 1.95e-3: out is bounded at
+// 4e-3 (that, plus as much again for the internal differences, which for our kernels against the
+// emulation measured ~10x below 2e-4), dqkv at 5e-3 (the same 1.95e-3, plus 5x our kernels' 5e-4
+// for internal differences). lse is fp32 from the same rounded q, k: our kernels' 1e-5. A batch
+// element with no visible key keeps the contract (out 0, lse -inf, no gradient). The backward asks
+// for cuDNN's deterministic algorithm: two runs give the same bits (checked).
+namespace {
+
+const FlashCase kCudnnCases[] = {
+    {"gpt2_T1024", 1, 1024, 12, 12, 64, true, false, 0.0f},
+    {"gpt2_T1023_B2", 2, 1023, 4, 4, 64, true, false, 0.0f},
+    {"hs48_T67_causal_gqa", 2, 67, 4, 1, 48, true, false, 0.0f},
+    {"llama_hs128_T200_gqa", 2, 200, 4, 2, 128, true, false, 0.0f},
+};
+constexpr double kCudnnOutTol = 4e-3, kCudnnGradTol = 5e-3;
+
+#define REQUIRE_CUDNN()                                                                  \
+  do {                                                                                   \
+    for (const CudaPath& p_ : cuda_paths())                                              \
+      if (p_.name == "cudnn_attention" && !p_.on) GTEST_SKIP() << "no cuDNN: " << p_.why_off; \
+  } while (0)
+
+class CudnnAttention : public ::testing::TestWithParam<FlashCase> {};
+
+}  // namespace
+
+TEST_P(CudnnAttention, MatchesCpuEmulation) {
+  REQUIRE_GPU();
+  const ScopedCudaPathsOff cudnn_on("", true);
+  REQUIRE_CUDNN();
+  const FlashCase& c = GetParam();
+  ASSERT_STREQ(cuda_flash_attention_kernel(GemmPrecision::bf16, c.hs), "cudnn-sdpa-bf16");
+  // (and the same bits on a second run: the deterministic backward)
+  const Out g = check_against_cpu(c, GemmPrecision::bf16, "cuDNN", kCudnnOutTol, kCudnnGradTol);
+  // cuDNN ran, not our kernels: its output holds bf16 values (our kernels' is an fp32 quotient)
+  size_t not_bf16 = 0;
+  for (float v : g.out) not_bf16 += bf16_bits_to_float(float_to_bf16_bits(v)) != v;
+  EXPECT_EQ(not_bf16, 0u) << "out is not cuDNN's bf16 O (did our kernels run?)";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudnnAttention, ::testing::ValuesIn(kCudnnCases),
+                         [](const ::testing::TestParamInfo<FlashCase>& i) { return std::string(i.param.name); });
+
+// What cuDNN does not take runs our kernels, with their bits: dropout (cuDNN's own generator could
+// not give dropout_keep's mask) and a key padding mask, causal or not (cuDNN's backward through the
+// additive bias gave gradients off by O(1) on an H100 while its forward held).
+TEST(CudnnAttentionFallback, DropoutAndPaddingMasksRunOurKernels) {
+  REQUIRE_GPU();
+  for (const FlashCase& c : {FlashCase{"drop", 1, 130, 4, 2, 64, true, false, 0.1f},
+                             FlashCase{"causal_mask", 3, 67, 4, 4, 64, true, true, 0.0f},
+                             FlashCase{"gqa_T1024_bidir_mask", 3, 1024, 4, 2, 64, false, true, 0.0f},
+                             FlashCase{"T5_bidir_mask", 3, 5, 4, 4, 64, false, true, 0.0f}}) {
+    SCOPED_TRACE(c.name);
+    const auto qkv = flash_qkv(c);
+    Out with, without;
+    {
+      const ScopedCudaPathsOff cudnn_on("", true);
+      with = run_gpu(c, qkv, GemmPrecision::bf16);
+    }
+    {
+      const ScopedCudaPathsOff cudnn_off("cudnn_attention", true);
+      without = run_gpu(c, qkv, GemmPrecision::bf16);
+    }
+    EXPECT_SAME_BITS(with.out, without.out);
+    EXPECT_SAME_BITS(with.lse, without.lse);
+    EXPECT_SAME_BITS(with.dqkv, without.dqkv);
   }
 }

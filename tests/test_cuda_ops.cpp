@@ -1286,6 +1286,7 @@ TEST_P(CudaModel, AdamWTrainingFollowsCpuLossCurve) {
 // 20-step curve within the bf16-vs-fp32 tolerance, 1e-2.
 TEST_P(CudaModel, Bf16LossAndEveryGradientMatchCpuBf16) {
   REQUIRE_GPU();
+  const ScopedCudaPathsOff our_kernels("cudnn_attention");  // (the CPU emulates our attention kernels)
   const ModelCase& c = GetParam();
   const ModelDesc d = model_desc(c);
   const int B = 3, T = 32;
@@ -1323,6 +1324,17 @@ TEST_P(CudaModel, Bf16LossAndEveryGradientMatchCpuBf16) {
 
 TEST_P(CudaModel, Bf16TrainingFollowsCpuBf16LossCurve) {
   REQUIRE_GPU();
+  const ScopedCudaPathsOff our_kernels("cudnn_attention");
+  EXPECT_LT(training_curve_gap(GetParam(), GemmPrecision::bf16, 20), 1e-2);
+}
+
+// The same 20-step curve with cuDNN's attention where it applies (no dropout; kernels/
+// cudnn_attention.cu), against the CPU's emulation of our kernels: the bf16 bound, 1e-2.
+TEST_P(CudaModel, Bf16CudnnAttentionTrainingFollowsCpuBf16LossCurve) {
+  REQUIRE_GPU();
+  const ScopedCudaPathsOff cudnn_on("", true);
+  for (const CudaPath& p : cuda_paths())
+    if (p.name == "cudnn_attention" && !p.on) GTEST_SKIP() << "no cuDNN: " << p.why_off;
   EXPECT_LT(training_curve_gap(GetParam(), GemmPrecision::bf16, 20), 1e-2);
 }
 

@@ -11,18 +11,44 @@
 # which calls ../shared/device/pack.sh, or $PACK_SH, with every binary this script needs and
 # records the commit in .device/commit), else those in ${BUILD:-build}/.
 #
-# Groups (each sized to finish inside one 10-minute call of a lent machine; run them as separate
-# calls: `tests shapes`, then `sanitize`, then `train`, then `bench_bf16 bench_fp32`, then
-# `bench_tf32` if time is left):
-#   tests     gpu           nvidia-smi
-#             cuda_tests    llmpi-tests --gtest_filter='*Cuda*:NcclSync*:-*CudaRealShape*' (ops,
-#                           models, NCCL at world 1; '*Cuda*' so the parameterised suites count)
+# Two groups, each one call of a lent machine (about 10 minutes, start-up included):
+#   quick     under 6 minutes on a healthy card: nvidia-smi; every CUDA test suite in a process
+#             of its own; the unverified paths against the verified ones; cuDNN's attention; the
+#             GPT-2 124M benchmark beside its peers and the last verified binary; a short profile
+#   rest      real shapes, compute-sanitizer, the trainer against the CPU, a 2-stage pipeline
+# and smaller ones (`--list`): tests, shapes, sanitize, train, pipeline, peers, bench_bf16,
+# bench_fp32, bench_tf32, profile. Steps of quick:
+#   gpu           nvidia-smi
+#   suites        one llmpi-tests process per suite of '*Cuda*:*Cudnn*:NcclSync*' but the real shapes
+#                 and the models' loss curves (--gtest_list_tests), each under its own limit (about twice its healthy time:
+#                 SUITE_LIMIT, 60 s, or LIMIT_SUITE_<NAME>), so a hang or a fault costs one suite;
+#                 the record counts the suites and tests passed, failed, skipped, and names the
+#                 failing suites; cuDNN's attention off (LLMPI_CUDA_OFF=cudnn_attention: these hold
+#                 our kernels to the CPU; step cudnn tests cuDNN)
+#   verified      the suites that run the unverified paths (docs/GPU.md "Switches"), with every one
+#                 of them off (LLMPI_CUDA_OFF=all): the verified versions still pass
+#   cudnn         '*CudnnAttention*': cuDNN's attention against the CPU's bf16 emulation,
+#                 bitwise repeatable; a "no cuDNN" skip is a failure here, as a "no GPU" one
+#   bench_bf16_b64, bench_bf16_b64_verified, bench_bf16_b64_baseline, bench_bf16_b64_nocudnn
+#                 bench-gpu_gpt2 bf16 B = 64: as built, with LLMPI_CUDA_OFF=all, the last binary a
+#                 card verified (bench-gpu_gpt2-verified, packed by --pack), and without cuDNN
+#   peer_llmc     llm.c (.device/llmc, packed from ../shared/peers/llmc) at B = 64, its tokens/s
+#                 and MFU recomputed with our FLOPs formula (6 N + 12 L T C; llm.c's own is
+#                 6 N + 6 L T C, also recorded)
+#   peer_pytorch  bench/pytorch_gpt2_gpu.py at B = 64 (bf16 autocast, torch.compile, SDPA, fused
+#                 AdamW); `peers` has these two and the LLaMA-shaped PyTorch run
+#   kernel_times  ncu's per-kernel GPU time of a bf16 B = 8 step (the profile group's first step)
+# The other groups:
+#   tests     gpu, suites   (as in quick)
 #   shapes    real_shapes   llmpi-tests --gtest_filter='*CudaRealShape*' (GPT-2 124M shapes:
 #                           V = 50257, T = 1024, N = 65536 rows, 124M-element AdamW, a whole step
 #                           CPU vs GPU, bitwise repeatability)
-#             (after cuda_tests and real_shapes, only when tests failed: the failing ones again
-#             with LLMPI_CUDA_SYNC_CHECK=1, step *_synccheck, and with LLMPI_CUDA_EPILOGUES=0,
-#             step *_noepilogues; the log names those that pass there)
+#             model_curves  '*CudaModel*TrainingFollows*': every family's AdamW loss curve on the GPU
+#                           against the CPU's (fp32, bf16, cuDNN's attention; about 3 minutes)
+#             (after suites and real_shapes, only when tests failed: the failing ones again
+#             with LLMPI_CUDA_SYNC_CHECK=1, step *_synccheck, with LLMPI_CUDA_EPILOGUES=0, step
+#             *_noepilogues, and with every unverified path off, LLMPI_CUDA_OFF=all, step
+#             *_verified; the log names those that pass there)
 #   sanitize  memcheck, racecheck, initcheck: compute-sanitizer on the small op tests
 #                           (CudaOps.*, CudaEpilogues.*, CudaVectorAccess.*, CudaBf16Operands.*
 #                           but its model steps, CudaPaddedRows.*, the op tests of
@@ -45,6 +71,10 @@
 #                           "Precision modes" says why not tighter)
 #             mpi_bf16_sync 2 ranks, parallel.grad_dtype=bf16; the first 20 losses vs mpi_staging's
 #                           (1e-2, as bf16 GEMMs)
+#   pipeline  pipeline_1f1b  2 ranks sharing the GPU as 2 stages (1F1B, 4 micro-batches) of the
+#                           tiny GPT-2 against train_cpu's losses (1e-3), and its step time beside
+#                           train_gpu's; a trainer that refuses pipelines on CUDA is recorded as
+#                           "refused" (not a failure) with its message
 #   bench_bf16, bench_fp32, bench_tf32
 #             bench_P_bB    bench-gpu_gpt2 --precision P --batch B (B = 8, 16, 32, 64; T = 1024;
 #                           fused attention), and bench_bf16_b8_full: batch 8 with --attention full,
@@ -58,7 +88,7 @@
 #                           SM throughput in the record (both need ncu on PATH; ~1 minute)
 #
 # Every step runs under its own time limit (seconds; LIMIT_<STEP>=N overrides one), and the whole
-# run under DEADLINE (seconds, default 570): a step that would start with less than 20 s left is
+# run under DEADLINE (seconds, default 570; 345 when only quick is asked for): a step that would start with less than 20 s left is
 # recorded as not run (rc 124), so the log and the JSON are complete before a 600 s call ends.
 # OUTDIR gets two files only (a lent machine returns at most 8): gpu_verify.log (every command,
 # the last 40 lines of each step's output, all of it (up to 400 lines) for a failed step) and
@@ -67,14 +97,20 @@
 # ${TMPDIR:-/tmp}/gpu_verify-work). Exit status: the number of failed steps.
 set -uo pipefail
 
-GROUPS_ALL="tests shapes sanitize train bench_bf16 bench_fp32 bench_tf32 profile"
+GROUPS_ALL="quick rest"
+GROUPS_MORE="tests shapes sanitize train pipeline peers bench_bf16 bench_fp32 bench_tf32 profile"
 group_steps() {
   case $1 in
-    tests) echo "gpu cuda_tests" ;;
-    shapes) echo "real_shapes" ;;
+    quick) echo "gpu suites verified cudnn bench_bf16_b64 bench_bf16_b64_verified bench_bf16_b64_baseline" \
+                "bench_bf16_b64_nocudnn peer_llmc peer_pytorch kernel_times" ;;
+    rest) echo "$(group_steps shapes) $(group_steps sanitize) $(group_steps train) $(group_steps pipeline)" ;;
+    tests) echo "gpu suites" ;;
+    shapes) echo "real_shapes model_curves" ;;
     sanitize) echo "memcheck racecheck initcheck" ;;
     train) echo "train_cpu train_gpu train_gpu_full mpi_staging mpi_staging_zero nccl_world1 train_gpu_bf16 train_gpu_tf32" \
                 "train_cpu_bf16 train_gpu_bf16_vs_cpu mpi_bf16_sync" ;;
+    pipeline) echo "pipeline_1f1b" ;;
+    peers) echo "peer_llmc peer_pytorch peer_pytorch_llama" ;;
     bench_bf16|bench_fp32|bench_tf32)
       local p=${1#bench_}
       echo "bench_${p}_b8 bench_${p}_b16 bench_${p}_b32 bench_${p}_b64$([ "$p" = bf16 ] && echo " bench_bf16_b8_full bench_bf16_b64_unfused")$([ "$p" = fp32 ] && echo " bench_fp32_b8_unfused")" ;;
@@ -85,14 +121,21 @@ group_steps() {
 usage() { sed -n '2,/^[^#]/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then usage; exit 0; fi
 if [ "${1:-}" = "--list" ]; then
-  for g in $GROUPS_ALL; do echo "$g: $(group_steps "$g")"; done
+  for g in $GROUPS_ALL $GROUPS_MORE; do echo "$g: $(group_steps "$g")"; done
   exit 0
 fi
 
 BUILD=${BUILD:-build}
 BINS="llmpi-tests llmpi-train llmpi-prep llmpi-demo-corpus bench-gpu_gpt2"
+# The last commit whose bench-gpu_gpt2 a card verified (an H100, 2026-11-24: docs/GPU.md "Verified
+# on an H100"). --pack builds that binary once (cached in .device-baseline/, git-ignored; a full
+# CUDA build of that commit in a temporary worktree) and packs it as bench-gpu_gpt2-verified, so every window measures its
+# baseline on its own card (BASELINE_CXX, BASELINE_NVCC: the compilers for that build, e.g.
+# "ccache mpicxx"). Move it forward in the change that records a newer verified run.
+BASELINE_COMMIT=${BASELINE_COMMIT:-105e0be}
 if [ "${1:-}" = "--pack" ]; then
-  PACK_SH=${PACK_SH:-../shared/device/pack.sh}
+  SHARED=${SHARED:-../shared}
+  PACK_SH=${PACK_SH:-$SHARED/device/pack.sh}
   [ -x "$PACK_SH" ] || { echo "gpu_verify: no pack script at $PACK_SH (set PACK_SH=)" >&2; exit 2; }
   # Without their debug sections (objcopy --strip-debug; the symbols stay for backtraces): the
   # binaries shrink from about 210 MB to 18 MB, and the pack fits the 64 MiB a lent machine takes.
@@ -102,6 +145,20 @@ if [ "${1:-}" = "--pack" ]; then
     objcopy --strip-debug "$f" "$lean/$b" || exit 2
     paths+=("$lean/$b")
   done
+  base=.device-baseline/$BASELINE_COMMIT/bench-gpu_gpt2
+  if [ ! -x "$base" ]; then
+    echo "gpu_verify: building bench-gpu_gpt2 at the verified commit $BASELINE_COMMIT (once; cached in $base)"
+    wt=$(mktemp -d) && git worktree add --quiet --detach "$wt/src" "$BASELINE_COMMIT" || exit 2
+    margs=(CUDA=1)
+    [ -z "${BASELINE_CXX:-}" ] || margs+=("CXX=$BASELINE_CXX")
+    [ -z "${BASELINE_NVCC:-}" ] || margs+=("NVCC=$BASELINE_NVCC")
+    make -C "$wt/src" -j2 "${margs[@]}" build/bench-gpu_gpt2 >"$wt/build.log" 2>&1 ||
+      { tail -20 "$wt/build.log" >&2; echo "gpu_verify: the baseline build failed (log above)" >&2; exit 2; }
+    mkdir -p "$(dirname "$base")" && cp "$wt/src/build/bench-gpu_gpt2" "$base"
+    git worktree remove --force "$wt/src" && rm -rf "$wt"
+  fi
+  objcopy --strip-debug "$base" "$lean/bench-gpu_gpt2-verified" || exit 2
+  paths+=("$lean/bench-gpu_gpt2-verified")
   # pack.sh appends /.device/ to .git/info/exclude, which a fresh clone may not have yet.
   [ ! -d .git ] || mkdir -p .git/info
   "$PACK_SH" "${paths[@]}" || exit $?
@@ -109,7 +166,10 @@ if [ "${1:-}" = "--pack" ]; then
   rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
   [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || rev="$rev+changes"
   echo "$rev" >.device/commit
-  echo "gpu_verify: packed at commit $rev"
+  # llm.c, the speed peer (outside the project: never committed; .device/ is git-ignored)
+  if [ -x "$SHARED/peers/llmc/run.sh" ]; then cp -r "$SHARED/peers/llmc" .device/llmc && chmod -R u+w .device/llmc
+  else echo "gpu_verify: no llm.c at $SHARED/peers/llmc (set SHARED=): the peer_llmc step will say so"; fi
+  echo "gpu_verify: packed at commit $rev (baseline bench-gpu_gpt2-verified from $BASELINE_COMMIT)"
   exit 0
 fi
 [ $# -ge 1 ] || { usage >&2; exit 2; }
@@ -119,7 +179,7 @@ OUT=$1; shift
 wanted=" "
 for a in "$@"; do
   if s=$(group_steps "$a"); then wanted+="$s "
-  elif [[ " $(for g in $GROUPS_ALL; do group_steps "$g"; done | tr '\n' ' ') " == *" $a "* ]]; then wanted+="$a "
+  elif [[ " $(for g in $GROUPS_ALL $GROUPS_MORE; do group_steps "$g"; done | tr '\n' ' ') " == *" $a "* ]]; then wanted+="$a "
   else echo "gpu_verify: unknown group or step '$a' (--list shows them)" >&2; exit 2; fi
 done
 wants() { [[ "$wanted" == *" $1 "* ]]; }
@@ -133,7 +193,8 @@ JSON=$OUT/gpu_verify.json
 echo "[" >"$JSON"
 first_record=1
 failed=0
-DEADLINE=${DEADLINE:-570}
+only_quick=1; for a in "$@"; do [ "$a" = quick ] || only_quick=0; done
+DEADLINE=${DEADLINE:-$([ $only_quick = 1 ] && echo 345 || echo 570)}
 START=$(date +%s)
 
 bin() {  # the path of a program: on PATH (packed) or in $BUILD
@@ -188,39 +249,49 @@ if wants gpu; then
   record gpu $STEP_RC $STEP_SECONDS "\"card\": \"${card}\", \"commit\": \"$git_rev\""
 fi
 
-# gtest_step NAME LIMIT FILTER: the tests matching FILTER; records passed, failed and skipped counts
-# (a GPU test that skipped, "no GPU: ...", did not verify anything: the count says so).
+# gtest_step NAME LIMIT FILTER: the tests matching FILTER (GTEST_ENV: the environment, default
+# LLMPI_CUDA_OFF=cudnn_attention); records passed, failed and skipped counts (a GPU test that
+# skipped, "no GPU: ...", did not verify anything: the step fails, as does one that matched no
+# test) and sets GTEST_RC.
 gtest_step() {
-  step "$1" "$2" "$TESTS" --gtest_filter="$3" --gtest_brief=1
+  step "$1" "$2" env ${GTEST_ENV:-LLMPI_CUDA_OFF=cudnn_attention} "$TESTS" --gtest_filter="$3" --gtest_brief=1
   local passed nfail nskip
   passed=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$WORK/$1.out" | tail -1)
   nfail=$(grep -oP '^\[  FAILED  \] \K[0-9]+(?= test)' "$WORK/$1.out" | tail -1)
   nskip=$(grep -oP '^\[  SKIPPED \] \K[0-9]+' "$WORK/$1.out" | tail -1)
   # On the machine this script is for, a test that skipped for want of a GPU is a failure.
   local rc=$STEP_RC
-  if [ "$rc" = 0 ] && grep -q 'no GPU: ' "$WORK/$1.out"; then
-    rc=4; echo "   | GPU tests skipped: $(grep -m1 -o 'no GPU: .*' "$WORK/$1.out")" >>"$LOG"
+  local skip_is_failure='no GPU: '; [ "$1" = cudnn ] && skip_is_failure='no GPU: \|no cuDNN: '
+  if [ "$rc" = 0 ] && grep -q "$skip_is_failure" "$WORK/$1.out"; then
+    rc=4; echo "   | GPU tests skipped: $(grep -m1 -o "\($skip_is_failure\).*" "$WORK/$1.out")" >>"$LOG"
   fi
   local extra=""  # real_shapes: the GPT-2 124M step's largest gradient difference, CPU vs GPU
   if [ "$1" = real_shapes ]; then
     local worst; worst=$(grep -oP 'largest gradient difference: \K[0-9.e+-]+' "$WORK/$1.out" | tail -1)
     extra=", \"gpt2_step_max_grad_rel_diff\": ${worst:-null}"
   fi
+  if [ "$rc" = 0 ] && [ "${passed:-0}${nfail:-0}${nskip:-0}" = 000 ]; then
+    rc=6; echo "   | no test matched the filter" >>"$LOG"
+  fi
+  GTEST_RC=$rc
   record "$1" $rc $STEP_SECONDS "\"passed\": ${passed:-0}, \"failed\": ${nfail:-0}, \"skipped\": ${nskip:-0}$extra"
 }
-# triage SOURCE: when step SOURCE had failing tests, runs just those again twice — with
+# triage SOURCE: when step SOURCE had failing tests, runs just those again three times — with
 # LLMPI_CUDA_SYNC_CHECK=1 (a wait and an error check after every launch: an asynchronous fault is
-# reported at the op that caused it) and with LLMPI_CUDA_EPILOGUES=0 (the dense layers without
-# cuBLASLt epilogues: does that fix them?) — as steps SOURCE_synccheck and SOURCE_noepilogues,
-# each recording which of the tests pass there. Costs nothing when SOURCE passed.
+# reported at the op that caused it), with LLMPI_CUDA_EPILOGUES=0 (the dense layers without
+# cuBLASLt epilogues: does that fix them?) and with LLMPI_CUDA_OFF=all (every unverified path
+# off: is one of them at fault?) — as steps SOURCE_synccheck, SOURCE_noepilogues and
+# SOURCE_verified, each recording which of the tests pass there. Costs nothing when SOURCE passed.
 triage() {
   local names; names=$(grep -oP '^\[  FAILED  \] \K[A-Za-z0-9_/.]+(?=(,| \(|$))' "$WORK/$1.out" | sort -u | head -40)
   [ -n "$names" ] || return 0
   local filter; filter=$(echo "$names" | paste -sd: -)
   local how
-  for how in synccheck noepilogues; do
-    local env_set="LLMPI_CUDA_SYNC_CHECK=1"; [ "$how" = noepilogues ] && env_set="LLMPI_CUDA_EPILOGUES=0"
-    step "${1}_$how" 150 env "$env_set" "$TESTS" --gtest_filter="$filter" --gtest_brief=1
+  for how in synccheck noepilogues verified; do
+    local env_set="LLMPI_CUDA_SYNC_CHECK=1 LLMPI_CUDA_OFF=cudnn_attention"
+    [ "$how" = noepilogues ] && env_set="LLMPI_CUDA_EPILOGUES=0 LLMPI_CUDA_OFF=cudnn_attention"
+    [ "$how" = verified ] && env_set="LLMPI_CUDA_OFF=all"
+    step "${1}_$how" 150 env $env_set "$TESTS" --gtest_filter="$filter" --gtest_brief=1
     local still; still=$(grep -oP '^\[  FAILED  \] \K[A-Za-z0-9_/.]+(?=(,| \(|$))' "$WORK/${1}_$how.out" | sort -u)
     local passing; passing=$(comm -23 <(echo "$names") <(echo "$still") | paste -sd' ' -)
     [ -z "$passing" ] || echo "   | pass with $env_set: $passing" >>"$LOG"
@@ -228,8 +299,40 @@ triage() {
       "\"env\": \"$env_set\", \"rerun\": $(echo "$names" | wc -l), \"still_failing\": $(echo -n "$still" | grep -c .)"
   done
 }
-wants cuda_tests && { gtest_step cuda_tests 480 '*Cuda*:NcclSync*:-*CudaRealShape*'; triage cuda_tests; }
+# suites: one process per test suite, so that a hang or a fault (which poisons a CUDA process)
+# costs that suite only; the failing tests of all of them go through triage together.
+if wants suites; then
+  suites=$("$TESTS" --gtest_list_tests --gtest_filter='*Cuda*:*Cudnn*:NcclSync*:-*CudaRealShape*' 2>/dev/null |
+    grep -oP '^[A-Za-z0-9_/]+(?=\.)' | sort -u)
+  : >"$WORK/suites.out"
+  nsuites=0; bad_suites=""; tp=0; tf=0; tsk=0; t0=$(date +%s)
+  for su in $suites; do
+    sname="suite_$(echo "$su" | tr '/' '_')"; var="LIMIT_${sname^^}"
+    export "$var=${!var:-${SUITE_LIMIT:-60}}"
+    gtest_step "$sname" 60 "$su.*:-*TrainingFollows*"
+    nsuites=$((nsuites + 1)); cat "$WORK/$sname.out" >>"$WORK/suites.out"
+    p=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$WORK/$sname.out" | tail -1)
+    f=$(grep -oP '^\[  FAILED  \] \K[0-9]+(?= test)' "$WORK/$sname.out" | tail -1)
+    k=$(grep -oP '^\[  SKIPPED \] \K[0-9]+' "$WORK/$sname.out" | tail -1)
+    tp=$((tp + ${p:-0})); tf=$((tf + ${f:-0})); tsk=$((tsk + ${k:-0}))
+    [ "$GTEST_RC" = 0 ] || bad_suites+="$su "
+  done
+  failed=$((failed - $(echo -n "$bad_suites" | wc -w)))  # counted once below, not per suite
+  record suites "$([ -z "$bad_suites" ] && [ "$nsuites" -gt 0 ] && echo 0 || echo 1)" "$(( $(date +%s) - t0 ))" \
+    "\"suites\": $nsuites, \"passed\": $tp, \"failed\": $tf, \"skipped\": $tsk, \"failing_suites\": \"${bad_suites% }\""
+  triage suites
+fi
+# verified: the suites that run an unverified path, with all of them off (the versions a card
+# verified, still built beside them, must still pass).
+wants verified && GTEST_ENV=LLMPI_CUDA_OFF=all gtest_step verified 150 \
+  '*CudaFlashBf16*:*CudaFlashAttention*:*CudaEpilogues*:*CudaBf16Operands*:CudaOps.SoftmaxXent*:CudaOps.*Norm*:*CudaModel*:*CudaPaths*:-*TrainingFollows*'
+# cudnn: cuDNN's attention against the CPU (the tests switch it on themselves).
+wants cudnn && GTEST_ENV=LLMPI_CUDA_OFF= gtest_step cudnn 90 '*CudnnAttention*'
 wants real_shapes && { gtest_step real_shapes 560 '*CudaRealShape*'; triage real_shapes; }
+# model_curves: every family trained a few AdamW steps on the GPU against the CPU's loss curve
+# (about 3 s a test, some 50 tests: too long for quick).
+wants model_curves && { GTEST_ENV=LLMPI_CUDA_OFF=cudnn_attention gtest_step model_curves 300 '*CudaModel*TrainingFollows*'
+                        triage model_curves; }
 
 for tool in memcheck racecheck initcheck; do
   wants $tool || continue
@@ -276,7 +379,14 @@ train_step() {
   fi
   record "$name" "$rc" "$STEP_SECONDS" "$extra"
 }
-if [[ "$wanted" == *" train_"* ]] || [[ "$wanted" == *" mpi_"* ]] || wants nccl_world1; then
+# median_step_ms RUN: the median step_ms of a run's metrics.jsonl after its first 5 steps (null if none)
+median_step_ms() {
+  python3 -c 'import json,statistics,sys
+v=[json.loads(l).get("step_ms") for l in open(sys.argv[1]) if "\"step_ms\"" in l]
+v=[x for x in v if x is not None][5:]
+print("%.2f" % statistics.median(v) if v else "null")' "$WORK/run-$1/metrics.jsonl" 2>/dev/null || echo null
+}
+if [[ "$wanted" == *" train_"* ]] || [[ "$wanted" == *" mpi_"* ]] || wants nccl_world1 || wants pipeline_1f1b; then
   # A tiny data set and config for the trainer comparisons (byte tokens, 2 layers).
   DATA=$WORK/data
   mkdir -p "$DATA"
@@ -320,19 +430,39 @@ EOF
   wants mpi_bf16_sync && train_step mpi_bf16_sync 150 mpi_staging 1e-2 2 runtime.device=cuda parallel.sync=allreduce \
     parallel.overlap=false parallel.grad_dtype=bf16
   COMPARE_STEPS=0
+  # A 2-stage 1F1B pipeline of the same model, the 2 ranks sharing the GPU, against the CPU's
+  # losses; its step time beside the unpipelined GPU run's. Pipelines on CUDA are new: a trainer
+  # that refuses them is recorded as refused (rc 0) with its message, not as a failure.
+  if wants pipeline_1f1b; then
+    wants train_gpu || train_step train_gpu 120 train_cpu 1e-3 1 runtime.device=cuda
+    train_step pipeline_1f1b 150 train_cpu 1e-3 2 runtime.device=cuda parallel.pp_stages=2 parallel.schedule=1f1b \
+      parallel.microbatches=4
+    if [ "$STEP_RC" != 0 ] && grep -qiE 'pipeline|pp_stages' "$WORK/pipeline_1f1b.out" &&
+       grep -qiE 'refus|not (yet )?supported|only on the cpu|cpu only|runtime.device' "$WORK/pipeline_1f1b.out"; then
+      why=$(grep -iE 'pipeline|pp_stages' "$WORK/pipeline_1f1b.out" | head -1 | tr -d '"\\' | cut -c1-300)
+      failed=$((failed - 1))
+      record pipeline_1f1b_refused 0 0 "\"refused\": true, \"message\": \"$why\""
+    else
+      record pipeline_1f1b_step_time 0 0 "\"pipeline_step_ms\": $(median_step_ms pipeline_1f1b), \"unpipelined_step_ms\": $(median_step_ms train_gpu)"
+    fi
+  fi
 fi
 
-# bench_step NAME PRECISION BATCH [ATTENTION [EPILOGUES]]: bench-gpu_gpt2 (GPT-2 124M, T = 1024),
-# its JSON folded into the record; EPILOGUES off runs it with LLMPI_CUDA_EPILOGUES=0.
+# bench_step NAME PRECISION BATCH [ATTENTION [EPILOGUES [OFF [BINARY]]]]: bench-gpu_gpt2 (GPT-2 124M,
+# T = 1024), its JSON folded into the record; EPILOGUES off runs it with LLMPI_CUDA_EPILOGUES=0, OFF
+# is LLMPI_CUDA_OFF's list (default none), BINARY another bench-gpu_gpt2 (the verified baseline).
 bench_step() {
-  local name=$1 prec=$2 b=$3 att=${4:-auto} epi=${5:-on}
-  step "$name" 140 env LLMPI_CUDA_EPILOGUES=$([ "$epi" = off ] && echo 0 || echo 1) "$BENCH" --batch "$b" \
-    --precision "$prec" --attention "$att" --steps 8 --warmup 2 --json "$WORK/$name.json"
+  local name=$1 prec=$2 b=$3 att=${4:-auto} epi=${5:-on} off=${6:-} binary=${7:-$BENCH}
+  if [ ! -x "$binary" ] && ! command -v "$binary" >/dev/null 2>&1; then
+    : >"$WORK/$name.out"; record "$name" 127 0 "\"why\": \"no $binary (tools/gpu_verify.sh --pack packs it)\""; return
+  fi
+  step "$name" 140 env LLMPI_CUDA_EPILOGUES=$([ "$epi" = off ] && echo 0 || echo 1) LLMPI_CUDA_OFF="$off" "$binary" \
+    --batch "$b" --precision "$prec" --attention "$att" --steps 8 --warmup 2 --json "$WORK/$name.json"
   local fig=""
   if [ -s "$WORK/$name.json" ]; then
     fig=$(python3 -c 'import json,sys
 j=json.load(open(sys.argv[1]))
-keys=["precision","attention","attention_kernel","gemm_epilogues","batch","tokens_per_s","ms_per_step","forward_ms","backward_ms","optim_ms","achieved_tflops",
+keys=["precision","attention","attention_kernel","gemm_epilogues","cuda_paths_off","batch","tokens_per_s","ms_per_step","forward_ms","backward_ms","optim_ms","achieved_tflops",
       "gemm_tflops","lm_head_gemm","mfu_vs_measured_gemm","mfu_vs_published_bf16_peak","mfu_vs_published_own_peak",
       "peak_memory_bytes","bf16_weight_values_rounded_per_step","last_loss","device"]
 print(", ".join("\"%s\": %s" % (k, json.dumps(j.get(k))) for k in keys))' "$WORK/$name.json" 2>/dev/null ||
@@ -348,6 +478,36 @@ done
 wants bench_bf16_b8_full && bench_step bench_bf16_b8_full bf16 8 full
 wants bench_fp32_b8_unfused && bench_step bench_fp32_b8_unfused fp32 8 auto off
 wants bench_bf16_b64_unfused && bench_step bench_bf16_b64_unfused bf16 64 auto off
+wants bench_bf16_b64_verified && bench_step bench_bf16_b64_verified bf16 64 auto on all
+wants bench_bf16_b64_nocudnn && bench_step bench_bf16_b64_nocudnn bf16 64 auto on cudnn_attention
+wants bench_bf16_b64_baseline && bench_step bench_bf16_b64_baseline bf16 64 auto on "" "$(bin bench-gpu_gpt2-verified)"
+
+# The peers on the same card in the same call, GPT-2 124M at B = 64, T = 1024. One FLOPs count
+# for all: 6 N + 12 L T C with N = 124,439,808 (bench-gpu_gpt2's flops_per_token, PaLM's count);
+# llm.c prints its MFU with 6 N + 6 L T C, recorded as llmc_own_mfu beside ours.
+GPT2_FLOPS_PER_TOKEN=$((6 * 124439808 + 12 * 12 * 1024 * 768))
+if wants peer_llmc; then
+  LLMC=${LLMC:-.device/llmc}
+  if [ -x "$LLMC/run.sh" ]; then
+    step peer_llmc 150 env LLMC_WORK="$WORK/llmc" bash "$LLMC/run.sh" 64 20
+    line=$(grep -oP '^llmc: .*' "$WORK/peer_llmc.out" | tail -1)
+    tok=$(echo "$line" | grep -oP 'tokens_per_s=\K[0-9.]+'); ms=$(echo "$line" | grep -oP 'median_ms=\K[0-9.]+')
+    own=$(grep -oP '[0-9.]+(?=% bf16 MFU)' "$WORK/peer_llmc.out" | tail -1)
+    rc=$STEP_RC; [ -n "$tok" ] || rc=$((rc == 0 ? 5 : rc))
+    record peer_llmc $rc "$STEP_SECONDS" "\"batch\": 64, \"tokens_per_s\": ${tok:-null}, \"ms_per_step\": ${ms:-null}, \"achieved_tflops\": $(awk -v t="${tok:-0}" -v f=$GPT2_FLOPS_PER_TOKEN 'BEGIN{printf "%.2f", t*f/1e12}'), \"mfu_vs_published_bf16_peak\": $(awk -v t="${tok:-0}" -v f=$GPT2_FLOPS_PER_TOKEN 'BEGIN{printf "%.4f", t*f/1e12/989.4}'), \"flops_formula\": \"6 N + 12 L T C\", \"llmc_own_mfu_pct\": ${own:-null}"
+  else
+    record peer_llmc 127 0 "\"why\": \"no $LLMC/run.sh (tools/gpu_verify.sh --pack copies ../shared/peers/llmc there)\""
+  fi
+fi
+# peer_pytorch_step NAME MODEL: bench/pytorch_gpt2_gpu.py at B = 64, its JSON folded into the record
+peer_pytorch_step() {
+  step "$1" 200 python3 bench/pytorch_gpt2_gpu.py --model "$2" --batch 64 --steps 10 --warmup 3 --json "$WORK/$1.json"
+  local fig=""
+  [ -s "$WORK/$1.json" ] && fig=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(", ".join("\"%s\": %s" % (k, json.dumps(v)) for k, v in j.items()))' "$WORK/$1.json")
+  record "$1" $STEP_RC "$STEP_SECONDS" "$fig"
+}
+wants peer_pytorch && peer_pytorch_step peer_pytorch gpt2
+wants peer_pytorch_llama && peer_pytorch_step peer_pytorch_llama llama
 
 # Where a bf16 step's time goes, for the next round of kernel work (docs/PERF.md "First run on a
 # GPU" has the first such table).

@@ -36,6 +36,10 @@ bool cuda_gemm_epilogues_enabled() { return false; }
 CudaEpilogueCounts cuda_epilogue_counts() { return {}; }
 double cuda_gemm_tflops(int, int, int, int, const std::string&, int) { no_cuda("cuda_gemm_tflops"); }
 const char* cuda_flash_attention_kernel(GemmPrecision, int) { no_cuda("cuda_flash_attention_kernel"); }
+std::vector<CudaPath> cuda_paths() { return {}; }
+std::string cuda_paths_description() { return kNoCuda; }
+bool cuda_path_enabled(const std::string&) { return false; }
+std::string cuda_set_paths_off(const std::string&) { return {}; }
 void cuda_mma_probe(GemmPrecision, const float*, const float*, float*) { no_cuda("cuda_mma_probe"); }
 void cuda_round_tf32(const float*, float*, size_t) { no_cuda("cuda_round_tf32"); }
 

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "backend/ops.h"
 
@@ -82,9 +83,33 @@ CudaEpilogueCounts cuda_epilogue_counts();
 // rows padded to 50304 (model_desc.h lm_logits_row_stride).
 double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math = "fp32", int ldc = 0);
 // The kernel flash_attention_forward/backward run on the bound device for this precision and
-// head size (for benchmark reports): "flash-bf16-mma" / "flash-tf32-mma" (tensor cores,
-// kernels/flash_attention_mma.cu) or "flash-fp32" (kernels/flash_attention.cu).
+// head size, for an unmasked call without dropout (for benchmark reports): "cudnn-sdpa-bf16"
+// (cuDNN's attention, kernels/cudnn_attention.cu, where it is loaded and on; a shape cuDNN has no
+// plan for still runs ours), "flash-bf16-mma" / "flash-tf32-mma" (tensor cores,
+// kernels/flash_attention_mma.cu), "flash-bf16-wmma" (the verified WMMA kernels, with
+// mma_attention off) or "flash-fp32" (kernels/flash_attention.cu).
 const char* cuda_flash_attention_kernel(GemmPrecision prec, int head_size);
+// ---- Paths: the kernel changes no card has run yet, each one switch away from the version a
+// card verified (kernels/cuda_paths.cu; the table in docs/GPU.md). LLMPI_CUDA_OFF=name,name,... in
+// the environment (read once; "all": the verified set) switches paths off; an unknown name is an
+// Error listing the known ones. The trainer prints cuda_paths_description() in its start-up banner
+// and records cuda_paths() in summary.json; bench-gpu_gpt2 does both.
+struct CudaPath {
+  std::string name;      // e.g. "mma_attention"
+  std::string change;    // what the path does (and the commit that wrote it)
+  std::string fallback;  // what runs instead when it is off
+  bool on = false;
+  std::string why_off;   // when off: the LLMPI_CUDA_OFF list, or why it cannot run (no libcudnn)
+};
+std::vector<CudaPath> cuda_paths();
+// One line: the paths on, the paths off and why. Without CUDA: "built without CUDA".
+std::string cuda_paths_description();
+// Whether the named path is on (an unknown name is an Error). For tests that check which path ran.
+bool cuda_path_enabled(const std::string& name);
+// Replaces LLMPI_CUDA_OFF's list for the rest of the process (tests compare a path with its
+// fallback in one process); the same syntax. Returns the list it replaced.
+std::string cuda_set_paths_off(const std::string& list);
+
 // Self-tests of the tensor-core instructions the fused attention is built on (kernels/mma_sync.cuh,
 // kernels/mma_sync_probe.cu): one warp computes D [16 x 8] = A [16 x K] B [K x 8] (host buffers,
 // row-major; bf16: K = 16, the operands rounded to bf16; tf32: K = 8, rounded by cvt.rna) through

@@ -84,6 +84,7 @@ void print_device_and_model(const Run& r, const TrainResult& res) {
               p == GemmPrecision::bf16 ? " (bf16 operands, fp32 accumulation; weights, gradients, optimizer and "
                                          "other ops fp32)"
               : p == GemmPrecision::tf32 ? " (TF32 tensor-op math)" : "");
+  if (r.on_gpu) std::printf("CUDA paths: %s\n", cuda_paths_description().c_str());
   std::printf("model %s: %d layers, %d heads%s, d_model %d, ffn %d, seq_len %d, vocab %d%s: %.2fM parameters, "
               "%.1f MFLOP/token (training)\n",
               family_name(d.family), d.n_layer, d.n_head,
@@ -210,6 +211,10 @@ void finish_run(Run& r, TrainResult& res, const TrainOptions& o) {
   if (r.rank == 0 && o.write_run_dir && !res.losses.empty()) {
     // summary.json: what a run measured, for tools (llmpi-plan's check compares its projection).
     const MemoryEstimate& m = r.memory;
+    nlohmann::json cuda_paths_json = nlohmann::json::array();
+    if (r.on_gpu)
+      for (const CudaPath& c : cuda_paths())
+        cuda_paths_json.push_back({{"name", c.name}, {"on", c.on}, {"why_off", c.why_off}});
     const nlohmann::json summary = {
         {"steps_run", res.losses.size()}, {"start_step", r.start_step}, {"median_step_ms", median_step_ms},
         {"tokens_per_s_median", res.tokens_per_s_median}, {"peak_rss_bytes_per_rank", rss_all},
@@ -221,7 +226,8 @@ void finish_run(Run& r, TrainResult& res, const TrainOptions& o) {
                                    {"sync_buffers", m.sync_buffers}, {"checkpoint_staging", m.checkpoint_staging},
                                    {"data", m.data}}},
         {"checkpoints_written", !res.last_checkpoint.empty()},
-        {"optimizer_state_floats_rank0", res.optimizer_state_floats}};
+        {"optimizer_state_floats_rank0", res.optimizer_state_floats},
+        {"cuda_paths", cuda_paths_json}};
     write_file_atomic(r.cfg.run.dir + "/summary.json", summary.dump(1) + "\n");
   }
   if (print && !res.losses.empty() && !res.preempted) {

@@ -42,6 +42,8 @@ check "the CPU reference run" "[ $? = 0 ]" || exit $status
 run cuda "$SIM" 1 runtime.device=cuda
 check "runtime.device=cuda on the simulated card: 8 steps" "[ $? = 0 ] && grep -q 'device cuda: simulated H100' '$tmp/cuda.log'"
 check "... its losses within 1e-4 of the CPU's" "losses_within cpu cuda 1e-4"
+check "... the banner names the CUDA paths and summary.json records each (cuDNN's off: no cuDNN here)" \
+  "grep -q '^CUDA paths: ' '$tmp/cuda.log' && grep -A3 '\"name\": \"cudnn_attention\"' '$tmp/cuda/summary.json' | grep -q '\"on\": false'"
 run mpi "$SIM" 2 runtime.device=cuda parallel.sync=allreduce parallel.overlap=false
 check "2 ranks sharing the card, MPI_Allreduce through host staging: losses within 1e-4 of the CPU's" \
   "[ $? = 0 ] && losses_within cpu mpi 1e-4"

@@ -1,8 +1,8 @@
-// What the simulated CUDA backend (tools/cuda_cpu_sim/README.md) takes from the two .cu files it
+// What the simulated CUDA backend (tools/cuda_cpu_sim/README.md) takes from the three .cu files it
 // does not compile: gemm_lt.cu's cuBLASLt GEMMs with epilogues, here computed on the CPU to their
 // contract (cuda_common.cuh), with its counters and switch (nccl_sync.cu, NCCL, is not simulated:
 // the Makefile links src/comm/nccl_exchange.cpp built without NCCL, whose members refuse);
-// and the column-major GEMM behind include/cublas_v2.h.
+// cudnn_attention.cu's entry points, off; and the column-major GEMM behind include/cublas_v2.h.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +12,7 @@
 #include "backend/ops.h"
 #include "cublas_v2.h"
 #include "cuda_common.cuh"
+#include "cudnn_attention.cuh"
 #include "runtime/error.h"
 #include "sim_runtime.h"
 
@@ -135,6 +136,19 @@ void lt_gemm_rm(const LtGemm& g) {
       }
       c = v;
     }
+}
+
+// cudnn_attention.cu is not simulated either (cuDNN is a library of GPU kernels): the path reports
+// itself off, and flash_attention_forward/backward run our kernels.
+bool cudnn_attention_loadable(std::string* why) {
+  if (why) *why = "the CPU simulator has no cuDNN";
+  return false;
+}
+bool cudnn_attention_applies(GemmPrecision, int, int, int, float) { return false; }
+bool cudnn_attention_forward(float*, float*, const float*, int, int, int, int, int, bool) { return false; }
+bool cudnn_attention_backward(float*, const float*, const float*, const float*, const float*, int, int, int, int, int,
+                              bool) {
+  return false;
 }
 
 }  // namespace llmpi::cuda
