@@ -128,7 +128,7 @@ BENCH_SRC:= $(sort $(wildcard bench/*.cpp))
 BENCH_BINS := $(BENCH_SRC:bench/%.cpp=$(BUILD)/bench-%)
 
 binaries: $(APP_BINS) $(BUILD)/llmpi-tests $(BENCH_BINS) $(BUILD)/sim-flash_mma $(BUILD)/sim-cuda_ops $(BUILD)/sim-cuda_tests \
-          $(BUILD)/sim-llmpi-train
+          $(BUILD)/sim-llmpi-train $(BUILD)/sim-nccl_tests
 
 $(BUILD)/obj/%.o: %.cpp | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -180,12 +180,13 @@ $(BUILD)/sim-flash_mma: tools/cuda_cpu_sim/flash_mma_sim.cpp tools/cuda_cpu_sim/
 # each .cu below rewritten by rewrite_cu.pl (launches, shared arrays) and compiled with g++ against
 # the stand-in CUDA headers of tools/cuda_cpu_sim/include; sim_runtime.cpp gives the host side.
 # UBSan's alignment check stops the run at a misaligned 16- or 8-byte access, as the GPU would fault.
-SIM_CU     := $(filter-out gemm_lt nccl_sync cudnn_attention,$(basename $(notdir $(wildcard kernels/*.cu))))
+SIM_CU     := $(filter-out gemm_lt cudnn_attention,$(basename $(notdir $(wildcard kernels/*.cu))))
 SIM_CXX    := $(filter-out -std=c++17 -MMD -MP -I$(CUDA_HOME)/include,$(CXXFLAGS)) -std=c++20 -Wno-unknown-pragmas \
               -Wno-sign-compare -fno-strict-aliasing -ffp-contract=off $(SIM_FLAGS) \
               -fsanitize=alignment -fno-sanitize-recover=alignment \
               -Itools/cuda_cpu_sim/include -Itools/cuda_cpu_sim -Ikernels
-SIM_OPS_OBJ := $(SIM_CU:%=$(SIM_DIR)/ops/%.o) $(SIM_DIR)/ops/sim_runtime.o $(SIM_DIR)/ops/fiber.o $(SIM_DIR)/ops/ops_sim.o
+SIM_OPS_OBJ := $(SIM_CU:%=$(SIM_DIR)/ops/%.o) $(SIM_DIR)/ops/sim_runtime.o $(SIM_DIR)/ops/sim_nccl.o \
+               $(SIM_DIR)/ops/fiber.o $(SIM_DIR)/ops/ops_sim.o
 SIM_HEADERS := $(wildcard tools/cuda_cpu_sim/*.h tools/cuda_cpu_sim/include/*.h tools/cuda_cpu_sim/include/*.cuh \
                  tools/cuda_cpu_sim/include/cub/device/*.cuh) $(wildcard kernels/*.cuh)
 $(SIM_DIR)/ops/%.cpp: kernels/%.cu tools/cuda_cpu_sim/rewrite_cu.pl
@@ -198,14 +199,14 @@ $(SIM_DIR)/ops/%.o: tools/cuda_cpu_sim/%.cpp $(SIM_HEADERS)
 	$(CXX) $(SIM_CXX) -MMD -MP -c $< -o $@
 # (linked with the host code only: the nvcc-built kernels of libllmpi.a, or without nvcc
 # src/backend/cuda_fallback.cpp, define what the simulated files and sim_runtime.cpp define; NCCL is
-# not simulated: comm/nccl_exchange.cpp comes built without it, its NcclComm members refusing)
+# sim_nccl.cpp's, over MPI, so comm/nccl_exchange.cpp comes built with it whatever NCCL_HOME holds)
 $(SIM_DIR)/libllmpi_host.a: $(filter-out $(BUILD)/obj/src/backend/cuda_fallback.o $(BUILD)/obj/src/comm/nccl_exchange.o,$(LIB_OBJ)) \
-    $(SIM_DIR)/ops/nccl_host_without_nccl.o
+    $(SIM_DIR)/ops/nccl_exchange_with_sim_nccl.o
 	@mkdir -p $(dir $@)
 	@rm -f $@ && ar rcs $@ $^
-$(SIM_DIR)/ops/nccl_host_without_nccl.o: src/comm/nccl_exchange.cpp
+$(SIM_DIR)/ops/nccl_exchange_with_sim_nccl.o: src/comm/nccl_exchange.cpp
 	@mkdir -p $(dir $@)
-	$(CXX) $(filter-out -DLLMPI_HAVE_NCCL=1,$(CXXFLAGS)) -c $< -o $@
+	$(CXX) $(filter-out -DLLMPI_HAVE_NCCL=1,$(CXXFLAGS)) -DLLMPI_HAVE_NCCL=1 -c $< -o $@
 $(BUILD)/sim-cuda_ops: $(SIM_OPS_OBJ) $(SIM_DIR)/libllmpi_host.a
 	$(CXX) $(SIM_CXX) $^ -o $@ $(LDLIBS)
 # The CUDA unit tests (tests/test_cuda_*.cpp and the Cuda* cases beside CPU ones) on that backend.
@@ -218,6 +219,10 @@ $(BUILD)/sim-cuda_tests: $(filter-out $(SIM_DIR)/ops/ops_sim.o,$(SIM_OPS_OBJ)) $
 $(BUILD)/sim-llmpi-train: $(BUILD)/obj/src/apps/train_main.o $(filter-out $(SIM_DIR)/ops/ops_sim.o,$(SIM_OPS_OBJ)) \
     $(SIM_DIR)/libllmpi_host.a
 	$(CXX) $(SIM_CXX) $^ -o $@ $(LDLIBS)
+# The NCCL stand-in's own tests (sim_nccl.cpp's calls against MPI-made expectations), under mpiexec.
+$(BUILD)/sim-nccl_tests: $(SIM_DIR)/ops/nccl_test.o $(SIM_DIR)/ops/sim_nccl.o $(SIM_DIR)/ops/fiber.o \
+    $(BUILD)/obj/tests/main.o
+	$(CXX) $(SIM_CXX) $^ -o $@ -lgtest -lpthread $(LDLIBS)
 .SECONDARY: $(SIM_CU:%=$(SIM_DIR)/ops/%.cpp)
 
 # ---- the two quick-start commands -----------------------------------------------------------

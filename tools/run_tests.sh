@@ -5,7 +5,8 @@
 #      instead of hanging the suite: Mpi* under -n 2, MpiN4* under -n 4, MpiN6* under -n 6
 #   3. CUDA kernels run on the CPU (tools/cuda_cpu_sim): the tensor-core fused-attention kernels
 #      (bf16, tf32; build/sim-flash_mma), CUDA ops with their launchers (build/sim-cuda_ops) and
-#      the CUDA unit tests on that simulated backend, but the slowest (build/sim-cuda_tests)
+#      the CUDA unit tests on that simulated backend, but the slowest (build/sim-cuda_tests); its
+#      NCCL over MPI at 2 and 4 ranks (build/sim-nccl_tests, and sim-cuda_tests' NcclRanks.*)
 #   4. command-line checks: tests/cli/*.sh (exit codes and messages of the real programs)
 # Logs go to $BUILD/test-logs/. The last line is "llmpi tests: N passed, N failed".
 set -u
@@ -65,12 +66,13 @@ record "sim-cuda_ops (CUDA ops, kernels and launchers, against the CPU ops)" $? 
 # AdamW training curves, the flash bf16 cases at T = 1023/1024, the GPT-2 124M steps, the softmax
 # over 2^31 logits (8.6 GB), AdamW over 124M parameters and the bias gradient at 65,536 rows; and
 # by design CudaBackend.AvailabilityMatchesMachine (it expects no GPU on a machine without
-# /dev/nvidiactl) and NcclSync.* (NCCL is not simulated). The simulated cuBLAS may use every core.
-SIM_TESTS='-CudaBackend.AvailabilityMatchesMachine:NcclSync.*'
+# /dev/nvidiactl). The simulated cuBLAS may use every core. (NcclSync.* and NcclRanks.* run here
+# at one rank, NcclRanks.* again at 2 and 4 below.)
+SIM_TESTS='-CudaBackend.AvailabilityMatchesMachine'
 SIM_TESTS+=':*AdamWTrainingFollowsCpuLossCurve/*:*CudaFlashBf16.MatchesCpuEmulation/*T102*:CudaRealShape.Gpt2Small*'
 SIM_TESTS+=':CudaRealShape.SoftmaxXentBeyond2To31Logits:CudaRealShape.AdamWOverGpt2SmallParameterCount'
 SIM_TESTS+=':CudaRealShapeEpilogues.BiasGradientAt65536Rows'
-SIM_EXPECTED=178
+SIM_EXPECTED=185
 log=$LOGS/sim-cuda_tests.log
 OMP_NUM_THREADS=$(nproc) timeout --kill-after=10 900 "$BUILD/sim-cuda_tests" --gtest_filter="$SIM_TESTS" >"$log" 2>&1
 rc=$?
@@ -80,6 +82,26 @@ if [ $rc = 0 ] && [ "$n_sim" -lt $SIM_EXPECTED ]; then
   rc=1
 fi
 record "sim-cuda_tests ($n_sim CUDA unit tests on the simulated backend)" $rc "$log"
+# NCCL on the simulated cards, over MPI (tools/cuda_cpu_sim/README.md, "NCCL"): the stand-in's own
+# calls, then NcclSync and GradSync nccl against MPI's averages, each run under its time limit;
+# and ranks calling different collectives must stop the job, with every rank's call printed.
+for np in 2 4; do
+  log=$LOGS/sim-nccl_tests-n$np.log
+  timeout --kill-after=10 "$MPI_TIMEOUT" mpiexec -n $np "$BUILD/sim-nccl_tests" >"$log" 2>&1
+  record "sim-nccl_tests (-n $np: the NCCL stand-in's calls, streams and communicators)" $? "$log"
+  log=$LOGS/sim-cuda_tests-nccl-n$np.log
+  timeout --kill-after=10 "$MPI_TIMEOUT" mpiexec -n $np "$BUILD/sim-cuda_tests" --gtest_filter='NcclRanks.*' >"$log" 2>&1
+  rc=$?
+  if [ $rc = 0 ] && [ "$(grep -c '^\[       OK \]' "$log")" != 3 ]; then echo "expected 3 NcclRanks tests to pass" >>"$log"; rc=1; fi
+  record "sim-cuda_tests NcclRanks.* (-n $np: NcclSync and GradSync nccl across ranks)" $rc "$log"
+done
+log=$LOGS/sim-nccl_tests-mismatch.log
+timeout --kill-after=10 "$MPI_TIMEOUT" mpiexec -n 2 "$BUILD/sim-nccl_tests" --gtest_also_run_disabled_tests \
+  --gtest_filter='NcclStandInMismatch.*' >"$log" 2>&1
+rc=$?
+[ $rc != 0 ] && [ $rc != 124 ] && grep -q 'make different collective calls' "$log" && grep -q 'count 9' "$log" &&
+  grep -q 'count 8' "$log"
+record "sim-nccl_tests: ranks calling different collectives stop the job, both calls printed" $? "$log"
 
 echo "== command-line checks"
 for s in tests/cli/*.sh; do

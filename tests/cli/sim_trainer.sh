@@ -2,10 +2,11 @@
 # The trainer with runtime.device=cuda on the simulated card of tools/cuda_cpu_sim
 # (build/sim-llmpi-train: llmpi-train linked with the CUDA backend's own source compiled for the
 # CPU). What tools/gpu_verify.sh's `train` steps run on a GPU, on a smaller model: the losses of
-# 1 rank, 2 ranks through the MPI host staging (allreduce, gather/scatter, ZeRO-1) and bf16
-# against the CPU backend's, step by step; gradient accumulation against one batch; and the
-# configuration the GPU refuses, refused. Not a
-# GPU run (tools/cuda_cpu_sim/README.md says what the simulation cannot show).
+# 1 rank, 2 ranks through the MPI host staging (allreduce, gather/scatter, ZeRO-1), 2 ranks
+# through NCCL (the simulator's, over MPI: buckets on the communication stream during backward;
+# fp32 and bf16 gradients) and bf16 against the CPU backend's, step by step; gradient
+# accumulation against one batch; and the configuration the GPU refuses, refused. Not a GPU run
+# (tools/cuda_cpu_sim/README.md says what the simulation cannot show).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 SIM="$B/sim-llmpi-train"
@@ -37,6 +38,15 @@ losses_within() {
     "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl"
 }
 
+# several_buckets RUN: every step of the run made two collectives or more
+several_buckets() {
+  awk 'match($0, /"collectives": ?[0-9]+/) { n++; if (substr($0, RSTART + 14, RLENGTH - 14) + 0 < 2) bad = 1 }
+       END { exit !(n == 8 && !bad) }' "$tmp/$1/metrics.jsonl"
+}
+
+# bytes_sent RUN: the first step's bytes_sent
+bytes_sent() { awk 'match($0, /"bytes_sent": ?[0-9.eE+]+/) { print substr($0, RSTART + 13, RLENGTH - 13) + 0; exit }' "$tmp/$1/metrics.jsonl"; }
+
 run cpu "$B/llmpi-train" 1 runtime.device=cpu
 check "the CPU reference run" "[ $? = 0 ]" || exit $status
 run cuda "$SIM" 1 runtime.device=cuda
@@ -53,6 +63,16 @@ check "2 ranks, gather/scatter through rank 0: losses within 1e-4 of the CPU's" 
 run zero "$SIM" 2 runtime.device=cuda parallel.sync=allreduce parallel.overlap=false parallel.zero=1
 check "2 ranks, ZeRO-1 (reduce-scatter, all-gather): losses within 1e-5 of the allreduce run's" \
   "[ $? = 0 ] && losses_within mpi zero 1e-5"
+run nccl "$SIM" 2 runtime.device=cuda parallel.sync=nccl parallel.bucket_mb=0.02
+check "2 ranks, parallel.sync=nccl (buckets during backward): losses within 1e-4 of the CPU's" \
+  "[ $? = 0 ] && losses_within cpu nccl 1e-4 && grep -q '^sync: nccl' '$tmp/nccl.log' && several_buckets nccl"
+check "... and equal to the MPI allreduce run's (at 2 ranks an average has one rounding)" "losses_within mpi nccl 0"
+run cpu_gbf16 "$B/llmpi-train" 2 runtime.device=cpu parallel.sync=allreduce parallel.grad_dtype=bf16 &&
+  run nccl_gbf16 "$SIM" 2 runtime.device=cuda parallel.sync=nccl parallel.bucket_mb=0.02 parallel.grad_dtype=bf16
+check "2 ranks, nccl with bf16 gradients: losses within 1e-4 of the CPU's allreduce with bf16 gradients" \
+  "[ $? = 0 ] && losses_within cpu_gbf16 nccl_gbf16 1e-4 && several_buckets nccl_gbf16"
+check "... sending half the bytes of the fp32 nccl run" \
+  "[ \"\$(bytes_sent nccl_gbf16)\" = \"\$(bytes_sent nccl | awk '{ print \$1 / 2 }')\" ]"
 run cpu_bf16 "$B/llmpi-train" 1 runtime.device=cpu runtime.precision=bf16 &&
   run cuda_bf16 "$SIM" 1 runtime.device=cuda runtime.precision=bf16
 check "bf16 on the card against the CPU's emulation of it: losses within 1e-2 (the issue's bound)" \

@@ -18,9 +18,7 @@
 #include <thread>
 
 #include "cuda_shim.h"
-
-struct CUstream_st;
-using cudaStream_t = CUstream_st*;
+#include "stream.h"
 
 namespace llmpi::sim {
 
@@ -157,19 +155,22 @@ inline void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem, con
     thread_pool().run(workers, worker);
 }
 
+// The grid runs when the launch is made, after what its stream holds (stream.h)
 template <class... P>
 struct Launcher {
   void (*kernel)(P...);
   dim3 grid, block;
   size_t smem;
+  cudaStream_t stream;
   template <class... A>
   void operator()(A&&... args) const {
+    reach(stream);
     run_grid(reinterpret_cast<const void*>(kernel), grid, block, smem, [&] { kernel(args...); });
   }
 };
 template <class... P>
-Launcher<P...> launcher(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem = 0, cudaStream_t = nullptr) {
-  return {kernel, grid, block, smem};
+Launcher<P...> launcher(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem = 0, cudaStream_t stream = nullptr) {
+  return {kernel, grid, block, smem, stream};
 }
 
 }  // namespace llmpi::sim

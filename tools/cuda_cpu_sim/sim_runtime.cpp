@@ -1,8 +1,8 @@
-// What the simulated CUDA backend (tools/cuda_cpu_sim/README.md) takes from the three .cu files it
+// What the simulated CUDA backend (tools/cuda_cpu_sim/README.md) takes from the two .cu files it
 // does not compile: gemm_lt.cu's cuBLASLt GEMMs with epilogues, here computed on the CPU to their
-// contract (cuda_common.cuh), with its counters and switch (nccl_sync.cu, NCCL, is not simulated:
-// the Makefile links src/comm/nccl_exchange.cpp built without NCCL, whose members refuse);
-// cudnn_attention.cu's entry points, off; and the column-major GEMM behind include/cublas_v2.h.
+// contract (cuda_common.cuh), with its counters and switch; cudnn_attention.cu's entry points,
+// off; and the column-major GEMM behind include/cublas_v2.h. (NCCL, which nccl_sync.cu calls, is
+// sim_nccl.cpp's.)
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -91,6 +91,7 @@ float* lt_bgrad_scratch() {
 // computed as the swapped column-major product as the real one is; the GELU (tanh) and its
 // derivative by the CPU backend's ops.
 void lt_gemm_rm(const LtGemm& g) {
+  sim::reach(compute_stream());  // gemm_lt.cu's GEMMs run on the compute stream
   const cudaDataType_t t = g.prec == GemmPrecision::bf16 ? CUDA_R_16BF : CUDA_R_32F;
   const cublasOperation_t opA = g.transA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = g.transB ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (g.ep == LtEpilogue::bgradb) {  // bgrad[m] = Σ_k op(A)[m, k], from the operand as given

@@ -1,6 +1,7 @@
 // tools/cuda_cpu_sim's stand-in for <cuda_runtime.h>: what the CUDA backend's .cu files name of
 // the runtime API, for their kernels and launchers to run on the CPU (README.md there). "Device"
-// memory is host memory; a stream is nothing (every launch runs to its end before it returns).
+// memory is host memory; a launch, copy or memset runs to its end before it returns, after what
+// its stream holds (NCCL operations, waits on events: stream.h).
 #pragma once
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +17,7 @@ enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 enum cudaDeviceAttr { cudaDevAttrComputeCapabilityMajor, cudaDevAttrComputeCapabilityMinor, cudaDevAttrMaxSharedMemoryPerBlockOptin };
 enum cudaDataType_t { CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F };
 constexpr unsigned cudaEventDisableTiming = 2;
-struct CUevent_st;
+constexpr unsigned cudaStreamDefault = 0, cudaStreamNonBlocking = 1;
 using cudaEvent_t = CUevent_st*;
 struct cudaDeviceProp {
   char name[256];
@@ -26,18 +27,25 @@ struct cudaDeviceProp {
 };
 
 namespace llmpi::sim {
-// the simulated card: an H100 (sm_90), one device, 80 GB; events hold nothing (every launch has
-// finished when it returns)
+// the simulated card: an H100 (sm_90), one device, 80 GB
 constexpr size_t kDeviceBytes = size_t(80) << 30;
-inline CUevent_st* new_event() { return reinterpret_cast<CUevent_st*>(new char(0)); }
 }  // namespace llmpi::sim
 
-inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t = nullptr) {
+inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t stream = nullptr) {
+  llmpi::sim::reach(stream);
   std::memset(p, v, n);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t = nullptr) {
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t stream = nullptr) {
+  llmpi::sim::reach(stream);
   if (n) std::memmove(dst, src, n);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  return cudaMemcpyAsync(dst, src, n, kind, nullptr);  // the legacy stream, which the host then waits for
+}
+inline cudaError_t cudaDeviceSynchronize() {
+  llmpi::sim::device_sync();
   return cudaSuccess;
 }
 template <class K>
@@ -87,35 +95,72 @@ cudaError_t cudaMalloc(T** p, size_t n) {
   return cudaMalloc(reinterpret_cast<void**>(p), n);
 }
 inline cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t) { return cudaMalloc(p, n); }
-inline cudaError_t cudaFree(void* p) {
+inline cudaError_t cudaFree(void* p) {  // waits for the device, as CUDA's does
+  llmpi::sim::device_sync();
   std::free(p);
   return cudaSuccess;
 }
-inline cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return cudaFree(p); }
+inline cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+  llmpi::sim::reach(stream);
+  std::free(p);
+  return cudaSuccess;
+}
 inline cudaError_t cudaMallocHost(void** p, size_t n) { return cudaMalloc(p, n); }
 template <class T>
 cudaError_t cudaMallocHost(T** p, size_t n) {
   return cudaMalloc(reinterpret_cast<void**>(p), n);
 }
-inline cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
-// streams and events: every launch and copy is done when it returns
-inline cudaError_t cudaStreamCreate(cudaStream_t* s) {
-  *s = reinterpret_cast<cudaStream_t>(new char(0));
+inline cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }  // waits for the device too
+// streams and events (stream.h)
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  *s = llmpi::sim::new_stream((flags & cudaStreamNonBlocking) == 0);
   return cudaSuccess;
 }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+inline cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int) {
+  return cudaStreamCreateWithFlags(s, flags);
+}
+inline cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {  // an H100's
+  *least = 0;
+  *greatest = -5;
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  if (!s) return cudaErrorInvalidValue;
+  llmpi::sim::destroy_stream(s);
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (s)
+    llmpi::sim::sync_stream(s);
+  else
+    llmpi::sim::reach(nullptr);  // the legacy stream comes after every blocking stream's work
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned = 0) {
+  llmpi::sim::wait_event(s, e);
+  return cudaSuccess;
+}
 inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = llmpi::sim::new_event();
+  *e = new CUevent_st;
   return cudaSuccess;
 }
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete reinterpret_cast<char*>(e);
+  delete e;
   return cudaSuccess;
 }
-inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = nullptr) { return cudaSuccess; }
-inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
+  llmpi::sim::record(e, s);
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventQuery(cudaEvent_t e) {
+  return !e->stream || llmpi::sim::reached(e->stream, e->seq) ? cudaSuccess : cudaErrorNotReady;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (e->stream) llmpi::sim::sync_to(e->stream, e->seq);
+  return cudaSuccess;
+}
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
   *ms = 0.0f;
   return cudaSuccess;

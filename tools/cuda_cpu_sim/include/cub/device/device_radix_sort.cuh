@@ -15,11 +15,12 @@ struct DeviceRadixSort {
   template <class K, class V>
   static cudaError_t SortPairs(void* temp, size_t& temp_bytes, const K* keys_in, K* keys_out, const V* vals_in,
                                V* vals_out, int n, int begin_bit = 0, int end_bit = sizeof(K) * 8,
-                               cudaStream_t = nullptr) {
+                               cudaStream_t stream = nullptr) {
     if (temp == nullptr) {
       temp_bytes = 256;
       return cudaSuccess;
     }
+    llmpi::sim::reach(stream);
     using U = std::make_unsigned_t<K>;
     auto radix = [&](K k) {
       U u = static_cast<U>(k);

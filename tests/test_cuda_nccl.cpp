@@ -1,0 +1,216 @@
+// NCCL gradient averaging across the ranks of MPI_COMM_WORLD (comm/nccl.h's NcclComm, and
+// comm/grad_sync.h's parallel.sync = nccl), at whatever world size mpiexec gives: real NCCL on a
+// machine with a GPU per rank; on the CPU, build/sim-cuda_tests, whose simulated card's NCCL runs
+// over MPI (tools/cuda_cpu_sim/README.md, "NCCL"; tools/run_tests.sh runs these at 2 and 4 ranks).
+// Without NCCL they skip; so do they when ranks would share a GPU (NCCL takes one rank per GPU).
+//
+//   NcclRanks.BucketedAverage         NcclComm::allreduce_avg over the ranges GradSync's buckets
+//                                     make, of every size: each rank's gradient becomes the
+//                                     ranks' average
+//   NcclRanks.Bf16BucketedAverage     the same with the gradient sent as bf16
+//   NcclRanks.GradSyncMatchesMpiAllreduce  GradSync nccl around a real backward of a small GPT-2
+//                                     (buckets launched while backward runs) against GradSync's
+//                                     MPI all-reduce of the same gradients, fp32 and bf16
+//
+// Bit for bit at one or two ranks, where an average has one rounding whatever the algorithm
+// (x0/2 + x1/2 in fp32, one bf16 rounding of it in bf16); beyond two, NCCL's ring or tree sums in
+// an order of its own, so the result is held to the rounding bound of a sum of W terms instead:
+// W·2^-24 of Σ|x_r|/W in fp32, W·2^-8 in bf16 (a rounding at each step). Every rank must hold the
+// same bits in every case.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda_ops.h"
+#include "comm/grad_sync.h"
+#include "comm/nccl.h"
+#include "cuda_test_util.h"
+#include "model/transformer.h"
+#include "model_test_util.h"
+
+using namespace llmpi;
+using namespace llmpi::test;
+
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// "" when every rank can have a GPU of its own (the simulated card is one per process), else why not.
+std::string gpus_shared() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 0, local_n = 1;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_size(node, &local_n);
+  cuda_bind_device(local);
+  std::vector<int> devices(local_n);
+  const int mine = cuda_device();
+  MPI_Allgather(&mine, 1, MPI_INT, devices.data(), 1, MPI_INT, node);
+  MPI_Comm_free(&node);
+  if (cuda_device_name().find("simulated") != std::string::npos) return "";
+  for (int i = 0; i < local_n; i++)
+    if (i != local && devices[i] == mine)
+      return "ranks " + std::to_string(i) + " and " + std::to_string(local) + " of a node share GPU " +
+             std::to_string(mine) + " (NCCL takes one rank per GPU)";
+  return "";
+}
+
+#define REQUIRE_NCCL_PER_RANK()                                                  \
+  do {                                                                           \
+    std::string why_;                                                            \
+    if (!nccl_available(&why_)) GTEST_SKIP() << "no GPU or no NCCL: " << why_;   \
+    why_ = gpus_shared();                                                        \
+    if (!why_.empty()) GTEST_SKIP() << why_;                                     \
+  } while (0)
+
+// Rank r's gradient: uniform floats in [-3, 3), a function of (r, index).
+std::vector<float> rank_values(int r, size_t n, uint32_t seed) { return random_floats(n, seed + 1000 * r, -3.0f, 3.0f); }
+
+// The same vector on every rank, bit for bit ("" if so).
+std::string same_on_every_rank(const std::vector<float>& v) {
+  std::vector<float> first(v);
+  MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  const std::string d = bit_difference(v, first);
+  return d.empty() ? "" : "rank " + std::to_string(world_rank()) + " differs from rank 0: " + d;
+}
+
+// got against the average of every rank's `inputs` (each widened from bf16 first when bf16): bit
+// for bit at W <= 2 (x0/2 + x1/2, bf16 rounded once), else within the rounding bound (see the
+// header). "" when it holds.
+std::string check_average(const std::vector<float>& got, const std::vector<std::vector<float>>& inputs, bool bf16) {
+  const int W = static_cast<int>(inputs.size());
+  const float inv = 1.0f / static_cast<float>(W);
+  for (size_t i = 0; i < got.size(); i++) {
+    float one_rounding = 0.0f;
+    double exact = 0.0, size = 0.0;
+    for (int r = 0; r < W; r++) {
+      const float x = bf16 ? round_to_bf16(inputs[r][i]) : inputs[r][i];
+      one_rounding = r == 0 ? x * inv : one_rounding + x * inv;
+      exact += x;
+      size += std::abs(x);
+    }
+    if (bf16) one_rounding = round_to_bf16(one_rounding);
+    exact /= W;
+    size /= W;
+    const bool ok = W <= 2 ? std::memcmp(&got[i], &one_rounding, sizeof(float)) == 0
+                           : std::abs(got[i] - exact) <= W * (bf16 ? 0x1p-8 : 0x1p-24) * size;
+    if (!ok || (bf16 && round_to_bf16(got[i]) != got[i]))
+      return "element " + std::to_string(i) + ": " + std::to_string(got[i]) + ", the average is " +
+             std::to_string(exact) + (W <= 2 ? " (one rounding: " + std::to_string(one_rounding) + ")" : "");
+  }
+  return "";
+}
+
+void bucketed_average(bool bf16) {
+  const int W = world_size(), me = world_rank();
+  auto nccl = nccl_comm_create(MPI_COMM_WORLD);
+  ASSERT_TRUE(nccl);
+  EXPECT_EQ(nccl->world(), W);
+  EXPECT_EQ(nccl->rank(), me);
+  const size_t total = 200003;
+  std::vector<std::vector<float>> inputs;
+  for (int r = 0; r < W; r++) inputs.push_back(rank_values(r, total, bf16 ? 61 : 60));
+  const std::vector<size_t> ready = {1, 7, 5000, 5001, 77777, 150000, total - 3, total};
+  for (size_t bucket : {size_t(0), size_t(4099), size_t(65536), total}) {
+    SCOPED_TRACE("bucket_floats " + std::to_string(bucket));
+    Dev g(inputs[me]);
+    const size_t before = nccl->passes();
+    size_t start = 0, buckets = 0;
+    for (size_t k : ready)  // a bucket closes once it holds `bucket` floats, or at the end
+      if (k > start && (k - start >= bucket || k == total)) {
+        nccl->allreduce_avg(g.f() + start, k - start, bf16);
+        buckets++, start = k;
+      }
+    nccl->compute_waits();
+    EXPECT_EQ(start, total);
+    EXPECT_EQ(nccl->passes() - before, buckets);
+    const std::vector<float> got = g.get();  // on the compute stream, which compute_waits() held
+    EXPECT_EQ(check_average(got, inputs, bf16), "");
+    EXPECT_EQ(same_on_every_rank(got), "");
+  }
+}
+
+}  // namespace
+
+TEST(NcclRanks, BucketedAverage) {
+  REQUIRE_NCCL_PER_RANK();
+  bucketed_average(false);
+}
+
+TEST(NcclRanks, Bf16BucketedAverage) {
+  REQUIRE_NCCL_PER_RANK();
+  bucketed_average(true);
+}
+
+// Each rank's own batch through a small GPT-2; the gradients averaged by GradSync nccl (buckets
+// launched from backward's ready calls, while backward goes on) and, from a copy of the same
+// model and batch, by GradSync allreduce (MPI through host memory): the same averages, fp32 and
+// bf16, every bucket size.
+TEST(NcclRanks, GradSyncMatchesMpiAllreduce) {
+  REQUIRE_NCCL_PER_RANK();
+  const int W = world_size(), me = world_rank();
+  const ModelDesc d = desc_of("gpt2", 2, 4, 64, 32, 97);
+  const int B = 2, T = 32;
+  RandomBatch rb(d, B, T, 900 + me);
+  Model a(d, gpu()), b(d, gpu());
+  Activations aa(a, B, T), ab(b, B, T);
+  a.init_params(901);
+  b.init_params(901);
+  for (bool bf16 : {false, true})
+    for (double bucket_mb : {0.0, 0.02, 25.0}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + ", bucket_mb " + std::to_string(bucket_mb));
+      SyncOptions o;
+      o.bucket_mb = bucket_mb;
+      o.bf16 = bf16;
+      o.method = SyncMethod::nccl;
+      GradSync nccl(o, MPI_COMM_WORLD, gpu(), a.grads, a.table, nullptr);
+      nccl.connect();
+      o.method = SyncMethod::allreduce;
+      GradSync mpi(o, MPI_COMM_WORLD, gpu(), b.grads, b.table, nullptr);
+      mpi.connect();
+
+      a.zero_grads();
+      nccl.begin_step();
+      const float la = a.forward(aa, rb.b, true);
+      size_t calls = 0;
+      a.backward(aa, [&](size_t k) {
+        calls++;
+        nccl.on_ready(k);
+      });
+      nccl.finish();
+
+      b.zero_grads();
+      mpi.begin_step();
+      const float lb = b.forward(ab, rb.b, true);
+      b.backward(ab);
+      mpi.finish();
+
+      EXPECT_EQ(la, lb);
+      EXPECT_GT(calls, 1u);
+      const std::vector<float> ga = a.grads_host(), gb = b.grads_host();
+      if (W <= 2) {
+        EXPECT_SAME_BITS(ga, gb) << "at two ranks an average has one rounding";
+      } else {
+        EXPECT_LT(rel(ga, gb), bf16 ? 1e-2 : 1e-6);
+      }
+      EXPECT_EQ(same_on_every_rank(ga), "");
+      if (W > 1) {
+        EXPECT_EQ(nccl.step.bytes_sent, mpi.expected_bytes_per_pass(a.table.numel));
+        EXPECT_GE(nccl.step.collectives, 1);
+      }
+    }
+}
