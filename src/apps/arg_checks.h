@@ -1,9 +1,11 @@
-// Shared by the program mains: range checks of numeric command-line options, and one-line error
-// text. A value outside its range is an Error naming the flag, the accepted range, what the value
+// Shared by the program mains: parsing the command line, range checks of numeric options, and
+// one-line error text. A value outside its range is an Error naming the flag, the accepted range, what the value
 // means and what was given, e.g. "--pp must be >= 1 (pipeline stages), got -2"; the main prints it
 // as its one error line and exits non-zero.
 #pragma once
+#include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <limits>
 #include <sstream>
@@ -55,6 +57,20 @@ inline std::string one_line(std::string s) {
   std::replace(s.begin(), s.end(), '\n', ' ');
   while (!s.empty() && s.back() == ' ') s.pop_back();
   return s;
+}
+
+// Parses the command line. Returns -1 when the program goes on; otherwise the status to exit
+// with: 0 after --help (printed), `bad_status` after one line "PROGRAM: error: ...; see PROGRAM
+// --help" on stderr.
+inline int parse_command_line(CLI::App& app, int argc, char** argv, const char* program, int bad_status) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "%s: error: %s; see %s --help\n", program, one_line(e.what()).c_str(), program);
+    return bad_status;
+  }
+  return -1;
 }
 
 }  // namespace llmpi

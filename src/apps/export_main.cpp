@@ -116,13 +116,7 @@ int main(int argc, char** argv) {
                  "copy tokenizer.json, vocab.txt, ... from this directory (default: the run's --init-from directory)");
   auto* row_opt = app.add_option(
       "--row", row, "for a sync \"weights\" checkpoint, whose ranks differ: which rank's parameters (default 0)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::fprintf(stderr, "llmpi-export: error: %s; see llmpi-export --help\n", one_line(e.what()).c_str());
-    return 2;
-  }
+  if (const int status = parse_command_line(app, argc, argv, "llmpi-export", 2); status >= 0) return status;
   try {
     if (checkpoint.empty() && hf_dir.empty()) fail("give --checkpoint PATH (or --hf-dir DIR); see --help");
     if (row_opt->count() && !hf_dir.empty())

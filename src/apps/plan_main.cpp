@@ -159,13 +159,7 @@ int main(int argc, char** argv) {
       "across nodes over --link).\n"
       "Scaling efficiency = tokens/s at the world size / (world x tokens/s of one rank doing the whole global batch).\n"
       "Exit status 2 on bad input.");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::fprintf(stderr, "llmpi-plan: error: %s; see llmpi-plan --help\n", one_line(e.what()).c_str());
-    return 2;
-  }
+  if (const int status = parse_command_line(app, argc, argv, "llmpi-plan", 2); status >= 0) return status;
 
   try {
     // Every numeric option in its range; those whose default (0 or -1) means "the configuration's

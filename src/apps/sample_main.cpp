@@ -431,13 +431,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-kv-cache", o.no_kv_cache, "recompute the whole sequence for every token (slow; for comparison)");
   app.add_option("--threads", o.threads, "CPU threads (0 = OMP_NUM_THREADS or every core)")->capture_default_str();
   app.add_flag("--stats", o.stats, "print the time to the first token and the tokens per second (stderr)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::fprintf(stderr, "llmpi-sample: error: %s; see llmpi-sample --help\n", one_line(e.what()).c_str());
-    return 1;
-  }
+  if (const int status = parse_command_line(app, argc, argv, "llmpi-sample", 1); status >= 0) return status;
   o.have_prompt = prompt->count() > 0;
   o.eot_given = eot->count() > 0;
   try {
