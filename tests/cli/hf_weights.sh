@@ -96,6 +96,13 @@ done
 check "... the run's config.json untouched" "[ \"\$(md5sum <'$tmp/run-gpt2/config.json')\" = '$cfg' ]"
 "$B/llmpi-sample" --init-from "$tmp/run-gpt2" --prompt-ids 1,2 --ids --greedy --max-new-tokens 3 >/dev/null 2>"$tmp/err"
 check "... and llmpi-sample --init-from the run still works" "[ $? = 0 ]" || cat "$tmp/err"
+# A run directory where a Hugging Face model directory is expected: named as a run.
+timeout 120 mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$tmp/run-gpt2" \
+  --set run.dir="$tmp/run-w" >/dev/null 2>"$tmp/err"
+rc=$?
+"$EXPORT" --hf-dir "$tmp/run-gpt2" --out "$tmp/from-run" >/dev/null 2>"$tmp/err2"
+check "--init-from and --hf-dir given a run directory: exit 2 naming it a run, --resume and llmpi-export" \
+  "[ $rc = 2 ] && [ $? = 2 ] && grep -qF \"'$tmp/run-gpt2' is an llmpi run directory (it holds checkpoints/\" '$tmp/err' && grep -q 'resume auto, or export it first with llmpi-export' '$tmp/err' && grep -qF 'is an llmpi run directory' '$tmp/err2'"
 # --row: in range, and only for a checkpoint.
 for args in "--row -1|--row must be >= 0 (a rank of the checkpoint, 0 = the first), got -1" \
             "--row 1|--row 1 is not a row of" "--hf-dir $FX/gpt2 --row 0|it does not apply to --hf-dir"; do
