@@ -171,7 +171,7 @@ $(SIM_DIR)/flash_mma_kernels.inc: kernels/flash_attention_mma.cu
 	@mv $@.tmp $@
 $(BUILD)/sim-flash_mma: tools/cuda_cpu_sim/flash_mma_sim.cpp tools/cuda_cpu_sim/fiber.cpp tools/cuda_cpu_sim/cuda_shim.h \
     tools/cuda_cpu_sim/launch.h tools/cuda_cpu_sim/fiber.h $(SIM_DIR)/flash_mma_kernels.inc src/backend/flash_bf16.h \
-    kernels/flash_attention_args.cuh $(BUILD)/libllmpi.a
+    kernels/flash_attention_args.cuh $(BUILD)/libllmpi.a | $(DEPS_STAMP)
 	$(CXX) $(filter-out -std=c++17 -MMD -MP,$(CXXFLAGS)) -std=c++20 -Wno-unknown-pragmas $(SIM_FLAGS) \
 	    -Itools/cuda_cpu_sim -Ikernels -I$(SIM_DIR) \
 	    $(filter %.cpp,$^) $(BUILD)/libllmpi.a -o $@ $(LDLIBS)
@@ -189,12 +189,12 @@ SIM_OPS_OBJ := $(SIM_CU:%=$(SIM_DIR)/ops/%.o) $(SIM_DIR)/ops/sim_runtime.o $(SIM
                $(SIM_DIR)/ops/fiber.o $(SIM_DIR)/ops/ops_sim.o
 SIM_HEADERS := $(wildcard tools/cuda_cpu_sim/*.h tools/cuda_cpu_sim/include/*.h tools/cuda_cpu_sim/include/*.cuh \
                  tools/cuda_cpu_sim/include/cub/device/*.cuh) $(wildcard kernels/*.cuh)
-$(SIM_DIR)/ops/%.cpp: kernels/%.cu tools/cuda_cpu_sim/rewrite_cu.pl
+$(SIM_DIR)/ops/%.cpp: kernels/%.cu tools/cuda_cpu_sim/rewrite_cu.pl | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	perl tools/cuda_cpu_sim/rewrite_cu.pl $< > $@.tmp && mv $@.tmp $@
-$(SIM_DIR)/ops/%.o: $(SIM_DIR)/ops/%.cpp $(SIM_HEADERS)
+$(SIM_DIR)/ops/%.o: $(SIM_DIR)/ops/%.cpp $(SIM_HEADERS) | $(DEPS_STAMP)
 	$(CXX) $(SIM_CXX) -MMD -MP -c $< -o $@
-$(SIM_DIR)/ops/%.o: tools/cuda_cpu_sim/%.cpp $(SIM_HEADERS)
+$(SIM_DIR)/ops/%.o: tools/cuda_cpu_sim/%.cpp $(SIM_HEADERS) | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SIM_CXX) -MMD -MP -c $< -o $@
 # (linked with the host code only: the nvcc-built kernels of libllmpi.a, or without nvcc
@@ -204,7 +204,7 @@ $(SIM_DIR)/libllmpi_host.a: $(filter-out $(BUILD)/obj/src/backend/cuda_fallback.
     $(SIM_DIR)/ops/nccl_exchange_with_sim_nccl.o
 	@mkdir -p $(dir $@)
 	@rm -f $@ && ar rcs $@ $^
-$(SIM_DIR)/ops/nccl_exchange_with_sim_nccl.o: src/comm/nccl_exchange.cpp
+$(SIM_DIR)/ops/nccl_exchange_with_sim_nccl.o: src/comm/nccl_exchange.cpp | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(filter-out -DLLMPI_HAVE_NCCL=1,$(CXXFLAGS)) -DLLMPI_HAVE_NCCL=1 -c $< -o $@
 $(BUILD)/sim-cuda_ops: $(SIM_OPS_OBJ) $(SIM_DIR)/libllmpi_host.a

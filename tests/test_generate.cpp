@@ -4,7 +4,8 @@
 //  - the uncached mode gives the same tokens as the cached one;
 //  - greedy = top-k 1 = temperature 0; a seed reproduces a sampled sequence, another seed does not;
 //  - top-k and top-p keep exactly the ids they should, and draw in proportion to the probabilities;
-//  - errors: a bert model, a prompt that fills the context, ids outside the vocabulary, bad values.
+//  - errors: a bert model, a prompt that fills the context, ids outside the vocabulary, bad values,
+//    weights that are not finite (named by tensor), logits that are not finite (named by step).
 //  - greedy generation of the Hugging Face fixture models (tests/fixtures/hf/{gpt2,llama}: tiny
 //    random models and transformers' greedy tokens, tools/make_hf_fixtures.py) gives exactly
 //    transformers' tokens, with and without the cache.
@@ -395,6 +396,65 @@ TEST(GenerateErrors, PromptTooLongAndBadIds) {
   g.reset();
   g.feed(eight.data(), 8, logits.data());
   EXPECT_THROW(g.feed(eight.data(), 1, logits.data()), Error);  // the cache is full
+}
+
+TEST(GenerateErrors, NonFiniteWeightsAreRefusedNamingTheTensor) {
+  for (const char* family : {"gpt2", "llama"}) {
+    SCOPED_TRACE(family);
+    const ModelDesc d = desc_of(family, 2, 2, 16, 8, 30);
+    Model m(d, cpu_ops());
+    m.init_params(3);
+    EXPECT_EQ(nonfinite_tensor(m.table, m.params), "");
+    const char* name = std::string(family) == "gpt2" ? "h.1.mlp.c_fc.weight" : "model.layers.1.self_attn.o_proj.weight";
+    const ParamSlice* s = m.table.find(name);
+    ASSERT_NE(s, nullptr);
+    m.params[s->offset + 5] = NAN;
+    m.params[s->offset + 9] = -INFINITY;
+    const std::string want = std::string("tensor '") + name + "' holds 2 non-finite values of " +
+                             std::to_string(s->numel) + " (the first, nan, at element 5)";
+    EXPECT_EQ(nonfinite_tensor(m.table, m.params), want);
+    for (bool cache : {true, false}) {
+      try {
+        Generator g(m, 0, cache);
+        FAIL() << "weights with a NaN were accepted (kv_cache " << cache << ")";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("the model's weights are not finite: " + want), std::string::npos)
+            << e.what();
+      }
+    }
+    m.params[s->offset + 5] = 0.0f;
+    EXPECT_NE(nonfinite_tensor(m.table, m.params).find("1 non-finite value of"), std::string::npos);
+    m.params[s->offset + 9] = 0.0f;
+    EXPECT_EQ(nonfinite_tensor(m.table, m.params), "");
+  }
+}
+
+// Finite weights whose forward overflows: every weight of the final norm at the largest float makes
+// the normalised rows infinite, and the logits inf - inf = NaN. Greedy and sampled generation stop
+// at the first step with an error naming it, before choosing a token.
+TEST(GenerateErrors, NonFiniteLogitsStopGenerationNamingTheStep) {
+  const ModelDesc d = desc_of("gpt2", 1, 2, 16, 12, 30);
+  Model m(d, cpu_ops());
+  m.init_params(5);
+  const ParamSlice* s = m.table.find("ln_f.weight");
+  ASSERT_NE(s, nullptr);
+  std::fill(m.params + s->offset, m.params + s->offset + s->numel, 3.0e38f);
+  ASSERT_EQ(nonfinite_tensor(m.table, m.params), "");
+  for (bool greedy : {true, false}) {
+    Generator g(m);
+    SamplingParams sp;
+    sp.greedy = greedy;
+    Rng rng(2);
+    int chosen = 0;
+    try {
+      generate(g, {1, 2, 3}, 5, sp, rng, 0, -1, [&](int32_t) { chosen++; });
+      FAIL() << "generation from non-finite logits went on (greedy " << greedy << ")";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the logits for new token 1 (position 3) are not finite"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(chosen, 0);
+  }
 }
 
 }  // namespace

@@ -9,6 +9,10 @@
 // tokenizer files found there are copied; --tokenizer-files DIR copies them from DIR instead.
 // The run's data file supplies the end-of-text id (gpt2, llama) or the label names and padding id
 // (bert) for config.json when it is still where the run read it.
+// --out is checked before anything is read (hf/export_dir.h): never a run directory; a new, empty
+// or earlier-export directory, or anything else with --overwrite (its contents are moved aside).
+// The files are written beside it and swapped in whole, with llmpi_export.json listing them.
+// A tensor that is not finite is refused by name and nothing is written. Exit 2 on any error.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -18,9 +22,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/arg_checks.h"
 #include "checkpoint/checkpoint.h"
 #include "data/classification_file.h"
 #include "data/token_file.h"
+#include "hf/export_dir.h"
 #include "hf/hf_export.h"
 #include "hf/hf_import.h"
 #include "model/transformer.h"
@@ -94,24 +100,38 @@ int main(int argc, char** argv) {
                "(config.json + model.safetensors, and the tokenizer files when known) that transformers loads."};
   std::string checkpoint, hf_dir, out, tokenizer_dir;
   int64_t row = 0;
+  bool overwrite = false;
   auto* ck = app.add_option("--checkpoint", checkpoint,
                             "an llmpi checkpoint (run.dir/checkpoints/step-*.h5), or a run directory (its newest)");
   auto* hf = app.add_option("--hf-dir", hf_dir,
                             "instead of a checkpoint: a Hugging Face model directory, imported then exported again");
   ck->excludes(hf);
-  app.add_option("--out", out, "output directory (created)")->required();
+  app.add_option("--out", out,
+                 "output directory: new, empty, or an earlier llmpi export (replaced whole); never a run directory")
+      ->required();
+  app.add_flag("--overwrite", overwrite,
+               "write over a non-empty --out that is not an earlier llmpi export: its contents are moved to "
+               "OUT.previous-<date>/ (nothing is deleted)");
   app.add_option("--tokenizer-files", tokenizer_dir,
                  "copy tokenizer.json, vocab.txt, ... from this directory (default: the run's --init-from directory)");
-  app.add_option("--row", row, "for a sync \"weights\" checkpoint, whose ranks differ: which rank's parameters (default 0)");
-  CLI11_PARSE(app, argc, argv);
+  auto* row_opt = app.add_option(
+      "--row", row, "for a sync \"weights\" checkpoint, whose ranks differ: which rank's parameters (default 0)");
+  if (const int status = parse_command_line(app, argc, argv, "llmpi-export", 2); status >= 0) return status;
   try {
     if (checkpoint.empty() && hf_dir.empty()) fail("give --checkpoint PATH (or --hf-dir DIR); see --help");
+    if (row_opt->count() && !hf_dir.empty())
+      fail("--row picks one rank's parameters of a --checkpoint; it does not apply to --hf-dir");
+    require_at_least<int64_t>("--row", row, 0, "a rank of the checkpoint, 0 = the first");
+    ExportDir dest;
+    open_export_dir(dest, out, overwrite);  // before anything is read: a refused --out costs nothing
+    nlohmann::json record;
     std::string tok_from = tokenizer_dir;
     if (!hf_dir.empty()) {
       const HfModel m = load_hf_model(hf_dir);
       for (const std::string& n : m.notes) std::printf("llmpi-export: note: %s\n", n.c_str());
-      export_hf_model(out, m.desc, m.table, m.params.data());
+      export_hf_model(dest.staging, m.desc, m.table, m.params.data());
       if (tok_from.empty()) tok_from = hf_dir;
+      record["source"] = {{"hf_dir", hf_dir}};
     } else {
       const std::string path = resolve_checkpoint(checkpoint);
       const CheckpointInfo info = read_checkpoint_info(path);
@@ -119,15 +139,17 @@ int main(int argc, char** argv) {
       if (info.n != table.numel)
         fail("'", path, "' holds ", info.n, " parameters but its ", family_name(info.desc.family), " description needs ",
              table.numel, ": the checkpoint is damaged or from an incompatible version");
-      if (row < 0 || row >= info.rows)
-        fail("--row ", row, " is not a row of '", path, "' (it has ", info.rows, ")");
+      if (row >= info.rows)
+        fail("--row ", row, " is not a row of '", path, "': it has ", info.rows, " (give --row in [0, ", info.rows,
+             "))");
       std::vector<float> params(info.n);
       read_checkpoint_row(info, row, params.data(), nullptr, nullptr);
       HfExportOptions o;
       options_from_run(info, o);
-      export_hf_model(out, info.desc, table, params.data(), o);
+      export_hf_model(dest.staging, info.desc, table, params.data(), o);
       std::printf("llmpi-export: %s (step %lld, %s, %zu parameters)\n", path.c_str(), (long long)info.step,
                   family_name(info.desc.family), info.n);
+      record["source"] = {{"checkpoint", path}, {"step", info.step}, {"row", row}};
       // The run's --init-from directory: run.dir/init_from.json next to run.dir/checkpoints/.
       const fs::path rec = fs::path(path).parent_path().parent_path() / "init_from.json";
       if (tok_from.empty() && fs::is_regular_file(rec)) {
@@ -138,13 +160,17 @@ int main(int argc, char** argv) {
         if (!j.is_discarded() && j.contains("dir") && j["dir"].is_string()) tok_from = j["dir"].get<std::string>();
       }
     }
-    const int copied = tok_from.empty() ? 0 : copy_tokenizer_files(tok_from, out);
+    const int copied = tok_from.empty() ? 0 : copy_tokenizer_files(tok_from, dest.staging);
     if (!tokenizer_dir.empty() && copied == 0)
       fail("--tokenizer-files '", tokenizer_dir, "' holds none of tokenizer.json, vocab.txt, vocab.json, merges.txt, ...");
+    if (copied) record["tokenizer_from"] = tok_from;
+    const std::string previous = commit_export_dir(dest, record);
+    if (!previous.empty())
+      std::printf("llmpi-export: --overwrite: what %s held is now in %s\n", out.c_str(), previous.c_str());
     std::printf("llmpi-export: wrote %s/config.json and %s/model.safetensors%s\n", out.c_str(), out.c_str(),
                 copied ? " and the tokenizer files" : " (no tokenizer files known: --tokenizer-files DIR adds them)");
   } catch (const Error& e) {
-    std::fprintf(stderr, "llmpi-export: error: %s\n", e.what());
+    std::fprintf(stderr, "llmpi-export: error: %s\n", one_line(e.what()).c_str());
     return 2;
   }
   return 0;

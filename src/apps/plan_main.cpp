@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "apps/arg_checks.h"
 #include "data/token_file.h"
 #include "metrics/metrics.h"
 #include "model/model_desc.h"
@@ -65,6 +66,21 @@ bool names_train_file(const std::string& path, const std::vector<std::string>& s
   return named;
 }
 
+// An output file (--json, --profile-out) may replace only an earlier llmpi-plan output of its kind
+// (a JSON object whose "format" is `format`) or an empty file, unless overwrite.
+void check_output_file(const char* flag, const std::string& path, const char* format, bool overwrite) {
+  if (path.empty()) return;
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return;  // a new file
+  if (!S_ISREG(st.st_mode)) fail(flag, " '", path, "' exists and is not a file; give a file path");
+  if (st.st_size == 0 || overwrite) return;
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_object() && j.value("format", "") == format) return;
+  fail(flag, " '", path, "' exists and was not written by llmpi-plan ", flag, " (no \"format\": \"", format,
+       "\" in it); give another path, or pass --overwrite to replace it");
+}
+
 std::string gb(double b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
@@ -98,30 +114,33 @@ int main(int argc, char** argv) {
   bool profile = false;
   app.add_option("--config", config_path, "JSON run configuration (as llmpi-train reads it)")->required();
   app.add_option("--set", sets, "override one configuration key, e.g. --set model.n_layer=48 (repeatable)");
-  app.add_option("--vocab", vocab,
-                 "vocabulary size when model.vocab_size is 0 and there is no data.train file to take it from");
+  auto* vocab_opt = app.add_option(
+      "--vocab", vocab, "vocabulary size when model.vocab_size is 0 and there is no data.train file to take it from");
   app.add_option("--world", world, "ranks in the run (data-parallel replicas x pipeline stages; default 1)");
-  app.add_option("--pp", pp, "pipeline stages (default: parallel.pp_stages)");
-  app.add_option("--microbatches", microbatches, "micro-batches per step per replica (default: parallel.microbatches)");
-  app.add_option("--zero", zero, "the run's ZeRO stage, 0 or 1 (default: parallel.zero); both are always planned");
+  auto* pp_opt = app.add_option("--pp", pp, "pipeline stages (default: parallel.pp_stages)");
+  auto* mb_opt = app.add_option("--microbatches", microbatches,
+                                "micro-batches per step per replica (default: parallel.microbatches)");
+  auto* zero_opt =
+      app.add_option("--zero", zero, "the run's ZeRO stage, 0 or 1 (default: parallel.zero); both are always planned");
   app.add_option("--schedule", schedule,
                  "the run's schedule: gpipe, 1f1b or zb-h1 (default: parallel.schedule); all three are planned");
   app.add_option("--device", device_name, "device table entry: h100, h200 or cpu (this machine; default)");
   app.add_option("--precision", precision,
                  "precision of the compute for the time: fp32 (the code as built; default), tf32 or bf16 (projections)");
-  app.add_option("--mfu", mfu, "assumed fraction of the device's peak reached by the compute (default: the device's, "
-                               "printed; not used with a profile)");
-  app.add_option("--cores-per-rank", cores_per_rank, "cpu: cores per rank (default runtime.threads, or 1)");
-  app.add_option("--cores-per-node", node_cores,
+  auto* mfu_opt = app.add_option("--mfu", mfu,
+                                 "assumed fraction of the device's peak reached by the compute, in (0, 1] (default: "
+                                 "the device's, printed; not used with a profile)");
+  auto* cpr_opt = app.add_option("--cores-per-rank", cores_per_rank, "cpu: cores per rank (default runtime.threads, or 1)");
+  auto* cpn_opt = app.add_option("--cores-per-node", node_cores,
                  "cpu: cores of a node (default: this machine's); ranks x cores per rank beyond it share the cores, "
                  "which slows the compute by that ratio");
   app.add_option("--link", link_name, "link class between nodes: shm, loopback, netns-1gbit, netns-10gbit (measured), "
                                       "1gbe, 10gbe, 100gbe, ib-hdr, ib-ndr, nvlink (nominal); default ib-ndr on GPUs, "
                                       "none on cpu (needed when the ranks span nodes)");
   app.add_option("--intra-link", intra_name, "link class inside a node (default nvlink on GPUs, shm on cpu)");
-  app.add_option("--gpus-per-node", ranks_per_node,
-                 "ranks per node (default 8 on GPUs; cpu: all ranks on one node)");
-  app.add_option("--nics-per-node", nics_per_node,
+  auto* gpn_opt = app.add_option("--gpus-per-node", ranks_per_node,
+                                 "ranks per node (default 8 on GPUs; cpu: all ranks on one node)");
+  auto* npn_opt = app.add_option("--nics-per-node", nics_per_node,
                  "network ports per node shared by its ranks (default one per GPU; cpu: 1)");
   app.add_option("--links", links_path, std::string("measured links file of bench-allreduce_bw (default ") +
                                             kDefaultLinks + " when it exists)");
@@ -130,6 +149,9 @@ int main(int argc, char** argv) {
   app.add_option("--profile-out", profile_out, "write the measured (or table) per-layer costs to this JSON file");
   app.add_option("--profile-in", profile_in, "read per-layer costs from a file written by --profile-out");
   app.add_option("--json", json_out, "write the whole plan (every stage, schedule, ZeRO stage and precision) as JSON");
+  bool overwrite = false;
+  app.add_flag("--overwrite", overwrite,
+               "let --json and --profile-out replace an existing file that llmpi-plan did not write");
   app.footer(
       "\nLink classes: measured ones come from the links file (tools/measure_links.sh runs bench/allreduce_bw.cpp);\n"
       "nominal ones are published line rates with typical latencies (docs/SCALING.md lists the sources). A\n"
@@ -137,14 +159,25 @@ int main(int argc, char** argv) {
       "across nodes over --link).\n"
       "Scaling efficiency = tokens/s at the world size / (world x tokens/s of one rank doing the whole global batch).\n"
       "Exit status 2 on bad input.");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : 2;
-  }
+  if (const int status = parse_command_line(app, argc, argv, "llmpi-plan", 2); status >= 0) return status;
 
   try {
+    // Every numeric option in its range; those whose default (0 or -1) means "the configuration's
+    // value" only when given.
+    require_at_least("--world", world, 1, "ranks in the run");
+    if (vocab_opt->count()) require_at_least("--vocab", vocab, 1, "vocabulary size");
+    if (pp_opt->count()) require_at_least("--pp", pp, 1, "pipeline stages");
+    if (mb_opt->count()) require_at_least("--microbatches", microbatches, 1, "micro-batches per step per replica");
+    if (zero_opt->count()) require_range("--zero", zero, 0, 1, "the run's ZeRO stage");
+    if (cpr_opt->count()) require_at_least("--cores-per-rank", cores_per_rank, 1, "cores per rank");
+    if (cpn_opt->count()) require_at_least("--cores-per-node", node_cores, 1, "cores of a node");
+    if (gpn_opt->count()) require_at_least("--gpus-per-node", ranks_per_node, 1, "ranks per node");
+    if (npn_opt->count()) require_at_least("--nics-per-node", nics_per_node, 1, "network ports per node");
+    require_at_least("--profile-reps", profile_reps, 1, "repetitions per measured cost");
+    if (mfu_opt->count() && !(mfu > 0 && mfu <= 1))
+      fail("--mfu must be in (0, 1] (the fraction of the device's peak the compute reaches), got ", mfu);
+    check_output_file("--json", json_out, "llmpi-plan", overwrite);
+    check_output_file("--profile-out", profile_out, "llmpi-plan-profile", overwrite);
     const bool has_data = names_train_file(config_path, sets);
     std::vector<std::string> all_sets = sets;
     if (!has_data) all_sets.push_back("data.train=(none: llmpi-plan)");
@@ -165,7 +198,6 @@ int main(int argc, char** argv) {
     if (pp > 0) in.pp = pp;
     if (microbatches > 0) in.microbatches = microbatches;
     if (zero >= 0) in.zero = zero;
-    if (in.zero != 0 && in.zero != 1) fail("--zero must be 0 or 1");
     if (!schedule.empty() && !parse_option(schedule, &in.schedule))
       fail("unknown schedule '", schedule, "': use ", option_words<ScheduleKind>());
     if (pp > 0 && pp != cfg.parallel.pp_stages) in.stage_layers.clear();  // balanced for the new stage count
@@ -176,11 +208,9 @@ int main(int argc, char** argv) {
       fail("--precision must be ", option_words<GemmPrecision>(), ", got '", precision, "'");
     if (in.precision != GemmPrecision::fp32 && !in.device.gpu)
       fail("--precision ", precision, " is a GPU projection: use --precision fp32 with --device cpu");
-    if (mfu < 0 || mfu > 1) fail("--mfu must be in (0, 1]");
     in.mfu = mfu;
     if (cores_per_rank > 0) in.cores_per_rank = cores_per_rank;
     if (!in.device.gpu) in.node_cores = node_cores > 0 ? node_cores : (int)std::thread::hardware_concurrency();
-    if (in.world < 1 || in.pp < 1) fail("--world and --pp must be >= 1");
     if (in.world % in.pp != 0)
       fail("the world size ", in.world, " is not divisible by the pipeline stages ", in.pp,
            ": choose --world a multiple of --pp");
@@ -323,6 +353,7 @@ int main(int argc, char** argv) {
     for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
     if (!json_out.empty()) {
       nlohmann::json j = r.to_json();
+      j["format"] = "llmpi-plan";
       j["inputs"] = {{"config", config_path}, {"set", sets}, {"world", in.world}, {"pp", in.pp},
                      {"microbatches", in.microbatches}, {"zero", in.zero}, {"schedule", schedule_kind_name(in.schedule)},
                      {"sync", option_name(in.sync)}, {"overlap", in.overlap}, {"bucket_mb", in.bucket_mb},
@@ -339,7 +370,7 @@ int main(int argc, char** argv) {
       write_file_atomic(json_out, j.dump(2) + "\n");
     }
   } catch (const Error& e) {
-    std::fprintf(stderr, "llmpi-plan: error: %s\n", e.what());
+    std::fprintf(stderr, "llmpi-plan: error: %s\n", one_line(e.what()).c_str());
     return 2;
   }
   return 0;

@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/arg_checks.h"
 #include "backend/ops.h"
 #include "checkpoint/checkpoint.h"
 #include "data/token_file.h"
@@ -49,16 +50,11 @@ struct Options {
   float temperature = 1.0f, top_p = 1.0f;
   int top_k = 0;
   bool greedy = false, ids = false, no_kv_cache = false, allow_special = false, stats = false;
-  uint64_t seed = 1337;
+  std::string seed = "1337";  // read by parse_u64 (apps/arg_checks.h)
   int64_t eot_id = -2;  // -2: from the tokenizer / data / config; -1: never stop
+  bool eot_given = false;
   int threads = 0;
 };
-
-std::string one_line(std::string s) {
-  std::replace(s.begin(), s.end(), '\n', ' ');
-  while (!s.empty() && s.back() == ' ') s.pop_back();
-  return s;
-}
 
 // What the model source says about the tokenizer and the end-of-text id.
 struct Source {
@@ -256,6 +252,7 @@ struct TextStream {
 };
 
 int run(const Options& o) {
+  require_at_least("--threads", o.threads, 0, "CPU threads, 0 = OMP_NUM_THREADS or every core");
   if (o.threads > 0) {
     omp_set_num_threads(o.threads);
     openblas_set_num_threads(o.threads);
@@ -266,7 +263,10 @@ int run(const Options& o) {
   s.top_k = o.top_k;
   s.top_p = o.top_p;
   check_sampling_params(s);
-  if (o.max_new_tokens < 0) fail("--max-new-tokens must be >= 0, got ", o.max_new_tokens);
+  require_at_least("--max-new-tokens", o.max_new_tokens, 0, "most tokens to generate");
+  const uint64_t seed = parse_u64("--seed", o.seed, "the seed of the draws");
+  if (o.eot_given)
+    require_at_least<int64_t>("--eot-id", o.eot_id, -1, "the token id that stops generation, -1 = never stop");
   if (o.have_prompt && !o.prompt_ids.empty()) fail("give --prompt or --prompt-ids, not both");
 
   bool is_hf = false;
@@ -274,6 +274,13 @@ int run(const Options& o) {
   Source src;
   std::unique_ptr<Model> model = is_hf ? load_hf_dir_model(path, &src) : load_checkpoint_model(path, &src);
   const ModelDesc& d = model->desc;
+  // The generator refuses weights that are not finite, naming the tensor (model/generate.h).
+  std::unique_ptr<Generator> gen;
+  try {
+    gen = std::make_unique<Generator>(*model, 0, !o.no_kv_cache);
+  } catch (const Error& e) {
+    fail(src.what, ": ", e.what());
+  }
 
   const bool need_text = o.prompt_ids.empty() || !o.ids;
   Tokenizer tok;
@@ -311,6 +318,9 @@ int run(const Options& o) {
     fail("the prompt has ", prompt.size(), " tokens but the model's context is ", d.max_seq_len,
          " positions, which leaves no room for a new token; shorten the prompt");
 
+  if (o.eot_id >= d.vocab_size)
+    fail("--eot-id ", o.eot_id, " is outside the model's vocabulary: give an id in [0, ", d.vocab_size,
+         "), or -1 to never stop");
   int64_t stop = o.eot_id;
   if (stop == -2) stop = have_tok ? tok.eot_id : src.eot_id;
   const int choose_vocab = have_tok ? tok.vocab_size : d.vocab_size;
@@ -321,15 +331,14 @@ int run(const Options& o) {
                d.max_seq_len, prompt.size(),
                s.greedy || s.temperature == 0 ? "greedy" : "sampling", o.no_kv_cache ? "no KV cache" : "KV cache");
 
-  Generator gen(*model, 0, !o.no_kv_cache);
-  Rng rng(o.seed);
+  Rng rng(seed);
   TextStream text{tok, shown, ""};
   bool first = true;
   if (!o.ids) text.emit(false);
   const auto t0 = std::chrono::steady_clock::now();
   auto t_first = t0;
   const std::vector<int32_t> out = generate(
-      gen, prompt, o.max_new_tokens, s, rng, choose_vocab, static_cast<int32_t>(stop), [&](int32_t id) {
+      *gen, prompt, o.max_new_tokens, s, rng, choose_vocab, static_cast<int32_t>(stop), [&](int32_t id) {
         if (first) t_first = std::chrono::steady_clock::now();
         if (o.ids) {
           std::printf(first ? "%d" : " %d", id);
@@ -418,18 +427,13 @@ int main(int argc, char** argv) {
   app.add_option("--gpt2-merges", o.gpt2_merges, "GPT-2 vocab.bpe (gpt2 tokenizer)")->type_name("PATH");
   app.add_flag("--allow-special", o.allow_special, "encode special tokens written in the prompt (e.g. <|endoftext|>) as such");
   app.add_flag("--ids", o.ids, "print the new token ids instead of text");
-  app.add_option("--eot-id", o.eot_id, "stop after this token id (-1 = never stop; default: the tokenizer's end-of-text)");
+  auto* eot = app.add_option("--eot-id", o.eot_id, "stop after this token id (-1 = never stop; default: the tokenizer's end-of-text)");
   app.add_flag("--no-kv-cache", o.no_kv_cache, "recompute the whole sequence for every token (slow; for comparison)");
   app.add_option("--threads", o.threads, "CPU threads (0 = OMP_NUM_THREADS or every core)")->capture_default_str();
   app.add_flag("--stats", o.stats, "print the time to the first token and the tokens per second (stderr)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::fprintf(stderr, "llmpi-sample: error: %s; see llmpi-sample --help\n", one_line(e.what()).c_str());
-    return 1;
-  }
+  if (const int status = parse_command_line(app, argc, argv, "llmpi-sample", 1); status >= 0) return status;
   o.have_prompt = prompt->count() > 0;
+  o.eot_given = eot->count() > 0;
   try {
     return run(o);
   } catch (const std::exception& e) {

@@ -5,6 +5,7 @@
 #include "hf/hf_import.h"
 #include "hf/safetensors.h"
 #include "metrics/metrics.h"
+#include "model/generate.h"
 #include "model/transformer.h"
 #include "runtime/error.h"
 
@@ -102,6 +103,11 @@ void export_hf_model(const std::string& out_dir, const ModelDesc& d, const Param
                      const HfExportOptions& o) {
   if (param_table_json(t) != param_table_json(build_param_table(d)))
     fail("export: the parameter table is not the whole ", family_name(d.family), " model's");
+  const std::string bad = nonfinite_tensor(t, params);
+  if (!bad.empty())
+    fail("export: the model's weights are not finite: ", bad,
+         "; nothing was written. The weights are damaged or their training diverged: export an earlier "
+         "checkpoint");
   // Our names are the Hugging Face ones of the exported architecture, except GPT-2's, which
   // GPT2LMHeadModel prefixes with "transformer." (its lm_head.weight stays as it is).
   std::vector<std::vector<float>> transposed;

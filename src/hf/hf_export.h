@@ -26,7 +26,9 @@ nlohmann::json hf_config_json(const ModelDesc& d, const HfExportOptions& o = {})
 
 // The tensors of the whole model (t = build_param_table(d), params host, table layout) under
 // their Hugging Face names, with GPT-2's Conv1D weights transposed, into out_dir/model.safetensors,
-// and out_dir/config.json; out_dir is created. Both files are written atomically.
+// and out_dir/config.json; out_dir is created. Both files are written atomically. Throws Error,
+// writing nothing, when a value is not finite (naming the tensor). The destination checks of
+// llmpi-export (no run directory, nothing overwritten unasked) are hf/export_dir.h's.
 void export_hf_model(const std::string& out_dir, const ModelDesc& d, const ParamTable& t, const float* params,
                      const HfExportOptions& o = {});
 

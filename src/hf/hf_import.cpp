@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "hf/export_dir.h"
 #include "model/transformer.h"
 #include "runtime/error.h"
 
@@ -119,6 +120,11 @@ bool hf_is_conv1d(Family f, int role) {
 }
 
 HfConfig read_hf_config(const std::string& dir) {
+  const std::string run = describe_llmpi_run_dir(dir);
+  if (!run.empty())
+    fail("'", dir, "' is an llmpi run directory (it holds ", run, "), not a Hugging Face model directory: "
+         "continue the run with --resume auto, or export it first with llmpi-export --checkpoint ", dir,
+         " --out NEW_DIR");
   const std::string path = dir + "/config.json";
   const json j = read_json_file(path, ": --init-from takes a Hugging Face model directory holding config.json and "
                                       "model.safetensors (or model.safetensors.index.json)");

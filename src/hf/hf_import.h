@@ -45,6 +45,7 @@ struct HfConfig {
   bool has_classifier = false;    // BertForSequenceClassification
   ModelSource source;             // fixed + default model.* values, named "'DIR/config.json'"
 };
+// An llmpi run directory (hf/export_dir.h) is refused, naming --resume and llmpi-export.
 HfConfig read_hf_config(const std::string& dir);
 
 // The tensors of a model directory: one file or several shards, each memory-mapped.

@@ -14,6 +14,32 @@
 
 namespace llmpi {
 
+namespace {
+
+// How many of x[0, n) are not finite, and the first of them (*first: its index).
+size_t count_nonfinite(const float* x, size_t n, size_t* first) {
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i++)
+    if (!std::isfinite(x[i]) && bad++ == 0) *first = i;
+  return bad;
+}
+
+std::string value_name(float v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; }
+
+}  // namespace
+
+std::string nonfinite_tensor(const ParamTable& t, const float* params) {
+  for (const ParamSlice& s : t.slices) {
+    size_t first = 0;
+    const size_t bad = count_nonfinite(params + s.offset, s.numel, &first);
+    if (bad)
+      return "tensor '" + s.name + "' holds " + std::to_string(bad) + " non-finite value" + (bad > 1 ? "s" : "") +
+             " of " + std::to_string(s.numel) + " (the first, " + value_name(params[s.offset + first]) +
+             ", at element " + std::to_string(first) + ")";
+  }
+  return "";
+}
+
 std::string generation_unsupported_reason(const Model& m) {
   const ModelDesc& d = m.desc;
   if (d.head != HeadKind::lm || !d.causal)
@@ -31,6 +57,11 @@ std::string generation_unsupported_reason(const Model& m) {
 Generator::Generator(const Model& m, int capacity, bool kv_cache) : m_(m), o_(*m.ops), kv_cache_(kv_cache) {
   const std::string why = generation_unsupported_reason(m);
   if (!why.empty()) fail(why);
+  const std::string bad = nonfinite_tensor(m.table, m.params);
+  if (!bad.empty())
+    fail("the model's weights are not finite: ", bad,
+         "; every token would be chosen from NaN logits. The weights are damaged or their training diverged: "
+         "use an earlier checkpoint");
   const ModelDesc& d = m.desc;
   cap_ = capacity <= 0 ? d.max_seq_len : std::min(capacity, d.max_seq_len);
   if (cap_ <= 0) fail("the model's max_seq_len is ", d.max_seq_len, "; it cannot hold any position");
@@ -342,6 +373,13 @@ std::vector<int32_t> generate(Generator& g, const std::vector<int32_t>& prompt, 
   std::vector<int32_t> out;
   g.feed(prompt.data(), n, logits.data());
   while (static_cast<int>(out.size()) < max_new) {
+    size_t first = 0;
+    const size_t bad = count_nonfinite(logits.data(), logits.size(), &first);
+    if (bad)
+      fail("the logits for new token ", out.size() + 1, " (position ", n + out.size(), ") are not finite: ", bad,
+           " of ", logits.size(), " (the first, ", value_name(logits[first]), ", at id ", first,
+           "); the weights are finite, so the forward pass overflows on this sequence. The model is not usable "
+           "as it is (a diverged run?): use an earlier checkpoint");
     const int32_t id = choose_next_token(logits.data(), choose_vocab, s, rng);
     out.push_back(id);
     if (on_token) on_token(id);

@@ -35,13 +35,19 @@
 
 namespace llmpi {
 
+// "" when every value of the table's tensors in params (host, table layout) is finite; else the
+// first tensor that is not, e.g. "tensor 'h.0.attn.c_attn.weight' holds 3 non-finite values of
+// 12288 (the first, nan, at element 17)".
+std::string nonfinite_tensor(const ParamTable& t, const float* params);
+
 // Why a model cannot generate ("" when it can): a classifier head (bert), bidirectional
 // attention, a part of the stack rather than the whole model, or a non-CPU backend.
 std::string generation_unsupported_reason(const Model& m);
 
 struct Generator {
   // capacity: the most positions the cache holds (0 = the model's max_seq_len; never more than
-  // that, since learned positions stop there). Throws Error when the model cannot generate.
+  // that, since learned positions stop there). Throws Error when the model cannot generate or
+  // a weight is not finite (naming the tensor: nonfinite_tensor).
   // kv_cache = false keeps only the token history and runs the full forward (Model::forward)
   // over all of it on every feed: the same logits at quadratic cost (the baseline of
   // bench-sample_gpt2 and llmpi-sample --no-kv-cache).
@@ -103,7 +109,8 @@ int32_t choose_next_token(const float* logits, int V, const SamplingParams& s, R
 // as soon as each is chosen. Stops after max_new tokens, after emitting stop_id (when >= 0; the
 // stop token is returned and reported too), or when the sequence (prompt + new tokens) fills the
 // generator's capacity. Returns the new tokens. Throws Error when the prompt does not leave room
-// for one new token.
+// for one new token, or when the logits of a step are not all finite (naming the step and the
+// position; no token is chosen from them).
 std::vector<int32_t> generate(Generator& g, const std::vector<int32_t>& prompt, int max_new,
                               const SamplingParams& s, Rng& rng, int choose_vocab, int32_t stop_id,
                               const std::function<void(int32_t)>& on_token = {});

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Hugging Face weights through the real programs: llmpi-train --init-from a fixture model
 # (tests/fixtures/hf/*, tiny models saved by transformers) on 2 ranks, llmpi-export of the run's
-# checkpoint, and the errors of both.
+# checkpoint, and the errors of both; where llmpi-export may write (never a run directory, nothing
+# it did not write unless --overwrite, which keeps it) and its refusal of weights that are not finite.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 FX=tests/fixtures/hf
@@ -11,7 +12,7 @@ FX=tests/fixtures/hf
 cat >"$tmp/run.json" <<JSON
 {"data": {"train": "$tmp/d/train.h5"}, "model": {"seq_len": 32},
  "train": {"steps": 2, "global_batch": 4, "lr": 0.0, "weight_decay": 0.0, "log_every": 1, "eval_every": 0},
- "checkpoint": {"every": 2}, "runtime": {"trace_steps": 0}}
+ "checkpoint": {"every": 2}, "runtime": {"trace_steps": 0}, "run": {"dir": "$tmp/run"}}
 JSON
 
 for fam in gpt2 llama; do
@@ -57,5 +58,67 @@ mkdir -p "$tmp/tok" && echo '{"model": {}}' >"$tmp/tok/tokenizer.json" && printf
 "$B/llmpi-export" --hf-dir $FX/bert --out "$tmp/ebt" --tokenizer-files "$tmp/tok" >/dev/null 2>&1
 check "llmpi-export --tokenizer-files copies tokenizer.json and vocab.txt" \
   "[ $? = 0 ] && cmp -s '$tmp/tok/tokenizer.json' '$tmp/ebt/tokenizer.json' && cmp -s '$tmp/tok/vocab.txt' '$tmp/ebt/vocab.txt'"
+# ---- export destinations
+EXPORT="$B/llmpi-export"
+md5s() { (cd "$1" && md5sum -- *); }
+# A directory that holds another model: a llama config.json, model.safetensors and tokenizer.json.
+mkdir -p "$tmp/other" && cp $FX/llama/config.json $FX/llama/model.safetensors tests/fixtures/hf_tokenizers/llama_bpe/tokenizer.json "$tmp/other/"
+before=$(md5s "$tmp/other")
+"$EXPORT" --checkpoint "$tmp/run-gpt2" --out "$tmp/other" >/dev/null 2>"$tmp/err"
+rc=$?
+check "export into a directory holding another model: exit 2, one line naming what it holds and --overwrite" \
+  "[ $rc = 2 ] && [ \$(wc -l <'$tmp/err') = 1 ] && grep -qF \"'$tmp/other' is not empty: it holds config.json, model.safetensors, tokenizer.json (a Hugging Face model (config.json of LlamaForCausalLM, model.safetensors), not written by llmpi-export)\" '$tmp/err' && grep -q 'pass --overwrite' '$tmp/err'"
+check "... the model there untouched, nothing left beside it" \
+  "[ \"\$(md5s '$tmp/other')\" = \"$before\" ] && ! ls -A '$tmp' | grep -q 'tmp-'"
+"$EXPORT" --checkpoint "$tmp/run-gpt2" --out "$tmp/other" --overwrite >"$tmp/out" 2>&1
+rc=$?
+prev=$(ls -d "$tmp"/other.previous-* 2>/dev/null)
+check "--overwrite: exit 0, the gpt2 export alone in its place (no llama tokenizer left beside it)" \
+  "[ $rc = 0 ] && grep -q GPT2LMHeadModel '$tmp/other/config.json' && [ ! -e '$tmp/other/tokenizer.json' ] && cmp -s '$tmp/other/model.safetensors' '$tmp/exp-gpt2/model.safetensors'"
+check "--overwrite: the llama model moved aside whole, where the output says" \
+  "[ -n '$prev' ] && [ \"\$(md5s '$prev')\" = \"$before\" ] && grep -qF 'now in $prev' '$tmp/out'"
+# Its own earlier export is replaced whole without --overwrite; a file it did not write stops that.
+"$EXPORT" --checkpoint "$tmp/run-llama" --out "$tmp/other" >/dev/null 2>&1
+check "an earlier export is replaced: exit 0, llama now" \
+  "[ $? = 0 ] && grep -q LlamaForCausalLM '$tmp/other/config.json' && [ \$(ls -d '$tmp'/other.previous-* | wc -l) = 1 ]"
+echo "my notes" >"$tmp/other/README.md"
+"$EXPORT" --checkpoint "$tmp/run-gpt2" --out "$tmp/other" >/dev/null 2>"$tmp/err"
+check "... but not once it holds a file the export did not write: exit 2 naming it" \
+  "[ $? = 2 ] && grep -qF 'files it did not write: README.md' '$tmp/err' && grep -q LlamaForCausalLM '$tmp/other/config.json'"
+# The run directory itself: refused, with or without --overwrite; the run stays usable.
+cfg=$(md5sum <"$tmp/run-gpt2/config.json")
+for ow in "" --overwrite; do
+  "$EXPORT" --checkpoint "$tmp/run-gpt2" --out "$tmp/run-gpt2" $ow >/dev/null 2>"$tmp/err"
+  rc=$?
+  check "export into its own run directory $ow: exit 2 naming the run" \
+    "[ $rc = 2 ] && grep -qF \"'$tmp/run-gpt2' is an llmpi run directory (it holds checkpoints/ (1 step-*.h5)\" '$tmp/err'"
+done
+check "... the run's config.json untouched" "[ \"\$(md5sum <'$tmp/run-gpt2/config.json')\" = '$cfg' ]"
+"$B/llmpi-sample" --init-from "$tmp/run-gpt2" --prompt-ids 1,2 --ids --greedy --max-new-tokens 3 >/dev/null 2>"$tmp/err"
+check "... and llmpi-sample --init-from the run still works" "[ $? = 0 ]" || cat "$tmp/err"
+# A run directory where a Hugging Face model directory is expected: named as a run.
+timeout 120 mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$tmp/run-gpt2" \
+  --set run.dir="$tmp/run-w" >/dev/null 2>"$tmp/err"
+rc=$?
+"$EXPORT" --hf-dir "$tmp/run-gpt2" --out "$tmp/from-run" >/dev/null 2>"$tmp/err2"
+check "--init-from and --hf-dir given a run directory: exit 2 naming it a run, --resume and llmpi-export" \
+  "[ $rc = 2 ] && [ $? = 2 ] && grep -qF \"'$tmp/run-gpt2' is an llmpi run directory (it holds checkpoints/\" '$tmp/err' && grep -q 'resume auto, or export it first with llmpi-export' '$tmp/err' && grep -qF 'is an llmpi run directory' '$tmp/err2'"
+# --row: in range, and only for a checkpoint.
+for args in "--row -1|--row must be >= 0 (a rank of the checkpoint, 0 = the first), got -1" \
+            "--row 1|--row 1 is not a row of" "--hf-dir $FX/gpt2 --row 0|it does not apply to --hf-dir"; do
+  a=${args%%|*}; want=${args#*|}
+  ck_arg=(--checkpoint "$tmp/run-gpt2"); [[ $a == --hf-dir* ]] && ck_arg=()
+  "$EXPORT" "${ck_arg[@]}" $a --out "$tmp/rowtest" >/dev/null 2>"$tmp/err"
+  check "llmpi-export $a: exit 2, '$want'" "[ $? = 2 ] && grep -qF -- '$want' '$tmp/err' && [ ! -e '$tmp/rowtest' ]"
+done
+
+# ---- weights that are not finite: four NaN in the first tensor of the data (c_attn.bias of layer 0)
+mkdir -p "$tmp/nan" && cp $FX/gpt2/config.json $FX/gpt2/model.safetensors "$tmp/nan/"
+set_floats "$tmp/nan/model.safetensors" transformer.h.0.attn.c_attn.bias 10 4 ffffffff
+check "a gpt2 fixture with 4 NaN weights made" "[ $? = 0 ]"
+"$EXPORT" --hf-dir "$tmp/nan" --out "$tmp/nan-out" >/dev/null 2>"$tmp/err"
+check "export of NaN weights: exit 2 naming the tensor, nothing written" \
+  "[ $? = 2 ] && grep -qF \"tensor 'h.0.attn.c_attn.bias' holds 4 non-finite values of 96 (the first, nan, at element 10)\" '$tmp/err' && [ ! -e '$tmp/nan-out' ] && ! ls -A '$tmp' | grep -q 'tmp-'"
+
 [ $status = 0 ] || { cat "$tmp"/train-*.out; cat "$tmp/err"; }
 exit $status

@@ -21,7 +21,8 @@ trap cleanup EXIT
 "$B/llmpi-demo-corpus" --out "$tmp/c.txt" --seed 3 --megabytes 0.3 >/dev/null
 "$B/llmpi-demo-corpus" --out "$tmp/c2.txt" --seed 4 --megabytes 0.3 >/dev/null
 "$PREP" --tokenizer byte --input "$tmp/c.txt" --out "$tmp/d" >/dev/null 2>&1
-common=(--config data/demo.json --set model.d_model=64 --set model.n_layer=2 --set model.seq_len=64
+# run.dir under $tmp unless a check sets its own (never data/demo.json's, which `make run` fills)
+common=(--config data/demo.json --set run.dir="$tmp/default" --set model.d_model=64 --set model.n_layer=2 --set model.seq_len=64
         --set train.log_every=1 --set train.eval_every=0 --set train.global_batch=8)
 train() { timeout 120 mpiexec -n 2 "$TRAIN" "${common[@]}" "$@"; }
 

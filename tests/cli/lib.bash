@@ -13,3 +13,15 @@ status=0
 # a script may stop a sequence that makes no sense after a failure (check ... || exit $status).
 check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1  ($2)"; status=1; return 1; fi; }
 skip() { echo "skip $1"; }
+# set_floats FILE.safetensors TENSOR FIRST COUNT HEX: overwrite COUNT float32 values of TENSOR from
+# element FIRST with the 4 bytes HEX as stored (ffffffff: NaN; ffff7f7f: the largest float,
+# 3.4028235e38). Returns 1 when the header has no F32 tensor of that name.
+set_floats() {
+  local f=$1 name=$2 first=$3 count=$4 hex=$5 n off bytes i
+  n=$(od -An -tu8 -N8 "$f" | tr -d ' ')
+  off=$(head -c $((8 + n)) "$f" | tail -c "$n" |
+        grep -oP "\"${name//./\\.}\":\{\"dtype\":\"F32\",\"shape\":\[[0-9,]*\],\"data_offsets\":\[\K[0-9]+") || return 1
+  bytes=$(printf '\\x%s' "${hex:0:2}" "${hex:2:2}" "${hex:4:2}" "${hex:6:2}")
+  for ((i = 0; i < count; i++)); do printf "$bytes"; done |
+    dd of="$f" bs=1 seek=$((8 + n + off + 4 * first)) conv=notrunc status=none
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # llmpi-plan through the real program: a plan of the committed configurations (no data file needed),
 # the JSON it writes, a profile written and read back, and its errors (exit 2, one message naming
-# the fix). Serial, a few seconds.
+# the fix: bad values of every numeric option, output files it did not write). Serial, a few seconds.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 LINKS=tests/fixtures/plan/links.json
@@ -37,6 +37,36 @@ expect_error "an unknown link lists the valid ones" "shm, loopback, netns-1gbit,
 expect_error "a links file that cannot be read" "cannot read the links file" \
   --config data/plan/gpt2-124m.json --world 2 --intra-link netns-1gbit --links "$tmp/none.json"
 expect_error "no vocabulary and no data file" "give --vocab N" --config data/demo.json --set data.train=
+# Every numeric option in its range, naming the flag and the range (never planned with a default).
+G=(--config data/plan/gpt2-124m.json --world 8)
+expect_error "--pp -2" "--pp must be >= 1 (pipeline stages), got -2" "${G[@]}" --pp -2
+expect_error "--microbatches -5" "--microbatches must be >= 1 (micro-batches per step per replica), got -5" "${G[@]}" --microbatches -5
+expect_error "--zero -3" "--zero must be 0 or 1 (the run's ZeRO stage), got -3" "${G[@]}" --zero -3
+expect_error "--zero 2" "--zero must be 0 or 1 (the run's ZeRO stage), got 2" "${G[@]}" --zero 2
+expect_error "--world 0" "--world must be >= 1 (ranks in the run), got 0" --config data/plan/gpt2-124m.json --world 0
+expect_error "--pp 0" "--pp must be >= 1 (pipeline stages), got 0" "${G[@]}" --pp 0
+expect_error "--vocab 0" "--vocab must be >= 1 (vocabulary size), got 0" "${G[@]}" --vocab 0
+expect_error "--mfu 1.5" "--mfu must be in (0, 1\] (the fraction of the device's peak the compute reaches), got 1.5" "${G[@]}" --mfu 1.5
+expect_error "--mfu 0" "--mfu must be in (0, 1\]" "${G[@]}" --mfu 0
+expect_error "--profile-reps 0" "--profile-reps must be >= 1 (repetitions per measured cost), got 0" "${G[@]}" --profile-reps 0
+expect_error "--cores-per-rank 0" "--cores-per-rank must be >= 1 (cores per rank), got 0" "${G[@]}" --cores-per-rank 0
+expect_error "--cores-per-node -1" "--cores-per-node must be >= 1 (cores of a node), got -1" "${G[@]}" --cores-per-node -1
+expect_error "--gpus-per-node 0" "--gpus-per-node must be >= 1 (ranks per node), got 0" "${G[@]}" --gpus-per-node 0
+expect_error "--nics-per-node 0" "--nics-per-node must be >= 1 (network ports per node), got 0" "${G[@]}" --nics-per-node 0
+expect_error "--world x" "llmpi-plan: error: Could not convert: --world = x; see llmpi-plan --help" --config data/plan/gpt2-124m.json --world x
+
+# --json and --profile-out replace only llmpi-plan's own files, unless --overwrite.
+echo '{"my": "notes"}' >"$tmp/notes.json"
+expect_error "--json over a file llmpi-plan did not write" "'$tmp/notes.json' exists and was not written by llmpi-plan --json" \
+  "${G[@]}" --json "$tmp/notes.json"
+expect_error "--profile-out over a file llmpi-plan did not write" "'$tmp/notes.json' exists and was not written by llmpi-plan --profile-out" \
+  "${G[@]}" --profile-out "$tmp/notes.json"
+check "... the file untouched" "grep -q notes '$tmp/notes.json'"
+"$B/llmpi-plan" "${G[@]}" --json "$tmp/p.json" >/dev/null 2>"$tmp/err"
+check "--json over its own earlier plan: exit 0" "[ $? = 0 ] && grep -q '\"format\": \"llmpi-plan\"' '$tmp/p.json'"
+"$B/llmpi-plan" "${G[@]}" --json "$tmp/notes.json" --overwrite >/dev/null 2>"$tmp/err"
+check "--json with --overwrite replaces the file: exit 0" "[ $? = 0 ] && grep -q '\"format\": \"llmpi-plan\"' '$tmp/notes.json'"
+
 "$B/llmpi-plan" --help >"$tmp/help"
 check "--help: exit 0, documents --profile and --link" "[ $? = 0 ] && grep -q -- '--profile-in' '$tmp/help' && grep -q -- '--gpus-per-node' '$tmp/help'"
 exit $status

@@ -13,8 +13,9 @@ trap cleanup EXIT
 
 "$B/llmpi-demo-corpus" --out "$tmp/c.txt" --seed 3 --megabytes 0.3 >/dev/null
 "$B/llmpi-prep" --tokenizer byte --input "$tmp/c.txt" --out "$tmp/d" >/dev/null 2>&1
-# A small model: ~25 ms per step here.
-common=(--config data/demo.json --set data.train="$tmp/d/train.h5" --set data.val= --set model.d_model=64
+# A small model: ~25 ms per step here. Every run gets a run.dir under $tmp (the first --set, which a
+# later one overrides), never data/demo.json's build/runs/demo that `make run` fills.
+common=(--config data/demo.json --set run.dir="$tmp/default" --set data.train="$tmp/d/train.h5" --set data.val= --set model.d_model=64
         --set model.n_layer=2 --set model.seq_len=64 --set train.log_every=1 --set train.eval_every=0)
 
 # wait_for COND SECONDS: poll until COND is true

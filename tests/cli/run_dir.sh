@@ -21,7 +21,8 @@ parsable() { [ -s "$1" ] && ! grep -qvE '^\{"[a-z_]+":.*\}$' "$1" && ! grep -q '
 
 "$B/llmpi-demo-corpus" --out "$tmp/c.txt" --seed 5 --megabytes 0.3 >/dev/null
 "$B/llmpi-prep" --tokenizer byte --input "$tmp/c.txt" --out "$tmp/d" >/dev/null 2>&1
-common=(--config data/demo.json --set data.train="$tmp/d/train.h5" --set data.val= --set model.d_model=64
+# run.dir under $tmp unless a check sets its own (never data/demo.json's, which `make run` fills)
+common=(--config data/demo.json --set run.dir="$tmp/default" --set data.train="$tmp/d/train.h5" --set data.val= --set model.d_model=64
         --set model.n_layer=2 --set model.seq_len=64 --set train.log_every=1 --set train.eval_every=0)
 run_train() {  # OUT_NAME ARGS...: mpiexec -n 2 in the foreground, $rc
   local out=$1; shift

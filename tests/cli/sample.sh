@@ -2,7 +2,8 @@
 # llmpi-sample through the real programs, without mpiexec: a tiny byte-level gpt2 and llama run
 # trained for a few steps, then sampled from its checkpoint (file, checkpoints dir, DIR/latest,
 # run dir); greedy = top-k 1 = no KV cache; a seed reproduces; the Hugging Face fixture models
-# give transformers' greedy tokens; bad input is one clear error with exit 1.
+# give transformers' greedy tokens; bad input is one clear error with exit 1, and so are weights
+# or logits that are not finite (greedy or sampled), never tokens chosen from NaN.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 SAMPLE="$B/llmpi-sample"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -96,6 +97,31 @@ expect_error both-prompts "not both" --init-from "$ck" --prompt "x" --prompt-ids
 expect_error no-tokenizer "no tokenizer is known" --init-from tests/fixtures/hf/gpt2 --prompt "x"
 expect_error tokenizer-mismatch "is not the one the run's data was made with" --init-from "$tmp/run-hf" \
   --prompt "x" --tokenizer hf:tests/fixtures/hf_tokenizers/metaspace_bpe/tokenizer.json
+expect_error max-new-tokens "--max-new-tokens must be >= 0 (most tokens to generate), got -1" --init-from "$ck" --prompt "x" --max-new-tokens -1
+expect_error threads "--threads must be >= 0 (CPU threads, 0 = OMP_NUM_THREADS or every core), got -2" --init-from "$ck" --prompt "x" --threads -2
+expect_error eot-id "--eot-id must be >= -1 (the token id that stops generation, -1 = never stop), got -5" --init-from "$ck" --prompt "x" --eot-id -5
+expect_error eot-id-vocab "--eot-id 300 is outside the model's vocabulary: give an id in [0, 257)" --init-from "$ck" --prompt "x" --eot-id 300
+expect_error seed "--seed must be an integer in [0, 18446744073709551615] (the seed of the draws), got '-1'" --init-from "$ck" --prompt "x" --seed -1
+expect_error seed-range "got '18446744073709551616'" --init-from "$ck" --prompt "x" --seed 18446744073709551616
+
+# Weights that are not finite (4 NaN in layer 0's c_attn.bias), and finite weights whose logits are
+# not (ln_f.weight all at the largest float): refused by name, greedy and sampled.
+mkdir -p "$tmp/nan" "$tmp/huge"
+cp tests/fixtures/hf/gpt2/config.json tests/fixtures/hf/gpt2/model.safetensors "$tmp/nan/"
+cp tests/fixtures/hf/gpt2/config.json tests/fixtures/hf/gpt2/model.safetensors "$tmp/huge/"
+set_floats "$tmp/nan/model.safetensors" transformer.h.0.attn.c_attn.bias 10 4 ffffffff &&
+  set_floats "$tmp/huge/model.safetensors" transformer.ln_f.weight 0 32 ffff7f7f
+check "fixture copies with NaN weights and with overflowing weights made" "[ $? = 0 ]"
+for mode in --greedy "--temperature 0.8"; do
+  expect_error "NaN weights ($mode)" \
+    "$tmp/nan: the model's weights are not finite: tensor 'h.0.attn.c_attn.bias' holds 4 non-finite values of 96 (the first, nan, at element 10)" \
+    --init-from "$tmp/nan" --prompt-ids 1,2 --ids $mode
+  check "... no token printed" "[ ! -s '$tmp/out' ]"
+  expect_error "overflowing logits ($mode)" "the logits for new token 1 (position 2) are not finite" \
+    --init-from "$tmp/huge" --prompt-ids 1,2 --ids $mode
+  check "... no token printed" "[ -z \"\$(tr -d ' \\n' <'$tmp/out')\" ]"
+done
+
 "$SAMPLE" --help >"$tmp/help" 2>&1
 check "--help: exit 0 and documents the options" "grep -q -- '--top-p' '$tmp/help' && grep -q -- '--no-kv-cache' '$tmp/help'"
 exit $status

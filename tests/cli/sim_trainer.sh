@@ -18,7 +18,8 @@ check "data prepared" "[ -f '$tmp/train.h5' ]" || exit $status
 cat >"$tmp/run.json" <<JSON
 {"data": {"train": "$tmp/train.h5", "val": "$tmp/val.h5"},
  "model": {"family": "gpt2", "n_layer": 2, "n_head": 4, "d_model": 64, "seq_len": 64},
- "train": {"global_batch": 4, "steps": 8, "lr": 3e-3, "warmup_steps": 2, "eval_every": 0, "log_every": 1}}
+ "train": {"global_batch": 4, "steps": 8, "lr": 3e-3, "warmup_steps": 2, "eval_every": 0, "log_every": 1},
+ "run": {"dir": "$tmp/run"}}
 JSON
 
 # run NAME PROGRAM RANKS SETTINGS...: a run into $tmp/NAME, its exit status returned

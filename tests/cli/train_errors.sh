@@ -15,12 +15,14 @@ expect_error() {
   else echo "ok   $name: exit $rc: $(grep -F -- "$needle" "$tmp/err")"; fi
 }
 
+# Each configuration names a run.dir under $tmp: the default (runs/default) may hold a user's run,
+# whose run-directory check must not answer before the error a check expects.
 printf '{"data": {"train": "x.h5"},, }' >"$tmp/malformed.json"
-printf '{"data": {"train": "x.h5"}, "train": {"stpes": 3}}' >"$tmp/unknown.json"
-printf '{"data": {"train": "x.h5"}, "model": {"n_layer": "four"}}' >"$tmp/type.json"
-printf '{"data": {"train": "%s/missing.h5"}}' "$tmp" >"$tmp/missing.json"
+printf '{"data": {"train": "x.h5"}, "train": {"stpes": 3}, "run": {"dir": "%s/run"}}' "$tmp" >"$tmp/unknown.json"
+printf '{"data": {"train": "x.h5"}, "model": {"n_layer": "four"}, "run": {"dir": "%s/run"}}' "$tmp" >"$tmp/type.json"
+printf '{"data": {"train": "%s/missing.h5"}, "run": {"dir": "%s/run"}}' "$tmp" "$tmp" >"$tmp/missing.json"
 printf 'not hdf5 at all\n' >"$tmp/fake.h5"
-printf '{"data": {"train": "%s/fake.h5"}}' "$tmp" >"$tmp/fake.json"
+printf '{"data": {"train": "%s/fake.h5"}, "run": {"dir": "%s/run"}}' "$tmp" "$tmp" >"$tmp/fake.json"
 
 expect_error malformed-json "malformed JSON" --config "$tmp/malformed.json"
 expect_error unknown-key "did you mean 'train.steps'" --config "$tmp/unknown.json"
