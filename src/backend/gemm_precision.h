@@ -73,6 +73,28 @@ struct GemmMode {
 // operands (the LM head's V = 50257 would leave them misaligned); the padding is zero.
 inline int bf16_row_stride(int cols) { return (cols + 7) / 8 * 8; }
 
+// Which engine multiplies the CPU backend's bf16 GEMMs (runtime.cpu_bf16_gemm; the selector is
+// backend/cpu/onednn_gemm.h). Both compute bf16 operands x bf16 operands with fp32 accumulation:
+//   automatic  oneDNN when the build has it and the CPU has bf16 instructions, else emulate
+//   onednn     oneDNN's bf16 matmul (AVX512-BF16 / AMX), native bf16 x bf16 -> fp32
+//   emulate    the operands rounded to bf16 in fp32 copies, then OpenBLAS sgemm: exact up to
+//              summation order, the oracle the other paths are compared with
+enum class CpuBf16Gemm { automatic, onednn, emulate };
+
+inline const char* cpu_bf16_gemm_name(CpuBf16Gemm e) {
+  return e == CpuBf16Gemm::automatic ? "auto" : e == CpuBf16Gemm::onednn ? "onednn" : "emulate";
+}
+
+// "auto" | "onednn" | "emulate" -> true and *out; anything else -> false.
+inline bool parse_cpu_bf16_gemm(const std::string& s, CpuBf16Gemm* out) {
+  for (CpuBf16Gemm e : {CpuBf16Gemm::automatic, CpuBf16Gemm::onednn, CpuBf16Gemm::emulate})
+    if (s == cpu_bf16_gemm_name(e)) {
+      *out = e;
+      return true;
+    }
+  return false;
+}
+
 // "fp32" | "tf32" | "bf16" -> true and *out; anything else -> false.
 inline bool parse_gemm_precision(const std::string& s, GemmPrecision* out) {
   for (GemmPrecision p : {GemmPrecision::fp32, GemmPrecision::tf32, GemmPrecision::bf16})

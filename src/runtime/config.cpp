@@ -29,7 +29,7 @@ const json& config_defaults() {
                  "poll_us": 50, "average_every": 1, "pp_stages": 1, "microbatches": 1,
                  "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [], "zero": 0,
                  "grad_dtype": "fp32"},
-    "runtime":  {"device": "auto", "precision": "fp32", "attention": "auto", "threads": 0, "trace_steps": 20,
+    "runtime":  {"device": "auto", "precision": "fp32", "cpu_bf16_gemm": "auto", "attention": "auto", "threads": 0, "trace_steps": 20,
                  "step_timeout_s": 0.0, "memory_check": true, "lm_head_chunk_rows": 0},
     "run":      {"dir": "runs/default"},
     "checkpoint": {"every": 0, "keep": 3}
@@ -273,6 +273,7 @@ static Config extract(const json& r) {
   c.checkpoint.keep = as_int<int>(r["checkpoint"]["keep"], "checkpoint.keep");
   c.runtime.device = r["runtime"]["device"];
   c.runtime.precision = r["runtime"]["precision"];
+  c.runtime.cpu_bf16_gemm = r["runtime"]["cpu_bf16_gemm"];
   c.runtime.attention = r["runtime"]["attention"];
   c.runtime.threads = as_int<int>(r["runtime"]["threads"], "runtime.threads");
   c.runtime.lm_head_chunk_rows = as_int<int>(r["runtime"]["lm_head_chunk_rows"], "runtime.lm_head_chunk_rows");
@@ -363,6 +364,9 @@ static Config extract(const json& r) {
               c.runtime.precision + "\"");
   require(!(gemm_precision == GemmPrecision::tf32 && c.runtime.device == "cpu"), "runtime.precision",
           "\"tf32\" is a CUDA tensor-core mode; use \"fp32\" or \"bf16\" with runtime.device \"cpu\"");
+  CpuBf16Gemm cpu_bf16_gemm;
+  require(parse_cpu_bf16_gemm(c.runtime.cpu_bf16_gemm, &cpu_bf16_gemm), "runtime.cpu_bf16_gemm",
+          "must be \"auto\", \"onednn\" or \"emulate\" (the CPU's bf16 GEMMs), got \"" + c.runtime.cpu_bf16_gemm + "\"");
   require(c.runtime.attention == "auto" || c.runtime.attention == "full" || c.runtime.attention == "fused",
           "runtime.attention", "must be \"auto\", \"full\" or \"fused\", got \"" + c.runtime.attention + "\"");
   require(c.runtime.threads >= 0, "runtime.threads", "must be >= 0 (0 = cores / ranks per node)");

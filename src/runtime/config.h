@@ -65,6 +65,7 @@ struct ParallelConfig {
 struct RuntimeConfig {
   std::string device;      // "auto" | "cpu" | "cuda"
   std::string precision;   // the dense layers' GEMMs: "fp32" | "tf32" (CUDA) | "bf16" (backend/gemm_precision.h)
+  std::string cpu_bf16_gemm;  // the CPU's bf16 GEMMs: "auto" | "onednn" | "emulate" (backend/cpu/onednn_gemm.h)
   std::string attention;   // "auto" | "full" | "fused" (model/model_desc.h resolve_attention)
   int threads;             // OpenMP/OpenBLAS threads per rank; 0 = cores on the node / ranks on it
   int trace_steps;         // record trace-rank{N}.json for the first trace_steps steps (0 = off)
