@@ -147,41 +147,46 @@ TEST(CpuBf16Gemm, ConfigKeyIsValidated) {
 
 // ---- the GEMM ------------------------------------------------------------------------------------------
 
-// C = op(A) op(B) + beta C against double arithmetic on the same bf16 operands, for every transpose
-// pair, beta 0 and 1, leading dimensions wider than the matrices (whose padding must stay as it
-// was), on 1 and 2 threads.
+// C = op(A) op(B) + bias + beta C against double arithmetic on the same bf16 operands, for every
+// transpose pair, beta 0 and 1, with and without a bias, leading dimensions wider than the matrices
+// (whose padding must stay as it was), on 1 and 2 threads.
 TEST(CpuBf16Gemm, OnednnGemmIsABf16ProductWithFp32Accumulation) {
   REQUIRE_ONEDNN();
   const int M = 67, N = 45, K = 130, pad = 5;
   for (int ta = 0; ta < 2; ta++)
     for (int tb = 0; tb < 2; tb++)
       for (float beta : {0.0f, 1.0f})
-        for (int threads : {1, 2}) {
-          const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
-          const auto a = bf16_bits_of(random_floats(static_cast<size_t>(ta ? K : M) * lda, 40));
-          const auto b = bf16_bits_of(random_floats(static_cast<size_t>(tb ? N : K) * ldb, 41));
-          const auto c0 = random_floats(static_cast<size_t>(M) * ldc, 42);
-          std::vector<float> c = c0;
-          cpu::onednn_bf16_gemm(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, threads);
-          std::vector<double> want(static_cast<size_t>(M) * N);
-          std::vector<float> got(want.size());
-          for (int m = 0; m < M; m++)
-            for (int n = 0; n < N; n++) {
-              double sum = beta * c0[static_cast<size_t>(m) * ldc + n];
-              for (int k = 0; k < K; k++)
-                sum += static_cast<double>(bf16_bits_to_float(ta ? a[static_cast<size_t>(k) * lda + m]
-                                                                  : a[static_cast<size_t>(m) * lda + k])) *
-                       bf16_bits_to_float(tb ? b[static_cast<size_t>(n) * ldb + k] : b[static_cast<size_t>(k) * ldb + n]);
-              want[static_cast<size_t>(m) * N + n] = sum;
-              got[static_cast<size_t>(m) * N + n] = c[static_cast<size_t>(m) * ldc + n];
-            }
-          const std::string where = std::string("trans ") + (ta ? "T" : "N") + (tb ? "T" : "N") + ", beta " +
-                                    std::to_string(beta) + ", threads " + std::to_string(threads);
-          EXPECT_LT(rel_err(got, want), 1e-6) << where;
-          for (int m = 0; m < M; m++)
-            for (int n = N; n < ldc; n++)
-              ASSERT_EQ(c[static_cast<size_t>(m) * ldc + n], c0[static_cast<size_t>(m) * ldc + n]) << where << ": padding";
-        }
+        for (int threads : {1, 2})
+          for (bool with_bias : {false, true}) {
+            const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+            const auto a = bf16_bits_of(random_floats(static_cast<size_t>(ta ? K : M) * lda, 40));
+            const auto b = bf16_bits_of(random_floats(static_cast<size_t>(tb ? N : K) * ldb, 41));
+            const auto c0 = random_floats(static_cast<size_t>(M) * ldc, 42), bias = random_floats(N, 43);
+            std::vector<float> c = c0;
+            cpu::onednn_bf16_gemm(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, threads,
+                                  with_bias ? bias.data() : nullptr);
+            std::vector<double> want(static_cast<size_t>(M) * N);
+            std::vector<float> got(want.size());
+            for (int m = 0; m < M; m++)
+              for (int n = 0; n < N; n++) {
+                double sum = beta * c0[static_cast<size_t>(m) * ldc + n] + (with_bias ? bias[n] : 0.0);
+                for (int k = 0; k < K; k++)
+                  sum += static_cast<double>(bf16_bits_to_float(ta ? a[static_cast<size_t>(k) * lda + m]
+                                                                    : a[static_cast<size_t>(m) * lda + k])) *
+                         bf16_bits_to_float(tb ? b[static_cast<size_t>(n) * ldb + k]
+                                               : b[static_cast<size_t>(k) * ldb + n]);
+                want[static_cast<size_t>(m) * N + n] = sum;
+                got[static_cast<size_t>(m) * N + n] = c[static_cast<size_t>(m) * ldc + n];
+              }
+            const std::string where = std::string("trans ") + (ta ? "T" : "N") + (tb ? "T" : "N") + ", beta " +
+                                      std::to_string(beta) + ", threads " + std::to_string(threads) + ", bias " +
+                                      std::to_string(with_bias);
+            EXPECT_LT(rel_err(got, want), 1e-6) << where;
+            for (int m = 0; m < M; m++)
+              for (int n = N; n < ldc; n++)
+                ASSERT_EQ(c[static_cast<size_t>(m) * ldc + n], c0[static_cast<size_t>(m) * ldc + n])
+                    << where << ": padding";
+          }
 }
 
 // ---- the dense layer against the emulation ---------------------------------------------------------------
@@ -250,7 +255,10 @@ std::vector<double> added_d(const std::vector<float>& got, const std::vector<flo
 // The rows' first OC values of a [N, ld] buffer
 std::vector<float> unpadded(const std::vector<float>& v, int N, int OC, int ld) {
   std::vector<float> r;
-  for (int n = 0; n < N; n++) r.insert(r.end(), v.begin() + static_cast<size_t>(n) * ld, v.begin() + static_cast<size_t>(n) * ld + OC);
+  for (int n = 0; n < N; n++) {
+    const auto row = v.begin() + static_cast<size_t>(n) * ld;
+    r.insert(r.end(), row, row + OC);
+  }
   return r;
 }
 
@@ -313,7 +321,8 @@ TEST(CpuBf16Gemm, BackwardMatchesEmulationAndAdds) {
         for (int k = 0; k < 3; k++) {
           // the part added, compared: a gradient that started at zero would hide a result written
           // over the initial values
-          EXPECT_LT(rel_err(added(dnn[k], *initial[k]), added_d(emu[k], *initial[k])), kOpTol) << where << " " << names[k];
+          EXPECT_LT(rel_err(added(dnn[k], *initial[k]), added_d(emu[k], *initial[k])), kOpTol)
+              << where << " " << names[k];
           if (k < 2) {
             EXPECT_GT(rel_err(added(dnn[k], *initial[k]), added_d(f32[k], *initial[k])), 1e-5)
                 << where << " " << names[k] << ": oneDNN equals fp32, bf16 was not applied";
@@ -343,8 +352,8 @@ TEST(CpuBf16Gemm, SplitBackwardEqualsFusedAndRepeats) {
     EXPECT_TRUE(same_bits(dx, fused[0])) << s.N;
     EXPECT_TRUE(same_bits(dw, fused[1])) << s.N;
     EXPECT_TRUE(same_bits(db, fused[2])) << s.N;
-    const auto f1 = L.forward(GemmPrecision::bf16, false, true, 0.0f), f2 = L.forward(GemmPrecision::bf16, false, true, 0.0f);
-    EXPECT_TRUE(same_bits(f1, f2)) << s.N;
+    const auto f1 = L.forward(GemmPrecision::bf16, false, true, 0.0f);
+    EXPECT_TRUE(same_bits(f1, L.forward(GemmPrecision::bf16, false, true, 0.0f))) << s.N;
   }
 }
 
@@ -453,7 +462,8 @@ TEST_P(CpuBf16GemmModel, TrainingFollowsEmulationLossCurve) {
   }
   const CurveGap gap = curve_gap(emu, dnn), bf16_gap = curve_gap(f32, emu);
   for (int s = 0; s < steps; s++)
-    EXPECT_LT(gap.per_step[s], 1e-2) << c.name << " step " << s + 1 << ": oneDNN " << dnn[s] << " vs emulation " << emu[s];
+    EXPECT_LT(gap.per_step[s], 1e-2) << c.name << " step " << s + 1 << ": oneDNN " << dnn[s] << " vs emulation "
+                                     << emu[s];
   std::printf("%s: losses %.4f -> %.4f (emulation), %.4f -> %.4f (oneDNN); largest relative gap %.2e (bf16 vs fp32: "
               "%.2e)\n",
               c.name, emu[0], emu.back(), dnn[0], dnn.back(), gap.worst, bf16_gap.worst);

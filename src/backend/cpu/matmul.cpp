@@ -244,10 +244,10 @@ void bf16_copy(uint16_t* dst, const float* src, size_t n) {
 }
 
 // out[N,OC] = inp[N,C] · weight[OC,C]^T + bias[OC]   (out's rows gemm.out_stride(OC) apart)
-// With a bias, out is first filled with the bias rows and sgemm accumulates (beta = 1); this
-// costs the same single pass over out as sgemm's own beta = 0 clearing would.
-// bf16: oneDNN multiplies the bf16 operands, or (emulation) inp and weight are replaced by rounded
-// copies first.
+// sgemm: with a bias, out is first filled with the bias rows and sgemm accumulates (beta = 1);
+// this costs the same single pass over out as sgemm's own beta = 0 clearing would. In bf16 the
+// emulation replaces inp and weight by rounded copies first; oneDNN multiplies the bf16 operands
+// and adds the bias as it writes out.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC, GemmMode gemm) {
   check_cpu_precision(gemm.prec);
@@ -255,7 +255,14 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   const int ldo = gemm.out_stride(OC);
   if (ldo < OC) fail("internal: matmul_forward with out_ld ", ldo, " < OC ", OC);
   const size_t ni = static_cast<size_t>(N) * C, nw = static_cast<size_t>(OC) * C;
-  if (gemm.prec == GemmPrecision::bf16 && C > 0 && !on_onednn(gemm.prec)) {
+  if (C > 0 && on_onednn(gemm.prec)) {
+    uint16_t* s = thread_bf16_scratch((gemm.inp_bf16 ? 0 : round16(ni)) + (gemm.weight_bf16 ? 0 : nw));
+    const uint16_t* x16 = bf16_bits_operand(s, inp, gemm.inp_bf16, ni);
+    const uint16_t* w16 = bf16_bits_weight(s + (gemm.inp_bf16 ? 0 : round16(ni)), weight, gemm.weight_bf16, nw);
+    onednn_bf16_gemm(false, true, N, OC, C, x16, C, w16, C, 0.0f, out, ldo, gemm_threads(N, OC, C), bias);
+    return;
+  }
+  if (gemm.prec == GemmPrecision::bf16 && C > 0) {
     float* s = thread_scratch(round16(ni) + nw);
     bf16_operand_into(s, inp, gemm.inp_bf16, ni);
     bf16_weight_into(s + round16(ni), weight, gemm.weight_bf16, nw);
@@ -273,13 +280,6 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     beta = 1.0f;
   }
   if (C <= 0) return;
-  if (on_onednn(gemm.prec)) {
-    uint16_t* s = thread_bf16_scratch((gemm.inp_bf16 ? 0 : round16(ni)) + (gemm.weight_bf16 ? 0 : nw));
-    const uint16_t* x16 = bf16_bits_operand(s, inp, gemm.inp_bf16, ni);
-    const uint16_t* w16 = bf16_bits_weight(s + (gemm.inp_bf16 ? 0 : round16(ni)), weight, gemm.weight_bf16, nw);
-    onednn_bf16_gemm(false, true, N, OC, C, x16, C, w16, C, beta, out, ldo, gemm_threads(N, OC, C));
-    return;
-  }
   sgemm_on_omp_threads(CblasNoTrans, CblasTrans, N, OC, C, inp, C, weight, C, beta, out, ldo);
 }
 

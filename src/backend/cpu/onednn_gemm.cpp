@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <unordered_map>
 
 #include "runtime/error.h"
 
@@ -41,14 +42,15 @@ struct GemmKey {
   bool bf16, trans_a, trans_b;
   int M, N, K, lda, ldb, ldc;
   bool accumulate;  // beta = 1
+  bool bias;
   int threads;
-  auto tie() const { return std::tie(bf16, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, threads); }
+  auto tie() const { return std::tie(bf16, trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bias, threads); }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
 struct GemmPlan {
   dnnl::matmul primitive;
-  dnnl::memory::desc a, b, c, scratchpad;
+  dnnl::memory::desc a, b, bias, c, scratchpad;
   std::string impl;  // oneDNN's name of the implementation, e.g. "brg:avx512_core_bf16"
 };
 
@@ -77,6 +79,8 @@ GemmPlan make_plan(const GemmKey& k) {
   const memory::desc a({k.M, k.K}, t, k.trans_a ? memory::dims{1, k.lda} : memory::dims{k.lda, 1});
   const memory::desc b({k.K, k.N}, t, k.trans_b ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1});
   const memory::desc c({k.M, k.N}, memory::data_type::f32, memory::dims{k.ldc, 1});
+  const memory::desc bias =
+      k.bias ? memory::desc({1, k.N}, memory::data_type::f32, memory::dims{k.N, 1}) : memory::desc();
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (k.accumulate) {
@@ -84,8 +88,9 @@ GemmPlan make_plan(const GemmKey& k) {
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
-  return {dnnl::matmul(pd), a, b, c, pd.scratchpad_desc(), pd.impl_info_str()};
+  const dnnl::matmul::primitive_desc pd(k.bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c), attr,
+                                        cpu_engine());
+  return {dnnl::matmul(pd), a, b, bias, c, pd.scratchpad_desc(), pd.impl_info_str()};
 }
 
 // Primitives made so far. A process sees a handful of shapes per model (the last chunk of the LM
@@ -129,13 +134,16 @@ void check_layout(const GemmKey& k) {
          k.ldc, ", threads ", k.threads);
 }
 
-void run_gemm(const GemmKey& k, float beta, const void* A, const void* B, float* C) {
+void run_gemm(const GemmKey& k, float beta, const void* A, const void* B, float* C, const float* bias) {
   if (beta != 0.0f && beta != 1.0f) fail("internal: oneDNN GEMM with beta ", beta, " (0 or 1 only)");
   check_layout(k);
   if (k.M == 0 || k.N == 0) return;
-  if (k.K == 0) {  // an empty sum: C = beta C
-    if (!k.accumulate)
-      for (int m = 0; m < k.M; m++) std::memset(C + static_cast<size_t>(m) * k.ldc, 0, sizeof(float) * k.N);
+  if (k.K == 0) {  // an empty sum: C = bias + beta C
+    for (int m = 0; m < k.M; m++)
+      for (int n = 0; n < k.N; n++) {
+        float& c = C[static_cast<size_t>(m) * k.ldc + n];
+        c = (bias ? bias[n] : 0.0f) + (k.accumulate ? c : 0.0f);
+      }
     return;
   }
   try {
@@ -145,8 +153,10 @@ void run_gemm(const GemmKey& k, float beta, const void* A, const void* B, float*
     thread_local dnnl::stream stream(engine);
     dnnl::memory a(plan->a, engine, const_cast<void*>(A)), b(plan->b, engine, const_cast<void*>(B)),
         c(plan->c, engine, C), scratchpad(plan->scratchpad, engine, thread_scratchpad(plan->scratchpad.get_size()));
-    plan->primitive.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c},
-                                     {DNNL_ARG_SCRATCHPAD, scratchpad}});
+    std::unordered_map<int, dnnl::memory> args = {
+        {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, scratchpad}};
+    if (k.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(plan->bias, engine, const_cast<float*>(bias)));
+    plan->primitive.execute(stream, args);
     stream.wait();
   } catch (const dnnl::error& e) {
     fail("oneDNN's ", k.bf16 ? "bf16" : "fp32", " matmul (", k.M, " x ", k.N, " x ", k.K, ") failed: ", e.what(),
@@ -209,9 +219,8 @@ void select_cpu_bf16_gemm(CpuBf16Gemm want) {
   const CpuBf16Gemm engine = want == CpuBf16Gemm::emulate || !have ? CpuBf16Gemm::emulate : CpuBf16Gemm::onednn;
   std::lock_guard<std::mutex> lock(reason_mutex);
   selected.store(engine);
-  selected_reason = want == CpuBf16Gemm::emulate ? "runtime.cpu_bf16_gemm \"emulate\""
-                    : engine == CpuBf16Gemm::emulate ? why
-                                                     : std::string("runtime.cpu_bf16_gemm \"") + cpu_bf16_gemm_name(want) + "\"";
+  const std::string key = std::string("runtime.cpu_bf16_gemm \"") + cpu_bf16_gemm_name(want) + "\"";
+  selected_reason = engine == CpuBf16Gemm::emulate && want != CpuBf16Gemm::emulate ? why : key;
 }
 
 CpuBf16Gemm cpu_bf16_gemm() { return selected.load(); }
@@ -230,18 +239,20 @@ std::string cpu_bf16_gemm_description() {
 }
 
 void onednn_bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
-                      int ldb, float beta, float* C, int ldc, int threads) {
+                      int ldb, float beta, float* C, int ldc, int threads, const float* bias) {
 #if LLMPI_HAVE_ONEDNN
-  run_gemm({true, trans_a, trans_b, M, N, K, lda, ldb, ldc, beta != 0.0f, threads}, beta, A, B, C);
+  run_gemm({true, trans_a, trans_b, M, N, K, lda, ldb, ldc, beta != 0.0f, bias != nullptr, threads}, beta, A, B, C,
+           bias);
 #else
   fail("internal: oneDNN GEMM called in a build without oneDNN");
 #endif
 }
 
 void onednn_f32_gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
-                     float beta, float* C, int ldc, int threads) {
+                     float beta, float* C, int ldc, int threads, const float* bias) {
 #if LLMPI_HAVE_ONEDNN
-  run_gemm({false, trans_a, trans_b, M, N, K, lda, ldb, ldc, beta != 0.0f, threads}, beta, A, B, C);
+  run_gemm({false, trans_a, trans_b, M, N, K, lda, ldb, ldc, beta != 0.0f, bias != nullptr, threads}, beta, A, B, C,
+           bias);
 #else
   fail("internal: oneDNN GEMM called in a build without oneDNN");
 #endif
@@ -249,7 +260,8 @@ void onednn_f32_gemm(bool trans_a, bool trans_b, int M, int N, int K, const floa
 
 std::string onednn_matmul_impl(bool bf16, bool trans_a, bool trans_b, int M, int N, int K) {
 #if LLMPI_HAVE_ONEDNN
-  const GemmKey k{bf16, trans_a, trans_b, M, N, K, trans_a ? M : K, trans_b ? K : N, N, false, omp_get_max_threads()};
+  const GemmKey k{bf16, trans_a, trans_b, M, N, K, trans_a ? M : K, trans_b ? K : N, N,
+                  false, false, omp_get_max_threads()};
   return plan_for(k)->impl;
 #else
   return "";

@@ -52,20 +52,21 @@ struct ScopedCpuBf16Gemm {
   ScopedCpuBf16Gemm& operator=(const ScopedCpuBf16Gemm&) = delete;
 };
 
-// C[M,N] = op(A) op(B) + beta C through oneDNN's matmul, row-major, as cblas_sgemm with alpha 1
-// and beta 0 or 1: A and B are bf16 bits (op(A) [M,K]: A is [M,K] with rows lda apart, or with
-// trans_a [K,M]; op(B) [K,N]: B is [K,N] rows ldb apart, or with trans_b [N,K]), C is fp32 with rows
-// ldc apart, accumulated in fp32. Runs on `threads` OpenMP threads. The primitive for each shape
-// (transposes, sizes, strides, beta, threads) is made once and kept; its scratchpad is this
-// thread's, grown on demand. The same call gives the same bits every time. Throws Error when
-// oneDNN is not compiled in or fails.
+// C[M,N] = op(A) op(B) + bias + beta C through oneDNN's matmul, row-major, as cblas_sgemm with
+// alpha 1 and beta 0 or 1: A and B are bf16 bits (op(A) [M,K]: A is [M,K] with rows lda apart, or
+// with trans_a [K,M]; op(B) [K,N]: B is [K,N] rows ldb apart, or with trans_b [N,K]), C is fp32 with
+// rows ldc apart, accumulated in fp32; bias (may be null) is fp32 [N], added to every row. The
+// padding columns of C are not touched. Runs on `threads` OpenMP threads. The primitive for each
+// shape (transposes, sizes, strides, beta, bias or not, threads) is made once and kept; its
+// scratchpad is this thread's, grown on demand. The same call gives the same bits every time.
+// Throws Error when oneDNN is not compiled in or fails.
 void onednn_bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
-                      int ldb, float beta, float* C, int ldc, int threads);
+                      int ldb, float beta, float* C, int ldc, int threads, const float* bias = nullptr);
 
-// The same with fp32 operands (oneDNN's fp32 matmul): for bench-gemm_rate's comparison with
+// The same with fp32 operands (oneDNN's fp32 matmul): for bench-sgemm_rate's comparison with
 // OpenBLAS sgemm only; the fp32 dense layers use sgemm.
 void onednn_f32_gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
-                     int ldb, float beta, float* C, int ldc, int threads);
+                     int ldb, float beta, float* C, int ldc, int threads, const float* bias = nullptr);
 
 // The oneDNN implementation that a bf16 / fp32 matmul of this shape gets (e.g. "brg:avx512_core_bf16"),
 // or "" when oneDNN is not compiled in (the benchmark's report).
