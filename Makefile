@@ -4,7 +4,8 @@
 #                   the demo data set, train on 2 ranks; CUDA kernels only when a GPU is present
 #   make test       install missing packages, build, run unit + MPI integration tests
 #   make deps       install missing Debian packages (as root), or print the command to run
-#   make bench      the reference-configuration throughput benchmark (see docs/PERF.md)
+#   make bench      the reference-configuration throughput benchmark, fp32 and bf16 (see docs/PERF.md);
+#                   REF_PYTHON= a Python with PyTorch (2.x for its torch.compile rows) for the PyTorch peers
 #   make glue       the course's BERT-on-RTE assignment: fine-tune all-MiniLM-L6-v2 on GLUE RTE, time the
 #                   sync methods, count the traffic (tools/glue_course.py; docs/GLUE.md). GLUE_DIR=,
 #                   GLUE_ARGS= (e.g. --parts train), REF_PYTHON= (a Python with torch for the reference)
@@ -257,7 +258,7 @@ test: all
 	BUILD=$(BUILD) tools/run_tests.sh
 
 bench: all
-	BUILD=$(BUILD) /usr/bin/python3 bench/run_reference.py
+	BUILD=$(BUILD) /usr/bin/python3 bench/run_reference.py $(if $(REF_PYTHON),--torch-python $(REF_PYTHON))
 
 .PHONY: glue
 glue: all pretrained

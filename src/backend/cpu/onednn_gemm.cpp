@@ -188,7 +188,7 @@ const std::string& onednn_unavailable_reason() {
       const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
       const unsigned bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
       if ((static_cast<unsigned>(isa) & bf16) != bf16)
-        return std::string("this CPU has no bf16 instructions (oneDNN's ISA here: ") + isa_name(isa) + ")";
+        return std::string("oneDNN finds no bf16 instructions on this CPU (its ISA here: ") + isa_name(isa) + ")";
       const std::string impl = onednn_matmul_impl(true, false, true, 64, 64, 64);
       if (impl.find("ref") != std::string::npos)
         return "oneDNN has only its reference bf16 matmul on this CPU (" + impl + ")";

@@ -39,7 +39,7 @@ void select_cpu_bf16_gemm(CpuBf16Gemm want);
 CpuBf16Gemm cpu_bf16_gemm();
 // One line for the start-up banner: the engine in use and why, e.g.
 //   "oneDNN 2.6.3 bf16 matmul (brg:avx512_core_bf16)"
-//   "emulated (operands rounded to bf16, fp32 OpenBLAS sgemm): this CPU has no bf16 instructions ..."
+//   "emulated (operands rounded to bf16, fp32 OpenBLAS sgemm): oneDNN finds no bf16 instructions ..."
 std::string cpu_bf16_gemm_description();
 
 // Selects `want` for its lifetime, then restores the engine it found (a run inside a process that
