@@ -4,11 +4,13 @@
 #                   the demo data set, train on 2 ranks; CUDA kernels only when a GPU is present
 #   make test       install missing packages, build, run unit + MPI integration tests
 #   make deps       install missing Debian packages (as root), or print the command to run
-#   make bench      the reference-configuration throughput benchmark (see docs/PERF.md)
+#   make bench      the reference-configuration throughput benchmark, fp32 and bf16 (see docs/PERF.md);
+#                   REF_PYTHON= a Python with PyTorch (2.x for its torch.compile rows) for the PyTorch peers
 #   make glue       the course's BERT-on-RTE assignment: fine-tune all-MiniLM-L6-v2 on GLUE RTE, time the
 #                   sync methods, count the traffic (tools/glue_course.py; docs/GLUE.md). GLUE_DIR=,
 #                   GLUE_ARGS= (e.g. --parts train), REF_PYTHON= (a Python with torch for the reference)
-# Variables: BUILD=dir (default build; build-san with SAN=1), SAN=1 (ASan + UBSan), CUDA=0|1, NP=ranks for `run` (default 2), JOBS=parallel compiles for `run` (default nproc), OPT=-O3 flags.
+# Variables: BUILD=dir (default build; build-san with SAN=1), SAN=1 (ASan + UBSan), CUDA=0|1, ONEDNN=0 (no oneDNN),
+#            NP=ranks for `run` (default 2), JOBS=parallel compiles for `run` (default nproc), OPT=-O3 flags.
 
 # SAN=1 builds into its own directory (build-san) so it never mixes objects with the normal build.
 ifeq ($(SAN),1)
@@ -22,6 +24,19 @@ SHELL := /bin/bash
 DEB_PACKAGES := mpich libmpich-dev libhdf5-dev hdf5-tools nlohmann-json3-dev libopenblas-dev \
                 libcli11-dev libgtest-dev libbenchmark-dev pkg-config
 DEPS_STAMP := $(BUILD)/.deps-ok
+
+# oneDNN (libdnnl-dev): the CPU's bf16 GEMMs on bf16 instructions (src/backend/cpu/onednn_gemm.cpp).
+# Installed with the others unless ONEDNN=0; compiled in and linked when its header is there. The
+# header is looked for when a recipe runs, not when make reads this file, so that the build that
+# installs the package uses it. (Without it the bf16 GEMMs are emulated on sgemm.)
+ONEDNN ?= 1
+ifneq ($(ONEDNN),0)
+DEB_PACKAGES += libdnnl-dev
+endif
+ONEDNN_HEADER := /usr/include/oneapi/dnnl/dnnl.hpp
+onednn_found   = $(if $(filter-out 0,$(ONEDNN)),$(shell test -f $(ONEDNN_HEADER) && echo yes))
+ONEDNN_CFLAGS  = $(if $(onednn_found),-DLLMPI_HAVE_ONEDNN=1)
+ONEDNN_LIBS    = $(if $(onednn_found),-ldnnl)
 
 # $(call install_missing,PACKAGES,PURPOSE): a recipe line that apt-get installs the Debian packages
 # that are missing when run as root, and otherwise prints the command to run and fails.
@@ -57,7 +72,8 @@ endif
 OPT      ?= -O3 -march=x86-64-v3 -fno-math-errno
 CXXFLAGS := -std=c++17 $(OPT) -g -fopenmp -Wall -Wextra -Wno-unused-parameter -MMD -MP \
             -Isrc $(HDF5_CFLAGS)
-LDLIBS   := $(HDF5_LIBS) -lopenblas -fopenmp -lpthread
+# (recursive: ONEDNN_LIBS is decided when a link runs)
+LDLIBS    = $(HDF5_LIBS) -lopenblas $(ONEDNN_LIBS) -fopenmp -lpthread
 
 ifeq ($(SAN),1)
 CXXFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer
@@ -143,6 +159,15 @@ $(CUDA_MODE_STAMP): | $(DEPS_STAMP)
 	@rm -f $(BUILD)/.mode-* && touch $@
 $(BUILD)/obj/src/backend/cuda_fallback.o $(BUILD)/obj/src/comm/nccl_exchange.o $(BUILD)/obj/src/runtime/watchdog.o \
   $(BUILD)/obj/tests/test_cuda_ops.o $(BUILD)/obj/bench/gpu_gpt2.o: $(CUDA_MODE_STAMP)
+
+# The one object that includes oneDNN: compiled with LLMPI_HAVE_ONEDNN when the header is found,
+# again when that changes between two makes (the stamp's name says what make saw when it started).
+ONEDNN_MODE_STAMP := $(BUILD)/.onednn-$(if $(filter-out 0,$(ONEDNN)),$(if $(wildcard $(ONEDNN_HEADER)),yes,no),off)
+$(ONEDNN_MODE_STAMP): | $(DEPS_STAMP)
+	@rm -f $(BUILD)/.onednn-* && touch $@
+$(BUILD)/obj/src/backend/cpu/onednn_gemm.o: src/backend/cpu/onednn_gemm.cpp $(ONEDNN_MODE_STAMP) | $(DEPS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(ONEDNN_CFLAGS) -c $< -o $@
 
 $(BUILD)/libllmpi.a: $(LIB_OBJ) $(CU_OBJ)
 	@rm -f $@ && ar rcs $@ $^
@@ -260,7 +285,7 @@ test: all
 	BUILD=$(BUILD) tools/run_tests.sh
 
 bench: all
-	BUILD=$(BUILD) /usr/bin/python3 bench/run_reference.py
+	BUILD=$(BUILD) /usr/bin/python3 bench/run_reference.py $(if $(REF_PYTHON),--torch-python $(REF_PYTHON))
 
 .PHONY: glue
 glue: all pretrained

@@ -13,7 +13,14 @@ to the token embedding (no bias); cross-entropy loss. AdamW (lr 3e-4, betas (0.9
 eps 1e-8, weight decay 0.1 on 2-D weights, 0 on biases and LayerNorm), grad-norm clip 1.0.
 Data: uniformly random token ids from a seeded generator (different per rank).
 
-Run with Debian's PyTorch (python3-torch, 1.13), not a pyenv python:
+--autocast bf16 runs the forward (and so the backward) under torch.autocast("cpu", torch.bfloat16):
+the Linear layers and the attention matmuls in bf16 with fp32 accumulation (oneDNN on CPUs with
+bf16 instructions), the rest in fp32, master weights fp32, the usual mixed-precision recipe.
+--compile wraps the DDP model in torch.compile (PyTorch 2.x; Inductor, which needs a C++
+compiler): the first steps compile, so give it --warmup of a few steps.
+
+Run with Debian's PyTorch (python3-torch, 1.13), or a PyTorch 2.x installed with pip into a
+virtual environment (needed for --compile):
     OMP_NUM_THREADS=1 /usr/bin/python3 bench/pytorch_ddp_reference.py --json out.json
 The script starts its own ranks (torchrun does not work with that build): --world-size N
 spawns N processes that meet at 127.0.0.1 on a free port. Timing: --warmup steps are run
@@ -50,6 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--foreach", choices=["auto", "on", "off"], default="on",
                    help="AdamW multi-tensor (foreach) implementation (on/off measured the same here; "
                         "the optimizer is a small part of the step)")
+    p.add_argument("--autocast", choices=["off", "bf16"], default="off",
+                   help="bf16: forward under torch.autocast('cpu', torch.bfloat16)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the DDP model (PyTorch 2.x)")
     p.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT")
     a = p.parse_args(argv)
     for name in ("steps", "n_layer", "n_head", "d_model", "vocab", "seq_len", "batch_per_rank",
@@ -165,6 +175,8 @@ def worker(rank, a, port):
     model = GPT(a.vocab, a.seq_len, a.n_layer, a.n_head, a.d_model)
     params = sum(p.numel() for p in model.parameters())  # parameters() yields the tied one once
     ddp = DDP(model)
+    if a.compile:
+        ddp = torch.compile(ddp)
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -185,7 +197,8 @@ def worker(rank, a, port):
         x, y = inputs[step], targets[step]
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = ddp(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
+            loss = ddp(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -209,7 +222,8 @@ def worker(rank, a, port):
     fpt = flops_per_token(params, a)
     tps = tokens_per_step / (med / 1e3)
     config = {"n_layer": a.n_layer, "n_head": a.n_head, "d_model": a.d_model, "vocab": a.vocab,
-              "seq_len": a.seq_len, "batch_per_rank": a.batch_per_rank, "dtype": "fp32",
+              "seq_len": a.seq_len, "batch_per_rank": a.batch_per_rank,
+              "dtype": "bf16 autocast" if a.autocast == "bf16" else "fp32", "compile": a.compile,
               "optimizer": "adamw", "adamw_foreach": a.foreach, "seed": a.seed}
     result = {
         "tool": "pytorch-ddp",
@@ -236,6 +250,7 @@ def worker(rank, a, port):
         ("config", f"L={a.n_layer} H={a.n_head} C={a.d_model} V={a.vocab} T={a.seq_len} "
                    f"B={a.batch_per_rank}/rank"),
         ("ranks x threads", f"{a.world_size} x {a.threads} (gloo, loopback)"),
+        ("precision", config["dtype"] + (", torch.compile" if a.compile else ", eager")),
         ("params", f"{params:,}"),
         ("FLOPs/token", f"{fpt:,}"),
         ("steps timed", f"{a.steps} (after {a.warmup} warm-up)"),
@@ -269,6 +284,8 @@ def main():
     a = ARGS
     if not dist.is_available() or not dist.is_gloo_available():
         sys.exit("pytorch_ddp_reference: error: this torch build has no gloo backend")
+    if a.compile and not hasattr(torch, "compile"):
+        sys.exit(f"pytorch_ddp_reference: error: --compile needs PyTorch 2.x, this is {torch.__version__}")
     if a.json:
         d = os.path.dirname(os.path.abspath(a.json))
         if not os.path.isdir(d) or not os.access(d, os.W_OK):

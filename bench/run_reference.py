@@ -13,23 +13,32 @@ batch 16 (8 sequences per rank on 2 ranks), fp32, AdamW. Rows, each a llmpi-trai
                        its default dropout 0.1, classifier with 2 labels), 2 ranks x 1 thread, on
                        a classification file of random full-length examples (bench-random_examples);
                        tokens = B x T per step, as for the language models
+  ... bf16             each of the four with runtime.precision bf16 (its bf16 GEMMs on oneDNN where
+                       the CPU has bf16 instructions, else emulated; the trainer's banner says which,
+                       recorded as "bf16_gemm"); --no-bf16 leaves them out
   gpt2 (previous rel.) with --baseline-train PATH: that llmpi-train binary on the gpt2 row's config
-  PyTorch DDP          the gpt2 model in PyTorch (gloo, 2 processes x 1 thread) when Debian's
-                       python3-torch is installed and --no-torch is not given
+  PyTorch DDP          the gpt2 model in PyTorch (gloo, 2 processes x 1 thread) when --torch-python
+                       (default Debian's /usr/bin/python3 with python3-torch) imports torch and
+                       --no-torch is not given; with the bf16 rows also under
+                       torch.autocast("cpu", torch.bfloat16), eager and (PyTorch 2.x) torch.compile,
+                       at 2 ranks x 1 thread and 1 rank x 2 threads
 
-Each round first measures the single-core OpenBLAS sgemm rate under mpiexec -n 2 (both cores busy,
-as in training; bench-sgemm_rate) on each family's own dense-layer GEMM shapes, then runs every
-row; the order of the rows is reversed every other round, so that a slow phase of a shared
-machine hits all rows alike. Figures are medians over all timed steps of all rounds (the first
---skip steps of every run are discarded).
+Each round first measures the single-core GEMM rates under mpiexec -n 2 (both cores busy, as in
+training; bench-sgemm_rate) on each family's own dense-layer GEMM shapes: OpenBLAS sgemm, and where
+oneDNN's bf16 matmul can run, oneDNN bf16 (the bf16 rows' ceiling) and oneDNN fp32 (compared with
+sgemm only); then it runs every row; the order of the rows is reversed every other round, so that a
+slow phase of a shared machine hits all rows alike. Figures are medians over all timed steps of all
+rounds (the first --skip steps of every run are discarded).
 
 FLOPs/token is the trainer's (model/model_desc.cpp flops_per_token): 6 x parameters + 12 x
 layers x seq_len x d_model, with the parameter count the run itself records (comm_plan.json
-total_floats). Utilisation = tokens/s x FLOPs/token / (2 cores x the family's sgemm GFLOP/s per
-core measured in the same rounds). Because 6 x parameters also counts embedding tables that are
-looked up, not multiplied (gpt2's wpe; llama's untied embed_tokens; bert's word, position and
-token-type embeddings), a second utilisation uses the FLOPs the dense layers really execute:
-6 x (parameters - those tables) + the same attention term.
+total_floats). Utilisation = tokens/s x FLOPs/token / (2 cores x the family's GEMM GFLOP/s per
+core measured in the same rounds: sgemm for fp32 rows, oneDNN bf16 for bf16 rows where it runs).
+Because 6 x parameters also counts embedding tables that are looked up, not multiplied (gpt2's wpe;
+llama's untied embed_tokens; bert's word, position and token-type embeddings), a second utilisation
+uses the FLOPs the dense layers really execute: 6 x (parameters - those tables) + the same
+attention term. (Attention's own products stay fp32 in llmpi's bf16 mode: its ceiling is a bound,
+not a target.)
 
 Prints a table and writes JSON (default BUILD/bench/reference.json).
 """
@@ -76,11 +85,15 @@ def main():
     p.add_argument("--steps", type=int, default=30, help="training steps per run")
     p.add_argument("--skip", type=int, default=3, help="steps discarded at the start of each run")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    p.add_argument("--no-bf16", action="store_true", help="skip the runtime.precision bf16 rows (llmpi and PyTorch)")
+    p.add_argument("--torch-python", default="/usr/bin/python3",
+                   help="the Python whose torch runs the PyTorch rows (PyTorch 2.x adds the torch.compile rows)")
     p.add_argument("--baseline-train", metavar="PATH",
                    help="an llmpi-train binary of a previous release: adds a 'gpt2 (previous release)' row, "
                         "run interleaved with the others in every round")
     p.add_argument("--only", default="", help="comma-separated row keys to run (default: all); "
-                   "keys: gpt2, gpt2_1rank_2threads, llama, bert, gpt2_previous_release")
+                   "keys: gpt2, gpt2_1rank_2threads, llama, bert, each with _bf16 appended, gpt2_previous_release, "
+                   "pytorch_ddp, pytorch_bf16, pytorch_bf16_compile, each bf16 one with _1rank_2threads appended")
     a = p.parse_args()
     if a.steps <= a.skip:
         sys.exit("bench: --steps must be larger than --skip")
@@ -124,38 +137,89 @@ def main():
         {"key": "bert", "name": "bert", "bin": train_bin, "ranks": 2, "threads": 1, "shapes": "bert",
          "data": examples, "sets": ["model.family=bert", "model.num_labels=2"]},
     ]
+    for r in rows:
+        r.update(kind="llmpi", precision="fp32")
+    if not a.no_bf16:
+        rows += [dict(r, key=r["key"].replace("gpt2", "gpt2_bf16") if r["key"].startswith("gpt2") else r["key"] + "_bf16",
+                      name=r["name"].replace(r["key"].split("_")[0], r["key"].split("_")[0] + " bf16", 1),
+                      precision="bf16", sets=r["sets"] + ["runtime.precision=bf16"]) for r in rows]
     if a.baseline_train:
-        rows.insert(1, {"key": "gpt2_previous_release", "name": "gpt2 (previous release)",
+        rows.insert(1, {"key": "gpt2_previous_release", "name": "gpt2 (previous release)", "kind": "llmpi",
                         "bin": os.path.abspath(a.baseline_train), "ranks": 2, "threads": 1, "shapes": "gpt2",
-                        "data": tokens, "sets": []})
+                        "precision": "fp32", "data": tokens, "sets": []})
+
+    # PyTorch: the gpt2 model, fp32 DDP, and with the bf16 rows under bf16 autocast, eager and compiled
+    torch_version = None
+    if not a.no_torch:
+        probe = subprocess.run([a.torch_python, "-c", "import torch; print(torch.__version__)"],
+                               capture_output=True, text=True)
+        torch_version = probe.stdout.strip() if probe.returncode == 0 else None
+    if torch_version:
+        torch_rows = [("pytorch_ddp", "PyTorch DDP", 2, 1, "off", False)]
+        if not a.no_bf16:
+            compiled = int(torch_version.split(".")[0]) >= 2
+            for ranks, threads, tail in ((2, 1, ""), (1, 2, "_1rank_2threads")):
+                for comp in (False, True) if compiled else (False,):
+                    name = "PyTorch bf16 autocast" + (", compiled" if comp else "") + (
+                        f", {ranks} rank x {threads} threads" if tail else "")
+                    torch_rows.append(("pytorch_bf16" + ("_compile" if comp else "") + tail, name, ranks, threads,
+                                       "bf16", comp))
+        rows += [{"key": k, "name": n, "kind": "torch", "ranks": rk, "threads": th, "autocast": ac, "compile": cp,
+                  "shapes": "gpt2", "precision": "fp32" if ac == "off" else "bf16"}
+                 for k, n, rk, th, ac, cp in torch_rows]
     if a.only:
         keep = set(a.only.split(","))
         unknown = keep - {r["key"] for r in rows}
         if unknown:
-            sys.exit(f"bench: --only: unknown row key(s) {sorted(unknown)}")
+            sys.exit(f"bench: --only: unknown row key(s) {sorted(unknown)} (not known, or left out by "
+                     f"--no-bf16 / --no-torch / a Python without torch)")
         rows = [r for r in rows if r["key"] in keep]
     shape_sets = sorted({r["shapes"] for r in rows}, key=list(shape_args).index)
 
-    have_torch = not a.no_torch and any(r["key"] == "gpt2" for r in rows) and subprocess.run(
-        ["/usr/bin/python3", "-c", "import torch"], capture_output=True).returncode == 0
-    sgemm = {s: [] for s in shape_sets}
-    sgemm_info = {}
+    # The GEMMs measured: sgemm always; oneDNN bf16 (the bf16 rows' ceiling) and fp32 where oneDNN's
+    # bf16 matmul runs here (else the bf16 rows run the emulation, on sgemm).
+    onednn = subprocess.run(["mpiexec", "-n", "1", f"{build}/bench-sgemm_rate", "--gemm", "onednn-bf16",
+                             "--seconds", "0.01", "--rows", "16", "--d-model", "16", "--vocab", "16",
+                             "--n-layer", "1"], env=env, capture_output=True, text=True)
+    gemms = ["sgemm"] + (["onednn-bf16", "onednn-fp32"] if onednn.returncode == 0 else [])
+    bf16_ceiling = "onednn-bf16" if "onednn-bf16" in gemms else "sgemm"
     for row in rows:
-        row.update(ms=[], round_ms=[], n_params=None, lookup_params=None, printed_mflop=None)
-    torch_ms, torch_round_ms, torch_meta = [], [], None
+        row.update(gemm="sgemm" if row["precision"] == "fp32" else bf16_ceiling, ms=[], round_ms=[], n_params=None,
+                   lookup_params=None, printed_mflop=None, bf16_gemm=None)
+    rate = {(s, g): [] for s in shape_sets for g in gemms}
+    sgemm_info = {}
 
     for r in range(a.rounds):
-        print(f"round {r + 1}/{a.rounds}: sgemm", end="", flush=True)
+        print(f"round {r + 1}/{a.rounds}: gemm rates", end="", flush=True)
         for s in shape_sets:
-            sj = os.path.join(out, f"sgemm-{s}-{r}.json")
-            run(["mpiexec", "-n", str(CORES), f"{build}/bench-sgemm_rate", "--json", sj, "--d-model", str(C),
-                 "--n-layer", str(L), "--rows", str(global_batch // CORES * T)] + shape_args[s], env, log)
-            sj = json.load(open(sj))
-            sgemm[s].append(sj["gflops_per_rank_median"])
-            sgemm_info = {k: sj.get(k) for k in ("openblas_config", "openblas_parallel", "openblas_library")}
+            for g in gemms:
+                sj = os.path.join(out, f"{g}-{s}-{r}.json")
+                run(["mpiexec", "-n", str(CORES), f"{build}/bench-sgemm_rate", "--gemm", g, "--json", sj,
+                     "--d-model", str(C), "--n-layer", str(L), "--rows", str(global_batch // CORES * T)]
+                    + shape_args[s], env, log)
+                sj = json.load(open(sj))
+                rate[(s, g)].append(sj["gflops_per_rank_median"])
+                if g == "sgemm":
+                    sgemm_info = {k: sj.get(k) for k in ("openblas_config", "openblas_parallel", "openblas_library")}
         order = rows if r % 2 == 0 else rows[::-1]
         for row in order:
             print(f", {row['key']}", end="", flush=True)
+            if row["kind"] == "torch":
+                tj = os.path.join(out, f"torch-{row['key']}-{r}.json")
+                cmd = [a.torch_python, os.path.join(ROOT, "bench/pytorch_ddp_reference.py"),
+                       "--world-size", str(row["ranks"]), "--threads", str(row["threads"]),
+                       "--steps", str(a.steps - a.skip), "--warmup", str(a.skip), "--n-layer", str(L),
+                       "--n-head", str(m["n_head"]), "--d-model", str(C), "--vocab", str(V), "--seq-len", str(T),
+                       "--batch-per-rank", str(global_batch // row["ranks"]), "--autocast", row["autocast"],
+                       "--json", tj]
+                run(cmd + (["--compile"] if row["compile"] else []), env, log)
+                tj = json.load(open(tj))
+                row["ms"] += tj.get("step_ms_all") or [tj["step_ms_median"]]
+                row["round_ms"].append(tj["step_ms_median"])
+                row["n_params"] = tj["params"]
+                row["lookup_params"] = T * C  # gpt2's wpe
+                row["torch_version"] = tj.get("torch_version")
+                continue
             run_dir = os.path.join(out, f"run-{row['key']}-{r}")
             cmd = ["mpiexec", "-n", str(row["ranks"]), row["bin"], "--config", config,
                    "--set", f"data.train={row['data']}", "--set", f"run.dir={run_dir}",
@@ -174,35 +238,29 @@ def main():
                 if LOOKUP_ONLY_TABLES.search(t_["name"]) and len(t_["shape"]) == 2)
             mf = re.search(r"([\d.]+) MFLOP/token", stdout)
             row["printed_mflop"] = float(mf.group(1)) if mf else None
-        if have_torch:
-            print(", pytorch", end="", flush=True)
-            tj = os.path.join(out, f"torch-{r}.json")
-            run(["/usr/bin/python3", os.path.join(ROOT, "bench/pytorch_ddp_reference.py"),
-                 "--world-size", str(CORES), "--threads", "1", "--steps", str(a.steps - a.skip),
-                 "--warmup", str(a.skip), "--n-layer", str(L), "--n-head", str(m["n_head"]),
-                 "--d-model", str(C), "--vocab", str(V), "--seq-len", str(T),
-                 "--batch-per-rank", str(global_batch // CORES), "--json", tj], env, log)
-            tj = json.load(open(tj))
-            torch_meta = tj
-            torch_ms += tj.get("step_ms_all") or [tj["step_ms_median"]]
-            torch_round_ms.append(tj["step_ms_median"])
+            if row["precision"] == "bf16":
+                eng = re.search(r"^bf16 GEMMs: (.*)$", stdout, re.M)
+                row["bf16_gemm"] = eng.group(1) if eng else "not reported by this llmpi-train"
         print(" done", flush=True)
 
     attention_flops = 12 * L * T * C
-    sg = {s: statistics.median(v) for s, v in sgemm.items()}
+    rate_med = {k: statistics.median(v) for k, v in rate.items()}
 
-    def summary(ms, round_ms, shapes, n_params, lookup_params):
+    def summary(row):
+        ms, n_params, lookup_params = row["ms"], row["n_params"], row["lookup_params"]
+        gflops = rate_med[(row["shapes"], row["gemm"])]
         flops = 6 * n_params + attention_flops  # = flops_per_token() of model/model_desc.cpp
         executed = 6 * (n_params - lookup_params) + attention_flops
-        ceiling = CORES * sg[shapes] * 1e9 / flops
+        ceiling = CORES * gflops * 1e9 / flops
         med = statistics.median(ms)
         tps = tokens_per_step / (med / 1000)
-        return {"step_ms_median": med, "step_ms_mean": statistics.mean(ms), "steps_timed": len(ms),
-                "step_ms_median_per_round": round_ms, "tokens_per_s": tps, "params": n_params,
-                "lookup_only_params": lookup_params,
+        return {"name": row["name"], "ranks": row["ranks"], "threads_per_rank": row["threads"],
+                "precision": row["precision"], "step_ms_median": med, "step_ms_mean": statistics.mean(ms),
+                "steps_timed": len(ms), "step_ms_median_per_round": row["round_ms"], "tokens_per_s": tps,
+                "params": n_params, "lookup_only_params": lookup_params,
                 "flops_per_token": flops, "executed_gemm_flops_per_token": executed,
-                "sgemm_shapes": shapes, "ceiling_tokens_per_s": ceiling, "utilisation": tps / ceiling,
-                "utilisation_executed_flops": tps * executed / (CORES * sg[shapes] * 1e9)}
+                "gemm_shapes": row["shapes"], "gemm_ceiling": row["gemm"], "ceiling_tokens_per_s": ceiling,
+                "utilisation": tps / ceiling, "utilisation_executed_flops": tps * executed / (CORES * gflops * 1e9)}
 
     res = {"tool": "bench/run_reference.py", "date": datetime.date.today().isoformat(),
            "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
@@ -210,21 +268,21 @@ def main():
            "config": {"n_layer": L, "n_head": m["n_head"], "d_model": C, "seq_len": T, "vocab": V,
                       "global_batch": global_batch, "cores": CORES, "llama_ffn_dim": llama_ffn},
            "rounds": a.rounds, "steps": a.steps, "skip": a.skip,
-           "sgemm_gflops_per_rank": {s: {"median": sg[s], "per_round": sgemm[s]} for s in shape_sets},
+           "gemm_gflops_per_rank": {f"{s} {g}": {"median": rate_med[(s, g)], "per_round": rate[(s, g)]}
+                                    for s, g in rate},
            "openblas": dict(sgemm_info, trainer_library=openblas_of(train_bin)),
            "rows": {}}
     if a.baseline_train:
         res["openblas"]["baseline_trainer_library"] = openblas_of(a.baseline_train)
     for row in rows:
-        s = summary(row["ms"], row["round_ms"], row["shapes"], row["n_params"], row["lookup_params"])
-        s.update(name=row["name"], binary=row["bin"], ranks=row["ranks"], threads_per_rank=row["threads"],
-                 sets=row["sets"], trainer_printed_mflop_per_token=row["printed_mflop"])
+        s = summary(row)
+        if row["kind"] == "llmpi":
+            s.update(binary=row["bin"], sets=row["sets"], trainer_printed_mflop_per_token=row["printed_mflop"])
+            if row["bf16_gemm"]:
+                s["bf16_gemm"] = row["bf16_gemm"]
+        else:
+            s.update(torch_version=row.get("torch_version"), autocast=row["autocast"], compile=row["compile"])
         res["rows"][row["key"]] = s
-    if have_torch:
-        g = res["rows"]["gpt2"]
-        s = summary(torch_ms, torch_round_ms, "gpt2", g["params"], g["lookup_only_params"])
-        s.update(name="PyTorch DDP", torch_version=torch_meta.get("torch_version"), ranks=CORES, threads_per_rank=1)
-        res["rows"]["pytorch_ddp"] = s
 
     # Ratios: of the medians, and per round (each round's rows ran back to back).
     def ratio(num, den):
@@ -238,24 +296,42 @@ def main():
         "gpt2 / gpt2 (previous release)": ratio("gpt2", "gpt2_previous_release"),
         "gpt2 1 rank x 2 threads / gpt2 2 ranks x 1 thread": ratio("gpt2_1rank_2threads", "gpt2"),
         "gpt2 / PyTorch DDP": ratio("gpt2", "pytorch_ddp"),
+        "gpt2 bf16 / gpt2 fp32": ratio("gpt2_bf16", "gpt2"),
+        "gpt2 bf16 / gpt2 fp32, 1 rank x 2 threads": ratio("gpt2_bf16_1rank_2threads", "gpt2_1rank_2threads"),
+        "llama bf16 / llama fp32": ratio("llama_bf16", "llama"),
+        "bert bf16 / bert fp32": ratio("bert_bf16", "bert"),
+        "gpt2 bf16 / PyTorch bf16 autocast": ratio("gpt2_bf16", "pytorch_bf16"),
+        "gpt2 bf16 / PyTorch bf16 autocast, compiled": ratio("gpt2_bf16", "pytorch_bf16_compile"),
+        "gpt2 bf16 / PyTorch bf16 autocast, 1 rank x 2 threads": ratio("gpt2_bf16_1rank_2threads",
+                                                                     "pytorch_bf16_1rank_2threads"),
+        "gpt2 bf16 / PyTorch bf16 autocast, compiled, 1 rank x 2 threads": ratio(
+            "gpt2_bf16_1rank_2threads", "pytorch_bf16_compile_1rank_2threads"),
     }.items() if v is not None}
 
     print()
     print(f"model: {L} layers, {m['n_head']} heads, d_model {C}, seq_len {T}, vocab {V}, global batch {global_batch}, "
           f"{CORES} cores; llama ffn_dim {llama_ffn}")
-    print("sgemm per core, both cores busy: " + ", ".join(f"{s} shapes {sg[s]:.1f} GFLOP/s" for s in shape_sets))
+    for g in gemms:
+        print(f"{g} per core, both cores busy: " + ", ".join(f"{s} shapes {rate_med[(s, g)]:.1f} GFLOP/s"
+                                                               for s in shape_sets))
     print(f"OpenBLAS: {sgemm_info.get('openblas_parallel')} build, trainer loads {res['openblas']['trainer_library']}")
-    print(f"{'':28} {'ranks x thr':>11} {'ms/step':>9} {'tokens/s':>9} {'MFLOP/tok':>9} {'ceiling':>8} "
+    engines = {r["bf16_gemm"] for r in rows if r.get("bf16_gemm")}
+    if engines:
+        print("llmpi bf16 GEMMs: " + "; ".join(sorted(engines)))
+    if torch_version:
+        print(f"PyTorch {torch_version} ({a.torch_python})")
+    print(f"{'':54} {'ranks x thr':>11} {'ms/step':>9} {'tokens/s':>9} {'MFLOP/tok':>9} {'ceiling':>8} "
           f"{'util.':>6} {'util. exec.':>11}")
     for key, s in res["rows"].items():
-        print(f"{s['name']:28} {s['ranks']:>7} x {s['threads_per_rank']} {s['step_ms_median']:9.1f} "
+        print(f"{s['name']:54} {s['ranks']:>7} x {s['threads_per_rank']} {s['step_ms_median']:9.1f} "
               f"{s['tokens_per_s']:9.0f} {s['flops_per_token'] / 1e6:9.2f} {s['ceiling_tokens_per_s']:8.0f} "
               f"{100 * s['utilisation']:5.1f}% {100 * s['utilisation_executed_flops']:10.1f}%")
     for name, rr in res["ratios"].items():
         print(f"{name}: {rr['tokens_per_s_ratio']:.3f}  (per round: "
               + ", ".join(f"{x:.3f}" for x in rr["per_round"]) + ")")
-    if not have_torch:
-        print("PyTorch DDP: skipped (install Debian's python3-torch to compare: apt-get install python3-torch)")
+    if not torch_version and not a.no_torch:
+        print(f"PyTorch: skipped ({a.torch_python} has no torch: install Debian's python3-torch, or give "
+              f"--torch-python a Python with PyTorch 2.x)")
     path = os.path.join(out, "reference.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=2)

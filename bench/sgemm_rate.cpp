@@ -1,8 +1,10 @@
 // bench-sgemm_rate: the single-thread OpenBLAS cblas_sgemm rate on the GEMM shapes of the
-// reference model, the ceiling that CPU training throughput is compared against.
+// reference model, the ceiling that CPU training throughput is compared against; with --gemm,
+// oneDNN's fp32 matmul on the same fp32 operands, or its bf16 matmul on bf16 operands (fp32
+// accumulation and output: the ceiling of runtime.precision bf16 on oneDNN, backend/cpu/onednn_gemm.h).
 //
 //   mpiexec -n 2 build/bench-sgemm_rate [--json OUT] [--seconds S] [--rows N] [--d-model C]
-//                                        [--vocab V] [--n-layer L]
+//                                        [--vocab V] [--n-layer L] [--gemm sgemm|onednn-fp32|onednn-bf16]
 //
 // Every rank runs the same single-threaded GEMMs at the same time (a barrier before each
 // timed call), so all cores are busy at once as they are in training. For each linear layer
@@ -38,6 +40,9 @@
 #include <cblas.h>
 #include <dlfcn.h>
 
+#include "backend/bf16.h"
+#include "backend/cpu/onednn_gemm.h"
+
 extern "C" {
 // OpenBLAS extensions (declared here too in case <cblas.h> is another implementation's).
 void openblas_set_num_threads(int num_threads);
@@ -59,6 +64,7 @@ struct Options {
   int n_layer = 4;
   int ffn_dim = 0;     // MLP hidden size; 0 = 4 * d_model
   bool gated = false;  // SwiGLU: the fc GEMM produces [gate | up], 2 * ffn_dim wide
+  std::string gemm = "sgemm";  // "sgemm" | "onednn-fp32" | "onednn-bf16"
 };
 
 struct Shape {
@@ -73,6 +79,7 @@ struct Buffers {
   float* a = nullptr;
   float* b = nullptr;
   float* c = nullptr;
+  std::vector<uint16_t> a16, b16;  // --gemm onednn-bf16: a and b as bf16 bits
 };
 
 float* alloc_floats(size_t count, uint64_t& state) {
@@ -89,8 +96,18 @@ float* alloc_floats(size_t count, uint64_t& state) {
   return p;
 }
 
-void run_gemm(const Shape& s, const Buffers& buf) {
+void run_gemm(const std::string& gemm, const Shape& s, const Buffers& buf) {
   const int m = s.m, n = s.n, k = s.k;
+  if (gemm != "sgemm") {  // the same three products through oneDNN, on one thread
+    const bool ta = std::strcmp(s.op, "TN") == 0, tb = std::strcmp(s.op, "NT") == 0;
+    const int lda = ta ? m : k, ldb = tb ? k : n;
+    const float beta = ta ? 1.0f : 0.0f;
+    if (gemm == "onednn-bf16")
+      llmpi::cpu::onednn_bf16_gemm(ta, tb, m, n, k, buf.a16.data(), lda, buf.b16.data(), ldb, beta, buf.c, n, 1);
+    else
+      llmpi::cpu::onednn_f32_gemm(ta, tb, m, n, k, buf.a, lda, buf.b, ldb, beta, buf.c, n, 1);
+    return;
+  }
   if (std::strcmp(s.op, "NT") == 0) {
     // C[m,n] = A[m,k] * B[n,k]^T
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, buf.a, k, buf.b, k, 0.0f, buf.c, n);
@@ -153,7 +170,8 @@ std::string parse_args(int argc, char** argv, Options& o, bool& help) {
       o.gated = true;
       continue;
     }
-    static const char* known[] = {"--json", "--seconds", "--rows", "--d-model", "--vocab", "--n-layer", "--ffn-dim"};
+    static const char* known[] = {"--json", "--seconds", "--rows", "--d-model", "--vocab", "--n-layer", "--ffn-dim",
+                                  "--gemm"};
     if (std::none_of(std::begin(known), std::end(known), [&](const char* k) { return arg == k; }))
       return "unknown option '" + arg + "'";
     if (i + 1 >= argc) return "option " + arg + " needs a value";
@@ -174,6 +192,10 @@ std::string parse_args(int argc, char** argv, Options& o, bool& help) {
       if (!parse_int(val, 0, 1 << 20, o.vocab)) return std::string("--vocab must be an integer in [0, 1048576], got '") + val + "'";
     } else if (arg == "--ffn-dim") {
       if (!parse_int(val, 1, 1 << 20, o.ffn_dim)) return std::string("--ffn-dim must be an integer in [1, 1048576], got '") + val + "'";
+    } else if (arg == "--gemm") {
+      o.gemm = val;
+      if (o.gemm != "sgemm" && o.gemm != "onednn-fp32" && o.gemm != "onednn-bf16")
+        return "--gemm must be sgemm, onednn-fp32 or onednn-bf16, got '" + o.gemm + "'";
     } else if (arg == "--n-layer") {
       if (!parse_int(val, 1, 1024, o.n_layer)) return std::string("--n-layer must be an integer in [1, 1024], got '") + val + "'";
     }
@@ -184,7 +206,7 @@ std::string parse_args(int argc, char** argv, Options& o, bool& help) {
 void print_help() {
   std::printf(
       "usage: mpiexec -n R %s [--json OUT] [--seconds S] [--rows N] [--d-model C] [--vocab V] [--n-layer L]\n"
-      "                          [--ffn-dim F] [--gated]\n"
+      "                          [--ffn-dim F] [--gated] [--gemm sgemm|onednn-fp32|onednn-bf16]\n"
       "\n"
       "Single-thread OpenBLAS sgemm rate (GFLOP/s) on the reference model's GEMM shapes, all ranks\n"
       "busy at once. Prints a table; rank 0 writes JSON with the median per-rank rate.\n"
@@ -197,6 +219,8 @@ void print_help() {
       "  --n-layer L    layers, the weight of the block shapes in the aggregate (default 4)\n"
       "  --ffn-dim F    MLP hidden size (default 4 x d_model)\n"
       "  --gated        gated MLP (SwiGLU): the fc GEMM is C -> 2F ([gate | up])\n"
+      "  --gemm G       sgemm (default: OpenBLAS), onednn-fp32 (oneDNN's fp32 matmul) or onednn-bf16\n"
+      "                 (oneDNN's bf16 x bf16 -> fp32 matmul, on operands already in bf16)\n"
       "  -h, --help     show this help\n",
       kProg);
 }
@@ -253,6 +277,15 @@ int run(int rank, int ranks, int argc, char** argv) {
   }
   MPI_Bcast(&json_ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
   if (!json_ok) return 1;
+  std::string why;
+  if (o.gemm == "onednn-bf16" && !llmpi::cpu::onednn_bf16_available(&why)) {
+    if (rank == 0) std::fprintf(stderr, "%s: error: --gemm onednn-bf16: %s\n", kProg, why.c_str());
+    return 1;
+  }
+  if (o.gemm == "onednn-fp32" && llmpi::cpu::onednn_matmul_impl(false, false, true, 16, 16, 16).empty()) {
+    if (rank == 0) std::fprintf(stderr, "%s: error: --gemm onednn-fp32: this build has no oneDNN\n", kProg);
+    return 1;
+  }
 
   openblas_set_num_threads(1);
 
@@ -269,6 +302,10 @@ int run(int rank, int ranks, int argc, char** argv) {
   buf.b = alloc_floats(max_b, seed);
   buf.c = alloc_floats(max_c, seed);
   for (size_t i = 0; i < max_c; ++i) buf.c[i] *= 1e-3f;  // dW accumulates into C: keep it small
+  if (o.gemm == "onednn-bf16") {
+    for (size_t i = 0; i < max_a; ++i) buf.a16.push_back(llmpi::float_to_bf16_bits(buf.a[i]));
+    for (size_t i = 0; i < max_b; ++i) buf.b16.push_back(llmpi::float_to_bf16_bits(buf.b[i]));
+  }
 
   using clock = std::chrono::steady_clock;
   auto seconds_since = [](clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); };
@@ -277,7 +314,7 @@ int run(int rank, int ranks, int argc, char** argv) {
   // of rounds, so they stay in step.
   MPI_Barrier(MPI_COMM_WORLD);
   auto t0 = clock::now();
-  for (const auto& s : shapes) run_gemm(s, buf);
+  for (const auto& s : shapes) run_gemm(o.gemm, s, buf);
   double round_s = seconds_since(t0);
   MPI_Allreduce(MPI_IN_PLACE, &round_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   const int rounds = std::max(5, std::min(1000, static_cast<int>(std::lround(o.seconds / round_s))));
@@ -288,7 +325,7 @@ int run(int rank, int ranks, int argc, char** argv) {
     for (size_t i = 0; i < shapes.size(); ++i) {
       MPI_Barrier(MPI_COMM_WORLD);
       auto t = clock::now();
-      run_gemm(shapes[i], buf);
+      run_gemm(o.gemm, shapes[i], buf);
       times[i].push_back(seconds_since(t));
     }
   }
@@ -339,14 +376,25 @@ int run(int rank, int ranks, int argc, char** argv) {
   const std::string library =
       dladdr(reinterpret_cast<void*>(&cblas_sgemm), &where) && where.dli_fname ? where.dli_fname : "?";
 
-  std::printf("sgemm rate: %d rank(s) x 1 thread, OpenBLAS %s (%s; %s build, %s), %d rounds in %.2f s\n", ranks,
-              core.c_str(), config.c_str(), parallel_name, library.c_str(), rounds, wall_s);
+  // oneDNN's implementation of each shape (e.g. "brg:avx512_core_bf16"); "" for sgemm
+  std::vector<std::string> impl(ns);
+  if (o.gemm != "sgemm")
+    for (size_t i = 0; i < ns; ++i) {
+      const auto& s = shapes[i];
+      impl[i] = llmpi::cpu::onednn_matmul_impl(o.gemm == "onednn-bf16", std::strcmp(s.op, "TN") == 0,
+                                               std::strcmp(s.op, "NT") == 0, s.m, s.n, s.k);
+    }
+  if (o.gemm == "sgemm")
+    std::printf("sgemm rate: %d rank(s) x 1 thread, OpenBLAS %s (%s; %s build, %s), %d rounds in %.2f s\n", ranks,
+                core.c_str(), config.c_str(), parallel_name, library.c_str(), rounds, wall_s);
+  else
+    std::printf("%s rate: %d rank(s) x 1 thread, oneDNN, %d rounds in %.2f s\n", o.gemm.c_str(), ranks, rounds, wall_s);
   std::printf("  %-16s %-3s %6s %6s %6s %6s  %10s  %s\n", "shape", "op", "M", "N", "K", "x/step", "GFLOP/s", "per rank");
   for (size_t i = 0; i < ns; ++i) {
     const auto& s = shapes[i];
     const auto v = per_rank(i);
-    std::printf("  %-16s %-3s %6d %6d %6d %6d  %10.1f  %s\n", s.name.c_str(), s.op, s.m, s.n, s.k, s.weight, median(v),
-                list(v).c_str());
+    std::printf("  %-16s %-3s %6d %6d %6d %6d  %10.1f  %s  %s\n", s.name.c_str(), s.op, s.m, s.n, s.k, s.weight,
+                median(v), list(v).c_str(), impl[i].c_str());
   }
   std::printf("  %-16s %-3s %6s %6s %6s %6s  %10.1f  %s\n", "FLOP-weighted", "", "", "", "", "", agg_med,
               list(agg).c_str());
@@ -359,7 +407,8 @@ int run(int rank, int ranks, int argc, char** argv) {
       std::fprintf(stderr, "%s: error: cannot write '%s': %s\n", kProg, json_tmp.c_str(), std::strerror(errno));
       return 1;
     }
-    std::fprintf(f, "{\n  \"tool\": \"sgemm_rate\",\n  \"ranks\": %d,\n  \"threads_per_rank\": 1,\n", ranks);
+    std::fprintf(f, "{\n  \"tool\": \"sgemm_rate\",\n  \"gemm\": \"%s\",\n  \"ranks\": %d,\n  \"threads_per_rank\": 1,\n",
+                 o.gemm.c_str(), ranks);
     std::fprintf(f, "  \"gflops_per_rank_median\": %.3f,\n  \"gflops_per_rank\": %s,\n", agg_med, list(agg).c_str());
     std::fprintf(f, "  \"aggregate\": \"sum(weight*flops)/sum(weight*median_time) over shapes; weight = calls per training step\",\n");
     std::fprintf(f, "  \"openblas_corename\": \"%s\",\n  \"openblas_config\": \"%s\",\n", json_escape(core).c_str(),
@@ -377,8 +426,9 @@ int run(int rank, int ranks, int argc, char** argv) {
       const auto v = per_rank(i);
       std::fprintf(f,
                    "    {\"name\": \"%s\", \"op\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"weight\": %d, "
-                   "\"gflops_median\": %.3f, \"gflops_per_rank\": %s}%s\n",
-                   s.name.c_str(), s.op, s.m, s.n, s.k, s.weight, median(v), list(v).c_str(), i + 1 < ns ? "," : "");
+                   "\"gflops_median\": %.3f, \"gflops_per_rank\": %s, \"onednn_impl\": \"%s\"}%s\n",
+                   s.name.c_str(), s.op, s.m, s.n, s.k, s.weight, median(v), list(v).c_str(),
+                   json_escape(impl[i]).c_str(), i + 1 < ns ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     const bool ok = std::fflush(f) == 0 && !std::ferror(f);

@@ -23,7 +23,9 @@
 //    its chunk count), against more than that when every op rounds; fp32 rounds nothing;
 //  - the copy gives every tensor a 256-byte boundary although the fp32 parameters are packed
 //    (BERT with 3 labels), so every copy a dense op gets is as aligned as its own scratch.
-// The CUDA cases (CudaBf16Operands.*) skip without a GPU.
+// Every case runs the CPU's bf16 GEMMs on the emulation (runtime.cpu_bf16_gemm "emulate"), the
+// oracle; oneDNN's engine is tested in test_cpu_bf16_gemm.cpp. The CUDA cases (CudaBf16Operands.*)
+// skip without a GPU.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -36,6 +38,7 @@
 #include <vector>
 
 #include "backend/bf16.h"
+#include "backend/cpu/onednn_gemm.h"
 #include "backend/cuda_ops.h"
 #include "backend/ops.h"
 #include "cuda_test_util.h"
@@ -159,6 +162,7 @@ TEST(Bf16WeightCopy, Bf16CopyWritesTheHostRoundingAndCountsIt) {
 }
 
 TEST(Bf16WeightCopy, DenseOpsReadTheCopyInsteadOfTheWeight) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   const Ops& o = cpu_ops();
   auto get = [](const float* p, size_t n) { return std::vector<float>(p, p + n); };
   for (const DenseCase& s : kDense) {
@@ -240,6 +244,7 @@ TEST(Bf16LogitsGradient, IsTheRecordedGradientRoundedWithZeroPadding) {
 }
 
 TEST(Bf16LogitsGradient, MatmulBackwardReadsTheBf16Dout) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   for (const DenseCase& s : kDense) {
     const int ld = bf16_row_stride(s.OC);
     const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
@@ -384,6 +389,7 @@ std::vector<float> act_part(const ForwardOutputs& r, size_t n) { return {r.f32.b
 // GPT-2's GELU output (matmul_gelu_forward's act_bf16), in fp32 and bf16: the fp32 act rounded,
 // pre and act unchanged by asking for it, and the same bf16 bits without the fp32 act.
 TEST(Bf16ActivationOutput, GemmGeluOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   for (const DenseCase& s : kDense) {
     const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
     const auto x = random_floats(nx, 81, -2.0f, 2.0f), w = random_floats(nw, 82), b = random_floats(s.OC, 83);
@@ -409,6 +415,7 @@ TEST(Bf16ActivationOutput, GemmGeluOutputIsTheFp32OutputRoundedWithOrWithoutIt) 
 }
 
 TEST(Bf16NormOutput, GemmsReadTheBf16Input) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   for (const DenseCase& s : kDense) {
     const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
     const auto x = random_floats(nx, 75), w = random_floats(nw, 76), b = random_floats(s.OC, 77),
@@ -543,6 +550,7 @@ ModelDesc copy_desc(const WeightCopyFamily& c) {
 }  // namespace
 
 TEST_P(Bf16OperandsModel, StepsHaveTheBitsOfRoundingInEveryOp) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   const WeightCopyFamily& c = GetParam();
   const ModelDesc d = copy_desc(c);
   for (StepKind kind : {StepKind::plain, StepKind::fused_head, StepKind::split_backward}) {
@@ -556,6 +564,7 @@ TEST_P(Bf16OperandsModel, StepsHaveTheBitsOfRoundingInEveryOp) {
 }
 
 TEST_P(Bf16OperandsModel, EachDenseWeightIsRoundedOncePerStep) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   const WeightCopyFamily& c = GetParam();
   const ModelDesc d = copy_desc(c);
   const int B = 4, T = 16;
@@ -591,6 +600,7 @@ TEST_P(Bf16OperandsModel, EachDenseWeightIsRoundedOncePerStep) {
 // odd float); the bf16 copy gives every tensor a 256-byte boundary (aligned_copy_layout), the parts
 // of one tensor (BERT's q, k, v) adjacent, and every copy a dense op is handed starts on one.
 TEST_P(Bf16OperandsModel, WeightCopyTensorsAre256ByteAligned) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   const WeightCopyFamily& c = GetParam();
   const ModelDesc d = copy_desc(c);
   Model m(d, recording_copy_alignment<cpu_ops>(), ModelPart::whole(), kBf16);
@@ -629,6 +639,7 @@ INSTANTIATE_TEST_SUITE_P(Families, Bf16OperandsModel, ::testing::ValuesIn(kFamil
 // ---- CUDA ----------------------------------------------------------------------------------------------
 
 TEST(CudaBf16Operands, Bf16CopyEqualsTheHostRounding) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   REQUIRE_GPU();
   std::vector<float> x = random_floats(100003, 8, -3.0f, 3.0f);
   x.insert(x.end(), {0.0f, -0.0f, 1.00390625f, std::numeric_limits<float>::infinity(),
@@ -641,6 +652,7 @@ TEST(CudaBf16Operands, Bf16CopyEqualsTheHostRounding) {
 }
 
 TEST(CudaBf16Operands, DenseOpsWithTheCopyEqualRoundingInTheOp) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   REQUIRE_GPU();
   const Ops& o = gpu();
   for (const DenseCase& s : kDense) {
@@ -666,6 +678,7 @@ TEST(CudaBf16Operands, DenseOpsWithTheCopyEqualRoundingInTheOp) {
 }
 
 TEST(CudaBf16Operands, LogitsGradientIsTheRecordedOneRounded) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   REQUIRE_GPU();
   // (V = 60000: more than a block's shared memory holds, the kernel that reads the row twice)
   for (auto [N, V, bad_row] : {std::array<int, 3>{37, 1001, 11}, std::array<int, 3>{64, 50257, -1},
@@ -702,6 +715,7 @@ TEST(CudaBf16Operands, LogitsGradientIsTheRecordedOneRounded) {
 }
 
 TEST(CudaBf16Operands, MatmulBackwardReadsTheBf16Dout) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   REQUIRE_GPU();
   for (const DenseCase& s : kDense) {
     const int ld = bf16_row_stride(s.OC);
@@ -726,6 +740,7 @@ TEST(CudaBf16Operands, MatmulBackwardReadsTheBf16Dout) {
 // On the GPU the V rule (float4 rows) must not depend on which outputs are written: C = 768 takes
 // V = 4, C = 70 and a row-misaligned bf16 output V = 1.
 TEST(CudaBf16Operands, NormOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   REQUIRE_GPU();
   for (auto [N, C] : {std::array<int, 2>{7, 70}, std::array<int, 2>{300, 768}}) {
     const size_t n = (size_t)N * C;
@@ -749,6 +764,7 @@ TEST(CudaBf16Operands, NormOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
 }
 
 TEST(CudaBf16Operands, ActivationOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   REQUIRE_GPU();
   for (auto [N, F] : {std::array<int, 2>{37, 119}, std::array<int, 2>{640, 2048}}) {
     Dev inp(random_floats((size_t)N * 2 * F, 80, -4.0f, 4.0f)), out((size_t)N * F * 4), out16((size_t)N * F * 2);
@@ -767,6 +783,7 @@ TEST(CudaBf16Operands, ActivationOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
 // bits without it. In fp32 asking for it leaves cuBLASLt's GELU epilogue (our kernel writes the
 // bf16 act), so the fp32 act is compared with the epilogue's only in bf16, where both are ours.
 TEST(CudaBf16Operands, GemmGeluOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   REQUIRE_GPU();
   for (const DenseCase& s : kDense) {
     const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
@@ -791,6 +808,7 @@ TEST(CudaBf16Operands, GemmGeluOutputIsTheFp32OutputRoundedWithOrWithoutIt) {
 }
 
 TEST(CudaBf16Operands, GemmsReadTheBf16Input) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   REQUIRE_GPU();
   for (const DenseCase& s : kDense) {
     const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
@@ -815,6 +833,7 @@ TEST(CudaBf16Operands, GemmsReadTheBf16Input) {
 }
 
 TEST(CudaBf16Operands, ModelStepsHaveTheBitsOfRoundingInEveryOp) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   REQUIRE_GPU();
   for (const WeightCopyFamily& c : kFamilies) {
     const ModelDesc d = copy_desc(c);

@@ -2,7 +2,8 @@
 //  - the bf16 rounding helper (backend/bf16.h) on known bit patterns: exact values, ties to even
 //    both ways, carries into the exponent, overflow to inf, inf, NaN (canonical 0x7FFF, never inf),
 //    subnormals and zeros; against a double-precision nearest-even reference on random floats;
-//  - matmul_forward / matmul_backward in bf16 equal fp32 sgemm on operands rounded beforehand, bit
+//  - matmul_forward / matmul_backward in bf16, on the emulation (runtime.cpu_bf16_gemm "emulate";
+//    oneDNN's engine: test_cpu_bf16_gemm.cpp), equal fp32 sgemm on operands rounded beforehand, bit
 //    for bit (and differ from fp32: the mode is applied); the backward still adds into its
 //    gradients; dbias is the fp32 column sum of the unrounded dout; the split calls (dinp alone,
 //    then dweight and dbias alone, as zb-h1 makes them) equal the fused call bit for bit;
@@ -17,6 +18,7 @@
 #include <limits>
 
 #include "backend/bf16.h"
+#include "backend/cpu/onednn_gemm.h"
 #include "backend/ops.h"
 #include "grad_check.h"
 #include "model_test_util.h"
@@ -116,6 +118,7 @@ const Shape kShapes[] = {{7, 5, 3}, {37, 70, 53}, {256, 96, 160}};
 }  // namespace
 
 TEST(MatmulPrecision, Bf16ForwardIsSgemmOnRoundedOperands) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   for (const Shape& s : kShapes) {
     const auto x = random_floats((size_t)s.N * s.C, 1), w = random_floats((size_t)s.OC * s.C, 2),
                b = random_floats(s.OC, 3);
@@ -135,6 +138,7 @@ TEST(MatmulPrecision, Bf16ForwardIsSgemmOnRoundedOperands) {
 }
 
 TEST(MatmulPrecision, Bf16BackwardIsSgemmOnRoundedOperandsAndAdds) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   for (const Shape& s : kShapes) {
     const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
     const auto x = random_floats(nx, 4), w = random_floats(nw, 5), dout = random_floats(nd, 6);
@@ -173,6 +177,7 @@ TEST(MatmulPrecision, Bf16BackwardIsSgemmOnRoundedOperandsAndAdds) {
 // zb-h1's split: the input gradient alone (inp not read), then the weight and bias gradients alone
 // (weight not read), equal one fused call bit for bit in bf16 too.
 TEST(MatmulPrecision, Bf16SplitBackwardEqualsFusedCall) {
+  const cpu::ScopedCpuBf16Gemm oracle(CpuBf16Gemm::emulate);  // the emulation, bit for bit
   for (const Shape& s : kShapes) {
     const size_t nx = (size_t)s.N * s.C, nw = (size_t)s.OC * s.C, nd = (size_t)s.N * s.OC;
     const auto x = random_floats(nx, 10), w = random_floats(nw, 11), dout = random_floats(nd, 12);

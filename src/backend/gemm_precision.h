@@ -72,6 +72,15 @@ struct GemmMode {
 // operands (the LM head's V = 50257 would leave them misaligned); the padding is zero.
 inline int bf16_row_stride(int cols) { return (cols + 7) / 8 * 8; }
 
+// Which engine multiplies the CPU backend's bf16 GEMMs (runtime.cpu_bf16_gemm; the selector is
+// backend/cpu/onednn_gemm.h). Both compute bf16 operands x bf16 operands with fp32 accumulation:
+//   automatic  oneDNN when the build has it and the CPU has bf16 instructions, else emulate
+//   onednn     oneDNN's bf16 matmul (AVX512-BF16 / AMX), native bf16 x bf16 -> fp32
+//   emulate    the operands rounded to bf16 in fp32 copies, then OpenBLAS sgemm: exact up to
+//              summation order, the oracle the other paths are compared with
+// (enum class CpuBf16Gemm and its words: runtime/options.h)
+inline const char* cpu_bf16_gemm_name(CpuBf16Gemm e) { return option_name(e); }
+
 // "fp32" | "tf32" | "bf16" -> true and *out; anything else -> false.
 inline bool parse_gemm_precision(const std::string& s, GemmPrecision* out) { return parse_option(s, out); }
 

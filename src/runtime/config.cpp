@@ -29,7 +29,8 @@ const json& config_defaults() {
                  "poll_us": 50, "average_every": 1, "pp_stages": 1, "microbatches": 1,
                  "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [], "zero": 0,
                  "grad_dtype": "fp32"},
-    "runtime":  {"device": "auto", "precision": "fp32", "attention": "auto", "threads": 0, "trace_steps": 20,
+    "runtime":  {"device": "auto", "precision": "fp32", "cpu_bf16_gemm": "auto", "attention": "auto",
+                 "threads": 0, "trace_steps": 20,
                  "step_timeout_s": 0.0, "memory_check": true, "lm_head_chunk_rows": 0},
     "run":      {"dir": "runs/default"},
     "checkpoint": {"every": 0, "keep": 3}
@@ -295,6 +296,8 @@ static Config extract(const json& r) {
   c.runtime.precision = as_option<GemmPrecision>(r["runtime"]["precision"], "runtime.precision",
                                                 " (the dense layers' GEMMs; tf32 only on CUDA)");
   c.runtime.attention = as_option<AttentionChoice>(r["runtime"]["attention"], "runtime.attention");
+  c.runtime.cpu_bf16_gemm = as_option<CpuBf16Gemm>(r["runtime"]["cpu_bf16_gemm"], "runtime.cpu_bf16_gemm",
+                                                  " (the CPU's bf16 GEMMs)");
   c.runtime.threads = as_int<int>(r["runtime"]["threads"], "runtime.threads");
   c.runtime.lm_head_chunk_rows = as_int<int>(r["runtime"]["lm_head_chunk_rows"], "runtime.lm_head_chunk_rows");
   c.run.dir = r["run"]["dir"];
@@ -529,6 +532,11 @@ std::vector<std::string> keys_without_effect(const Config& c) {
     for (const char* key : {"train.beta1", "train.beta2", "train.eps"}) note(key, "with train.optimizer \"sgd\"");
   if (c.train.on_nonfinite == OnNonfinite::abort)
     note("train.max_consecutive_skips", "with train.on_nonfinite \"abort\": the first non-finite step stops the run");
+  if (c.runtime.precision != GemmPrecision::bf16)
+    note("runtime.cpu_bf16_gemm", std::string("with runtime.precision \"") + option_name(c.runtime.precision) +
+                                      "\": it picks the CPU's bf16 GEMM engine");
+  else if (c.runtime.device == DeviceChoice::cuda)
+    note("runtime.cpu_bf16_gemm", "with runtime.device \"cuda\": it picks the CPU's bf16 GEMM engine");
   if (c.model.family == Family::bert)
     note("runtime.lm_head_chunk_rows", "with model.family \"bert\": a classifier has no language-model head");
   return notes;

@@ -19,6 +19,8 @@ LLMPI_WORDS(DeviceChoice, {DeviceChoice::automatic, "auto"}, {DeviceChoice::cpu,
 LLMPI_WORDS(GemmPrecision, {GemmPrecision::fp32, "fp32"}, {GemmPrecision::tf32, "tf32"}, {GemmPrecision::bf16, "bf16"})
 LLMPI_WORDS(AttentionChoice, {AttentionChoice::automatic, "auto"}, {AttentionChoice::full, "full"},
             {AttentionChoice::fused, "fused"})
+LLMPI_WORDS(CpuBf16Gemm, {CpuBf16Gemm::automatic, "auto"}, {CpuBf16Gemm::onednn, "onednn"},
+            {CpuBf16Gemm::emulate, "emulate"})
 LLMPI_WORDS(LrSchedule, {LrSchedule::cosine, "cosine"}, {LrSchedule::linear, "linear"},
             {LrSchedule::constant, "constant"})
 LLMPI_WORDS(OptimizerKind, {OptimizerKind::adamw, "adamw"}, {OptimizerKind::sgd, "sgd"})
@@ -69,6 +71,7 @@ LLMPI_INSTANTIATE(Family)
 LLMPI_INSTANTIATE(DeviceChoice)
 LLMPI_INSTANTIATE(GemmPrecision)
 LLMPI_INSTANTIATE(AttentionChoice)
+LLMPI_INSTANTIATE(CpuBf16Gemm)
 LLMPI_INSTANTIATE(LrSchedule)
 LLMPI_INSTANTIATE(OptimizerKind)
 LLMPI_INSTANTIATE(OnNonfinite)

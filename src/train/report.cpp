@@ -85,6 +85,7 @@ void print_device_and_model(const Run& r, const TrainResult& res) {
                                          "other ops fp32)"
               : p == GemmPrecision::tf32 ? " (TF32 tensor-op math)" : "");
   if (r.on_gpu) std::printf("CUDA paths: %s\n", cuda_paths_description().c_str());
+  if (!r.on_gpu && p == GemmPrecision::bf16) std::printf("bf16 GEMMs: %s\n", cpu::cpu_bf16_gemm_description().c_str());
   std::printf("model %s: %d layers, %d heads%s, d_model %d, ffn %d, seq_len %d, vocab %d%s: %.2fM parameters, "
               "%.1f MFLOP/token (training)\n",
               family_name(d.family), d.n_layer, d.n_head,

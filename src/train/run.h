@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "backend/cpu/onednn_gemm.h"
 #include "data/sampler.h"
 #include "engine/engine.h"
 #include "metrics/metrics.h"
@@ -30,6 +32,7 @@ struct Run {
   int rank = 0, world = 1, threads = 1;
   const Ops* ops = nullptr;
   bool on_gpu = false;
+  std::optional<cpu::ScopedCpuBf16Gemm> cpu_bf16_gemm;  // runtime.cpu_bf16_gemm for the run (CPU); restored after
   DataSplit train_data, val_data;
   bool has_val = false;
   std::unique_ptr<Sampler> sampler;
