@@ -446,13 +446,19 @@ void write_inputs(const std::string& dir) {
   spit(dir + "/c.jsonl", jl);
 }
 
+// A directory every rank sees, with the inputs written by rank 0.
+std::string shared_inputs() {
+  const std::string dir = testing_support::shared_temp_dir(MPI_COMM_WORLD);
+  if (testing_support::world_rank() == 0) write_inputs(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  return dir;
+}
+
 }  // namespace
 
 TEST(MpiPrep, SameDataSetOnOneAndTwoRanks) {
-  const std::string dir = testing_support::shared_temp_dir(MPI_COMM_WORLD);
+  const std::string dir = shared_inputs();
   const int rank = testing_support::world_rank();
-  if (rank == 0) write_inputs(dir);
-  MPI_Barrier(MPI_COMM_WORLD);
   run_token_prep(prep_options(dir, dir + "/two"), MPI_COMM_WORLD);
   if (rank == 0) run_token_prep(prep_options(dir, dir + "/one"), MPI_COMM_SELF);
   MPI_Barrier(MPI_COMM_WORLD);
@@ -473,10 +479,8 @@ TEST(MpiPrep, SameDataSetOnOneAndTwoRanks) {
 }
 
 TEST(MpiPrep, AnErrorOnOneRankReachesAllAndKeepsThePreviousDataSet) {
-  const std::string dir = testing_support::shared_temp_dir(MPI_COMM_WORLD);
+  const std::string dir = shared_inputs();
   const int rank = testing_support::world_rank();
-  if (rank == 0) write_inputs(dir);
-  MPI_Barrier(MPI_COMM_WORLD);
   run_token_prep(prep_options(dir, dir + "/out"), MPI_COMM_WORLD);
   const std::string before = rank == 0 ? slurp(dir + "/out/manifest.json") : "";
   // A bad line in the JSONL input, which is one unit of one rank.
@@ -486,6 +490,7 @@ TEST(MpiPrep, AnErrorOnOneRankReachesAllAndKeepsThePreviousDataSet) {
   o.seed = 99;
   const std::string e = error_of([&] { run_token_prep(o, MPI_COMM_WORLD); });
   EXPECT_NE(e.find("c.jsonl:41: not valid JSON"), std::string::npos) << e;
+  EXPECT_EQ(e.rfind("rank ", 0), 0u) << "one rank read the bad line, and says which: " << e;
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) {
     EXPECT_EQ(slurp(dir + "/out/manifest.json"), before);

@@ -121,16 +121,7 @@ void write_prep_manifest(const std::string& dir, const std::vector<DatasetIdenti
   m["tokenizer"] = files.empty() ? std::string() : files.front().tokenizer;
   m["files"] = nlohmann::json::object();
   for (const DatasetIdentity& d : files) m["files"][base_of(d.path)] = d.json();
-  const std::string path = join_path(dir, kPrepManifestName), tmp = path + ".tmp";
-  h5::TmpFileGuard guard{tmp};
-  const std::string text = m.dump(2) + "\n";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fail("cannot write '", tmp, "': ", std::strerror(errno), "; check the permissions of '", dir, "'");
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  const int err = errno;
-  if (std::fclose(f) != 0 || !ok)
-    fail("cannot write '", tmp, "': ", std::strerror(ok ? errno : err), "; check the disk space of '", dir, "'");
-  h5::commit_tmp_file(tmp, path, guard);
+  write_manifest_file(dir, m.dump(2) + "\n");
 }
 
 }  // namespace llmpi

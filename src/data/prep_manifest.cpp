@@ -182,9 +182,12 @@ void write_prep_manifest_v2(const std::string& dir, const PrepManifest& m) {
     j["splits"][name] = {{"kind", s.kind},   {"content_fnv1a64", s.content_hash}, {"size", s.size},
                          {"documents", s.documents}, {"shards", shards}};
   }
+  write_manifest_file(dir, j.dump(1) + "\n");
+}
+
+void write_manifest_file(const std::string& dir, const std::string& text) {
   const std::string path = join_path(dir, kPrepManifestName), tmp = path + ".tmp";
   h5::TmpFileGuard guard{tmp};
-  const std::string text = j.dump(1) + "\n";
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) fail("cannot write '", tmp, "': ", std::strerror(errno), "; check the permissions of '", dir, "'");
   const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();

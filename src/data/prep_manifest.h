@@ -79,6 +79,8 @@ std::optional<PrepManifest> read_prep_manifest(const std::string& dir);
 // Write DIR/manifest.json (version 2) atomically: .tmp, fsync, rename, fsync DIR. The rename is
 // the data set's switch.
 void write_prep_manifest_v2(const std::string& dir, const PrepManifest& m);
+// Write `text` as DIR/manifest.json that way (any version).
+void write_manifest_file(const std::string& dir, const std::string& text);
 
 // What a data path names (see "Naming a split" above).
 struct TokenDataRef {

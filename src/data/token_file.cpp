@@ -61,6 +61,8 @@ void TokenFileWriter::create(const std::string& path, int64_t n_tokens, const To
   attrs_ = a;
   n_tokens_ = n_tokens;
   written_ = 0;
+  pending_.clear();
+  pending_.reserve(size_t(std::min<int64_t>(n_tokens, int64_t(kWriteTokens))));
   hash_ = Fnv1a64().h;
   guard_ = h5::TmpFileGuard{tmp_, false};
   const bool u16 = a.vocab_size <= 65535;
@@ -90,31 +92,43 @@ void TokenFileWriter::create(const std::string& path, int64_t n_tokens, const To
 
 void TokenFileWriter::append(const uint32_t* tokens, size_t n) {
   if (!dset_.valid()) fail("TokenFileWriter::append called before create()");
-  if (int64_t(n) > n_tokens_ - written_)
-    fail("cannot write token file '", path_, "': ", written_ + int64_t(n), " tokens given for a file of ",
-         n_tokens_);
+  if (int64_t(n) > n_tokens_ - written_ - int64_t(pending_.size()))
+    fail("cannot write token file '", path_, "': ", written_ + int64_t(pending_.size() + n),
+         " tokens given for a file of ", n_tokens_);
   Fnv1a64 content{hash_};
   for (size_t i = 0; i < n; i++) {
     if (tokens[i] >= uint64_t(attrs_.vocab_size))
-      fail("cannot write token file '", path_, "': token ", written_ + int64_t(i), " has id ", tokens[i],
-           ", which is not below vocab_size ", attrs_.vocab_size,
+      fail("cannot write token file '", path_, "': token ", written_ + int64_t(pending_.size() + i), " has id ",
+           tokens[i], ", which is not below vocab_size ", attrs_.vocab_size,
            "; the tokens and the tokenizer do not match");
     content.add_le(tokens[i], 4);
   }
   hash_ = content.h;
-  if (n == 0) return;
+  while (n > 0) {
+    const size_t take = std::min(n, kWriteTokens - pending_.size());
+    pending_.insert(pending_.end(), tokens, tokens + take);
+    tokens += take;
+    n -= take;
+    if (pending_.size() == kWriteTokens) write_pending();
+  }
+}
+
+void TokenFileWriter::write_pending() {
+  if (pending_.empty()) return;
   // HDF5 converts the uint32 values to the file's type (all are < vocab_size, checked above).
-  hsize_t off = hsize_t(written_), cnt = hsize_t(n);
+  hsize_t off = hsize_t(written_), cnt = hsize_t(pending_.size());
   Id mspace(H5Screate_simple(1, &cnt, nullptr), H5Sclose);
   if (!mspace.valid() || H5Sselect_hyperslab(space_, H5S_SELECT_SET, &off, nullptr, &cnt, nullptr) < 0 ||
-      H5Dwrite(dset_, H5T_NATIVE_UINT32, mspace, space_, H5P_DEFAULT, tokens) < 0)
-    fail("cannot write ", n, " tokens to '", tmp_, "'", h5::detail(),
+      H5Dwrite(dset_, H5T_NATIVE_UINT32, mspace, space_, H5P_DEFAULT, pending_.data()) < 0)
+    fail("cannot write ", cnt, " tokens to '", tmp_, "'", h5::detail(),
          "; check the disk space of its directory");
-  written_ += int64_t(n);
+  written_ += int64_t(cnt);
+  pending_.clear();
 }
 
 std::string TokenFileWriter::finish() {
   if (!file_.valid()) fail("TokenFileWriter::finish called before create()");
+  write_pending();
   if (written_ != n_tokens_)
     fail("cannot finish token file '", path_, "': ", written_, " of its ", n_tokens_, " tokens were written");
   h5::write_string_attr(file_, "format", kTokenFileFormat, describe(tmp_));

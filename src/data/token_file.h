@@ -71,14 +71,18 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
                       const TokenFileAttrs& a);
 
 // The same file written in pieces, for files larger than memory: create() with the final token
-// count, append() until that many tokens were given, finish() (attributes, flush, sync, rename;
-// returns the content hash). A writer destroyed before finish() removes its .tmp.
+// count, append() until that many tokens were given (pieces of any size: they are gathered into
+// writes of kWriteTokens), finish() (attributes, flush, sync, rename; returns the content hash). A
+// writer destroyed before finish() removes its .tmp.
 struct TokenFileWriter {
+  static constexpr size_t kWriteTokens = size_t(1) << 20;
   void create(const std::string& path, int64_t n_tokens, const TokenFileAttrs& a);
   void append(const uint32_t* tokens, size_t n);
   std::string finish();
 
  private:
+  void write_pending();
+  std::vector<uint32_t> pending_;
   h5::TmpFileGuard guard_{"", true};  // declared first: removes the .tmp after the handles close
   std::string path_, tmp_;
   TokenFileAttrs attrs_;

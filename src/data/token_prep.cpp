@@ -336,30 +336,49 @@ void for_each_document(const std::string& len_path, int64_t first_doc, int64_t v
   }
 }
 
-// Copy `count` tokens at token offset `at` of a unit's .tok file to the writer.
-void copy_tokens(int fd, const std::string& path, int width, int64_t at, int64_t count, TokenFileWriter& w,
-                 std::vector<char>& raw, std::vector<uint32_t>& wide) {
-  const int64_t block = int64_t(wide.size());
-  while (count > 0) {
-    const int64_t n = std::min(count, block);
-    const size_t bytes = size_t(n) * size_t(width);
-    size_t got = 0;
-    while (got < bytes) {
-      const ssize_t r = ::pread(fd, raw.data() + got, bytes - got, off_t(at * width + int64_t(got)));
-      if (r <= 0) fail("cannot read '", path, "': ", r < 0 ? std::strerror(errno) : "it is shorter than expected");
-      got += size_t(r);
-    }
-    if (width == 2) {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(raw.data());
-      std::copy(p, p + n, wide.begin());
-    } else {
-      std::memcpy(wide.data(), raw.data(), bytes);
-    }
-    w.append(wide.data(), size_t(n));
-    at += n;
-    count -= n;
+// A unit's .tok file read forward through a window of 1M tokens (its documents' tokens are asked
+// for in increasing order, those of the other split skipped).
+struct TokenSpill {
+  int fd = -1;
+  std::string path;
+  int width = 2;
+  std::vector<char> raw = std::vector<char>(size_t(4) << 20);
+  std::vector<uint32_t> wide;
+  int64_t win_start = 0, win_end = 0;  // tokens held in raw
+  TokenSpill(const std::string& p, int w) : path(p), width(w) {
+    fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail("cannot read '", p, "': ", std::strerror(errno));
   }
-}
+  ~TokenSpill() { ::close(fd); }
+  TokenSpill(const TokenSpill&) = delete;
+  TokenSpill& operator=(const TokenSpill&) = delete;
+  // Tokens [at, at + count) of the file to the writer.
+  void copy(int64_t at, int64_t count, TokenFileWriter& w) {
+    while (count > 0) {
+      if (at < win_start || at >= win_end) {
+        const ssize_t r = ::pread(fd, raw.data(), raw.size(), off_t(at * width));
+        if (r < width) fail("cannot read '", path, "': ", r < 0 ? std::strerror(errno) : "it is shorter than expected");
+        win_start = at;
+        win_end = at + r / width;
+      }
+      const int64_t n = std::min(count, win_end - at);
+      wide.resize(size_t(n));
+      const char* p = raw.data() + (at - win_start) * width;
+      if (width == 2) {
+        for (int64_t k = 0; k < n; k++) {
+          uint16_t v;
+          std::memcpy(&v, p + 2 * k, 2);
+          wide[size_t(k)] = v;
+        }
+      } else {
+        std::memcpy(wide.data(), p, size_t(n) * 4);
+      }
+      w.append(wide.data(), size_t(n));
+      at += n;
+      count -= n;
+    }
+  }
+};
 
 struct SplitPlan {
   std::string name;
@@ -547,8 +566,6 @@ void run_token_prep(const TokenPrepOptions& o, MPI_Comm comm) {
     std::vector<int64_t> shard_tokens(size_t(n_all), 0), shard_hash(size_t(n_all), 0);
     const auto t_write = Clock::now();
     collective(comm, [&] {
-      std::vector<char> raw(size_t(1) << 22);
-      std::vector<uint32_t> wide(raw.size() / 4);
       for (const SplitPlan& p : plans) {
         std::vector<int64_t> starts(m + 1, 0);  // where each unit's part begins in the split
         for (size_t u = 0; u < m; u++) starts[u + 1] = starts[u] + p.unit_tokens[u];
@@ -562,25 +579,16 @@ void run_token_prep(const TokenPrepOptions& o, MPI_Comm comm) {
           for (size_t u = 0; u < m; u++) {
             if (starts[u + 1] <= a || starts[u] >= b) continue;
             const int64_t lo = std::max(a, starts[u]) - starts[u], hi = std::min(b, starts[u + 1]) - starts[u];
-            const std::string tok_path = work_file(work, u, "tok");
-            const int fd = ::open(tok_path.c_str(), O_RDONLY | O_CLOEXEC);
-            if (fd < 0) fail("cannot read '", tok_path, "': ", std::strerror(errno));
+            TokenSpill spill(work_file(work, u, "tok"), width);
             int64_t in_split = 0;  // this split's tokens of the unit before the current document
-            try {
-              for_each_document(work_file(work, u, "len"), layout.first_doc[u], layout.val_before[u], choice,
-                                [&](bool val, int64_t len, int64_t offset) {
-                                  if (val != p.is_val) return true;
-                                  const int64_t x0 = std::max(in_split, lo), x1 = std::min(in_split + len, hi);
-                                  if (x0 < x1)
-                                    copy_tokens(fd, tok_path, width, offset + (x0 - in_split), x1 - x0, w, raw, wide);
-                                  in_split += len;
-                                  return in_split < hi;
-                                });
-            } catch (...) {
-              ::close(fd);
-              throw;
-            }
-            ::close(fd);
+            for_each_document(work_file(work, u, "len"), layout.first_doc[u], layout.val_before[u], choice,
+                              [&](bool val, int64_t len, int64_t offset) {
+                                if (val != p.is_val) return true;
+                                const int64_t x0 = std::max(in_split, lo), x1 = std::min(in_split + len, hi);
+                                if (x0 < x1) spill.copy(offset + (x0 - in_split), x1 - x0, w);
+                                in_split += len;
+                                return in_split < hi;
+                              });
           }
           const std::string hash = w.finish();
           new_files.push_back(path);
