@@ -303,6 +303,7 @@ PrepDestination open_prep_destination(const std::string& dir, bool overwrite, co
   PrepDestination d;
   d.dir = dir;
   std::error_code ec;
+  d.created = !fs::exists(dir, ec);
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir))
     fail("cannot create output directory '", dir, "'", ec ? ": " + ec.message() : std::string(),

@@ -111,6 +111,7 @@ struct PrepDestination {
   std::optional<PrepManifest> manifest;  // the current data set, if any
   std::vector<std::string> leftovers;    // its own files the manifest does not name (full paths)
   int64_t next_generation = 1;
+  bool created = false;  // the directory did not exist before
 };
 // Inspect `dir` (creating it when missing). Error when it holds files llmpi-prep did not make (other
 // than `inputs`) and `overwrite` is false, naming one of them and the fix (another --out, or

@@ -677,13 +677,17 @@ void run_token_prep(const TokenPrepOptions& o, MPI_Comm comm) {
       }
     });
   } catch (...) {
-    if (rank == 0 && !switched) {
-      // Nothing of this run stays: the previous data set (if any) is as it was.
-      std::error_code ec;
-      fs::remove_all(work, ec);
-    }
-    if (!switched)
+    // Nothing of this run stays: the previous data set (if any) is as it was.
+    // (Failures are agreed, so every rank is here, and none after the switch: nothing after it throws.)
+    if (!switched) {
       for (const std::string& f : new_files) std::remove(f.c_str());
+      MPI_Barrier(comm);  // every rank has removed its files
+      if (rank == 0) {
+        std::error_code ec;
+        fs::remove_all(work, ec);
+        if (dest.created) fs::remove(o.out, ec);  // only when empty: a directory this run made
+      }
+    }
     throw;
   }
 }

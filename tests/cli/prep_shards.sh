@@ -92,6 +92,12 @@ for point in after-first-shard before-manifest after-switch during-cleanup; do
     "[ $? = 0 ] && grep -q 'left by an interrupted llmpi-prep run' '$tmp/k.err' && [ \"\$(manifest_hashes '$tmp/k')\" = '$new' ] && [ \$(ls '$tmp/k' | wc -l) = \$(ls '$tmp/new' | wc -l) ]"
 done
 
+# ---- a failed run into a new directory leaves nothing behind
+printf '{"text": "fine"}\nnot json\n' >"$tmp/bad.jsonl"
+mprep 2 --tokenizer byte --input "$tmp/bad.jsonl" --out "$tmp/fresh" >/dev/null 2>"$tmp/err"
+check "bad input on 2 ranks: exit 1, one error naming file:line, no directory left" \
+  "[ $? = 1 ] && [ \$(grep -c 'llmpi-prep: error' '$tmp/err') = 1 ] && grep -q 'bad.jsonl:2: not valid JSON' '$tmp/err' && [ ! -e '$tmp/fresh' ]"
+
 # ---- another program's directory, and the numeric flags
 mkdir "$tmp/mine" && echo notes >"$tmp/mine/notes.txt"
 prep --tokenizer byte --input "$tmp/b.txt" --out "$tmp/mine" >/dev/null 2>"$tmp/err"
