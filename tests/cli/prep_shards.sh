@@ -2,10 +2,11 @@
 # llmpi-prep at corpus scale with the real programs (issue 34, and issue 33's llmpi-prep parts):
 #   the same data set (manifest: every shard's token count and content hash) from 1, 2 and 4 ranks,
 #   from text, JSONL, gzip / zstd and standard input, whatever --split-bytes; training from the
-#   sharded directory gives the losses of training from one file of the same tokens; inspect
-#   verifies a directory; a changed shard is refused; a run killed at any step leaves the old or the
-#   new data set, never a mix; another program's directory needs --overwrite; numeric flags are
-#   range-checked, with one error line and exit 1 on every rank.
+#   sharded directory gives the losses of training from one file of the same tokens, and resumes on
+#   it (but not on another data set); inspect verifies a directory; a changed shard is refused; a
+#   run killed at any step leaves the old or the new data set, never a mix; a failed run leaves
+#   nothing; another program's directory needs --overwrite; numeric flags are range-checked, with
+#   one error line and exit 1 on every rank.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 PREP="$B/llmpi-prep"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -91,6 +92,20 @@ for point in after-first-shard before-manifest after-switch during-cleanup; do
   check "  ... a rerun reports what it left, removes it and writes the new data set" \
     "[ $? = 0 ] && grep -q 'left by an interrupted llmpi-prep run' '$tmp/k.err' && [ \"\$(manifest_hashes '$tmp/k')\" = '$new' ] && [ \$(ls '$tmp/k' | wc -l) = \$(ls '$tmp/new' | wc -l) ]"
 done
+
+# ---- resuming on a sharded data set: accepted on the same one, refused on another
+rtrain() {
+  timeout 120 mpiexec -n 2 "$B/llmpi-train" --config data/demo.json --set data.train="$1" --set data.val= \
+    --set run.dir="$tmp/rr" --set model.d_model=32 --set model.n_layer=1 --set model.seq_len=32 \
+    --set train.log_every=1 --set train.eval_every=0 --set checkpoint.every=2 "${@:2}"
+}
+rtrain "$tmp/n1" --set train.steps=4 >/dev/null 2>&1
+rtrain "$tmp/n1" --set train.steps=6 --resume auto >"$tmp/rr.out" 2>&1
+check "resume on the same sharded data set: continues from step 4 (exit $?)" \
+  "grep -q 'resumed from .*step-00000004.h5 at step 4' '$tmp/rr.out'" || tail -n 5 "$tmp/rr.out"
+rtrain "$tmp/new" --set train.steps=8 --resume auto --dry-run >/dev/null 2>"$tmp/rr.err"
+check "resume on another sharded data set: refused (exit $?), naming data.train" \
+  "grep -q 'was made for data.train' '$tmp/rr.err'" || cat "$tmp/rr.err"
 
 # ---- a failed run into a new directory leaves nothing behind
 printf '{"text": "fine"}\nnot json\n' >"$tmp/bad.jsonl"
