@@ -22,7 +22,7 @@ SHELL := /bin/bash
 
 # ---- dependencies ---------------------------------------------------------------------------
 DEB_PACKAGES := mpich libmpich-dev libhdf5-dev hdf5-tools nlohmann-json3-dev libopenblas-dev \
-                libcli11-dev libgtest-dev libbenchmark-dev pkg-config
+                libcli11-dev libgtest-dev libbenchmark-dev pkg-config zlib1g-dev libzstd-dev
 DEPS_STAMP := $(BUILD)/.deps-ok
 
 # oneDNN (libdnnl-dev): the CPU's bf16 GEMMs on bf16 instructions (src/backend/cpu/onednn_gemm.cpp).
@@ -73,7 +73,7 @@ OPT      ?= -O3 -march=x86-64-v3 -fno-math-errno
 CXXFLAGS := -std=c++17 $(OPT) -g -fopenmp -Wall -Wextra -Wno-unused-parameter -MMD -MP \
             -Isrc $(HDF5_CFLAGS)
 # (recursive: ONEDNN_LIBS is decided when a link runs)
-LDLIBS    = $(HDF5_LIBS) -lopenblas $(ONEDNN_LIBS) -fopenmp -lpthread
+LDLIBS    = $(HDF5_LIBS) -lopenblas $(ONEDNN_LIBS) -lzstd -lz -fopenmp -lpthread
 
 ifeq ($(SAN),1)
 CXXFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer
@@ -173,10 +173,15 @@ $(BUILD)/libllmpi.a: $(LIB_OBJ) $(CU_OBJ)
 	@rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/llmpi-%: $(BUILD)/obj/src/apps/%_main.o $(BUILD)/libllmpi.a
-	$(CXX) $^ -o $@ $(LDLIBS)
+	$(CXX) $^ -o $@ $(or $(APP_LDLIBS),$(LDLIBS))
 
 $(BUILD)/llmpi-demo-corpus: $(BUILD)/obj/src/apps/demo_corpus_main.o $(BUILD)/libllmpi.a
-	$(CXX) $^ -o $@ $(LDLIBS)
+	$(CXX) $^ -o $@ $(or $(APP_LDLIBS),$(LDLIBS))
+
+# The data tools use neither CUDA nor BLAS: linked --as-needed they do not load cuBLAS and the
+# CUDA runtime at start (about 200 MB of resident pages), so their peak RSS is their own.
+comma := ,
+$(BUILD)/llmpi-prep $(BUILD)/llmpi-demo-corpus: APP_LDLIBS = -Wl,--as-needed $(filter-out -Wl$(comma)--no-as-needed,$(LDLIBS))
 
 $(BUILD)/llmpi-tests: $(TEST_OBJ) $(BUILD)/libllmpi.a
 	$(CXX) $^ -o $@ -lgtest -lpthread $(LDLIBS)
@@ -255,7 +260,7 @@ DEMO_DIR := $(BUILD)/demo
 demo-data: $(DEMO_DIR)/train.h5
 $(DEMO_DIR)/train.h5: $(BUILD)/llmpi-demo-corpus $(BUILD)/llmpi-prep
 	@mkdir -p $(DEMO_DIR)
-	$(BUILD)/llmpi-demo-corpus --out $(DEMO_DIR)/corpus.txt --seed 1234 --megabytes 4
+	$(BUILD)/llmpi-demo-corpus --out $(DEMO_DIR)/corpus.txt --seed 1234 --megabytes 4 --overwrite
 	$(BUILD)/llmpi-prep --tokenizer byte --input $(DEMO_DIR)/corpus.txt --out $(DEMO_DIR) \
 	    --val-fraction 0.05
 
@@ -338,7 +343,7 @@ $(PRETRAINED)/model.safetensors:
 #                        fuzz-safetensors, fuzz-hf_tokenizer
 # Variables: FUZZ_SECONDS, FUZZ_BUILD (default build-fuzz), FUZZ_CXX (default clang++),
 #            FUZZ_FLAGS (more libFuzzer flags, e.g. FUZZ_FLAGS=-max_len=16384).
-# The targets need no MPI: they link only src/runtime/config.cpp, src/data/token_file.cpp (+ h5_util.cpp),
+# The targets need no MPI: they link only src/runtime/config.cpp, src/data/token_file.cpp (+ h5_util.cpp, prep_manifest.cpp),
 # src/tokenizer/*.cpp and src/hf/safetensors.cpp, compiled with -fsanitize=fuzzer-no-link,address,undefined.
 FUZZ_BUILD      ?= build-fuzz
 FUZZ_SECONDS    ?= 60
@@ -347,7 +352,7 @@ FUZZ_FLAGS      ?=
 FUZZ_PACKAGES   := clang libclang-rt-dev llvm libhdf5-dev nlohmann-json3-dev
 FUZZ_NAMES      := config token_file token_header tokenizer safetensors hf_tokenizer
 FUZZ_BINS       := $(FUZZ_NAMES:%=$(FUZZ_BUILD)/%_fuzz)
-FUZZ_LIB_SRC    := src/runtime/config.cpp src/runtime/options.cpp src/data/token_file.cpp $(wildcard src/data/h5_util.cpp) \
+FUZZ_LIB_SRC    := src/runtime/config.cpp src/runtime/options.cpp src/data/token_file.cpp src/data/prep_manifest.cpp $(wildcard src/data/h5_util.cpp) \
                    $(sort $(wildcard src/tokenizer/*.cpp)) src/hf/safetensors.cpp
 FUZZ_LIB_OBJ    := $(FUZZ_LIB_SRC:%.cpp=$(FUZZ_BUILD)/obj/%.o)
 FUZZ_SAN        := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer

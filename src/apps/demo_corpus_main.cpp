@@ -1,7 +1,7 @@
 // llmpi-demo-corpus: writes a deterministic, seeded synthetic corpus of short English-like
 // stories (plain ASCII), used as the demo data set for `make run`.
 //
-//   llmpi-demo-corpus --out FILE [--seed N] [--megabytes M]
+//   llmpi-demo-corpus --out FILE [--seed N] [--megabytes M] [--overwrite]
 //
 // Stories come from a small grammar: named characters with consistent pronouns, places,
 // objects, weather, feelings, dialogue lines and cause/effect sentences, arranged by a
@@ -17,6 +17,8 @@
 // of `a + b + c` (and function arguments) are evaluated in an unspecified order, so two draws
 // in one expression come out in a different order under GCC and Clang; draw into a named
 // local first.
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -594,24 +596,26 @@ class Generator {
 
 void print_help() {
   std::printf(
-      "usage: llmpi-demo-corpus --out FILE [--seed N] [--megabytes M]\n"
+      "usage: llmpi-demo-corpus --out FILE [--seed N] [--megabytes M] [--overwrite]\n"
       "\n"
       "Writes a deterministic synthetic corpus of short English-like stories (plain ASCII),\n"
       "documents separated by one blank line, for llmpi-prep. Same seed => same bytes.\n"
       "\n"
-      "  --out FILE       output path (written to FILE.tmp, then renamed)\n"
-      "  --seed N         unsigned 64-bit seed (default 1234)\n"
-      "  --megabytes M    approximate size in MB of 1,000,000 bytes, 0 < M <= 1024 (default 4);\n"
+      "  --out FILE       output path (written to FILE.tmp, then renamed); an existing non-empty\n"
+      "                   FILE is refused unless --overwrite is given\n"
+      "  --seed N         seed, 0..18446744073709551615 (default 1234)\n"
+      "  --megabytes M    approximate size in MB of 1,000,000 bytes, 0 < M <= 100000 (default 4);\n"
       "                   generation stops after the first story that reaches the size\n"
+      "  --overwrite      replace an existing FILE\n"
       "  -h, --help       show this help\n");
 }
 
 uint64_t parse_seed(const std::string& s) {
-  if (s.empty() || s[0] < '0' || s[0] > '9') usage_error("--seed must be an unsigned integer, got '" + s + "'");
   errno = 0;
   char* end = nullptr;
   unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0') usage_error("--seed must be an unsigned 64-bit integer, got '" + s + "'");
+  if (s.empty() || s[0] < '0' || s[0] > '9' || errno != 0 || *end != '\0')
+    usage_error("--seed must be a whole number in 0..18446744073709551615, got '" + s + "'");
   return static_cast<uint64_t>(v);
 }
 
@@ -619,8 +623,8 @@ double parse_megabytes(const std::string& s) {
   errno = 0;
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || errno != 0 || *end != '\0' || !std::isfinite(v) || v <= 0.0 || v > 1024.0)
-    usage_error("--megabytes must be a number with 0 < M <= 1024, got '" + s + "'");
+  if (s.empty() || errno != 0 || *end != '\0' || !std::isfinite(v) || v <= 0.0 || v > 100000.0)
+    usage_error("--megabytes must be a number with 0 < M <= 100000, got '" + s + "'");
   return v;
 }
 
@@ -628,6 +632,7 @@ int run(int argc, char** argv) {
   std::string out;
   uint64_t seed = 1234;
   double megabytes = 4.0;
+  bool overwrite = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     std::string val;
@@ -655,11 +660,20 @@ int run(int argc, char** argv) {
       seed = parse_seed(value());
     } else if (arg == "--megabytes") {
       megabytes = parse_megabytes(value());
+    } else if (arg == "--overwrite") {
+      if (has_inline) usage_error("--overwrite takes no value");
+      overwrite = true;
     } else {
       usage_error("unknown argument '" + arg + "'");
     }
   }
   if (out.empty()) usage_error("--out FILE is required");
+  struct stat st;
+  if (::stat(out.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) usage_error("--out '" + out + "' is a directory; give a file name");
+    if (st.st_size > 0 && !overwrite)
+      usage_error("--out '" + out + "' exists and is not empty; choose another name, or give --overwrite to replace it");
+  }
 
   const uint64_t target = static_cast<uint64_t>(std::llround(megabytes * 1e6));
   const std::string tmp = out + ".tmp";

@@ -4,6 +4,7 @@
 
 #include "data/content_hash.h"
 #include "data/h5_util.h"
+#include "data/prep_manifest.h"
 #include "data/token_file.h"
 
 #include <sys/stat.h>
@@ -521,6 +522,8 @@ ClassificationInfo open_classification_file_info(const std::string& path) {
 // ---- format probe ----------------------------------------------------------------------------
 
 std::string hdf5_format_of(const std::string& path) {
+  const std::string listed = manifest_format_of(path);  // a split of a data set directory
+  if (!listed.empty()) return listed;
   h5::quiet();
   if (!h5::has_signature(path)) return "";
   Id fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);

@@ -108,7 +108,8 @@ struct ClassificationReader {
 ClassificationInfo open_classification_file_info(const std::string& path);
 
 // The root 'format' attribute of an HDF5 file: "llmpi-classification", "llmpi-tokens", ... or ""
-// when the file is missing, unreadable, not HDF5 or has no string 'format'. Never throws, so a
+// when the file is missing, unreadable, not HDF5 or has no string 'format'; for a split of an
+// llmpi-prep data set directory (data/prep_manifest.h) the format of its files. Never throws, so a
 // program can choose its message before opening the file with the reader it expects, e.g. "this is
 // a language-modelling token file, but model.family bert needs a classification file".
 std::string hdf5_format_of(const std::string& path);

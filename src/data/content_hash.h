@@ -23,6 +23,9 @@ struct Fnv1a64 {
   void add_le(uint32_t v, int bytes) {
     for (int k = 0; k < bytes; k++) h = (h ^ ((v >> (8 * k)) & 0xffu)) * 1099511628211ull;
   }
+  void add_u64_le(uint64_t v) {
+    for (int k = 0; k < 8; k++) h = (h ^ ((v >> (8 * k)) & 0xffu)) * 1099511628211ull;
+  }
   std::string hex() const {
     static const char* digits = "0123456789abcdef";
     std::string s(16, '0');

@@ -8,36 +8,15 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "data/classification_file.h"
 #include "data/h5_util.h"
+#include "data/path_util.h"
 #include "data/token_file.h"
 #include "runtime/error.h"
 
 namespace llmpi {
-
-namespace {
-
-std::string dir_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-}
-std::string base_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-std::string join(const std::string& dir, const std::string& name) {
-  return dir == "." ? name : dir + "/" + name;
-}
-bool ends_with(const std::string& s, const char* suffix) {
-  const size_t n = std::strlen(suffix);
-  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
-}
-
-}  // namespace
 
 nlohmann::json DatasetIdentity::json() const {
   return {{"kind", kind}, {"tokenizer", tokenizer}, {"content_fnv1a64", content_hash}, {"size", size}};
@@ -69,14 +48,23 @@ DatasetIdentity dataset_identity(const ClassificationInfo& info) {
 }
 
 std::vector<std::string> leftover_prep_files(const std::string& dir) {
+  std::optional<PrepManifest> m;
+  try {
+    m = read_prep_manifest(dir);
+  } catch (const Error&) {
+  }
+  const std::vector<std::string> named = m ? m->files() : std::vector<std::string>();
   std::vector<std::string> found;
   DIR* d = opendir(dir.c_str());
   if (!d) return found;
   while (dirent* e = readdir(d)) {
     const std::string name = e->d_name;
+    if (name == "." || name == ".." || name == kPrepManifestName) continue;
+    if (std::find(named.begin(), named.end(), name) != named.end()) continue;
     if (ends_with(name, ".h5.new") || ends_with(name, ".h5.new.tmp") ||
-        name == std::string(kPrepManifestName) + ".tmp")
-      found.push_back(join(dir, name));
+        name == std::string(kPrepManifestName) + ".tmp" || name == kPrepWorkDirName ||
+        (m && m->version == kPrepManifestVersion && is_prep_output(dir, name)))
+      found.push_back(join_path(dir, name));
   }
   closedir(d);
   std::sort(found.begin(), found.end());
@@ -89,6 +77,11 @@ std::vector<std::string> check_training_data(const DatasetIdentity& train, const
          "' were made by different tokenizers ('", train.tokenizer, "' and '", val->tokenizer,
          "'), so val_loss would be meaningless; make both with the same tokenizer (one llmpi-prep run "
          "writes a matching train.h5 and val.h5)");
+  struct stat st;
+  if (val && ::stat(val->path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && !val->content_hash.empty() &&
+      val->content_hash == train.content_hash && val->size == train.size)
+    fail("the validation data '", val->path, "' is a data set directory, which names its train split, and that "
+         "is the training data '", train.path, "'; give its validation split as '", join_path(val->path, "val"), "'");
 
   std::vector<std::string> warnings;
   std::set<std::string> dirs_seen;
@@ -97,8 +90,9 @@ std::vector<std::string> check_training_data(const DatasetIdentity& train, const
     if (d->content_hash.empty())
       warnings.push_back("'" + d->path + "' has no content hash (it was made before llmpi recorded one), so "
                          "its identity is its tokenizer and size only; remake it with llmpi-prep to record one");
-    const std::string dir = dir_of(d->path);
-    const std::string manifest_path = join(dir, kPrepManifestName);
+    const bool is_dir = ::stat(d->path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+    const std::string dir = is_dir ? d->path : dir_of(d->path);
+    const std::string manifest_path = join_path(dir, kPrepManifestName);
     std::vector<std::string> leftovers = leftover_prep_files(dir);
     std::string leftover_text;
     for (const std::string& f : leftovers) leftover_text += (leftover_text.empty() ? "" : ", ") + f;
@@ -106,23 +100,13 @@ std::vector<std::string> check_training_data(const DatasetIdentity& train, const
       warnings.push_back("found " + leftover_text + " in '" + dir +
                          "': an llmpi-prep run into this directory was interrupted; rerun it, or delete them");
 
-    std::ifstream in(manifest_path);
-    if (!in) continue;  // not made by llmpi-prep (or by one before manifests): nothing to compare with
-    std::stringstream ss;
-    ss << in.rdbuf();
-    nlohmann::json m = nlohmann::json::parse(ss.str(), nullptr, false);
-    if (m.is_discarded() || !m.is_object())
-      fail("'", manifest_path, "' (llmpi-prep's list of the files in '", dir,
-           "') is not valid JSON; rerun llmpi-prep to write the data set again");
-    if (m.value("format", "") != kPrepManifestFormat || !m.contains("files") || !m["files"].is_object())
-      continue;  // someone else's manifest.json
-    const std::string base = base_of(d->path);
-    if (!m["files"].contains(base)) continue;
-    const nlohmann::json& want = m["files"][base];
-    const std::string want_hash = want.is_object() ? want.value("content_fnv1a64", "") : "";
-    if (d->content_hash == want_hash) continue;
+    // A version 2 manifest was followed by the reader, which checked every file against it.
+    std::optional<PrepManifest> m = read_prep_manifest(dir);
+    if (!m || m->version != 1) continue;
+    const auto want = m->v1_files.find(base_of(d->path));
+    if (want == m->v1_files.end() || d->content_hash == want->second) continue;
     fail("'", d->path, "' is not the file that '", manifest_path, "' names (its content fnv1a64 is ",
-         d->content_hash.empty() ? "(none)" : d->content_hash, ", the manifest's ", want_hash,
+         d->content_hash.empty() ? "(none)" : d->content_hash, ", the manifest's ", want->second,
          "): an llmpi-prep run into '", dir, "' was interrupted while replacing the data set",
          leftovers.empty() ? std::string() : " (it left " + leftover_text + ")",
          ", so its files may come from different runs; rerun llmpi-prep (or delete ", manifest_path,
@@ -137,16 +121,7 @@ void write_prep_manifest(const std::string& dir, const std::vector<DatasetIdenti
   m["tokenizer"] = files.empty() ? std::string() : files.front().tokenizer;
   m["files"] = nlohmann::json::object();
   for (const DatasetIdentity& d : files) m["files"][base_of(d.path)] = d.json();
-  const std::string path = join(dir, kPrepManifestName), tmp = path + ".tmp";
-  h5::TmpFileGuard guard{tmp};
-  const std::string text = m.dump(2) + "\n";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fail("cannot write '", tmp, "': ", std::strerror(errno), "; check the permissions of '", dir, "'");
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  const int err = errno;
-  if (std::fclose(f) != 0 || !ok)
-    fail("cannot write '", tmp, "': ", std::strerror(ok ? errno : err), "; check the disk space of '", dir, "'");
-  h5::commit_tmp_file(tmp, path, guard);
+  write_manifest_file(dir, m.dump(2) + "\n");
 }
 
 }  // namespace llmpi

@@ -9,11 +9,15 @@
 //                 files written before it existed have none and load with a warning;
 //   size          tokens (token file) or examples (classification file).
 //
-// llmpi-prep writes DIR/train.h5 and DIR/val.h5 as one unit: first DIR/train.h5.new and
-// DIR/val.h5.new (complete, each via .tmp + rename), then DIR/manifest.json naming both files with
-// their content hashes (atomically), then renames the two files into place. A file whose directory
-// holds a manifest.json that names it must have the content hash the manifest gives, so whatever
-// moment llmpi-prep is killed at, training either sees a matching pair or refuses (naming the
+// A split of an llmpi-prep data set (data/prep_manifest.h) has the identity its manifest gives:
+// the tokenizer, the split's content hash (covering every shard) and its size; the reader checked
+// every shard against the manifest when it opened them.
+//
+// Version 1 (an older llmpi-prep, and `llmpi-prep glue`): DIR/train.h5 and DIR/val.h5 are written
+// as one unit: first DIR/train.h5.new and DIR/val.h5.new (complete, each via .tmp + rename), then
+// DIR/manifest.json naming both files with their content hashes (atomically), then the two files
+// are renamed into place. A file whose directory holds a manifest.json that names it must have the
+// content hash the manifest gives, so training either sees a matching pair or refuses (naming the
 // leftover *.new files and saying to rerun llmpi-prep).
 //
 //   manifest.json  {"format": "llmpi-prep-manifest", "version": 1, "tokenizer": "...",
@@ -26,13 +30,13 @@
 #include <string>
 #include <vector>
 
+#include "data/prep_manifest.h"
+
 namespace llmpi {
 
 struct TokenFileInfo;
 struct ClassificationInfo;
 
-inline constexpr const char* kPrepManifestName = "manifest.json";
-inline constexpr const char* kPrepManifestFormat = "llmpi-prep-manifest";
 
 struct DatasetIdentity {
   std::string path;
@@ -52,15 +56,18 @@ DatasetIdentity dataset_identity(const ClassificationInfo& info);
 
 // What training checks of its files before it starts. Fails (an Error naming both files and both
 // identities, and the fix) when the validation file was made by another tokenizer than the
-// training file, or when a file is not the one its directory's manifest.json names (an
-// interrupted llmpi-prep). Returns the warnings to print once: a file without a content hash
-// (made before content hashes), leftover *.new files of an interrupted llmpi-prep.
+// training file, when a file is not the one its directory's version 1 manifest.json names (an
+// interrupted older llmpi-prep), or when the validation data names a data set directory alone (its
+// train split) and so is the training data. Returns the warnings to print once: a file without a
+// content hash (made before content hashes), leftover files of an interrupted llmpi-prep.
 std::vector<std::string> check_training_data(const DatasetIdentity& train, const DatasetIdentity* val);
 
-// The *.new files llmpi-prep leaves in `dir` when it is interrupted (sorted paths).
+// The files an interrupted llmpi-prep leaves in `dir` (sorted paths): *.new, *.tmp, its work
+// directory, and token files it wrote that the manifest does not name.
 std::vector<std::string> leftover_prep_files(const std::string& dir);
 
-// Write DIR/manifest.json naming `files` (by their base names) atomically (.tmp, fsync, rename).
+// Write a version 1 DIR/manifest.json naming `files` (by their base names) atomically (.tmp, fsync,
+// rename): `llmpi-prep glue`'s.
 void write_prep_manifest(const std::string& dir, const std::vector<DatasetIdentity>& files,
                          const std::string& created_by);
 

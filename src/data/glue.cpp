@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "data/dataset_identity.h"
+#include "data/prep_manifest.h"
 #include "runtime/error.h"
 
 namespace llmpi {
@@ -177,7 +178,8 @@ void run_glue_prep(const GluePrepOptions& o) {
   if (o.tokenizer.rfind("hf:", 0) != 0 && o.tokenizer.rfind("wordpiece:", 0) != 0)
     fail("llmpi-prep glue needs --tokenizer hf:PATH/tokenizer.json or wordpiece:PATH/vocab.txt "
          "(a BERT tokenizer with [CLS], [SEP] and [PAD]), not '", o.tokenizer, "'");
-  if (o.max_seq_len < 1) fail("--max-seq-len ", o.max_seq_len, " must be >= 1");
+  if (o.max_seq_len < 1 || o.max_seq_len > 65536)
+    fail("--max-seq-len ", o.max_seq_len, " is outside 1..65536 (tokens per example)");
   Tokenizer tok = load_tokenizer(o.tokenizer, "", "", o.lowercase);
   const int64_t pad_id = glue_pad_id(tok);
 
@@ -190,11 +192,7 @@ void run_glue_prep(const GluePrepOptions& o) {
   ClassificationExamples dev =
       glue_examples(task, dev_in, read_file_bytes(dev_in), tok, o.max_seq_len, pad_id);
 
-  std::error_code ec;
-  fs::create_directories(o.out, ec);
-  if (ec || !fs::is_directory(o.out))
-    fail("cannot create output directory '", o.out, "'", ec ? ": " + ec.message() : std::string(),
-         "; choose a writable --out");
+  open_prep_destination(o.out, o.overwrite, {train_in, dev_in});  // refuses another program's files
   ClassificationAttrs attrs;
   attrs.vocab_size = tok.vocab_size;
   attrs.num_labels = int(task.labels.size());

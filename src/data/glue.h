@@ -62,10 +62,12 @@ struct GluePrepOptions {
   std::string task, data_dir, tokenizer, out;
   bool lowercase = false;
   int max_seq_len = 128;
+  bool overwrite = false;  // write into a non-empty --out that holds no llmpi-prep data set
 };
 
-// llmpi-prep glue: OUT/train.h5 and OUT/dev.h5 and OUT/manifest.json, written as one unit as
-// llmpi-prep writes token files (*.new, then the manifest, then the renames). Prints a summary.
+// llmpi-prep glue: OUT/train.h5 and OUT/dev.h5 and OUT/manifest.json (version 1), written as one
+// unit (*.new, then the manifest, then the renames: data/dataset_identity.h). OUT must be new,
+// empty or an llmpi-prep output unless o.overwrite (data/prep_manifest.h). Prints a summary.
 void run_glue_prep(const GluePrepOptions& o);
 
 }  // namespace llmpi

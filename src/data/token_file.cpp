@@ -4,6 +4,7 @@
 
 #include "data/content_hash.h"
 #include "data/h5_util.h"
+#include "data/prep_manifest.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -46,8 +47,7 @@ int64_t require_int_attr(hid_t obj, const char* name, const std::string& path) {
 
 // ---- writer ----------------------------------------------------------------------------------
 
-void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
-                      const TokenFileAttrs& a) {
+void TokenFileWriter::create(const std::string& path, int64_t n_tokens, const TokenFileAttrs& a) {
   h5::quiet();
   if (a.vocab_size <= 0 || a.vocab_size > INT32_MAX)
     fail("cannot write token file '", path, "': vocab_size ", a.vocab_size,
@@ -55,74 +55,112 @@ void write_token_file(const std::string& path, const std::vector<uint32_t>& toke
   if (a.eot_id < 0 || a.eot_id >= a.vocab_size)
     fail("cannot write token file '", path, "': eot_id ", a.eot_id, " is not below vocab_size ",
          a.vocab_size);
-  for (size_t i = 0; i < tokens.size(); i++)
-    if (tokens[i] >= uint64_t(a.vocab_size))
-      fail("cannot write token file '", path, "': token ", i, " has id ", tokens[i],
-           ", which is not below vocab_size ", a.vocab_size,
-           "; the tokens and the tokenizer do not match");
-
+  if (n_tokens < 0) fail("cannot write token file '", path, "': negative size ", n_tokens);
+  path_ = path;
+  tmp_ = path + ".tmp";
+  attrs_ = a;
+  n_tokens_ = n_tokens;
+  written_ = 0;
+  pending_.clear();
+  pending_.reserve(size_t(std::min<int64_t>(n_tokens, int64_t(kWriteTokens))));
+  hash_ = Fnv1a64().h;
+  guard_ = h5::TmpFileGuard{tmp_, false};
   const bool u16 = a.vocab_size <= 65535;
-  const std::string tmp = path + ".tmp";
-  h5::TmpFileGuard guard{tmp};
-  {
-    Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-    if (!file.valid())
-      fail("cannot create token file '", tmp, "'", h5::detail(),
-           "; check that its directory exists and is writable");
+  file_ = Id(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  if (!file_.valid())
+    fail("cannot create token file '", tmp_, "'", h5::detail(),
+         "; check that its directory exists and is writable");
 
-    // /tokens: 1-D, fixed size (unlimited when empty, since a chunk may not exceed a fixed
-    // extent), chunked.
-    const hsize_t n = tokens.size();
-    h5::reserve_space(file, uint64_t(n) * (u16 ? 2 : 4) + (1u << 20), path, describe(tmp),
-                      "free space or choose another --out");
-    const hsize_t maxdim = n ? n : H5S_UNLIMITED;
-    const hsize_t chunk = n ? std::min(n, kChunkTokens) : kChunkTokens;
-    Id space(H5Screate_simple(1, &n, &maxdim), H5Sclose);
-    Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-    if (!space.valid() || !dcpl.valid() || H5Pset_chunk(dcpl, 1, &chunk) < 0)
-      fail("cannot set up dataset 'tokens' in '", tmp, "'", h5::detail());
-    Id dset(H5Dcreate2(file, "tokens", u16 ? H5T_STD_U16LE : H5T_STD_U32LE, space, H5P_DEFAULT,
-                       dcpl, H5P_DEFAULT),
-            H5Dclose);
-    if (!dset.valid())
-      fail("cannot create dataset 'tokens' in '", tmp, "'", h5::detail(),
-           "; check the disk space of its directory");
-    // HDF5 converts the uint32 values to the file's type (all are < vocab_size, checked above).
-    if (n > 0 && H5Dwrite(dset, H5T_NATIVE_UINT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data()) < 0)
-      fail("cannot write ", n, " tokens to '", tmp, "'", h5::detail(),
-           "; check the disk space of its directory");
+  // /tokens: 1-D, fixed size (unlimited when empty, since a chunk may not exceed a fixed
+  // extent), chunked.
+  const hsize_t n = hsize_t(n_tokens);
+  h5::reserve_space(file_, uint64_t(n) * (u16 ? 2 : 4) + (1u << 20), path, describe(tmp_),
+                    "free space or choose another --out");
+  const hsize_t maxdim = n ? n : H5S_UNLIMITED;
+  const hsize_t chunk = n ? std::min(n, kChunkTokens) : kChunkTokens;
+  space_ = Id(H5Screate_simple(1, &n, &maxdim), H5Sclose);
+  Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (!space_.valid() || !dcpl.valid() || H5Pset_chunk(dcpl, 1, &chunk) < 0)
+    fail("cannot set up dataset 'tokens' in '", tmp_, "'", h5::detail());
+  dset_ = Id(H5Dcreate2(file_, "tokens", u16 ? H5T_STD_U16LE : H5T_STD_U32LE, space_, H5P_DEFAULT,
+                        dcpl, H5P_DEFAULT),
+             H5Dclose);
+  if (!dset_.valid())
+    fail("cannot create dataset 'tokens' in '", tmp_, "'", h5::detail(),
+         "; check the disk space of its directory");
+}
 
-    h5::write_string_attr(file, "format", kTokenFileFormat, describe(tmp));
-    h5::write_int_attr(file, "version", kTokenFileVersion, describe(tmp));
-    h5::write_int_attr(file, "vocab_size", a.vocab_size, describe(tmp));
-    h5::write_int_attr(file, "eot_id", a.eot_id, describe(tmp));
-    h5::write_string_attr(file, "tokenizer", a.tokenizer, describe(tmp));
-    h5::write_string_attr(file, "created_by", a.created_by, describe(tmp));
-    Fnv1a64 content;
-    for (uint32_t t : tokens) content.add_le(t, 4);
-    h5::write_string_attr(file, kContentHashAttr, content.hex(), describe(tmp));
-
-    if (dset.reset() < 0 || space.reset() < 0 || dcpl.reset() < 0 ||
-        H5Fflush(file, H5F_SCOPE_GLOBAL) < 0 || file.reset() < 0)
-      fail("cannot finish writing token file '", tmp, "'", h5::detail(),
-           "; check the disk space of its directory");
+void TokenFileWriter::append(const uint32_t* tokens, size_t n) {
+  if (!dset_.valid()) fail("TokenFileWriter::append called before create()");
+  if (int64_t(n) > n_tokens_ - written_ - int64_t(pending_.size()))
+    fail("cannot write token file '", path_, "': ", written_ + int64_t(pending_.size() + n),
+         " tokens given for a file of ", n_tokens_);
+  Fnv1a64 content{hash_};
+  for (size_t i = 0; i < n; i++) {
+    if (tokens[i] >= uint64_t(attrs_.vocab_size))
+      fail("cannot write token file '", path_, "': token ", written_ + int64_t(pending_.size() + i), " has id ",
+           tokens[i], ", which is not below vocab_size ", attrs_.vocab_size,
+           "; the tokens and the tokenizer do not match");
+    content.add_le(tokens[i], 4);
   }
-  h5::commit_tmp_file(tmp, path, guard);
+  hash_ = content.h;
+  while (n > 0) {
+    const size_t take = std::min(n, kWriteTokens - pending_.size());
+    pending_.insert(pending_.end(), tokens, tokens + take);
+    tokens += take;
+    n -= take;
+    if (pending_.size() == kWriteTokens) write_pending();
+  }
+}
+
+void TokenFileWriter::write_pending() {
+  if (pending_.empty()) return;
+  // HDF5 converts the uint32 values to the file's type (all are < vocab_size, checked above).
+  hsize_t off = hsize_t(written_), cnt = hsize_t(pending_.size());
+  Id mspace(H5Screate_simple(1, &cnt, nullptr), H5Sclose);
+  if (!mspace.valid() || H5Sselect_hyperslab(space_, H5S_SELECT_SET, &off, nullptr, &cnt, nullptr) < 0 ||
+      H5Dwrite(dset_, H5T_NATIVE_UINT32, mspace, space_, H5P_DEFAULT, pending_.data()) < 0)
+    fail("cannot write ", cnt, " tokens to '", tmp_, "'", h5::detail(),
+         "; check the disk space of its directory");
+  written_ += int64_t(cnt);
+  pending_.clear();
+}
+
+std::string TokenFileWriter::finish() {
+  if (!file_.valid()) fail("TokenFileWriter::finish called before create()");
+  write_pending();
+  if (written_ != n_tokens_)
+    fail("cannot finish token file '", path_, "': ", written_, " of its ", n_tokens_, " tokens were written");
+  h5::write_string_attr(file_, "format", kTokenFileFormat, describe(tmp_));
+  h5::write_int_attr(file_, "version", kTokenFileVersion, describe(tmp_));
+  h5::write_int_attr(file_, "vocab_size", attrs_.vocab_size, describe(tmp_));
+  h5::write_int_attr(file_, "eot_id", attrs_.eot_id, describe(tmp_));
+  h5::write_string_attr(file_, "tokenizer", attrs_.tokenizer, describe(tmp_));
+  h5::write_string_attr(file_, "created_by", attrs_.created_by, describe(tmp_));
+  const std::string hash = Fnv1a64{hash_}.hex();
+  h5::write_string_attr(file_, kContentHashAttr, hash, describe(tmp_));
+  if (dset_.reset() < 0 || space_.reset() < 0 || H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0 || file_.reset() < 0)
+    fail("cannot finish writing token file '", tmp_, "'", h5::detail(),
+         "; check the disk space of its directory");
+  h5::commit_tmp_file(tmp_, path_, guard_);
+  return hash;
+}
+
+void write_token_file(const std::string& path, const std::vector<uint32_t>& tokens,
+                      const TokenFileAttrs& a) {
+  TokenFileWriter w;
+  w.create(path, int64_t(tokens.size()), a);
+  w.append(tokens.data(), tokens.size());
+  w.finish();
 }
 
 // ---- reader ----------------------------------------------------------------------------------
 
-void TokenReader::close() {
-  fspace_.reset();
-  dset_.reset();
-  file_.reset();
-  info_ = TokenFileInfo();
-}
+namespace {
 
-void TokenReader::open(const std::string& path) {
+// Open one token file as it is and validate it; its handles go to file/dset/space.
+TokenFileInfo open_one(const std::string& path, Id& file_out, Id& dset_out, Id& space_out) {
   h5::quiet();
-  close();
-
   // The file itself: present, a regular file, readable, HDF5.
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
@@ -180,7 +218,9 @@ void TokenReader::open(const std::string& path) {
   if (exists <= 0)
     fail("token file '", path, "' has no 'tokens' dataset", h5::detail(),
          "; it is damaged or not a language-modelling token file (remake it with llmpi-prep)");
-  Id dset(H5Dopen2(file, "tokens", H5P_DEFAULT), H5Dclose);
+  Id dapl(H5Pcreate(H5P_DATASET_ACCESS), H5Pclose);
+  if (dapl.valid()) H5Pset_chunk_cache(dapl, 0, 0, H5D_CHUNK_CACHE_W0_DEFAULT);  // read selections directly
+  Id dset(H5Dopen2(file, "tokens", dapl.valid() ? hid_t(dapl) : H5P_DEFAULT), H5Dclose);
   if (!dset.valid())
     fail("token file '", path, "': 'tokens' is not a readable dataset", h5::detail(),
          "; remake the file with llmpi-prep");
@@ -208,36 +248,137 @@ void TokenReader::open(const std::string& path) {
   if (dcpl.valid() && H5Pget_layout(dcpl) == H5D_CHUNKED && H5Pget_chunk(dcpl, 1, &chunk) == 1)
     info.chunk = int64_t(chunk);
 
-  info_ = std::move(info);
-  file_ = std::move(file);
-  dset_ = std::move(dset);
-  fspace_ = std::move(space);
+  file_out = std::move(file);
+  dset_out = std::move(dset);
+  space_out = std::move(space);
+  return info;
 }
 
-void TokenReader::read(int64_t start, int64_t count, int32_t* out) {
-  if (!is_open()) fail("TokenReader::read called before open(); open a token file first");
-  const std::string& path = info_.path;
-  if (start < 0 || count < 0 || start > info_.n_tokens || count > info_.n_tokens - start)
-    fail("cannot read tokens [", start, ", ", start + count, ") from '", path, "': it has ",
-         info_.n_tokens, " tokens (valid positions 0..", info_.n_tokens - 1,
-         "); the sample window or data split is larger than the file");
-  if (count == 0) return;
+// A file of a data set must be the one its manifest names: same size and content hash.
+void check_listed(const TokenFileInfo& f, const ShardEntry& want, const std::string& manifest) {
+  if (f.content_hash == want.content_hash && f.n_tokens == want.tokens) return;
+  fail("'", f.path, "' is not the file that '", manifest, "' names (its content fnv1a64 is ",
+       f.content_hash.empty() ? "(none)" : f.content_hash, " and it holds ", f.n_tokens,
+       " tokens; the manifest says ", want.content_hash, " and ", want.tokens,
+       "): the data set was changed after llmpi-prep wrote it; rerun llmpi-prep");
+}
+
+}  // namespace
+
+void TokenReader::close() {
+  handles_.clear();
+  shards_.clear();
+  n_open_ = 0;
+  info_ = TokenFileInfo();
+}
+
+void TokenReader::open(const std::string& path) {
+  close();
+  const TokenDataRef ref = resolve_token_data(path);
+  std::vector<Shard> shards;
+  std::vector<Handles> handles(ref.files.size());
+  TokenFileInfo info;
+  int64_t offset = 0;
+  for (size_t i = 0; i < ref.files.size(); i++) {
+    TokenFileInfo f;
+    if (ref.split.empty()) {
+      f = open_one(ref.files[i], handles[i].file, handles[i].dset, handles[i].space);
+      if (ref.listed) check_listed(f, *ref.listed, ref.manifest_path());
+      f.path = ref.path;
+      info = f;
+    } else {
+      const SplitEntry& split = *ref.split_entry();
+      const PrepManifest& m = *ref.manifest;
+      try {
+        f = open_one(ref.files[i], handles[i].file, handles[i].dset, handles[i].space);
+      } catch (const Error& e) {
+        fail("split '", ref.split, "' of '", ref.manifest_path(), "' is incomplete or damaged: ", e.what());
+      }
+      check_listed(f, split.shards[i], ref.manifest_path());
+      if (f.vocab_size != m.vocab_size || f.eot_id != m.eot_id || f.tokenizer != m.tokenizer)
+        fail("'", f.path, "' has vocab_size ", f.vocab_size, ", eot_id ", f.eot_id, " and tokenizer '",
+             f.tokenizer, "', but '", ref.manifest_path(), "' says ", m.vocab_size, ", ", m.eot_id, " and '",
+             m.tokenizer, "': the data set was changed after llmpi-prep wrote it; rerun llmpi-prep");
+      if (i == 0) {
+        info = f;
+        info.path = ref.path;
+        info.created_by = m.created_by;
+        info.content_hash = split.content_hash;
+        info.n_tokens = split.size;
+        info.split = ref.split;
+        info.manifest = ref.manifest_path();
+        info.n_shards = int64_t(ref.files.size());
+      } else if (f.dtype_bytes != info.dtype_bytes) {
+        fail("'", f.path, "' holds ", f.dtype, " tokens but the split's first shard ", info.dtype,
+             "; the data set was changed after llmpi-prep wrote it; rerun llmpi-prep");
+      }
+      if (i >= size_t(max_open_shards_)) handles[i] = Handles();
+    }
+    shards.push_back({ref.files[i], offset, f.n_tokens, f.content_hash});
+    offset += f.n_tokens;
+  }
+  info_ = std::move(info);
+  shards_ = std::move(shards);
+  handles_ = std::move(handles);
+  n_open_ = 0;
+  for (const Handles& h : handles_) n_open_ += h.dset.valid();
+}
+
+TokenReader::Handles& TokenReader::open_shard(size_t i) {
+  Handles& h = handles_[i];
+  h.last_use = ++clock_;
+  if (h.dset.valid()) return h;
+  if (n_open_ >= max_open_shards_) {
+    size_t lru = i;
+    for (size_t j = 0; j < handles_.size(); j++)
+      if (handles_[j].dset.valid() && (lru == i || handles_[j].last_use < handles_[lru].last_use)) lru = j;
+    handles_[lru] = Handles();
+    n_open_--;
+  }
+  open_one(shards_[i].path, h.file, h.dset, h.space);
+  n_open_++;
+  return h;
+}
+
+void TokenReader::read_shard(size_t i, int64_t start, int64_t count, int32_t* out) {
+  Handles& h = open_shard(i);
+  const std::string& path = shards_[i].path;
   hsize_t off = hsize_t(start), cnt = hsize_t(count);
   Id mspace(H5Screate_simple(1, &cnt, nullptr), H5Sclose);
   // Read as uint32 into the int32 buffer: no value is clamped, so a bad id is reported as it is.
   uint32_t* u = reinterpret_cast<uint32_t*>(out);
   if (!mspace.valid() ||
-      H5Sselect_hyperslab(fspace_, H5S_SELECT_SET, &off, nullptr, &cnt, nullptr) < 0 ||
-      H5Dread(dset_, H5T_NATIVE_UINT32, mspace, fspace_, H5P_DEFAULT, u) < 0)
+      H5Sselect_hyperslab(h.space, H5S_SELECT_SET, &off, nullptr, &cnt, nullptr) < 0 ||
+      H5Dread(h.dset, H5T_NATIVE_UINT32, mspace, h.space, H5P_DEFAULT, u) < 0)
     fail("cannot read tokens [", start, ", ", start + count, ") from '", path,
          "': the file is damaged or truncated", h5::detail(), "; remake it with llmpi-prep");
   const uint32_t vocab = uint32_t(info_.vocab_size);
-  for (int64_t i = 0; i < count; i++)
-    if (u[i] >= vocab)
-      fail("token file '", path, "' holds token id ", u[i], " at position ", start + i,
+  for (int64_t k = 0; k < count; k++)
+    if (u[k] >= vocab)
+      fail("token file '", path, "' holds token id ", u[k], " at position ", start + k,
            ", but its vocab_size is ", info_.vocab_size,
            ": the file, its tokenizer and the model's vocabulary do not match; remake the file "
            "with llmpi-prep using the model's tokenizer");
+}
+
+void TokenReader::read(int64_t start, int64_t count, int32_t* out) {
+  if (!is_open()) fail("TokenReader::read called before open(); open a token file first");
+  if (start < 0 || count < 0 || start > info_.n_tokens || count > info_.n_tokens - start)
+    fail("cannot read tokens [", start, ", ", start + count, ") from '", info_.path, "': it has ",
+         info_.n_tokens, " tokens (valid positions 0..", info_.n_tokens - 1,
+         "); the sample window or data split is larger than the file");
+  while (count > 0) {
+    // The last shard that starts at or before `start` (empty shards share their successor's offset).
+    size_t i = size_t(std::upper_bound(shards_.begin(), shards_.end(), start,
+                                       [](int64_t s, const Shard& sh) { return s < sh.offset; }) -
+                      shards_.begin()) - 1;
+    const int64_t local = start - shards_[i].offset;
+    const int64_t n = std::min(count, shards_[i].n_tokens - local);
+    read_shard(i, local, n, out);
+    start += n;
+    out += n;
+    count -= n;
+  }
 }
 
 std::vector<int32_t> TokenReader::read(int64_t start, int64_t count) {
@@ -249,6 +390,11 @@ std::vector<int32_t> TokenReader::read(int64_t start, int64_t count) {
 TokenFileInfo open_token_file_info(const std::string& path) {
   TokenReader r(path);
   return r.info();
+}
+
+TokenFileInfo open_single_token_file_info(const std::string& path) {
+  Id file, dset, space;
+  return open_one(path, file, dset, space);
 }
 
 }  // namespace llmpi

@@ -14,7 +14,7 @@
 //   2. each piece's bytes become single-byte token ids;
 //   3. BPE: repeatedly take the adjacent pair with the lowest merge rank and merge every
 //      occurrence of it, left to right, until no adjacent pair has a rank. Results are cached
-//      per piece (most text repeats its words).
+//      per piece (most text repeats its words), at most 512K pieces at a time.
 // Decoding concatenates each id's bytes.
 //
 // Unicode classes: \p{L} (Lu Ll Lt Lm Lo), \p{N} (Nd Nl No) and \s (White_Space) come from the
@@ -438,8 +438,11 @@ void bpe_word(const Gpt2Bpe& m, std::vector<uint32_t>& word, std::vector<uint32_
   }
 }
 
-constexpr size_t kCacheMaxPieceBytes = 256;      // longer pieces are not cached
-constexpr size_t kCacheMaxIds = size_t(1) << 24;  // start over beyond 16M cached ids
+// The cache starts over when it would hold more than 512K pieces or 4M ids (about 60 MB), so a
+// corpus of many distinct words keeps the memory of a tokenizing process bounded.
+constexpr size_t kCacheMaxPieceBytes = 256;          // longer pieces are not cached
+constexpr size_t kCacheMaxIds = size_t(1) << 22;
+constexpr size_t kCacheMaxPieces = size_t(1) << 19;
 
 }  // namespace
 
@@ -572,7 +575,7 @@ void gpt2_encode_plain(const Tokenizer& tok, std::string_view text, std::vector<
     bpe_word(m, m.word, m.next);
     out.insert(out.end(), m.word.begin(), m.word.end());
     if (cacheable) {
-      if (m.cache_ids.size() + m.word.size() > kCacheMaxIds) {
+      if (m.cache_ids.size() + m.word.size() > kCacheMaxIds || m.cache.size() >= kCacheMaxPieces) {
         m.cache.clear();
         m.cache_ids.clear();
       }

@@ -100,8 +100,10 @@ struct Piece {
   bool at_start;  // begins at offset 0 of the original text (Metaspace's prepend_scheme first)
 };
 
+// The word cache starts over beyond 512K words (tens of MB), so a corpus of many distinct words
+// keeps the memory of a tokenizing process bounded.
 constexpr size_t kCacheMaxWordBytes = 256;
-constexpr size_t kCacheMaxEntries = 1 << 20;
+constexpr size_t kCacheMaxEntries = 1 << 19;
 
 }  // namespace
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Data and checkpoint integrity with the real programs (issue 14, findings 3, 5, 6 and 9):
 #   train and val made by different tokenizers        -> refused, naming both files and tokenizers
-#   llmpi-prep killed between its renames               -> training refuses the mixed pair, naming
-#                                                          the leftover *.new; a rerun reports and fixes it
+#   llmpi-prep killed at its last rename                -> the old data set stays whole and trains;
+#                                                          a rerun reports and removes the leftovers
 #   4 KB of a checkpoint's parameters overwritten       -> loading it refuses, naming 'params';
 #                                                          --resume auto skips it, resumes the previous
 #                                                          checkpoint and training continues
@@ -43,30 +43,31 @@ else
   skip "train/val from different tokenizers: no GPT-2 files in $shared/gpt2 (set LLMPI_SHARED_DATA)"
 fi
 
-# ---- finding 3: llmpi-prep killed between its two renames (train.h5 replaced, val.h5 not yet)
+# ---- finding 3: llmpi-prep killed while re-making a directory (issue 33: the old data set stays
+# whole until the new one is complete; tests/cli/prep_shards.sh kills it at every step)
 if command -v strace >/dev/null && strace -o /dev/null true 2>/dev/null; then
   cp -r "$tmp/d" "$tmp/k"
-  # Count llmpi-prep's renames, then kill it (SIGKILL, on entry) at the last one: val.h5.new -> val.h5.
+  # Count llmpi-prep's renames, then kill it (SIGKILL, on entry) at the last one: the manifest's.
   strace -f -e trace=rename,renameat,renameat2 -o "$tmp/renames" \
     "$PREP" --tokenizer byte --input "$tmp/c2.txt" --out "$tmp/count" >/dev/null 2>&1
   n=$(grep -c 'rename' "$tmp/renames")
   last=$(grep 'rename' "$tmp/renames" | tail -1)
   ( strace -f -o /dev/null -e trace=rename,renameat,renameat2 -e inject=rename,renameat,renameat2:signal=KILL:when=$n \
     "$PREP" --tokenizer byte --input "$tmp/c2.txt" --out "$tmp/k" >/dev/null 2>&1 ) 2>/dev/null
-  check "interrupted prep: killed at its last rename (val.h5.new -> val.h5), leaving val.h5.new" \
-    "[[ '$last' == *val.h5.new* ]] && [ -f '$tmp/k/val.h5.new' ]"
+  check "interrupted prep: killed at its last rename (manifest.json.tmp -> manifest.json), the old manifest in place" \
+    "[[ '$last' == *manifest.json.tmp* ]] && cmp -s '$tmp/d/manifest.json' '$tmp/k/manifest.json'"
   train --set data.train="$tmp/k/train.h5" --set data.val="$tmp/k/val.h5" --set run.dir="$tmp/kr" \
     --set train.steps=1 >"$tmp/kr.out" 2>"$tmp/kr.err"
   rc=$?
-  check "interrupted prep: training refuses the mixed pair (exit $rc), naming the manifest and the leftover file" \
-    "[ $rc != 0 ] && grep -q \"is not the file that '$tmp/k/manifest.json' names.*interrupted.*val.h5.new\" '$tmp/kr.err'" ||
-    cat "$tmp/kr.err"
+  check "interrupted prep: training takes the old, complete pair (exit $rc) and names the new files left over" \
+    "[ $rc = 0 ] && grep -q 'train.g2.h5.*interrupted' '$tmp/kr.err'" || cat "$tmp/kr.err"
   "$PREP" --tokenizer byte --input "$tmp/c2.txt" --out "$tmp/k" >/dev/null 2>"$tmp/kp.err"
-  check "interrupted prep: a rerun reports the leftover file and leaves none" \
-    "grep -q \"val.h5.new' was left by an interrupted llmpi-prep run\" '$tmp/kp.err' && [ ! -e '$tmp/k/val.h5.new' ]"
+  check "interrupted prep: a rerun reports the leftover files and replaces the data set" \
+    "grep -q \"left by an interrupted llmpi-prep run\" '$tmp/kp.err' && grep -q '\"generation\": 2' '$tmp/k/manifest.json'"
   train --set data.train="$tmp/k/train.h5" --set data.val="$tmp/k/val.h5" --set run.dir="$tmp/kr2" \
-    --set train.steps=1 >"$tmp/kr2.out" 2>&1
-  check "interrupted prep: after the rerun training accepts the pair" "[ $? = 0 ]"
+    --set train.steps=1 >"$tmp/kr2.out" 2>"$tmp/kr2.err"
+  check "interrupted prep: after the rerun training takes the new pair, with nothing left over" \
+    "[ $? = 0 ] && ! grep -q interrupted '$tmp/kr2.err'"
 else
   skip "interrupted prep: strace is not available (or not permitted) here"
 fi
