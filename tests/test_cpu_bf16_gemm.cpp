@@ -82,11 +82,11 @@ struct Threads {
 TEST(CpuBf16Gemm, NamesParse) {
   CpuBf16Gemm e = CpuBf16Gemm::emulate;
   for (CpuBf16Gemm want : {CpuBf16Gemm::automatic, CpuBf16Gemm::onednn, CpuBf16Gemm::emulate}) {
-    ASSERT_TRUE(parse_cpu_bf16_gemm(cpu_bf16_gemm_name(want), &e));
+    ASSERT_TRUE(parse_option(cpu_bf16_gemm_name(want), &e));
     EXPECT_EQ(e, want);
   }
-  EXPECT_FALSE(parse_cpu_bf16_gemm("oneDNN", &e));
-  EXPECT_FALSE(parse_cpu_bf16_gemm("", &e));
+  EXPECT_FALSE(parse_option("oneDNN", &e));
+  EXPECT_FALSE(parse_option("", &e));
 }
 
 TEST(CpuBf16Gemm, SelectionFollowsAvailabilityAndIsRestored) {
@@ -132,9 +132,9 @@ TEST(CpuBf16Gemm, SelectionFollowsAvailabilityAndIsRestored) {
 }
 
 TEST(CpuBf16Gemm, ConfigKeyIsValidated) {
-  EXPECT_EQ(parse_config("{}", "test", {"data.train=-"}).runtime.cpu_bf16_gemm, "auto");
+  EXPECT_EQ(parse_config("{}", "test", {"data.train=-"}).runtime.cpu_bf16_gemm, CpuBf16Gemm::automatic);
   EXPECT_EQ(parse_config("{}", "test", {"data.train=-", "runtime.cpu_bf16_gemm=emulate"}).runtime.cpu_bf16_gemm,
-            "emulate");
+            CpuBf16Gemm::emulate);
   try {
     parse_config("{}", "test", {"data.train=-", "runtime.cpu_bf16_gemm=mkl"});
     ADD_FAILURE() << "runtime.cpu_bf16_gemm=mkl accepted";

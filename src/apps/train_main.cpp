@@ -43,6 +43,8 @@ static std::string keys_help() {
        "parallel.sync \"allreduce\", zero 0 or 1, and \"nccl\").\n"
        "runtime.precision: the dense layers' GEMMs: \"fp32\" | \"bf16\" (operands rounded to bf16, fp32 accumulation;\n"
        "weights, gradients, optimizer and every other op stay fp32) | \"tf32\" (CUDA tensor cores only).\n"
+       "runtime.cpu_bf16_gemm: the CPU's bf16 GEMMs: \"auto\" (oneDNN where the CPU has bf16 instructions, else\n"
+       "\"emulate\") | \"onednn\" | \"emulate\" (operands rounded to bf16, then an fp32 sgemm: the exact oracle).\n"
        "train.optimizer: \"adamw\" | \"sgd\". train.on_nonfinite: \"abort\" | \"skip\" (at most\n"
        "train.max_consecutive_skips in a row; a run whose last validation loss is not finite fails).\n"
        "Also: --resume auto|PATH, --dry-run.\n"

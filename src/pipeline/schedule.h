@@ -1,6 +1,6 @@
 // Pipeline schedules as data: a pure function (kind, S stages, M micro-batches, stage, v chunks)
 // → the ordered list of actions that stage runs in one training step. No MPI here; the runtime
-// (pipeline/pipeline_step.h) executes a list, the tests simulate all S lists together.
+// (engine/engine.h) executes a list, the tests simulate all S lists together.
 //
 // Actions. F(m, c): forward of micro-batch m through model chunk c of this stage. B(m, c): its
 // whole backward (input and weight gradients). BI(m, c) / W(m, c): the backward split into the

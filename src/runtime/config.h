@@ -53,7 +53,7 @@ struct ParallelConfig {
   bool overlap;            // reduce buckets on a communication thread during backward
   int poll_us;             // overlap: poll the nonblocking collective every poll_us (0 = blocking call)
   int average_every;       // weights: average parameters every k steps
-  // Pipeline parallelism (pipeline/pipeline_step.h); pp_stages 1 = none.
+  // Pipeline parallelism (engine/engine.h runs the stages); pp_stages 1 = none.
   int pp_stages;           // stages per pipeline; world = data-parallel replicas × pp_stages
   int microbatches;        // micro-batches per step per data-parallel replica: gradient accumulation
                            // (pp_stages 1), or the pipeline's micro-batches (must divide the replica's batch)

@@ -14,5 +14,5 @@ timeout 120 env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -k -j16 BUILD="$tmp/b" 
 check "make -j16 binaries: the package step runs first" "[ \"\$(grep -m1 -E '^(DEPS-DONE|COMPILE |NVCC )' '$tmp/out')\" = DEPS-DONE ]" ||
   grep -m3 -E '^(COMPILE|NVCC) ' "$tmp/out" | cut -c1-200
 check "... and the compile rules ran (simulator objects included)" \
-  "[ \$(grep -c '^COMPILE ' '$tmp/out') -gt 50 ] && grep -q '^COMPILE .*cuda_cpu_sim/ops/fiber.o' '$tmp/out' && grep -q '^COMPILE .*nccl_host_without_nccl.o' '$tmp/out'"
+  "[ \$(grep -c '^COMPILE ' '$tmp/out') -gt 50 ] && grep -q '^COMPILE .*cuda_cpu_sim/ops/fiber.o' '$tmp/out' && grep -q '^COMPILE .*nccl_exchange_with_sim_nccl.o' '$tmp/out'"
 exit $status
