@@ -17,6 +17,7 @@
 #include <map>
 #include <sstream>
 
+#include "hf/export_dir.h"
 #include "metrics/metrics.h"
 #include "runtime/error.h"
 
@@ -256,6 +257,10 @@ std::string move_run_aside(const std::string& dir) {
 
 RunDirClaim claim_run_dir(const std::string& dir, bool resuming, bool overwrite, bool dry_run) {
   RunDirClaim c;
+  std::string model;
+  if (is_hf_export_dir(dir, &model))  // (even with --overwrite: a model is not a run to move aside)
+    fail("run.dir '", dir, "' holds ", model, ": a run would write its own config.json over the model's; choose "
+         "another run.dir (a run can start from this model with --init-from ", dir, ")");
   if (!dry_run) make_dirs(dir);
   c.lock = take_lock(dir, dry_run, c.notes);
   if (resuming) return c;

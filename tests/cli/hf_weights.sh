@@ -103,6 +103,17 @@ rc=$?
 "$EXPORT" --hf-dir "$tmp/run-gpt2" --out "$tmp/from-run" >/dev/null 2>"$tmp/err2"
 check "--init-from and --hf-dir given a run directory: exit 2 naming it a run, --resume and llmpi-export" \
   "[ $rc = 2 ] && [ $? = 2 ] && grep -qF \"'$tmp/run-gpt2' is an llmpi run directory (it holds checkpoints/\" '$tmp/err' && grep -q 'resume auto, or export it first with llmpi-export' '$tmp/err' && grep -qF 'is an llmpi run directory' '$tmp/err2'"
+# A Hugging Face model directory as run.dir: refused before anything is written, --overwrite too.
+mcfg=$(md5sum <"$tmp/exp-gpt2/config.json")
+for ow in "" --overwrite; do
+  timeout 120 mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$tmp/exp-gpt2" $ow \
+    --set run.dir="$tmp/exp-gpt2" >/dev/null 2>"$tmp/err"
+  rc=$?
+  check "run.dir holding an exported model $ow: exit 2 naming the model and --init-from" \
+    "[ $rc = 2 ] && grep -qF \"run.dir '$tmp/exp-gpt2' holds a Hugging Face model (config.json of GPT2LMHeadModel\" '$tmp/err' && grep -q 'start from this model with --init-from' '$tmp/err'"
+done
+check "... the model's config.json untouched, no run files beside it" \
+  "[ \"\$(md5sum <'$tmp/exp-gpt2/config.json')\" = '$mcfg' ] && [ ! -e '$tmp/exp-gpt2/metrics.jsonl' ] && [ ! -e '$tmp/exp-gpt2/checkpoints' ]"
 # --row: in range, and only for a checkpoint.
 for args in "--row -1|--row must be >= 0 (a rank of the checkpoint, 0 = the first), got -1" \
             "--row 1|--row 1 is not a row of" "--hf-dir $FX/gpt2 --row 0|it does not apply to --hf-dir"; do

@@ -103,6 +103,12 @@ check "batch too big: the message names the largest global batch that fits" \
   "[ $rc = 2 ] && [ \$(grep -c 'activations .* (128 × 256 tokens).*the largest train.global_batch that fits is [0-9]* ([0-9]* per rank)' '$tmp/big.err') = 1 ]" ||
   cat "$tmp/big.err"
 # With the check off, the allocation itself fails: a clean collective error, no abort.
+# ---- keys set where they do nothing: one warning each on stderr, and the run goes on
+run_train noeffect --set run.dir="$tmp/noeffect" --set train.steps=2 --set train.lr_schedule=constant \
+  --set train.min_lr_ratio=0.2
+check "keys without effect: exit 0, one warning each (train.min_lr_ratio, train.eval_every), from rank 0" \
+  "[ $rc = 0 ] && [ \$(grep -c \"warning: 'train.min_lr_ratio' has no effect with train.lr_schedule \\\"constant\\\"\" '$tmp/noeffect.err') = 1 ] && [ \$(grep -c \"warning: 'train.eval_every' has no effect without data.val\" '$tmp/noeffect.err') = 1 ]" ||
+  cat "$tmp/noeffect.err"
 run_train bad "${huge[@]}" --set runtime.memory_check=false --dry-run
 check "std::bad_alloc: exit 2 on every rank, one clean message, no abort banner" \
   "[ $rc = 2 ] && [ \$(grep -c 'out of memory while allocating the model' '$tmp/bad.err') = 1 ] && ! grep -qE 'BAD TERMINATION|terminate called|Aborted' '$tmp/bad.err' '$tmp/bad.out'" ||
