@@ -11,7 +11,7 @@
 # which calls ../shared/device/pack.sh, or $PACK_SH, with every binary this script needs and
 # records the commit in .device/commit), else those in ${BUILD:-build}/.
 #
-# Two groups, each one call of a lent machine (about 10 minutes, start-up included):
+# Two groups, each sized for one short GPU allocation (about 10 minutes, start-up included):
 #   quick     under 6 minutes on a healthy card: nvidia-smi; every CUDA test suite in a process
 #             of its own; the unverified paths against the verified ones; cuDNN's attention; the
 #             GPT-2 124M benchmark beside its peers and the last verified binary; a short profile
@@ -90,7 +90,7 @@
 # Every step runs under its own time limit (seconds; LIMIT_<STEP>=N overrides one), and the whole
 # run under DEADLINE (seconds, default 570; 345 when only quick is asked for): a step that would start with less than 20 s left is
 # recorded as not run (rc 124), so the log and the JSON are complete before a 600 s call ends.
-# OUTDIR gets two files only (a lent machine returns at most 8): gpu_verify.log (every command,
+# OUTDIR gets two files only (easy to bring back from a batch job): gpu_verify.log (every command,
 # the last 40 lines of each step's output, all of it (up to 400 lines) for a failed step) and
 # gpu_verify.json (one record per step: name, rc, seconds, and what it measured, the benchmark's
 # figures included). Step outputs and run directories go to $WORK (default
@@ -138,7 +138,7 @@ if [ "${1:-}" = "--pack" ]; then
   PACK_SH=${PACK_SH:-$SHARED/device/pack.sh}
   [ -x "$PACK_SH" ] || { echo "gpu_verify: no pack script at $PACK_SH (set PACK_SH=)" >&2; exit 2; }
   # Without their debug sections (objcopy --strip-debug; the symbols stay for backtraces): the
-  # binaries shrink from about 210 MB to 18 MB, and the pack fits the 64 MiB a lent machine takes.
+  # binaries shrink from about 210 MB to 18 MB, and the pack stays small enough to copy to the GPU machine with the tree.
   lean=$(mktemp -d); trap 'rm -rf "$lean"' EXIT
   paths=(); for b in $BINS; do
     f=$BUILD/$b; [ -x "$f" ] || { echo "gpu_verify: $f missing: run make CUDA=1 first" >&2; exit 2; }
