@@ -68,7 +68,7 @@ constexpr size_t kSmemPerBlock = 232448;  // an H100's opt-in shared memory per 
 struct BlockContext {
   explicit BlockContext(int threads_, size_t dynamic_bytes = 0)
       : threads(threads_), warp_slots((threads_ + 31) / 32), dynamic_smem(dynamic_bytes) {
-    std::memset(dynamic_smem.data(), 0xff, dynamic_smem.size());  // NaN bytes
+    if (!dynamic_smem.empty()) std::memset(dynamic_smem.data(), 0xff, dynamic_smem.size());  // NaN bytes
   }
   // a `__shared__ T name[...]` declaration's memory in this block (key: the declaration), NaN
   // bytes at first; every thread of the block gets the same (they share one OS thread: no lock)
