@@ -456,7 +456,7 @@ TEST(NcclStandIn, RefusesBadCalls) {
   EXPECT_NE(std::string(ncclGetLastError(c)).find("ncclFloat32 and ncclBfloat16"), std::string::npos)
       << ncclGetLastError(c);
   EXPECT_EQ(ncclAllReduce(x, x, n, ncclFloat32, ncclMax, c, s.blocking), ncclInvalidArgument);
-  EXPECT_EQ(ncclAllReduce(x, x, n, static_cast<ncclDataType_t>(42), ncclSum, c, s.blocking), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(x, x, n, ncclNumTypes, ncclSum, c, s.blocking), ncclInvalidArgument);
   EXPECT_EQ(ncclBroadcast(x, x, n, ncclFloat32, W, c, s.blocking), ncclInvalidArgument);
   EXPECT_EQ(ncclSend(x, n, ncclFloat32, -1, c, s.blocking), ncclInvalidArgument);
   EXPECT_NE(std::string(ncclGetLastError(c)).find("peer -1"), std::string::npos) << ncclGetLastError(c);

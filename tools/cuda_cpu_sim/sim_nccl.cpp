@@ -575,7 +575,13 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm) return refuse(ncclInvalidArgument, "ncclCommDestroy: NULL");
-  if (comm->aborted) return ncclSuccess;  // its memory stays: operations in flight may still name it
+  if (comm->aborted) {  // its memory stays (operations in flight may still name it), kept reachable
+    static std::mutex mu;
+    static std::vector<ncclComm_t> aborted;
+    std::lock_guard<std::mutex> l(mu);
+    aborted.push_back(comm);
+    return ncclSuccess;
+  }
   drain(comm);
   MPI_Comm_free(&comm->mpi);
   delete comm;
