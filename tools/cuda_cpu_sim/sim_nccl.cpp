@@ -577,9 +577,9 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm) return refuse(ncclInvalidArgument, "ncclCommDestroy: NULL");
   if (comm->aborted) {  // its memory stays (operations in flight may still name it), kept reachable
     static std::mutex mu;
-    static std::vector<ncclComm_t> aborted;
+    static auto* aborted = new std::vector<ncclComm_t>;  // never destroyed: reachable at exit
     std::lock_guard<std::mutex> l(mu);
-    aborted.push_back(comm);
+    aborted->push_back(comm);
     return ncclSuccess;
   }
   drain(comm);
