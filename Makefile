@@ -2,7 +2,8 @@
 #   make            build everything into build/ (CUDA part too when nvcc is found; CUDA=0 to skip)
 #   make run        install missing packages, build only the programs it runs (in parallel), make
 #                   the demo data set, train on 2 ranks; CUDA kernels only when a GPU is present
-#   make test       install missing packages, build, run unit + MPI integration tests
+#   make test       install missing packages, build (JOBS compiles at a time), run unit + MPI
+#                   integration tests
 #   make deps       install missing Debian packages (as root), or print the command to run
 #   make bench      the reference-configuration throughput benchmark, fp32 and bf16 (see docs/PERF.md);
 #                   REF_PYTHON= a Python with PyTorch (2.x for its torch.compile rows) for the PyTorch peers
@@ -10,7 +11,7 @@
 #                   sync methods, count the traffic (tools/glue_course.py; docs/GLUE.md). GLUE_DIR=,
 #                   GLUE_ARGS= (e.g. --parts train), REF_PYTHON= (a Python with torch for the reference)
 # Variables: BUILD=dir (default build; build-san with SAN=1), SAN=1 (ASan + UBSan), CUDA=0|1, ONEDNN=0 (no oneDNN),
-#            NP=ranks for `run` (default 2), JOBS=parallel compiles for `run` (default nproc), OPT=-O3 flags.
+#            NP=ranks for `run` (default 2), JOBS=parallel compiles for `run` and `test` (default nproc), OPT=-O3 flags.
 
 # SAN=1 builds into its own directory (build-san) so it never mixes objects with the normal build.
 ifeq ($(SAN),1)
@@ -268,7 +269,8 @@ $(DEMO_DIR)/train.h5: $(BUILD)/llmpi-demo-corpus $(BUILD)/llmpi-prep
 # unless make was given -j. The CUDA kernels are built for it only where they can run: nvcc found
 # AND a GPU visible (nvidia-smi lists one, or /dev/nvidia0 exists); with nvcc but no GPU they
 # would only cost minutes of nvcc. CUDA=1 / CUDA=0 on the command line decides instead. `make`
-# and `make test` are unchanged: they build everything, CUDA included when nvcc is found.
+# and `make test` build everything, CUDA included when nvcc is found (`make test` JOBS at a time
+# unless make was given -j).
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 RUN_GPU  = $(eval RUN_GPU := $(shell { nvidia-smi -L 2>/dev/null | grep -q '^GPU'; } || \
              ls /dev/nvidia[0-9]* >/dev/null 2>&1 && echo yes))$(RUN_GPU)
@@ -286,7 +288,8 @@ run:
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 mpiexec -n $(NP) $(BUILD)/llmpi-train \
 	    --config data/demo.json --set run.dir=$(BUILD)/runs/demo
 
-test: all
+test:
+	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) all
 	BUILD=$(BUILD) tools/run_tests.sh
 
 bench: all
