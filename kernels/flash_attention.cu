@@ -3,7 +3,7 @@
 // h, G = NH / NKV, causal and/or key padding mask, dropout_keep on the element index
 // e = ((b NH + h) T + i) T + j, sc = 1/sqrt(hs)), but P is never stored: the forward keeps
 // lse [B, NH, T] per query row, the backward recomputes P from it. Memory O(B NH T), never T x T.
-// Plain fp32 on CUDA cores, written for correctness first (speed: a later GPU session). With
+// Plain fp32 on CUDA cores, written for correctness first, not speed. With
 // prec == bf16 or tf32 both ops run the tensor-core kernels of flash_attention_mma.cu instead,
 // where flash_mma_applies(prec, hs) (hs <= 128, compute capability >= 8.0, enough shared memory);
 // fp32 runs these.

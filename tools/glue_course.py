@@ -284,8 +284,9 @@ class Course:
 
 
 def manifest_examples(manifest, split):
-    """The example count of a split (train.h5, dev.h5) in llmpi-prep glue's manifest.json."""
-    e = manifest.get("files", {}).get(split + ".h5")
+    """The example count of a split (train, dev) in llmpi-prep glue's manifest.json (version 2:
+    "splits"; version 1, older builds: "files" by name)."""
+    e = manifest.get("splits", {}).get(split) or manifest.get("files", {}).get(split + ".h5")
     if not isinstance(e, dict) or "size" not in e:
         die(f"manifest.json names no {split}.h5 with a size: remake the data with llmpi-prep glue")
     return int(e["size"])

@@ -48,10 +48,21 @@ def parse_args():
     a = p.parse_args()
     if a.batch % a.world:
         sys.exit(f"glue_reference: --batch {a.batch} is not divisible by --world {a.world}")
-    for f in ("train.h5", "dev.h5"):
-        if not os.path.exists(os.path.join(a.data, f)):
-            sys.exit(f"glue_reference: {a.data}/{f} is missing: make it with `llmpi-prep glue ... --out {a.data}`")
+    for split in ("train", "dev"):
+        if not os.path.exists(split_file(a.data, split)):
+            sys.exit(f"glue_reference: {a.data} has no {split} split: make it with `llmpi-prep glue ... --out {a.data}`")
     return a
+
+
+def split_file(data, split):
+    """The file of a split of llmpi-prep glue's data set: the one its manifest.json names (a remade
+    data set's files are train.g2.h5, ...), else DIR/SPLIT.h5."""
+    try:
+        with open(os.path.join(data, "manifest.json")) as f:
+            shards = json.load(f)["splits"][split]["shards"]
+        return os.path.join(data, shards[0]["file"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return os.path.join(data, split + ".h5")
 
 
 def load(path):
@@ -79,7 +90,7 @@ def worker(rank, a, out):
     os.environ["MASTER_PORT"] = str(a.port)
     dist.init_process_group("gloo", rank=rank, world_size=a.world)
     torch.manual_seed(a.seed)
-    train = load(os.path.join(a.data, "train.h5"))
+    train = load(split_file(a.data, "train"))
     sampler = torch.utils.data.DistributedSampler(train, num_replicas=a.world, rank=rank, shuffle=True,
                                                   seed=a.seed, drop_last=False)
     loader = torch.utils.data.DataLoader(train, batch_size=a.batch // a.world, sampler=sampler, drop_last=False)
@@ -95,7 +106,7 @@ def worker(rank, a, out):
     total = len(loader) * a.epochs
     sched = get_linear_schedule_with_warmup(opt, a.warmup, total)
     losses, iter_s, accuracy = [], [], []
-    dev = load(os.path.join(a.data, "dev.h5")) if rank == 0 and not a.iters else None
+    dev = load(split_file(a.data, "dev")) if rank == 0 and not a.iters else None
     it = 0
     for epoch in range(a.epochs):
         sampler.set_epoch(epoch)

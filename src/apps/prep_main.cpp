@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "data/classification_file.h"
 #include "data/content_hash.h"
 #include "data/glue.h"
 #include "data/prep_manifest.h"
@@ -204,23 +205,39 @@ int run_inspect(const InspectOptions& o) {
   std::optional<PrepManifest> m;
   if (std::filesystem::is_directory(dir)) m = read_prep_manifest(dir);
   if (!m || m->version == 1) {  // one file or split (a directory without a manifest is refused there)
+    if (hdf5_format_of(o.file) == kClassificationFileFormat)
+      fail("'", o.file, "' is a classification file or split (llmpi-prep glue's); llmpi-prep inspect reads "
+           "token data, and `llmpi-prep inspect ", dir_of(o.file), "` lists a glue data set's splits");
     inspect_one(o.file, o, o.show);
     return 0;
   }
   // A whole data set: every split, every shard verified.
-  int64_t files = 0, tokens = 0;
+  int64_t files = 0, tokens = 0, examples = 0;
   std::printf("data set:    %s (%s, generation %lld, made by %s)\n", dir.c_str(),
               join_path(dir, kPrepManifestName).c_str(), (long long)m->generation, m->created_by.c_str());
   bool first = true;
   for (const auto& [name, split] : m->splits) {
     std::printf("\n");
+    if (split.kind == kClassificationSplitKind) {  // opened (and checked against the manifest) whole
+      const ClassificationInfo ci = open_classification_file_info(join_path(dir, name));
+      std::printf("split:       %s of %s: classification, %s examples of %d tokens, %zu labels\n"
+                  "file:        %s, content fnv1a64 %s (its attribute, as the manifest says)\n",
+                  name.c_str(), dir.c_str(), with_commas(ci.n_examples).c_str(), ci.seq_len,
+                  ci.label_names.size(), ci.path.c_str(), ci.content_hash.c_str());
+      files++;
+      examples += ci.n_examples;
+      continue;
+    }
     inspect_one(join_path(dir, name), o, first ? o.show : 0);
     first = false;
     files += int64_t(split.shards.size());
     tokens += split.size;
   }
-  std::printf("\nall %s files of %s splits verified: %s tokens\n", with_commas(files).c_str(),
-              with_commas(int64_t(m->splits.size())).c_str(), with_commas(tokens).c_str());
+  std::string held = tokens ? with_commas(tokens) + " tokens" : "";
+  if (examples) held += (held.empty() ? "" : ", ") + with_commas(examples) + " examples";
+  std::printf("\nall %s files of %s splits %s: %s\n", with_commas(files).c_str(),
+              with_commas(int64_t(m->splits.size())).c_str(),
+              examples ? "checked against the manifest" : "verified", held.c_str());
   return 0;
 }
 
@@ -261,8 +278,11 @@ GLUE tasks to classification files (model.family bert):
                   --tokenizer hf:PATH/tokenizer.json|wordpiece:PATH/vocab.txt [--lowercase]
                   [--max-seq-len 128] --out DIR [--overwrite]
   reads train.tsv and dev.tsv of --data-dir (split on tabs only), writes [CLS] s1 [SEP] s2 [SEP]
-  with token types, truncated longest-first and padded with [PAD] to --max-seq-len, as
-  OUT/train.h5, OUT/dev.h5 and OUT/manifest.json.
+  with token types, truncated longest-first and padded with [PAD] to --max-seq-len, as a data
+  set of two classification splits: OUT/manifest.json naming OUT/train.h5 and OUT/dev.h5 (remade,
+  the new pair is written beside the old one and switched in by the manifest, so OUT always holds
+  one complete pair; name the splits OUT/train.h5 and OUT/dev.h5 (or OUT/dev) in data.train and
+  data.val whatever their files are called).
 
 Inspect a token file, a split or a whole data set (every token read, every hash verified):
   llmpi-prep inspect DIR | DIR/train | DIR/train.h5 [--show 64] [--gpt2-encoder P --gpt2-merges P]

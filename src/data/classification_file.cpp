@@ -366,9 +366,17 @@ void ClassificationReader::close() {
   info_ = ClassificationInfo();
 }
 
-void ClassificationReader::open(const std::string& path) {
+void ClassificationReader::open(const std::string& given) {
   h5::quiet();
   close();
+  // A split of a data set directory (DIR/train.h5, DIR/dev, DIR) is the one file its manifest
+  // names, which must hold what the manifest says.
+  const TokenDataRef ref = resolve_token_data(given);
+  if (ref.files.size() != 1)
+    fail("'", given, "' names a split of ", ref.files.size(), " files in '", ref.manifest_path(),
+         "', but a classification split is one file; remake it with `llmpi-prep glue`");
+  const std::string path = ref.files[0];
+  const ShardEntry* listed = ref.split_entry() ? &ref.split_entry()->shards[0] : ref.listed ? &*ref.listed : nullptr;
   Id file = open_hdf5_file(path);
 
   ClassificationInfo info;
@@ -434,6 +442,11 @@ void ClassificationReader::open(const std::string& path) {
   check_shape(kLabels);
   info.n_examples = int64_t(ids_dims[0]);
   info.seq_len = int(ids_dims[1]);
+  if (listed && (info.content_hash != listed->content_hash || info.n_examples != listed->tokens))
+    fail("'", path, "' is not the file that '", ref.manifest_path(), "' names (it holds ", info.n_examples,
+         " examples with content fnv1a64 ", info.content_hash.empty() ? "(none)" : info.content_hash,
+         ", the manifest says ", listed->tokens, " and ", listed->content_hash,
+         "): the data set was changed after llmpi-prep glue wrote it; rerun llmpi-prep glue");
 
   info_ = std::move(info);
   file_ = std::move(file);

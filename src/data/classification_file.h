@@ -104,7 +104,9 @@ struct ClassificationReader {
   h5::Id file_, input_ids_, token_type_ids_, attention_mask_, labels_;
 };
 
-// Open, validate and describe a classification file (then close it).
+// Open, validate and describe a classification file (then close it). Both this and
+// ClassificationReader::open take a file, or a classification split of a data set directory
+// (data/prep_manifest.h: DIR/train.h5, DIR/dev.h5, DIR/dev; DIR alone is its train split).
 ClassificationInfo open_classification_file_info(const std::string& path);
 
 // The root 'format' attribute of an HDF5 file: "llmpi-classification", "llmpi-tokens", ... or ""

@@ -13,7 +13,7 @@
 // the tokenizer, the split's content hash (covering every shard) and its size; the reader checked
 // every shard against the manifest when it opened them.
 //
-// Version 1 (an older llmpi-prep, and `llmpi-prep glue`): DIR/train.h5 and DIR/val.h5 are written
+// Version 1 (older llmpi-prep and `llmpi-prep glue` builds): DIR/train.h5 and DIR/val.h5 were written
 // as one unit: first DIR/train.h5.new and DIR/val.h5.new (complete, each via .tmp + rename), then
 // DIR/manifest.json naming both files with their content hashes (atomically), then the two files
 // are renamed into place. A file whose directory holds a manifest.json that names it must have the
@@ -67,7 +67,7 @@ std::vector<std::string> check_training_data(const DatasetIdentity& train, const
 std::vector<std::string> leftover_prep_files(const std::string& dir);
 
 // Write a version 1 DIR/manifest.json naming `files` (by their base names) atomically (.tmp, fsync,
-// rename): `llmpi-prep glue`'s.
+// rename), as older builds did (the tests of the version 1 checks use it).
 void write_prep_manifest(const std::string& dir, const std::vector<DatasetIdentity>& files,
                          const std::string& created_by);
 

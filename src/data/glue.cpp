@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "data/dataset_identity.h"
@@ -192,7 +193,14 @@ void run_glue_prep(const GluePrepOptions& o) {
   ClassificationExamples dev =
       glue_examples(task, dev_in, read_file_bytes(dev_in), tok, o.max_seq_len, pad_id);
 
-  open_prep_destination(o.out, o.overwrite, {train_in, dev_in});  // refuses another program's files
+  // Refuses another program's files; the current data set, if any, stays until the switch.
+  const PrepDestination dest = open_prep_destination(o.out, o.overwrite, {train_in, dev_in});
+  for (const std::string& f : dest.leftovers) {
+    std::fprintf(stderr, "llmpi-prep: note: removing '%s', left by an interrupted llmpi-prep run\n", f.c_str());
+    std::error_code ec;
+    fs::remove_all(f, ec);
+    if (ec) fail("cannot remove '", f, "': ", ec.message(), "; remove it by hand");
+  }
   ClassificationAttrs attrs;
   attrs.vocab_size = tok.vocab_size;
   attrs.num_labels = int(task.labels.size());
@@ -201,30 +209,44 @@ void run_glue_prep(const GluePrepOptions& o) {
   attrs.tokenizer = tok.description;
   attrs.created_by = "llmpi-prep glue";
 
-  // One unit, as llmpi-prep writes token files (data/dataset_identity.h).
-  const std::string train_path = (fs::path(o.out) / "train.h5").string();
-  const std::string dev_path = (fs::path(o.out) / "dev.h5").string();
-  const std::string train_new = train_path + ".new", dev_new = dev_path + ".new";
-  for (const std::string& f : leftover_prep_files(o.out))
-    std::fprintf(stderr, "llmpi-prep: note: '%s' was left by an interrupted llmpi-prep run; replacing it\n",
-                 f.c_str());
+  // A data set generation (data/prep_manifest.h): both files under names the current manifest does
+  // not use, then the manifest (the switch), then the previous generation's files go. Killed at any
+  // point, the directory holds the old pair or the new one, never a mix.
+  PrepManifest man;
+  man.generation = dest.next_generation;
+  man.created_by = "llmpi-prep glue";
+  man.tokenizer = tok.description;
+  man.vocab_size = tok.vocab_size;
+  man.eot_id = -1;
+  std::vector<std::string> written;
+  std::map<std::string, std::string> paths;  // split -> the file written for it
   try {
-    write_classification_file(train_new, train, attrs);
-    write_classification_file(dev_new, dev, attrs);
-    DatasetIdentity train_id = dataset_identity(open_classification_file_info(train_new));
-    DatasetIdentity dev_id = dataset_identity(open_classification_file_info(dev_new));
-    train_id.path = train_path;
-    dev_id.path = dev_path;
-    write_prep_manifest(o.out, {train_id, dev_id}, "llmpi-prep glue");
-    if (std::rename(train_new.c_str(), train_path.c_str()) != 0 ||
-        std::rename(dev_new.c_str(), dev_path.c_str()) != 0)
-      fail("cannot rename the new classification files into '", o.out, "': ", std::strerror(errno),
-           "; check the permissions of the output directory");
+    for (const auto& [split, examples] : {std::pair<std::string, const ClassificationExamples*>{"train", &train},
+                                          {"dev", &dev}}) {
+      const std::string file = shard_file_name(split, 0, 1, man.generation);
+      const std::string path = (fs::path(o.out) / file).string();
+      write_classification_file(path, *examples, attrs);
+      written.push_back(path);
+      prep_crash_point(("after-" + split).c_str());
+      const ClassificationInfo info = open_classification_file_info(path);
+      SplitEntry e;
+      e.kind = kClassificationSplitKind;
+      e.shards = {{file, info.n_examples, info.content_hash}};
+      e.size = e.documents = info.n_examples;
+      e.content_hash = split_content_hash(e.shards);
+      man.splits[split] = e;
+      paths[split] = path;
+    }
+    write_prep_manifest_v2(o.out, man);
+    prep_crash_point("after-switch");
   } catch (...) {
-    std::remove(train_new.c_str());
-    std::remove(dev_new.c_str());
+    for (const std::string& f : written) std::remove(f.c_str());
     throw;
   }
+  const std::vector<std::string> keep = man.files();
+  for (const std::string& f : dest.manifest ? dest.manifest->files() : std::vector<std::string>())
+    if (std::find(keep.begin(), keep.end(), f) == keep.end()) std::remove((fs::path(o.out) / f).c_str());
+  const std::string train_path = paths["train"], dev_path = paths["dev"];
 
   auto truncated = [&](const ClassificationExamples& e) {
     int64_t n = 0;

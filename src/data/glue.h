@@ -65,9 +65,11 @@ struct GluePrepOptions {
   bool overwrite = false;  // write into a non-empty --out that holds no llmpi-prep data set
 };
 
-// llmpi-prep glue: OUT/train.h5 and OUT/dev.h5 and OUT/manifest.json (version 1), written as one
-// unit (*.new, then the manifest, then the renames: data/dataset_identity.h). OUT must be new,
-// empty or an llmpi-prep output unless o.overwrite (data/prep_manifest.h). Prints a summary.
+// llmpi-prep glue: a data set of two classification splits, OUT/manifest.json (version 2) naming
+// OUT/train.h5 and OUT/dev.h5 (train.gG.h5 and dev.gG.h5 when it replaces an earlier data set;
+// readers follow the manifest), switched in as one unit by the manifest's rename
+// (data/prep_manifest.h). OUT must be new, empty or an llmpi-prep output unless o.overwrite.
+// Prints a summary.
 void run_glue_prep(const GluePrepOptions& o);
 
 }  // namespace llmpi

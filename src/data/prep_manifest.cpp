@@ -2,15 +2,18 @@
 // prep_manifest.h.
 #include "data/prep_manifest.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "data/classification_file.h"
 #include "data/content_hash.h"
 #include "data/h5_util.h"
 #include "data/path_util.h"
@@ -64,7 +67,7 @@ PrepManifest parse_v2(const nlohmann::json& j, const std::string& path) {
   m.vocab_size = int_of(j, "vocab_size");
   m.eot_id = int_of(j, "eot_id");
   if (m.generation < 1) damaged(path, "its generation is below 1");
-  if (m.vocab_size <= 0 || m.eot_id < 0 || m.eot_id >= m.vocab_size)
+  if (m.vocab_size <= 0 || m.eot_id < -1 || m.eot_id >= m.vocab_size)
     damaged(path, "vocab_size / eot_id out of range");
   if (!j.contains("splits") || !j["splits"].is_object() || j["splits"].empty())
     damaged(path, "it lists no splits");
@@ -72,6 +75,9 @@ PrepManifest parse_v2(const nlohmann::json& j, const std::string& path) {
     if (!is_plain_name(name) || !s.is_object()) damaged(path, "split '" + name + "' is not an object");
     SplitEntry e;
     e.kind = str_of(s, "kind");
+    if (e.kind != kTokensSplitKind && e.kind != kClassificationSplitKind)
+      damaged(path, "split '" + name + "' has kind '" + e.kind + "', not tokens or classification");
+    if (e.kind == kTokensSplitKind && m.eot_id < 0) damaged(path, "a token split without an eot_id");
     e.content_hash = str_of(s, "content_fnv1a64");
     e.size = int_of(s, "size");
     e.documents = int_of(s, "documents");
@@ -197,6 +203,15 @@ void write_manifest_file(const std::string& dir, const std::string& text) {
   h5::commit_tmp_file(tmp, path, guard);
 }
 
+void prep_crash_point(const char* name) {
+  const char* at = std::getenv("LLMPI_PREP_TEST_CRASH");
+  if (at && std::strcmp(at, name) == 0) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::raise(SIGKILL);
+  }
+}
+
 std::string TokenDataRef::manifest_path() const { return dir.empty() ? "" : join_path(dir, kPrepManifestName); }
 
 TokenDataRef resolve_token_data(const std::string& given) {
@@ -217,7 +232,7 @@ TokenDataRef resolve_token_data(const std::string& given) {
   if (exists && S_ISDIR(st.st_mode)) {
     std::optional<PrepManifest> m = read_prep_manifest(path);
     if (!m)
-      fail("token data '", given, "' is a directory without an llmpi-prep manifest.json, so not a complete "
+      fail("data '", given, "' is a directory without an llmpi-prep manifest.json, so not a complete "
            "data set (llmpi-prep writes the manifest last; an interrupted run leaves none): rerun llmpi-prep, "
            "or give the path of a token file inside it");
     if (m->version == 1) {  // an older llmpi-prep's directory: DIR/train.h5
@@ -243,7 +258,7 @@ TokenDataRef resolve_token_data(const std::string& given) {
       for (const ShardEntry& s : kv.second.shards)
         if (s.file == base) r.listed = s;
     if (!r.listed && !exists)
-      fail("token data '", given, "' does not exist, and '", join_path(dir, kPrepManifestName),
+      fail("data '", given, "' does not exist, and '", join_path(dir, kPrepManifestName),
            "' has no split of that name (it has ", split_names(*m), "); name a split as '",
            join_path(dir, m->splits.begin()->first), "' or the directory '", dir, "' (its train split)");
     if (r.listed) {
@@ -262,7 +277,8 @@ TokenDataRef resolve_token_data(const std::string& given) {
 std::string manifest_format_of(const std::string& path) {
   try {
     TokenDataRef r = resolve_token_data(path);
-    if (!r.split.empty()) return r.split_entry()->kind == "tokens" ? kTokenFileFormat : r.split_entry()->kind;
+    if (!r.split.empty())
+      return r.split_entry()->kind == kTokensSplitKind ? kTokenFileFormat : kClassificationFileFormat;
   } catch (const Error&) {
   }
   return "";
@@ -273,7 +289,7 @@ bool is_prep_output(const std::string& dir, const std::string& name) {
   size_t i = 0;
   if (name.rfind("train", 0) == 0)
     i = 5;
-  else if (name.rfind("val", 0) == 0)
+  else if (name.rfind("val", 0) == 0 || name.rfind("dev", 0) == 0)
     i = 3;
   else
     return false;
@@ -292,8 +308,11 @@ bool is_prep_output(const std::string& dir, const std::string& name) {
   const std::string suffix = name.substr(i + 3);
   if (suffix == ".tmp" || suffix == ".new" || suffix == ".new.tmp") return true;
   if (!suffix.empty()) return false;
-  try {  // a final name: ours when llmpi-prep wrote it
-    return open_single_token_file_info(join_path(dir, name)).created_by == "llmpi-prep";
+  const std::string path = join_path(dir, name);  // a final name: ours when llmpi-prep wrote it
+  try {
+    if (hdf5_format_of(path) == kClassificationFileFormat)
+      return open_classification_file_info(path).created_by == "llmpi-prep glue";
+    return open_single_token_file_info(path).created_by == "llmpi-prep";
   } catch (const Error&) {
     return false;
   }

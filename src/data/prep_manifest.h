@@ -6,6 +6,8 @@
 //   DIR/train.h5, DIR/val.h5 a split held in one token file (at most --shard-tokens tokens), or
 //   DIR/train-00000.h5 ...   a split cut into numbered shards of --shard-tokens tokens each (the last
 //                            one shorter); the split is their concatenation, one token stream
+//   DIR/train.h5, DIR/dev.h5 `llmpi-prep glue`'s classification splits (kind "classification",
+//                            data/classification_file.h): one file each; sizes count examples
 // Re-making DIR writes the new files under names the current manifest does not use (generation
 // G > 1: train.gG.h5, train-00000.gG.h5), then replaces manifest.json with one rename (the switch),
 // then deletes the previous generation's files. Readers follow the manifest, so DIR holds one
@@ -20,13 +22,16 @@
 //               "val": {...}}}
 // A split's content_fnv1a64 (its identity, data/dataset_identity.h) is its file's when it has one
 // shard; with several it is FNV-1a 64 over, for each shard in order, its token count and its content
-// hash, each as 8 bytes little-endian (split_content_hash). Version 1 manifests (an older
-// llmpi-prep; `llmpi-prep glue`) list "files" by name; dataset_identity.h checks files against them.
+// hash, each as 8 bytes little-endian (split_content_hash). A data set of classification splits
+// only has eot_id -1 (none); its "tokens" and "size" count examples. Version 1 manifests (an older
+// llmpi-prep or `llmpi-prep glue`) list "files" by name; dataset_identity.h checks files against them.
 //
 // Naming a split (data.train, data.val, llmpi-prep inspect): DIR means its train split; DIR/train
 // and DIR/train.h5 the train split, DIR/val and DIR/val.h5 the val split, resolved through the
 // manifest whether or not a file of that name exists. A path to one shard file is that file alone,
 // which must be the file the manifest names. A directory of shards without a manifest is refused.
+// Classification splits are named the same way (DIR/train.h5, DIR/dev.h5, DIR/dev); their reader
+// (data/classification_file.h) follows the manifest to the split's one file.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -48,8 +53,11 @@ struct ShardEntry {
   std::string content_hash;  // the file's content_fnv1a64
 };
 
+inline constexpr const char* kTokensSplitKind = "tokens";
+inline constexpr const char* kClassificationSplitKind = "classification";
+
 struct SplitEntry {
-  std::string kind = "tokens";
+  std::string kind = kTokensSplitKind;  // or kClassificationSplitKind
   std::string content_hash;  // split_content_hash(shards)
   int64_t size = 0;          // tokens, the shards' sum
   int64_t documents = 0;
@@ -98,14 +106,15 @@ struct TokenDataRef {
 // manifest, a split the manifest lacks, ...
 TokenDataRef resolve_token_data(const std::string& path);
 
-// The format a data path holds when it names a split through a manifest ("llmpi-tokens"), else "".
+// The format a data path holds when it names a split through a manifest ("llmpi-tokens" or
+// "llmpi-classification"), else "".
 std::string manifest_format_of(const std::string& path);
 
 // Writing into an output directory: llmpi-prep writes into a directory that does not exist, is
 // empty (but for the run's own input files), or holds an llmpi-prep data set (a manifest), and
 // otherwise only when told to overwrite. Files it may replace or delete there are its own: names
-// it gives (train*.h5 / val*.h5 written by llmpi-prep, *.tmp, *.new), the manifest's files, its
-// work directory.
+// it gives (train*.h5 / val*.h5 / dev*.h5 written by llmpi-prep or llmpi-prep glue, *.tmp, *.new),
+// the manifest's files, its work directory.
 struct PrepDestination {
   std::string dir;
   std::optional<PrepManifest> manifest;  // the current data set, if any
@@ -118,6 +127,10 @@ struct PrepDestination {
 // --overwrite).
 PrepDestination open_prep_destination(const std::string& dir, bool overwrite,
                                       const std::vector<std::string>& inputs = {});
+// The tests' fault injection at the steps of a switch: with LLMPI_PREP_TEST_CRASH=NAME in the
+// environment, the process kills itself (SIGKILL) at the point called NAME.
+void prep_crash_point(const char* name);
+
 // Is this entry of an output directory one llmpi-prep may have written (by name, and for a final
 // token file name, by its created_by attribute)?
 bool is_prep_output(const std::string& dir, const std::string& name);

@@ -2,7 +2,6 @@
 #include "data/token_prep.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -41,15 +40,6 @@ std::string with_commas(int64_t v) {
   std::string s = std::to_string(v < 0 ? -v : v);
   for (int i = int(s.size()) - 3; i > 0; i -= 3) s.insert(size_t(i), ",");
   return v < 0 ? "-" + s : s;
-}
-
-void crash_point(const char* name) {
-  const char* at = std::getenv("LLMPI_PREP_TEST_CRASH");
-  if (at && std::strcmp(at, name) == 0) {
-    std::fflush(stdout);
-    std::fflush(stderr);
-    ::raise(SIGKILL);
-  }
 }
 
 // Every rank runs f; when one fails, every rank throws the first failure's message.
@@ -594,7 +584,7 @@ void run_token_prep(const TokenPrepOptions& o, MPI_Comm comm) {
           new_files.push_back(path);
           shard_tokens[size_t(global)] = b - a;
           shard_hash[size_t(global)] = int64_t(std::stoull(hash, nullptr, 16));
-          if (global == 0) crash_point("after-first-shard");
+          if (global == 0) prep_crash_point("after-first-shard");
         }
       }
     });
@@ -626,17 +616,17 @@ void run_token_prep(const TokenPrepOptions& o, MPI_Comm comm) {
         e.content_hash = split_content_hash(e.shards);
         man.splits[p.name] = e;
       }
-      crash_point("before-manifest");
+      prep_crash_point("before-manifest");
       write_prep_manifest_v2(o.out, man);
       switched = true;
-      crash_point("after-switch");
+      prep_crash_point("after-switch");
       try {  // after the switch nothing may fail the run: the new data set is in place
         std::vector<std::string> keep = man.files();
         bool first = true;
         for (const std::string& f : dest.manifest ? dest.manifest->files() : std::vector<std::string>()) {
           if (std::find(keep.begin(), keep.end(), f) != keep.end()) continue;
           std::remove(join_path(o.out, f).c_str());
-          if (first) crash_point("during-cleanup");
+          if (first) prep_crash_point("during-cleanup");
           first = false;
         }
         std::error_code ec;
