@@ -47,25 +47,17 @@ __device__ __forceinline__ void store(__nv_bfloat16* out, float v) { *out = __fl
 __device__ __forceinline__ float load(const float* in) { return *in; }
 __device__ __forceinline__ float load(const __nv_bfloat16* in) { return __bfloat162float(*in); }
 
-// pad[r·c + j] = piece r of data, element j (zero past the piece's end), for r in [r0, r1).
-template <typename T>
-__global__ void pad_pieces_kernel(T* __restrict__ pad, const float* __restrict__ data, size_t n, int W, size_t c,
-                                  size_t r0, size_t r1) {
+// Between data's pieces and the padded layout, for r in [r0, r1): to_pad: pad[r·c + j] = piece r
+// of data, element j (zero past the piece's end); else piece r of data = pad[r·c, r·c + count_r).
+template <typename T, bool to_pad>
+__global__ void move_pieces_kernel(T* __restrict__ pad, float* __restrict__ data, size_t n, int W, size_t c,
+                                   size_t r0, size_t r1) {
   const size_t total = (r1 - r0) * c;
   for (size_t i = cuda::grid_first(); i < total; i += cuda::grid_stride()) {
     const size_t r = r0 + i / c, j = i % c;
-    store(pad + r * c + j, j < piece_count(n, W, r) ? data[piece_start(n, W, r) + j] : 0.0f);
-  }
-}
-
-// Piece r of data = pad[r·c, r·c + count_r), for r in [r0, r1).
-template <typename T>
-__global__ void unpad_pieces_kernel(float* __restrict__ data, const T* __restrict__ pad, size_t n, int W, size_t c,
-                                    size_t r0, size_t r1) {
-  const size_t total = (r1 - r0) * c;
-  for (size_t i = cuda::grid_first(); i < total; i += cuda::grid_stride()) {
-    const size_t r = r0 + i / c, j = i % c;
-    if (j < piece_count(n, W, r)) data[piece_start(n, W, r) + j] = load(pad + r * c + j);
+    const bool in_piece = j < piece_count(n, W, r);
+    if (to_pad) store(pad + r * c + j, in_piece ? data[piece_start(n, W, r) + j] : 0.0f);
+    else if (in_piece) data[piece_start(n, W, r) + j] = load(pad + r * c + j);
   }
 }
 
@@ -173,17 +165,17 @@ void NcclComm::reduce_scatter_avg(float* data, size_t n, bool bf16) {
   cudaStream_t s = impl_->stream;
   if (!bf16) {
     float* pad = impl_->pad;
-    pad_pieces_kernel<float><<<blocks, threads, 0, s>>>(pad, data, n, world_, c, 0, W);
+    move_pieces_kernel<float, true><<<blocks, threads, 0, s>>>(pad, data, n, world_, c, 0, W);
     LLMPI_LAUNCH_CHECK("nccl pad pieces");
     LLMPI_NCCL_CHECK(ncclReduceScatter(pad, pad + r * c, c, ncclFloat32, ncclAvg, impl_->comm, s));
-    unpad_pieces_kernel<float><<<piece_blocks, threads, 0, s>>>(data, pad, n, world_, c, r, r + 1);
+    move_pieces_kernel<float, false><<<piece_blocks, threads, 0, s>>>(pad, data, n, world_, c, r, r + 1);
     LLMPI_LAUNCH_CHECK("nccl unpad piece");
   } else {
     __nv_bfloat16* w = impl_->wire;
-    pad_pieces_kernel<__nv_bfloat16><<<blocks, threads, 0, s>>>(w, data, n, world_, c, 0, W);
+    move_pieces_kernel<__nv_bfloat16, true><<<blocks, threads, 0, s>>>(w, data, n, world_, c, 0, W);
     LLMPI_LAUNCH_CHECK("nccl pad pieces bf16");
     LLMPI_NCCL_CHECK(ncclReduceScatter(w, w + r * c, c, ncclBfloat16, ncclAvg, impl_->comm, s));
-    unpad_pieces_kernel<__nv_bfloat16><<<piece_blocks, threads, 0, s>>>(data, w, n, world_, c, r, r + 1);
+    move_pieces_kernel<__nv_bfloat16, false><<<piece_blocks, threads, 0, s>>>(w, data, n, world_, c, r, r + 1);
     LLMPI_LAUNCH_CHECK("nccl unpad piece bf16");
   }
   passes_++;
@@ -196,10 +188,10 @@ void NcclComm::all_gather(float* data, size_t n) {
   float* pad = impl_->grow(impl_->pad, impl_->pad_n, W * c);
   impl_->after_compute();
   cudaStream_t s = impl_->stream;
-  pad_pieces_kernel<float><<<cuda::grid_for(c, threads), threads, 0, s>>>(pad, data, n, world_, c, r, r + 1);
+  move_pieces_kernel<float, true><<<cuda::grid_for(c, threads), threads, 0, s>>>(pad, data, n, world_, c, r, r + 1);
   LLMPI_LAUNCH_CHECK("nccl pad piece");
   LLMPI_NCCL_CHECK(ncclAllGather(pad + r * c, pad, c, ncclFloat32, impl_->comm, s));
-  unpad_pieces_kernel<float><<<cuda::grid_for(W * c, threads), threads, 0, s>>>(data, pad, n, world_, c, 0, W);
+  move_pieces_kernel<float, false><<<cuda::grid_for(W * c, threads), threads, 0, s>>>(pad, data, n, world_, c, 0, W);
   LLMPI_LAUNCH_CHECK("nccl unpad pieces");
   passes_++;
 }
