@@ -18,8 +18,10 @@
 //                (1F1B's crossing sends included). NCCL matches by posting order (it has no
 //                tags): every schedule posts a direction's messages in the same order on both
 //                ends (tests/test_pipeline_schedule.cpp). A compute that reads a receive has the
-//                compute stream wait for it (no host wait); a send is done when its stream has
-//                passed it (an event query).
+//                compute stream wait for its direction's stream (no host wait): for everything
+//                posted there so far, which is no more than that receive, as a schedule posts a
+//                receive right before the compute that reads it; a send is done when its stream
+//                has passed it (an event query).
 //
 // post_recv / post_send return a message id. wait(id): a receive's values are where the next
 // compute reads them, a send's buffer may be written again; done(id): a send has finished (never
