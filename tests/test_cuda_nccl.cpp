@@ -11,6 +11,9 @@
 //   NcclRanks.GradSyncMatchesMpiAllreduce  GradSync nccl around a real backward of a small GPT-2
 //                                     (buckets launched while backward runs) against GradSync's
 //                                     MPI all-reduce of the same gradients, fp32 and bf16
+//   NcclRanks.ZeroMatchesMpiZero      ZeRO-1: GradSync nccl's reduce-scatter of uneven pieces
+//                                     and its all-gather of parameters against GradSync
+//                                     allreduce's, fp32 and bf16 gradients
 //
 // Bit for bit at one or two ranks, where an average has one rounding whatever the algorithm
 // (x0/2 + x1/2 in fp32, one bf16 rounding of it in bf16); beyond two, NCCL's ring or tree sums in
@@ -23,7 +26,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda_ops.h"
@@ -156,6 +161,46 @@ TEST(NcclRanks, Bf16BucketedAverage) {
   bucketed_average(true);
 }
 
+// The same model twice on the card with one GradSync each, built from the same options: `nccl`
+// over NCCL, `mpi` over MPI's all-reduce (through host memory).
+struct NcclBesideMpi {
+  Model a, b;
+  Activations aa, ab;
+  std::unique_ptr<GradSync> nccl, mpi;
+  NcclBesideMpi(const ModelDesc& d, int B, int T, uint64_t seed) : a(d, gpu()), b(d, gpu()), aa(a, B, T), ab(b, B, T) {
+    a.init_params(seed);
+    b.init_params(seed);
+  }
+  void make_syncs(SyncOptions o) {
+    nccl.reset();
+    mpi.reset();
+    o.method = SyncMethod::nccl;
+    nccl = std::make_unique<GradSync>(o, MPI_COMM_WORLD, gpu(), a.grads, a.table, nullptr);
+    nccl->connect();
+    o.method = SyncMethod::allreduce;
+    mpi = std::make_unique<GradSync>(o, MPI_COMM_WORLD, gpu(), b.grads, b.table, nullptr);
+    mpi->connect();
+  }
+  // One forward and backward of each on `batch`: a's buckets launched from its backward's ready
+  // calls (counted in *calls), b's after its backward. Returns both losses.
+  std::pair<float, float> step(const Batch& batch, size_t* calls) {
+    a.zero_grads();
+    nccl->begin_step();
+    const float la = a.forward(aa, batch, true);
+    a.backward(aa, [&](size_t k) {
+      ++*calls;
+      nccl->on_ready(k);
+    });
+    nccl->finish();
+    b.zero_grads();
+    mpi->begin_step();
+    const float lb = b.forward(ab, batch, true);
+    b.backward(ab);
+    mpi->finish();
+    return {la, lb};
+  }
+};
+
 // Each rank's own batch through a small GPT-2; the gradients averaged by GradSync nccl (buckets
 // launched from backward's ready calls, while backward goes on) and, from a copy of the same
 // model and batch, by GradSync allreduce (MPI through host memory): the same averages, fp32 and
@@ -166,42 +211,19 @@ TEST(NcclRanks, GradSyncMatchesMpiAllreduce) {
   const ModelDesc d = desc_of("gpt2", 2, 4, 64, 32, 97);
   const int B = 2, T = 32;
   RandomBatch rb(d, B, T, 900 + me);
-  Model a(d, gpu()), b(d, gpu());
-  Activations aa(a, B, T), ab(b, B, T);
-  a.init_params(901);
-  b.init_params(901);
+  NcclBesideMpi m(d, B, T, 901);
   for (bool bf16 : {false, true})
     for (double bucket_mb : {0.0, 0.02, 25.0}) {
       SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + ", bucket_mb " + std::to_string(bucket_mb));
       SyncOptions o;
       o.bucket_mb = bucket_mb;
       o.bf16 = bf16;
-      o.method = SyncMethod::nccl;
-      GradSync nccl(o, MPI_COMM_WORLD, gpu(), a.grads, a.table, nullptr);
-      nccl.connect();
-      o.method = SyncMethod::allreduce;
-      GradSync mpi(o, MPI_COMM_WORLD, gpu(), b.grads, b.table, nullptr);
-      mpi.connect();
-
-      a.zero_grads();
-      nccl.begin_step();
-      const float la = a.forward(aa, rb.b, true);
+      m.make_syncs(o);
       size_t calls = 0;
-      a.backward(aa, [&](size_t k) {
-        calls++;
-        nccl.on_ready(k);
-      });
-      nccl.finish();
-
-      b.zero_grads();
-      mpi.begin_step();
-      const float lb = b.forward(ab, rb.b, true);
-      b.backward(ab);
-      mpi.finish();
-
+      const auto [la, lb] = m.step(rb.b, &calls);
       EXPECT_EQ(la, lb);
       EXPECT_GT(calls, 1u);
-      const std::vector<float> ga = a.grads_host(), gb = b.grads_host();
+      const std::vector<float> ga = m.a.grads_host(), gb = m.b.grads_host();
       if (W <= 2) {
         EXPECT_SAME_BITS(ga, gb) << "at two ranks an average has one rounding";
       } else {
@@ -209,8 +231,69 @@ TEST(NcclRanks, GradSyncMatchesMpiAllreduce) {
       }
       EXPECT_EQ(same_on_every_rank(ga), "");
       if (W > 1) {
-        EXPECT_EQ(nccl.step.bytes_sent, mpi.expected_bytes_per_pass(a.table.numel));
-        EXPECT_GE(nccl.step.collectives, 1);
+        EXPECT_EQ(m.nccl->step.bytes_sent, m.mpi->expected_bytes_per_pass(m.a.table.numel));
+        EXPECT_GE(m.nccl->step.collectives, 1);
       }
     }
+}
+
+// ZeRO-1 over NCCL (padded pieces: comm/nccl.h) against ZeRO-1 over MPI around the same backward:
+// after finish() this rank's pieces of the averaged gradient, and after gather_params() (an
+// update that leaves each rank's pieces as they were: rank-dependent values) every bucket of the
+// parameters, on every rank. Buckets of 0.01 MB: most are uneven over W pieces.
+TEST(NcclRanks, ZeroMatchesMpiZero) {
+  REQUIRE_NCCL_PER_RANK();
+  const int W = world_size(), me = world_rank();
+  const ModelDesc d = desc_of("gpt2", 2, 2, 32, 16, 97);  // small: the simulated card is slow
+  const int B = 2, T = 16;
+  RandomBatch rb(d, B, T, 910 + me);
+  NcclBesideMpi m(d, B, T, 911);
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    SyncOptions o;
+    o.bucket_mb = 0.01;
+    o.bf16 = bf16;
+    o.zero = true;
+    m.make_syncs(o);
+    GradSync& nccl = *m.nccl;
+    GradSync& mpi = *m.mpi;
+    ASSERT_GT(nccl.buckets.size(), 2u);
+    size_t calls = 0;
+    m.step(rb.b, &calls);
+    const std::vector<float> ga = nccl.pieces_of(m.a.grads_host().data()), gb = mpi.pieces_of(m.b.grads_host().data());
+    ASSERT_EQ(ga.size(), gb.size());
+    if (W <= 2) {
+      EXPECT_SAME_BITS(ga, gb) << "at two ranks an average has one rounding";
+    } else {
+      EXPECT_LT(rel(ga, gb), bf16 ? 1e-2 : 1e-6);
+    }
+    double reduce_scatter_bytes = 0;  // NCCL's ring: W-1 padded pieces per bucket, in the wire type
+    for (const Bucket& k : nccl.buckets)
+      reduce_scatter_bytes += (W - 1) * (double)((k.end - k.begin + W - 1) / W) * (bf16 ? 2 : 4);
+    EXPECT_EQ(nccl.step.bytes_sent, reduce_scatter_bytes);
+
+    std::vector<float> p(m.a.table.numel);
+    for (size_t i = 0; i < p.size(); i++) p[i] = 0.25f * (float)(i % 1000) + 1000.0f * (float)me;
+    gpu().copy_to_device(m.a.params, p.data(), p.size() * sizeof(float));
+    gpu().copy_to_device(m.b.params, p.data(), p.size() * sizeof(float));
+    size_t updates = 0;
+    nccl.gather_params(m.a.params, [&](size_t) { updates++; });
+    mpi.gather_params(m.b.params, [](size_t) {});
+    EXPECT_EQ(updates, nccl.buckets.size());
+    const std::vector<float> pa = m.a.params_host(), pb = m.b.params_host();
+    EXPECT_SAME_BITS(pa, pb);
+    EXPECT_EQ(same_on_every_rank(pa), "");
+    if (W > 1) {  // each float from its owner: rank r's pieces hold 1000·r more
+      bool from_owners = true;
+      for (size_t k = 0; k < nccl.buckets.size(); k++) {
+        std::vector<int> counts, displs;
+        piece_counts(nccl.buckets[k].end - nccl.buckets[k].begin, W, counts, displs);
+        for (int r = 0; r < W; r++) {
+          const size_t i = nccl.buckets[k].begin + displs[r];
+          if (counts[r] > 0 && pa[i] != 0.25f * (float)(i % 1000) + 1000.0f * (float)r) from_owners = false;
+        }
+      }
+      EXPECT_TRUE(from_owners);
+    }
+  }
 }

@@ -158,6 +158,41 @@ TEST(PipelineSchedule, EveryScheduleIsCompleteOrderedAndDeadlockFree) {
   }
 }
 
+// NCCL matches the messages between two ranks by the order they are posted, not by tag
+// (comm/stage_link.h): for each direction between two stages, the sender's list must send the
+// messages in the order the receiver's list receives them.
+TEST(PipelineSchedule, EachDirectionSendsInTheOrderItsPeerReceives) {
+  for (ScheduleKind kind : kAll) {
+    for (int S : {2, 3, 4, 5}) {
+      for (int M : {1, 2, 3, 4, 6, 8, 12}) {
+        for (int v : {1, 2, 3}) {
+          if (kind != ScheduleKind::interleaved && v > 1) continue;
+          if (kind == ScheduleKind::interleaved && M % S != 0) continue;
+          const std::string where = std::string(schedule_kind_name(kind)) + " S=" + std::to_string(S) +
+                                    " M=" + std::to_string(M) + " v=" + std::to_string(v);
+          // (from, to) -> the messages in list order, each (is grad, micro-batch, receiver's virtual stage)
+          std::map<std::pair<int, int>, std::vector<std::tuple<int, int, int>>> sent, received;
+          size_t messages = 0;
+          for (int s = 0; s < S; s++) {
+            for (const Action& a : build_schedule(kind, S, M, s, v)) {
+              const int k = virtual_stage(S, s, a.chunk);
+              if (a.type == ActionType::SendAct || a.type == ActionType::SendGrad) {
+                const bool grad = a.type == ActionType::SendGrad;
+                sent[{s, a.peer}].push_back({grad, a.mb, grad ? k - 1 : k + 1});
+                messages++;
+              } else if (a.type == ActionType::RecvAct || a.type == ActionType::RecvGrad) {
+                received[{a.peer, s}].push_back({a.type == ActionType::RecvGrad, a.mb, k});
+              }
+            }
+          }
+          EXPECT_GT(messages, 0u) << where;
+          EXPECT_EQ(sent, received) << where;
+        }
+      }
+    }
+  }
+}
+
 TEST(PipelineSchedule, SimulatedBubbleMatchesTheFormulas) {
   for (int S : {2, 4}) {
     for (int M : {4, 8, 16}) {

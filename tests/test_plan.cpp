@@ -241,6 +241,31 @@ TEST(PlanMemory, ZeroOneShardsTheOptimizerState) {
   }
 }
 
+// ZeRO-1 over NCCL holds a device buffer of W pieces of the largest bucket's ceil(n/W) floats,
+// padded (comm/nccl.h), plus their bf16 copy for a bf16 gradient; nothing without ZeRO-1.
+TEST(PlanMemory, ZeroOneOverNcclCountsItsPaddedPieces) {
+  const int T = 8, dp = 4;
+  const ModelDesc d = test::desc_of("gpt2", 4, 2, 32, T, 101);
+  for (bool bf16 : {false, true}) {
+    PlanInputs in = inputs(d, T, 2 * dp * 2, 2 * dp, 2, 2);
+    in.bucket_mb = 0.003;
+    in.sync = SyncMethod::nccl;
+    in.grad_bf16 = bf16;
+    const PlanResult r = plan(in);
+    for (int s = 0; s < 2; s++) {
+      size_t largest = 0;
+      const ParamTable t = build_param_table(d, virtual_stage_part(r.layer_counts, s));
+      for (const Bucket& b : make_buckets(t, in.bucket_mb, in.bucket_mb)) largest = std::max(largest, b.end - b.begin);
+      const double c = (double)((largest + dp - 1) / dp);
+      const MemoryRow* z0 = r.memory_row("fp32", "1f1b", 0, s);
+      const MemoryRow* z1 = r.memory_row("fp32", "1f1b", 1, s);
+      ASSERT_TRUE(z0 && z1);
+      EXPECT_EQ(z0->buffers, 0.0);
+      EXPECT_EQ(z1->buffers, dp * c * (bf16 ? 6 : 4)) << (bf16 ? "bf16" : "fp32") << " stage " << s;
+    }
+  }
+}
+
 // parallel.grad_dtype "bf16": the gradient exchange moves half the bytes, so an all-reduce step
 // sends half (and takes less time), a ZeRO-1 step three quarters (its all-gather moves fp32
 // parameters); gather_scatter is refused as the trainer refuses it.

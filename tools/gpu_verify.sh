@@ -38,6 +38,9 @@
 #   peer_pytorch  bench/pytorch_gpt2_gpu.py at B = 64 (bf16 autocast, torch.compile, SDPA, fused
 #                 AdamW); `peers` has these two and the LLaMA-shaped PyTorch run
 #   kernel_times  ncu's per-kernel GPU time of a bf16 B = 8 step (the profile group's first step)
+#   pipeline_124m GPT-2 124M's shapes as a 2-stage 1F1B pipeline, 2 ranks sharing the card, messages
+#                 through MPI from page-locked host buffers: losses vs the CPU's, step time vs the
+#                 unpipelined run on the card (steps p124m_cpu, p124m_gpu; about 1.5 minutes)
 # The other groups:
 #   tests     gpu, suites   (as in quick)
 #   shapes    real_shapes   llmpi-tests --gtest_filter='*CudaRealShape*' (GPT-2 124M shapes:
@@ -102,7 +105,7 @@ GROUPS_MORE="tests shapes sanitize train pipeline peers bench_bf16 bench_fp32 be
 group_steps() {
   case $1 in
     quick) echo "gpu suites verified cudnn bench_bf16_b64 bench_bf16_b64_verified bench_bf16_b64_baseline" \
-                "bench_bf16_b64_nocudnn peer_llmc peer_pytorch kernel_times" ;;
+                "bench_bf16_b64_nocudnn peer_llmc peer_pytorch kernel_times pipeline_124m" ;;
     rest) echo "$(group_steps shapes) $(group_steps sanitize) $(group_steps train) $(group_steps pipeline)" ;;
     tests) echo "gpu suites" ;;
     shapes) echo "real_shapes model_curves" ;;
@@ -561,6 +564,33 @@ PY
   fi
   record "$s" $STEP_RC $STEP_SECONDS "$fig"
 done
+
+# ---- pipeline_124m: GPT-2 124M as a 2-stage 1F1B pipeline on one card ----------------------------
+# Two ranks share the card as two stages, their activations and gradients through MPI from
+# page-locked host buffers (parallel.sync allreduce: NCCL takes one rank per GPU, so a pipeline on
+# one card cannot use it; NCCL runs here at world size 1 only). GPT-2 124M's shapes (12 layers,
+# d 768, 12 heads, vocab 50257) on byte-level data, 10 steps of 8 sequences of 128 tokens, 4
+# micro-batches: the pipeline's losses against the CPU's (1e-3), and its median step time
+# (after 5 steps) beside the unpipelined run's on the same card.
+if wants pipeline_124m; then
+  DATA=$WORK/data124m
+  mkdir -p "$DATA"
+  "$CORPUS" --out "$DATA/corpus.txt" --seed 7 --megabytes 1 >>"$LOG" 2>&1 &&
+    "$PREP" --tokenizer byte --input "$DATA/corpus.txt" --out "$DATA" >>"$LOG" 2>&1
+  cat >"$DATA/run.json" <<EOF
+{"data": {"train": "$DATA/train.h5", "val": "$DATA/val.h5"},
+ "model": {"family": "gpt2", "n_layer": 12, "n_head": 12, "d_model": 768, "seq_len": 128, "vocab_size": 50257},
+ "train": {"global_batch": 8, "steps": 10, "lr": 6e-4, "warmup_steps": 2, "eval_every": 0, "eval_batches": 1,
+           "log_every": 1}}
+EOF
+  train_step p124m_cpu 150 "" 0 1 runtime.device=cpu
+  train_step p124m_gpu 90 p124m_cpu 1e-3 1 runtime.device=cuda
+  train_step pipeline_124m 120 p124m_cpu 1e-3 2 runtime.device=cuda parallel.sync=allreduce parallel.pp_stages=2 \
+    parallel.schedule=1f1b parallel.microbatches=4
+  grep -q 'pipeline messages: MPI through page-locked host buffers' "$WORK/pipeline_124m.out" ||
+    echo "pipeline_124m: the trainer did not report its messages through page-locked host buffers" >>"$LOG"
+  record pipeline_124m_step_time 0 0 "\"pipeline_step_ms\": $(median_step_ms pipeline_124m), \"unpipelined_step_ms\": $(median_step_ms p124m_gpu)"
+fi
 
 echo "" >>"$JSON"; echo "]" >>"$JSON"
 echo "gpu_verify: $failed step(s) failed; summary in $JSON" | tee -a "$LOG"

@@ -16,7 +16,9 @@
 //                   MPI_Scatter of W copies of the bucket)
 //   nccl            device memory: ncclAllReduce(avg) (fp32, or bf16 through a device staging
 //                   buffer) enqueued on NCCL's stream after an event on the compute stream; the
-//                   host never waits (comm/nccl.h)
+//                   host never waits (comm/nccl.h). ZeRO-1: ncclReduceScatter (avg; fp32 or bf16)
+//                   and ncclAllGather (fp32) of the pieces padded to ceil(n/W) floats in a device
+//                   buffer
 //
 // Buffers are host memory, except where device_memory() says they are the device's. A poll_us > 0
 // starts nonblocking MPI collectives and polls them with MPI_Test, sleeping poll_us between polls

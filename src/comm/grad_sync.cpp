@@ -41,9 +41,6 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
   const std::string err = sync_choice_error(opt.method, opt.zero, opt.bf16 ? GradDtype::bf16 : GradDtype::fp32,
                                             opt.overlap);
   if (!err.empty()) fail(err);
-  if (opt.zero && opt.method == SyncMethod::nccl)
-    fail("parallel.zero 1 with parallel.sync \"nccl\" is not implemented: use parallel.zero 0 with nccl, or zero 1 "
-         "with \"allreduce\" (staged through host memory)");
   shard = shard_pieces(buckets, opt.zero ? world : 1, opt.zero ? rank : 0);
   if (opt.method == SyncMethod::nccl) {
     std::string why;
@@ -252,6 +249,9 @@ void GradSync::gather_params(float* params, const std::function<void(size_t)>& u
       update_ms += now_ms() - u0;
       all_gather(params, b, bucket_label(opt.method, opt.zero, true, b));
     }
+    // nccl: bucket b's all-gather was enqueued after update(b) and overlaps update(b+1); the next
+    // forward waits for all of them
+    if (exchange_->device_memory()) exchange_->order_compute_after();
   }
   const double t1 = now_ms();
   step.exposed_comm_ms += t1 - t0 - update_ms;

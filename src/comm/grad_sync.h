@@ -28,7 +28,10 @@
 // not read); the optimizer updates the pieces and gather_params() all-gathers every bucket, after
 // which every rank holds the same full parameters. Per rank and step that moves (W−1)/W·B for the
 // reduce-scatter and (W−1)/W·B for the all-gather: all-reduce's 2(W−1)/W·B. "weights" refuses it
-// (every rank steps its own optimizer over every parameter); so does nccl for now. With overlap,
+// (every rank steps its own optimizer over every parameter). nccl enqueues each bucket's
+// ncclReduceScatter during backward as it does its all-reduces, and each bucket's ncclAllGather
+// right after the optimizer has updated its piece (comm/nccl.h), the compute stream waiting for
+// all of them before the next forward. With overlap,
 // the reduce-scatters run on the communication thread during backward as the all-reduces do, and
 // each bucket's all-gather runs there while the optimizer updates the next bucket's piece.
 //

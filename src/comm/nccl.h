@@ -13,6 +13,23 @@
 //   data[0, n) = float(wire[0, n))
 // wire is a device buffer grown (cudaMalloc) to the largest pass. The comm stream is non-blocking
 // and at the highest priority, so its small kernels get SMs while backward keeps the card busy.
+//
+// ZeRO-1 (reduce_scatter_avg, all_gather): our pieces of data[0, n) are uneven
+// (params/buckets.h piece_counts: the first n mod W ranks one float more), NCCL's are equal, so
+// each pass goes through a device buffer of W pieces of c = ceil(n/W) floats, the short ones
+// padded with zeros, in place as NCCL allows (this rank's piece at r·c):
+//   reduce-scatter:  pad = pieces of data (bf16: rounded); ncclReduceScatter(pad, pad + r·c, c, avg);
+//                    data's piece r = pad[r·c, r·c + count_r) (bf16: widened)
+//   all-gather:      pad[r·c, ...) = data's piece r; ncclAllGather(pad + r·c, pad, c, float);
+//                    every piece of data = its piece of pad
+// both on the comm stream after an event on the compute stream, like allreduce_avg.
+//
+// Point to point (pipeline stages, comm/stage_link.h): send / recv enqueue one ncclSend /
+// ncclRecv each on the comm stream after an event on the compute stream (a send reads what the
+// compute stream wrote; a receive overwrites what it had read). Messages between two ranks match
+// in the order they are posted (NCCL has no tags), and a send completes only once its receive has
+// started: StageLink gives each direction between two stages a communicator of its own, so a
+// stream never holds a send behind a receive (or the reverse) that could wait for it.
 // NCCL accepts one rank per GPU. In a build without NCCL (or without CUDA) nccl_available() is
 // false with the reason and the rest throws llmpi::Error.
 #pragma once
@@ -40,6 +57,16 @@ class NcclComm {
 
   // In place: data[0, n) <- the mean over ranks, fp32 or (bf16) through bf16 on the wire.
   void allreduce_avg(float* data, size_t n, bool bf16 = false);
+  // ZeRO-1, in place: this rank's piece of data[0, n) <- its mean over ranks (fp32, or bf16 on the
+  // wire); the rest of data is left as it was.
+  void reduce_scatter_avg(float* data, size_t n, bool bf16 = false);
+  // ZeRO-1, in place: every rank's piece of data[0, n) (fp32) into every rank's data.
+  void all_gather(float* data, size_t n);
+  // Point to point, fp32 (above).
+  void send(const float* data, size_t n, int peer);
+  void recv(float* data, size_t n, int peer);
+  // Whether every pass enqueued so far has finished (no host wait).
+  bool finished();
   // The compute stream waits for every pass enqueued so far (no host wait).
   void compute_waits();
   // The host waits for every pass enqueued so far.

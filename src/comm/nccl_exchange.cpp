@@ -66,6 +66,11 @@ NcclId NcclComm::make_id() { no_nccl(); }
 NcclComm::NcclComm(const NcclId&, int, int) { no_nccl(); }
 NcclComm::~NcclComm() = default;
 void NcclComm::allreduce_avg(float*, size_t, bool) { no_nccl(); }
+void NcclComm::reduce_scatter_avg(float*, size_t, bool) { no_nccl(); }
+void NcclComm::all_gather(float*, size_t) { no_nccl(); }
+void NcclComm::send(const float*, size_t, int) { no_nccl(); }
+void NcclComm::recv(float*, size_t, int) { no_nccl(); }
+bool NcclComm::finished() { no_nccl(); }
 void NcclComm::compute_waits() { no_nccl(); }
 void NcclComm::synchronize() { no_nccl(); }
 
@@ -86,14 +91,33 @@ struct NcclExchange final : Exchange {
     t.sent = t.received = expected_bytes_per_pass(n, false);
     return t;
   }
-  Traffic reduce_scatter_mean(float*, size_t, int) override {
-    fail("internal: ZeRO-1 over NCCL is refused when the sync is built");
+  // ZeRO-1: through W padded pieces of ceil(n/W) floats (comm/nccl.h), counted as NCCL's ring
+  // moves them: (W-1) pieces each way.
+  Traffic reduce_scatter_mean(float* data, size_t n, int) override {
+    nccl->reduce_scatter_avg(data, n, bf16);
+    Traffic t;
+    t.collectives = 1;
+    t.sent = t.received = padded_pieces_bytes(n, bf16 ? 2 : sizeof(float));
+    return t;
   }
-  Traffic all_gather(float*, size_t, int) override { fail("internal: ZeRO-1 over NCCL is refused when the sync is built"); }
+  Traffic all_gather(float* data, size_t n, int) override {
+    nccl->all_gather(data, n);
+    Traffic t;
+    t.collectives = 1;
+    t.sent = t.received = padded_pieces_bytes(n, sizeof(float));
+    return t;
+  }
   void order_compute_after() override { nccl->compute_waits(); }
-  double expected_bytes_per_pass(size_t n, bool) const override {
+  double expected_bytes_per_pass(size_t n, bool zero) const override {
     const int W = nccl->world();
-    return W == 1 ? 0 : (W - 1.0) / W * 2.0 * (double)n * (bf16 ? 2 : sizeof(float));
+    if (W == 1) return 0;
+    const size_t grad = bf16 ? 2 : sizeof(float);
+    if (zero) return padded_pieces_bytes(n, grad) + padded_pieces_bytes(n, sizeof(float));
+    return (W - 1.0) / W * 2.0 * (double)n * grad;
+  }
+  double padded_pieces_bytes(size_t n, size_t bytes) const {
+    const size_t W = (size_t)nccl->world();
+    return (double)(W - 1) * (double)((n + W - 1) / W) * (double)bytes;
   }
 };
 

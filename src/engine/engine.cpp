@@ -41,9 +41,6 @@ void check_layout(const Ops& ops, const ParallelGroups& g, const ParallelConfig&
     return;
   }
   check_schedule_params(pc.schedule, g.pp, M, pc.virtual_stages);
-  if (ops.on_gpu())  // messages are sent from backend memory; device buffers would need CUDA-aware MPI or staging
-    fail("parallel.pp_stages > 1 runs on the CPU backend only so far (activations are sent straight from backend "
-         "memory): use runtime.device \"cpu\", or parallel.pp_stages 1 on GPUs");
   if (so.method == SyncMethod::weights)
     fail("parallel.sync \"weights\" averages whole-model parameters and does not combine with pipeline stages: "
          "use \"allreduce\", \"gather_scatter\" or \"nccl\" with parallel.pp_stages > 1");
@@ -93,6 +90,9 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
       if (kind == ScheduleKind::zb_h1) ch.model->reserve_input_only(*ch.slots.back());  // counted up front
     }
   }
+  if (S > 1)
+    link = std::make_unique<StageLink>(ops, g.pipeline, so.method == SyncMethod::nccl,
+                                       (size_t)micro_batch * T * d.d_model, v > 1);
 }
 
 std::vector<Action> Engine::schedule_for(int micro_batches) const {
@@ -101,6 +101,7 @@ std::vector<Action> Engine::schedule_for(int micro_batches) const {
 
 void Engine::connect() {
   for (ModelChunk& ch : chunks) ch.sync->connect();
+  if (link) link->connect();  // after the data-parallel communicators, in the same order on every rank
 }
 
 int64_t Engine::optimizer_state_floats() const {

@@ -25,11 +25,14 @@
 //              with one micro-batch and no ZeRO-1 lets the update itself decide the factor and a
 //              non-finite skip on the device, before the step's one readback (docs/DESIGN.md "Data
 //              flow of one step").
-//   messages   a receive is posted (MPI_Irecv) where the list has it, straight into the
-//              micro-batch's Activations, and waited for only when its compute starts; a send
-//              (MPI_Isend) is waited for before its activation slot is reused and at the end of
-//              the step. Tag = (receiver's virtual stage, micro-batch, direction). CPU backend
-//              only so far: a GPU's buffers would need CUDA-aware MPI or host staging.
+//   messages   through the pipeline's StageLink (comm/stage_link.h: MPI from backend memory, MPI
+//              through page-locked host buffers on a GPU, or NCCL send/receive with sync "nccl"):
+//              a receive is posted where the list has it, straight into the micro-batch's
+//              Activations, and waited for only when its compute starts; a send is waited for
+//              before its activation slot is reused and at the end of the step. Tag = (receiver's
+//              virtual stage, micro-batch, direction); NCCL matches by posting order instead
+//              (its waits are on the device: wait_ms stays near 0 and the compute times include
+//              them).
 //   memory     a chunk keeps as many Activations as its schedule has micro-batches in flight
 //              (activation_peak: one for a replica, S - s for 1F1B, M for GPipe), plus one
 //              whenever every free slot still has a send in flight (a step never waits for a send
@@ -51,6 +54,7 @@
 
 #include "backend/ops.h"
 #include "comm/grad_sync.h"
+#include "comm/stage_link.h"
 #include "model/transformer.h"
 #include "optim/optimizer.h"
 #include "pipeline/schedule.h"
@@ -121,6 +125,7 @@ struct Engine {
   std::vector<int> layer_counts;      // blocks per virtual stage
   std::vector<Action> actions;        // this rank's schedule for a full batch
   std::vector<ModelChunk> chunks;     // chunk c = virtual stage c·S + stage
+  std::unique_ptr<StageLink> link;    // messages between stages (S > 1; connected by connect())
   ParamTable whole_table;             // the whole model's table (checkpoints are by name)
   EngineOptions opt;
   double clip_scale = 1.0;            // the last step's clip factor
@@ -132,7 +137,7 @@ struct Engine {
   // collective. Throws Error for a layout that cannot run.
   Engine(const ModelDesc& d, const Ops& ops, const ParallelGroups& g, const ParallelConfig& pc, const SyncOptions& so,
          const EngineOptions& o);
-  void connect();  // collective: each chunk's GradSync::connect()
+  void connect();  // collective: each chunk's GradSync::connect(), then the StageLink's
 
   // Forward and backward of this rank's batch (batch.B rows: the local batch, or fewer on an
   // epoch's short last step of a replica) by the schedule, the tied sum, the gradient sync, the

@@ -58,8 +58,8 @@ struct ScheduleRun {
   std::vector<size_t> last_backward;  // per chunk: the action that hands buckets to the sync
   std::map<std::pair<int, int>, int> slot_of;         // (micro-batch, chunk) -> slot
   std::vector<std::vector<int>> free_slots;           // per chunk
-  std::vector<std::vector<std::vector<MPI_Request>>> sends;  // per chunk and slot: sends in flight
-  std::map<std::pair<int, int>, MPI_Request> recv_of;
+  std::vector<std::vector<std::vector<int>>> sends;  // per chunk and slot: sends in flight (StageLink ids)
+  std::map<std::pair<int, int>, int> recv_of;
   std::vector<float> losses;        // micro-batch m's mean loss, as its head computed it
   bool loss_at_forward = false;     // each head forward reads its loss (else: with the norm)
 
@@ -95,9 +95,9 @@ struct ScheduleRun {
     std::vector<int>& free = free_slots[a.chunk];
     int slot = -1;
     for (size_t k = free.size(); k-- > 0 && slot < 0;) {
-      std::vector<MPI_Request>& q = sends[a.chunk][free[k]];
-      int done = 1;
-      if (!q.empty()) MPI_Testall((int)q.size(), q.data(), &done, MPI_STATUSES_IGNORE);
+      std::vector<int>& q = sends[a.chunk][free[k]];
+      bool done = true;
+      for (int id : q) done = e.link->done(id) && done;
       if (!done) continue;
       q.clear();
       slot = free[k];
@@ -117,21 +117,19 @@ struct ScheduleRun {
   }
 
   // RecvAct / RecvGrad post a receive straight into the micro-batch's activations; SendAct /
-  // SendGrad a send from them. Tag = (receiver's virtual stage, micro-batch, direction).
+  // SendGrad a send from them (comm/stage_link.h: MPI, staged through the host, or NCCL). Tag =
+  // (receiver's virtual stage, micro-batch, direction).
   void message(const Action& a) {
     ModelChunk& ch = e.chunks[a.chunk];
     Activations& x = acts(a);
     const bool grad = a.type == ActionType::RecvGrad || a.type == ActionType::SendGrad;
-    const int n = (int)((size_t)e.micro_batch * e.T * e.desc.d_model);
-    MPI_Request req;
+    const size_t n = (size_t)e.micro_batch * e.T * e.desc.d_model;
     if (a.type == ActionType::RecvAct || a.type == ActionType::RecvGrad) {
-      MPI_Irecv(grad ? x.dresidual : x.input, n, MPI_FLOAT, a.peer, e.tag(ch.vstage, a.mb, grad), e.g.pipeline, &req);
-      recv_of[{a.mb, a.chunk}] = req;
+      recv_of[{a.mb, a.chunk}] = e.link->post_recv(grad ? x.dresidual : x.input, n, a.peer, e.tag(ch.vstage, a.mb, grad));
       return;
     }
-    MPI_Isend(grad ? x.dresidual : x.output(), n, MPI_FLOAT, a.peer, e.tag(ch.vstage + (grad ? -1 : 1), a.mb, grad),
-              e.g.pipeline, &req);
-    sends[a.chunk][slot_of.at({a.mb, a.chunk})].push_back(req);
+    const int id = e.link->post_send(grad ? x.dresidual : x.output(), n, a.peer, e.tag(ch.vstage + (grad ? -1 : 1), a.mb, grad));
+    sends[a.chunk][slot_of.at({a.mb, a.chunk})].push_back(id);
     // After a whole backward the slot is already free (the send is waited for on reuse); a split
     // one (zb-h1) keeps it until W.
     if (grad && e.kind != ScheduleKind::zb_h1) slot_of.erase({a.mb, a.chunk});
@@ -142,7 +140,7 @@ struct ScheduleRun {
     auto it = recv_of.find({a.mb, a.chunk});
     if (it == recv_of.end()) return;
     const double t0 = now_ms();
-    MPI_Wait(&it->second, MPI_STATUS_IGNORE);
+    e.link->wait(it->second);
     recv_of.erase(it);
     const double t1 = now_ms();
     r.wait_ms += t1 - t0;
@@ -192,10 +190,10 @@ struct ScheduleRun {
 
   // The sends still in flight, before their buffers are used again.
   void drain() {
-    for (auto& chunk_sends : sends)
-      for (std::vector<MPI_Request>& q : chunk_sends)
-        if (!q.empty()) MPI_Waitall((int)q.size(), q.data(), MPI_STATUSES_IGNORE), q.clear();
     if (!recv_of.empty()) fail("internal: a receive was never waited for");
+    if (e.link) e.link->drain();
+    for (auto& chunk_sends : sends)
+      for (std::vector<int>& q : chunk_sends) q.clear();
   }
 
   // This rank's mean loss over its rows: of equal micro-batches the mean of their means.
@@ -240,7 +238,7 @@ double Engine::run_schedule(int64_t step, const Batch& batch, StepResult& r) {
     }
     const double t0 = now_ms();
     run.compute(a, i);
-    if (S > 1 && ops.on_gpu()) cuda_synchronize();  // the buffer is complete before MPI reads it
+    if (S > 1 && link->host_waits_before_send()) cuda_synchronize();  // complete before MPI reads device memory
     const double t1 = now_ms();
     log_.forward.push_back(a.type == ActionType::F);
     log_.begin_ms.push_back(t0);
@@ -400,8 +398,7 @@ EvalSums Engine::evaluate(const Batch& batch) {
       md.load_batch(x, mb);
       x.dropout = DropoutContext{};
       const int prev = (g.stage - 1 + S) % S, next = (g.stage + 1) % S;
-      if (ch.vstage > 0)
-        MPI_Recv(x.input, (int)NC, MPI_FLOAT, prev, tag(ch.vstage, m, 0), g.pipeline, MPI_STATUS_IGNORE);
+      if (ch.vstage > 0) link->wait(link->post_recv(x.input, NC, prev, tag(ch.vstage, m, 0)));
       if (ch.part.embedding) md.embed_forward(x);
       md.blocks_forward(x, ch.part.l0, ch.part.l1);
       if (ch.part.head) {
@@ -411,10 +408,13 @@ EvalSums Engine::evaluate(const Batch& batch) {
           for (int i = 0; i < micro_batch; i++) e.labels.push_back(mb.labels[i]), e.predictions.push_back(pred[i]);
         }
       }
-      if (ops.on_gpu()) cuda_synchronize();
-      if (ch.vstage < K - 1) MPI_Send(x.output(), (int)NC, MPI_FLOAT, next, tag(ch.vstage + 1, m, 0), g.pipeline);
+      if (link->host_waits_before_send()) cuda_synchronize();
+      // The send finished before the slot is loaded again (a blocking send; NCCL: the compute
+      // stream waits for it)
+      if (ch.vstage < K - 1) link->wait(link->post_send(x.output(), NC, next, tag(ch.vstage + 1, m, 0)));
     }
   }
+  link->drain();
   if (g.last_stage()) e.loss_sum = loss_sum / M, e.loss_weight = 1, e.rows = batch.B;
   return e;
 }

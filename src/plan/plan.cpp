@@ -337,8 +337,10 @@ PlanResult plan(const PlanInputs& in) {
     }
     sm.shard_params = (int64_t)shard;
     // ZeRO-1: the reduce-scatter's receive piece; with allreduce also the all-gather's padded
-    // send piece and its W pieces (comm/grad_sync.cpp)
-    sm.zero_recv_buffer = r.dp > 1 ? (double)largest_piece * 4 * (gs ? 1 : r.dp + 2) : 0;
+    // send piece and its W pieces (comm/grad_sync.cpp); with nccl the device buffer of W padded
+    // pieces in fp32, and in bf16 for a bf16 gradient (comm/nccl.h)
+    const double nccl_pad = (double)largest_piece * r.dp * (4 + (in.grad_bf16 ? 2 : 0));
+    sm.zero_recv_buffer = r.dp <= 1 ? 0 : in.sync == SyncMethod::nccl ? nccl_pad : (double)largest_piece * 4 * (gs ? 1 : r.dp + 2);
     sm.gather_scatter_buffers = gs && r.dp > 1 ? 2.0 * r.dp * largest_bucket * 4 : 0;
     sm.activation_slot = (double)activation_bytes(d, sm.part, r.micro_batch, T);
     sm.kept_slot = (double)kept_bytes(d, sm.part, r.micro_batch, T);
@@ -557,7 +559,11 @@ PlanResult plan(const PlanInputs& in) {
     r.notes.push_back("overlap: buckets reduced on one channel as the stage's last backward finishes them "
                       "(communication assumed not to slow the computation)");
   if (r.p2p_s.size() && S > 1)
-    r.notes.push_back("pipeline messages: a micro-batch's hidden state each way, alpha + n*beta per message");
+    r.notes.push_back(std::string("pipeline messages: a micro-batch's hidden state each way, alpha + n*beta per message") +
+                      (in.device.gpu ? (in.sync == SyncMethod::nccl
+                                            ? " (NCCL send/receive, a communicator per direction between stages)"
+                                            : " (MPI through page-locked host buffers: their copies are not counted)")
+                                     : ""));
   return r;
 }
 

@@ -13,7 +13,8 @@
 //                           slot's kept output gradients (kept_bytes); pp = 1: one slot of the
 //                           whole local batch (the trainer does not split it)
 //   scratch                 backward_scratch_bytes at the micro-batch
-//   sync buffers            ZeRO-1's reduce-scatter receive buffer; gather_scatter's root buffers
+//   sync buffers            ZeRO-1's reduce-scatter receive buffer (nccl: the device buffer of W padded
+//                           pieces, comm/nccl.h); gather_scatter's root buffers
 // Precision: fp32 is the code as built (those byte counts are exact). "bf16-built" is
 // runtime.precision bf16 as built, counted as estimate_memory counts it: the fp32 parameters,
 // gradients and moments plus the Model's bf16 weight copy, the Activations with the bf16 operands

@@ -115,9 +115,10 @@ void print_layout(const Run& r) {
   const Engine& e = *r.engine;
   if (e.pipelined()) {
     std::printf("pipeline: %d stages × %d data-parallel replicas, schedule %s, %d micro-batches of %d%s; "
-                "gradient sync %s per stage\n", r.groups->pp, r.groups->dp, schedule_kind_name(e.kind),
+                "gradient sync %s%s per stage\n", r.groups->pp, r.groups->dp, schedule_kind_name(e.kind),
                 e.M, e.micro_batch, e.v > 1 ? (", " + std::to_string(e.v) + " chunks per stage").c_str() : "",
-                option_name(r.cfg.parallel.sync));
+                option_name(r.cfg.parallel.sync), r.cfg.parallel.zero ? " with ZeRO-1" : "");
+    std::printf("pipeline messages: %s\n", link_way_name(e.link->way()));
     return;
   }
   if (e.M > 1)

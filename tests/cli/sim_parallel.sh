@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Every parallel layout on the simulated card of tools/cuda_cpu_sim (build/sim-llmpi-train, each
+# rank its own simulated H100; NCCL's stand-in over MPI): pipeline stages with every schedule,
+# their messages through NCCL send/receive (parallel.sync=nccl) or MPI through page-locked host
+# buffers, ZeRO-1 over NCCL (reduce-scatter, all-gather), pipelines with ZeRO-1, and a checkpoint
+# of one layout resumed in another, each against the unpipelined CPU run of the same model.
+# Tiny models and 10 steps: the simulator takes ~0.1-0.3 s a step here. Not a GPU run
+# (tools/cuda_cpu_sim/README.md says what the simulation cannot show).
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+SIM="$B/sim-llmpi-train"
+[ -x "$SIM" ] || { echo "FAIL $SIM missing (make binaries)"; exit 1; }
+STEPS=10
+
+"$B/llmpi-demo-corpus" --out "$tmp/corpus.txt" --seed 7 --megabytes 1 >/dev/null &&
+  "$B/llmpi-prep" --tokenizer byte --input "$tmp/corpus.txt" --out "$tmp/lm" >/dev/null
+check "language-model data prepared" "[ -f '$tmp/lm/train.h5' ]" || exit $status
+# A small entailment set in GLUE's RTE layout, for bert (two labels, sentence pairs).
+mkdir -p "$tmp/rte"
+awk 'BEGIN { OFS = "\t"; print "index", "sentence1", "sentence2", "label"
+  split("the a cat dog sat ran on under mat rug hello world", w, " ")
+  for (i = 0; i < 64; i++) {
+    s1 = w[i % 12 + 1] " " w[(i * 7) % 12 + 1] " " w[(i * 5 + 3) % 12 + 1] "."
+    s2 = w[(i * 3) % 12 + 1] " " w[(i + 4) % 12 + 1] "."
+    print i, s1, s2, (i % 3 ? "entailment" : "not_entailment") } }' >"$tmp/rte/train.tsv"
+cp "$tmp/rte/train.tsv" "$tmp/rte/dev.tsv"
+"$B/llmpi-prep" glue --task rte --data-dir "$tmp/rte" --tokenizer "hf:tests/fixtures/hf_tokenizers/wordpiece_small/tokenizer.json" \
+  --max-seq-len 16 --out "$tmp/cls" >/dev/null
+check "classification data prepared" "[ -f '$tmp/cls/train.h5' ]" || exit $status
+
+# config FAMILY: a 4-layer model of the family (gpt2 and llama: the byte-level data; bert: the
+# classification data)
+config() {
+  local data="\"train\": \"$tmp/lm/train.h5\", \"val\": \"$tmp/lm/val.h5\""
+  local model="\"family\": \"$1\", \"n_layer\": 4, \"n_head\": 2, \"d_model\": 32, \"seq_len\": 16"
+  if [ "$1" = bert ]; then
+    data="\"train\": \"$tmp/cls/train.h5\", \"val\": \"$tmp/cls/dev.h5\""
+    model="$model, \"num_labels\": 2"
+  fi
+  cat >"$tmp/$1.json" <<JSON
+{"data": {$data}, "model": {$model},
+ "train": {"global_batch": 8, "steps": $STEPS, "lr": 3e-3, "warmup_steps": 2, "eval_every": 0, "eval_batches": 1,
+           "log_every": 1},
+ "run": {"dir": "$tmp/run"}}
+JSON
+}
+config gpt2 && config llama && config bert
+
+# run NAME FAMILY PROGRAM RANKS SETTINGS...: a run into $tmp/NAME, its exit status returned (a
+# setting that starts with -- is passed as it is)
+run() {
+  local name=$1 family=$2 prog=$3 np=$4; shift 4
+  local sets=(); for s in "$@"; do case $s in --*) sets+=("$s") ;; *) sets+=(--set "$s") ;; esac; done
+  timeout -k 5 120 mpiexec -n "$np" "$prog" --config "$tmp/$family.json" --set checkpoint.every=0 \
+    --set run.dir="$tmp/$name" "${sets[@]}" >>"$tmp/$name.log" 2>&1
+}
+# losses_within A B TOL: both runs logged $STEPS losses (steps 1..$STEPS once each, in order),
+# each of B within TOL (relative) of A's
+losses_within() {
+  awk -v tol="$3" -v steps="$STEPS" 'FNR == 1 {f++} match($0, /"loss": ?-?[0-9.eE+-]+/) {
+      v = substr($0, RSTART + 7, RLENGTH - 7); l[f, ++n[f]] = v + 0 }
+    END { if (n[1] != steps || n[2] != steps) exit 1
+          for (i = 1; i <= steps; i++) { d = l[1, i] - l[2, i]; d = d < 0 ? -d : d
+            a = l[1, i] < 0 ? -l[1, i] : l[1, i]; if (!(d <= tol * a)) exit 1 } }' \
+    "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl"
+}
+CUDA=(runtime.device=cuda)
+NCCL=(runtime.device=cuda parallel.sync=nccl parallel.bucket_mb=0.02)
+
+run cpu gpt2 "$B/llmpi-train" 1 runtime.device=cpu
+check "gpt2: the unpipelined CPU reference run" "[ $? = 0 ]" || exit $status
+
+# Every schedule, messages through NCCL (a communicator per direction between stages): 2 stages,
+# and gpipe over 4 (stages with a neighbour on each side).
+for sch in gpipe 1f1b zb-h1 interleaved; do
+  np=2 vs=1; [ $sch = gpipe ] && np=4; [ $sch = interleaved ] && vs=2
+  run "nccl_$sch" gpt2 "$SIM" $np "${NCCL[@]}" parallel.pp_stages=$np parallel.microbatches=4 parallel.schedule=$sch \
+    parallel.virtual_stages=$vs
+  check "gpt2, $np stages $sch on the simulated card, NCCL send/receive: losses within 1e-5 of the CPU's" \
+    "[ $? = 0 ] && losses_within cpu nccl_$sch 1e-5 && grep -q 'pipeline messages: NCCL send/receive' '$tmp/nccl_$sch.log'"
+done
+run mpi_1f1b gpt2 "$SIM" 2 "${CUDA[@]}" parallel.sync=allreduce parallel.pp_stages=2 parallel.microbatches=4
+check "gpt2, 2 stages 1f1b, MPI through page-locked host buffers: losses within 1e-5 of the CPU's" \
+  "[ $? = 0 ] && losses_within cpu mpi_1f1b 1e-5 && grep -q 'pipeline messages: MPI through page-locked host buffers' '$tmp/mpi_1f1b.log'"
+
+# ZeRO-1 over NCCL: 2 replicas, reduce-scatter during backward and all-gather after the update
+# (bf16 gradients and 4 ranks: sim-cuda_tests' NcclRanks.ZeroMatchesMpiZero).
+run nccl_dp gpt2 "$SIM" 2 "${NCCL[@]}"
+run nccl_zero gpt2 "$SIM" 2 "${NCCL[@]}" parallel.zero=1
+check "gpt2, 2 replicas, ZeRO-1 over NCCL: losses within 1e-6 of zero 0 over NCCL's" \
+  "[ $? = 0 ] && losses_within nccl_dp nccl_zero 1e-6 && losses_within cpu nccl_zero 1e-5"
+# Pipelines with ZeRO-1 over NCCL: 2 stages x 2 replicas.
+run nccl_pp_zero gpt2 "$SIM" 4 "${NCCL[@]}" parallel.zero=1 parallel.pp_stages=2 parallel.microbatches=2 \
+  parallel.schedule=zb-h1
+check "gpt2, 2 stages zb-h1 x 2 replicas with ZeRO-1, all through NCCL: losses within 1e-5 of the CPU's" \
+  "[ $? = 0 ] && losses_within cpu nccl_pp_zero 1e-5"
+
+# A checkpoint of one layout resumed in another: step 5 of the 4-rank pipeline with ZeRO-1 (its
+# moments gathered from the shards), resumed on 2 ranks as 2 replicas with ZeRO-1 over NCCL.
+run resume gpt2 "$SIM" 4 "${NCCL[@]}" parallel.zero=1 parallel.pp_stages=2 parallel.microbatches=2 checkpoint.every=5 &&
+  rm "$tmp/resume/checkpoints/step-00000010.h5" &&
+  run resume gpt2 "$SIM" 2 "${NCCL[@]}" parallel.zero=1 --resume=auto
+check "a 2-stage x 2-replica ZeRO-1 checkpoint resumed on 2 replicas: the 10 losses within 1e-5 of the CPU's" \
+  "[ $? = 0 ] && grep -q 'resum' '$tmp/resume.log' && losses_within cpu resume 1e-5"
+
+# llama (RMSNorm, RoPE, SwiGLU, untied head) and bert (a classifier, 2 stages).
+run cpu_llama llama "$B/llmpi-train" 1 runtime.device=cpu &&
+  run nccl_llama llama "$SIM" 2 "${NCCL[@]}" parallel.pp_stages=2 parallel.microbatches=4 parallel.schedule=zb-h1
+check "llama, 2 stages zb-h1 through NCCL: losses within 1e-5 of the CPU's" "[ $? = 0 ] && losses_within cpu_llama nccl_llama 1e-5"
+# bert without dropout (its masks are keyed by micro-batch: with dropout a pipeline draws other
+# masks than one batch does).
+NODROP=(model.dropout=0 model.attn_dropout=0)
+run cpu_bert bert "$B/llmpi-train" 1 runtime.device=cpu "${NODROP[@]}" &&
+  run nccl_bert bert "$SIM" 2 "${NCCL[@]}" parallel.pp_stages=2 parallel.microbatches=2 "${NODROP[@]}"
+check "bert (no dropout), 2 stages 1f1b through NCCL: losses within 1e-5 of the unpipelined CPU's" \
+  "[ $? = 0 ] && losses_within cpu_bert nccl_bert 1e-5"
+exit $status
