@@ -122,6 +122,17 @@ double lm_head_recompute_share(const ModelDesc& d, int B, int T) {
   return (chunks - 1) / chunks;
 }
 
+double block_recompute_cost(const ModelDesc& d, const LayerCosts& k, Recompute recompute) {
+  if (recompute == Recompute::full) return k.block_f;
+  if (recompute == Recompute::none || d.attention == AttentionImpl::fused) return 0;
+  const ParamTable blk = build_param_table(d, ModelPart{0, 1, false, false});
+  double dense = 0;  // dense weights of one block
+  for (const ParamSlice& s : blk.slices)
+    if (s.role == kQkvW || s.role == kAttnOutW || s.role == kFcW || s.role == kProjW) dense += (double)s.numel;
+  const double attn = 4.0 * k.seq_len * d.d_model;  // per token, as costs_from_device counts it
+  return k.block_f * attn / (2 * dense + attn);
+}
+
 LayerCosts costs_from_device(const ModelDesc& d, int B, int T, const DeviceSpec& dev, GemmPrecision p, double mfu,
                              int cores) {
   if (mfu <= 0) mfu = dev.default_mfu;
@@ -277,6 +288,7 @@ PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int
   in.bucket_mb = cfg.parallel.bucket_mb;
   in.first_bucket_mb = cfg.parallel.first_bucket_mb;
   in.overlap = cfg.parallel.overlap;
+  in.recompute = cfg.runtime.recompute;
   in.device = find_device("cpu");
   in.cores_per_rank = cfg.runtime.threads > 0 ? cfg.runtime.threads : 1;
   in.fabric.ranks_per_node = world;
@@ -340,10 +352,14 @@ PlanResult plan(const PlanInputs& in) {
     // send piece and its W pieces (comm/grad_sync.cpp)
     sm.zero_recv_buffer = r.dp > 1 ? (double)largest_piece * 4 * (gs ? 1 : r.dp + 2) : 0;
     sm.gather_scatter_buffers = gs && r.dp > 1 ? 2.0 * r.dp * largest_bucket * 4 : 0;
-    sm.activation_slot = (double)activation_bytes(d, sm.part, r.micro_batch, T);
+    sm.activation_slot = (double)activation_bytes(d, sm.part, r.micro_batch, T, GemmPrecision::fp32, in.recompute);
     sm.kept_slot = (double)kept_bytes(d, sm.part, r.micro_batch, T);
     sm.scratch = (double)backward_scratch_bytes(d, r.micro_batch, T);
-    sm.activation_slot_bf16 = (double)activation_bytes(d, sm.part, r.micro_batch, T, GemmPrecision::bf16);
+    sm.activation_slot_bf16 =
+        (double)activation_bytes(d, sm.part, r.micro_batch, T, GemmPrecision::bf16, in.recompute);
+    // zb-h1 refuses recomputation (runtime/options.h recompute_schedule_error): its slots keep all
+    sm.activation_slot_zb = (double)activation_bytes(d, sm.part, r.micro_batch, T);
+    sm.activation_slot_zb_bf16 = (double)activation_bytes(d, sm.part, r.micro_batch, T, GemmPrecision::bf16);
     sm.scratch_bf16 = sm.scratch + (double)gemm_operand_scratch_bytes(d, r.micro_batch, T, GemmPrecision::bf16, in.device.gpu);
     std::vector<size_t> copy_offsets;
     sm.weight_copy_bf16 = (double)aligned_copy_layout(tables.back(), &copy_offsets) * sizeof(uint16_t);
@@ -374,10 +390,12 @@ PlanResult plan(const PlanInputs& in) {
           m.params = bf ? 2 * n + 4 * own : built16 ? 4 * n + sm.weight_copy_bf16 : 4 * n;
           m.grads = 4 * n;
           m.optimizer = adamw ? 8 * own : 0;
-          const double kept = sch == "zb-h1" ? sm.kept_slot : 0;
-          const double slot = bf        ? (sm.activation_slot - ids_bytes) / 2 + ids_bytes + kept / 2
-                              : built16 ? sm.activation_slot_bf16 + kept
-                                        : sm.activation_slot + kept;
+          const bool zb = sch == "zb-h1";
+          const double kept = zb ? sm.kept_slot : 0;
+          const double act32 = zb ? sm.activation_slot_zb : sm.activation_slot;
+          const double slot = bf        ? (act32 - ids_bytes) / 2 + ids_bytes + kept / 2
+                              : built16 ? (zb ? sm.activation_slot_zb_bf16 : sm.activation_slot_bf16) + kept
+                                        : act32 + kept;
           m.activations = m.slots * slot;
           m.scratch = bf ? sm.scratch / 2 : built16 ? sm.scratch_bf16 : sm.scratch;
           m.buffers = (sharded ? sm.zero_recv_buffer : 0) + sm.gather_scatter_buffers;
@@ -410,6 +428,17 @@ PlanResult plan(const PlanInputs& in) {
       r.notes.push_back(buf);
       k.source += std::string(", x ") + std::to_string(r.oversubscription).substr(0, 4) + " for shared cores";
     }
+  }
+  // zb-h1 runs without recomputation (refused with it); every other schedule with the run's
+  const LayerCosts c_zb = r.costs;
+  if (in.recompute != Recompute::none) {
+    const double extra = block_recompute_cost(d, r.costs, in.recompute);
+    r.costs.block_b += extra;
+    r.costs.block_bi += extra;
+    r.notes.push_back(std::string("runtime.recompute \"") + option_name(in.recompute) +
+                      "\": each block's backward recomputes " +
+                      (in.recompute == Recompute::full ? "its forward" : "its pointwise outputs and norms") +
+                      (S > 1 ? " (zb-h1 rows without recomputation: it refuses it)" : ""));
   }
   const LayerCosts& c = r.costs;
   // Every schedule but zb-h1 (and a run without stages) fuses the LM head: its backward runs in F,
@@ -477,7 +506,7 @@ PlanResult plan(const PlanInputs& in) {
 
   for (const std::string& sch : schedules) {
     const ScheduleKind kind = S > 1 ? parse_schedule_kind(sch) : ScheduleKind::one_f_one_b;
-    const LayerCosts& cs = kind == ScheduleKind::zb_h1 ? c : cf;
+    const LayerCosts& cs = kind == ScheduleKind::zb_h1 ? c_zb : cf;
     const PipelineSim sim =
         simulate_pipeline(kind, S, M, stage_costs(cs), r.p2p_s.empty() ? std::vector<double>{0} : r.p2p_s);
     if (!sim.completed) fail("internal: the simulated ", sch, " pipeline did not complete");
