@@ -118,11 +118,11 @@ TEST(PlanMemory, OneStageEqualsTheStartupEstimate) {
 // runtime.recompute: the plan's activations are the start-up estimate's (fp32 and bf16 as built),
 // smaller for selective and smaller again for full; each block's backward grows by the recompute
 // (full: one block forward; selective with full attention: the attention's share of it), so the
-// step time grows while the FLOP count per token does not; zb-h1's rows keep everything.
+// step time grows; zb-h1, which refuses recomputation, is not planned with it.
 TEST(PlanMemory, RecomputeShrinksActivationsAndAddsBackwardTime) {
   const int T = 12, world = 4, G = 8;
   const ModelDesc d = test::desc_of("gpt2", 4, 2, 16, T, 37);
-  double act[3] = {}, step[3] = {}, zb_act[3] = {};
+  double act[3] = {}, step[3] = {};
   int i = 0;
   for (const std::string rc : {"none", "selective", "full"}) {
     Config cfg = parse_config("{}", "test", {"data.train=-", "train.global_batch=8", "model.seq_len=12",
@@ -133,11 +133,12 @@ TEST(PlanMemory, RecomputeShrinksActivationsAndAddsBackwardTime) {
     in.fabric.intra = simple_link("test", 1e-5, 1e-9);
     const PlanResult r = plan(in);
     const MemoryRow* m = r.memory_row("fp32", "1f1b", 0, 1);
-    const MemoryRow* z = r.memory_row("fp32", "zb-h1", 0, 1);
     const TimeRow* t = r.time_row("1f1b", 0);
-    ASSERT_TRUE(m && z && t) << rc;
+    ASSERT_TRUE(m && t) << rc;
+    // zb-h1 refuses recomputation: planned only without it
+    EXPECT_EQ(r.memory_row("fp32", "zb-h1", 0, 1) != nullptr, rc == "none") << rc;
+    EXPECT_EQ(r.time_row("zb-h1", 0) != nullptr, rc == "none") << rc;
     act[i] = m->activations / m->slots;
-    zb_act[i] = z->activations / z->slots;
     step[i] = t->compute_s;
     EXPECT_EQ(act[i], (double)activation_bytes(d, r.stages[1].part, r.micro_batch, T, GemmPrecision::fp32,
                                                cfg.runtime.recompute))
@@ -158,8 +159,13 @@ TEST(PlanMemory, RecomputeShrinksActivationsAndAddsBackwardTime) {
   }
   EXPECT_GT(act[0], act[1]);
   EXPECT_GT(act[1], act[2]);
-  EXPECT_EQ(zb_act[0], zb_act[1]);
-  EXPECT_EQ(zb_act[0], zb_act[2]);
+  // a zb-h1 plan with recomputation is refused, as the configuration refuses it
+  Config cfg = parse_config("{}", "test", {"data.train=-", "train.global_batch=8", "model.seq_len=12",
+                                           "runtime.recompute=full"});
+  PlanInputs in = plan_inputs_from_config(cfg, d, world);
+  in.pp = 2;
+  in.schedule = ScheduleKind::zb_h1;
+  EXPECT_THROW(plan(in), Error);
   EXPECT_LT(step[0], step[1]);  // full attention on the CPU: selective recomputes P
   EXPECT_LT(step[1], step[2]);
 }

@@ -328,6 +328,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> schs = S > 1 ? std::vector<std::string>{"gpipe", "1f1b", "zb-h1"} : std::vector<std::string>{"-"};
     for (const std::string& sch : schs)
       for (int z = 0; z <= 1; z++) {
+        if (!r.memory_row("fp32", sch, z, 0)) continue;  // (zb-h1 with recomputation: not planned)
         double mx[std::size(kMemoryPrecisions)] = {};
         int i = 0;
         for (const char* prec : kMemoryPrecisions) {

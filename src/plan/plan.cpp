@@ -302,6 +302,7 @@ PlanResult plan(const PlanInputs& in) {
   if (W < 1) fail("--world must be >= 1");
   if (S < 1) fail("--pp must be >= 1");
   if (W % S != 0) fail("the world size ", W, " is not divisible by the pipeline stages ", S, ": choose --world a multiple of --pp");
+  if (const std::string e = recompute_schedule_error(in.recompute, in.schedule, S); !e.empty()) fail(e);
   if (T < 1 || T > d.max_seq_len) fail("model.seq_len ", T, " must be in [1, max_seq_len ", d.max_seq_len, "]");
   if (d.vocab_size < 1) fail("the model has no vocabulary size: set model.vocab_size or give --vocab N (or a data.train file)");
   PlanResult r;
@@ -357,9 +358,6 @@ PlanResult plan(const PlanInputs& in) {
     sm.scratch = (double)backward_scratch_bytes(d, r.micro_batch, T);
     sm.activation_slot_bf16 =
         (double)activation_bytes(d, sm.part, r.micro_batch, T, GemmPrecision::bf16, in.recompute);
-    // zb-h1 refuses recomputation (runtime/options.h recompute_schedule_error): its slots keep all
-    sm.activation_slot_zb = (double)activation_bytes(d, sm.part, r.micro_batch, T);
-    sm.activation_slot_zb_bf16 = (double)activation_bytes(d, sm.part, r.micro_batch, T, GemmPrecision::bf16);
     sm.scratch_bf16 = sm.scratch + (double)gemm_operand_scratch_bytes(d, r.micro_batch, T, GemmPrecision::bf16, in.device.gpu);
     std::vector<size_t> copy_offsets;
     sm.weight_copy_bf16 = (double)aligned_copy_layout(tables.back(), &copy_offsets) * sizeof(uint16_t);
@@ -368,6 +366,11 @@ PlanResult plan(const PlanInputs& in) {
   std::vector<std::string> schedules;
   if (S > 1) schedules = {"gpipe", "1f1b", "zb-h1"};
   else schedules = {"-"};
+  if (S > 1 && in.recompute != Recompute::none) {  // zb-h1 refuses recomputation
+    schedules.pop_back();
+    r.notes.push_back(std::string("zb-h1 is not planned: it is not implemented with runtime.recompute \"") +
+                      option_name(in.recompute) + "\"");
+  }
   if (S > 1 && in.schedule == ScheduleKind::interleaved)
     r.notes.push_back("the run's schedule 'interleaved' is not planned (gpipe, 1f1b and zb-h1 are)");
   std::map<std::string, std::vector<int>> slots;  // schedule → per stage
@@ -390,12 +393,10 @@ PlanResult plan(const PlanInputs& in) {
           m.params = bf ? 2 * n + 4 * own : built16 ? 4 * n + sm.weight_copy_bf16 : 4 * n;
           m.grads = 4 * n;
           m.optimizer = adamw ? 8 * own : 0;
-          const bool zb = sch == "zb-h1";
-          const double kept = zb ? sm.kept_slot : 0;
-          const double act32 = zb ? sm.activation_slot_zb : sm.activation_slot;
-          const double slot = bf        ? (act32 - ids_bytes) / 2 + ids_bytes + kept / 2
-                              : built16 ? (zb ? sm.activation_slot_zb_bf16 : sm.activation_slot_bf16) + kept
-                                        : act32 + kept;
+          const double kept = sch == "zb-h1" ? sm.kept_slot : 0;
+          const double slot = bf        ? (sm.activation_slot - ids_bytes) / 2 + ids_bytes + kept / 2
+                              : built16 ? sm.activation_slot_bf16 + kept
+                                        : sm.activation_slot + kept;
           m.activations = m.slots * slot;
           m.scratch = bf ? sm.scratch / 2 : built16 ? sm.scratch_bf16 : sm.scratch;
           m.buffers = (sharded ? sm.zero_recv_buffer : 0) + sm.gather_scatter_buffers;
@@ -429,16 +430,13 @@ PlanResult plan(const PlanInputs& in) {
       k.source += std::string(", x ") + std::to_string(r.oversubscription).substr(0, 4) + " for shared cores";
     }
   }
-  // zb-h1 runs without recomputation (refused with it); every other schedule with the run's
-  const LayerCosts c_zb = r.costs;
   if (in.recompute != Recompute::none) {
     const double extra = block_recompute_cost(d, r.costs, in.recompute);
     r.costs.block_b += extra;
     r.costs.block_bi += extra;
     r.notes.push_back(std::string("runtime.recompute \"") + option_name(in.recompute) +
                       "\": each block's backward recomputes " +
-                      (in.recompute == Recompute::full ? "its forward" : "its pointwise outputs and norms") +
-                      (S > 1 ? " (zb-h1 rows without recomputation: it refuses it)" : ""));
+                      (in.recompute == Recompute::full ? "its forward" : "its pointwise outputs and norms"));
   }
   const LayerCosts& c = r.costs;
   // Every schedule but zb-h1 (and a run without stages) fuses the LM head: its backward runs in F,
@@ -506,7 +504,7 @@ PlanResult plan(const PlanInputs& in) {
 
   for (const std::string& sch : schedules) {
     const ScheduleKind kind = S > 1 ? parse_schedule_kind(sch) : ScheduleKind::one_f_one_b;
-    const LayerCosts& cs = kind == ScheduleKind::zb_h1 ? c_zb : cf;
+    const LayerCosts& cs = kind == ScheduleKind::zb_h1 ? c : cf;
     const PipelineSim sim =
         simulate_pipeline(kind, S, M, stage_costs(cs), r.p2p_s.empty() ? std::vector<double>{0} : r.p2p_s);
     if (!sim.completed) fail("internal: the simulated ", sch, " pipeline did not complete");

@@ -13,7 +13,7 @@
 //                           slot's kept output gradients (kept_bytes); pp = 1: one slot of the
 //                           whole local batch (the trainer does not split it)
 //                           (runtime.recompute: the recomputed tensors once per slot, not per
-//                           layer; zb-h1's rows without recomputation, which it refuses)
+//                           layer; no zb-h1 rows then: it refuses recomputation)
 //   scratch                 backward_scratch_bytes at the micro-batch
 //   sync buffers            ZeRO-1's reduce-scatter receive buffer; gather_scatter's root buffers
 // Precision: fp32 is the code as built (those byte counts are exact). "bf16-built" is
@@ -36,8 +36,7 @@
 // the first and last stage; the optimizer over the rank's parameters (its shard with ZeRO-1); and
 // ZeRO-1's parameter all-gather after it. Recomputation adds to every block's input-gradient
 // backward: full one block forward, selective full attention's share of it (scores and weighted
-// values, 4·T·C per token; the pointwise recomputes are memory traffic and left out); zb-h1's
-// times stay without it.
+// values, 4·T·C per token; the pointwise recomputes are memory traffic and left out).
 #pragma once
 #include <string>
 #include <vector>
@@ -154,8 +153,6 @@ struct StageMemory {  // one stage's rank
   // runtime.precision bf16 as built: one slot (Activations with its bf16 operands), the scratch
   // with the GEMMs' bf16 operand copies, and the Model's bf16 weight copy
   double activation_slot_bf16 = 0, scratch_bf16 = 0, weight_copy_bf16 = 0;
-  // zb-h1's slots (fp32, bf16 as built): without recomputation, which zb-h1 refuses
-  double activation_slot_zb = 0, activation_slot_zb_bf16 = 0;
   double zero_recv_buffer = 0, gather_scatter_buffers = 0;  // fp32 bytes
 };
 // The precisions of the memory rows, in the order they are planned and printed (above).
