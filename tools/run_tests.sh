@@ -65,7 +65,7 @@ record "sim-cuda_ops (CUDA ops, kernels and launchers, against the CPU ops)" $? 
 # it): the
 # AdamW training curves, the flash bf16 cases at T = 1023/1024, the GPT-2 124M steps, the softmax
 # over 2^31 logits (8.6 GB), AdamW over 124M parameters, the bias gradient at 65,536 rows and
-# activation recomputation's models (CudaRecompute: over 10 min on a loaded 2-core machine); and
+# activation recomputation's models (CudaRecompute: 99 s on a loaded 2-core machine); and
 # by design CudaBackend.AvailabilityMatchesMachine (it expects no GPU on a machine without
 # /dev/nvidiactl). The simulated cuBLAS may use every core. (NcclSync.* and NcclRanks.* run here
 # at one rank, NcclRanks.* again at 2 and 4 below.)
