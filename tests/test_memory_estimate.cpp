@@ -6,6 +6,8 @@
 //     (forward + backward + AdamW) must match the estimate (see the tolerance below).
 #include <gtest/gtest.h>
 
+#include <malloc.h>
+
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -65,6 +67,7 @@ TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
     AttentionImpl attention = AttentionImpl::full;  // fused: lse per row instead of P, no T x T scratch
     int head_chunk_rows = 0;  // the chunked LM head's chunk buffer [rows, V] instead of [N, V]
     GemmPrecision precision = GemmPrecision::fp32;  // bf16: the Model's weight copy too
+    Recompute recompute = Recompute::none;  // the recomputed tensors once, not per layer
   };
   for (const Case& c : {Case{"gpt2", {}, "adamw"}, Case{"gpt2", {"model.tie_embeddings=false"}, "sgd"},
                         Case{"llama", {"model.n_kv_head=1"}, "adamw"}, Case{"bert", {}, "adamw"},
@@ -75,17 +78,23 @@ TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
                         Case{"llama", {"model.n_kv_head=1"}, "adamw", AttentionImpl::fused, 1},
                         Case{"gpt2", {}, "adamw", AttentionImpl::full, 5, GemmPrecision::bf16},
                         Case{"bert", {}, "sgd", AttentionImpl::fused, 0, GemmPrecision::bf16},
-                        Case{"llama", {"model.n_kv_head=1"}, "adamw", AttentionImpl::fused, 3, GemmPrecision::bf16}}) {
+                        Case{"llama", {"model.n_kv_head=1"}, "adamw", AttentionImpl::fused, 3, GemmPrecision::bf16},
+                        Case{"gpt2", {}, "adamw", AttentionImpl::full, 0, GemmPrecision::fp32, Recompute::selective},
+                        Case{"bert", {}, "adamw", AttentionImpl::full, 0, GemmPrecision::bf16, Recompute::full},
+                        Case{"llama", {"model.n_kv_head=1"}, "adamw", AttentionImpl::fused, 3, GemmPrecision::bf16,
+                             Recompute::selective},
+                        Case{"llama", {}, "sgd", AttentionImpl::full, 0, GemmPrecision::fp32, Recompute::full}}) {
     const int B = 3, T = 12;
     ModelDesc d = test::desc_of(c.family, 2, 2, 16, T, 37, c.extra);
     d.attention = c.attention;
     d.lm_head_chunk_rows = c.head_chunk_rows;
     Config cfg = config_with(c.optimizer);
     cfg.runtime.precision = c.precision;
+    cfg.runtime.recompute = c.recompute;
     const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
     const Ops ops = counting_ops();
     g_allocated = 0;
-    Model m(d, ops, ModelPart::whole(), c.precision);
+    Model m(d, ops, ModelPart::whole(), c.precision, c.recompute);
     EXPECT_EQ((double)g_allocated, e.params + e.grads) << c.family;
     // bf16: the weight copy, 2 bytes per parameter plus its tensors' 256-byte alignment
     std::vector<size_t> copy_offsets;
@@ -206,41 +215,53 @@ TEST(MemoryEstimate, Bf16CountsTheGemmOperandScratch) {
             4 * (pad(5 * V, 16) + pad((size_t)V * C, 16) + 5 * C));
 }
 
+// runtime.recompute too: the activations selective and full keep (one shared set of the
+// recomputed tensors per micro-batch), against the peak of a step that recomputes.
 TEST(MemoryEstimate, PeakRssOfOneStepMatches) {
-  // Activations dominate (about 190 MB), as they do when a batch does not fit.
+  // Activations dominate (about 190 MB without recomputation), as they do when a batch does not fit.
   const int B = 32, T = 256;
   const ModelDesc d = test::desc_of("gpt2", 2, 4, 64, T, 256);
-  const MemoryEstimate e = estimate_memory(d, B, T, config_with("adamw"), 1, 0, false);
-  const double predicted = e.params + e.grads + e.optimizer + e.activations + e.scratch;
-  test::RandomBatch batch(d, B, T, 3);
-  // Reset the peak (VmHWM) to the current RSS (Linux >= 4.0), then measure the growth to the peak.
-  {
-    std::ofstream clear("/proc/self/clear_refs");
-    clear << "5";
-    if (!clear.good()) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
+  // Blocks of 1 MB and more mapped and unmapped one by one (glibc would otherwise raise its
+  // threshold after the first free and serve the next mode's tensors from pages still resident)
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  double predicted_none = 0;
+  for (const Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+    Config cfg = config_with("adamw");
+    cfg.runtime.recompute = rc;
+    const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
+    const double predicted = e.params + e.grads + e.optimizer + e.activations + e.scratch;
+    if (rc == Recompute::none) predicted_none = predicted;
+    else EXPECT_LT(predicted, predicted_none * 0.9) << option_name(rc);
+    test::RandomBatch batch(d, B, T, 3);
+    // Reset the peak (VmHWM) to the current RSS (Linux >= 4.0), then measure the growth to the peak.
+    {
+      std::ofstream clear("/proc/self/clear_refs");
+      clear << "5";
+      if (!clear.good()) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
+    }
+    const double before_kb = status_kb("VmRSS:");
+    {
+      Model m(d, cpu_ops(), ModelPart::whole(), GemmPrecision::fp32, rc);
+      m.init_params(1);
+      Optimizer opt(cpu_ops(), m.table.numel, OptimizerKind::adamw);
+      Activations a(m, B, T);
+      m.forward(a, batch.b, true);
+      m.backward(a);
+      TrainConfig tc = cfg.train;
+      opt.step(m.params, m.grads, m.table, 1e-3, tc);
+    }
+    const double peak_kb = status_kb("VmHWM:");
+    ASSERT_GT(before_kb, 0);
+    const double measured = (peak_kb - before_kb) * 1024;
+    std::printf("recompute %s: memory estimate %.1f MB, measured peak RSS growth %.1f MB (%.2f%%)\n",
+                option_name(rc), predicted / 1e6, measured / 1e6, 100.0 * (measured - predicted) / predicted);
+    // Tolerance: the estimate counts every buffer the model, activations, scratch and optimizer
+    // allocate (exact, test above); what the RSS adds on top is the ops' small temporaries
+    // (LayerNorm partial sums, attention row buffers per thread), OpenBLAS's per-thread GEMM
+    // buffers the first time a GEMM runs in this process, and allocator rounding: a few MB. The
+    // estimate must be within 5% + 16 MB of the measurement, and never above it by more than 2%
+    // (every allocation is zero-filled, so every estimated byte is resident).
+    EXPECT_LE(measured, predicted * 1.05 + 16e6) << option_name(rc);
+    EXPECT_GE(measured, predicted * 0.98) << option_name(rc);
   }
-  const double before_kb = status_kb("VmRSS:");
-  {
-    Model m(d, cpu_ops());
-    m.init_params(1);
-    Optimizer opt(cpu_ops(), m.table.numel, OptimizerKind::adamw);
-    Activations a(m, B, T);
-    m.forward(a, batch.b, true);
-    m.backward(a);
-    TrainConfig tc = config_with("adamw").train;
-    opt.step(m.params, m.grads, m.table, 1e-3, tc);
-  }
-  const double peak_kb = status_kb("VmHWM:");
-  ASSERT_GT(before_kb, 0);
-  const double measured = (peak_kb - before_kb) * 1024;
-  std::printf("memory estimate %.1f MB, measured peak RSS growth %.1f MB (%.2f%%)\n", predicted / 1e6, measured / 1e6,
-              100.0 * (measured - predicted) / predicted);
-  // Tolerance: the estimate counts every buffer the model, activations, scratch and optimizer
-  // allocate (exact, test above); what the RSS adds on top is the ops' small temporaries
-  // (LayerNorm partial sums, attention row buffers per thread), OpenBLAS's per-thread GEMM
-  // buffers the first time a GEMM runs in this process, and allocator rounding: a few MB. The
-  // estimate must be within 5% + 16 MB of the measurement, and never above it by more than 2%
-  // (every allocation is zero-filled, so every estimated byte is resident).
-  EXPECT_LE(measured, predicted * 1.05 + 16e6);
-  EXPECT_GE(measured, predicted * 0.98);
 }

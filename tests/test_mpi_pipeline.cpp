@@ -124,6 +124,30 @@ TEST(MpiPipeline, FusedAttentionTwoStages) {
   every_schedule_equals_one_rank("bert", 2, {"zb-h1"}, {"runtime.attention=fused"});
 }
 
+// runtime.recompute in the stages (several activation slots, each with its shared buffers) and
+// in one rank: the losses and final parameters are the bits of recompute "none".
+TEST(MpiPipeline, RecomputeGivesTheBitsOfNone) {
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  for (const std::string family : {"gpt2", "bert"}) {
+    std::vector<std::string> base = family_sets(family, dir);
+    base.insert(base.end(), {"model.n_layer=4", "train.steps=4", "parallel.pp_stages=2", "parallel.microbatches=4"});
+    if (family == "bert") base.insert(base.end(), {"model.dropout=0.1", "model.attn_dropout=0.1"});
+    for (const std::string sched : {"1f1b", "interleaved"}) {
+      std::vector<std::string> sets = {"parallel.schedule=" + sched};
+      if (sched == "interleaved") sets.push_back("parallel.virtual_stages=2");
+      const TrainResult none = train(make_config(base, sets), MPI_COMM_WORLD, quiet_options(false), true);
+      for (const std::string rc : {"selective", "full"}) {
+        sets.push_back("runtime.recompute=" + rc);
+        const TrainResult r = train(make_config(base, sets), MPI_COMM_WORLD, quiet_options(false), true);
+        sets.pop_back();
+        const std::string what = family + " " + sched + " " + rc;
+        EXPECT_EQ(r.final_params, none.final_params) << what;
+        if (world_rank() == 0) EXPECT_EQ(r.losses, none.losses) << what;
+      }
+    }
+  }
+}
+
 // Explicit layer counts, and overlapped bucketed sync inside the stages, change nothing; the
 // validation loss evaluated along the pipeline equals one rank's.
 TEST(MpiPipeline, ExplicitStageLayersOverlapAndEvaluation) {

@@ -115,6 +115,61 @@ TEST(PlanMemory, OneStageEqualsTheStartupEstimate) {
   }
 }
 
+// runtime.recompute: the plan's activations are the start-up estimate's (fp32 and bf16 as built),
+// smaller for selective and smaller again for full; each block's backward grows by the recompute
+// (full: one block forward; selective with full attention: the attention's share of it), so the
+// step time grows; zb-h1, which refuses recomputation, is not planned with it.
+TEST(PlanMemory, RecomputeShrinksActivationsAndAddsBackwardTime) {
+  const int T = 12, world = 4, G = 8;
+  const ModelDesc d = test::desc_of("gpt2", 4, 2, 16, T, 37);
+  double act[3] = {}, step[3] = {};
+  int i = 0;
+  for (const std::string rc : {"none", "selective", "full"}) {
+    Config cfg = parse_config("{}", "test", {"data.train=-", "train.global_batch=8", "model.seq_len=12",
+                                             "runtime.recompute=" + rc});
+    PlanInputs in = plan_inputs_from_config(cfg, d, world);
+    in.pp = 2;
+    in.microbatches = 2;
+    in.fabric.intra = simple_link("test", 1e-5, 1e-9);
+    const PlanResult r = plan(in);
+    const MemoryRow* m = r.memory_row("fp32", "1f1b", 0, 1);
+    const TimeRow* t = r.time_row("1f1b", 0);
+    ASSERT_TRUE(m && t) << rc;
+    // zb-h1 refuses recomputation: planned only without it
+    EXPECT_EQ(r.memory_row("fp32", "zb-h1", 0, 1) != nullptr, rc == "none") << rc;
+    EXPECT_EQ(r.time_row("zb-h1", 0) != nullptr, rc == "none") << rc;
+    act[i] = m->activations / m->slots;
+    step[i] = t->compute_s;
+    EXPECT_EQ(act[i], (double)activation_bytes(d, r.stages[1].part, r.micro_batch, T, GemmPrecision::fp32,
+                                               cfg.runtime.recompute))
+        << rc;
+    const MemoryRow* b = r.memory_row("bf16-built", "1f1b", 0, 1);
+    ASSERT_TRUE(b) << rc;
+    EXPECT_EQ(b->activations / b->slots, (double)activation_bytes(d, r.stages[1].part, r.micro_batch, T,
+                                                                  GemmPrecision::bf16, cfg.runtime.recompute))
+        << rc;
+    // one stage (the start-up estimate's case): the same bytes as estimate_memory
+    in.pp = 1;
+    in.microbatches = 1;
+    const PlanResult one = plan(in);
+    const MemoryEstimate e = estimate_memory(d, G / world, T, cfg, world, 0, false);
+    ASSERT_TRUE(one.memory_row("fp32", "-", 0, 0)) << rc;
+    EXPECT_EQ(one.memory_row("fp32", "-", 0, 0)->activations, e.activations) << rc;
+    i++;
+  }
+  EXPECT_GT(act[0], act[1]);
+  EXPECT_GT(act[1], act[2]);
+  // a zb-h1 plan with recomputation is refused, as the configuration refuses it
+  Config cfg = parse_config("{}", "test", {"data.train=-", "train.global_batch=8", "model.seq_len=12",
+                                           "runtime.recompute=full"});
+  PlanInputs in = plan_inputs_from_config(cfg, d, world);
+  in.pp = 2;
+  in.schedule = ScheduleKind::zb_h1;
+  EXPECT_THROW(plan(in), Error);
+  EXPECT_LT(step[0], step[1]);  // full attention on the CPU: selective recomputes P
+  EXPECT_LT(step[1], step[2]);
+}
+
 // Gradient accumulation (parallel.microbatches M, pp 1): the plan holds one micro-batch of
 // activations, as the start-up estimate does, and the step's compute is M micro-batches' (the same
 // FLOPs: within rounding of the one-batch plan's, the fixed per-micro-batch costs aside).

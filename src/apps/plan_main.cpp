@@ -281,10 +281,10 @@ int main(int argc, char** argv) {
                 family_name(d.family), d.n_layer, d.d_model, d.n_head, d.ffn_dim, in.seq_len, d.vocab_size,
                 build_param_table(d).numel / 1e6, r.flops_per_token);
     std::printf("run: world %d = %d data-parallel x %d stage%s; global batch %d -> %d per replica, %d micro-batch%s of "
-                "%d; sync %s%s, buckets %g MB, optimizer %s\n",
+                "%d; sync %s%s, buckets %g MB, optimizer %s, recompute %s\n",
                 in.world, r.dp, S, S > 1 ? "s" : "", in.global_batch, r.local_batch, in.microbatches,
                 in.microbatches > 1 ? "es" : "", r.micro_batch, option_name(in.sync), in.overlap ? " (overlap)" : "",
-                in.bucket_mb, option_name(in.optimizer));
+                in.bucket_mb, option_name(in.optimizer), option_name(in.recompute));
     if (S > 1) {
       std::printf("layers per stage:");
       for (int n : r.layer_counts) std::printf(" %d", n);
@@ -328,6 +328,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> schs = S > 1 ? std::vector<std::string>{"gpipe", "1f1b", "zb-h1"} : std::vector<std::string>{"-"};
     for (const std::string& sch : schs)
       for (int z = 0; z <= 1; z++) {
+        if (!r.memory_row("fp32", sch, z, 0)) continue;  // (zb-h1 with recomputation: not planned)
         double mx[std::size(kMemoryPrecisions)] = {};
         int i = 0;
         for (const char* prec : kMemoryPrecisions) {
@@ -358,7 +359,8 @@ int main(int argc, char** argv) {
                      {"microbatches", in.microbatches}, {"zero", in.zero}, {"schedule", schedule_kind_name(in.schedule)},
                      {"sync", option_name(in.sync)}, {"overlap", in.overlap}, {"bucket_mb", in.bucket_mb},
                      {"device", in.device.name}, {"device_source", in.device.source},
-                     {"precision", gemm_precision_name(in.precision)}, {"cores_per_rank", in.cores_per_rank},
+                     {"precision", gemm_precision_name(in.precision)}, {"recompute", option_name(in.recompute)},
+                     {"cores_per_rank", in.cores_per_rank},
                      {"ranks_per_node", in.fabric.ranks_per_node}, {"nics_per_node", in.fabric.nics_per_node},
                      {"intra_link", within_node ? in.fabric.intra.name : ""},
                      {"inter_link", spans_nodes ? in.fabric.inter.name : ""},

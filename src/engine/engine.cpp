@@ -59,6 +59,8 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
     : g(groups), ops(o), desc(d), kind(groups.pp > 1 ? pc.schedule : ScheduleKind::one_f_one_b), S(groups.pp),
       M(pc.microbatches), v(groups.pp > 1 ? pc.virtual_stages : 1), T(eo.T), seed(eo.seed), opt(eo) {
   check_layout(ops, g, pc, so, eo.local_batch);
+  const std::string recompute_error = recompute_schedule_error(eo.recompute, kind, S);
+  if (!recompute_error.empty()) fail(recompute_error);
   micro_batch = eo.local_batch / M;
   layer_counts = S > 1 ? split_layers(d, T, S * v, pc.stage_layers) : std::vector<int>{d.n_layer};
   whole_table = build_param_table(d);
@@ -70,7 +72,7 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
     ModelChunk& ch = chunks[c];
     ch.vstage = virtual_stage(S, g.stage, c);
     ch.part = S > 1 ? virtual_stage_part(layer_counts, ch.vstage) : ModelPart::whole();
-    ch.model = std::make_unique<Model>(d, ops, ch.part, eo.precision);
+    ch.model = std::make_unique<Model>(d, ops, ch.part, eo.precision, eo.recompute);
     ch.part = ch.model->part;  // its block range resolved (ModelPart::whole() says "to the last")
     ch.model->init_params(seed);
     ch.sync = std::make_unique<GradSync>(so, g.data, ops, ch.model->grads, ch.model->table, eo.tracer);

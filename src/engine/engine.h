@@ -108,6 +108,7 @@ struct EngineOptions {
   int T = 1;
   uint64_t seed = 0;
   GemmPrecision precision = GemmPrecision::fp32;
+  Recompute recompute = Recompute::none;  // runtime.recompute, given to every chunk's model
   bool host_clip = false;  // tests: the clip factor and the skip decided on the host also where the device could
   Tracer* tracer = nullptr;
   Watchdog* watchdog = nullptr;  // told the phase the step is in (runtime/watchdog.h)

@@ -35,14 +35,18 @@ size_t attention_state_floats(const ModelDesc& d, int B, int T) {
 //   classifier: cls, pooled_pre, pooled, pooled_drop B·C each, logits B·K, losses B
 // each rounded up to 64 floats (256 bytes); plus the ids (4 · N int32) and the step's scalars
 // (backend/step_scalars.h) in one allocation, and the host loss row.
-size_t activation_bytes(const ModelDesc& d, int B, int T, GemmPrecision precision) {
-  return activation_bytes(d, ModelPart::whole(), B, T, precision);
+//   runtime.recompute selective: act, att (full attention) and a pre-norm block's norm outputs
+//   counted for the first block only; full: everything but the block's output (res_mlp, or
+//   post-norm's out) for the first block only
+size_t activation_bytes(const ModelDesc& d, int B, int T, GemmPrecision precision, Recompute recompute) {
+  return activation_bytes(d, ModelPart::whole(), B, T, precision, recompute);
 }
 
 // Activations::allocate for a part: input, dresidual, tmp; the embedding norm's tensors only with
 // the embedding; blocks [l0, l1); the head's only with the head. The ids (4 · N int32) and the step's
 // scalars are always allocated, and the host loss row (Model::rows_for_loss) too.
-size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T, GemmPrecision precision) {
+size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T, GemmPrecision precision,
+                        Recompute recompute) {
   const size_t N = (size_t)B * T, C = d.d_model, att = attention_state_floats(d, B, T);
   const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = (size_t)d.n_head * d.head_dim();
   const int l1 = part.l1 < 0 ? d.n_layer : part.l1;
@@ -54,8 +58,20 @@ size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T,
   std::vector<size_t> plan = {N * C, N * C, N * C};
   if (part.embedding && d.embedding_norm) plan.insert(plan.end(), {N * C, N, N});
   for (int l = part.l0; l < l1; l++) {
-    plan.insert(plan.end(), {norm, N, N, N * QKV, N * AY, att, N * C, norm, N, N, N * FC, act, N * C});
-    if (!d.pre_norm) plan.push_back(N * C);
+    if (l == part.l0 || recompute == Recompute::none) {
+      plan.insert(plan.end(), {norm, N, N, N * QKV, N * AY, att, N * C, norm, N, N, N * FC, act, N * C});
+      if (!d.pre_norm) plan.push_back(N * C);
+    } else if (recompute == Recompute::selective) {  // all but act, att and pre-norm's norm outputs
+      if (!d.pre_norm) plan.push_back(norm);
+      plan.insert(plan.end(), {N, N, N * QKV, N * AY});
+      if (d.attention == AttentionImpl::fused) plan.push_back(att);  // (lse)
+      plan.push_back(N * C);
+      if (!d.pre_norm) plan.push_back(norm);
+      plan.insert(plan.end(), {N, N, N * FC, N * C});
+      if (!d.pre_norm) plan.push_back(N * C);
+    } else {  // full: the block's output only (res_mlp, or post-norm's out)
+      plan.push_back(N * C);
+    }
   }
   if (part.head && d.head == HeadKind::lm) {
     // the chunk buffer's rows padded (Activations::logits_ld)
@@ -164,7 +180,7 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   // activations and the backward's scratch are those of ceil(local_batch / M) sequences.
   const int micro = micro_batch_rows(local_batch, cfg.parallel.microbatches);
   e.micro_batch = micro;
-  e.activations = (double)activation_bytes(desc, micro, seq_len, precision);
+  e.activations = (double)activation_bytes(desc, micro, seq_len, precision, cfg.runtime.recompute);
   e.scratch = (double)backward_scratch_bytes(desc, micro, seq_len);
   e.scratch += (double)gemm_operand_scratch_bytes(desc, micro, seq_len, precision, on_gpu);
   // Gradient synchronisation.

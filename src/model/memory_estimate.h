@@ -11,8 +11,9 @@
 //   activations                one micro-batch of B sequences × T tokens (B = the local batch, or
 //                              with gradient accumulation over M micro-batches ceil(local/M)), exactly the tensors
 //                              Activations::allocate lays out (model/transformer.cpp; per layer
-//                              about 12·N·C + N·(QKV + FC + F) + B·H·T² floats, N = B·T), the
-//                              device copies of the ids and the host loss row
+//                              about 12·N·C + N·(QKV + FC + F) + B·H·T² floats, N = B·T; with
+//                              runtime.recompute the recomputed ones once), the device copies of
+//                              the ids and the host loss row
 //   backward scratch           what Model::ensure_scratch allocates for one backward, plus with
 //                              runtime.precision bf16 the dense layers' rounded operands
 //                              (gemm_operand_scratch_bytes)
@@ -72,7 +73,10 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
 // The bytes of one micro-batch's Activations, and of one backward's scratch (as the model allocates).
 // With precision bf16 the activations also hold the LM head's bf16 logits-gradient chunk, and a
 // pre-norm model's norm outputs are bf16 (Activations::bf16_operands).
-size_t activation_bytes(const ModelDesc& desc, int B, int T, GemmPrecision precision = GemmPrecision::fp32);
+// With recompute selective or full (model/transformer.h "Activation recomputation") the tensors
+// backward recomputes are counted once, not per layer.
+size_t activation_bytes(const ModelDesc& desc, int B, int T, GemmPrecision precision = GemmPrecision::fp32,
+                        Recompute recompute = Recompute::none);
 size_t backward_scratch_bytes(const ModelDesc& desc, int B, int T);
 // The scratch the dense layers' GEMMs use for their bf16 operands (0 unless precision is bf16):
 // the largest call's operands, as fp32 copies on the CPU, bf16 on the GPU.
@@ -82,7 +86,7 @@ size_t gemm_operand_scratch_bytes(const ModelDesc& desc, int B, int T, GemmPreci
 // Activations::allocate lays it out for that part: the embedding norm only with the embedding, the
 // head's tensors only with the head. activation_bytes(d, B, T) equals the whole part's value.
 size_t activation_bytes(const ModelDesc& desc, const ModelPart& part, int B, int T,
-                        GemmPrecision precision = GemmPrecision::fp32);
+                        GemmPrecision precision = GemmPrecision::fp32, Recompute recompute = Recompute::none);
 // What an input-only backward (zb-h1's BI) keeps per micro-batch in Activations::kept for that
 // part: Model::kept_floats (per block 2·N·C + N·fc + N·qkv floats, each rounded to 16; the
 // classifier head's pooler output gradient), in bytes.

@@ -138,8 +138,8 @@ ParamTable build_param_table(const ModelDesc& d, const ModelPart& part_in) {
 
 // ---- the model ------------------------------------------------------------------------------------
 
-Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision prec)
-    : desc(d), part(p), ops(&o), precision(prec) {
+Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision prec, Recompute rc)
+    : desc(d), part(p), ops(&o), precision(prec), recompute(rc) {
   if (part.l1 < 0) part.l1 = d.n_layer;
   if (prec == GemmPrecision::tf32 && !o.on_gpu())
     fail("runtime.precision \"tf32\" is a CUDA tensor-core mode; use \"fp32\" or \"bf16\" on the CPU");
@@ -250,7 +250,7 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   const int lm_rows_ = m.part.head && d.head == HeadKind::lm
                           ? (all_logits ? B_ * T_ : lm_head_chunk_rows(d, B_ * T_)) : 0;
   if (model == &m && B == B_ && T == T_ && attention == d.attention && lm_rows == lm_rows_ &&
-      bf16_planned_ == bf16_operands)
+      bf16_planned_ == bf16_operands && recompute_planned_ == m.recompute)
     return;
   if (model) {
     model->ops->free(mem_);
@@ -268,6 +268,8 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   lm_rows = lm_rows_;
   head_grad = false;
   bf16_planned_ = bf16_operands;
+  recompute_planned_ = m.recompute;
+  shared_layer = -1;
   // bf16 operands ("bf16 weight copy" in transformer.h): the pre-norm norms' outputs and the MLP's
   // activation output (read only by GEMMs) kept only in bf16, the LM head's logits gradient in
   // bf16. Their buffers are planned in floats (2 values each) through `half`, whose pointers
@@ -297,17 +299,57 @@ void Activations::allocate(const Model& m, int B_, int T_) {
     if (norms16) plan_half(p16, N * C);
     else plan.push_back({p, N * C});
   };
+  // Recomputation ("Activation recomputation" in transformer.h): a shared tensor is planned for
+  // the first block only, and the other blocks point at it.
+  using F32 = float* Layer::*;
+  using F16 = uint16_t* Layer::*;
+  std::vector<F32> shared32;
+  std::vector<F16> shared16;
+  if (m.recompute == Recompute::selective) {
+    shared32 = {&Layer::act, &Layer::att};
+    shared16 = {&Layer::act_bf16};
+    if (d.pre_norm) {
+      shared32.insert(shared32.end(), {&Layer::norm1, &Layer::norm2});
+      shared16.insert(shared16.end(), {&Layer::norm1_bf16, &Layer::norm2_bf16});
+    }
+  } else if (m.recompute == Recompute::full) {  // all but the block's output
+    shared32 = {&Layer::norm1, &Layer::norm1_mean, &Layer::norm1_rstd, &Layer::qkv, &Layer::atty, &Layer::att,
+                &Layer::lse, &Layer::res_attn, &Layer::norm2, &Layer::norm2_mean, &Layer::norm2_rstd, &Layer::fc,
+                &Layer::act};
+    if (!d.pre_norm) shared32.push_back(&Layer::res_mlp);  // (pre-norm: res_mlp is the output)
+    shared16 = {&Layer::norm1_bf16, &Layer::norm2_bf16, &Layer::act_bf16};
+  }
+  auto is_shared32 = [&](F32 f) { return std::find(shared32.begin(), shared32.end(), f) != shared32.end(); };
+  auto is_shared16 = [&](F16 f) { return std::find(shared16.begin(), shared16.end(), f) != shared16.end(); };
   layers.assign(m.part.l1 - m.part.l0, {});
-  for (Layer& L : layers) {
-    plan_norm(&L.norm1, &L.norm1_bf16);
-    plan.insert(plan.end(), {{&L.norm1_mean, N}, {&L.norm1_rstd, N}, {&L.qkv, N * QKV},
-                             {&L.atty, N * AY}, {fused ? &L.lse : &L.att, fused ? lse : att}, {&L.res_attn, N * C}});
-    plan_norm(&L.norm2, &L.norm2_bf16);
-    plan.insert(plan.end(), {{&L.norm2_mean, N}, {&L.norm2_rstd, N}, {&L.fc, N * FC}});
-    if (bf16) plan_half(&L.act_bf16, N * F);
-    else plan.push_back({&L.act, N * F});
-    plan.push_back({&L.res_mlp, N * C});
-    if (!d.pre_norm) plan.push_back({&L.out, N * C});
+  for (size_t i = 0; i < layers.size(); i++) {
+    Layer& L = layers[i];
+    auto f32 = [&](F32 f, size_t n) {
+      if (i == 0 || !is_shared32(f)) plan.push_back({&(L.*f), n});
+    };
+    auto f16 = [&](F16 f, size_t n) {
+      if (i == 0 || !is_shared16(f)) plan_half(&(L.*f), n);
+    };
+    auto norm = [&](F32 f, F16 f_bf16) {  // a norm's output: fp32, or only bf16
+      if (norms16) f16(f_bf16, N * C);
+      else f32(f, N * C);
+    };
+    norm(&Layer::norm1, &Layer::norm1_bf16);
+    f32(&Layer::norm1_mean, N);
+    f32(&Layer::norm1_rstd, N);
+    f32(&Layer::qkv, N * QKV);
+    f32(&Layer::atty, N * AY);
+    if (fused) f32(&Layer::lse, lse);
+    else f32(&Layer::att, att);
+    f32(&Layer::res_attn, N * C);
+    norm(&Layer::norm2, &Layer::norm2_bf16);
+    f32(&Layer::norm2_mean, N);
+    f32(&Layer::norm2_rstd, N);
+    f32(&Layer::fc, N * FC);
+    if (bf16) f16(&Layer::act_bf16, N * F);
+    else f32(&Layer::act, N * F);
+    f32(&Layer::res_mlp, N * C);
+    if (!d.pre_norm) f32(&Layer::out, N * C);
   }
   // A bf16 LM head's logits gradient in bf16; the chunk buffers' rows padded (logits_ld).
   const bool bf16_grad = bf16 && m.part.head && d.head == HeadKind::lm && !all_logits;
@@ -335,6 +377,10 @@ void Activations::allocate(const Model& m, int B_, int T_) {
     off += activation_floats_aligned(e.second);
   }
   for (auto& h : half) *h.first = reinterpret_cast<uint16_t*>(h.second);
+  for (size_t i = 1; i < layers.size(); i++) {
+    for (F32 f : shared32) layers[i].*f = layers[0].*f;
+    for (F16 f : shared16) layers[i].*f = layers[0].*f;
+  }
   for (Layer& L : layers)
     if (d.pre_norm) L.out = L.res_mlp;
   // The ids, then the step's scalars (zero: no bad target yet; 4·N int32 keep them 8-byte aligned).
@@ -528,7 +574,53 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     else  // res_mlp = norm1 + branch; out = LN2(res_mlp)
       residual_norm_forward(o, d, L.res_mlp, L.out, nullptr, L.norm2_mean, L.norm2_rstd, L.norm1, a.tmp, w[kNorm2W],
                             w[kNorm2B], N);
+    a.shared_layer = l;
   }
+}
+
+void Model::recompute_block(Activations& a, int l) const {
+  if (recompute == Recompute::none || a.shared_layer == l) return;
+  if (recompute == Recompute::full) return blocks_forward(a, l, l + 1);  // (sets shared_layer)
+  // selective: the forward's ops on the forward's (kept) operands, so the same bits
+  const Ops& o = *ops;
+  const ModelDesc& d = desc;
+  const int B = a.B, T = a.T, N = B * T, F = d.ffn_dim;
+  const int i = l - part.l0;
+  const BlockTensors& w = pb[i];
+  Activations::Layer& L = a.layers[i];
+  const float* x = i == 0 ? a.input : a.layers[i - 1].out;
+  if (d.pre_norm) {
+    // norm2 was written by the fused residual + norm op, whose bits are those of the norm of res_attn
+    norm_forward(o, d, L.norm1, L.norm1_bf16, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], N);
+    norm_forward(o, d, L.norm2, L.norm2_bf16, L.norm2_mean, L.norm2_rstd, L.res_attn, w[kNorm2W], w[kNorm2B], N);
+  }
+  if (d.attention == AttentionImpl::full) {  // P again; its output (the kept atty's bits) into the free tmp
+    const float pa = a.dropout.training ? d.attn_dropout : 0.0f;
+    o.attention_forward(a.tmp, L.att, L.qkv, a.has_mask ? a.attn_mask : nullptr, B, T, d.n_head, d.n_kv_head,
+                        d.head_dim(), d.causal, pa, drop_key(a, l, kDropAttnProbs));
+  }
+  const size_t n = static_cast<size_t>(N) * F;
+  switch (d.mlp) {
+    case MlpKind::gelu_tanh:
+      if (L.act) {
+        o.gelu_forward(L.act, L.fc, n);
+      } else {  // kept only in bf16: through tmp, a piece at a time (each value rounded as the forward did)
+        const size_t piece = static_cast<size_t>(N) * d.d_model;
+        for (size_t k = 0; k < n; k += piece) {
+          const size_t m = std::min(piece, n - k);
+          o.gelu_forward(a.tmp, L.fc + k, m);
+          o.bf16_copy(L.act_bf16 + k, a.tmp, m);
+        }
+      }
+      break;
+    case MlpKind::gelu_erf:
+      o.gelu_erf_forward(L.act, L.fc, n, L.act_bf16);
+      break;
+    case MlpKind::swiglu:
+      o.swiglu_forward(L.act, L.fc, N, F, L.act_bf16);
+      break;
+  }
+  a.shared_layer = l;
 }
 
 void Model::head_forward_queued(Activations& a, bool need_grad, float grad_scale) const {
@@ -1006,6 +1098,7 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
     const int i = l - part.l0, slot = 1 + i;
     const BlockTensors& w = pb[i];
     const BlockTensors& g = gb[i];
+    recompute_block(a, l);
     const Activations::Layer& L = a.layers[i];
     const float* x = i == 0 ? a.input : a.layers[i - 1].out;
     if (keep) {

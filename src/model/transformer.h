@@ -87,6 +87,25 @@
 // activation output (GELU, erf GELU or SwiGLU), which only GEMMs read and which are then kept only
 // in bf16 (half their memory). Each GEMM reads them as
 // they are: no fp32 copy written and read back, no conversion pass; again the same bits.
+//
+// Activation recomputation (Model::recompute, runtime.recompute): which of a block's activations
+// the Activations keep per layer, and which backward recomputes from the kept ones. A recomputed
+// tensor has one buffer shared by every block of the Activations (it holds one block's values at a
+// time: Activations::shared_layer says whose), so the memory of the per-layer tensors falls:
+//   none        every tensor per layer
+//   selective   the cheap, memory-heavy ones are shared and recomputed per block at the start of
+//               its backward: the MLP's activation output act (from fc), full attention's
+//               probabilities att (attention_forward again from the kept qkv; its output goes to
+//               the free forward scratch tmp), and in a pre-norm block the norms' outputs norm1,
+//               norm2 (from x and res_attn, with the kept mean/rstd rewritten with the same bits)
+//   full        only each block's output (the next block's input) is kept; backward runs the
+//               block's forward again (blocks_forward of that one block) before its backward
+// A block whose tensors the shared buffers still hold (the last one after a forward) is not
+// recomputed. The recomputing ops are the forward's ops on the forward's operands, with the same
+// dropout keys, so the loss and every gradient are the bits of `none` (tests/test_recompute.cpp).
+// One exception, by rounding only: selective on CUDA in fp32/tf32 with GELU (tanh), whose forward
+// takes act from cuBLASLt's epilogue (matmul_gelu_forward) and whose recompute from gelu_forward. An input-only backward (zb-h1) is refused with recomputation: the dense layers'
+// deferred weight gradients would read shared buffers (runtime/options.h recompute_schedule_error).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -208,6 +227,9 @@ struct Activations {
   float* tmp = nullptr;       // [N, C] forward scratch (a branch's output before the residual add); after a
                               // forward with a fused LM head, d loss / d xf until head_backward
   bool has_mask = false;      // the batch carried an attention mask
+  // The block whose recomputed tensors ("Activation recomputation" above) the shared buffers hold
+  // now, or -1 (none, or not known).
+  int shared_layer = -1;
   std::vector<float> losses_host;  // per-row losses, after a forward that reads the loss back
   // The scalars a training step reads back in one copy (backend memory, backend/step_scalars.h):
   // the head's loss sum and first bad target (head_forward_queued), the gradient's sum of squares
@@ -244,6 +266,7 @@ struct Activations {
 
  private:
   bool bf16_planned_ = false;  // the bf16_operands this allocation made
+  Recompute recompute_planned_ = Recompute::none;  // the model's recompute this allocation laid out
   float* mem_ = nullptr;
   int32_t* ids_ = nullptr;
   size_t bytes_ = 0;
@@ -254,6 +277,9 @@ struct Model {
   ModelPart part;
   const Ops* ops;
   GemmPrecision precision;  // of the dense layers' GEMMs (tf32 only on a GPU backend)
+  // Which activations backward recomputes ("Activation recomputation" above); Activations
+  // allocated before a change are laid out again by the next load_batch.
+  Recompute recompute = Recompute::none;
   ParamTable table;
   float* params = nullptr;  // table.numel floats, backend memory
   float* grads = nullptr;   // same layout
@@ -264,7 +290,7 @@ struct Model {
   std::vector<std::vector<std::vector<int>>> role_slices;
 
   Model(const ModelDesc& d, const Ops& ops, const ModelPart& part = ModelPart::whole(),
-        GemmPrecision precision = GemmPrecision::fp32);
+        GemmPrecision precision = GemmPrecision::fp32, Recompute recompute = Recompute::none);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -364,6 +390,8 @@ struct Model {
   float *d_a_ = nullptr, *d_b_ = nullptr, *d_qkv_ = nullptr, *d_fc_ = nullptr, *d_act_ = nullptr,
         *d_att_ = nullptr, *d_small_ = nullptr;
   void ensure_scratch(int B, int T);
+  // Block l's recomputed tensors into the shared buffers of a, unless they hold them already.
+  void recompute_block(Activations& a, int l) const;
   void check_block_range(int from, int to) const;  // [from, to) within [l0, l1), else an internal error
   void finished(int slot, std::initializer_list<int> roles, const ReadyFn& ready);  // no-op in an input-only pass
   // A dense layer's backward: dinp += dout · W now (dinp may be null); dW += dout^T · inp and

@@ -122,6 +122,17 @@ double lm_head_recompute_share(const ModelDesc& d, int B, int T) {
   return (chunks - 1) / chunks;
 }
 
+double block_recompute_cost(const ModelDesc& d, const LayerCosts& k, Recompute recompute) {
+  if (recompute == Recompute::full) return k.block_f;
+  if (recompute == Recompute::none || d.attention == AttentionImpl::fused) return 0;
+  const ParamTable blk = build_param_table(d, ModelPart{0, 1, false, false});
+  double dense = 0;  // dense weights of one block
+  for (const ParamSlice& s : blk.slices)
+    if (s.role == kQkvW || s.role == kAttnOutW || s.role == kFcW || s.role == kProjW) dense += (double)s.numel;
+  const double attn = 4.0 * k.seq_len * d.d_model;  // per token, as costs_from_device counts it
+  return k.block_f * attn / (2 * dense + attn);
+}
+
 LayerCosts costs_from_device(const ModelDesc& d, int B, int T, const DeviceSpec& dev, GemmPrecision p, double mfu,
                              int cores) {
   if (mfu <= 0) mfu = dev.default_mfu;
@@ -277,6 +288,7 @@ PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int
   in.bucket_mb = cfg.parallel.bucket_mb;
   in.first_bucket_mb = cfg.parallel.first_bucket_mb;
   in.overlap = cfg.parallel.overlap;
+  in.recompute = cfg.runtime.recompute;
   in.device = find_device("cpu");
   in.cores_per_rank = cfg.runtime.threads > 0 ? cfg.runtime.threads : 1;
   in.fabric.ranks_per_node = world;
@@ -290,6 +302,7 @@ PlanResult plan(const PlanInputs& in) {
   if (W < 1) fail("--world must be >= 1");
   if (S < 1) fail("--pp must be >= 1");
   if (W % S != 0) fail("the world size ", W, " is not divisible by the pipeline stages ", S, ": choose --world a multiple of --pp");
+  if (const std::string e = recompute_schedule_error(in.recompute, in.schedule, S); !e.empty()) fail(e);
   if (T < 1 || T > d.max_seq_len) fail("model.seq_len ", T, " must be in [1, max_seq_len ", d.max_seq_len, "]");
   if (d.vocab_size < 1) fail("the model has no vocabulary size: set model.vocab_size or give --vocab N (or a data.train file)");
   PlanResult r;
@@ -342,10 +355,11 @@ PlanResult plan(const PlanInputs& in) {
     const double nccl_pad = (double)largest_piece * r.dp * (4 + (in.grad_bf16 ? 2 : 0));
     sm.zero_recv_buffer = r.dp <= 1 ? 0 : in.sync == SyncMethod::nccl ? nccl_pad : (double)largest_piece * 4 * (gs ? 1 : r.dp + 2);
     sm.gather_scatter_buffers = gs && r.dp > 1 ? 2.0 * r.dp * largest_bucket * 4 : 0;
-    sm.activation_slot = (double)activation_bytes(d, sm.part, r.micro_batch, T);
+    sm.activation_slot = (double)activation_bytes(d, sm.part, r.micro_batch, T, GemmPrecision::fp32, in.recompute);
     sm.kept_slot = (double)kept_bytes(d, sm.part, r.micro_batch, T);
     sm.scratch = (double)backward_scratch_bytes(d, r.micro_batch, T);
-    sm.activation_slot_bf16 = (double)activation_bytes(d, sm.part, r.micro_batch, T, GemmPrecision::bf16);
+    sm.activation_slot_bf16 =
+        (double)activation_bytes(d, sm.part, r.micro_batch, T, GemmPrecision::bf16, in.recompute);
     sm.scratch_bf16 = sm.scratch + (double)gemm_operand_scratch_bytes(d, r.micro_batch, T, GemmPrecision::bf16, in.device.gpu);
     std::vector<size_t> copy_offsets;
     sm.weight_copy_bf16 = (double)aligned_copy_layout(tables.back(), &copy_offsets) * sizeof(uint16_t);
@@ -354,6 +368,11 @@ PlanResult plan(const PlanInputs& in) {
   std::vector<std::string> schedules;
   if (S > 1) schedules = {"gpipe", "1f1b", "zb-h1"};
   else schedules = {"-"};
+  if (S > 1 && in.recompute != Recompute::none) {  // zb-h1 refuses recomputation
+    schedules.pop_back();
+    r.notes.push_back(std::string("zb-h1 is not planned: it is not implemented with runtime.recompute \"") +
+                      option_name(in.recompute) + "\"");
+  }
   if (S > 1 && in.schedule == ScheduleKind::interleaved)
     r.notes.push_back("the run's schedule 'interleaved' is not planned (gpipe, 1f1b and zb-h1 are)");
   std::map<std::string, std::vector<int>> slots;  // schedule → per stage
@@ -412,6 +431,14 @@ PlanResult plan(const PlanInputs& in) {
       r.notes.push_back(buf);
       k.source += std::string(", x ") + std::to_string(r.oversubscription).substr(0, 4) + " for shared cores";
     }
+  }
+  if (in.recompute != Recompute::none) {
+    const double extra = block_recompute_cost(d, r.costs, in.recompute);
+    r.costs.block_b += extra;
+    r.costs.block_bi += extra;
+    r.notes.push_back(std::string("runtime.recompute \"") + option_name(in.recompute) +
+                      "\": each block's backward recomputes " +
+                      (in.recompute == Recompute::full ? "its forward" : "its pointwise outputs and norms"));
   }
   const LayerCosts& c = r.costs;
   // Every schedule but zb-h1 (and a run without stages) fuses the LM head: its backward runs in F,

@@ -12,6 +12,8 @@
 //                           activation_peak(build_schedule(...)) of the stage; zb-h1 adds each
 //                           slot's kept output gradients (kept_bytes); pp = 1: one slot of the
 //                           whole local batch (the trainer does not split it)
+//                           (runtime.recompute: the recomputed tensors once per slot, not per
+//                           layer; no zb-h1 rows then: it refuses recomputation)
 //   scratch                 backward_scratch_bytes at the micro-batch
 //   sync buffers            ZeRO-1's reduce-scatter receive buffer (nccl: the device buffer of W padded
 //                           pieces, comm/nccl.h); gather_scatter's root buffers
@@ -33,7 +35,9 @@
 // with the α-β model of link_model.h (hidden behind the stage's last backward when
 // parallel.overlap, as far as the buckets become ready); the tied-embedding gradient sum between
 // the first and last stage; the optimizer over the rank's parameters (its shard with ZeRO-1); and
-// ZeRO-1's parameter all-gather after it.
+// ZeRO-1's parameter all-gather after it. Recomputation adds to every block's input-gradient
+// backward: full one block forward, selective full attention's share of it (scores and weighted
+// values, 4·T·C per token; the pointwise recomputes are memory traffic and left out).
 #pragma once
 #include <string>
 #include <vector>
@@ -99,6 +103,10 @@ double lm_head_recompute_share(const ModelDesc& d, int B, int T);
 LayerCosts costs_from_device(const ModelDesc& d, int micro_batch, int T, const DeviceSpec& dev, GemmPrecision p,
                              double mfu, int cores_per_rank);
 
+// What recomputation adds to one block's backward, from the costs k: full one block forward,
+// selective the attention's share of it with full attention (else 0), none 0.
+double block_recompute_cost(const ModelDesc& d, const LayerCosts& k, Recompute recompute);
+
 // ---- the simulated pipeline ----------------------------------------------------------------------------
 struct PipelineSim {
   bool completed = false;
@@ -127,6 +135,7 @@ struct PlanInputs {
   bool overlap = false;
   DeviceSpec device;
   GemmPrecision precision = GemmPrecision::fp32;  // for the time (memory is given for fp32 and bf16)
+  Recompute recompute = Recompute::none;         // runtime.recompute (memory and time)
   double mfu = 0;                                // 0 = the device's default
   int cores_per_rank = 1;
   Fabric fabric;                                 // links and ranks per node

@@ -30,6 +30,7 @@ const json& config_defaults() {
                  "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [], "zero": 0,
                  "grad_dtype": "fp32"},
     "runtime":  {"device": "auto", "precision": "fp32", "cpu_bf16_gemm": "auto", "attention": "auto",
+                 "recompute": "none",
                  "threads": 0, "trace_steps": 20,
                  "step_timeout_s": 0.0, "memory_check": true, "lm_head_chunk_rows": 0},
     "run":      {"dir": "runs/default"},
@@ -296,6 +297,8 @@ static Config extract(const json& r) {
   c.runtime.precision = as_option<GemmPrecision>(r["runtime"]["precision"], "runtime.precision",
                                                 " (the dense layers' GEMMs; tf32 only on CUDA)");
   c.runtime.attention = as_option<AttentionChoice>(r["runtime"]["attention"], "runtime.attention");
+  c.runtime.recompute = as_option<Recompute>(r["runtime"]["recompute"], "runtime.recompute",
+                                             " (activation recomputation in backward)");
   c.runtime.cpu_bf16_gemm = as_option<CpuBf16Gemm>(r["runtime"]["cpu_bf16_gemm"], "runtime.cpu_bf16_gemm",
                                                   " (the CPU's bf16 GEMMs)");
   c.runtime.threads = as_int<int>(r["runtime"]["threads"], "runtime.threads");
@@ -351,6 +354,9 @@ static Config extract(const json& r) {
   const std::string sync_error = sync_choice_error(c.parallel.sync, c.parallel.zero, c.parallel.grad_dtype,
                                                    c.parallel.overlap);
   if (!sync_error.empty()) fail(sync_error);
+  const std::string recompute_error = recompute_schedule_error(c.runtime.recompute, c.parallel.schedule,
+                                                               c.parallel.pp_stages);
+  if (!recompute_error.empty()) fail(recompute_error);
   require(c.parallel.microbatches >= 1, "parallel.microbatches", "must be >= 1");
   require(c.parallel.virtual_stages >= 1, "parallel.virtual_stages", "must be >= 1");
   for (int n : c.parallel.stage_layers)

@@ -72,6 +72,7 @@ struct RuntimeConfig {
   GemmPrecision precision;  // the dense layers' GEMMs (backend/gemm_precision.h); tf32 only on CUDA
   CpuBf16Gemm cpu_bf16_gemm;  // the CPU's bf16 GEMMs (backend/cpu/onednn_gemm.h)
   AttentionChoice attention;  // model/model_desc.h resolve_attention
+  Recompute recompute;     // which activations backward recomputes instead of keeping (model/transformer.h)
   int threads;             // OpenMP/OpenBLAS threads per rank; 0 = cores on the node / ranks on it
   int trace_steps;         // record trace-rank{N}.json for the first trace_steps steps (0 = off)
   double step_timeout_s;   // abort when one phase of a step takes longer (0 = off)

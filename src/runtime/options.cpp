@@ -30,6 +30,7 @@ LLMPI_WORDS(SyncMethod, {SyncMethod::gather_scatter, "gather_scatter"}, {SyncMet
 LLMPI_WORDS(ScheduleKind, {ScheduleKind::gpipe, "gpipe"}, {ScheduleKind::one_f_one_b, "1f1b"},
             {ScheduleKind::interleaved, "interleaved"}, {ScheduleKind::zb_h1, "zb-h1"})
 LLMPI_WORDS(GradDtype, {GradDtype::fp32, "fp32"}, {GradDtype::bf16, "bf16"})
+LLMPI_WORDS(Recompute, {Recompute::none, "none"}, {Recompute::selective, "selective"}, {Recompute::full, "full"})
 #undef LLMPI_WORDS
 
 }  // namespace
@@ -78,6 +79,7 @@ LLMPI_INSTANTIATE(OnNonfinite)
 LLMPI_INSTANTIATE(SyncMethod)
 LLMPI_INSTANTIATE(ScheduleKind)
 LLMPI_INSTANTIATE(GradDtype)
+LLMPI_INSTANTIATE(Recompute)
 #undef LLMPI_INSTANTIATE
 
 std::string precision_device_error(GemmPrecision precision, DeviceChoice device, bool on_gpu) {
@@ -102,6 +104,13 @@ std::string sync_choice_error(SyncMethod method, bool zero, GradDtype grad_dtype
     return "config: 'parallel.overlap' applies to gradient averaging; \"weights\" averages parameters after the "
            "step: set it to false";
   return "";
+}
+
+std::string recompute_schedule_error(Recompute recompute, ScheduleKind schedule, int pp_stages) {
+  if (recompute == Recompute::none || schedule != ScheduleKind::zb_h1 || pp_stages <= 1) return "";
+  return std::string("config: 'runtime.recompute' \"") + option_name(recompute) +
+         "\" is not implemented with parallel.schedule \"zb-h1\" (its deferred weight gradients read activations "
+         "that recomputation does not keep): use schedule \"1f1b\", \"gpipe\" or \"interleaved\", or recompute \"none\"";
 }
 
 }  // namespace llmpi

@@ -21,6 +21,7 @@ enum class OnNonfinite { abort, skip };                     // train.on_nonfinit
 enum class SyncMethod { gather_scatter, allreduce, weights, nccl };  // parallel.sync (comm/grad_sync.h)
 enum class ScheduleKind { gpipe, one_f_one_b, interleaved, zb_h1 };  // parallel.schedule (pipeline/schedule.h)
 enum class GradDtype { fp32, bf16 };                        // parallel.grad_dtype: the gradient on the wire
+enum class Recompute { none, selective, full };             // runtime.recompute (model/transformer.h)
 
 // option_name(e): the word for e ("1f1b" for ScheduleKind::one_f_one_b).
 template <typename E>
@@ -44,5 +45,10 @@ std::string precision_device_error(GemmPrecision precision, DeviceChoice device,
 // (What depends on the device — nccl needs a GPU, overlap with an MPI method on a GPU — is refused
 // where the device is known: comm/grad_sync.h.)
 std::string sync_choice_error(SyncMethod method, bool zero, GradDtype grad_dtype, bool overlap);
+
+// Activation recomputation with a pipeline schedule: zb-h1's input-only backward defers the dense
+// layers' weight gradients, whose inputs a recomputing model does not keep. "" when fine, else the
+// error naming the keys and the fix.
+std::string recompute_schedule_error(Recompute recompute, ScheduleKind schedule, int pp_stages);
 
 }  // namespace llmpi

@@ -242,6 +242,7 @@ void build_engine(Run& r, int vocab, int local_size) {
   eo.T = cfg.model.seq_len;
   eo.seed = cfg.train.seed;
   eo.precision = cfg.runtime.precision;
+  eo.recompute = cfg.runtime.recompute;
   eo.tracer = &r.tracer;
   eo.watchdog = r.watchdog.get();
   try {

@@ -44,6 +44,8 @@ expect_error grad-dtype-value "'parallel.grad_dtype' must be \"fp32\" or \"bf16\
 expect_error grad-dtype-method "\"bf16\" is implemented for parallel.sync \"allreduce\" (with or without zero 1) and \"nccl\", not \"gather_scatter\"" --config "$tmp/missing.json" --set parallel.grad_dtype=bf16 --set parallel.sync=gather_scatter
 expect_error precision-value "'runtime.precision' must be \"fp32\", \"tf32\" or \"bf16\"" --config "$tmp/missing.json" --set runtime.precision=fp16
 expect_error precision-tf32-cpu "\"tf32\" is a CUDA tensor-core mode; use \"fp32\" or \"bf16\" with runtime.device \"cpu\"" --config "$tmp/missing.json" --set runtime.precision=tf32 --set runtime.device=cpu
+expect_error recompute-value "'runtime.recompute' must be \"none\", \"selective\" or \"full\"" --config "$tmp/missing.json" --set runtime.recompute=some
+expect_error recompute-zb-h1 "'runtime.recompute' \"full\" is not implemented with parallel.schedule \"zb-h1\"" --config "$tmp/missing.json" --set parallel.pp_stages=2 --set parallel.schedule=zb-h1 --set runtime.recompute=full
 expect_error cpu-bf16-gemm-value "'runtime.cpu_bf16_gemm' must be \"auto\", \"onednn\" or \"emulate\"" --config "$tmp/missing.json" --set runtime.cpu_bf16_gemm=mkl
 # runtime.device "auto" that resolves to the CPU: refused by the trainer once the ranks agree on the device
 if ! nvidia-smi -L >/dev/null 2>&1; then
