@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Strong and weak scaling of llmpi-train, data-parallel and pipelined (`make scaling`).
 
-  /usr/bin/python3 bench/scaling.py [--build build] [--out DIR] [--ranks 1,2,4] [--steps 30]
-                                    [--loss-steps 150] [--data build/demo/train.h5]
+  /usr/bin/python3 bench/scaling.py [--build build] [--out DIR] [--ranks 1,2,4] [--steps 40]
+                                    [--loss-steps 200] [--data build/demo/train.h5]
 
 A small GPT-2 (bench/scaling.json: 4 layers, d_model 64, seq_len 64, byte vocabulary) on the demo
 data set (make demo-data), one thread per rank, each run an llmpi-train under mpiexec with its own
@@ -34,7 +34,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -150,8 +149,8 @@ def main():
     p.add_argument("--data", default=None, help="token file to train on (default BUILD/demo/train.h5)")
     p.add_argument("--ranks", default=None, help="world sizes, comma-separated, starting at 1 (default 1,2,4 and "
                                                  "powers of two up to the cores)")
-    p.add_argument("--steps", type=int, default=30, help="steps of each timing run (default 30)")
-    p.add_argument("--loss-steps", type=int, default=150, help="steps of the weak-scaling loss runs (default 150)")
+    p.add_argument("--steps", type=int, default=40, help="steps of each timing run (default 40)")
+    p.add_argument("--loss-steps", type=int, default=200, help="steps of the weak-scaling loss runs (default 200)")
     p.add_argument("--skip", type=int, default=3, help="first steps left out of the medians (default 3)")
     p.add_argument("--timeout", type=int, default=600, help="seconds one run may take (default 600)")
     a = p.parse_args()
@@ -174,7 +173,9 @@ def main():
     T = m["seq_len"]
     t_start = time.time()
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "host": platform.node(), "cores": cores, "load_before": os.getloadavg()[0],
+           "commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip(),
+           "cores": cores, "load_before": os.getloadavg()[0],
            "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?"),
            "config": b.config, "data": b.data, "ranks": ranks, "steps": a.steps, "loss_steps": a.loss_steps,
            "skip": a.skip, "runs": []}
