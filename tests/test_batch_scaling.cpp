@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "data/sampler.h"
+#include "file_test_util.h"
 #include "model/model_desc.h"
 #include "optim/optimizer.h"
 #include "runtime/config.h"
@@ -16,6 +17,7 @@
 #include "train/resume_contract.h"
 
 using namespace llmpi;
+using llmpi::test::error_of;
 
 namespace {
 
@@ -23,17 +25,6 @@ Config config_with(const std::vector<std::string>& sets, const std::string& file
   std::vector<std::string> all = {"data.train=x.h5"};
   all.insert(all.end(), sets.begin(), sets.end());
   return parse_config(file, "test", all);
-}
-
-// The message of the Error `f` throws ("" when it throws none).
-template <typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace
@@ -66,7 +57,7 @@ TEST(BatchScaling, BothKeysAreRefusedNamingBothUnlessTheyAgree) {
   EXPECT_NE(e.find("global batch of 32"), std::string::npos) << e;
   // A run's config.json records both; at the world size it was made for they agree.
   Config same = config_with({"train.global_batch=64", "train.batch_per_rank=16"});
-  EXPECT_EQ(error_of([&] { resolve_batch(same, 4); }), "");
+  EXPECT_EQ(error_of([&] { resolve_batch(same, 4); }), "(no error)");
   EXPECT_EQ(same.train.global_batch, 64);
   // Both in one file: the same rule.
   Config file = config_with({}, R"({"train": {"global_batch": 64, "batch_per_rank": 16}})");
@@ -146,7 +137,8 @@ TEST(BatchScaling, ResumingAtAnotherWorldSizeIsAChangedGlobalBatch) {
   ckpt.config_json = before.resolved.dump();
   Config same = config_with({"train.batch_per_rank=4"});
   resolve_batch(same, 2);
-  EXPECT_EQ(error_of([&] { check_resume_contract(ckpt, resume_contract_rows(ckpt, same, ckpt.desc), {}); }), "");
+  EXPECT_EQ(error_of([&] { check_resume_contract(ckpt, resume_contract_rows(ckpt, same, ckpt.desc), {}); }),
+            "(no error)");
   Config after = config_with({"train.batch_per_rank=4"});
   resolve_batch(after, 4);
   const std::string e = error_of([&] { check_resume_contract(ckpt, resume_contract_rows(ckpt, after, ckpt.desc), {}); });
