@@ -7,6 +7,8 @@
 #   make deps       install missing Debian packages (as root), or print the command to run
 #   make bench      the reference-configuration throughput benchmark, fp32 and bf16 (see docs/PERF.md);
 #                   REF_PYTHON= a Python with PyTorch (2.x for its torch.compile rows) for the PyTorch peers
+#   make scaling    strong and weak scaling, data-parallel and pipelined, on the ranks this machine has
+#                   (bench/scaling.py; docs/PERF.md); SCALING_ARGS= (e.g. --ranks 1,2)
 #   make glue       the course's BERT-on-RTE assignment: fine-tune all-MiniLM-L6-v2 on GLUE RTE, time the
 #                   sync methods, count the traffic (tools/glue_course.py; docs/GLUE.md). GLUE_DIR=,
 #                   GLUE_ARGS= (e.g. --parts train), REF_PYTHON= (a Python with torch for the reference)
@@ -294,6 +296,15 @@ test:
 
 bench: all
 	BUILD=$(BUILD) /usr/bin/python3 bench/run_reference.py $(if $(REF_PYTHON),--torch-python $(REF_PYTHON))
+
+# make scaling: strong and weak scaling, data-parallel and pipelined, at 1, 2, 4 ranks and more where
+# the machine has the cores (bench/scaling.py; docs/PERF.md "Strong and weak scaling"). Builds what it
+# runs as `make run` does; JSON and PNG figures in $(BUILD)/bench/scaling. SCALING_ARGS= passes options.
+.PHONY: scaling
+scaling:
+	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) CUDA=$(RUN_CUDA) $(BUILD)/llmpi-train demo-data
+	$(call install_missing,python3-matplotlib, for the scaling plots)
+	BUILD=$(BUILD) /usr/bin/python3 bench/scaling.py $(SCALING_ARGS)
 
 .PHONY: glue
 glue: all pretrained

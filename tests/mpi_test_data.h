@@ -74,13 +74,14 @@ inline int world_rank() {
 }
 
 // The small model every MPI test trains (2 layers, width 32, seq_len 32, global batch 8), with
-// the test's own `--set` overrides applied after these.
+// the test's own `--set` overrides applied after these. The global batch is the file's, so that a
+// test's train.batch_per_rank replaces it as it would a run.json's.
 inline Config tiny_config(const std::string& train, const std::vector<std::string>& extra) {
   std::vector<std::string> sets = {"data.train=" + train, "runtime.device=cpu", "model.n_layer=2", "model.n_head=2", "model.d_model=32",
-                                   "model.seq_len=32", "train.global_batch=8", "train.lr=1e-3",
+                                   "model.seq_len=32", "train.lr=1e-3",
                                    "train.log_every=1", "train.eval_every=0"};
   sets.insert(sets.end(), extra.begin(), extra.end());
-  return parse_config("{}", "test", sets);
+  return parse_config(R"({"train": {"global_batch": 8}})", "test", sets);
 }
 
 // Options for in-process training in tests: no progress lines; run directory only when asked.

@@ -214,6 +214,9 @@ int main(int argc, char** argv) {
     if (in.world % in.pp != 0)
       fail("the world size ", in.world, " is not divisible by the pipeline stages ", in.pp,
            ": choose --world a multiple of --pp");
+    Config run_cfg = cfg;  // train.batch_per_rank gives the global batch of this world and stage count
+    resolve_batch(run_cfg, in.world / in.pp);
+    in.global_batch = run_cfg.train.global_batch;
     // Links: the measured file when one is named or the default exists.
     in.fabric.ranks_per_node = ranks_per_node > 0 ? ranks_per_node
                                                   : (in.device.gpu ? in.device.default_ranks_per_node : in.world);

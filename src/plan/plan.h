@@ -196,7 +196,9 @@ struct PlanResult {
 
 // The inputs a run's configuration gives (model, batch, parallel.*, optimizer, runtime.threads as
 // cores per rank) for `world` ranks of the CPU device, all on one node; the caller sets the links
-// (fabric.intra / inter) and, for a measured profile, `profile`.
+// (fabric.intra / inter) and, for a measured profile, `profile`. The global batch is
+// cfg.train.global_batch: with train.batch_per_rank, resolve_batch (runtime/config.h) for the
+// run's replicas first.
 struct Config;
 PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int world);
 

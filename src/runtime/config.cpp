@@ -20,8 +20,8 @@ const json& config_defaults() {
                  "type_vocab_size": 2, "init_std": 0.02, "norm_eps": 1e-5, "rope_theta": 10000.0,
                  "dropout": 0.0, "attn_dropout": 0.0, "tie_embeddings": true},
     "data":     {"train": "", "val": ""},
-    "train":    {"steps": 1000, "epochs": 0, "global_batch": 16, "drop_last": true, "lr": 3e-4,
-                 "lr_schedule": "cosine", "min_lr_ratio": 0.1, "warmup_steps": 0, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
+    "train":    {"steps": 1000, "epochs": 0, "global_batch": 16, "batch_per_rank": 0, "drop_last": true,
+                 "lr": 3e-4, "lr_scaling": "none", "lr_reference_batch": 0, "lr_schedule": "cosine", "min_lr_ratio": 0.1, "warmup_steps": 0, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
                  "eps": 1e-8, "optimizer": "adamw", "grad_clip": 1.0, "seed": 1337, "log_every": 10,
                  "eval_every": 100, "eval_batches": 8, "on_nonfinite": "abort",
                  "max_consecutive_skips": 10},
@@ -255,7 +255,11 @@ static Config extract(const json& r) {
   c.train.drop_last = t["drop_last"];
   c.train.lr_schedule = as_option<LrSchedule>(t["lr_schedule"], "train.lr_schedule");
   c.train.global_batch = as_int<int>(t["global_batch"], "train.global_batch");
+  c.train.batch_per_rank = as_int<int>(t["batch_per_rank"], "train.batch_per_rank");
   c.train.lr = t["lr"];
+  c.train.lr_scaling = as_option<LrScaling>(t["lr_scaling"], "train.lr_scaling",
+                                            " (how the peak rate follows the global batch)");
+  c.train.lr_reference_batch = as_int<int>(t["lr_reference_batch"], "train.lr_reference_batch");
   c.train.min_lr_ratio = t["min_lr_ratio"];
   c.train.warmup_steps = as_int<int64_t>(t["warmup_steps"], "train.warmup_steps");
   c.train.weight_decay = t["weight_decay"];
@@ -334,7 +338,15 @@ static Config extract(const json& r) {
           "is required: the path of a token file made by llmpi-prep (e.g. --set data.train=out/train.h5)");
   require(c.train.steps >= 0, "train.steps", "must be >= 0");
   require(c.train.global_batch >= 1, "train.global_batch", "must be >= 1");
+  require(c.train.batch_per_rank >= 0, "train.batch_per_rank",
+          "must be >= 0 (sequences per data-parallel replica per step; 0 = train.global_batch is given)");
   require(c.train.lr >= 0, "train.lr", "must be >= 0");
+  require(c.train.lr_reference_batch >= 0, "train.lr_reference_batch",
+          "must be >= 0 (the global batch train.lr is meant for; 0 = train.batch_per_rank)");
+  if (c.train.lr_scaling != LrScaling::none && c.train.lr_reference_batch == 0 && c.train.batch_per_rank == 0)
+    fail("config: 'train.lr_scaling' \"", option_name(c.train.lr_scaling), "\" scales train.lr from the batch it is "
+         "meant for, which nothing names: set train.lr_reference_batch to that global batch (or give the batch as "
+         "train.batch_per_rank, which is then the reference)");
   require(c.train.min_lr_ratio >= 0 && c.train.min_lr_ratio <= 1, "train.min_lr_ratio", "must be in [0, 1]");
   require(c.train.warmup_steps >= 0, "train.warmup_steps", "must be >= 0");
   require(c.train.weight_decay >= 0, "train.weight_decay", "must be >= 0");
@@ -469,6 +481,26 @@ static void apply_model_source(json& resolved, std::vector<std::string>& given, 
   }
 }
 
+// train.global_batch and train.batch_per_rank both give a step's batch: one given by --set replaces
+// the other given in the file (the file's is dropped: global_batch to its default, batch_per_rank
+// to 0). Two given at the same level are left to resolve_batch, which refuses them unless they agree.
+static void prefer_the_batch_set_last(json& resolved, std::vector<std::string>& given, size_t from_file) {
+  auto at = [&](const char* key, size_t begin, size_t end) {
+    return std::find(given.begin() + begin, given.begin() + end, key) != given.begin() + end;
+  };
+  auto drop = [&](const std::string& path) {  // "train.global_batch"
+    given.erase(std::remove(given.begin(), given.end(), path), given.end());
+    const std::string key = path.substr(path.find('.') + 1);
+    resolved["train"][key] = config_defaults()["train"][key];
+  };
+  const size_t n = given.size();
+  const bool per_rank_set = at("train.batch_per_rank", from_file, n), global_set = at("train.global_batch", from_file, n);
+  if (per_rank_set && !global_set && resolved["train"]["batch_per_rank"] != 0 && at("train.global_batch", 0, from_file))
+    drop("train.global_batch");
+  else if (global_set && !per_rank_set && at("train.batch_per_rank", 0, from_file))
+    drop("train.batch_per_rank");
+}
+
 Config parse_config(const std::string& text, const std::string& source,
                     const std::vector<std::string>& overrides, const ModelSource* model_source) {
   json user;
@@ -484,7 +516,9 @@ Config parse_config(const std::string& text, const std::string& source,
   json resolved = config_defaults();
   std::vector<std::string> given;  // keys the user set
   merge_user(resolved, user, source, given);
+  const size_t from_file = given.size();  // given[0, from_file) come from the file, the rest from --set
   for (auto& o : overrides) apply_override(resolved, o, given);
+  prefer_the_batch_set_last(resolved, given, from_file);
   if (model_source) apply_model_source(resolved, given, *model_source);
   // The model section holds the chosen family's keys only, with that family's defaults for
   // those the user did not set; a key of another family is an error.
@@ -513,6 +547,33 @@ Config parse_config(const std::string& text, const std::string& source,
   return c;
 }
 
+void resolve_batch(Config& c, int replicas) {
+  if (replicas < 1) fail("resolve_batch: ", replicas, " data-parallel replicas");
+  TrainConfig& t = c.train;
+  json& r = c.resolved["train"];
+  auto given = [&](const char* key) { return std::find(c.given.begin(), c.given.end(), key) != c.given.end(); };
+  if (t.batch_per_rank > 0) {
+    const int64_t g = (int64_t)t.batch_per_rank * replicas;
+    if (g > std::numeric_limits<int>::max())
+      fail("config: 'train.batch_per_rank' ", t.batch_per_rank, " × ", replicas, " data-parallel replicas is a global "
+           "batch of ", g, ", more than this program counts: use a smaller train.batch_per_rank");
+    const int64_t configured = r["global_batch"].get<int64_t>();
+    if (given("train.global_batch") && configured != g)
+      fail("config: 'train.global_batch' (", configured, ") and 'train.batch_per_rank' (", t.batch_per_rank,
+           ") are both set, but ", t.batch_per_rank, " per replica × ", replicas, " data-parallel replica",
+           replicas > 1 ? "s" : "", " is a global batch of ", g, ": give a step's batch by one of them (remove the "
+           "other, or override one with --set train.global_batch=N for a fixed global batch or --set "
+           "train.batch_per_rank=N for a batch per replica)");
+    t.global_batch = (int)g;
+    r["global_batch"] = g;
+  }
+  const double configured_lr = r["lr"].get<double>();
+  const int reference = t.lr_reference_batch > 0 ? t.lr_reference_batch : t.batch_per_rank;
+  const double ratio = reference > 0 ? (double)t.global_batch / reference : 1.0;
+  t.lr_factor = t.lr_scaling == LrScaling::linear ? ratio : t.lr_scaling == LrScaling::sqrt ? std::sqrt(ratio) : 1.0;
+  t.lr = configured_lr * t.lr_factor;
+}
+
 std::vector<std::string> keys_without_effect(const Config& c) {
   std::vector<std::string> notes;
   auto given = [&](const char* key) { return std::find(c.given.begin(), c.given.end(), key) != c.given.end(); };
@@ -534,6 +595,9 @@ std::vector<std::string> keys_without_effect(const Config& c) {
     for (const char* key : {"train.eval_every", "train.eval_batches"})
       note(key, "without data.val: there is no validation split to evaluate");
   if (c.train.lr_schedule == LrSchedule::constant) note("train.min_lr_ratio", "with train.lr_schedule \"constant\"");
+  if (c.train.lr_scaling == LrScaling::none)
+    note("train.lr_reference_batch", "with train.lr_scaling \"none\": it is the batch a scaled rate is scaled from "
+                                     "(set train.lr_scaling to \"linear\" or \"sqrt\" to use it)");
   if (c.train.optimizer == OptimizerKind::sgd)
     for (const char* key : {"train.beta1", "train.beta2", "train.eps"}) note(key, "with train.optimizer \"sgd\"");
   if (c.train.on_nonfinite == OnNonfinite::abort)

@@ -32,11 +32,18 @@ struct DataConfig {
 struct TrainConfig {
   int64_t steps;           // steps to run (with epochs > 0: set by the trainer to epochs × steps per epoch)
   int epochs;              // > 0: run this many passes over the training data instead of `steps`
-  int global_batch;        // sequences per step, summed over ranks
+  int global_batch;        // sequences per step, summed over the data-parallel replicas (with batch_per_rank:
+                           // batch_per_rank × replicas, set by resolve_batch)
+  int batch_per_rank;      // > 0: sequences per step per data-parallel replica, whatever their number (weak
+                           // scaling), instead of a fixed global_batch; 0 = global_batch is given
   bool drop_last;          // true: an epoch's last partial global batch is dropped; false: it is a shorter step
   LrSchedule lr_schedule;  // after the warm-up
-  double lr, min_lr_ratio; // peak LR; cosine/linear decay to lr * min_lr_ratio at `steps`
-  int64_t warmup_steps;    // linear warm-up from lr/warmup to lr
+  double lr, min_lr_ratio; // peak LR; cosine/linear decay to lr * min_lr_ratio at `steps`. After
+                           // resolve_batch, lr is the configured rate × lr_factor (`resolved` keeps the configured one)
+  LrScaling lr_scaling;    // how the peak LR follows the global batch (resolve_batch)
+  int lr_reference_batch;  // the global batch the configured train.lr is meant for; 0 = batch_per_rank
+  double lr_factor = 1;    // the factor lr_scaling applied (1 until resolve_batch)
+  int64_t warmup_steps;    // linear warm-up from lr/warmup to lr (the scaled lr: Goyal et al.'s gradual warm-up)
   double weight_decay, beta1, beta2, eps;
   OptimizerKind optimizer;
   double grad_clip;        // global-norm clip; 0 = off
@@ -121,6 +128,20 @@ Config parse_config(const std::string& json_text, const std::string& source,
                     const std::vector<std::string>& overrides = {}, const ModelSource* model_source = nullptr);
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
                    const ModelSource* model_source = nullptr);
+
+// The batch and the learning rate of a run of `replicas` data-parallel replicas (world size /
+// parallel.pp_stages), resolved once the world size is known (llmpi-train at start-up, llmpi-plan
+// with its --world):
+//   train.batch_per_rank > 0: train.global_batch = batch_per_rank × replicas, in `resolved` too (so
+//     config.json and checkpoints record the global batch the run used: the resume contract compares
+//     it). A step's batch is given by one of the two keys; parse_config drops the file's one when
+//     --set gives the other; given together at the same level (a run's config.json records both),
+//     they must agree, else an Error naming both.
+//   train.lr_scaling: linear lr × G / R, sqrt lr × √(G / R), none lr; G the global batch, R
+//     train.lr_reference_batch (0: train.batch_per_rank, so linear multiplies by the replicas, as in
+//     Goyal et al. 2017). lr_factor records the factor; the warm-up ramps to the scaled rate.
+// Idempotent: it starts from the configured values in `resolved`.
+void resolve_batch(Config& c, int replicas);
 
 // The keys the user set that do nothing in the configuration they are in ("parallel.schedule" with
 // parallel.pp_stages 1, say), one line each naming the key, why, and what would use it: the

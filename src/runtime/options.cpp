@@ -23,6 +23,7 @@ LLMPI_WORDS(CpuBf16Gemm, {CpuBf16Gemm::automatic, "auto"}, {CpuBf16Gemm::onednn,
             {CpuBf16Gemm::emulate, "emulate"})
 LLMPI_WORDS(LrSchedule, {LrSchedule::cosine, "cosine"}, {LrSchedule::linear, "linear"},
             {LrSchedule::constant, "constant"})
+LLMPI_WORDS(LrScaling, {LrScaling::none, "none"}, {LrScaling::linear, "linear"}, {LrScaling::sqrt, "sqrt"})
 LLMPI_WORDS(OptimizerKind, {OptimizerKind::adamw, "adamw"}, {OptimizerKind::sgd, "sgd"})
 LLMPI_WORDS(OnNonfinite, {OnNonfinite::abort, "abort"}, {OnNonfinite::skip, "skip"})
 LLMPI_WORDS(SyncMethod, {SyncMethod::gather_scatter, "gather_scatter"}, {SyncMethod::allreduce, "allreduce"},
@@ -74,6 +75,7 @@ LLMPI_INSTANTIATE(GemmPrecision)
 LLMPI_INSTANTIATE(AttentionChoice)
 LLMPI_INSTANTIATE(CpuBf16Gemm)
 LLMPI_INSTANTIATE(LrSchedule)
+LLMPI_INSTANTIATE(LrScaling)
 LLMPI_INSTANTIATE(OptimizerKind)
 LLMPI_INSTANTIATE(OnNonfinite)
 LLMPI_INSTANTIATE(SyncMethod)

@@ -16,6 +16,7 @@ enum class GemmPrecision { fp32, tf32, bf16 };              // runtime.precision
 enum class AttentionChoice { automatic, full, fused };      // runtime.attention (model/model_desc.h)
 enum class CpuBf16Gemm { automatic, onednn, emulate };     // runtime.cpu_bf16_gemm (backend/gemm_precision.h)
 enum class LrSchedule { cosine, linear, constant };         // train.lr_schedule (optim/optimizer.h)
+enum class LrScaling { none, linear, sqrt };                // train.lr_scaling (runtime/config.h resolve_batch)
 enum class OptimizerKind { adamw, sgd };                    // train.optimizer
 enum class OnNonfinite { abort, skip };                     // train.on_nonfinite
 enum class SyncMethod { gather_scatter, allreduce, weights, nccl };  // parallel.sync (comm/grad_sync.h)

@@ -105,6 +105,17 @@ void print_data_and_schedule(const Run& r) {
               tc.drop_last ? (n % tc.global_batch ? ", last partial batch dropped" : "")
                            : (n % tc.global_batch ? ", last step partial" : ""),
               r.has_val ? "; val " : "", r.has_val ? r.cfg.data.val.c_str() : "");
+  if (tc.batch_per_rank > 0)
+    std::printf("batch: train.batch_per_rank %d × %d data-parallel replica%s = global batch %d (it grows with the "
+                "world size)\n", tc.batch_per_rank, r.groups->dp, r.groups->dp > 1 ? "s" : "", tc.global_batch);
+  if (tc.lr_scaling != LrScaling::none) {
+    const int reference = tc.lr_reference_batch > 0 ? tc.lr_reference_batch : tc.batch_per_rank;
+    std::printf("lr: train.lr %.3g × %.4g (train.lr_scaling %s: global batch %d / reference batch %d%s) = peak %.4g%s\n",
+                r.cfg.resolved["train"]["lr"].get<double>(), tc.lr_factor, option_name(tc.lr_scaling), tc.global_batch,
+                reference, tc.lr_scaling == LrScaling::sqrt ? ", square root" : "", tc.lr,
+                tc.warmup_steps > 0 ? (", reached after " + std::to_string(tc.warmup_steps) + " warm-up steps").c_str()
+                                    : "");
+  }
   if (tc.epochs > 0)
     std::printf("schedule: %d epoch%s = %lld steps, lr %s from %.3g%s\n", tc.epochs, tc.epochs > 1 ? "s" : "",
                 (long long)tc.steps, option_name(tc.lr_schedule), tc.lr,

@@ -31,6 +31,12 @@ ResumeContract resume_contract_rows(const CheckpointInfo& ckpt, const Config& cf
   const nlohmann::json& now = cfg.resolved;
   c.add("model.seq_len", was("model", "seq_len"), now["model"]["seq_len"]);
   c.add("train.global_batch", was("train", "global_batch"), now["train"]["global_batch"]);
+  if (cfg.train.batch_per_rank > 0 && !c.rows.empty() && c.rows.back().key == "train.global_batch") {
+    const int replicas = cfg.train.global_batch / cfg.train.batch_per_rank;
+    c.rows.back().note = "train.batch_per_rank " + std::to_string(cfg.train.batch_per_rank) + " × " +
+                         std::to_string(replicas) + " data-parallel replica" + (replicas > 1 ? "s" : "") +
+                         ": the global batch follows the world size";
+  }
   c.add("train.seed", was("train", "seed"), now["train"]["seed"]);
   c.add("train.drop_last", was("train", "drop_last"), now["train"]["drop_last"]);  // which samples each step reads
   // The data files by identity (tokenizer, content hash, size), not by path: a moved file is the
@@ -70,8 +76,9 @@ std::vector<ContractRow> check_resume_contract(const CheckpointInfo& ckpt, const
   if (refused.empty()) return accepted;
   const ContractRow& f = refused.front();
   std::string also;
+  auto now_of = [](const ContractRow& r) { return r.now.dump() + (r.note.empty() ? "" : " (" + r.note + ")"); };
   for (size_t i = 1; i < refused.size(); i++)
-    also += (also.empty() ? "" : ", ") + refused[i].key + " " + refused[i].was.dump() + " vs " + refused[i].now.dump();
+    also += (also.empty() ? "" : ", ") + refused[i].key + " " + refused[i].was.dump() + " vs " + now_of(refused[i]);
   const bool model_changed = std::any_of(refused.begin(), refused.end(),
                                          [](const ContractRow& r) { return r.key.rfind("model.", 0) == 0; });
   std::string way_out = "resume with the configuration the checkpoint was made with (stored in it, and in the run's "
@@ -82,8 +89,14 @@ std::vector<ContractRow> check_resume_contract(const CheckpointInfo& ckpt, const
     way_out += ", or accept the change deliberately with" + flags +
                " (samples will be skipped or repeated relative to an uninterrupted run)";
   }
+  const auto per_rank = std::find_if(refused.begin(), refused.end(), [](const ContractRow& r) {
+    return r.key == "train.global_batch" && !r.note.empty();
+  });
+  if (per_rank != refused.end())
+    way_out += ", or keep the checkpoint's batch at this world size with --set train.global_batch=" +
+               per_rank->was.dump() + " (which replaces train.batch_per_rank)";
   fail("checkpoint '", ckpt.path, "' was made for ", f.key, " ", f.was.dump(), ", but this configuration has ",
-       f.now.dump(), also.empty() ? "" : " (also: " + also + ")", ": ", way_out);
+       now_of(f), also.empty() ? "" : " (also: " + also + ")", ": ", way_out);
 }
 
 }  // namespace llmpi

@@ -4,7 +4,9 @@
 //   model.family                 another family cannot be resumed at all
 //   model.* (the description)    every field of the model description except init_std, dropout
 //                                and attn_dropout (which may change); model.seq_len
-//   train.global_batch           the sampler's position is (seed, step, global batch)
+//   train.global_batch           the sampler's position is (seed, step, global batch); with
+//                                train.batch_per_rank the resolved one (runtime/config.h
+//                                resolve_batch), so another world size is a changed global batch
 //   train.seed                   the sample order and dropout masks follow from the seed
 //   data.train, data.val         the identity of the training / validation file (tokenizer,
 //                                content hash, size: data/dataset_identity.h), so a resume on
@@ -30,6 +32,7 @@ namespace llmpi {
 struct ContractRow {
   std::string key;           // "train.global_batch"
   nlohmann::json was, now;   // in the checkpoint, in this configuration
+  std::string note;          // where `now` comes from, when not from the key itself ("train.batch_per_rank 4 × 2 ...")
   bool changed() const { return was != now; }
 };
 

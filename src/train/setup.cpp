@@ -180,10 +180,13 @@ void check_memory(Run& r, const ModelDesc& desc, int local_size) {
   const std::string where = gpu_short ? "the GPU has " + format_bytes(gpu_free) + " free"
                                       : "the node has " + format_bytes(host_avail) + " available (" + source +
                                             ") for " + ranks + " needing " + format_bytes(node_need(lb));
+  const std::string largest = c.train.batch_per_rank > 0
+                                  ? "train.batch_per_rank that fits is " + std::to_string(best)
+                                  : "train.global_batch that fits is " + std::to_string(best * r.world) + " (" +
+                                        std::to_string(best) + " per rank)";
   const std::string fix =
-      best > 0 ? "the largest train.global_batch that fits is " + std::to_string(best * r.world) + " (" +
-                     std::to_string(best) + " per rank); or use more parallel.microbatches, a shorter "
-                     "model.seq_len or fewer ranks per node"
+      best > 0 ? "the largest " + largest + "; or use more parallel.microbatches, a shorter model.seq_len or fewer "
+                 "ranks per node"
                : "even one sequence per rank does not fit: the model itself (parameters, gradients and "
                  "optimizer state: " + format_bytes(r.memory.params + r.memory.grads + r.memory.optimizer) +
                      ") is too large here; use a smaller model, or fewer ranks per node";
@@ -276,6 +279,7 @@ void open_run_directory(Run& r, const TrainOptions& o) {
 
 // Everything a rank can fail at on its own, before the collective pieces.
 void set_up_rank(Run& r, const TrainOptions& o, int* vocab, int* local_size) {
+  resolve_batch(r.cfg, r.groups->dp);  // train.batch_per_rank and train.lr_scaling for this world size
   *local_size = choose_device(r);
   *vocab = open_data(r);
   build_engine(r, *vocab, *local_size);

@@ -137,6 +137,8 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
   res.optimizer_state_floats = r.engine->optimizer_state_floats();
   res.flops_per_token = flops_per_token(r.engine->desc, r.engine->whole_table.numel, cfg.model.seq_len);
   res.start_step = r.start_step;
+  res.global_batch = tc.global_batch;
+  res.peak_lr = tc.lr;
   print_start(r, o, res);
   if (o.dry_run) return res;
   if (r.start_step == 0) evaluate_and_log(r, 0, res, print);

@@ -41,6 +41,8 @@ struct TrainOptions {
 struct TrainResult {
   std::vector<float> losses;               // global mean training loss of every step run here
   int64_t start_step = 0;                  // first step run (> 0 after a resume)
+  int global_batch = 0;                    // the global batch the run used (train.batch_per_rank resolved)
+  double peak_lr = 0;                      // the peak learning rate (train.lr after train.lr_scaling)
   std::vector<int64_t> eval_steps;         // steps after which validation ran
   std::vector<float> val_losses;           // the validation loss at each
   std::vector<double> val_accuracy;        // classifier: the validation accuracy at each

@@ -22,6 +22,11 @@ check "--profile on this machine: exit 0, a profile written" "[ $? = 0 ] && grep
 check "--profile-in reads it back: the same step times" \
   "[ $? = 0 ] && diff <(grep -A8 '^time per step' '$tmp/out') <(grep -A8 '^time per step' '$tmp/out2') >/dev/null"
 
+"$B/llmpi-plan" --config data/plan/gpt2-124m.json --set train.batch_per_rank=8 --world 16 --pp 2 --microbatches 4 \
+  --device h100 >"$tmp/out" 2>"$tmp/err"
+check "train.batch_per_rank: the global batch of --world / --pp replicas" \
+  "[ $? = 0 ] && grep -q 'world 16 = 8 data-parallel x 2 stages; global batch 64 -> 8 per replica' '$tmp/out'"
+
 expect_error() {  # name, pattern, args...
   local name=$1 pat=$2; shift 2
   "$B/llmpi-plan" "$@" >/dev/null 2>"$tmp/err"
@@ -36,6 +41,8 @@ expect_error "an unknown link lists the valid ones" "shm, loopback, netns-1gbit,
   --config data/plan/gpt2-124m.json --world 16 --device h100 --link pigeon
 expect_error "a links file that cannot be read" "cannot read the links file" \
   --config data/plan/gpt2-124m.json --world 2 --intra-link netns-1gbit --links "$tmp/none.json"
+expect_error "train.batch_per_rank against a global batch set beside it" "'train.global_batch' (64) and 'train.batch_per_rank' (16) are both set" \
+  --config data/plan/gpt2-124m.json --set train.global_batch=64 --set train.batch_per_rank=16 --world 8 --device h100
 expect_error "no vocabulary and no data file" "give --vocab N" --config data/demo.json --set data.train=
 # Every numeric option in its range, naming the flag and the range (never planned with a default).
 G=(--config data/plan/gpt2-124m.json --world 8)

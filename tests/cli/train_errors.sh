@@ -47,6 +47,8 @@ expect_error precision-tf32-cpu "\"tf32\" is a CUDA tensor-core mode; use \"fp32
 expect_error recompute-value "'runtime.recompute' must be \"none\", \"selective\" or \"full\"" --config "$tmp/missing.json" --set runtime.recompute=some
 expect_error recompute-zb-h1 "'runtime.recompute' \"full\" is not implemented with parallel.schedule \"zb-h1\"" --config "$tmp/missing.json" --set parallel.pp_stages=2 --set parallel.schedule=zb-h1 --set runtime.recompute=full
 expect_error cpu-bf16-gemm-value "'runtime.cpu_bf16_gemm' must be \"auto\", \"onednn\" or \"emulate\"" --config "$tmp/missing.json" --set runtime.cpu_bf16_gemm=mkl
+expect_error batch-both "'train.global_batch' (64) and 'train.batch_per_rank' (16) are both set, but 16 per replica × 2 data-parallel replicas is a global batch of 32" --config "$tmp/missing.json" --set train.global_batch=64 --set train.batch_per_rank=16
+expect_error lr-scaling-reference "set train.lr_reference_batch to that global batch" --config "$tmp/missing.json" --set train.lr_scaling=linear
 # runtime.device "auto" that resolves to the CPU: refused by the trainer once the ranks agree on the device
 if ! nvidia-smi -L >/dev/null 2>&1; then
   expect_error precision-tf32-auto "\"tf32\" is a CUDA tensor-core mode, but this run is on the CPU" --config "$tmp/missing.json" --set runtime.precision=tf32
