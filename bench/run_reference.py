@@ -25,15 +25,17 @@ batch 16 (8 sequences per rank on 2 ranks), fp32, AdamW. Rows, each a llmpi-trai
 
 Each round first measures the single-core GEMM rates under mpiexec -n 2 (both cores busy, as in
 training; bench-sgemm_rate) on each family's own dense-layer GEMM shapes: OpenBLAS sgemm, and where
-oneDNN's bf16 matmul can run, oneDNN bf16 (the bf16 rows' ceiling) and oneDNN fp32 (compared with
-sgemm only); then it runs every row; the order of the rows is reversed every other round, so that a
+oneDNN's bf16 matmul can run, oneDNN bf16 (the bf16 rows' ceiling) and oneDNN fp32; then it runs
+every row; the order of the rows is reversed every other round, so that a
 slow phase of a shared machine hits all rows alike. Figures are medians over all timed steps of all
 rounds (the first --skip steps of every run are discarded).
 
 FLOPs/token is the trainer's (model/model_desc.cpp flops_per_token): 6 x parameters + 12 x
 layers x seq_len x d_model, with the parameter count the run itself records (comm_plan.json
 total_floats). Utilisation = tokens/s x FLOPs/token / (2 cores x the family's GEMM GFLOP/s per
-core measured in the same rounds: sgemm for fp32 rows, oneDNN bf16 for bf16 rows where it runs).
+core measured in the same rounds: for fp32 rows the engine the trainer's banner names ("fp32 GEMMs:",
+runtime.cpu_fp32_gemm; recorded as "fp32_gemm"), sgemm or oneDNN fp32; oneDNN bf16 for bf16 rows
+where it runs).
 Because 6 x parameters also counts embedding tables that are looked up, not multiplied (gpt2's wpe;
 llama's untied embed_tokens; bert's word, position and token-type embeddings), a second utilisation
 uses the FLOPs the dense layers really execute: 6 x (parameters - those tables) + the same
@@ -185,7 +187,7 @@ def main():
     bf16_ceiling = "onednn-bf16" if "onednn-bf16" in gemms else "sgemm"
     for row in rows:
         row.update(gemm="sgemm" if row["precision"] == "fp32" else bf16_ceiling, ms=[], round_ms=[], n_params=None,
-                   lookup_params=None, printed_mflop=None, bf16_gemm=None)
+                   lookup_params=None, printed_mflop=None, bf16_gemm=None, fp32_gemm=None)
     rate = {(s, g): [] for s in shape_sets for g in gemms}
     sgemm_info = {}
 
@@ -238,9 +240,10 @@ def main():
                 if LOOKUP_ONLY_TABLES.search(t_["name"]) and len(t_["shape"]) == 2)
             mf = re.search(r"([\d.]+) MFLOP/token", stdout)
             row["printed_mflop"] = float(mf.group(1)) if mf else None
-            if row["precision"] == "bf16":
-                eng = re.search(r"^bf16 GEMMs: (.*)$", stdout, re.M)
-                row["bf16_gemm"] = eng.group(1) if eng else "not reported by this llmpi-train"
+            eng = re.search(r"^%s GEMMs: (.*)$" % row["precision"], stdout, re.M)
+            row[row["precision"] + "_gemm"] = eng.group(1) if eng else "not reported by this llmpi-train"
+            if row["precision"] == "fp32" and eng and eng.group(1).startswith("oneDNN") and "onednn-fp32" in gemms:
+                row["gemm"] = "onednn-fp32"  # runtime.cpu_fp32_gemm chose oneDNN: its rate is the ceiling
         print(" done", flush=True)
 
     attention_flops = 12 * L * T * C
@@ -278,8 +281,9 @@ def main():
         s = summary(row)
         if row["kind"] == "llmpi":
             s.update(binary=row["bin"], sets=row["sets"], trainer_printed_mflop_per_token=row["printed_mflop"])
-            if row["bf16_gemm"]:
-                s["bf16_gemm"] = row["bf16_gemm"]
+            for key in ("bf16_gemm", "fp32_gemm"):
+                if row[key]:
+                    s[key] = row[key]
         else:
             s.update(torch_version=row.get("torch_version"), autocast=row["autocast"], compile=row["compile"])
         res["rows"][row["key"]] = s
@@ -315,9 +319,10 @@ def main():
         print(f"{g} per core, both cores busy: " + ", ".join(f"{s} shapes {rate_med[(s, g)]:.1f} GFLOP/s"
                                                                for s in shape_sets))
     print(f"OpenBLAS: {sgemm_info.get('openblas_parallel')} build, trainer loads {res['openblas']['trainer_library']}")
-    engines = {r["bf16_gemm"] for r in rows if r.get("bf16_gemm")}
-    if engines:
-        print("llmpi bf16 GEMMs: " + "; ".join(sorted(engines)))
+    for p_ in ("fp32", "bf16"):
+        engines = {r[p_ + "_gemm"] for r in rows if r.get(p_ + "_gemm")}
+        if engines:
+            print(f"llmpi {p_} GEMMs: " + "; ".join(sorted(engines)))
     if torch_version:
         print(f"PyTorch {torch_version} ({a.torch_python})")
     print(f"{'':54} {'ranks x thr':>11} {'ms/step':>9} {'tokens/s':>9} {'MFLOP/tok':>9} {'ceiling':>8} "

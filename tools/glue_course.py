@@ -3,7 +3,8 @@
 
   tools/glue_course.py [--build build] [--out build/glue-course] [--parts train,timing,traffic,reference]
                        [--glue-dir DIR] [--model DIR] [--np 2] [--timing-iters 40] [--timing-batch 16]
-                       [--rates loopback,1gbit] [--reference-python PY] [--epochs 3]
+                       [--rates loopback,1gbit] [--reference-python PY] [--epochs 3] [--bf16-epochs 1]
+                       [--bf16-steps N]
 
 Parts (all by default; each writes its own JSON under --out and adds to summary.json/summary.md):
 
@@ -29,6 +30,14 @@ Parts (all by default; each writes its own JSON under --out and adds to summary.
              3-epoch accuracy with both settings. Needs a Python with torch, transformers,
              safetensors and h5py (--reference-python, or $REF_PYTHON); skipped with a message
              without one.
+  bf16       (not in the default parts) The same comparison in bf16: llmpi with runtime.precision
+             bf16 against the reference under torch.autocast("cpu", torch.bfloat16) (glue_reference.py
+             --autocast bf16), the chosen settings: --pairs timing pairs of --timing-iters iterations
+             (the order swapped every pair), then a --bf16-epochs fine-tune of each, one after the
+             other (with --bf16-steps N instead: N iterations, the linear schedule spanning them,
+             then one evaluation); examples/s
+             (global batch / median iteration) and the dev accuracy after each epoch (or those N
+             iterations). Needs the reference Python as above.
 
 RTE comes from ../shared/data/glue/RTE or $GLUE_DIR (train.tsv, dev.tsv as GLUE distributes them).
 Everything runs the binaries of --build; the data is prepared into OUT/rte with llmpi-prep glue.
@@ -282,6 +291,63 @@ class Course:
             self.summary["reference"] = out
             self.save()
 
+    def part_bf16(self):
+        py = self.a.reference_python
+        if not py:
+            say("bf16: skipped (no --reference-python / $REF_PYTHON with torch, transformers, h5py)")
+            return
+        batch, lr, warm = SETTINGS["chosen"]
+        base = [py, os.path.join(ROOT, "tools", "glue_reference.py"), "--model", self.a.model, "--data", self.data,
+                "--world", str(self.a.np), "--threads", "1", "--seed", "42", "--autocast", "bf16",
+                "--batch", str(batch)]
+        bf16 = ["runtime.precision=bf16"]
+        iters = self.a.timing_iters
+        res = {"global_batch": batch, "lr": lr, "timing_iterations": iters, "pytorch_ms": [], "llmpi_ms": []}
+        for rep in range(self.a.pairs):  # alternated: PyTorch first in even pairs, llmpi first in odd ones
+            for who in (("pytorch", "llmpi") if rep % 2 == 0 else ("llmpi", "pytorch")):
+                if who == "pytorch":
+                    j = os.path.join(self.out, f"bf16-timing-pytorch-{rep}.json")
+                    subprocess.run(base + ["--iters", str(iters), "--json", j], check=True)
+                    res["pytorch_ms"].append(json.load(open(j))["median_iter_s"] * 1e3)
+                else:
+                    r = self.time_method(f"bf16-llmpi-{rep}", METHODS[3][1] + bf16, "loopback", iters, batch)
+                    res["llmpi_ms"].append(r["median_step_ms"])
+            say(f"bf16 side by side {rep + 1}/{self.a.pairs}: PyTorch autocast {res['pytorch_ms'][-1]:.0f} ms/iteration, "
+                f"llmpi bf16 {res['llmpi_ms'][-1]:.0f} ms/iteration (medians)")
+        pt, ll = statistics.median(res["pytorch_ms"]), statistics.median(res["llmpi_ms"])
+        res.update(pytorch_examples_per_s=batch / pt * 1e3, llmpi_examples_per_s=batch / ll * 1e3,
+                   speedup_llmpi_over_pytorch=pt / ll, speedup_per_pair=[p / l for p, l in
+                                                                         zip(res["pytorch_ms"], res["llmpi_ms"])])
+        # The fine-tunes: llmpi's banner says which bf16 GEMM engine ran.
+        epochs, steps = self.a.bf16_epochs, self.a.bf16_steps
+        run = os.path.join(self.out, "train-chosen-bf16")
+        t0 = time.time()
+        # A short fine-tune: N steps, the schedule spanning them (the reference's --max-steps), one
+        # evaluation at the end.
+        length = ([f"train.steps={steps}", "train.epochs=0", f"train.eval_every={steps}"] if steps else
+                  ["train.steps=0", f"train.epochs={epochs}"])
+        out = self.llmpi(run, length + [f"train.global_batch={batch}", f"train.lr={lr}",
+                                        f"train.warmup_steps={warm}", "train.log_every=10"] + bf16)
+        wall = time.time() - t0
+        metrics = read_jsonl(os.path.join(run, "metrics.jsonl"))
+        evals = [e for e in read_jsonl(os.path.join(run, "eval.jsonl")) if e["step"] > 0]
+        engine = next((l[len("bf16 GEMMs: "):] for l in out.splitlines() if l.startswith("bf16 GEMMs: ")), "")
+        res["llmpi"] = {"epochs": epochs, "max_steps": steps, "steps": metrics[-1]["step"] + 1 if metrics else 0,
+                        "first_losses": [m["loss"] for m in metrics if m["step"] < 5],
+                        "accuracy_per_epoch": [e["accuracy"] for e in evals], "wall_s": wall,
+                        "median_step_ms": statistics.median(m["step_ms"] for m in metrics[1:]),
+                        "bf16_gemm": engine}
+        j = os.path.join(self.out, "bf16-pytorch-train.json")
+        t0 = time.time()
+        subprocess.run(base + ["--lr", str(lr), "--warmup", str(warm), "--epochs", str(epochs), "--json", j]
+                       + (["--max-steps", str(steps)] if steps else []), check=True)
+        res["pytorch"] = dict(json.load(open(j)), wall_s=time.time() - t0)
+        for who in ("llmpi", "pytorch"):
+            say(f"bf16 {who}: dev accuracy per epoch " +
+                ", ".join(f"{x:.4f}" for x in res[who]["accuracy_per_epoch"]))
+        self.summary["bf16"] = res
+        self.save()
+
 
 def manifest_examples(manifest, split):
     """The example count of a split (train, dev) in llmpi-prep glue's manifest.json (version 2:
@@ -331,6 +397,17 @@ def markdown(s):
             r = ref[name]
             lines.append(f"PyTorch {name}: first five losses " + ", ".join(f"{x:.4f}" for x in r["first_losses"])
                          + "; dev accuracy per epoch " + ", ".join(f"{x:.4f}" for x in r["accuracy_per_epoch"]))
+    b = s.get("bf16")
+    if b and "llmpi" in b:
+        lines += ["", f"bf16 (global batch {b['global_batch']}, lr {b['lr']:g}; median ms / iteration of "
+                      f"{b['timing_iterations']} iterations, pairs alternated):", "",
+                  "| program | ms / iteration per pair | examples/s | dev accuracy per epoch |", "|---|---|---|---|",
+                  "| llmpi, runtime.precision bf16 | " + ", ".join(f"{x:.0f}" for x in b["llmpi_ms"]) +
+                  f" | {b['llmpi_examples_per_s']:.1f} | " +
+                  ", ".join(f"{x:.4f}" for x in b["llmpi"]["accuracy_per_epoch"]) + " |",
+                  "| transformers, bf16 autocast | " + ", ".join(f"{x:.0f}" for x in b["pytorch_ms"]) +
+                  f" | {b['pytorch_examples_per_s']:.1f} | " +
+                  ", ".join(f"{x:.4f}" for x in b["pytorch"]["accuracy_per_epoch"]) + " |"]
     return "\n".join(lines) + "\n"
 
 
@@ -393,6 +470,9 @@ def main():
     p.add_argument("--timing-batch", type=int, default=16)
     p.add_argument("--rates", default="loopback,1gbit")
     p.add_argument("--reference-python", default=os.environ.get("REF_PYTHON", ""))
+    p.add_argument("--bf16-epochs", type=int, default=1, help="epochs of each fine-tune of the bf16 part")
+    p.add_argument("--bf16-steps", type=int, default=0,
+                   help="the bf16 part's fine-tunes stop after this many iterations (0: all --bf16-epochs)")
     p.add_argument("--pairs", type=int, default=2,
                    help="side-by-side timing pairs (PyTorch DDP, then llmpi), alternated (default 2)")
     p.add_argument("--reference-settings", default="",
@@ -404,10 +484,12 @@ def main():
     a.reference_settings = [r for r in a.reference_settings.split(",") if r]
     parts = [x for x in a.parts.split(",") if x]
     for x in parts:
-        if x not in ("train", "timing", "traffic", "reference"):
-            die(f"unknown part '{x}': the parts are train, timing, traffic, reference")
+        if x not in ("train", "timing", "traffic", "reference", "bf16"):
+            die(f"unknown part '{x}': the parts are train, timing, traffic, reference, bf16")
     if a.pairs < 1:
         die("--pairs must be >= 1")
+    if a.bf16_epochs < 1 or a.bf16_steps < 0:
+        die("--bf16-epochs must be >= 1 and --bf16-steps >= 0")
     if a.timing_iters < 2:
         die("--timing-iters must be >= 2 (the first is discarded)")
     for f in ("train.tsv", "dev.tsv"):

@@ -3,7 +3,7 @@
 
   glue_reference.py --model DIR --data DIR [--epochs 3] [--batch 64] [--lr 2e-5] [--warmup 0]
                     [--weight-decay 0.01] [--seed 42] [--world 2] [--threads 1]
-                    [--iters N] [--json OUT]
+                    [--iters N] [--max-steps N] [--autocast off|bf16] [--json OUT]
 
 DIR of --model is a Hugging Face BERT folder (config.json, model.safetensors; e.g.
 pretrained/all-MiniLM-L6-v2 from `make pretrained`). DIR of --data holds the train.h5 and dev.h5
@@ -16,7 +16,12 @@ rank, AdamW with weight decay on everything but biases and LayerNorm weights, a 
 (optional warm-up), gradient clipping at 1.0, dropout as the model's config says. It prints the
 loss of the first five minibatches, the dev accuracy after every epoch (rank 0 evaluates the
 whole dev file), and the mean time per iteration (excluding the first). With --iters N it stops
-after N iterations (timing only: no evaluation). --json writes the same figures.
+after N iterations (timing only: no evaluation); with --max-steps N it trains min(N, --epochs'
+iterations) iterations, the linear schedule spanning those, and then evaluates once (llmpi's
+train.steps N). --autocast bf16 runs every forward (training and
+evaluation) under torch.autocast("cpu", torch.bfloat16), the counterpart of llmpi's
+runtime.precision bf16; the backward follows the forward's autocast casts. --json writes the same
+figures.
 
 Needs (pip): torch, transformers, safetensors, h5py, numpy. Python is only a tool here: neither
 `make run` nor `make test` needs it.
@@ -43,7 +48,11 @@ def parse_args():
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--iters", type=int, default=0, help="timing: stop after this many iterations")
+    p.add_argument("--max-steps", type=int, default=0,
+                   help="a short fine-tune: stop after this many iterations, then evaluate")
     p.add_argument("--port", type=int, default=29517)
+    p.add_argument("--autocast", choices=("off", "bf16"), default="off",
+                   help="bf16: forwards under torch.autocast('cpu', torch.bfloat16)")
     p.add_argument("--json", default="")
     a = p.parse_args()
     if a.batch % a.world:
@@ -104,16 +113,23 @@ def worker(rank, a, out):
     ]
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
     total = len(loader) * a.epochs
+    if a.max_steps:
+        total = min(total, a.max_steps)
     sched = get_linear_schedule_with_warmup(opt, a.warmup, total)
     losses, iter_s, accuracy = [], [], []
     dev = load(split_file(a.data, "dev")) if rank == 0 and not a.iters else None
+
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast == "bf16")
+
     it = 0
     for epoch in range(a.epochs):
         sampler.set_epoch(epoch)
         ddp.train()
         t_prev = time.perf_counter()
         for ids, types, mask, labels in loader:
-            out_ = ddp(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
+            with autocast():
+                out_ = ddp(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
             opt.zero_grad(set_to_none=True)
             out_.loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -129,24 +145,27 @@ def worker(rank, a, out):
             if rank == 0 and it < 5:
                 print(f"reference: minibatch {it}: loss {loss:.4f}", flush=True)
             it += 1
-            if a.iters and it >= a.iters:
+            if (a.iters and it >= a.iters) or (a.max_steps and it >= a.max_steps):
                 break
         if a.iters and it >= a.iters:
             break
         if rank == 0:
             model.eval()
             correct = 0
-            with torch.no_grad():
+            with torch.no_grad(), autocast():
                 for ids, types, mask, labels in torch.utils.data.DataLoader(dev, batch_size=64):
                     logits = model(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
                     correct += int((logits.argmax(-1) == labels).sum())
             accuracy.append(correct / len(dev))
             print(f"reference: epoch {epoch + 1}: dev accuracy {accuracy[-1]:.4f} ({correct}/{len(dev)})", flush=True)
         dist.barrier()
+        if a.max_steps and it >= a.max_steps:
+            break
     if rank == 0:
         timed = iter_s[1:] if len(iter_s) > 1 else iter_s
         res = {"program": "pytorch-ddp-gloo", "torch": torch.__version__, "world": a.world, "threads": a.threads,
-               "global_batch": a.batch, "lr": a.lr, "epochs": a.epochs, "iterations": len(iter_s),
+               "autocast": a.autocast, "global_batch": a.batch, "lr": a.lr, "epochs": a.epochs,
+               "iterations": len(iter_s),
                "first_losses": losses[:5], "accuracy_per_epoch": accuracy,
                "mean_iter_s": statistics.mean(timed), "median_iter_s": statistics.median(timed)}
         print(f"reference: {len(iter_s)} iterations, mean {res['mean_iter_s']:.3f} s/iter "

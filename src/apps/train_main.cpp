@@ -45,6 +45,8 @@ static std::string keys_help() {
        "weights, gradients, optimizer and every other op stay fp32) | \"tf32\" (CUDA tensor cores only).\n"
        "runtime.cpu_bf16_gemm: the CPU's bf16 GEMMs: \"auto\" (oneDNN where the CPU has bf16 instructions, else\n"
        "\"emulate\") | \"onednn\" | \"emulate\" (operands rounded to bf16, then an fp32 sgemm: the exact oracle).\n"
+       "runtime.cpu_fp32_gemm: the CPU's fp32 GEMMs: \"auto\" (= \"openblas\", OpenBLAS sgemm) | \"onednn\" (oneDNN's\n"
+       "fp32 matmul) | \"openblas\". The two agree up to the order of the fp32 sums.\n"
        "train.optimizer: \"adamw\" | \"sgd\". train.on_nonfinite: \"abort\" | \"skip\" (at most\n"
        "train.max_consecutive_skips in a row; a run whose last validation loss is not finite fails).\n"
        "Also: --resume auto|PATH, --dry-run.\n"

@@ -81,6 +81,15 @@ inline int bf16_row_stride(int cols) { return (cols + 7) / 8 * 8; }
 // (enum class CpuBf16Gemm and its words: runtime/options.h)
 inline const char* cpu_bf16_gemm_name(CpuBf16Gemm e) { return option_name(e); }
 
+// Which engine multiplies the CPU backend's fp32 dense-layer GEMMs (runtime.cpu_fp32_gemm; the
+// selector is backend/cpu/onednn_gemm.h). Both are fp32 products with fp32 accumulation, equal up
+// to summation order:
+//   automatic  the faster one on this machine where it can run (docs/PERF.md)
+//   onednn     oneDNN's fp32 matmul
+//   openblas   OpenBLAS sgemm
+// (enum class CpuFp32Gemm and its words: runtime/options.h)
+inline const char* cpu_fp32_gemm_name(CpuFp32Gemm e) { return option_name(e); }
+
 // "fp32" | "tf32" | "bf16" -> true and *out; anything else -> false.
 inline bool parse_gemm_precision(const std::string& s, GemmPrecision* out) { return parse_option(s, out); }
 

@@ -29,9 +29,8 @@ const json& config_defaults() {
                  "poll_us": 50, "average_every": 1, "pp_stages": 1, "microbatches": 1,
                  "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [], "zero": 0,
                  "grad_dtype": "fp32"},
-    "runtime":  {"device": "auto", "precision": "fp32", "cpu_bf16_gemm": "auto", "attention": "auto",
-                 "recompute": "none",
-                 "threads": 0, "trace_steps": 20,
+    "runtime":  {"device": "auto", "precision": "fp32", "cpu_bf16_gemm": "auto", "cpu_fp32_gemm": "auto",
+                 "attention": "auto", "recompute": "none", "threads": 0, "trace_steps": 20,
                  "step_timeout_s": 0.0, "memory_check": true, "lm_head_chunk_rows": 0},
     "run":      {"dir": "runs/default"},
     "checkpoint": {"every": 0, "keep": 3}
@@ -305,6 +304,8 @@ static Config extract(const json& r) {
                                              " (activation recomputation in backward)");
   c.runtime.cpu_bf16_gemm = as_option<CpuBf16Gemm>(r["runtime"]["cpu_bf16_gemm"], "runtime.cpu_bf16_gemm",
                                                   " (the CPU's bf16 GEMMs)");
+  c.runtime.cpu_fp32_gemm = as_option<CpuFp32Gemm>(r["runtime"]["cpu_fp32_gemm"], "runtime.cpu_fp32_gemm",
+                                                  " (the CPU's fp32 GEMMs)");
   c.runtime.threads = as_int<int>(r["runtime"]["threads"], "runtime.threads");
   c.runtime.lm_head_chunk_rows = as_int<int>(r["runtime"]["lm_head_chunk_rows"], "runtime.lm_head_chunk_rows");
   c.run.dir = r["run"]["dir"];
@@ -607,6 +608,8 @@ std::vector<std::string> keys_without_effect(const Config& c) {
                                       "\": it picks the CPU's bf16 GEMM engine");
   else if (c.runtime.device == DeviceChoice::cuda)
     note("runtime.cpu_bf16_gemm", "with runtime.device \"cuda\": it picks the CPU's bf16 GEMM engine");
+  if (c.runtime.device == DeviceChoice::cuda)
+    note("runtime.cpu_fp32_gemm", "with runtime.device \"cuda\": it picks the CPU's fp32 GEMM engine");
   if (c.model.family == Family::bert)
     note("runtime.lm_head_chunk_rows", "with model.family \"bert\": a classifier has no language-model head");
   return notes;

@@ -78,6 +78,7 @@ struct RuntimeConfig {
   DeviceChoice device;
   GemmPrecision precision;  // the dense layers' GEMMs (backend/gemm_precision.h); tf32 only on CUDA
   CpuBf16Gemm cpu_bf16_gemm;  // the CPU's bf16 GEMMs (backend/cpu/onednn_gemm.h)
+  CpuFp32Gemm cpu_fp32_gemm;  // the CPU's fp32 dense-layer GEMMs (backend/cpu/onednn_gemm.h)
   AttentionChoice attention;  // model/model_desc.h resolve_attention
   Recompute recompute;     // which activations backward recomputes instead of keeping (model/transformer.h)
   int threads;             // OpenMP/OpenBLAS threads per rank; 0 = cores on the node / ranks on it

@@ -21,6 +21,8 @@ LLMPI_WORDS(AttentionChoice, {AttentionChoice::automatic, "auto"}, {AttentionCho
             {AttentionChoice::fused, "fused"})
 LLMPI_WORDS(CpuBf16Gemm, {CpuBf16Gemm::automatic, "auto"}, {CpuBf16Gemm::onednn, "onednn"},
             {CpuBf16Gemm::emulate, "emulate"})
+LLMPI_WORDS(CpuFp32Gemm, {CpuFp32Gemm::automatic, "auto"}, {CpuFp32Gemm::onednn, "onednn"},
+            {CpuFp32Gemm::openblas, "openblas"})
 LLMPI_WORDS(LrSchedule, {LrSchedule::cosine, "cosine"}, {LrSchedule::linear, "linear"},
             {LrSchedule::constant, "constant"})
 LLMPI_WORDS(LrScaling, {LrScaling::none, "none"}, {LrScaling::linear, "linear"}, {LrScaling::sqrt, "sqrt"})
@@ -74,6 +76,7 @@ LLMPI_INSTANTIATE(DeviceChoice)
 LLMPI_INSTANTIATE(GemmPrecision)
 LLMPI_INSTANTIATE(AttentionChoice)
 LLMPI_INSTANTIATE(CpuBf16Gemm)
+LLMPI_INSTANTIATE(CpuFp32Gemm)
 LLMPI_INSTANTIATE(LrSchedule)
 LLMPI_INSTANTIATE(LrScaling)
 LLMPI_INSTANTIATE(OptimizerKind)

@@ -15,6 +15,7 @@ enum class DeviceChoice { automatic, cpu, cuda };           // runtime.device
 enum class GemmPrecision { fp32, tf32, bf16 };              // runtime.precision (backend/gemm_precision.h)
 enum class AttentionChoice { automatic, full, fused };      // runtime.attention (model/model_desc.h)
 enum class CpuBf16Gemm { automatic, onednn, emulate };     // runtime.cpu_bf16_gemm (backend/gemm_precision.h)
+enum class CpuFp32Gemm { automatic, onednn, openblas };    // runtime.cpu_fp32_gemm (backend/gemm_precision.h)
 enum class LrSchedule { cosine, linear, constant };         // train.lr_schedule (optim/optimizer.h)
 enum class LrScaling { none, linear, sqrt };                // train.lr_scaling (runtime/config.h resolve_batch)
 enum class OptimizerKind { adamw, sgd };                    // train.optimizer

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
+#include <utility>
 
 #include "backend/cuda_ops.h"
 #include "metrics/classification_metrics.h"
@@ -74,6 +76,16 @@ void evaluate_and_log(Run& r, int64_t step, TrainResult& res, bool print) {
 
 namespace {
 
+// The engine of a CPU run's dense-layer GEMMs in its precision (runtime.cpu_fp32_gemm or
+// runtime.cpu_bf16_gemm): its word ("openblas", "onednn", "emulate") and the banner's description;
+// both "" on a GPU.
+std::pair<std::string, std::string> cpu_gemm_engine(const Run& r) {
+  if (r.on_gpu) return {"", ""};
+  if (r.cfg.runtime.precision == GemmPrecision::bf16)
+    return {cpu_bf16_gemm_name(cpu::cpu_bf16_gemm()), cpu::cpu_bf16_gemm_description()};
+  return {cpu_fp32_gemm_name(cpu::cpu_fp32_gemm()), cpu::cpu_fp32_gemm_description()};
+}
+
 void print_device_and_model(const Run& r, const TrainResult& res) {
   const ModelDesc& d = r.engine->desc;
   const GemmPrecision p = r.cfg.runtime.precision;
@@ -85,7 +97,7 @@ void print_device_and_model(const Run& r, const TrainResult& res) {
                                          "other ops fp32)"
               : p == GemmPrecision::tf32 ? " (TF32 tensor-op math)" : "");
   if (r.on_gpu) std::printf("CUDA paths: %s\n", cuda_paths_description().c_str());
-  if (!r.on_gpu && p == GemmPrecision::bf16) std::printf("bf16 GEMMs: %s\n", cpu::cpu_bf16_gemm_description().c_str());
+  if (!r.on_gpu) std::printf("%s GEMMs: %s\n", gemm_precision_name(p), cpu_gemm_engine(r).second.c_str());
   std::printf("model %s: %d layers, %d heads%s, d_model %d, ffn %d, seq_len %d, vocab %d%s: %.2fM parameters, "
               "%.1f MFLOP/token (training)\n",
               family_name(d.family), d.n_layer, d.n_head,
@@ -232,6 +244,7 @@ void finish_run(Run& r, TrainResult& res, const TrainOptions& o) {
         {"steps_run", res.losses.size()}, {"start_step", r.start_step}, {"median_step_ms", median_step_ms},
         {"tokens_per_s_median", res.tokens_per_s_median}, {"peak_rss_bytes_per_rank", rss_all},
         {"world_size", r.world}, {"gemm_precision", gemm_precision_name(r.cfg.runtime.precision)},
+        {"cpu_gemm_engine", cpu_gemm_engine(r).first}, {"cpu_gemm", cpu_gemm_engine(r).second},
         {"microbatches", r.cfg.parallel.microbatches}, {"rss_before_model_bytes_rank0", r.rss_before_model},
         {"memory_estimate_bytes_rank0", m.host_bytes()},
         {"memory_estimate_rank0", {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},

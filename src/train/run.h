@@ -33,6 +33,7 @@ struct Run {
   const Ops* ops = nullptr;
   bool on_gpu = false;
   std::optional<cpu::ScopedCpuBf16Gemm> cpu_bf16_gemm;  // runtime.cpu_bf16_gemm for the run (CPU); restored after
+  std::optional<cpu::ScopedCpuFp32Gemm> cpu_fp32_gemm;  // runtime.cpu_fp32_gemm for the run (CPU); restored after
   DataSplit train_data, val_data;
   bool has_val = false;
   std::unique_ptr<Sampler> sampler;

@@ -83,7 +83,10 @@ int choose_device(Run& r) {
   // each an OpenBLAS call on one thread (backend/cpu/matmul.cpp), so the two pools never compete.
   omp_set_num_threads(r.threads);
   openblas_set_num_threads(r.threads);
-  if (!use_cuda) r.cpu_bf16_gemm.emplace(r.cfg.runtime.cpu_bf16_gemm);
+  if (!use_cuda) {
+    r.cpu_bf16_gemm.emplace(r.cfg.runtime.cpu_bf16_gemm);
+    r.cpu_fp32_gemm.emplace(r.cfg.runtime.cpu_fp32_gemm);
+  }
   return local_size;
 }
 

@@ -49,6 +49,7 @@ expect_error recompute-zb-h1 "'runtime.recompute' \"full\" is not implemented wi
 expect_error cpu-bf16-gemm-value "'runtime.cpu_bf16_gemm' must be \"auto\", \"onednn\" or \"emulate\"" --config "$tmp/missing.json" --set runtime.cpu_bf16_gemm=mkl
 expect_error batch-both "'train.global_batch' (64) and 'train.batch_per_rank' (16) are both set, but 16 per replica × 2 data-parallel replicas is a global batch of 32" --config "$tmp/missing.json" --set train.global_batch=64 --set train.batch_per_rank=16
 expect_error lr-scaling-reference "set train.lr_reference_batch to that global batch" --config "$tmp/missing.json" --set train.lr_scaling=linear
+expect_error cpu-fp32-gemm-value "'runtime.cpu_fp32_gemm' must be \"auto\", \"onednn\" or \"openblas\"" --config "$tmp/missing.json" --set runtime.cpu_fp32_gemm=mkl
 # runtime.device "auto" that resolves to the CPU: refused by the trainer once the ranks agree on the device
 if ! nvidia-smi -L >/dev/null 2>&1; then
   expect_error precision-tf32-auto "\"tf32\" is a CUDA tensor-core mode, but this run is on the CPU" --config "$tmp/missing.json" --set runtime.precision=tf32
@@ -58,7 +59,8 @@ timeout 60 mpiexec -n 1 "$TRAIN" --help >"$tmp/help" 2>&1; rc=$?
 if [ $rc != 0 ] || ! grep -q "train.global_batch" "$tmp/help" || ! grep -q "parallel.sync" "$tmp/help" ||
    ! grep -q "^ llama:" "$tmp/help" || ! grep -q "^ bert:" "$tmp/help" || ! grep -q "model.n_kv_head" "$tmp/help" ||
    ! grep -q "model.num_labels  *default 2" "$tmp/help" || ! grep -q "parallel.pp_stages" "$tmp/help" || ! grep -q "parallel.zero" "$tmp/help" ||
-   ! grep -q "runtime.precision" "$tmp/help" || ! grep -q "runtime.cpu_bf16_gemm" "$tmp/help"; then
+   ! grep -q "runtime.precision" "$tmp/help" || ! grep -q "runtime.cpu_bf16_gemm" "$tmp/help" ||
+   ! grep -q "runtime.cpu_fp32_gemm" "$tmp/help"; then
   echo "FAIL --help: exit $rc"; cat "$tmp/help"; status=1
 else echo "ok   --help lists the configuration keys, per model family"; fi
 exit $status

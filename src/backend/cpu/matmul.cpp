@@ -1,8 +1,10 @@
-// Dense layer on OpenBLAS sgemm, or in bf16 on oneDNN's bf16 matmul. Row-major throughout;
-// transposes are expressed with the GEMMs' transpose flags, never with copies.
+// Dense layer on OpenBLAS sgemm or oneDNN's matmul. Row-major throughout; transposes are expressed
+// with the GEMMs' transpose flags, never with copies.
 //
-// Precision (backend/gemm_precision.h): fp32 is plain sgemm. bf16 runs on the engine selected
-// process-wide (backend/cpu/onednn_gemm.h, runtime.cpu_bf16_gemm):
+// Precision (backend/gemm_precision.h): fp32 runs on the engine selected process-wide
+// (backend/cpu/onednn_gemm.h, runtime.cpu_fp32_gemm): OpenBLAS sgemm, or oneDNN's fp32 matmul on
+// the operands as they are (the bias added as it writes out). bf16 runs on the engine selected
+// process-wide (runtime.cpu_bf16_gemm):
 //   - emulate: the GEMM operands are rounded to bf16 (round to nearest even, backend/bf16.h) into a
 //     per-thread fp32 scratch buffer and the same sgemm runs on the rounded copies; a product of
 //     two bf16 values is exact in fp32, so this is a bf16 GEMM with fp32 accumulation, as the
@@ -157,7 +159,29 @@ uint16_t* thread_bf16_scratch(size_t values) {
   return buf.data();
 }
 
-bool on_onednn(GemmPrecision prec) { return prec == GemmPrecision::bf16 && cpu_bf16_gemm() == CpuBf16Gemm::onednn; }
+bool on_onednn(GemmPrecision prec) {
+  if (prec == GemmPrecision::fp32) return cpu_fp32_gemm() == CpuFp32Gemm::onednn;
+  return prec == GemmPrecision::bf16 && cpu_bf16_gemm() == CpuBf16Gemm::onednn;
+}
+
+// oneDNN's matmul on bf16 bits or on fp32 values, as onednn_bf16_gemm / onednn_f32_gemm.
+void onednn_gemm(bool ta, bool tb, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B, int ldb,
+                 float beta, float* C, int ldc, const float* bias = nullptr) {
+  onednn_bf16_gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, gemm_threads(M, N, K), bias);
+}
+void onednn_gemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float beta,
+                 float* C, int ldc, const float* bias = nullptr) {
+  onednn_f32_gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, gemm_threads(M, N, K), bias);
+}
+
+// matmul_backward's two GEMMs on oneDNN with the operands of type T (bf16 bits or fp32):
+// dinp += dout·weight and dweight += dout^T·inp, each when not null; dout's rows ldd apart.
+template <typename T>
+void onednn_backward_gemms(float* dinp, float* dweight, const T* dout, size_t ldd, const T* inp, const T* weight,
+                           int N, int C, int OC) {
+  if (dinp != nullptr) onednn_gemm(false, false, N, C, OC, dout, static_cast<int>(ldd), weight, C, 1.0f, dinp, C);
+  if (dweight != nullptr) onednn_gemm(true, false, OC, C, N, dout, static_cast<int>(ldd), inp, C, 1.0f, dweight, C);
+}
 
 std::atomic<uint64_t> weight_roundings{0};
 
@@ -221,16 +245,9 @@ void onednn_bf16_backward_gemms(float* dinp, float* dweight, const float* dout, 
     d16 = s;
     ldg = static_cast<size_t>(OC);
   }
-  if (dinp != nullptr) {
-    const uint16_t* w16 = bf16_bits_weight(s + round16(nd), weight, gemm.weight_bf16, nw);
-    onednn_bf16_gemm(false, false, N, C, OC, d16, static_cast<int>(ldg), w16, C, 1.0f, dinp, C,
-                     gemm_threads(N, C, OC));
-  }
-  if (dweight != nullptr) {
-    const uint16_t* x16 = bf16_bits_operand(s + round16(nd) + round16(nw), inp, gemm.inp_bf16, ni);
-    onednn_bf16_gemm(true, false, OC, C, N, d16, static_cast<int>(ldg), x16, C, 1.0f, dweight, C,
-                     gemm_threads(OC, C, N));
-  }
+  const uint16_t* w16 = dinp ? bf16_bits_weight(s + round16(nd), weight, gemm.weight_bf16, nw) : nullptr;
+  const uint16_t* x16 = dweight ? bf16_bits_operand(s + round16(nd) + round16(nw), inp, gemm.inp_bf16, ni) : nullptr;
+  onednn_backward_gemms(dinp, dweight, d16, ldg, x16, w16, N, C, OC);
 }
 
 }  // namespace
@@ -245,9 +262,9 @@ void bf16_copy(uint16_t* dst, const float* src, size_t n) {
 
 // out[N,OC] = inp[N,C] · weight[OC,C]^T + bias[OC]   (out's rows gemm.out_stride(OC) apart)
 // sgemm: with a bias, out is first filled with the bias rows and sgemm accumulates (beta = 1);
-// this costs the same single pass over out as sgemm's own beta = 0 clearing would. In bf16 the
-// emulation replaces inp and weight by rounded copies first; oneDNN multiplies the bf16 operands
-// and adds the bias as it writes out.
+// this costs the same single pass over out as sgemm's own beta = 0 clearing would. oneDNN (fp32,
+// or bf16 on the bf16 operands) adds the bias as it writes out; the bf16 emulation replaces inp
+// and weight by rounded copies first.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC, GemmMode gemm) {
   check_cpu_precision(gemm.prec);
@@ -256,10 +273,12 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   if (ldo < OC) fail("internal: matmul_forward with out_ld ", ldo, " < OC ", OC);
   const size_t ni = static_cast<size_t>(N) * C, nw = static_cast<size_t>(OC) * C;
   if (C > 0 && on_onednn(gemm.prec)) {
+    if (gemm.prec == GemmPrecision::fp32)
+      return onednn_gemm(false, true, N, OC, C, inp, C, weight, C, 0.0f, out, ldo, bias);
     uint16_t* s = thread_bf16_scratch((gemm.inp_bf16 ? 0 : round16(ni)) + (gemm.weight_bf16 ? 0 : nw));
     const uint16_t* x16 = bf16_bits_operand(s, inp, gemm.inp_bf16, ni);
     const uint16_t* w16 = bf16_bits_weight(s + (gemm.inp_bf16 ? 0 : round16(ni)), weight, gemm.weight_bf16, nw);
-    onednn_bf16_gemm(false, true, N, OC, C, x16, C, w16, C, 0.0f, out, ldo, gemm_threads(N, OC, C), bias);
+    onednn_gemm(false, true, N, OC, C, x16, C, w16, C, 0.0f, out, ldo, bias);
     return;
   }
   if (gemm.prec == GemmPrecision::bf16 && C > 0) {
@@ -283,8 +302,8 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   sgemm_on_omp_threads(CblasNoTrans, CblasTrans, N, OC, C, inp, C, weight, C, beta, out, ldo);
 }
 
-// dinp[N,C]     += dout[N,OC] · weight[OC,C]         (sgemm, beta = 1)
-// dweight[OC,C] += dout[N,OC]^T · inp[N,C]           (sgemm, beta = 1)
+// dinp[N,C]     += dout[N,OC] · weight[OC,C]         (sgemm or oneDNN, beta = 1)
+// dweight[OC,C] += dout[N,OC]^T · inp[N,C]           (sgemm or oneDNN, beta = 1)
 // dbias[OC]     += Σ_n dout[n, :]                    (column sum; threads split the columns,
 //                                                     each column summed in row order)
 // dout's rows (and dout_bf16's) are gemm.dout_stride(OC) apart.
@@ -299,7 +318,9 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   if (N <= 0 || OC <= 0 || C <= 0) return;
   const size_t ldd = static_cast<size_t>(gemm.dout_stride(OC));
   if (ldd < static_cast<size_t>(OC)) fail("internal: matmul_backward with dout_ld ", ldd, " < OC ", OC);
-  if (on_onednn(gemm.prec))
+  if (on_onednn(gemm.prec) && gemm.prec == GemmPrecision::fp32)
+    onednn_backward_gemms(dinp, dweight, dout, ldd, inp, weight, N, C, OC);
+  else if (on_onednn(gemm.prec))
     onednn_bf16_backward_gemms(dinp, dweight, dout, inp, weight, N, C, OC, ldd, gemm);
   else
     emulated_backward_gemms(dinp, dweight, dout, inp, weight, N, C, OC, ldd, gemm);

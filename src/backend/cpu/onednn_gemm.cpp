@@ -1,4 +1,4 @@
-// The bf16 GEMM engine selection and oneDNN's matmul (the contract: backend/cpu/onednn_gemm.h).
+// The CPU GEMM engine selections and oneDNN's matmul (the contract: backend/cpu/onednn_gemm.h).
 //
 // oneDNN (the OpenMP build Debian ships) sizes its parallel work by omp_get_max_threads() when a
 // primitive is made and runs it on that many threads, so both happen with OpenMP's count set to the
@@ -31,9 +31,15 @@ namespace llmpi::cpu {
 
 namespace {
 
-std::atomic<CpuBf16Gemm> selected{CpuBf16Gemm::emulate};
+// One selection: the engine in use and why (the key as given, or why oneDNN cannot run).
+template <typename Engine>
+struct Selection {
+  std::atomic<Engine> engine;
+  std::string reason;  // guarded by reason_mutex
+};
 std::mutex reason_mutex;
-std::string selected_reason = "the default until runtime.cpu_bf16_gemm is selected";  // why this engine
+Selection<CpuBf16Gemm> bf16_selection{{CpuBf16Gemm::emulate}, "the default until runtime.cpu_bf16_gemm is selected"};
+Selection<CpuFp32Gemm> fp32_selection{{CpuFp32Gemm::openblas}, "the default until runtime.cpu_fp32_gemm is selected"};
 
 #if LLMPI_HAVE_ONEDNN
 
@@ -160,7 +166,7 @@ void run_gemm(const GemmKey& k, float beta, const void* A, const void* B, float*
     stream.wait();
   } catch (const dnnl::error& e) {
     fail("oneDNN's ", k.bf16 ? "bf16" : "fp32", " matmul (", k.M, " x ", k.N, " x ", k.K, ") failed: ", e.what(),
-         "; use runtime.cpu_bf16_gemm \"emulate\"");
+         k.bf16 ? "; use runtime.cpu_bf16_gemm \"emulate\"" : "; use runtime.cpu_fp32_gemm \"openblas\"");
   }
 }
 
@@ -180,62 +186,104 @@ const char* isa_name(dnnl::cpu_isa isa) {
 
 #endif  // LLMPI_HAVE_ONEDNN
 
-// "" when the oneDNN engine can run here, else why not (computed once).
-const std::string& onednn_unavailable_reason() {
-  static const std::string reason = []() -> std::string {
+// "" when oneDNN's bf16 (bf16 true) or fp32 matmul can run here, else why not (computed once each).
+std::string onednn_unavailable_reason(bool bf16) {
 #if LLMPI_HAVE_ONEDNN
-    try {
-      const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-      const unsigned bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
-      if ((static_cast<unsigned>(isa) & bf16) != bf16)
-        return std::string("oneDNN finds no bf16 instructions on this CPU (its ISA here: ") + isa_name(isa) + ")";
-      const std::string impl = onednn_matmul_impl(true, false, true, 64, 64, 64);
-      if (impl.find("ref") != std::string::npos)
-        return "oneDNN has only its reference bf16 matmul on this CPU (" + impl + ")";
-      return "";
-    } catch (const std::exception& e) {
-      return std::string("oneDNN could not make a bf16 matmul: ") + e.what();
-    }
+  const char* type = bf16 ? "bf16" : "fp32";
+  try {
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    const unsigned with_bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+    if (bf16 && (static_cast<unsigned>(isa) & with_bf16) != with_bf16)
+      return std::string("oneDNN finds no bf16 instructions on this CPU (its ISA here: ") + isa_name(isa) + ")";
+    const std::string impl = onednn_matmul_impl(bf16, false, true, 64, 64, 64);
+    if (impl.find("ref") != std::string::npos)
+      return std::string("oneDNN has only its reference ") + type + " matmul on this CPU (" + impl + ")";
+    return "";
+  } catch (const std::exception& e) {
+    return std::string("oneDNN could not make a ") + type + " matmul: " + e.what();
+  }
 #else
-    return "this build has no oneDNN (install libdnnl-dev, e.g. with `make deps`, and rebuild)";
+  (void)bf16;
+  return "this build has no oneDNN (install libdnnl-dev, e.g. with `make deps`, and rebuild)";
 #endif
-  }();
-  return reason;
 }
 
-}  // namespace
-
-bool onednn_bf16_available(std::string* why) {
-  const std::string& reason = onednn_unavailable_reason();
+bool onednn_available(bool bf16, std::string* why) {
+  static const std::string reasons[2] = {onednn_unavailable_reason(false), onednn_unavailable_reason(true)};
+  const std::string& reason = reasons[bf16];
   if (why) *why = reason;
   return reason.empty();
 }
 
-void select_cpu_bf16_gemm(CpuBf16Gemm want) {
+// What "auto" resolves to where oneDNN can run: oneDNN for bf16 (1.4-1.7x the fp32 step,
+// docs/PERF.md); for fp32 kFp32AutoOnednn, decided from step-level measurements (docs/PERF.md
+// "fp32 GEMMs on oneDNN"): where oneDNN cannot run, "auto" is always the fallback.
+constexpr bool kFp32AutoOnednn = false;
+constexpr const char* kFp32AutoWhy =
+    "oneDNN's fp32 matmul is faster as a GEMM but not measurably per training step; runtime.cpu_fp32_gemm \"onednn\" "
+    "selects it";
+
+// Selects `want` into `sel`: oneDNN when asked for (refused with `key`'s fix where it cannot run)
+// or when automatic, it can run and auto_onednn says so, else `fallback`. auto_why: why "auto"
+// is the fallback where oneDNN can run.
+template <typename Engine>
+void select_engine(Selection<Engine>& sel, Engine want, bool bf16, const char* key, Engine fallback, bool auto_onednn,
+                   const char* auto_why) {
   std::string why;
-  const bool have = onednn_bf16_available(&why);
-  if (want == CpuBf16Gemm::onednn && !have)
-    fail("runtime.cpu_bf16_gemm \"onednn\": ", why, "; use \"auto\" (oneDNN where it can run) or \"emulate\"");
-  const CpuBf16Gemm engine = want == CpuBf16Gemm::emulate || !have ? CpuBf16Gemm::emulate : CpuBf16Gemm::onednn;
+  const bool have = onednn_available(bf16, &why);
+  if (want == Engine::onednn && !have)
+    fail(key, " \"onednn\": ", why, "; use \"auto\" or \"", option_name(fallback), "\"");
+  const bool onednn = want == Engine::onednn || (want == Engine::automatic && have && auto_onednn);
   std::lock_guard<std::mutex> lock(reason_mutex);
-  selected.store(engine);
-  const std::string key = std::string("runtime.cpu_bf16_gemm \"") + cpu_bf16_gemm_name(want) + "\"";
-  selected_reason = engine == CpuBf16Gemm::emulate && want != CpuBf16Gemm::emulate ? why : key;
+  sel.engine.store(onednn ? Engine::onednn : fallback);
+  const std::string given = std::string(key) + " \"" + option_name(want) + "\"";
+  sel.reason = onednn || want == fallback ? given : !have ? why : given + ": " + auto_why;
 }
 
-CpuBf16Gemm cpu_bf16_gemm() { return selected.load(); }
-
-std::string cpu_bf16_gemm_description() {
-  std::lock_guard<std::mutex> lock(reason_mutex);
-  if (selected.load() == CpuBf16Gemm::emulate)
-    return "emulated (operands rounded to bf16, fp32 OpenBLAS sgemm): " + selected_reason;
+// "oneDNN 2.6.3 <type> matmul (<implementation>; <reason>)"
+std::string onednn_description(bool bf16, const std::string& reason) {
 #if LLMPI_HAVE_ONEDNN
   const dnnl_version_t* v = dnnl::version();
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
-         " bf16 matmul (" + onednn_matmul_impl(true, false, true, 64, 64, 64) + "; " + selected_reason + ")";
+         (bf16 ? " bf16" : " fp32") + " matmul (" + onednn_matmul_impl(bf16, false, true, 64, 64, 64) + "; " +
+         reason + ")";
 #else
+  (void)bf16, (void)reason;
   return "";  // (unreachable: onednn is never selected without it)
 #endif
+}
+
+}  // namespace
+
+bool onednn_bf16_available(std::string* why) { return onednn_available(true, why); }
+bool onednn_fp32_available(std::string* why) { return onednn_available(false, why); }
+
+void select_cpu_bf16_gemm(CpuBf16Gemm want) {
+  select_engine(bf16_selection, want, true, "runtime.cpu_bf16_gemm", CpuBf16Gemm::emulate, true, "");
+}
+void select_cpu_fp32_gemm(CpuFp32Gemm want) {
+  select_engine(fp32_selection, want, false, "runtime.cpu_fp32_gemm", CpuFp32Gemm::openblas, kFp32AutoOnednn,
+                kFp32AutoWhy);
+}
+
+CpuFp32Gemm cpu_fp32_gemm_for_auto() {
+  return kFp32AutoOnednn && onednn_fp32_available() ? CpuFp32Gemm::onednn : CpuFp32Gemm::openblas;
+}
+
+CpuBf16Gemm cpu_bf16_gemm() { return bf16_selection.engine.load(); }
+CpuFp32Gemm cpu_fp32_gemm() { return fp32_selection.engine.load(); }
+
+std::string cpu_bf16_gemm_description() {
+  std::lock_guard<std::mutex> lock(reason_mutex);
+  if (bf16_selection.engine.load() == CpuBf16Gemm::emulate)
+    return "emulated (operands rounded to bf16, fp32 OpenBLAS sgemm): " + bf16_selection.reason;
+  return onednn_description(true, bf16_selection.reason);
+}
+
+std::string cpu_fp32_gemm_description() {
+  std::lock_guard<std::mutex> lock(reason_mutex);
+  if (fp32_selection.engine.load() == CpuFp32Gemm::openblas) return "OpenBLAS sgemm: " + fp32_selection.reason;
+  return onednn_description(false, fp32_selection.reason);
 }
 
 void onednn_bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,

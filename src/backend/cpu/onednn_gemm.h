@@ -1,5 +1,5 @@
-// The CPU backend's bf16 GEMM engine (runtime.cpu_bf16_gemm; backend/gemm_precision.h CpuBf16Gemm)
-// and oneDNN's bf16 matmul behind it.
+// The CPU backend's GEMM engines (runtime.cpu_bf16_gemm and runtime.cpu_fp32_gemm;
+// backend/gemm_precision.h CpuBf16Gemm, CpuFp32Gemm) and oneDNN's matmul behind them.
 //
 // In runtime.precision bf16 the dense layers' GEMMs (matmul_forward, matmul_backward: the LM head
 // included) multiply bf16 operands with fp32 accumulation. Two engines compute that:
@@ -14,11 +14,14 @@
 // The two differ by the order of the fp32 sums (and the bf16 instructions flush denormals), so
 // they agree within the bf16 tolerances of docs/DESIGN.md, not bit for bit.
 //
-// The selection is process-wide. Until a program selects, the engine is the emulation (so the ops
-// of a test or a tool are the oracle unless it asks); llmpi-train selects runtime.cpu_bf16_gemm
-// ("auto" by default) at start-up. fp32 GEMMs are OpenBLAS sgemm whatever the selection (oneDNN's
-// fp32 matmul measured 4-14% above sgemm on the model's shapes, docs/PERF.md "The reference
-// benchmark after the step engine, and bf16 on oneDNN"; it is not wired into the fp32 layers).
+// In fp32 the same GEMMs run on OpenBLAS sgemm or on oneDNN's fp32 matmul (runtime.cpu_fp32_gemm).
+// Both are fp32 products with fp32 sums; they differ by the order of the sums only, so they agree
+// within the fp32 tolerances, not bit for bit. Each gives the same bits run to run for a given
+// GEMM thread count.
+//
+// Each selection is process-wide. Until a program selects, the engines are the emulation and
+// OpenBLAS (so the ops of a test or a tool are the oracle unless it asks); llmpi-train selects
+// runtime.cpu_bf16_gemm and runtime.cpu_fp32_gemm ("auto" by default) at start-up.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -43,15 +46,43 @@ CpuBf16Gemm cpu_bf16_gemm();
 //   "emulated (operands rounded to bf16, fp32 OpenBLAS sgemm): oneDNN finds no bf16 instructions ..."
 std::string cpu_bf16_gemm_description();
 
+// Whether this build and this CPU can run oneDNN's fp32 matmul: oneDNN compiled in and an fp32
+// matmul that is not oneDNN's reference loop. When not, *why (if given) says which is missing.
+bool onednn_fp32_available(std::string* why = nullptr);
+
+// Selects the engine of this process's fp32 dense-layer GEMMs: automatic resolves to
+// cpu_fp32_gemm_for_auto(). onednn on a build or CPU without it throws Error naming what is
+// missing and the fix (runtime.cpu_fp32_gemm "auto" or "openblas").
+void select_cpu_fp32_gemm(CpuFp32Gemm want);
+// What "auto" selects here: openblas (oneDNN's fp32 matmul was not measurably faster per training
+// step on the reference machine, docs/PERF.md "fp32 GEMMs on oneDNN"; the switch is one constant
+// in onednn_gemm.cpp).
+CpuFp32Gemm cpu_fp32_gemm_for_auto();
+// The engine in use: onednn or openblas (never automatic).
+CpuFp32Gemm cpu_fp32_gemm();
+// One line for the start-up banner, e.g.
+//   "oneDNN 2.6.3 fp32 matmul (brg:avx512_core; runtime.cpu_fp32_gemm \"onednn\")"
+//   "OpenBLAS sgemm: runtime.cpu_fp32_gemm \"auto\": oneDNN's fp32 matmul is faster as a GEMM but ..."
+std::string cpu_fp32_gemm_description();
+
+// The engine in use for either selection, by its enum (for ScopedCpuGemm).
+inline void select_cpu_gemm(CpuBf16Gemm want) { select_cpu_bf16_gemm(want); }
+inline void select_cpu_gemm(CpuFp32Gemm want) { select_cpu_fp32_gemm(want); }
+inline CpuBf16Gemm cpu_gemm_in_use(CpuBf16Gemm) { return cpu_bf16_gemm(); }
+inline CpuFp32Gemm cpu_gemm_in_use(CpuFp32Gemm) { return cpu_fp32_gemm(); }
+
 // Selects `want` for its lifetime, then restores the engine it found (a run inside a process that
 // goes on: tests, a library call of the trainer).
-struct ScopedCpuBf16Gemm {
-  CpuBf16Gemm saved;
-  explicit ScopedCpuBf16Gemm(CpuBf16Gemm want) : saved(cpu_bf16_gemm()) { select_cpu_bf16_gemm(want); }
-  ~ScopedCpuBf16Gemm() { select_cpu_bf16_gemm(saved); }
-  ScopedCpuBf16Gemm(const ScopedCpuBf16Gemm&) = delete;
-  ScopedCpuBf16Gemm& operator=(const ScopedCpuBf16Gemm&) = delete;
+template <typename Engine>
+struct ScopedCpuGemm {
+  Engine saved;
+  explicit ScopedCpuGemm(Engine want) : saved(cpu_gemm_in_use(want)) { select_cpu_gemm(want); }
+  ~ScopedCpuGemm() { select_cpu_gemm(saved); }
+  ScopedCpuGemm(const ScopedCpuGemm&) = delete;
+  ScopedCpuGemm& operator=(const ScopedCpuGemm&) = delete;
 };
+using ScopedCpuBf16Gemm = ScopedCpuGemm<CpuBf16Gemm>;
+using ScopedCpuFp32Gemm = ScopedCpuGemm<CpuFp32Gemm>;
 
 // C[M,N] = op(A) op(B) + bias + beta C through oneDNN's matmul, row-major, as cblas_sgemm with
 // alpha 1 and beta 0 or 1: A and B are bf16 bits (op(A) [M,K]: A is [M,K] with rows lda apart, or
@@ -64,8 +95,8 @@ struct ScopedCpuBf16Gemm {
 void onednn_bf16_gemm(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
                       int ldb, float beta, float* C, int ldc, int threads, const float* bias = nullptr);
 
-// The same with fp32 operands (oneDNN's fp32 matmul): for bench-sgemm_rate's comparison with
-// OpenBLAS sgemm only; the fp32 dense layers use sgemm.
+// The same with fp32 operands (oneDNN's fp32 matmul, fp32 accumulation): the fp32 dense layers'
+// GEMMs under runtime.cpu_fp32_gemm "onednn", and bench-sgemm_rate's comparison with sgemm.
 void onednn_f32_gemm(bool trans_a, bool trans_b, int M, int N, int K, const float* A, int lda, const float* B,
                      int ldb, float beta, float* C, int ldc, int threads, const float* bias = nullptr);
 
