@@ -214,7 +214,7 @@ void to_bf16_rows(__nv_bfloat16* dst, int ld, const float* src, int src_ld, int 
 // width; one such dimension of odd length (the LM head's V = 50257: the output's columns in the
 // forward, the reduction in dinp, the weight gradient's rows) sends the whole GEMM to a scalar
 // "align1" kernel, measured at ~80 TFLOP/s on an H100 against ~750 for aligned bf16 shapes (ncu,
-// docs/PERF.md "First run on a GPU"). So such a GEMM runs as two: the largest multiple of 64 of
+// bench/results/gpu-first-run-h100-2026-11-24.json). So such a GEMM runs as two: the largest multiple of 64 of
 // that dimension, and the tail (< 64, a small GEMM), each writing its own part of C (M, N) or the
 // tail accumulated onto the main part (K: beta = 1). No padding of the weights or the logits is
 // needed. In row-major terms: N is contiguous in C (always) and in B unless transB, K in A unless
@@ -498,7 +498,7 @@ void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, 
   }
   // Not in bf16: there cuBLASLt ran DGELU as a pass of its own after the GEMM, and the whole
   // backward was slower than with our GEMM + gelu_grad_multiply (H100, GPT-2 124M bf16, B = 64:
-  // backward 215.1 ms with the epilogues, 208.4 ms without; docs/PERF.md "First run on a GPU").
+  // backward 215.1 ms with the epilogues, 208.4 ms without; bench/results/gpu-first-run-h100-2026-11-24.json).
   const bool shape_ok = lt_gelu_ld_ok(C);
   if (cuda_gemm_epilogues_enabled() && shape_ok && prec != GemmPrecision::bf16) {
     LtGemm g;
@@ -540,7 +540,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
       // the same GEMM (no separate pass over dout). BGRADB writes its vector, so it goes to a
       // scratch and is added to dbias (the "+=" contract). fp32 only: with bf16 (and TF32)
       // operands cuBLASLt would sum the rounded dout, and the bias gradient is the sum of the
-      // unrounded one (docs/GPU.md "Precision modes").
+      // unrounded one (docs/PRECISION.md).
       float* bgrad = lt_bgrad_scratch();
       LtGemm g;
       g.ep = LtEpilogue::bgradb;

@@ -509,8 +509,8 @@ peer_pytorch_step() {
 wants peer_pytorch && peer_pytorch_step peer_pytorch gpt2
 wants peer_pytorch_llama && peer_pytorch_step peer_pytorch_llama llama
 
-# Where a bf16 step's time goes, for the next round of kernel work (docs/PERF.md "First run on a
-# GPU" has the first such table).
+# Where a bf16 step's time goes: ncu's time per kernel of one step (the first such table is in
+# bench/results/gpu-first-run-h100-2026-11-24.json).
 NCU_RUN=("$BENCH" --batch 8 --precision bf16 --steps 1 --warmup 1 --no-rates)
 for s in kernel_times flash_sections; do
   wants $s || continue

@@ -17,8 +17,8 @@
 // The selection is process-wide. Until a program selects, the engine is the emulation (so the ops
 // of a test or a tool are the oracle unless it asks); llmpi-train selects runtime.cpu_bf16_gemm
 // ("auto" by default) at start-up. fp32 GEMMs are OpenBLAS sgemm whatever the selection (oneDNN's
-// fp32 matmul measured 4-14% above sgemm on the model's shapes, docs/PERF.md "The reference
-// benchmark after the step engine, and bf16 on oneDNN"; it is not wired into the fp32 layers).
+// fp32 matmul measured 4-14% above sgemm on the model's shapes, docs/PERF.md "Reference
+// throughput on the CPU"; it is not wired into the fp32 layers).
 #pragma once
 #include <cstdint>
 #include <string>
