@@ -31,10 +31,9 @@
 //         CUBLAS_COMPUTE_32F (fp32 accumulation). Every operand is converted on every call,
 //         except a weight whose bf16 copy the caller hands over (gemm.weight_bf16: a bf16 Model
 //         rounds each weight once per forward, bf16_copy, and the forward and backward GEMMs
-//         read that copy; the chunked LM head used to convert the V x C head weight twice per
-//         chunk). For the activations and output gradients the conversion is memory
-//         traffic comparable to a quarter of a GPT-2 step at the MFU target (docs/GPU.md
-//         "Precision modes"): the fast version has the producing ops write bf16 themselves — the
+//         read that copy, once per forward however many chunks the LM head runs). For the
+//         activations and output gradients the conversion is memory traffic comparable to a
+//         quarter of a GPT-2 step at the MFU target (docs/PRECISION.md "On CUDA"): the fast version has the producing ops write bf16 themselves — the
 //         LM head's logits gradient does (gemm.dout_bf16, below). The scratch holds the
 //         operands one call converts, side by side. An output gradient dout [N, OC] read as a GEMM operand
 //         is converted with its rows padded to bf16_row_stride(OC) (a multiple of 8: every row 16-byte
@@ -114,8 +113,8 @@ __global__ void colsum_partial_to_bf16_kernel(float* __restrict__ part, __nv_bfl
 
 // The second pass of every column sum (add_partial_sums): a block of kFinalCols columns x
 // kFinalLanes lanes; lane y sums chunks y, y + kFinalLanes, ... in order, then lane 0 adds the
-// lanes' sums in lane order. (One thread per column looping over all chunks, as before 2026-11-25,
-// ran a few blocks for ~13 us per call at GPT-2 124M's 256 chunks: latency, not bandwidth.)
+// lanes' sums in lane order. (One thread per column looping over all chunks runs only a few blocks
+// at GPT-2 124M's 256 chunks: latency-bound; that version runs when Path::partial_sums_lanes is off.)
 constexpr int kFinalCols = 32, kFinalLanes = 16;
 __global__ void partial_sums_final_kernel(float* __restrict__ out0, float* __restrict__ out1, int split,
                                           const float* __restrict__ part, int nchunks, int M) {

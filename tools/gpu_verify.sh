@@ -67,8 +67,8 @@
 #             train_gpu_bf16, train_gpu_tf32  runtime.precision=bf16 / tf32 on the GPU; the first
 #                           20 losses vs train_cpu's fp32 ones (1e-2: the bf16 target)
 #             train_cpu_bf16, train_gpu_bf16_vs_cpu  bf16 on the CPU (the emulation) and the GPU
-#                           run above compared with it over 20 steps (1e-2; docs/GPU.md
-#                           "Precision modes" says why not tighter)
+#                           run above compared with it over 20 steps (1e-2; docs/PRECISION.md
+#                           "On CUDA" says why not tighter)
 #             mpi_bf16_sync 2 ranks, parallel.grad_dtype=bf16; the first 20 losses vs mpi_staging's
 #                           (1e-2, as bf16 GEMMs)
 #   pipeline  pipeline_1f1b  2 ranks sharing the GPU as 2 stages (1F1B, 4 micro-batches) of the
