@@ -34,7 +34,7 @@
 // When G <= NKV, one call per (b, r) batches the NKV heads h = gG + r (g = 0..NKV-1: query
 // operands G hs apart, K/V operands hs apart); otherwise one call per (b, g) batches the G heads
 // of group g, with the K/V operand's batch stride 0. That is B min(G, NKV) calls per product
-// (B for MHA, as before GQA). The outputs of one call are distinct [T, x] blocks (column slices
+// (B for MHA). The outputs of one call are distinct [T, x] blocks (column slices
 // of out / dqkv interleave in memory but never share an element).
 //
 // Group sums (dK, dV), deterministic, no atomics: for G = 1 a beta = 1 sgemm per head straight

@@ -2,7 +2,7 @@
 // built with cuDNN's C++ frontend (header-only: the Makefile fetches the nvidia-cudnn-frontend
 // wheel's headers at build time) in its dynamic-loading mode: libcudnn.so.9 is opened with dlopen
 // at the first call, so no binary links it and one runs where it is absent (the path then says
-// why it is off). Run on an H100 (2026-11-27): docs/GPU.md "Run on an H100, 2026-11-27".
+// why it is off). Run on an H100 (2026-11-27): docs/GPU.md "What has been verified, on which card".
 //
 // What cuDNN computes (bf16 in and out, fp32 softmax and accumulation), mapped onto the ops'
 // contract (op_list.h flash_attention_forward/backward):

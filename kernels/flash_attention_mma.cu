@@ -173,7 +173,7 @@ struct Tf32Operands {
 // 16-byte loads, a thread's HS/8 of them (HS = 64: all 8) issued before the first is used — for
 // HS = 128 in batches — so a tile costs a few trips to memory instead of one per element (the
 // first GPU run measured the one-element-per-iteration loop as the bulk of the kernels' time,
-// docs/PERF.md "First run on a GPU"). Row-major only: a thread's float4 is 4 columns of one row,
+// bench/results/gpu-first-run-h100-2026-11-24.json). Row-major only: a thread's float4 is 4 columns of one row,
 // one store. With the transposed tile: a thread takes 4 columns of two rows (r, r + 1), so each
 // column's pair is one store to tile_t; lanes 0-15 take 16 row pairs and lanes 16-31 the next 4
 // columns, which spreads a warp's stores over all 32 banks (one element per thread and store, as

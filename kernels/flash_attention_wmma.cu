@@ -1,5 +1,5 @@
 // The bf16 fused attention on tensor cores through the WMMA API: the version an H100 verified and
-// timed on 2026-11-24 (docs/GPU.md "Verified on an H100"), kept beside its mma.sync rewrite
+// timed on 2026-11-24 (docs/GPU.md "What has been verified, on which card"), kept beside its mma.sync rewrite
 // (flash_attention_mma.cu), which no card has run yet; it runs when that path is switched off
 // (LLMPI_CUDA_OFF=mma_attention, kernels/cuda_paths.cu). The kernels are that day's, unchanged;
 // only the entry points are renamed (flash_wmma_*) and the shared-memory opt-in is the backend's
@@ -81,7 +81,7 @@ __host__ __device__ constexpr int ld_o() { return HS + 4; }  // fp32 [64][HS + 4
 // 16-byte loads, every thread's HS/2 (HS = 64: 8) of them issued before the first is used, so a
 // tile costs one trip to memory instead of one per element — the first GPU run measured the
 // one-element-per-iteration loop as the bulk of these kernels' time (ncu: ~11 TFLOP/s forward,
-// docs/PERF.md "First run on a GPU"). Otherwise one element per thread and iteration.
+// bench/results/gpu-first-run-h100-2026-11-24.json). Otherwise one element per thread and iteration.
 template <int HS>
 __device__ __forceinline__ void stage_bf16(bf16* tile, const float* base, int ld, int col, int r0,
                                            int n, int hs) {

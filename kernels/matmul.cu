@@ -31,10 +31,9 @@
 //         CUBLAS_COMPUTE_32F (fp32 accumulation). Every operand is converted on every call,
 //         except a weight whose bf16 copy the caller hands over (gemm.weight_bf16: a bf16 Model
 //         rounds each weight once per forward, bf16_copy, and the forward and backward GEMMs
-//         read that copy; the chunked LM head used to convert the V x C head weight twice per
-//         chunk). For the activations and output gradients the conversion is memory
-//         traffic comparable to a quarter of a GPT-2 step at the MFU target (docs/GPU.md
-//         "Precision modes"): the fast version has the producing ops write bf16 themselves — the
+//         read that copy, once per forward however many chunks the LM head runs). For the
+//         activations and output gradients the conversion is memory traffic comparable to a
+//         quarter of a GPT-2 step at the MFU target (docs/PRECISION.md "On CUDA"): the fast version has the producing ops write bf16 themselves — the
 //         LM head's logits gradient does (gemm.dout_bf16, below). The scratch holds the
 //         operands one call converts, side by side. An output gradient dout [N, OC] read as a GEMM operand
 //         is converted with its rows padded to bf16_row_stride(OC) (a multiple of 8: every row 16-byte
@@ -114,8 +113,8 @@ __global__ void colsum_partial_to_bf16_kernel(float* __restrict__ part, __nv_bfl
 
 // The second pass of every column sum (add_partial_sums): a block of kFinalCols columns x
 // kFinalLanes lanes; lane y sums chunks y, y + kFinalLanes, ... in order, then lane 0 adds the
-// lanes' sums in lane order. (One thread per column looping over all chunks, as before 2026-11-25,
-// ran a few blocks for ~13 us per call at GPT-2 124M's 256 chunks: latency, not bandwidth.)
+// lanes' sums in lane order. (One thread per column looping over all chunks runs only a few blocks
+// at GPT-2 124M's 256 chunks: latency-bound; that version runs when Path::partial_sums_lanes is off.)
 constexpr int kFinalCols = 32, kFinalLanes = 16;
 __global__ void partial_sums_final_kernel(float* __restrict__ out0, float* __restrict__ out1, int split,
                                           const float* __restrict__ part, int nchunks, int M) {
@@ -214,7 +213,7 @@ void to_bf16_rows(__nv_bfloat16* dst, int ld, const float* src, int src_ld, int 
 // width; one such dimension of odd length (the LM head's V = 50257: the output's columns in the
 // forward, the reduction in dinp, the weight gradient's rows) sends the whole GEMM to a scalar
 // "align1" kernel, measured at ~80 TFLOP/s on an H100 against ~750 for aligned bf16 shapes (ncu,
-// docs/PERF.md "First run on a GPU"). So such a GEMM runs as two: the largest multiple of 64 of
+// bench/results/gpu-first-run-h100-2026-11-24.json). So such a GEMM runs as two: the largest multiple of 64 of
 // that dimension, and the tail (< 64, a small GEMM), each writing its own part of C (M, N) or the
 // tail accumulated onto the main part (K: beta = 1). No padding of the weights or the logits is
 // needed. In row-major terms: N is contiguous in C (always) and in B unless transB, K in A unless
@@ -498,7 +497,7 @@ void matmul_dgelu_backward(float* dpre, const float* dout, const float* weight, 
   }
   // Not in bf16: there cuBLASLt ran DGELU as a pass of its own after the GEMM, and the whole
   // backward was slower than with our GEMM + gelu_grad_multiply (H100, GPT-2 124M bf16, B = 64:
-  // backward 215.1 ms with the epilogues, 208.4 ms without; docs/PERF.md "First run on a GPU").
+  // backward 215.1 ms with the epilogues, 208.4 ms without; bench/results/gpu-first-run-h100-2026-11-24.json).
   const bool shape_ok = lt_gelu_ld_ok(C);
   if (cuda_gemm_epilogues_enabled() && shape_ok && prec != GemmPrecision::bf16) {
     LtGemm g;
@@ -540,7 +539,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
       // the same GEMM (no separate pass over dout). BGRADB writes its vector, so it goes to a
       // scratch and is added to dbias (the "+=" contract). fp32 only: with bf16 (and TF32)
       // operands cuBLASLt would sum the rounded dout, and the bias gradient is the sum of the
-      // unrounded one (docs/GPU.md "Precision modes").
+      // unrounded one (docs/PRECISION.md).
       float* bgrad = lt_bgrad_scratch();
       LtGemm g;
       g.ep = LtEpilogue::bgradb;

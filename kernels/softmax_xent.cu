@@ -22,10 +22,9 @@
 //       threads; thread t owns the groups of four logits q = t, t + 1024, ... (z[4q..4q+3], in
 //       order), then the last V % 4 logits one each (threads 0..2): the same order whether the
 //       row is aligned or not, so a row gives the same bits in place (rows of V) and into bf16
-//       (padded rows). The second pass used to re-read the row from global memory: on the H100
-//       (GPT-2 124M, bf16, B = 8, chunks of 1334 rows of 50,257 logits) 0.36 ms per chunk, ~1.9
-//       TB/s over 670 MB, while ~530 rows of 201 KB in flight (4 blocks of 512 threads per SM) do
-//       not stay in a 50 MB L2. Reading once moves 470 MB (estimated 0.15-0.2 ms; not measured).
+//       (padded rows). Why shared memory: rows of 201 KB in flight (GPT-2's vocabulary, ~530 rows at
+//       4 blocks of 512 threads per SM) do not stay in a 50 MB L2, so a second pass would read
+//       the row from global memory again (the two-pass kernel below; LLMPI_CUDA_OFF=softmax_row_smem).
 //   softmax_xent_kernel  (larger V) 512 threads, thread t owns logits t, t + 512, ...; the row is
 //       read twice from global memory.
 //   softmax_xent         the checked op: the key in a workspace flag, waited for and read back

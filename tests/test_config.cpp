@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/config.h"
+#include "runtime/config_keys.h"
 #include "runtime/error.h"
 
 using namespace llmpi;
@@ -123,4 +124,17 @@ TEST(Config, KeysWithoutEffectAreNamed) {
   EXPECT_EQ(notes({"train.max_consecutive_skips=3"}).size(), 1u) << "with on_nonfinite abort";
   EXPECT_EQ(notes({"train.on_nonfinite=skip", "train.max_consecutive_skips=3"}).size(), 0u);
   EXPECT_EQ(notes({"model.family=bert", "runtime.lm_head_chunk_rows=64"}).size(), 1u);
+}
+
+// The configuration reference (--help, docs/CONFIG.md) has one description per key of the defaults document.
+TEST(ConfigKeyDocs, EveryKeyDescribedOnce) {
+  const std::vector<std::string> problems = config_key_docs_missing();
+  std::string all;
+  for (const std::string& p : problems) all += p + "\n";
+  EXPECT_TRUE(problems.empty()) << all;
+  const std::string md = config_keys_markdown();
+  EXPECT_NE(md.find("| `train.global_batch` | `16` |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| `model.norm_eps` | `1e-05` (bert: `1e-12`) |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| `model.n_kv_head` | `0` | llama |"), std::string::npos) << md;
+  EXPECT_EQ(md.find("no description"), std::string::npos) << md;
 }

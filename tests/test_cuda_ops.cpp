@@ -1278,7 +1278,7 @@ TEST_P(CudaModel, AdamWTrainingFollowsCpuLossCurve) {
 // operands, exact products; MatmulBf16MatchesCpuEmulation), but a model amplifies the fp32
 // summation-order differences: now and then one flips an operand's bf16 rounding, a 2^-8 relative
 // change. Measured on the CPU with these models (an fp32 perturbation of one ulp in every parameter
-// standing in for the GPU's other summation order; docs/GPU.md "Precision modes"): the loss moves
+// standing in for the GPU's other summation order; docs/PRECISION.md): the loss moves
 // by < 1e-6 and a gradient tensor by up to 2.8e-3 (the query/key weights, whose gradient is small
 // and cancels), against 6.5e-7 in fp32; over 20 AdamW steps the loss curves part by up to 1.1e-3
 // (50 steps: 9e-3, fp32 8e-6). So: loss 1e-5, gradients 1e-2 (norm-wise per tensor; a tensor

@@ -67,7 +67,7 @@ TEST(FuzzRegressions, ConfigOverrideThatIsNotUtf8) {
   std::string msg = config_error(split_config_input(bytes(input)));
   EXPECT_NE(msg.find("--set 'train.seed=...': the value is not valid UTF-8"), std::string::npos) << msg;
 
-  // The same for a string-valued key, which used to be accepted (and broke config.json later).
+  // The same for a string-valued key (accepted, it would break config.json later).
   msg = config_error(kMinimal, {"run.dir=runs/\xff\xfe"});
   EXPECT_NE(msg.find("--set 'run.dir=...': the value is not valid UTF-8"), std::string::npos) << msg;
   // Valid UTF-8 is still fine.

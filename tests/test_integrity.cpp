@@ -139,8 +139,8 @@ TEST_F(Integrity, ClassificationFileRecordsContentHash) {
   EXPECT_EQ(id.tokenizer, a.tokenizer);
 }
 
-// Finding 3: a validation file from another tokenizer used to be accepted whenever its
-// vocabulary was not larger than the training file's.
+// Finding 3: a validation file from another tokenizer is refused, also when its vocabulary is not
+// larger than the training file's (the ids would fit, and val_loss would mean nothing).
 TEST_F(Integrity, TrainAndValFromDifferentTokenizersAreRefused) {
   DatasetIdentity train = write_tokens(path("train.h5"), some_tokens(3000, 1), "gpt2:fnv1a64=1111222233334444");
   DatasetIdentity val = write_tokens(path("val.h5"), some_tokens(500, 2), "byte");
@@ -194,7 +194,7 @@ TEST_F(Integrity, FilesWithoutContentHashLoadWithAWarning) {
 
 // ---- checkpoint integrity ----------------------------------------------------------------------
 
-// Finding 5: 4 KB flipped inside the parameters used to load, and training went on from garbage.
+// Finding 5: a checkpoint with 4 KB flipped inside the parameters is refused, not trained from.
 TEST_F(Integrity, CheckpointWithFlippedParametersIsRefused) {
   const size_t n = 50000;
   const std::string p = checkpoint_path(dir, 7);
@@ -254,7 +254,7 @@ TEST_F(Integrity, CheckpointsWithoutChecksumsStillLoad) {
 
 // Finding 6: when HDF5 cannot write (a full disk; here a file-size limit, which fails the same
 // write() calls with EFBIG after the space reservation succeeded), the error is clean and the
-// process exits normally: HDF5's own exit handler used to crash on the half-closed file.
+// process exits normally (HDF5's own exit handler, which would crash on the half-closed file, is off).
 TEST_F(Integrity, FailedCheckpointWriteExitsCleanly) {
   const std::string p = checkpoint_path(dir, 9);
   std::fflush(nullptr);

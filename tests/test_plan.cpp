@@ -203,7 +203,7 @@ TEST(PlanMemory, GradientAccumulationHoldsOneMicroBatch) {
 
 // On a GPU device the bf16 rows as built count the GEMMs' operand scratch in bf16, as
 // estimate_memory does with on_gpu (GPT-2 124M at B = 64 planned 42.08 GB for the 42.10 GB an
-// H100 measured: docs/PERF.md "First run on a GPU").
+// H100 measured: bench/results/gpu-first-run-h100-2026-11-24.json).
 TEST(PlanMemory, Bf16AsBuiltOnAGpuEqualsTheStartupEstimate) {
   const int T = 16, world = 1, G = 4;
   ModelDesc d = test::desc_of("gpt2", 2, 2, 32, T, 101);

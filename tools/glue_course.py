@@ -41,7 +41,7 @@ Parts (all by default; each writes its own JSON under --out and adds to summary.
 
 RTE comes from ../shared/data/glue/RTE or $GLUE_DIR (train.tsv, dev.tsv as GLUE distributes them).
 Everything runs the binaries of --build; the data is prepared into OUT/rte with llmpi-prep glue.
-Takes long on a small machine (on the 2-core development VM: train ~30 min, timing ~20 min per
+Takes long on a small machine (on a 2-core VM: train ~30 min, timing ~20 min per
 rate, traffic ~5 min, reference ~40 min); each part can be run alone with --parts.
 Needs only Python's standard library (the reference part excepted).
 """

@@ -70,8 +70,8 @@
 #             train_gpu_bf16, train_gpu_tf32  runtime.precision=bf16 / tf32 on the GPU; the first
 #                           20 losses vs train_cpu's fp32 ones (1e-2: the issue's bf16 target)
 #             train_cpu_bf16, train_gpu_bf16_vs_cpu  bf16 on the CPU (the emulation) and the GPU
-#                           run above compared with it over 20 steps (1e-2; docs/GPU.md
-#                           "Precision modes" says why not tighter)
+#                           run above compared with it over 20 steps (1e-2; docs/PRECISION.md
+#                           "On CUDA" says why not tighter)
 #             mpi_bf16_sync 2 ranks, parallel.grad_dtype=bf16; the first 20 losses vs mpi_staging's
 #                           (1e-2, as bf16 GEMMs)
 #   pipeline  pipeline_1f1b  2 ranks sharing the GPU as 2 stages (1F1B, 4 micro-batches) of the
@@ -512,8 +512,8 @@ peer_pytorch_step() {
 wants peer_pytorch && peer_pytorch_step peer_pytorch gpt2
 wants peer_pytorch_llama && peer_pytorch_step peer_pytorch_llama llama
 
-# Where a bf16 step's time goes, for the next round of kernel work (docs/PERF.md "First run on a
-# GPU" has the first such table).
+# Where a bf16 step's time goes: ncu's time per kernel of one step (the first such table is in
+# bench/results/gpu-first-run-h100-2026-11-24.json).
 NCU_RUN=("$BENCH" --batch 8 --precision bf16 --steps 1 --warmup 1 --no-rates)
 for s in kernel_times flash_sections; do
   wants $s || continue

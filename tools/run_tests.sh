@@ -60,7 +60,7 @@ record "sim-flash_mma (the bf16 and tf32 fused-attention kernels against the CPU
 log=$LOGS/sim-cuda_ops.log
 timeout --kill-after=10 600 "$BUILD/sim-cuda_ops" >"$log" 2>&1
 record "sim-cuda_ops (CUDA ops, kernels and launchers, against the CPU ops)" $? "$log"
-# The CUDA unit tests on the simulated backend (~2 min on the 2-core dev VM): all of them but 20
+# The CUDA unit tests on the simulated backend (~2 min on a 2-core machine): all of them but 20
 # left out for their time, 10 s to 7 min each there (tools/cuda_cpu_sim/README.md: they pass given
 # it): the
 # AdamW training curves, the flash bf16 cases at T = 1023/1024, the GPT-2 124M steps, the softmax

@@ -18,8 +18,8 @@
 // A dense layer's ops take a GemmMode: the precision, and in bf16 optionally operands already
 // rounded, which the op reads instead of rounding them itself. A bf16 Model rounds each dense
 // weight once per forward into its bf16 copy (the bf16_copy op, model/transformer.h "bf16 weight
-// copy") and hands the copy to the forward and backward GEMMs (the chunked LM head's tied wte,
-// V x C, used to be rounded twice per chunk); it hands over the LM head's logits gradient, which
+// copy") and hands the copy to the forward and backward GEMMs (so the chunked LM head's tied wte, V x C,
+// is rounded once per forward, not per chunk); it hands over the LM head's logits gradient, which
 // the cross-entropy writes in bf16, and the inputs it keeps only in bf16 (the pre-norm norms'
 // outputs, the SwiGLU / erf-GELU output). The bits are the same either way: each is what the op
 // would have rounded.

@@ -16,8 +16,8 @@ namespace llmpi {
 // ---- devices ---------------------------------------------------------------------------------------
 // H100 SXM5 and H200 SXM: NVIDIA's data sheets (dense, without sparsity): 989 TFLOP/s bf16,
 // 494.7 TF32, 67 FP32; H100 80 GB HBM3 at 3.35 TB/s, H200 141 GB HBM3e at 4.8 TB/s.
-// cpu: this machine, one core: OpenBLAS sgemm on the gpt2 reference shapes with both cores busy,
-// 87.8 GFLOP/s (median of 5 rounds, docs/PERF.md "make bench", 2026-11-23); its default MFU is the
+// cpu: one core of a 2-vCPU AMD EPYC VM: OpenBLAS sgemm on the gpt2 reference shapes with both cores
+// busy, 87.8 GFLOP/s (median of 5 rounds of `make bench`, 2026-11-23); its default MFU is the
 // measured utilisation of that ceiling by the CPU trainer (93.6 % of the executed FLOPs, same run).
 // Its memory bandwidth (embedding, optimizer) is an assumption: 10 GB/s per core, not measured.
 const std::vector<DeviceSpec>& device_table() {

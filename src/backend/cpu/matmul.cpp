@@ -54,14 +54,14 @@ int gemm_threads(int M, int N, int K) {
 // Why: Debian's default OpenBLAS is the pthreads build, whose worker threads are a second pool
 // beside OpenMP's, and each pool spin-waits while the other works. With runtime.threads 2 on 2
 // cores a 2-thread sgemm ran no faster than a 1-thread one, and a training step at 1 rank x 2
-// threads took 1.5-1.6x as long as at 2 ranks x 1 thread (docs/PERF.md, 2026-11-23). So when OpenBLAS
+// threads took 1.5-1.6x as long as at 2 ranks x 1 thread (a 2-core AMD EPYC VM). So when OpenBLAS
 // is allowed T > 1 threads (the trainer sets runtime.threads), the output is cut into a grid of
 // about T tiles, as square as the shape allows, edges on multiples of kGemmTileQuantum, and T
-// OpenMP threads compute one tile each with an OpenBLAS call held to one thread. As before, the
+// OpenMP threads compute one tile each with an OpenBLAS call held to one thread. The
 // GEMM's parallelism is OpenBLAS's thread count, whatever OpenMP's: tile boundaries depend only on
 // (M, N, T), so results do not change with OpenMP's thread count, nor run to run.
 // When OpenBLAS is held to one thread (tests comparing OpenMP thread counts do that), inside a
-// parallel region, or for a small GEMM, it is a single cblas_sgemm call as before.
+// parallel region, or for a small GEMM, it is a single cblas_sgemm call.
 void sgemm_on_omp_threads(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, const float* A,
                           int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   const int threads = gemm_threads(M, N, K);
