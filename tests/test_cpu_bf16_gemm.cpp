@@ -30,15 +30,11 @@
 #include "backend/bf16.h"
 #include "backend/cpu/onednn_gemm.h"
 #include "backend/ops.h"
+#include "cpu_gemm_test_util.h"
 #include "grad_check.h"
 #include "model_test_util.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
-
-extern "C" {
-void openblas_set_num_threads(int num_threads);
-int openblas_get_num_threads(void);
-}
 
 using namespace llmpi;
 using namespace llmpi::test;
@@ -57,23 +53,6 @@ std::vector<uint16_t> bf16_bits_of(const std::vector<float>& v) {
   for (size_t i = 0; i < v.size(); i++) b[i] = float_to_bf16_bits(v[i]);
   return b;
 }
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// OpenMP's and OpenBLAS's thread counts set for the lifetime of the object.
-struct Threads {
-  int saved_omp = omp_get_max_threads(), saved_blas = openblas_get_num_threads();
-  Threads(int omp, int blas) {
-    omp_set_num_threads(omp);
-    openblas_set_num_threads(blas);
-  }
-  ~Threads() {
-    omp_set_num_threads(saved_omp);
-    openblas_set_num_threads(saved_blas);
-  }
-};
 
 }  // namespace
 
@@ -268,7 +247,7 @@ constexpr double kOpTol = 1e-5;  // docs/DESIGN.md: bf16 ops against the emulati
 
 TEST(CpuBf16Gemm, ForwardMatchesEmulation) {
   REQUIRE_ONEDNN();
-  const Threads threads(2, 2);
+  const GemmThreads threads(2, 2);
   for (const Shape& s : kShapes)
     for (int pad : {0, 3})
       for (bool bias : {true, false})
@@ -299,7 +278,7 @@ TEST(CpuBf16Gemm, ForwardMatchesEmulation) {
 
 TEST(CpuBf16Gemm, BackwardMatchesEmulationAndAdds) {
   REQUIRE_ONEDNN();
-  const Threads threads(2, 2);
+  const GemmThreads threads(2, 2);
   for (const Shape& s : kShapes)
     for (int pad : {0, 3})
       for (bool with_bits : {false, true}) {
@@ -328,7 +307,7 @@ TEST(CpuBf16Gemm, BackwardMatchesEmulationAndAdds) {
                 << where << " " << names[k] << ": oneDNN equals fp32, bf16 was not applied";
           }
         }
-        EXPECT_TRUE(same_bits(dnn[2], f32[2])) << where << ": dbias is the fp32 column sum in every mode";
+        EXPECT_TRUE(same_float_bits(dnn[2], f32[2])) << where << ": dbias is the fp32 column sum in every mode";
       }
 }
 
@@ -337,7 +316,7 @@ TEST(CpuBf16Gemm, BackwardMatchesEmulationAndAdds) {
 // same bits again.
 TEST(CpuBf16Gemm, SplitBackwardEqualsFusedAndRepeats) {
   REQUIRE_ONEDNN();
-  const Threads threads(2, 2);
+  const GemmThreads threads(2, 2);
   ScopedCpuBf16Gemm e(CpuBf16Gemm::onednn);
   for (const Shape& s : kShapes) {
     const Layer L(s, 0, 300);
@@ -349,11 +328,11 @@ TEST(CpuBf16Gemm, SplitBackwardEqualsFusedAndRepeats) {
     EXPECT_EQ(dw, L.dw0);
     cpu_ops().matmul_backward(nullptr, dw.data(), db.data(), L.dout.data(), L.x.data(), nullptr, s.N, s.C, s.OC,
                               GemmPrecision::bf16);
-    EXPECT_TRUE(same_bits(dx, fused[0])) << s.N;
-    EXPECT_TRUE(same_bits(dw, fused[1])) << s.N;
-    EXPECT_TRUE(same_bits(db, fused[2])) << s.N;
+    EXPECT_TRUE(same_float_bits(dx, fused[0])) << s.N;
+    EXPECT_TRUE(same_float_bits(dw, fused[1])) << s.N;
+    EXPECT_TRUE(same_float_bits(db, fused[2])) << s.N;
     const auto f1 = L.forward(GemmPrecision::bf16, false, true, 0.0f);
-    EXPECT_TRUE(same_bits(f1, L.forward(GemmPrecision::bf16, false, true, 0.0f))) << s.N;
+    EXPECT_TRUE(same_float_bits(f1, L.forward(GemmPrecision::bf16, false, true, 0.0f))) << s.N;
   }
 }
 
@@ -368,11 +347,11 @@ TEST(CpuBf16Gemm, ThreadCounts) {
     std::vector<std::vector<float>> bwd[3];
     const int omp[3] = {1, 2, 2}, blas[3] = {1, 1, 2};
     for (int r = 0; r < 3; r++) {
-      const Threads threads(omp[r], blas[r]);
+      const GemmThreads threads(omp[r], blas[r]);
       fwd[r] = L.forward(GemmPrecision::bf16, false, true, 0.0f);
       bwd[r] = L.backward(GemmPrecision::bf16, false);
     }
-    EXPECT_TRUE(same_bits(fwd[0], fwd[1])) << s.N;
+    EXPECT_TRUE(same_float_bits(fwd[0], fwd[1])) << s.N;
     EXPECT_EQ(bwd[0], bwd[1]) << s.N;
     EXPECT_LT(rel_err(fwd[2], to_double(fwd[0])), kOpTol) << s.N;
     for (int k = 0; k < 2; k++)
@@ -426,7 +405,7 @@ TEST_P(CpuBf16GemmModel, LossAndEveryGradientMatchEmulation) {
   const LossAndGrads emu = loss_and_grads(d, CpuBf16Gemm::emulate), dnn = loss_and_grads(d, CpuBf16Gemm::onednn);
   EXPECT_LT(std::fabs(dnn.loss - emu.loss) / std::fabs(emu.loss), 1e-5) << dnn.loss << " vs " << emu.loss;
   ASSERT_EQ(dnn.grads.size(), emu.grads.size());
-  EXPECT_FALSE(same_bits(dnn.grads, emu.grads)) << "oneDNN's gradients are the emulation's bits: not run?";
+  EXPECT_FALSE(same_float_bits(dnn.grads, emu.grads)) << "oneDNN's gradients are the emulation's bits: not run?";
   double all2 = 0;
   for (float g : emu.grads) all2 += static_cast<double>(g) * g;
   Model m(d, cpu_ops(), ModelPart::whole(), GemmPrecision::bf16);  // for its table

@@ -23,15 +23,11 @@
 
 #include "backend/cpu/onednn_gemm.h"
 #include "backend/ops.h"
+#include "cpu_gemm_test_util.h"
 #include "grad_check.h"
 #include "model_test_util.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
-
-extern "C" {
-void openblas_set_num_threads(int num_threads);
-int openblas_get_num_threads(void);
-}
 
 using namespace llmpi;
 using namespace llmpi::test;
@@ -44,23 +40,6 @@ namespace {
     std::string why;                                                 \
     if (!cpu::onednn_fp32_available(&why)) GTEST_SKIP() << why;      \
   } while (0)
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// OpenMP's and OpenBLAS's thread counts (the GEMMs' is OpenBLAS's) for the lifetime of the object.
-struct Threads {
-  int saved_omp = omp_get_max_threads(), saved_blas = openblas_get_num_threads();
-  Threads(int omp, int blas) {
-    omp_set_num_threads(omp);
-    openblas_set_num_threads(blas);
-  }
-  ~Threads() {
-    omp_set_num_threads(saved_omp);
-    openblas_set_num_threads(saved_blas);
-  }
-};
 
 }  // namespace
 
@@ -181,7 +160,7 @@ LayerResults run_layer(const Shape& s, int pad, bool bias, CpuFp32Gemm engine) {
 
 TEST(CpuFp32Gemm, ForwardAndBackwardMatchSgemm) {
   REQUIRE_ONEDNN_FP32();
-  const Threads threads(2, 2);
+  const GemmThreads threads(2, 2);
   bool some_bits_differ = false;
   for (const Shape& s : kShapes)
     for (int pad : {0, 3})
@@ -194,10 +173,10 @@ TEST(CpuFp32Gemm, ForwardAndBackwardMatchSgemm) {
         EXPECT_LT(rel_err(dnn.out, to_double(ref.out)), kTol) << where << ": forward";
         EXPECT_LT(rel_err(dnn.dx, to_double(ref.dx)), kTol) << where << ": dinp";
         EXPECT_LT(rel_err(dnn.dw, to_double(ref.dw)), kTol) << where << ": dweight";
-        EXPECT_TRUE(same_bits(dnn.db, ref.db)) << where << ": dbias is the same column sum on either engine";
-        EXPECT_TRUE(same_bits(dnn.out, again.out) && same_bits(dnn.dx, again.dx) && same_bits(dnn.dw, again.dw))
+        EXPECT_TRUE(same_float_bits(dnn.db, ref.db)) << where << ": dbias is the same column sum on either engine";
+        EXPECT_TRUE(same_float_bits(dnn.out, again.out) && same_float_bits(dnn.dx, again.dx) && same_float_bits(dnn.dw, again.dw))
             << where << ": oneDNN's bits changed between two runs";
-        some_bits_differ = some_bits_differ || !same_bits(dnn.out, ref.out) || !same_bits(dnn.dw, ref.dw);
+        some_bits_differ = some_bits_differ || !same_float_bits(dnn.out, ref.out) || !same_float_bits(dnn.dw, ref.dw);
         for (int n = 0; n < s.N; n++)
           for (int j = s.OC; j < s.OC + pad; j++)
             ASSERT_EQ(dnn.out[static_cast<size_t>(n) * (s.OC + pad) + j], 12345.0f) << where << ": padding";
