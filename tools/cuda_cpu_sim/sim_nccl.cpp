@@ -65,6 +65,9 @@ ncclResult_t refuse(ncclResult_t r, const std::string& why) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   std::fprintf(stderr, "cuda_cpu_sim NCCL (world rank %d): %s\n", rank, why.c_str());
   std::fflush(stderr);
+  // Every rank of the mismatched call reaches here; the pause lets the others print theirs and
+  // mpiexec forward the lines before the abort tears the job down.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
   MPI_Abort(MPI_COMM_WORLD, 3);
   std::abort();
 }
