@@ -389,12 +389,18 @@ v=[json.loads(l).get("step_ms") for l in open(sys.argv[1]) if "\"step_ms\"" in l
 v=[x for x in v if x is not None][5:]
 print("%.2f" % statistics.median(v) if v else "null")' "$WORK/run-$1/metrics.jsonl" 2>/dev/null || echo null
 }
+# byte_data DIR: a 1 MB byte-level data set (DIR/train.h5, DIR/val.h5) for the trainer steps,
+# made once per run directory and shared by the steps that train on it.
+byte_data() {
+  [ -f "$1/manifest.json" ] && return 0
+  mkdir -p "$1"
+  "$CORPUS" --out "$1/corpus.txt" --seed 7 --megabytes 1 >>"$LOG" 2>&1 &&
+    "$PREP" --tokenizer byte --input "$1/corpus.txt" --out "$1" >>"$LOG" 2>&1
+}
 if [[ "$wanted" == *" train_"* ]] || [[ "$wanted" == *" mpi_"* ]] || wants nccl_world1 || wants pipeline_1f1b; then
   # A tiny data set and config for the trainer comparisons (byte tokens, 2 layers).
   DATA=$WORK/data
-  mkdir -p "$DATA"
-  "$CORPUS" --out "$DATA/corpus.txt" --seed 7 --megabytes 1 >>"$LOG" 2>&1 &&
-    "$PREP" --tokenizer byte --input "$DATA/corpus.txt" --out "$DATA" >>"$LOG" 2>&1
+  byte_data "$DATA"
   cat >"$DATA/run.json" <<EOF
 {"data": {"train": "$DATA/train.h5", "val": "$DATA/val.h5"},
  "model": {"family": "gpt2", "n_layer": 2, "n_head": 4, "d_model": 128, "seq_len": 128},
@@ -573,12 +579,11 @@ done
 # micro-batches: the pipeline's losses against the CPU's (1e-3), and its median step time
 # (after 5 steps) beside the unpipelined run's on the same card.
 if wants pipeline_124m; then
-  DATA=$WORK/data124m
+  DATA=$WORK/data124m  # its own run.json, over the trainer steps' data set
+  byte_data "$WORK/data"
   mkdir -p "$DATA"
-  "$CORPUS" --out "$DATA/corpus.txt" --seed 7 --megabytes 1 >>"$LOG" 2>&1 &&
-    "$PREP" --tokenizer byte --input "$DATA/corpus.txt" --out "$DATA" >>"$LOG" 2>&1
   cat >"$DATA/run.json" <<EOF
-{"data": {"train": "$DATA/train.h5", "val": "$DATA/val.h5"},
+{"data": {"train": "$WORK/data/train.h5", "val": "$WORK/data/val.h5"},
  "model": {"family": "gpt2", "n_layer": 12, "n_head": 12, "d_model": 768, "seq_len": 128, "vocab_size": 50257},
  "train": {"global_batch": 8, "steps": 10, "lr": 6e-4, "warmup_steps": 2, "eval_every": 0, "eval_batches": 1,
            "log_every": 1}}
