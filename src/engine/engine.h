@@ -39,9 +39,15 @@
 //              before its end: above MPI's eager limit a send waits for its receiver, which may
 //              wait for us). zb-h1's BI keeps each dense layer's output gradient in the slot until
 //              its W (per slot about 2·C + fc + qkv floats per token and layer).
+//   tensor     with parallel.tp > 1 each chunk's Model holds this rank's shard of its layers
+//              (tensor_shard; model/transformer.h "Tensor parallelism") and calls its group's
+//              collectives (comm/tensor_group.h) inside forward and backward: the schedule, the
+//              messages and the sync are the same code (the sync runs over the shard's
+//              data-parallel group). The loss and evaluation sums count tp_rank 0's only.
 //   state      checkpoints hold the whole model by name, whatever the layout: world rank 0
 //              assembles every stage's tensors of replica 0 (ZeRO-1: the moments gathered from the
-//              data-parallel group first), so a checkpoint of one layout resumes in another.
+//              data-parallel group first; tensor parallelism: the shards from the tensor group
+//              first), so a checkpoint of one layout resumes in another, with another tp too.
 //
 // Errors: a bad layout is an Error thrown by the constructor, before any collective call.
 #pragma once
@@ -77,6 +83,10 @@ struct ModelChunk {
   bool tied_copy = false;  // ... and it is the head's copy (counted once: the embedding's is)
   size_t ready_cap = 0;    // gradient prefix handed to the sync during backward (before the tied sum)
   size_t counted() const { return tied_copy ? ready_cap : model->table.numel; }  // for the global norm
+  // The ranges of the gradient this rank counts in the global norm: [0, counted()), or with tensor
+  // parallelism on a rank other than the group's first only its shards' (the whole tensors, the
+  // same on every rank of the group, are counted once).
+  std::vector<std::pair<size_t, size_t>> norm_ranges;
 };
 
 // What the loop needs from a step, on this rank.
@@ -202,6 +212,11 @@ struct Engine {
   double run_schedule(int64_t step, const Batch& batch, StepResult& r);
   void sum_tied_gradients();
   std::vector<Action> schedule_for(int micro_batches) const;
+  // Tensor parallelism: chunk c's values in its table's layout (this rank's shards), assembled on
+  // tp_rank 0 into the layout of the chunk's part of the whole model (empty elsewhere); the
+  // values themselves without tensor parallelism. Collective over the tensor group.
+  std::vector<float> unshard(size_t c, std::vector<float> mine) const;
+  EvalSums evaluate_here(const Batch& batch);
 };
 
 // The sync options a configuration asks for.

@@ -23,9 +23,15 @@ bool is_bias(int role) {
 struct TableBuilder {
   const ModelDesc& d;
   ParamTable t;
-  // Adds a role's tensor(s) of `layer`, one shape per Hugging Face name; a family without the
-  // role (no name) adds nothing.
-  void add(int role, int layer, const std::vector<std::vector<int>>& shapes) {
+  // How one tensor of a role is cut over the tensor-parallel ranks (ParamSlice's fields).
+  struct Cut {
+    std::vector<int> whole_shape;
+    int split = -1;
+    std::vector<std::pair<int, int>> ranges;
+  };
+  // Adds a role's tensor(s) of `layer`, one shape per Hugging Face name (and, when d.tp > 1 and the
+  // role is cut, one Cut each); a family without the role (no name) adds nothing.
+  void add(int role, int layer, const std::vector<std::vector<int>>& shapes, const std::vector<Cut>& cuts = {}) {
     const std::vector<std::string> names = family_tensor_names(d.family, role, layer);
     if (names.empty()) return;
     if (names.size() != shapes.size())
@@ -38,6 +44,11 @@ struct TableBuilder {
       s.layer = layer;
       s.role = role;
       s.decay = shapes[i].size() == 2;
+      if (d.tp > 1 && i < cuts.size()) {
+        s.whole_shape = cuts[i].whole_shape;
+        s.split = cuts[i].split;
+        s.ranges = cuts[i].ranges;
+      }
       if (is_norm_weight(role)) {
         s.init = InitKind::ones;
       } else if (is_bias(role)) {
@@ -50,19 +61,39 @@ struct TableBuilder {
       t.add(std::move(s));
     }
   }
-  // A dense layer's weight [out, in], split into parts of `outs` rows when the family stores
-  // several tensors (one Hugging Face name each).
-  std::vector<std::vector<int>> split_rows(int role, int layer, const std::vector<int>& outs, int in) {
+  // A dense layer's weight [out, in] (in = 0: its bias [out]) whose output is the parts p of
+  // whole_outs[p] rows each, of which this rank holds rows [starts[p], starts[p] + outs[p]) (a
+  // column-parallel layer; all of them without tensor parallelism). One tensor per part when the
+  // family names the parts apart, else one tensor of all of them.
+  void add_rows(int role, int layer, const std::vector<int>& whole_outs, const std::vector<int>& outs,
+                const std::vector<int>& starts, int in) {
     const size_t parts = family_tensor_names(d.family, role, layer).size();
+    auto shape = [&](int rows) { return in > 0 ? std::vector<int>{rows, in} : std::vector<int>{rows}; };
     std::vector<std::vector<int>> shapes;
+    std::vector<Cut> cuts;
     if (parts == outs.size()) {
-      for (int o : outs) shapes.push_back(in > 0 ? std::vector<int>{o, in} : std::vector<int>{o});
+      for (size_t p = 0; p < outs.size(); p++) {
+        shapes.push_back(shape(outs[p]));
+        cuts.push_back({shape(whole_outs[p]), 0, {{starts[p], starts[p] + outs[p]}}});
+      }
     } else {
-      int total = 0;
-      for (int o : outs) total += o;
-      shapes.push_back(in > 0 ? std::vector<int>{total, in} : std::vector<int>{total});
+      int total = 0, whole_total = 0;
+      Cut cut{{}, 0, {}};
+      for (size_t p = 0; p < outs.size(); p++) {
+        cut.ranges.push_back({whole_total + starts[p], whole_total + starts[p] + outs[p]});
+        total += outs[p];
+        whole_total += whole_outs[p];
+      }
+      cut.whole_shape = shape(whole_total);
+      shapes.push_back(shape(total));
+      cuts.push_back(cut);
     }
-    return shapes;
+    add(role, layer, shapes, cuts);
+  }
+  // A dense layer's weight [out, whole_in] of which this rank holds the input columns
+  // [start, start + in) (a row-parallel layer).
+  void add_cols(int role, int layer, int out, int whole_in, int in, int start) {
+    add(role, layer, {{out, in}}, {Cut{{out, whole_in}, 1, {{start, start + in}}}});
   }
 };
 
@@ -73,14 +104,18 @@ ParamTable build_param_table(const ModelDesc& d, const ModelPart& part_in) {
   if (part.l1 < 0) part.l1 = d.n_layer;
   if (part.l0 < 0 || part.l0 > part.l1 || part.l1 > d.n_layer)
     fail("model part: blocks [", part.l0, ", ", part.l1, ") are not within [0, ", d.n_layer, ")");
-  const int C = d.d_model, V = d.vocab_size, F = d.ffn_dim, hs = d.head_dim();
-  const int qd = d.n_head * hs, kvd = d.n_kv_head * hs;
+  // Tensor parallelism (d.tp > 1, "Tensor parallelism" in transformer.h): this rank's shard —
+  // QKV and the MLP's first projection by output rows, the output projections by input columns,
+  // the token embedding and the LM head by vocabulary rows; the rest whole.
+  const int C = d.d_model, V = d.vocab_size, hs = d.head_dim(), r = d.tp_rank;
+  const int F = d.ffn_dim, Fl = d.ffn(), V0 = d.vocab_begin(), Vl = d.vocab_rows();
+  const int qd = d.n_head * hs, kvd = d.n_kv_head * hs, qdl = d.heads() * hs, kvdl = d.kv_heads() * hs;
   const bool layer_norm = d.norm == NormKind::layernorm;
   TableBuilder b{d, {}};
   // Backward order: the head, the blocks from last to first, the embedding.
   if (part.head) {
     if (d.head == HeadKind::lm) {
-      if (!d.tie_embeddings) b.add(kLmHead, -1, {{V, C}});
+      if (!d.tie_embeddings) b.add_rows(kLmHead, -1, {V}, {Vl}, {V0}, C);
       if (d.final_norm) {
         b.add(kFinalNormW, -1, {{C}});
         if (layer_norm) b.add(kFinalNormB, -1, {{C}});
@@ -98,17 +133,20 @@ ParamTable build_param_table(const ModelDesc& d, const ModelPart& part_in) {
       if (layer_norm) b.add(bias, l, {{C}});
     };
     auto mlp = [&] {
-      b.add(kProjW, l, {{C, F}});
+      b.add_cols(kProjW, l, C, F, Fl, r * Fl);
       if (d.bias) b.add(kProjB, l, {{C}});
-      const std::vector<int> fc_rows = d.mlp == MlpKind::swiglu ? std::vector<int>{F, F} : std::vector<int>{F};
-      b.add(kFcW, l, b.split_rows(kFcW, l, fc_rows, C));
-      if (d.bias) b.add(kFcB, l, b.split_rows(kFcB, l, fc_rows, 0));
+      const bool two = d.mlp == MlpKind::swiglu;
+      const std::vector<int> whole = two ? std::vector<int>{F, F} : std::vector<int>{F};
+      const std::vector<int> mine = two ? std::vector<int>{Fl, Fl} : std::vector<int>{Fl};
+      const std::vector<int> starts = two ? std::vector<int>{r * Fl, r * Fl} : std::vector<int>{r * Fl};
+      b.add_rows(kFcW, l, whole, mine, starts, C);
+      if (d.bias) b.add_rows(kFcB, l, whole, mine, starts, 0);
     };
     auto attn = [&] {
-      b.add(kAttnOutW, l, {{C, qd}});
+      b.add_cols(kAttnOutW, l, C, qd, qdl, r * qdl);
       if (d.bias) b.add(kAttnOutB, l, {{C}});
-      b.add(kQkvW, l, b.split_rows(kQkvW, l, {qd, kvd, kvd}, C));
-      if (d.bias) b.add(kQkvB, l, b.split_rows(kQkvB, l, {qd, kvd, kvd}, 0));
+      b.add_rows(kQkvW, l, {qd, kvd, kvd}, {qdl, kvdl, kvdl}, {r * qdl, r * kvdl, r * kvdl}, C);
+      if (d.bias) b.add_rows(kQkvB, l, {qd, kvd, kvd}, {qdl, kvdl, kvdl}, {r * qdl, r * kvdl, r * kvdl}, 0);
     };
     if (d.pre_norm) {  // backward: MLP branch, norm2, attention branch, norm1
       mlp();
@@ -129,9 +167,9 @@ ParamTable build_param_table(const ModelDesc& d, const ModelPart& part_in) {
     }
     if (d.type_vocab_size > 0) b.add(kTypeEmb, -1, {{d.type_vocab_size, C}});
     if (d.learned_positions) b.add(kPosEmb, -1, {{d.max_seq_len, C}});
-    b.add(kTokEmb, -1, {{V, C}});
+    b.add_rows(kTokEmb, -1, {V}, {Vl}, {V0}, C);
   } else if (part.head && d.head == HeadKind::lm && d.tie_embeddings) {
-    b.add(kTokEmb, -1, {{V, C}});  // this part's copy of the tied matrix, for the head
+    b.add_rows(kTokEmb, -1, {V}, {Vl}, {V0}, C);  // this part's copy of the tied matrix, for the head
   }
   return b.t;
 }
@@ -283,9 +321,9 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   // Full attention keeps P [B, NH, T, T] per layer, fused attention one lse per query row.
   const bool fused = attention == AttentionImpl::fused;
   const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
-  const size_t att = fused ? 0 : static_cast<size_t>(B) * d.n_head * T * T;
-  const size_t lse = fused ? static_cast<size_t>(B) * d.n_head * T : 0;
-  const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = static_cast<size_t>(d.n_head) * d.head_dim();
+  const size_t att = fused ? 0 : static_cast<size_t>(B) * d.heads() * T * T;
+  const size_t lse = fused ? static_cast<size_t>(B) * d.heads() * T : 0;
+  const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn(), AY = static_cast<size_t>(d.heads()) * d.head_dim();
   std::vector<std::pair<float**, size_t>> plan = {{&input, N * C}, {&dresidual, N * C}, {&tmp, N * C}};
   if (m.part.embedding && d.embedding_norm)
     plan.insert(plan.end(), {{&emb_sum, N * C}, {&emb_mean, N}, {&emb_rstd, N}});
@@ -352,9 +390,9 @@ void Activations::allocate(const Model& m, int B_, int T_) {
     if (!d.pre_norm) f32(&Layer::out, N * C);
   }
   // A bf16 LM head's logits gradient in bf16; the chunk buffers' rows padded (logits_ld).
-  const bool bf16_grad = bf16 && m.part.head && d.head == HeadKind::lm && !all_logits;
+  const bool bf16_grad = bf16 && m.part.head && d.head == HeadKind::lm && !all_logits && d.tp == 1;
   logits_ld = !m.part.head ? 0
-              : d.head == HeadKind::lm ? (all_logits ? d.vocab_size : lm_logits_row_stride(d.vocab_size))
+              : d.head == HeadKind::lm ? (all_logits ? d.vocab_rows() : lm_logits_row_stride(d.vocab_rows()))
                                        : d.num_labels;
   if (m.part.head) {
     if (d.head == HeadKind::lm) {
@@ -362,6 +400,7 @@ void Activations::allocate(const Model& m, int B_, int T_) {
       plan.insert(plan.end(), {{&final_mean, N}, {&final_rstd, N},
                                {&logits, static_cast<size_t>(lm_rows) * logits_ld}, {&losses, N}});
       if (bf16_grad) plan_half(&logits_grad_bf16, static_cast<size_t>(lm_rows) * logits_ld);
+      if (d.tp > 1) plan.push_back({&xent_stats, 3 * static_cast<size_t>(lm_rows)});
     } else {
       const size_t BC = static_cast<size_t>(B) * C;
       plan.insert(plan.end(), {{&cls, BC}, {&pooled_pre, BC}, {&pooled, BC}, {&pooled_drop, BC},
@@ -437,6 +476,15 @@ uint64_t drop_key(const Activations& a, int layer, int site) {
   return dropout_key(c.seed, c.step, c.rank, c.micro_batch, layer, site);
 }
 
+// Attention-probability dropout: its mask is indexed by this rank's heads, so each shard of a
+// tensor-parallel group draws from its own stream (masks of the same distribution as one rank's,
+// not the same masks); every other mask is the same on every rank of the group.
+uint64_t attn_drop_key(const Activations& a, int layer) {
+  const uint64_t k = drop_key(a, layer, kDropAttnProbs);
+  const ModelDesc& d = a.model->desc;
+  return d.tp > 1 ? mix64(k ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(d.tp_rank + 1))) : k;
+}
+
 }  // namespace
 
 namespace {
@@ -483,7 +531,14 @@ void Model::embed_forward(Activations& a) const {
   const ModelDesc& d = desc;
   const int B = a.B, T = a.T, C = d.d_model, N = B * T;
   float* sum = d.embedding_norm ? a.emb_sum : a.input;
-  o.embedding_forward(sum, a.tokens, pe[kTokEmb], d.learned_positions ? pe[kPosEmb] : nullptr, B, T, C);
+  const float* wpe = d.learned_positions ? pe[kPosEmb] : nullptr;
+  if (d.tp == 1) {
+    o.embedding_forward(sum, a.tokens, pe[kTokEmb], wpe, B, T, C);
+  } else {  // each token's row from the rank that holds it (0 elsewhere), the positions from rank 0
+    o.vocab_embedding_forward(sum, a.tokens, pe[kTokEmb], d.vocab_begin(), d.vocab_rows(),
+                              d.tp_rank == 0 ? wpe : nullptr, B, T, C);
+    tensor.sum(sum, static_cast<size_t>(N) * C);
+  }
   if (d.type_vocab_size > 0) o.embedding_add_forward(sum, a.token_types, pe[kTypeEmb], N, C);
   if (d.embedding_norm)
     o.layernorm_forward(a.input, a.emb_mean, a.emb_rstd, sum, pe[kEmbNormW], pe[kEmbNormB], N, C,
@@ -501,8 +556,8 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
   check_block_range(from, to);
   const Ops& o = *ops;
   const ModelDesc& d = desc;
-  const int B = a.B, T = a.T, C = d.d_model, N = B * T, NH = d.n_head, NKV = d.n_kv_head, hs = d.head_dim();
-  const int QKV = d.qkv_dim(), F = d.ffn_dim, FC = d.fc_dim(), AY = NH * hs;
+  const int B = a.B, T = a.T, C = d.d_model, N = B * T, NH = d.heads(), NKV = d.kv_heads(), hs = d.head_dim();
+  const int QKV = d.qkv_dim(), F = d.ffn(), FC = d.fc_dim(), AY = NH * hs;
   const size_t NC = static_cast<size_t>(N) * C;
   const float p = a.dropout.training ? d.dropout : 0.0f, pa = a.dropout.training ? d.attn_dropout : 0.0f;
   const int32_t* mask = a.has_mask ? a.attn_mask : nullptr;
@@ -530,11 +585,13 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     }
     if (d.attention == AttentionImpl::fused)
       o.flash_attention_forward(L.atty, L.lse, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa,
-                                drop_key(a, l, kDropAttnProbs), precision);
+                                attn_drop_key(a, l), precision);
     else
-      o.attention_forward(L.atty, L.att, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa, drop_key(a, l, kDropAttnProbs));
-    o.matmul_forward(a.tmp, L.atty, w[kAttnOutW], w[kAttnOutB], N, AY, C,
+      o.attention_forward(L.atty, L.att, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa, attn_drop_key(a, l));
+    // (row-parallel: each rank's partial sum, the bias added once, then summed over the group)
+    o.matmul_forward(a.tmp, L.atty, w[kAttnOutW], d.tp_rank == 0 ? w[kAttnOutB] : nullptr, N, AY, C,
                      gemm_rounding(w[kAttnOutW], static_cast<size_t>(C) * AY));
+    tp_sum(a.tmp, NC);
     if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropAttnOut));
     // res_attn = x + branch, and the MLP's branch input N2(res_attn) (pre-norm) or
     // norm1 = LN1(res_attn) (post-norm), in one fused op.
@@ -567,7 +624,8 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     }
     GemmMode proj_gemm = gemm_rounding(w[kProjW], static_cast<size_t>(C) * F);
     proj_gemm.inp_bf16 = L.act_bf16;
-    o.matmul_forward(a.tmp, L.act, w[kProjW], w[kProjB], N, F, C, proj_gemm);
+    o.matmul_forward(a.tmp, L.act, w[kProjW], d.tp_rank == 0 ? w[kProjB] : nullptr, N, F, C, proj_gemm);
+    tp_sum(a.tmp, NC);
     if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropMlpOut));
     if (d.pre_norm)
       o.residual_forward(L.res_mlp, L.res_attn, a.tmp, NC);
@@ -584,7 +642,7 @@ void Model::recompute_block(Activations& a, int l) const {
   // selective: the forward's ops on the forward's (kept) operands, so the same bits
   const Ops& o = *ops;
   const ModelDesc& d = desc;
-  const int B = a.B, T = a.T, N = B * T, F = d.ffn_dim;
+  const int B = a.B, T = a.T, N = B * T, F = d.ffn();
   const int i = l - part.l0;
   const BlockTensors& w = pb[i];
   Activations::Layer& L = a.layers[i];
@@ -596,8 +654,8 @@ void Model::recompute_block(Activations& a, int l) const {
   }
   if (d.attention == AttentionImpl::full) {  // P again; its output (the kept atty's bits) into the free tmp
     const float pa = a.dropout.training ? d.attn_dropout : 0.0f;
-    o.attention_forward(a.tmp, L.att, L.qkv, a.has_mask ? a.attn_mask : nullptr, B, T, d.n_head, d.n_kv_head,
-                        d.head_dim(), d.causal, pa, drop_key(a, l, kDropAttnProbs));
+    o.attention_forward(a.tmp, L.att, L.qkv, a.has_mask ? a.attn_mask : nullptr, B, T, d.heads(), d.kv_heads(),
+                        d.head_dim(), d.causal, pa, attn_drop_key(a, l));
   }
   const size_t n = static_cast<size_t>(N) * F;
   switch (d.mlp) {
@@ -653,7 +711,8 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
       xf16 = a.final_norm_bf16;
     }
     const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
-    const GemmMode head_gemm = gemm_rounding(W, static_cast<size_t>(d.vocab_size) * C);  // once for every chunk
+    const int V = d.vocab_rows();  // this rank's vocabulary rows (all of them without tensor parallelism)
+    const GemmMode head_gemm = gemm_rounding(W, static_cast<size_t>(V) * C);  // once for every chunk
     rows = N;
     const int R = a.lm_rows;
     if (fused) {
@@ -674,14 +733,8 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
         GemmMode chunk_gemm = head_gemm;
         chunk_gemm.inp_bf16 = xf16 ? xf16 + static_cast<size_t>(r0) * C : nullptr;
         chunk_gemm.out_ld = a.logits_ld;
-        o.matmul_forward(a.logits, xf ? xf + static_cast<size_t>(r0) * C : nullptr, W, nullptr, rn, C, d.vocab_size,
-                         chunk_gemm);
-        if (need_grad && a.logits_grad_bf16)
-          o.softmax_xent_bf16_grad(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, d.vocab_size,
-                                   grad_scale / static_cast<float>(N), a.logits_grad_bf16, bad, r0);
-        else
-          o.softmax_xent_record(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, d.vocab_size,
-                                need_grad ? grad_scale / static_cast<float>(N) : 0.0f, bad, r0);
+        o.matmul_forward(a.logits, xf ? xf + static_cast<size_t>(r0) * C : nullptr, W, nullptr, rn, C, V, chunk_gemm);
+        lm_xent(a, r0, rn, need_grad ? grad_scale / static_cast<float>(N) : 0.0f);
       }
     }
   } else {
@@ -794,8 +847,8 @@ void Model::ensure_scratch(int B, int T) {
   const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
   // d_att_: full attention's T x T backward scratch (fused attention needs none); d_act_: none for
   // GELU (tanh), whose backward goes from the projection's output gradient to d_fc in one op
-  const size_t att = d.attention == AttentionImpl::fused ? 0 : static_cast<size_t>(B) * d.n_head * T * T;
-  const size_t act = d.mlp == MlpKind::gelu_tanh ? 0 : N * d.ffn_dim;
+  const size_t att = d.attention == AttentionImpl::fused ? 0 : static_cast<size_t>(B) * d.heads() * T * T;
+  const size_t act = d.mlp == MlpKind::gelu_tanh ? 0 : N * d.ffn();
   const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), act, att,
                           3 * static_cast<size_t>(B) * C};
   size_t total = 0;
@@ -960,7 +1013,7 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
       if (input_only_pass_ != &a) fail("internal: an input-only backward continued on other activations");
       o.zero(d_a_, NC * sizeof(float));
       lm_head_backward_chunks(a, d_a_, nullptr);
-      a.deferred.push_back({0, wrole, -1, nullptr, nullptr, nullptr, N, C, d.vocab_size});
+      a.deferred.push_back({0, wrole, -1, nullptr, nullptr, nullptr, N, C, d.vocab_rows()});
     }
     const float* dxf = a.lm_head_fused ? a.tmp : d_a_;
     o.zero(a.dresidual, NC * sizeof(float));
@@ -996,7 +1049,7 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
 void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const {
   const Ops& o = *ops;
   const ModelDesc& d = desc;
-  const int N = a.B * a.T, C = d.d_model, V = d.vocab_size, R = a.lm_rows;
+  const int N = a.B * a.T, C = d.d_model, V = d.vocab_rows(), R = a.lm_rows;
   const float* xf = d.final_norm ? a.final_norm : a.output();
   const uint16_t* xf16 = d.final_norm ? a.final_norm_bf16 : nullptr;  // (xf null then)
   const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
@@ -1017,26 +1070,51 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
     chunk_gemm.inp_bf16 = xf16 ? xf16 + static_cast<size_t>(r0) * C : nullptr;
     if (!(reuse && c == chunks - 1)) {
       o.matmul_forward(a.logits, xc, W, nullptr, rn, C, V, chunk_gemm);
-      const float scale = a.head_grad_scale / static_cast<float>(N);
-      if (a.logits_grad_bf16)  // (a fused forward's target check, either way)
-        o.softmax_xent_bf16_grad(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, V, scale,
-                                 a.logits_grad_bf16, &a.scalars->bad_target, r0);
-      else
-        o.softmax_xent_record(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, V, scale,
-                              &a.scalars->bad_target, r0);
+      lm_xent(a, r0, rn, a.head_grad_scale / static_cast<float>(N));  // (a fused forward's target check too)
     }
     o.matmul_backward(dxf ? dxf + static_cast<size_t>(r0) * C : nullptr, dW, nullptr,
                       a.logits_grad_bf16 ? nullptr : a.logits, xc, W, rn, C, V, chunk_gemm);
   }
   a.lm_last_grad = chunks == 1;  // the buffer holds chunk 0's gradient now
+  if (dxf) tp_sum(dxf, static_cast<size_t>(N) * C);  // each rank's vocabulary rows' share of d xf
+}
+
+void Model::lm_xent(Activations& a, int r0, int rn, float scale) const {
+  const Ops& o = *ops;
+  const ModelDesc& d = desc;
+  uint64_t* bad = &a.scalars->bad_target;
+  if (d.tp == 1) {
+    if (scale != 0.0f && a.logits_grad_bf16)
+      o.softmax_xent_bf16_grad(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, d.vocab_size, scale,
+                               a.logits_grad_bf16, bad, r0);
+    else
+      o.softmax_xent_record(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, d.vocab_size, scale, bad, r0);
+    return;
+  }
+  // Over the group's vocabulary shards ("Tensor parallelism" in transformer.h), the logits never
+  // gathered: the rows' maximum (a max over the group), then Σ exp(z - max) and the target's logit
+  // (one sum over the group: the target's shard gives it, the others 0), then each rank's losses
+  // (the same on every rank) and its columns of the gradient. The ids were checked on the host.
+  float* mx = a.xent_stats;
+  float* sums = a.xent_stats + a.lm_rows;  // [2 rn]: Σ exp, then the target logits
+  const int V = d.vocab_rows(), v0 = d.vocab_begin();
+  o.vocab_xent_max(mx, a.logits, a.logits_ld, rn, V);
+  tensor.max(mx, static_cast<size_t>(rn));
+  o.vocab_xent_sums(sums, a.logits, a.logits_ld, mx, a.targets + r0, v0, rn, V);
+  tensor.sum(sums, 2 * static_cast<size_t>(rn));
+  o.vocab_xent_finish(a.logits, a.logits_ld, a.losses + r0, mx, sums, a.targets + r0, v0, rn, V, scale);
+}
+
+void Model::tp_sum(float* x, size_t n) const {
+  if (desc.tp > 1) tensor.sum(x, n);
 }
 
 void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& ready) {
   check_block_range(from, to);
   const Ops& o = *ops;
   const ModelDesc& d = desc;
-  const int B = a.B, T = a.T, C = d.d_model, N = B * T, NH = d.n_head, NKV = d.n_kv_head, hs = d.head_dim();
-  const int QKV = d.qkv_dim(), F = d.ffn_dim, FC = d.fc_dim(), AY = NH * hs;
+  const int B = a.B, T = a.T, C = d.d_model, N = B * T, NH = d.heads(), NKV = d.kv_heads(), hs = d.head_dim();
+  const int QKV = d.qkv_dim(), F = d.ffn(), FC = d.fc_dim(), AY = NH * hs;
   const size_t NC = static_cast<size_t>(N) * C;
   const float p = a.dropout.training ? d.dropout : 0.0f, pa = a.dropout.training ? d.attn_dropout : 0.0f;
   const int32_t* mask = a.has_mask ? a.attn_mask : nullptr;
@@ -1085,10 +1163,10 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
   auto attention_backward = [&](const Activations::Layer& L, const BlockTensors& w, int l) {
     if (d.attention == AttentionImpl::fused)  // d_a_ = d atty; atty is the (dropped) output
       o.flash_attention_backward(d_qkv, d_a_, L.atty, L.lse, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa,
-                                 drop_key(a, l, kDropAttnProbs), precision);
+                                 attn_drop_key(a, l), precision);
     else
       o.attention_backward(d_qkv, d_att_, d_a_, L.qkv, L.att, mask, B, T, NH, NKV, hs, d.causal, pa,
-                           drop_key(a, l, kDropAttnProbs));
+                           attn_drop_key(a, l));
     if (!d.learned_positions) {
       o.rope_backward(d_qkv, B, T, NH, hs, QKV, static_cast<float>(d.rope_theta));
       o.rope_backward(d_qkv + AY, B, T, NKV, hs, QKV, static_cast<float>(d.rope_theta));
@@ -1111,6 +1189,7 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
       proj_act_backward(L, dproj, slot);
       o.zero(d_a_, NC * sizeof(float));
       dense(d_a_, d_fc, L.norm2, L.norm2_bf16, slot, kFcW, kFcB, C, FC);
+      tp_sum(d_a_, NC);  // (column-parallel: each rank's channels' share of d h)
       norm_backward(o, d, dres, g[kNorm2W], g[kNorm2B], d_a_, L.res_attn, w[kNorm2W], L.norm2_mean, L.norm2_rstd, N);
       finished(slot, {kNorm2W, kNorm2B}, ready);
       // dres = d res_attn; res_attn = x + drop(O attention(QKV N1(x))).
@@ -1121,6 +1200,7 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
       attention_backward(L, w, l);
       o.zero(d_b_, NC * sizeof(float));
       dense(d_b_, d_qkv, L.norm1, L.norm1_bf16, slot, kQkvW, kQkvB, C, QKV);
+      tp_sum(d_b_, NC);
       norm_backward(o, d, dres, g[kNorm1W], g[kNorm1B], d_b_, x, w[kNorm1W], L.norm1_mean, L.norm1_rstd, N);
       finished(slot, {kNorm1W, kNorm1B}, ready);
     } else {
@@ -1131,7 +1211,16 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
       finished(slot, {kNorm2W, kNorm2B}, ready);
       const float* dproj = through_dropout(d_b_, dres, l, kDropMlpOut);  // dres is free now
       proj_act_backward(L, dproj, slot);
-      dense(d_b_, d_fc, L.norm1, nullptr, slot, kFcW, kFcB, C, FC);  // d_b_ = d h
+      // d_b_ = d h: the residual's part (in d_b_) plus the MLP's, which with tensor parallelism is
+      // summed over the group on its own first
+      if (d.tp == 1) {
+        dense(d_b_, d_fc, L.norm1, nullptr, slot, kFcW, kFcB, C, FC);
+      } else {
+        o.zero(d_a_, NC * sizeof(float));
+        dense(d_a_, d_fc, L.norm1, nullptr, slot, kFcW, kFcB, C, FC);
+        tensor.sum(d_a_, NC);
+        o.residual_forward(d_b_, d_b_, d_a_, NC);
+      }
       o.zero(dres, NC * sizeof(float));
       norm_backward(o, d, dres, g[kNorm1W], g[kNorm1B], d_b_, L.res_attn, w[kNorm1W], L.norm1_mean, L.norm1_rstd, N);
       finished(slot, {kNorm1W, kNorm1B}, ready);
@@ -1140,7 +1229,14 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
       dense(d_a_, dao, L.atty, nullptr, slot, kAttnOutW, kAttnOutB, AY, C);
       o.zero(d_qkv, static_cast<size_t>(N) * QKV * sizeof(float));
       attention_backward(L, w, l);
-      dense(dres, d_qkv, x, nullptr, slot, kQkvW, kQkvB, C, QKV);  // dres = d x
+      if (d.tp == 1) {
+        dense(dres, d_qkv, x, nullptr, slot, kQkvW, kQkvB, C, QKV);  // dres = d x
+      } else {  // (as for d h above)
+        o.zero(d_b_, NC * sizeof(float));
+        dense(d_b_, d_qkv, x, nullptr, slot, kQkvW, kQkvB, C, QKV);
+        tensor.sum(d_b_, NC);
+        o.residual_forward(dres, dres, d_b_, NC);
+      }
     }
   }
 }
@@ -1171,7 +1267,11 @@ void Model::embed_backward(Activations& a, const ReadyFn& ready) {
     g = d_a_;
   }
   if (d.type_vocab_size > 0) o.embedding_add_backward(ge[kTypeEmb], g, a.token_types, N, C);
-  o.embedding_backward(ge[kTokEmb], d.learned_positions ? ge[kPosEmb] : nullptr, g, a.tokens, B, T, C);
+  float* dwpe = d.learned_positions ? ge[kPosEmb] : nullptr;
+  if (d.tp == 1)
+    o.embedding_backward(ge[kTokEmb], dwpe, g, a.tokens, B, T, C);
+  else  // this rank's vocabulary rows; the positions' gradient (whole on every rank) from every token
+    o.vocab_embedding_backward(ge[kTokEmb], dwpe, g, a.tokens, d.vocab_begin(), d.vocab_rows(), B, T, C);
   finished(0, {kTypeEmb, kPosEmb, kTokEmb}, ready);
 }
 

@@ -106,6 +106,33 @@
 // One exception, by rounding only: selective on CUDA in fp32/tf32 with GELU (tanh), whose forward
 // takes act from cuBLASLt's epilogue (matmul_gelu_forward) and whose recompute from gelu_forward. An input-only backward (zb-h1) is refused with recomputation: the dense layers'
 // deferred weight gradients would read shared buffers (runtime/options.h recompute_schedule_error).
+//
+// Tensor parallelism (desc.tp = T > 1, parallel.tp; Shoeybi et al. 2019): the T ranks of a tensor-
+// parallel group each hold a shard of every block (desc from tensor_shard, model_desc.h; the table's
+// slices say which part of each whole tensor they hold, params/param_table.h) and run the same
+// batch:
+//   attention  QKV column-parallel (this rank's n_head/T query and n_kv_head/T key/value heads),
+//              attention on those heads, the output projection row-parallel (its input columns of
+//              those heads): each rank's partial [N, C] output — the bias added on rank 0 only —
+//              summed over the group (TensorGroup::sum) before dropout and the residual add
+//   MLP        the first projection column-parallel (ffn_dim/T channels; both halves of SwiGLU), the
+//              activation on them, the second row-parallel, summed as above
+//   backward   d h of each column-parallel layer (QKV, the MLP's first) is each rank's share, summed
+//              over the group before it joins the residual stream; the row-parallel layers' input
+//              gradients are local. Everything else (norms, residuals, the output biases, the
+//              positions, the classifier head) is whole and computed alike on every rank, so its
+//              gradients are the same on every rank
+//   embedding  the token embedding's vocabulary rows [vocab_begin, vocab_end): each rank looks up the
+//              tokens it holds (0 for the others, the positions added on rank 0), summed over the
+//              group; backward adds into its rows only
+//   LM head    the same rows: each rank's logits [N, V/T] (chunked as above); the cross-entropy
+//              across the shards without gathering them (lm_xent: the row maxima's max over the
+//              group, then one sum of Σ exp and of the target's logit); d xf summed over the group
+// Per block that is one sum of N x C floats in forward and one in backward per branch (the
+// embedding and the head one each). Every rank of the group calls the same collectives in the same
+// order. Hidden dropout masks are the same on every rank of the group; attention-probability masks
+// are drawn per shard (attn_drop_key). Loss and gradients equal T = 1's up to the rounding of the
+// sums (tests/test_tensor_parallel.cpp).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -164,6 +191,14 @@ struct DropoutContext {
 
 struct Model;
 
+// The collectives a tensor-parallel Model calls (comm/tensor_group.h makes them over a group's
+// communicator): in place over n floats of backend memory, every rank ending with the same bits.
+struct TensorGroup {
+  using Fn = std::function<void(float*, size_t)>;
+  Fn sum;  // x = Σ over the group's ranks
+  Fn max;  // x = max over the group's ranks
+};
+
 // n floats rounded up to a multiple of 64 (256 bytes): the room one tensor of the Activations takes,
 // so that every tensor starts 256-byte aligned — the bf16 GEMM operands among them (the norms' and
 // activations' bf16 outputs, the logits gradient) as aligned as the GEMMs' own scratch copies, so
@@ -216,6 +251,7 @@ struct Activations {
   // it is the row width itself.
   int logits_ld = 0;
   float* losses = nullptr;    // [rows]
+  float* xent_stats = nullptr; // tensor parallelism's LM head: [3, lm_rows] row maxima, Σ exp, target logits
   bool all_logits = false;    // set before allocation: the LM head keeps every row's logits
   int lm_rows = 0;            // rows of the LM head's chunk buffer
   bool head_grad = false;     // the last head_forward had need_grad (head_backward may run)
@@ -281,6 +317,8 @@ struct Model {
   // allocated before a change are laid out again by the next load_batch.
   Recompute recompute = Recompute::none;
   ParamTable table;
+  // With desc.tp > 1 ("Tensor parallelism" above): the group's collectives, set before the first forward.
+  TensorGroup tensor;
   float* params = nullptr;  // table.numel floats, backend memory
   float* grads = nullptr;   // same layout
   BlockTensors pe, ge;                 // embedding and head tensors (parameters, gradients)
@@ -406,6 +444,11 @@ struct Model {
   // turned into their gradient; then dxf += dlogits·W (dxf may be null) and dW += dlogits^T·xf
   // (dW may be null).
   void lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const;
+  // The cross-entropy of LM head chunk rows [r0, r0 + rn) from its logits in a.logits: the losses,
+  // and with scale != 0 the gradient scale · (softmax - onehot) (over the group's shards with
+  // tensor parallelism).
+  void lm_xent(Activations& a, int r0, int rn, float scale) const;
+  void tp_sum(float* x, size_t n) const;  // TensorGroup::sum with tensor parallelism, else nothing
 };
 
 }  // namespace llmpi

@@ -26,7 +26,7 @@ const json& config_defaults() {
                  "eval_every": 100, "eval_batches": 8, "on_nonfinite": "abort",
                  "max_consecutive_skips": 10},
     "parallel": {"sync": "allreduce", "bucket_mb": 25.0, "first_bucket_mb": 1.0, "overlap": false,
-                 "poll_us": 50, "average_every": 1, "pp_stages": 1, "microbatches": 1,
+                 "poll_us": 50, "average_every": 1, "pp_stages": 1, "tp": 1, "microbatches": 1,
                  "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [], "zero": 0,
                  "grad_dtype": "fp32"},
     "runtime":  {"device": "auto", "precision": "fp32", "cpu_bf16_gemm": "auto", "cpu_fp32_gemm": "auto",
@@ -280,6 +280,7 @@ static Config extract(const json& r) {
   c.parallel.average_every = as_int<int>(p["average_every"], "parallel.average_every");
   c.parallel.pp_stages = as_int<int>(p["pp_stages"], "parallel.pp_stages");
   c.parallel.microbatches = as_int<int>(p["microbatches"], "parallel.microbatches");
+  c.parallel.tp = as_int<int>(p["tp"], "parallel.tp");
   c.parallel.schedule = as_option<ScheduleKind>(p["schedule"], "parallel.schedule");
   const int zero = as_int<int>(p["zero"], "parallel.zero");
   require(zero == 0 || zero == 1, "parallel.zero",
@@ -364,6 +365,7 @@ static Config extract(const json& r) {
   require(c.parallel.poll_us >= 0, "parallel.poll_us", "must be >= 0 (0 = blocking collectives)");
   require(c.parallel.average_every >= 1, "parallel.average_every", "must be >= 1");
   require(c.parallel.pp_stages >= 1, "parallel.pp_stages", "must be >= 1 (1 = no pipeline)");
+  require(c.parallel.tp >= 1, "parallel.tp", "must be >= 1 (1 = no tensor parallelism)");
   const std::string sync_error = sync_choice_error(c.parallel.sync, c.parallel.zero, c.parallel.grad_dtype,
                                                    c.parallel.overlap);
   if (!sync_error.empty()) fail(sync_error);

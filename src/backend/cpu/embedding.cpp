@@ -102,3 +102,47 @@ void embedding_add_backward(float* dtable, const float* dout, const int32_t* ids
 }
 
 }  // namespace llmpi::cpu
+
+namespace llmpi::cpu {
+
+// A vocabulary shard's lookup (tensor parallelism): rows [v0, v0 + Vn) of the whole table are
+// wte's rows [0, Vn); a token outside them contributes 0.
+void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte, int v0, int Vn, const float* wpe,
+                             int B, int T, int C) {
+  const long long N = static_cast<long long>(B) * T;
+#pragma omp parallel for schedule(static) if (N * C > kParMin)
+  for (long long n = 0; n < N; n++) {
+    float* o = out + n * C;
+    const int r = inp[n] - v0;
+    const float* we = r >= 0 && r < Vn ? wte + static_cast<long long>(r) * C : nullptr;
+    const float* pe = wpe != nullptr ? wpe + (n % T) * C : nullptr;
+    for (int c = 0; c < C; c++) o[c] = (we ? we[c] : 0.0f) + (pe ? pe[c] : 0.0f);
+  }
+}
+
+// The scatter-add of embedding_backward over the shard's tokens (split over channels the same
+// way: every element receives its terms in row order, whatever the thread count).
+void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int v0, int Vn,
+                              int B, int T, int C) {
+  const long long N = static_cast<long long>(B) * T;
+  const bool par = N * C > kParMin && C >= 32;
+#pragma omp parallel if (par)
+  {
+    int c0, c1;
+    thread_channels(C, omp_get_num_threads(), omp_get_thread_num(), &c0, &c1);
+    for (long long n = 0; n < N; n++) {
+      const float* d = dout + n * C;
+      const int r = inp[n] - v0;
+      if (r >= 0 && r < Vn) {
+        float* gw = dwte + static_cast<long long>(r) * C;
+        for (int c = c0; c < c1; c++) gw[c] += d[c];
+      }
+      if (dwpe != nullptr) {
+        float* gp = dwpe + (n % T) * C;
+        for (int c = c0; c < c1; c++) gp[c] += d[c];
+      }
+    }
+  }
+}
+
+}  // namespace llmpi::cpu
