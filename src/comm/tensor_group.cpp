@@ -1,23 +1,20 @@
 #include "comm/tensor_group.h"
 
+#include <memory>
 #include <vector>
+
+#include "comm/nccl.h"
 
 namespace llmpi {
 
 namespace {
 
-// Host staging for a GPU backend: one buffer grown to the largest call (pageable: the copies are
-// synchronous either way).
-struct Staging {
-  std::vector<float> host;
-};
-
-TensorGroup::Fn reduce_fn(const Ops& ops, MPI_Comm comm, MPI_Op op, std::shared_ptr<Staging> staging) {
+TensorGroup::Fn mpi_fn(const Ops& ops, MPI_Comm comm, MPI_Op op, std::shared_ptr<std::vector<float>> staging) {
   if (!ops.on_gpu())
     return [comm, op](float* x, size_t n) { MPI_Allreduce(MPI_IN_PLACE, x, static_cast<int>(n), MPI_FLOAT, op, comm); };
   const Ops* o = &ops;
-  return [o, comm, op, staging](float* x, size_t n) {
-    std::vector<float>& h = staging->host;
+  return [o, comm, op, staging](float* x, size_t n) {  // one host buffer, grown to the largest call
+    std::vector<float>& h = *staging;
     if (h.size() < n) h.resize(n);
     o->copy_to_host(h.data(), x, n * sizeof(float));  // waits for the compute stream
     MPI_Allreduce(MPI_IN_PLACE, h.data(), static_cast<int>(n), MPI_FLOAT, op, comm);
@@ -27,11 +24,23 @@ TensorGroup::Fn reduce_fn(const Ops& ops, MPI_Comm comm, MPI_Op op, std::shared_
 
 }  // namespace
 
-TensorGroup make_tensor_group(const Ops& ops, MPI_Comm comm) {
-  auto staging = std::make_shared<Staging>();
+TensorGroup make_tensor_group(const Ops& ops, MPI_Comm comm, bool nccl) {
   TensorGroup g;
-  g.sum = reduce_fn(ops, comm, MPI_SUM, staging);
-  g.max = reduce_fn(ops, comm, MPI_MAX, staging);
+  if (nccl && ops.on_gpu()) {
+    std::shared_ptr<NcclComm> c = nccl_comm_create(comm);
+    g.sum = [c](float* x, size_t n) {
+      c->allreduce(x, n, false);
+      c->compute_waits();
+    };
+    g.max = [c](float* x, size_t n) {
+      c->allreduce(x, n, true);
+      c->compute_waits();
+    };
+    return g;
+  }
+  auto staging = std::make_shared<std::vector<float>>();
+  g.sum = mpi_fn(ops, comm, MPI_SUM, staging);
+  g.max = mpi_fn(ops, comm, MPI_MAX, staging);
   return g;
 }
 

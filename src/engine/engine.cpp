@@ -75,7 +75,6 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
     ch.part = S > 1 ? virtual_stage_part(layer_counts, ch.vstage) : ModelPart::whole();
     ch.model = std::make_unique<Model>(g.tp > 1 ? tensor_shard(d, g.tp, g.tp_rank) : d, ops, ch.part, eo.precision,
                                        eo.recompute);
-    if (g.tp > 1) ch.model->tensor = make_tensor_group(ops, g.tensor);
     ch.part = ch.model->part;  // its block range resolved (ModelPart::whole() says "to the last")
     ch.model->init_params(seed);
     ch.sync = std::make_unique<GradSync>(so, g.data, ops, ch.model->grads, ch.model->table, eo.tracer);
@@ -101,6 +100,7 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
       if (kind == ScheduleKind::zb_h1) ch.model->reserve_input_only(*ch.slots.back());  // counted up front
     }
   }
+  sync_nccl_ = so.method == SyncMethod::nccl;
   if (S > 1)
     link = std::make_unique<StageLink>(ops, g.pipeline, so.method == SyncMethod::nccl,
                                        (size_t)micro_batch * T * d.d_model, v > 1);
@@ -111,6 +111,10 @@ std::vector<Action> Engine::schedule_for(int micro_batches) const {
 }
 
 void Engine::connect() {
+  if (g.tp > 1) {  // the tensor group's collectives (an NCCL communicator with sync "nccl" on a GPU)
+    const TensorGroup tg = make_tensor_group(ops, g.tensor, sync_nccl_);
+    for (ModelChunk& ch : chunks) ch.model->tensor = tg;
+  }
   for (ModelChunk& ch : chunks) ch.sync->connect();
   if (link) link->connect();  // after the data-parallel communicators, in the same order on every rank
 }

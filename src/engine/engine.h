@@ -148,7 +148,9 @@ struct Engine {
   // collective. Throws Error for a layout that cannot run.
   Engine(const ModelDesc& d, const Ops& ops, const ParallelGroups& g, const ParallelConfig& pc, const SyncOptions& so,
          const EngineOptions& o);
-  void connect();  // collective: each chunk's GradSync::connect(), then the StageLink's
+  // Collective: the tensor group's collectives (tensor parallelism), each chunk's
+  // GradSync::connect(), then the StageLink's.
+  void connect();
 
   // Forward and backward of this rank's batch (batch.B rows: the local batch, or fewer on an
   // epoch's short last step of a replica) by the schedule, the tied sum, the gradient sync, the
@@ -217,6 +219,7 @@ struct Engine {
   // values themselves without tensor parallelism. Collective over the tensor group.
   std::vector<float> unshard(size_t c, std::vector<float> mine) const;
   EvalSums evaluate_here(const Batch& batch);
+  bool sync_nccl_ = false;  // parallel.sync "nccl": the tensor group's collectives over NCCL too
 };
 
 // The sync options a configuration asks for.

@@ -499,6 +499,8 @@ void check_ids(const int32_t* ids, size_t n, int limit, const char* what, const 
 }  // namespace
 
 void Model::load_batch(Activations& a, const Batch& b) const {
+  if (desc.tp > 1 && !(tensor.sum && tensor.max))
+    fail("internal: a tensor-parallel model without its group's collectives (Model::tensor)");
   a.allocate(*this, b.B, b.T);
   const size_t N = static_cast<size_t>(b.B) * b.T;
   if (!b.tokens) fail("internal: a batch without tokens");
