@@ -4,6 +4,8 @@
 //     gradients equal the whole model's part of them, on a vocabulary that does not split evenly;
 //   - training with parallel.tp = T, alone and with data parallelism (ZeRO-1) and pipelines,
 //     equals one rank over 10 steps (1e-5 relative: per-step loss and final parameters);
+//   - sequence parallelism (norms, residuals, hidden dropout on each rank's rows) the same, with
+//     less activation memory;
 //   - checkpoints are whole and by name: T = 2 -> 1 and 1 -> 4 continue the same training;
 //   - a model that does not split is refused on every rank, naming the key.
 //   Mpi*        -n 2: T = 2
@@ -44,7 +46,7 @@ double rel_l2(const float* a, const float* b, size_t n) {
 
 // One step of shard `rank` of world_size() against the whole model on every rank.
 void shard_equals_whole(const std::string& family, const std::vector<std::string>& extra, int chunk_rows,
-                        bool fused_head) {
+                        bool fused_head, bool sequence_parallel = false) {
   const int W = world_size(), r = world_rank();
   const int B = 4, T = 16, V = 67;  // 67 rows: shards of 33 + 34 (T = 2), 16 + 17 + 17 + 17 (T = 4)
   std::vector<std::string> sets;
@@ -58,7 +60,9 @@ void shard_equals_whole(const std::string& family, const std::vector<std::string
   if (fused_attention) d.attention = AttentionImpl::fused;
   const Ops& ops = cpu_ops();
   Model whole(d, ops);
-  Model shard(tensor_shard(d, W, r), ops);
+  ModelDesc sd = tensor_shard(d, W, r);
+  sd.sequence_parallel = sequence_parallel;
+  Model shard(sd, ops);
   shard.tensor = make_tensor_group(ops, MPI_COMM_WORLD, false);
   whole.init_params(5);
   shard.init_params(5);
@@ -110,9 +114,16 @@ void shard_equals_whole(const std::string& family, const std::vector<std::string
     EXPECT_LT(e, 1e-5) << family << ": gradient of " << s.name;
     worst = std::max(worst, e);
   }
-  if (r == 0) std::printf("%s T=%d: loss %.7f (whole %.7f), worst gradient rel diff %.1e\n", family.c_str(), W, ls, lw, worst);
+  if (r == 0) std::printf("%s T=%d%s: loss %.7f (whole %.7f), worst gradient rel diff %.1e\n", family.c_str(), W,
+                          sequence_parallel ? " sequence-parallel" : "", ls, lw, worst);
   EXPECT_GT(sharded, 0);
   EXPECT_LT(shard.table.numel, whole.table.numel);
+  if (sequence_parallel) {  // the residual stream's tensors on this rank's rows: less than without
+    ModelDesc plain = tensor_shard(d, W, r);
+    Model no_sp(plain, ops);
+    Activations ap(no_sp, B, T);
+    EXPECT_LT(as.bytes(), ap.bytes()) << family << ": sequence parallelism keeps no less";
+  }
 }
 
 void every_family_shard_equals_whole() {
@@ -125,6 +136,12 @@ void every_family_shard_equals_whole() {
     shard_equals_whole("bert", {}, 0, fused);
   }
   shard_equals_whole("llama", {kv, "runtime.attention=fused"}, 0, false);
+  for (bool fused : {false, true}) {  // sequence parallelism
+    SCOPED_TRACE(fused ? "sequence parallel, fused head" : "sequence parallel, chunked head");
+    shard_equals_whole("gpt2", {}, 5, fused, true);
+    shard_equals_whole("llama", {kv}, 0, fused, true);
+    shard_equals_whole("bert", {}, 0, fused, true);
+  }
 }
 
 // ---- training -----------------------------------------------------------------------------------
@@ -189,7 +206,9 @@ void layouts_equal_one_rank(const std::string& family, const std::vector<std::ve
       if (s.rfind("parallel.", 0) == 0 || s.rfind("runtime.", 0) == 0) what += " " + s.substr(s.find('.') + 1);
     expect_close(one, r, what);
   }
-  if (world_rank() == 0 && family != "bert") EXPECT_LT(one.losses.back(), one.losses.front()) << "no progress";
+  if (world_rank() == 0 && family != "bert") {
+    EXPECT_LT(one.losses.back(), one.losses.front()) << "no progress";
+  }
 }
 
 }  // namespace
@@ -202,14 +221,20 @@ TEST(MpiTensorParallel, TrainingEqualsOneRank) {
   layouts_equal_one_rank("llama", {{"parallel.tp=2", "runtime.attention=fused"}});
   // (hidden dropout on: its masks are the same on both ranks of the group)
   layouts_equal_one_rank("bert", {{"parallel.tp=2"}});
+  // sequence parallelism (bert without dropout: each rank draws masks for its own rows)
+  layouts_equal_one_rank("gpt2", {{"parallel.tp=2", "parallel.sequence_parallel=true"}});
+  layouts_equal_one_rank("bert", {{"parallel.tp=2", "parallel.sequence_parallel=true", "model.dropout=0"}},
+                         {"model.dropout=0"});
 }
 
 TEST(MpiN4TensorParallel, WithPipelinesAndDataParallelism) {
   const std::vector<std::string> pp = {"parallel.tp=2", "parallel.pp_stages=2", "parallel.microbatches=4"};
   std::vector<std::string> zb = pp;
   zb.push_back("parallel.schedule=zb-h1");
-  layouts_equal_one_rank("gpt2", {{"parallel.tp=4"}, pp});
-  layouts_equal_one_rank("llama", {zb, {"parallel.tp=2", "parallel.zero=1"}});
+  std::vector<std::string> pp_sp = pp;
+  pp_sp.push_back("parallel.sequence_parallel=true");
+  layouts_equal_one_rank("gpt2", {{"parallel.tp=4"}, pp, {"parallel.tp=4", "parallel.sequence_parallel=true"}});
+  layouts_equal_one_rank("llama", {zb, pp_sp, {"parallel.tp=2", "parallel.zero=1"}});
   // (without dropout: replicas and micro-batches draw other masks than one rank's batch)
   layouts_equal_one_rank("bert", {{"parallel.tp=2", "model.dropout=0"}}, {"model.dropout=0"});
 }
@@ -227,14 +252,20 @@ TEST(MpiN4TensorParallel, CheckpointsResumeAcrossTensorParallelDegrees) {
   const TrainResult whole = on_ranks(1, cfg("/whole", {}), quiet_options(true));
   // 2 -> 1
   const TrainResult first = on_ranks(2, cfg("/tp2", {"parallel.tp=2"}), train_options(true, "", 4));
-  if (world_rank() == 0) ASSERT_TRUE(first.preempted);
+  if (world_rank() == 0) {
+    ASSERT_TRUE(first.preempted);
+  }
   const TrainResult flat = on_ranks(1, cfg("/tp2", {}), train_options(true, "auto"));
-  if (world_rank() == 0) EXPECT_EQ(flat.start_step, 5);
+  if (world_rank() == 0) {
+    EXPECT_EQ(flat.start_step, 5);
+  }
   expect_close(whole, flat, "llama T=2 checkpoint resumed with T=1", 5);
   // 1 -> 4
   on_ranks(1, cfg("/tp4", {}), train_options(true, "", 4));
   const TrainResult wide = train(cfg("/tp4", {"parallel.tp=4"}), MPI_COMM_WORLD, train_options(true, "auto"), true);
-  if (world_rank() == 0) EXPECT_EQ(wide.start_step, 5);
+  if (world_rank() == 0) {
+    EXPECT_EQ(wide.start_step, 5);
+  }
   expect_close(whole, wide, "llama T=1 checkpoint resumed with T=4", 5);
 }
 
@@ -254,4 +285,16 @@ TEST(MpiN4TensorParallel, ModelsThatDoNotSplitAreRefused) {
   refused("gpt2", {"parallel.tp=4", "model.ffn_dim=66"}, "does not divide the MLP width 66 (model.ffn_dim)");
   refused("gpt2", {"parallel.tp=3"}, "parallel.tp 3 does not divide the 4 ranks");
   refused("gpt2", {"parallel.tp=2", "parallel.pp_stages=4"}, "parallel.pp_stages 4 × parallel.tp 2 does not divide");
+  auto bad_config = [&](std::vector<std::string> sets, const std::string& needle) {
+    try {
+      make_config(family_sets("gpt2", dir), sets);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  bad_config({"parallel.tp=4", "parallel.sequence_parallel=true", "model.seq_len=30"},
+             "model.seq_len (30) must be a multiple of parallel.tp (4)");
+  bad_config({"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.pp_stages=2", "parallel.schedule=zb-h1"},
+             "does not combine with parallel.schedule \"zb-h1\"");
 }

@@ -36,11 +36,44 @@ TensorGroup make_tensor_group(const Ops& ops, MPI_Comm comm, bool nccl) {
       c->allreduce(x, n, true);
       c->compute_waits();
     };
+    g.all_gather = [c](const float* piece, float* whole, size_t n) {
+      c->all_gather_pieces(piece, whole, n);
+      c->compute_waits();
+    };
+    g.reduce_scatter = [c](const float* whole, float* piece, size_t n) {
+      c->reduce_scatter_pieces(whole, piece, n);
+      c->compute_waits();
+    };
     return g;
   }
   auto staging = std::make_shared<std::vector<float>>();
   g.sum = mpi_fn(ops, comm, MPI_SUM, staging);
   g.max = mpi_fn(ops, comm, MPI_MAX, staging);
+  int W = 1;
+  MPI_Comm_size(comm, &W);
+  if (!ops.on_gpu()) {
+    g.all_gather = [comm](const float* piece, float* whole, size_t n) {
+      MPI_Allgather(piece, static_cast<int>(n), MPI_FLOAT, whole, static_cast<int>(n), MPI_FLOAT, comm);
+    };
+    g.reduce_scatter = [comm](const float* whole, float* piece, size_t n) {
+      MPI_Reduce_scatter_block(whole, piece, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm);
+    };
+    return g;
+  }
+  const Ops* o = &ops;
+  auto in = std::make_shared<std::vector<float>>(), out = std::make_shared<std::vector<float>>();
+  g.all_gather = [o, comm, W, in, out](const float* piece, float* whole, size_t n) {
+    in->resize(n), out->resize(n * W);
+    o->copy_to_host(in->data(), piece, n * sizeof(float));
+    MPI_Allgather(in->data(), static_cast<int>(n), MPI_FLOAT, out->data(), static_cast<int>(n), MPI_FLOAT, comm);
+    o->copy_to_device(whole, out->data(), n * W * sizeof(float));
+  };
+  g.reduce_scatter = [o, comm, W, in, out](const float* whole, float* piece, size_t n) {
+    in->resize(n * W), out->resize(n);
+    o->copy_to_host(in->data(), whole, n * W * sizeof(float));
+    MPI_Reduce_scatter_block(in->data(), out->data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm);
+    o->copy_to_device(piece, out->data(), n * sizeof(float));
+  };
   return g;
 }
 

@@ -73,8 +73,9 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
     ModelChunk& ch = chunks[c];
     ch.vstage = virtual_stage(S, g.stage, c);
     ch.part = S > 1 ? virtual_stage_part(layer_counts, ch.vstage) : ModelPart::whole();
-    ch.model = std::make_unique<Model>(g.tp > 1 ? tensor_shard(d, g.tp, g.tp_rank) : d, ops, ch.part, eo.precision,
-                                       eo.recompute);
+    ModelDesc md = g.tp > 1 ? tensor_shard(d, g.tp, g.tp_rank) : d;
+    md.sequence_parallel = g.tp > 1 && pc.sequence_parallel;
+    ch.model = std::make_unique<Model>(md, ops, ch.part, eo.precision, eo.recompute);
     ch.part = ch.model->part;  // its block range resolved (ModelPart::whole() says "to the last")
     ch.model->init_params(seed);
     ch.sync = std::make_unique<GradSync>(so, g.data, ops, ch.model->grads, ch.model->table, eo.tracer);
@@ -102,8 +103,7 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
   }
   sync_nccl_ = so.method == SyncMethod::nccl;
   if (S > 1)
-    link = std::make_unique<StageLink>(ops, g.pipeline, so.method == SyncMethod::nccl,
-                                       (size_t)micro_batch * T * d.d_model, v > 1);
+    link = std::make_unique<StageLink>(ops, g.pipeline, so.method == SyncMethod::nccl, hidden_floats(), v > 1);
 }
 
 std::vector<Action> Engine::schedule_for(int micro_batches) const {

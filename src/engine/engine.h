@@ -193,6 +193,11 @@ struct Engine {
   // A message's tag: (receiver's virtual stage, micro-batch, direction: 1 for a gradient).
   int tag(int receiver_vstage, int mb, int grad) const { return (receiver_vstage * M + mb) * 2 + grad; }
 
+  // Floats of one micro-batch's hidden state between stages: all its rows, or with sequence
+  // parallelism this rank's (rank t of a stage sends its rows to rank t of the next).
+  size_t hidden_floats() const {
+    return (size_t)chunks.front().model->desc.residual_rows(micro_batch * T) * desc.d_model;
+  }
   int64_t optimizer_t() const { return chunks.front().opt->t; }
   int64_t optimizer_state_floats() const;  // AdamW m + v held by this rank
   std::string describe_layers() const;     // "virtual stage 1: layers [2,4) + head, 2 activation slots (1.2 MB)"

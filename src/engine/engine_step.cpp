@@ -123,7 +123,7 @@ struct ScheduleRun {
     ModelChunk& ch = e.chunks[a.chunk];
     Activations& x = acts(a);
     const bool grad = a.type == ActionType::RecvGrad || a.type == ActionType::SendGrad;
-    const size_t n = (size_t)e.micro_batch * e.T * e.desc.d_model;
+    const size_t n = e.hidden_floats();
     if (a.type == ActionType::RecvAct || a.type == ActionType::RecvGrad) {
       recv_of[{a.mb, a.chunk}] = e.link->post_recv(grad ? x.dresidual : x.input, n, a.peer, e.tag(ch.vstage, a.mb, grad));
       return;
@@ -399,7 +399,7 @@ EvalSums Engine::evaluate_here(const Batch& batch) {
   }
   // Along the pipeline, micro-batch by micro-batch (blocking messages in (micro-batch, virtual
   // stage) order); the last stage holds the loss: the replica's mean over its micro-batches.
-  const size_t NC = (size_t)micro_batch * T * desc.d_model;
+  const size_t NC = hidden_floats();
   const int K = S * v;
   double loss_sum = 0;
   for (int m = 0; m < M; m++) {

@@ -73,6 +73,12 @@ struct ModelDesc {
   // heads, ffn_dim / tp MLP channels and the vocabulary rows [vocab_begin(), vocab_end()). The
   // per-rank widths below are those of the whole model when tp = 1.
   int tp = 1, tp_rank = 0;
+  // Sequence parallelism (parallel.sequence_parallel, with tp > 1): the residual stream, norms and
+  // hidden dropout on this rank's rows of each micro-batch only (model/transformer.h).
+  bool sequence_parallel = false;
+  bool seq_shards() const { return tp > 1 && sequence_parallel; }
+  // The rows of the residual stream this rank holds of a micro-batch of N rows.
+  int residual_rows(int N) const { return seq_shards() ? N / tp : N; }
 
   int head_dim() const { return d_model / n_head; }
   int heads() const { return n_head / tp; }          // query heads on this rank

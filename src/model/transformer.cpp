@@ -313,7 +313,8 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   // bf16. Their buffers are planned in floats (2 values each) through `half`, whose pointers
   // become the uint16 ones after the allocation.
   const bool bf16 = m.precision == GemmPrecision::bf16 && bf16_operands;
-  const bool norms16 = bf16 && d.pre_norm;
+  // (with sequence parallelism the norms' outputs are gathered as fp32: kept in fp32)
+  const bool norms16 = bf16 && d.pre_norm && !d.seq_shards();
   std::vector<std::pair<uint16_t**, float*>> half;
   half.reserve(3 * (m.part.l1 - m.part.l0) + 2);
   final_norm = nullptr;
@@ -321,12 +322,16 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   // Full attention keeps P [B, NH, T, T] per layer, fused attention one lse per query row.
   const bool fused = attention == AttentionImpl::fused;
   const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
+  // The residual stream's rows: all N, or with sequence parallelism this rank's Nr = N / tp.
+  const size_t Nr = static_cast<size_t>(d.residual_rows(static_cast<int>(N)));
   const size_t att = fused ? 0 : static_cast<size_t>(B) * d.heads() * T * T;
   const size_t lse = fused ? static_cast<size_t>(B) * d.heads() * T : 0;
   const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn(), AY = static_cast<size_t>(d.heads()) * d.head_dim();
-  std::vector<std::pair<float**, size_t>> plan = {{&input, N * C}, {&dresidual, N * C}, {&tmp, N * C}};
+  std::vector<std::pair<float**, size_t>> plan = {{&input, Nr * C}, {&dresidual, Nr * C}, {&tmp, N * C}};
+  gathered = scattered = nullptr;
+  if (d.seq_shards()) plan.insert(plan.end(), {{&gathered, N * C}, {&scattered, Nr * C}});
   if (m.part.embedding && d.embedding_norm)
-    plan.insert(plan.end(), {{&emb_sum, N * C}, {&emb_mean, N}, {&emb_rstd, N}});
+    plan.insert(plan.end(), {{&emb_sum, Nr * C}, {&emb_mean, Nr}, {&emb_rstd, Nr}});
   // n values of 2 bytes, planned in floats
   auto plan_half = [&](uint16_t** p, size_t n) {
     half.push_back({p, nullptr});
@@ -334,8 +339,8 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   };
   // a norm's output: fp32, or only bf16
   auto plan_norm = [&](float** p, uint16_t** p16) {
-    if (norms16) plan_half(p16, N * C);
-    else plan.push_back({p, N * C});
+    if (norms16) plan_half(p16, Nr * C);
+    else plan.push_back({p, Nr * C});
   };
   // Recomputation ("Activation recomputation" in transformer.h): a shared tensor is planned for
   // the first block only, and the other blocks point at it.
@@ -369,25 +374,25 @@ void Activations::allocate(const Model& m, int B_, int T_) {
       if (i == 0 || !is_shared16(f)) plan_half(&(L.*f), n);
     };
     auto norm = [&](F32 f, F16 f_bf16) {  // a norm's output: fp32, or only bf16
-      if (norms16) f16(f_bf16, N * C);
-      else f32(f, N * C);
+      if (norms16) f16(f_bf16, Nr * C);
+      else f32(f, Nr * C);
     };
     norm(&Layer::norm1, &Layer::norm1_bf16);
-    f32(&Layer::norm1_mean, N);
-    f32(&Layer::norm1_rstd, N);
+    f32(&Layer::norm1_mean, Nr);
+    f32(&Layer::norm1_rstd, Nr);
     f32(&Layer::qkv, N * QKV);
     f32(&Layer::atty, N * AY);
     if (fused) f32(&Layer::lse, lse);
     else f32(&Layer::att, att);
-    f32(&Layer::res_attn, N * C);
+    f32(&Layer::res_attn, Nr * C);
     norm(&Layer::norm2, &Layer::norm2_bf16);
-    f32(&Layer::norm2_mean, N);
-    f32(&Layer::norm2_rstd, N);
+    f32(&Layer::norm2_mean, Nr);
+    f32(&Layer::norm2_rstd, Nr);
     f32(&Layer::fc, N * FC);
     if (bf16) f16(&Layer::act_bf16, N * F);
     else f32(&Layer::act, N * F);
-    f32(&Layer::res_mlp, N * C);
-    if (!d.pre_norm) f32(&Layer::out, N * C);
+    f32(&Layer::res_mlp, Nr * C);
+    if (!d.pre_norm) f32(&Layer::out, Nr * C);
   }
   // A bf16 LM head's logits gradient in bf16; the chunk buffers' rows padded (logits_ld).
   const bool bf16_grad = bf16 && m.part.head && d.head == HeadKind::lm && !all_logits && d.tp == 1;
@@ -397,7 +402,7 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   if (m.part.head) {
     if (d.head == HeadKind::lm) {
       plan_norm(&final_norm, &final_norm_bf16);
-      plan.insert(plan.end(), {{&final_mean, N}, {&final_rstd, N},
+      plan.insert(plan.end(), {{&final_mean, Nr}, {&final_rstd, Nr},
                                {&logits, static_cast<size_t>(lm_rows) * logits_ld}, {&losses, N}});
       if (bf16_grad) plan_half(&logits_grad_bf16, static_cast<size_t>(lm_rows) * logits_ld);
       if (d.tp > 1) plan.push_back({&xent_stats, 3 * static_cast<size_t>(lm_rows)});
@@ -476,6 +481,15 @@ uint64_t drop_key(const Activations& a, int layer, int site) {
   return dropout_key(c.seed, c.step, c.rank, c.micro_batch, layer, site);
 }
 
+// Hidden dropout on the residual stream's rows: with sequence parallelism each rank holds its own
+// rows, so each draws from its own stream (the masks of one rank's distribution, not the same
+// masks); otherwise drop_key, the same on every rank of a tensor-parallel group.
+uint64_t hidden_drop_key(const Activations& a, int layer, int site) {
+  const uint64_t k = drop_key(a, layer, site);
+  const ModelDesc& d = a.model->desc;
+  return d.seq_shards() ? mix64(k ^ (0xbf58476d1ce4e5b9ull * static_cast<uint64_t>(d.tp_rank + 1))) : k;
+}
+
 // Attention-probability dropout: its mask is indexed by this rank's heads, so each shard of a
 // tensor-parallel group draws from its own stream (masks of the same distribution as one rank's,
 // not the same masks); every other mask is the same on every rank of the group.
@@ -531,22 +545,28 @@ void Model::load_batch(Activations& a, const Batch& b) const {
 void Model::embed_forward(Activations& a) const {
   const Ops& o = *ops;
   const ModelDesc& d = desc;
-  const int B = a.B, T = a.T, C = d.d_model, N = B * T;
-  float* sum = d.embedding_norm ? a.emb_sum : a.input;
+  const int B = a.B, T = a.T, C = d.d_model, N = B * T, Nr = d.residual_rows(N);
+  float* sum = d.embedding_norm ? a.emb_sum : a.input;  // (the residual stream's rows)
   const float* wpe = d.learned_positions ? pe[kPosEmb] : nullptr;
   if (d.tp == 1) {
     o.embedding_forward(sum, a.tokens, pe[kTokEmb], wpe, B, T, C);
-  } else {  // each token's row from the rank that holds it (0 elsewhere), the positions from rank 0
+  } else if (!d.seq_shards()) {  // each token's row from the rank that holds it (0 elsewhere), the positions from rank 0
     o.vocab_embedding_forward(sum, a.tokens, pe[kTokEmb], d.vocab_begin(), d.vocab_rows(),
                               d.tp_rank == 0 ? wpe : nullptr, B, T, C);
     tensor.sum(sum, static_cast<size_t>(N) * C);
+  } else {  // the same into a.tmp, the token types from rank 0 too, reduce-scattered to this rank's rows
+    o.vocab_embedding_forward(a.tmp, a.tokens, pe[kTokEmb], d.vocab_begin(), d.vocab_rows(),
+                              d.tp_rank == 0 ? wpe : nullptr, B, T, C);
+    if (d.type_vocab_size > 0 && d.tp_rank == 0) o.embedding_add_forward(a.tmp, a.token_types, pe[kTypeEmb], N, C);
+    tensor.reduce_scatter(a.tmp, sum, static_cast<size_t>(Nr) * C);
   }
-  if (d.type_vocab_size > 0) o.embedding_add_forward(sum, a.token_types, pe[kTypeEmb], N, C);
+  if (d.type_vocab_size > 0 && !d.seq_shards()) o.embedding_add_forward(sum, a.token_types, pe[kTypeEmb], N, C);
   if (d.embedding_norm)
-    o.layernorm_forward(a.input, a.emb_mean, a.emb_rstd, sum, pe[kEmbNormW], pe[kEmbNormB], N, C,
+    o.layernorm_forward(a.input, a.emb_mean, a.emb_rstd, sum, pe[kEmbNormW], pe[kEmbNormB], Nr, C,
                         static_cast<float>(d.norm_eps), nullptr);
   if (a.dropout.training && d.dropout > 0)
-    o.dropout_forward(a.input, a.input, static_cast<size_t>(N) * C, d.dropout, drop_key(a, -1, kDropEmbedding));
+    o.dropout_forward(a.input, a.input, static_cast<size_t>(Nr) * C, d.dropout,
+                      hidden_drop_key(a, -1, kDropEmbedding));
 }
 
 void Model::check_block_range(int from, int to) const {
@@ -560,10 +580,28 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
   const ModelDesc& d = desc;
   const int B = a.B, T = a.T, C = d.d_model, N = B * T, NH = d.heads(), NKV = d.kv_heads(), hs = d.head_dim();
   const int QKV = d.qkv_dim(), F = d.ffn(), FC = d.fc_dim(), AY = NH * hs;
-  const size_t NC = static_cast<size_t>(N) * C;
+  // The residual stream's rows (sequence parallelism: this rank's Nr of the N) and their floats.
+  const int Nr = d.residual_rows(N);
+  const size_t NC = static_cast<size_t>(Nr) * C;
+  const bool sp = d.seq_shards();
   const float p = a.dropout.training ? d.dropout : 0.0f, pa = a.dropout.training ? d.attn_dropout : 0.0f;
   const int32_t* mask = a.has_mask ? a.attn_mask : nullptr;
   check_attention_state(a, d);
+  // A branch's GEMM input from the residual stream's rows: as it is, or all-gathered.
+  auto gather = [&](const float* rows) -> const float* {
+    if (!sp) return rows;
+    tensor.all_gather(rows, a.gathered, NC);
+    return a.gathered;
+  };
+  // A branch's output (a.tmp, [N, C], each rank's partial sum with tensor parallelism) onto the
+  // residual stream's rows, dropout applied: a.tmp itself, or reduce-scattered into a.scattered.
+  auto branch_out = [&](int l, int site) -> float* {
+    float* out = a.tmp;
+    if (sp) tensor.reduce_scatter(a.tmp, a.scattered, NC), out = a.scattered;
+    else tp_sum(a.tmp, NC);
+    if (p > 0) o.dropout_forward(out, out, NC, p, hidden_drop_key(a, l, site));
+    return out;
+  };
   for (int l = from; l < to; l++) {
     const int i = l - part.l0;
     const BlockTensors& w = pb[i];
@@ -574,10 +612,11 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     const float* h = x;
     const uint16_t* h16 = nullptr;
     if (d.pre_norm) {
-      norm_forward(o, d, L.norm1, L.norm1_bf16, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], N);
+      norm_forward(o, d, L.norm1, L.norm1_bf16, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], Nr);
       h = L.norm1;
       h16 = L.norm1_bf16;
     }
+    h = gather(h);
     GemmMode qkv_gemm = gemm_rounding(w[kQkvW], static_cast<size_t>(QKV) * C);
     qkv_gemm.inp_bf16 = h16;
     o.matmul_forward(L.qkv, h, w[kQkvW], w[kQkvB], N, C, QKV, qkv_gemm);
@@ -593,22 +632,22 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     // (row-parallel: each rank's partial sum, the bias added once, then summed over the group)
     o.matmul_forward(a.tmp, L.atty, w[kAttnOutW], d.tp_rank == 0 ? w[kAttnOutB] : nullptr, N, AY, C,
                      gemm_rounding(w[kAttnOutW], static_cast<size_t>(C) * AY));
-    tp_sum(a.tmp, NC);
-    if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropAttnOut));
+    const float* attn_out = branch_out(l, kDropAttnOut);
     // res_attn = x + branch, and the MLP's branch input N2(res_attn) (pre-norm) or
     // norm1 = LN1(res_attn) (post-norm), in one fused op.
     const float* h2;
     const uint16_t* h2_16 = nullptr;
     if (d.pre_norm) {
-      residual_norm_forward(o, d, L.res_attn, L.norm2, L.norm2_bf16, L.norm2_mean, L.norm2_rstd, x, a.tmp, w[kNorm2W],
-                            w[kNorm2B], N);
+      residual_norm_forward(o, d, L.res_attn, L.norm2, L.norm2_bf16, L.norm2_mean, L.norm2_rstd, x, attn_out,
+                            w[kNorm2W], w[kNorm2B], Nr);
       h2 = L.norm2;
       h2_16 = L.norm2_bf16;
     } else {
-      residual_norm_forward(o, d, L.res_attn, L.norm1, nullptr, L.norm1_mean, L.norm1_rstd, x, a.tmp, w[kNorm1W],
-                            w[kNorm1B], N);
+      residual_norm_forward(o, d, L.res_attn, L.norm1, nullptr, L.norm1_mean, L.norm1_rstd, x, attn_out, w[kNorm1W],
+                            w[kNorm1B], Nr);
       h2 = L.norm1;
     }
+    h2 = gather(h2);
     GemmMode fc_gemm = gemm_rounding(w[kFcW], static_cast<size_t>(FC) * C);
     fc_gemm.inp_bf16 = h2_16;
     switch (d.mlp) {  // GELU (tanh) is fused with its dense layer (a cuBLASLt epilogue on CUDA)
@@ -627,13 +666,12 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     GemmMode proj_gemm = gemm_rounding(w[kProjW], static_cast<size_t>(C) * F);
     proj_gemm.inp_bf16 = L.act_bf16;
     o.matmul_forward(a.tmp, L.act, w[kProjW], d.tp_rank == 0 ? w[kProjB] : nullptr, N, F, C, proj_gemm);
-    tp_sum(a.tmp, NC);
-    if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropMlpOut));
+    const float* mlp_out = branch_out(l, kDropMlpOut);
     if (d.pre_norm)
-      o.residual_forward(L.res_mlp, L.res_attn, a.tmp, NC);
+      o.residual_forward(L.res_mlp, L.res_attn, mlp_out, NC);
     else  // res_mlp = norm1 + branch; out = LN2(res_mlp)
-      residual_norm_forward(o, d, L.res_mlp, L.out, nullptr, L.norm2_mean, L.norm2_rstd, L.norm1, a.tmp, w[kNorm2W],
-                            w[kNorm2B], N);
+      residual_norm_forward(o, d, L.res_mlp, L.out, nullptr, L.norm2_mean, L.norm2_rstd, L.norm1, mlp_out, w[kNorm2W],
+                            w[kNorm2B], Nr);
     a.shared_layer = l;
   }
 }
@@ -651,8 +689,9 @@ void Model::recompute_block(Activations& a, int l) const {
   const float* x = i == 0 ? a.input : a.layers[i - 1].out;
   if (d.pre_norm) {
     // norm2 was written by the fused residual + norm op, whose bits are those of the norm of res_attn
-    norm_forward(o, d, L.norm1, L.norm1_bf16, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], N);
-    norm_forward(o, d, L.norm2, L.norm2_bf16, L.norm2_mean, L.norm2_rstd, L.res_attn, w[kNorm2W], w[kNorm2B], N);
+    const int Nr = d.residual_rows(N);
+    norm_forward(o, d, L.norm1, L.norm1_bf16, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], Nr);
+    norm_forward(o, d, L.norm2, L.norm2_bf16, L.norm2_mean, L.norm2_rstd, L.res_attn, w[kNorm2W], w[kNorm2B], Nr);
   }
   if (d.attention == AttentionImpl::full) {  // P again; its output (the kept atty's bits) into the free tmp
     const float pa = a.dropout.training ? d.attn_dropout : 0.0f;
@@ -703,14 +742,19 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
   // and reported by read_scalars: no host wait per chunk.
   uint64_t* bad = &a.scalars->bad_target;
   o.zero(bad, sizeof(uint64_t));
+  const int Nr = d.residual_rows(N);
   if (d.head == HeadKind::lm) {
     const float* xf = x;
     const uint16_t* xf16 = nullptr;  // a bf16 model's final norm output, kept only in bf16
     if (d.final_norm) {
       norm_forward(o, d, a.final_norm, a.final_norm_bf16, a.final_mean, a.final_rstd, x, pe[kFinalNormW],
-                   pe[kFinalNormB], N);
+                   pe[kFinalNormB], Nr);
       xf = a.final_norm;
       xf16 = a.final_norm_bf16;
+    }
+    if (d.seq_shards()) {  // every row's xf: gathered (lm_xf reads it there until head_backward)
+      tensor.all_gather(xf, a.gathered, static_cast<size_t>(Nr) * C);
+      xf = a.gathered;
     }
     const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
     const int V = d.vocab_rows();  // this rank's vocabulary rows (all of them without tensor parallelism)
@@ -742,6 +786,10 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
   } else {
     rows = B;
     const size_t BC = static_cast<size_t>(B) * C;
+    if (d.seq_shards()) {  // every sequence's first row: from the gathered rows
+      tensor.all_gather(x, a.gathered, static_cast<size_t>(Nr) * C);
+      x = a.gathered;
+    }
     o.first_token_forward(a.cls, x, B, T, C);
     o.matmul_forward(a.pooled_pre, a.cls, pe[kPoolerW], pe[kPoolerB], B, C, C,
                      gemm_rounding(pe[kPoolerW], static_cast<size_t>(C) * C));
@@ -851,8 +899,10 @@ void Model::ensure_scratch(int B, int T) {
   // GELU (tanh), whose backward goes from the projection's output gradient to d_fc in one op
   const size_t att = d.attention == AttentionImpl::fused ? 0 : static_cast<size_t>(B) * d.heads() * T * T;
   const size_t act = d.mlp == MlpKind::gelu_tanh ? 0 : N * d.ffn();
+  // sequence parallelism: a gathered [N, C] gradient and a norm's weight gradients [2, C]
+  const bool sp = d.seq_shards();
   const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), act, att,
-                          3 * static_cast<size_t>(B) * C};
+                          3 * static_cast<size_t>(B) * C, sp ? N * C : 0, sp ? 2 * C : 0};
   size_t total = 0;
   for (size_t s : sizes) total += (s + 15) / 16 * 16;
   if (total > scratch_floats_) {
@@ -860,9 +910,9 @@ void Model::ensure_scratch(int B, int T) {
     scratch_ = static_cast<float*>(ops->alloc(total * sizeof(float)));
     scratch_floats_ = total;
   }
-  float** ptrs[] = {&d_a_, &d_b_, &d_qkv_, &d_fc_, &d_act_, &d_att_, &d_small_};
+  float** ptrs[] = {&d_a_, &d_b_, &d_qkv_, &d_fc_, &d_act_, &d_att_, &d_small_, &d_full_, &d_norm_};
   size_t off = 0;
-  for (size_t i = 0; i < 7; i++) {
+  for (size_t i = 0; i < 9; i++) {
     *ptrs[i] = scratch_ + off;
     off += (sizes[i] + 15) / 16 * 16;
   }
@@ -1018,13 +1068,19 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
       a.deferred.push_back({0, wrole, -1, nullptr, nullptr, nullptr, N, C, d.vocab_rows()});
     }
     const float* dxf = a.lm_head_fused ? a.tmp : d_a_;
-    o.zero(a.dresidual, NC * sizeof(float));
+    const int Nr = d.residual_rows(N);
+    const size_t NrC = static_cast<size_t>(Nr) * C;
+    if (d.seq_shards()) {  // each rank's partial d xf of every row, summed onto this rank's rows
+      tensor.reduce_scatter(dxf, a.scattered, NrC);
+      dxf = a.scattered;
+    }
+    o.zero(a.dresidual, NrC * sizeof(float));
     if (d.final_norm) {
-      norm_backward(o, d, a.dresidual, ge[kFinalNormW], ge[kFinalNormB], dxf, x, pe[kFinalNormW], a.final_mean,
-                    a.final_rstd, N);
+      norm_backward_rows(a.dresidual, ge[kFinalNormW], ge[kFinalNormB], dxf, x, pe[kFinalNormW], a.final_mean,
+                         a.final_rstd, Nr);
       finished(0, {kFinalNormW, kFinalNormB}, ready);
     } else {
-      o.copy(a.dresidual, dxf, NC * sizeof(float));
+      o.copy(a.dresidual, dxf, NrC * sizeof(float));
     }
   } else {
     const size_t BC = static_cast<size_t>(B) * C;
@@ -1043,8 +1099,15 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
     float* dcls = d_small_;  // dpd is consumed
     o.zero(dcls, BC * sizeof(float));
     dense_backward(a, dcls, dpre, false, a.cls, nullptr, 0, kPoolerW, kPoolerB, B, C, C, true, ready);
-    o.zero(a.dresidual, NC * sizeof(float));
-    o.first_token_backward(a.dresidual, dcls, B, T, C);
+    if (!d.seq_shards()) {
+      o.zero(a.dresidual, NC * sizeof(float));
+      o.first_token_backward(a.dresidual, dcls, B, T, C);
+    } else {  // every row's gradient (the same on every rank), then this rank's rows of it
+      const int Nr = d.residual_rows(N);
+      o.zero(a.tmp, NC * sizeof(float));
+      o.first_token_backward(a.tmp, dcls, B, T, C);
+      o.copy(a.dresidual, a.tmp + static_cast<size_t>(d.tp_rank) * Nr * C, static_cast<size_t>(Nr) * C * sizeof(float));
+    }
   }
 }
 
@@ -1052,7 +1115,8 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
   const Ops& o = *ops;
   const ModelDesc& d = desc;
   const int N = a.B * a.T, C = d.d_model, V = d.vocab_rows(), R = a.lm_rows;
-  const float* xf = d.final_norm ? a.final_norm : a.output();
+  // (sequence parallelism: every row's xf, gathered by the head forward)
+  const float* xf = d.seq_shards() ? a.gathered : d.final_norm ? a.final_norm : a.output();
   const uint16_t* xf16 = d.final_norm ? a.final_norm_bf16 : nullptr;  // (xf null then)
   const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
   GemmMode head_gemm = gemm_reading(W);  // the head forward rounded W
@@ -1078,7 +1142,22 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
                       a.logits_grad_bf16 ? nullptr : a.logits, xc, W, rn, C, V, chunk_gemm);
   }
   a.lm_last_grad = chunks == 1;  // the buffer holds chunk 0's gradient now
-  if (dxf) tp_sum(dxf, static_cast<size_t>(N) * C);  // each rank's vocabulary rows' share of d xf
+  // each rank's vocabulary rows' share of d xf, summed (sequence parallelism: head_backward
+  // reduce-scatters it instead)
+  if (dxf && !d.seq_shards()) tp_sum(dxf, static_cast<size_t>(N) * C);
+}
+
+void Model::norm_backward_rows(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+                               const float* mean, const float* rstd, int rows) {
+  const ModelDesc& d = desc;
+  if (!d.seq_shards()) return norm_backward(*ops, d, dx, dw, db, dout, x, w, mean, rstd, rows);
+  const int C = d.d_model;
+  const bool bias = d.norm == NormKind::layernorm;
+  ops->zero(d_norm_, 2 * static_cast<size_t>(C) * sizeof(float));
+  norm_backward(*ops, d, dx, d_norm_, bias ? d_norm_ + C : nullptr, dout, x, w, mean, rstd, rows);
+  tensor.sum(d_norm_, bias ? 2 * static_cast<size_t>(C) : static_cast<size_t>(C));
+  ops->residual_forward(dw, dw, d_norm_, static_cast<size_t>(C));
+  if (bias) ops->residual_forward(db, db, d_norm_ + C, static_cast<size_t>(C));
 }
 
 void Model::lm_xent(Activations& a, int r0, int rn, float scale) const {
@@ -1117,7 +1196,9 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
   const ModelDesc& d = desc;
   const int B = a.B, T = a.T, C = d.d_model, N = B * T, NH = d.heads(), NKV = d.kv_heads(), hs = d.head_dim();
   const int QKV = d.qkv_dim(), F = d.ffn(), FC = d.fc_dim(), AY = NH * hs;
-  const size_t NC = static_cast<size_t>(N) * C;
+  const int Nr = d.residual_rows(N);                  // the residual stream's rows (see blocks_forward)
+  const size_t NC = static_cast<size_t>(Nr) * C, NfC = static_cast<size_t>(N) * C;
+  const bool sp = d.seq_shards();
   const float p = a.dropout.training ? d.dropout : 0.0f, pa = a.dropout.training ? d.attn_dropout : 0.0f;
   const int32_t* mask = a.has_mask ? a.attn_mask : nullptr;
   check_attention_state(a, d);
@@ -1127,8 +1208,34 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
   auto through_dropout = [&](const float* g, float* into, int l, int site) -> const float* {
     if (p <= 0) return g;
     o.zero(into, NC * sizeof(float));
-    o.dropout_backward(into, g, NC, p, drop_key(a, l, site));
+    o.dropout_backward(into, g, NC, p, hidden_drop_key(a, l, site));
     return into;
+  };
+  // Sequence parallelism: a gradient on the residual stream's rows all-gathered (the backward of
+  // the reduce-scatter after a row-parallel layer), and a branch input gathered again for a
+  // column-parallel layer's weight gradient; the rows themselves otherwise.
+  auto full_grad = [&](const float* rows) -> const float* {
+    if (!sp) return rows;
+    tensor.all_gather(rows, d_full_, NC);
+    return d_full_;
+  };
+  auto full_input = [&](const float* rows) -> const float* {
+    if (!sp) return rows;
+    tensor.all_gather(rows, a.gathered, NC);
+    return a.gathered;
+  };
+  // A column-parallel layer's input gradient, computed by `grad(part)` into the zeroed [N, C]
+  // `part` (each rank's share with tensor parallelism), onto the residual stream's rows: summed
+  // over the group in place, or reduce-scattered into `rows`. Returns where it is.
+  auto to_rows = [&](float* part, float* rows, const std::function<void(float*)>& grad) -> const float* {
+    o.zero(part, NfC * sizeof(float));
+    grad(part);
+    if (sp) {
+      tensor.reduce_scatter(part, rows, NC);
+      return rows;
+    }
+    tp_sum(part, NfC);
+    return part;
   };
   // An input-only pass writes the gradients of fc and qkv straight into the kept buffers that
   // weight_backward reads (no copy); a whole pass into scratch.
@@ -1187,57 +1294,61 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
     }
     if (d.pre_norm) {
       // out = res_attn + drop(P act(F N2(res_attn))); dres = d out.
-      const float* dproj = through_dropout(dres, d_b_, l, kDropMlpOut);
+      const float* dproj = full_grad(through_dropout(dres, d_b_, l, kDropMlpOut));
       proj_act_backward(L, dproj, slot);
-      o.zero(d_a_, NC * sizeof(float));
-      dense(d_a_, d_fc, L.norm2, L.norm2_bf16, slot, kFcW, kFcB, C, FC);
-      tp_sum(d_a_, NC);  // (column-parallel: each rank's channels' share of d h)
-      norm_backward(o, d, dres, g[kNorm2W], g[kNorm2B], d_a_, L.res_attn, w[kNorm2W], L.norm2_mean, L.norm2_rstd, N);
+      const float* h2 = full_input(L.norm2);
+      const float* dh2 = to_rows(d_a_, d_b_, [&](float* part) {
+        dense(part, d_fc, sp ? h2 : L.norm2, L.norm2_bf16, slot, kFcW, kFcB, C, FC);
+      });
+      norm_backward_rows(dres, g[kNorm2W], g[kNorm2B], dh2, L.res_attn, w[kNorm2W], L.norm2_mean, L.norm2_rstd, Nr);
       finished(slot, {kNorm2W, kNorm2B}, ready);
       // dres = d res_attn; res_attn = x + drop(O attention(QKV N1(x))).
-      const float* dao = through_dropout(dres, d_b_, l, kDropAttnOut);
-      o.zero(d_a_, NC * sizeof(float));
+      const float* dao = full_grad(through_dropout(dres, d_b_, l, kDropAttnOut));
+      o.zero(d_a_, NfC * sizeof(float));
       dense(d_a_, dao, L.atty, nullptr, slot, kAttnOutW, kAttnOutB, AY, C);
       o.zero(d_qkv, static_cast<size_t>(N) * QKV * sizeof(float));
       attention_backward(L, w, l);
-      o.zero(d_b_, NC * sizeof(float));
-      dense(d_b_, d_qkv, L.norm1, L.norm1_bf16, slot, kQkvW, kQkvB, C, QKV);
-      tp_sum(d_b_, NC);
-      norm_backward(o, d, dres, g[kNorm1W], g[kNorm1B], d_b_, x, w[kNorm1W], L.norm1_mean, L.norm1_rstd, N);
+      const float* h1 = full_input(L.norm1);
+      const float* dh1 = to_rows(d_b_, d_a_, [&](float* part) {
+        dense(part, d_qkv, sp ? h1 : L.norm1, L.norm1_bf16, slot, kQkvW, kQkvB, C, QKV);
+      });
+      norm_backward_rows(dres, g[kNorm1W], g[kNorm1B], dh1, x, w[kNorm1W], L.norm1_mean, L.norm1_rstd, Nr);
       finished(slot, {kNorm1W, kNorm1B}, ready);
     } else {
       // out = LN2(res_mlp), res_mlp = h + drop(P act(F h)), h = LN1(res_attn),
       // res_attn = x + drop(O attention(QKV x)); dres = d out.
       o.zero(d_b_, NC * sizeof(float));
-      norm_backward(o, d, d_b_, g[kNorm2W], g[kNorm2B], dres, L.res_mlp, w[kNorm2W], L.norm2_mean, L.norm2_rstd, N);
+      norm_backward_rows(d_b_, g[kNorm2W], g[kNorm2B], dres, L.res_mlp, w[kNorm2W], L.norm2_mean, L.norm2_rstd, Nr);
       finished(slot, {kNorm2W, kNorm2B}, ready);
-      const float* dproj = through_dropout(d_b_, dres, l, kDropMlpOut);  // dres is free now
+      const float* dproj = full_grad(through_dropout(d_b_, dres, l, kDropMlpOut));  // dres is free now
       proj_act_backward(L, dproj, slot);
       // d_b_ = d h: the residual's part (in d_b_) plus the MLP's, which with tensor parallelism is
-      // summed over the group on its own first
+      // summed over the group (or reduce-scattered) on its own first
       if (d.tp == 1) {
         dense(d_b_, d_fc, L.norm1, nullptr, slot, kFcW, kFcB, C, FC);
       } else {
-        o.zero(d_a_, NC * sizeof(float));
-        dense(d_a_, d_fc, L.norm1, nullptr, slot, kFcW, kFcB, C, FC);
-        tensor.sum(d_a_, NC);
-        o.residual_forward(d_b_, d_b_, d_a_, NC);
+        const float* h = full_input(L.norm1);
+        const float* dh = to_rows(d_a_, d_full_, [&](float* part) {
+          dense(part, d_fc, h, nullptr, slot, kFcW, kFcB, C, FC);
+        });
+        o.residual_forward(d_b_, d_b_, dh, NC);
       }
       o.zero(dres, NC * sizeof(float));
-      norm_backward(o, d, dres, g[kNorm1W], g[kNorm1B], d_b_, L.res_attn, w[kNorm1W], L.norm1_mean, L.norm1_rstd, N);
+      norm_backward_rows(dres, g[kNorm1W], g[kNorm1B], d_b_, L.res_attn, w[kNorm1W], L.norm1_mean, L.norm1_rstd, Nr);
       finished(slot, {kNorm1W, kNorm1B}, ready);
-      const float* dao = through_dropout(dres, d_b_, l, kDropAttnOut);
-      o.zero(d_a_, NC * sizeof(float));
+      const float* dao = full_grad(through_dropout(dres, d_b_, l, kDropAttnOut));
+      o.zero(d_a_, NfC * sizeof(float));
       dense(d_a_, dao, L.atty, nullptr, slot, kAttnOutW, kAttnOutB, AY, C);
       o.zero(d_qkv, static_cast<size_t>(N) * QKV * sizeof(float));
       attention_backward(L, w, l);
       if (d.tp == 1) {
         dense(dres, d_qkv, x, nullptr, slot, kQkvW, kQkvB, C, QKV);  // dres = d x
       } else {  // (as for d h above)
-        o.zero(d_b_, NC * sizeof(float));
-        dense(d_b_, d_qkv, x, nullptr, slot, kQkvW, kQkvB, C, QKV);
-        tensor.sum(d_b_, NC);
-        o.residual_forward(dres, dres, d_b_, NC);
+        const float* xg = full_input(x);
+        const float* dx = to_rows(d_b_, d_a_, [&](float* part) {
+          dense(part, d_qkv, xg, nullptr, slot, kQkvW, kQkvB, C, QKV);
+        });
+        o.residual_forward(dres, dres, dx, NC);
       }
     }
   }
@@ -1253,20 +1364,24 @@ void Model::embed_backward(Activations& a, const ReadyFn& ready) {
   }
   const Ops& o = *ops;
   const ModelDesc& d = desc;
-  const int B = a.B, T = a.T, C = d.d_model, N = B * T;
-  const size_t NC = static_cast<size_t>(N) * C;
+  const int B = a.B, T = a.T, C = d.d_model, N = B * T, Nr = d.residual_rows(N);
+  const size_t NC = static_cast<size_t>(Nr) * C;  // the residual stream's rows
   ensure_scratch(B, T);
   const float* g = a.dresidual;
   if (a.dropout.training && d.dropout > 0) {
     o.zero(d_b_, NC * sizeof(float));
-    o.dropout_backward(d_b_, g, NC, d.dropout, drop_key(a, -1, kDropEmbedding));
+    o.dropout_backward(d_b_, g, NC, d.dropout, hidden_drop_key(a, -1, kDropEmbedding));
     g = d_b_;
   }
-  if (d.embedding_norm) {
+  if (d.embedding_norm) {  // (LayerNorm: BERT)
     o.zero(d_a_, NC * sizeof(float));
-    o.layernorm_backward(d_a_, ge[kEmbNormW], ge[kEmbNormB], g, a.emb_sum, pe[kEmbNormW], a.emb_mean, a.emb_rstd, N, C);
+    norm_backward_rows(d_a_, ge[kEmbNormW], ge[kEmbNormB], g, a.emb_sum, pe[kEmbNormW], a.emb_mean, a.emb_rstd, Nr);
     finished(0, {kEmbNormW, kEmbNormB}, ready);
     g = d_a_;
+  }
+  if (d.seq_shards()) {  // every row's gradient for the tables (the same on every rank)
+    tensor.all_gather(g, d_full_, NC);
+    g = d_full_;
   }
   if (d.type_vocab_size > 0) o.embedding_add_backward(ge[kTypeEmb], g, a.token_types, N, C);
   float* dwpe = d.learned_positions ? ge[kPosEmb] : nullptr;

@@ -197,6 +197,11 @@ struct TensorGroup {
   using Fn = std::function<void(float*, size_t)>;
   Fn sum;  // x = Σ over the group's ranks
   Fn max;  // x = max over the group's ranks
+  // Sequence parallelism, pieces of n floats: all_gather(piece, whole, n): whole[r·n, (r+1)·n) =
+  // rank r's piece; reduce_scatter(whole, piece, n): piece = Σ over ranks of their whole's piece
+  // of this rank. The buffers do not overlap.
+  using PieceFn = std::function<void(const float*, float*, size_t)>;
+  PieceFn all_gather, reduce_scatter;
 };
 
 // n floats rounded up to a multiple of 64 (256 bytes): the room one tensor of the Activations takes,
@@ -262,6 +267,10 @@ struct Activations {
   float* dresidual = nullptr; // [N, C] the gradient flowing down the residual stream
   float* tmp = nullptr;       // [N, C] forward scratch (a branch's output before the residual add); after a
                               // forward with a fused LM head, d loss / d xf until head_backward
+  // Sequence parallelism (null otherwise): a branch input all-gathered [N, C] — in forward the
+  // GEMMs' input (after the blocks the final norm's output, the LM head's xf), in backward the
+  // same gathered again — and a branch output reduce-scattered to this rank's rows [Nr, C].
+  float *gathered = nullptr, *scattered = nullptr;
   bool has_mask = false;      // the batch carried an attention mask
   // The block whose recomputed tensors ("Activation recomputation" above) the shared buffers hold
   // now, or -1 (none, or not known).
@@ -427,6 +436,7 @@ struct Model {
   size_t scratch_floats_ = 0;
   float *d_a_ = nullptr, *d_b_ = nullptr, *d_qkv_ = nullptr, *d_fc_ = nullptr, *d_act_ = nullptr,
         *d_att_ = nullptr, *d_small_ = nullptr;
+  float *d_full_ = nullptr, *d_norm_ = nullptr;  // sequence parallelism: [N, C] gathered gradient, [2, C]
   void ensure_scratch(int B, int T);
   // Block l's recomputed tensors into the shared buffers of a, unless they hold them already.
   void recompute_block(Activations& a, int l) const;
@@ -449,6 +459,11 @@ struct Model {
   // tensor parallelism).
   void lm_xent(Activations& a, int r0, int rn, float scale) const;
   void tp_sum(float* x, size_t n) const;  // TensorGroup::sum with tensor parallelism, else nothing
+  // A norm's backward over `rows` rows of the residual stream (adds into dx, dw, db). With
+  // sequence parallelism the rows are this rank's: the weight gradients of the call are summed
+  // over the group (in d_norm_) before they are added, so they stay the same on every rank.
+  void norm_backward_rows(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+                          const float* mean, const float* rstd, int rows);
 };
 
 }  // namespace llmpi
