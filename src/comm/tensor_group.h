@@ -1,11 +1,13 @@
 // The collectives of a tensor-parallel group (model/transformer.h "Tensor parallelism"): sums and
-// maxima in place over the group's ranks, on a Model's backend memory.
+// maxima in place over the group's ranks, and for sequence parallelism all-gathers and
+// reduce-scatters of equal pieces, on a Model's backend memory.
 //
-//   CPU        MPI_Allreduce in place on the buffer
-//   CUDA       with parallel.sync "nccl": ncclAllReduce (sum or max) on an NCCL communicator of the
-//              group, on its stream after the compute stream's work, which then waits for it (no
-//              host wait: comm/nccl.h); otherwise through host memory (the compute stream waited
-//              for, MPI_Allreduce, copied back: any MPI, CUDA-aware or not)
+//   CPU        MPI_Allreduce in place, MPI_Allgather, MPI_Reduce_scatter_block on the buffers
+//   CUDA       with parallel.sync "nccl": ncclAllReduce (sum or max), ncclAllGather,
+//              ncclReduceScatter on an NCCL communicator of the group, on its stream after the
+//              compute stream's work, which then waits for it (no host wait: comm/nccl.h);
+//              otherwise through host memory (the compute stream waited for, the MPI call, copied
+//              back: any MPI, CUDA-aware or not)
 //
 // Every rank gets the same bits: MPI_Allreduce and ncclAllReduce give each member of the group the
 // same result; the whole (replicated) parts of the model stay equal across the group because of
@@ -14,7 +16,7 @@
 #include <mpi.h>
 
 #include "backend/ops.h"
-#include "model/transformer.h"
+#include "runtime/group_collectives.h"
 
 namespace llmpi {
 

@@ -132,7 +132,24 @@
 // embedding and the head one each). Every rank of the group calls the same collectives in the same
 // order. Hidden dropout masks are the same on every rank of the group; attention-probability masks
 // are drawn per shard (attn_drop_key). Loss and gradients equal T = 1's up to the rounding of the
-// sums (tests/test_tensor_parallel.cpp).
+// sums (tests/test_mpi_tensor_parallel.cpp).
+//
+// Sequence parallelism (desc.sequence_parallel with T > 1, Korthikanti et al. 2022): the residual
+// stream — each block's input and output, res_attn, the norms' outputs and statistics, hidden
+// dropout, a.input and a.dresidual — holds only this rank's Nr = N/T rows (rows [r·Nr, (r+1)·Nr)
+// of the micro-batch; desc.residual_rows). A branch input (a norm's output, or BERT's block input)
+// is all-gathered into a.gathered before its column-parallel GEMM; the row-parallel output in a.tmp
+// is reduce-scattered into a.scattered instead of summed; in backward the gradient of that output
+// is all-gathered, the branch input gathered again for the weight gradient (nothing N x C is kept
+// per layer), and the column-parallel input gradient reduce-scattered onto the rows. The norms'
+// weight gradients of each call come from this rank's rows only, so they are summed over the group
+// before they are added (norm_backward_rows). The embedding reduce-scatters its partial lookup (the
+// positions and token types from rank 0); the LM head all-gathers xf once (a.gathered holds it
+// until head_backward) and reduce-scatters d xf; the classifier head gathers its first rows. The
+// same collective volume as without it, and the per-layer N x C tensors divided by T. Each rank
+// draws the hidden dropout masks of its rows from its own stream (hidden_drop_key). An input-only
+// backward (zb-h1) is refused with it: its deferred weight gradients would read the shared
+// a.gathered.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -143,6 +160,7 @@
 #include "backend/step_scalars.h"
 #include "model/model_desc.h"
 #include "params/param_table.h"
+#include "runtime/group_collectives.h"
 
 namespace llmpi {
 
@@ -191,18 +209,6 @@ struct DropoutContext {
 
 struct Model;
 
-// The collectives a tensor-parallel Model calls (comm/tensor_group.h makes them over a group's
-// communicator): in place over n floats of backend memory, every rank ending with the same bits.
-struct TensorGroup {
-  using Fn = std::function<void(float*, size_t)>;
-  Fn sum;  // x = Σ over the group's ranks
-  Fn max;  // x = max over the group's ranks
-  // Sequence parallelism, pieces of n floats: all_gather(piece, whole, n): whole[r·n, (r+1)·n) =
-  // rank r's piece; reduce_scatter(whole, piece, n): piece = Σ over ranks of their whole's piece
-  // of this rank. The buffers do not overlap.
-  using PieceFn = std::function<void(const float*, float*, size_t)>;
-  PieceFn all_gather, reduce_scatter;
-};
 
 // n floats rounded up to a multiple of 64 (256 bytes): the room one tensor of the Activations takes,
 // so that every tensor starts 256-byte aligned — the bf16 GEMM operands among them (the norms' and
@@ -230,6 +236,7 @@ struct Activations {
   DropoutContext dropout;
   // Ids on the device: tokens, targets (LM) or labels (classifier), token types, attention mask.
   int32_t *tokens = nullptr, *targets = nullptr, *token_types = nullptr, *attn_mask = nullptr;
+  // (the residual stream's tensors hold Nr rows of C with sequence parallelism: see above)
   float* input = nullptr;     // [N, C] the hidden state entering block l0 (embedding output, or handed in)
   float* emb_sum = nullptr;   // [N, C] embedding sum before its LayerNorm (BERT)
   float *emb_mean = nullptr, *emb_rstd = nullptr;

@@ -109,6 +109,9 @@ check "a 2-stage x 2-replica ZeRO-1 checkpoint resumed on 2 replicas: the 10 los
 run tp_nccl gpt2 "$SIM" 2 "${NCCL[@]}" parallel.tp=2
 check "gpt2, tensor parallelism over 2 simulated cards through NCCL: losses within 1e-5 of the CPU's" \
   "[ $? = 0 ] && losses_within cpu tp_nccl 1e-5 && grep -q 'collectives over NCCL' '$tmp/tp_nccl.log'"
+run tp_sp gpt2 "$SIM" 2 "${NCCL[@]}" parallel.tp=2 parallel.sequence_parallel=true
+check "gpt2, tensor and sequence parallelism through NCCL (all-gather, reduce-scatter): losses within 1e-5 of the CPU's" \
+  "[ $? = 0 ] && losses_within cpu tp_sp 1e-5"
 
 # llama (RMSNorm, RoPE, SwiGLU, untied head) and bert (a classifier, 2 stages).
 run cpu_llama llama "$B/llmpi-train" 1 runtime.device=cpu &&
