@@ -154,8 +154,10 @@ void embedding_forward(float* out, const int32_t* inp, const float* wte, const f
   LLMPI_LAUNCH_CHECK("embedding_forward");
 }
 
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
-                        int T, int C) {
+namespace {
+// embedding_backward over the tokens of rows [v0, v0 + Vn) (Vn < 0: every token, the whole table)
+void embedding_backward_rows(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int v0, int Vn, int B,
+                             int T, int C) {
   const int N = B * T;
   if (N <= 0 || C <= 0) return;
   if (dwpe != nullptr) {
@@ -163,7 +165,13 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
                             compute_stream()>>>(dwpe, dout, B, T, C);
     LLMPI_LAUNCH_CHECK("embedding_dwpe");
   }
-  scatter_add_rows(dwte, dout, inp, N, C);
+  scatter_add_rows(dwte, dout, inp, N, C, v0, Vn);
+}
+}  // namespace
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
+                        int T, int C) {
+  embedding_backward_rows(dwte, dwpe, dout, inp, 0, -1, B, T, C);
 }
 
 void embedding_add_forward(float* out, const int32_t* ids, const float* table, int N, int C) {
@@ -188,14 +196,7 @@ void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte, i
 
 void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int v0, int Vn,
                               int B, int T, int C) {
-  const int N = B * T;
-  if (N <= 0 || C <= 0) return;
-  if (dwpe != nullptr) {
-    embedding_dwpe_kernel<<<grid_for(static_cast<size_t>(T) * C, kThreads), kThreads, 0,
-                            compute_stream()>>>(dwpe, dout, B, T, C);
-    LLMPI_LAUNCH_CHECK("embedding_dwpe");
-  }
-  scatter_add_rows(dwte, dout, inp, N, C, v0, Vn);
+  embedding_backward_rows(dwte, dwpe, dout, inp, v0, Vn, B, T, C);
 }
 
 }  // namespace llmpi::cuda

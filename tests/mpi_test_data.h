@@ -84,6 +84,16 @@ inline Config tiny_config(const std::string& train, const std::vector<std::strin
   return parse_config(R"({"train": {"global_batch": 8}})", "test", sets);
 }
 
+// tiny_config of a test's --set lines, `base` then `extra`, its data.train the one they name.
+inline Config tiny_config_of(const std::vector<std::string>& base, const std::vector<std::string>& extra) {
+  std::vector<std::string> sets = base;
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  std::string train;
+  for (auto& s : sets)
+    if (s.rfind("data.train=", 0) == 0) train = s.substr(11);
+  return tiny_config(train, sets);
+}
+
 // Options for in-process training in tests: no progress lines; run directory only when asked.
 inline TrainOptions quiet_options(bool write_run_dir) {
   TrainOptions o;

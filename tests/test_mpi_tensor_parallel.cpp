@@ -159,14 +159,6 @@ std::vector<std::string> family_sets(const std::string& family, const std::strin
   return sets;
 }
 
-Config make_config(const std::vector<std::string>& base, const std::vector<std::string>& extra) {
-  std::vector<std::string> sets = base;
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  std::string train;
-  for (auto& s : sets)
-    if (s.rfind("data.train=", 0) == 0) train = s.substr(11);
-  return tiny_config(train, sets);
-}
 
 // Training on the first `ranks` ranks of the world (the others get an empty result).
 TrainResult on_ranks(int ranks, const Config& cfg, const TrainOptions& o = quiet_options(false)) {
@@ -198,9 +190,9 @@ void layouts_equal_one_rank(const std::string& family, const std::vector<std::ve
                             const std::vector<std::string>& reference = {}) {
   const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
   const std::vector<std::string> base = family_sets(family, dir);
-  const TrainResult one = on_ranks(1, make_config(base, reference));
+  const TrainResult one = on_ranks(1, tiny_config_of(base, reference));
   for (const std::vector<std::string>& layout : layouts) {
-    const TrainResult r = train(make_config(base, layout), MPI_COMM_WORLD, quiet_options(false), true);
+    const TrainResult r = train(tiny_config_of(base, layout), MPI_COMM_WORLD, quiet_options(false), true);
     std::string what = family;
     for (const std::string& s : layout)
       if (s.rfind("parallel.", 0) == 0 || s.rfind("runtime.", 0) == 0) what += " " + s.substr(s.find('.') + 1);
@@ -247,7 +239,7 @@ TEST(MpiN4TensorParallel, CheckpointsResumeAcrossTensorParallelDegrees) {
   auto cfg = [&](const std::string& run, std::vector<std::string> extra) {
     extra.insert(extra.end(), {"train.steps=8", "train.warmup_steps=2", "checkpoint.every=3", "run.dir=" + dir + run,
                                "model.n_kv_head=4"});
-    return make_config(base, extra);
+    return tiny_config_of(base, extra);
   };
   const TrainResult whole = on_ranks(1, cfg("/whole", {}), quiet_options(true));
   // 2 -> 1
@@ -274,7 +266,7 @@ TEST(MpiN4TensorParallel, ModelsThatDoNotSplitAreRefused) {
   const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
   auto refused = [&](const std::string& family, std::vector<std::string> sets, const std::string& needle) {
     try {
-      train(make_config(family_sets(family, dir), sets), MPI_COMM_WORLD, quiet_options(false));
+      train(tiny_config_of(family_sets(family, dir), sets), MPI_COMM_WORLD, quiet_options(false));
       ADD_FAILURE() << "accepted: " << needle;
     } catch (const CollectiveError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -287,7 +279,7 @@ TEST(MpiN4TensorParallel, ModelsThatDoNotSplitAreRefused) {
   refused("gpt2", {"parallel.tp=2", "parallel.pp_stages=4"}, "parallel.pp_stages 4 × parallel.tp 2 does not divide");
   auto bad_config = [&](std::vector<std::string> sets, const std::string& needle) {
     try {
-      make_config(family_sets("gpt2", dir), sets);
+      tiny_config_of(family_sets("gpt2", dir), sets);
       ADD_FAILURE() << "accepted: " << needle;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
