@@ -265,3 +265,120 @@ TEST(MemoryEstimate, PeakRssOfOneStepMatches) {
     EXPECT_GE(measured, predicted * 0.98) << option_name(rc);
   }
 }
+
+namespace {
+
+// A shard's collectives on one process: each rank's partial sums left as they are. The values are
+// not the group's, but every buffer is allocated and touched as in a tensor-parallel run.
+void local_tensor_group(Model& m) { m.tensor = {[](float*, size_t) {}, [](float*, size_t) {}}; }
+
+}  // namespace
+
+// Tensor parallelism (parallel.tp = T): the estimate of shard r of T (tensor_shard) equals what
+// that shard allocates: its parameter table's slices, activations with its heads, MLP channels and
+// vocabulary rows (N·C tensors whole), the cross-entropy's statistics, no bf16 logits gradient, the
+// backward scratch. A shard Model builds on one process; its collectives are stand-ins here.
+TEST(MemoryEstimate, TensorShardByteCountsEqualTheRealAllocations) {
+  struct Case {
+    std::string family;
+    std::vector<std::string> extra;
+    AttentionImpl attention;
+    GemmPrecision precision;
+    Recompute recompute;
+  };
+  const int B = 2, T = 12, V = 37;  // (37 rows split unevenly: 9 + 9 + 9 + 10)
+  for (const Case& c : {Case{"gpt2", {}, AttentionImpl::full, GemmPrecision::fp32, Recompute::none},
+                        Case{"gpt2", {"model.tie_embeddings=false"}, AttentionImpl::fused, GemmPrecision::bf16,
+                             Recompute::none},
+                        Case{"llama", {"model.n_kv_head=4"}, AttentionImpl::full, GemmPrecision::bf16,
+                             Recompute::selective},
+                        Case{"llama", {"model.n_kv_head=4"}, AttentionImpl::fused, GemmPrecision::fp32, Recompute::full},
+                        Case{"bert", {}, AttentionImpl::full, GemmPrecision::fp32, Recompute::none},
+                        Case{"bert", {}, AttentionImpl::fused, GemmPrecision::bf16, Recompute::selective}}) {
+    ModelDesc whole = test::desc_of(c.family, 2, 8, 32, T, V, c.extra);
+    whole.attention = c.attention;
+    whole.lm_head_chunk_rows = 7;  // several chunks, the last one short
+    Config cfg = config_with("adamw");
+    cfg.runtime.precision = c.precision;
+    cfg.runtime.recompute = c.recompute;
+    const double whole_bytes = [&] {
+      const MemoryEstimate e = estimate_memory(whole, B, T, cfg, 1, 0, false);
+      return e.params + e.grads + e.optimizer + e.activations + e.scratch;
+    }();
+    for (int tp : {2, 4}) {
+      for (int r = 0; r < tp; r++) {
+        const std::string what = c.family + " tp " + std::to_string(tp) + " shard " + std::to_string(r);
+        const ModelDesc d = tensor_shard(whole, tp, r);
+        const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
+        const Ops ops = counting_ops();
+        g_allocated = 0;
+        Model m(d, ops, ModelPart::whole(), c.precision, c.recompute);
+        local_tensor_group(m);
+        EXPECT_EQ((double)g_allocated, e.params + e.grads) << what;
+        EXPECT_EQ((double)m.table.numel, (double)e.n_params) << what;
+        g_allocated = 0;
+        Optimizer opt(ops, m.table.numel, OptimizerKind::adamw);
+        EXPECT_EQ((double)g_allocated, e.optimizer) << what;
+        g_allocated = 0;
+        Activations a(m, B, T);
+        EXPECT_EQ((double)g_allocated, e.activations - host_loss_row(d, B, T)) << what;
+        EXPECT_EQ(a.xent_stats != nullptr, d.head == HeadKind::lm) << what;
+        EXPECT_EQ(a.logits_grad_bf16, nullptr) << what;
+        m.init_params(1);
+        test::RandomBatch batch(d, B, T, 2);
+        m.forward(a, batch.b, true);
+        g_allocated = 0;
+        m.backward(a);
+        EXPECT_EQ((double)g_allocated, e.scratch - gemm_operand_scratch_bytes(d, B, T, c.precision, false))
+            << what << ": backward scratch";
+        // A shard holds less than the whole model: its blocks' wide tensors, its vocabulary rows.
+        EXPECT_LT(e.params + e.grads + e.optimizer + e.activations + e.scratch, whole_bytes) << what;
+      }
+    }
+  }
+}
+
+// The per-rank memory falls with parallel.tp as the estimate says: for T = 1, 2, 4 the last (the
+// largest) shard's estimate against the peak RSS growth of building it and running one training
+// step, within 10%; and the estimate of T = 4 is below half of T = 1's for a model whose
+// attention probabilities, MLP and vocabulary (all split) dominate.
+TEST(MemoryEstimate, TensorShardPeakRssFallsAsEstimated) {
+  const int B = 8, T = 256;
+  const ModelDesc whole = test::desc_of("gpt2", 2, 8, 64, T, 4096);
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);  // (as in PeakRssOfOneStepMatches)
+  const Config cfg = config_with("adamw");
+  std::vector<double> predicted_of;
+  for (int tp : {1, 2, 4}) {
+    const ModelDesc d = tp == 1 ? whole : tensor_shard(whole, tp, tp - 1);
+    const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
+    const double predicted = e.params + e.grads + e.optimizer + e.activations + e.scratch;
+    predicted_of.push_back(predicted);
+    test::RandomBatch batch(d, B, T, 3);
+    {
+      std::ofstream clear("/proc/self/clear_refs");
+      clear << "5";
+      if (!clear.good()) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
+    }
+    const double before_kb = status_kb("VmRSS:");
+    {
+      Model m(d, cpu_ops(), ModelPart::whole(), GemmPrecision::fp32, Recompute::none);
+      local_tensor_group(m);
+      m.init_params(1);
+      Optimizer opt(cpu_ops(), m.table.numel, OptimizerKind::adamw);
+      Activations a(m, B, T);
+      m.forward(a, batch.b, true);
+      m.backward(a);
+      TrainConfig tc = cfg.train;
+      opt.step(m.params, m.grads, m.table, 1e-3, tc);
+    }
+    const double peak_kb = status_kb("VmHWM:");
+    ASSERT_GT(before_kb, 0);
+    const double measured = (peak_kb - before_kb) * 1024;
+    std::printf("parallel.tp %d: memory estimate %.1f MB per rank, measured peak RSS growth %.1f MB (%.2f%%)\n", tp,
+                predicted / 1e6, measured / 1e6, 100.0 * (measured - predicted) / predicted);
+    EXPECT_LE(measured, predicted * 1.10) << "tp " << tp;
+    EXPECT_GE(measured, predicted * 0.90) << "tp " << tp;
+  }
+  EXPECT_LT(predicted_of[1], predicted_of[0] * 0.75);
+  EXPECT_LT(predicted_of[2], predicted_of[0] * 0.5);
+}
