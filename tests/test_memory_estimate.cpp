@@ -9,6 +9,7 @@
 #include <malloc.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -268,15 +269,26 @@ TEST(MemoryEstimate, PeakRssOfOneStepMatches) {
 
 namespace {
 
-// A shard's collectives on one process: each rank's partial sums left as they are. The values are
-// not the group's, but every buffer is allocated and touched as in a tensor-parallel run.
-void local_tensor_group(Model& m) { m.tensor = {[](float*, size_t) {}, [](float*, size_t) {}}; }
+// A shard's collectives on one process: each rank's partial sums left as they are, a gather that
+// places only this rank's piece, a scatter that takes this rank's piece of its own buffer. The
+// values are not the group's, but every buffer is allocated and touched as in a tensor-parallel run.
+void local_tensor_group(Model& m) {
+  const size_t r = (size_t)m.desc.tp_rank;
+  m.tensor.sum = m.tensor.max = [](float*, size_t) {};
+  m.tensor.all_gather = [r](const float* piece, float* whole, size_t n) {
+    std::memcpy(whole + r * n, piece, n * sizeof(float));
+  };
+  m.tensor.reduce_scatter = [r](const float* whole, float* piece, size_t n) {
+    std::memcpy(piece, whole + r * n, n * sizeof(float));
+  };
+}
 
 }  // namespace
 
 // Tensor parallelism (parallel.tp = T): the estimate of shard r of T (tensor_shard) equals what
 // that shard allocates: its parameter table's slices, activations with its heads, MLP channels and
-// vocabulary rows (N·C tensors whole), the cross-entropy's statistics, no bf16 logits gradient, the
+// vocabulary rows (N·C tensors whole, or with sequence parallelism the residual stream's N/T rows
+// and the gather and scatter buffers), the cross-entropy's statistics, no bf16 logits gradient, the
 // backward scratch. A shard Model builds on one process; its collectives are stand-ins here.
 TEST(MemoryEstimate, TensorShardByteCountsEqualTheRealAllocations) {
   struct Case {
@@ -285,6 +297,7 @@ TEST(MemoryEstimate, TensorShardByteCountsEqualTheRealAllocations) {
     AttentionImpl attention;
     GemmPrecision precision;
     Recompute recompute;
+    bool sequence_parallel = false;
   };
   const int B = 2, T = 12, V = 37;  // (37 rows split unevenly: 9 + 9 + 9 + 10)
   for (const Case& c : {Case{"gpt2", {}, AttentionImpl::full, GemmPrecision::fp32, Recompute::none},
@@ -294,10 +307,15 @@ TEST(MemoryEstimate, TensorShardByteCountsEqualTheRealAllocations) {
                              Recompute::selective},
                         Case{"llama", {"model.n_kv_head=4"}, AttentionImpl::fused, GemmPrecision::fp32, Recompute::full},
                         Case{"bert", {}, AttentionImpl::full, GemmPrecision::fp32, Recompute::none},
-                        Case{"bert", {}, AttentionImpl::fused, GemmPrecision::bf16, Recompute::selective}}) {
+                        Case{"bert", {}, AttentionImpl::fused, GemmPrecision::bf16, Recompute::selective},
+                        Case{"gpt2", {}, AttentionImpl::full, GemmPrecision::bf16, Recompute::none, true},
+                        Case{"llama", {"model.n_kv_head=4"}, AttentionImpl::fused, GemmPrecision::fp32,
+                             Recompute::selective, true},
+                        Case{"bert", {}, AttentionImpl::full, GemmPrecision::fp32, Recompute::full, true}}) {
     ModelDesc whole = test::desc_of(c.family, 2, 8, 32, T, V, c.extra);
     whole.attention = c.attention;
     whole.lm_head_chunk_rows = 7;  // several chunks, the last one short
+    whole.sequence_parallel = c.sequence_parallel;
     Config cfg = config_with("adamw");
     cfg.runtime.precision = c.precision;
     cfg.runtime.recompute = c.recompute;
@@ -307,7 +325,8 @@ TEST(MemoryEstimate, TensorShardByteCountsEqualTheRealAllocations) {
     }();
     for (int tp : {2, 4}) {
       for (int r = 0; r < tp; r++) {
-        const std::string what = c.family + " tp " + std::to_string(tp) + " shard " + std::to_string(r);
+        const std::string what = c.family + " tp " + std::to_string(tp) + (c.sequence_parallel ? " sp" : "") +
+                                 " shard " + std::to_string(r);
         const ModelDesc d = tensor_shard(whole, tp, r);
         const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
         const Ops ops = counting_ops();
@@ -338,18 +357,21 @@ TEST(MemoryEstimate, TensorShardByteCountsEqualTheRealAllocations) {
   }
 }
 
-// The per-rank memory falls with parallel.tp as the estimate says: for T = 1, 2, 4 the last (the
-// largest) shard's estimate against the peak RSS growth of building it and running one training
-// step, within 10%; and the estimate of T = 4 is below half of T = 1's for a model whose
-// attention probabilities, MLP and vocabulary (all split) dominate.
+// The per-rank memory falls with parallel.tp as the estimate says: for T = 1, 2, 4 (and 4 with
+// sequence parallelism) the last (the largest) shard's estimate against the peak RSS growth of
+// building it and running one training step, within 10%; and the estimate of T = 4 is below half
+// of T = 1's for a model whose attention probabilities, MLP and vocabulary (all split) dominate,
+// lower again with the residual stream split too.
 TEST(MemoryEstimate, TensorShardPeakRssFallsAsEstimated) {
   const int B = 8, T = 256;
   const ModelDesc whole = test::desc_of("gpt2", 2, 8, 64, T, 4096);
   mallopt(M_MMAP_THRESHOLD, 1 << 20);  // (as in PeakRssOfOneStepMatches)
   const Config cfg = config_with("adamw");
   std::vector<double> predicted_of;
-  for (int tp : {1, 2, 4}) {
-    const ModelDesc d = tp == 1 ? whole : tensor_shard(whole, tp, tp - 1);
+  for (const auto& [tp, sp] : std::vector<std::pair<int, bool>>{{1, false}, {2, false}, {4, false}, {4, true}}) {
+    ModelDesc sharded = whole;
+    sharded.sequence_parallel = sp;
+    const ModelDesc d = tp == 1 ? whole : tensor_shard(sharded, tp, tp - 1);
     const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
     const double predicted = e.params + e.grads + e.optimizer + e.activations + e.scratch;
     predicted_of.push_back(predicted);
@@ -374,11 +396,13 @@ TEST(MemoryEstimate, TensorShardPeakRssFallsAsEstimated) {
     const double peak_kb = status_kb("VmHWM:");
     ASSERT_GT(before_kb, 0);
     const double measured = (peak_kb - before_kb) * 1024;
-    std::printf("parallel.tp %d: memory estimate %.1f MB per rank, measured peak RSS growth %.1f MB (%.2f%%)\n", tp,
-                predicted / 1e6, measured / 1e6, 100.0 * (measured - predicted) / predicted);
+    std::printf("parallel.tp %d%s: memory estimate %.1f MB per rank, measured peak RSS growth %.1f MB (%.2f%%)\n", tp,
+                sp ? " (sequence parallel)" : "", predicted / 1e6, measured / 1e6,
+                100.0 * (measured - predicted) / predicted);
     EXPECT_LE(measured, predicted * 1.10) << "tp " << tp;
     EXPECT_GE(measured, predicted * 0.90) << "tp " << tp;
   }
   EXPECT_LT(predicted_of[1], predicted_of[0] * 0.75);
   EXPECT_LT(predicted_of[2], predicted_of[0] * 0.5);
+  EXPECT_LT(predicted_of[3], predicted_of[2]);
 }

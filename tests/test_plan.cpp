@@ -695,15 +695,18 @@ TEST(PlanMemory, TensorParallelIsTheShardsEstimate) {
     const ModelDesc d = test::desc_of(fam, 2, 4, 32, T, 37);
     Config cfg = parse_config("{}", "test", {"data.train=-", "train.global_batch=8", "model.seq_len=12"});
     double previous = 0;
-    for (int tp : {1, 2, 4}) {
-      const std::string what = fam + " tp " + std::to_string(tp);
+    for (const auto& [tp, sp] : std::vector<std::pair<int, bool>>{{1, false}, {2, false}, {4, false}, {4, true}}) {
+      const std::string what = fam + " tp " + std::to_string(tp) + (sp ? " sp" : "");
+      cfg.parallel.sequence_parallel = sp;
       PlanInputs in = plan_inputs_from_config(cfg, d, dp * tp);
       in.tp = tp;
       in.fabric.intra = simple_link("test", 1e-5, 1e-9);
       const PlanResult r = plan(in);
       EXPECT_EQ(r.dp, dp) << what;
       EXPECT_EQ(r.tp, tp) << what;
-      const ModelDesc shard = tp > 1 ? tensor_shard(d, tp, tp - 1) : d;
+      ModelDesc whole = d;
+      whole.sequence_parallel = sp;  // (the residual stream's N / tp rows on each rank)
+      const ModelDesc shard = tp > 1 ? tensor_shard(whole, tp, tp - 1) : d;
       for (int z = 0; z <= 1; z++) {
         cfg.parallel.zero = z;
         const MemoryEstimate e = estimate_memory(shard, G / dp, T, cfg, dp, 0, false);
@@ -773,6 +776,10 @@ TEST(PlanTime, TensorParallelAddsTheGroupsAllReduces) {
   in.recompute = Recompute::selective;
   EXPECT_DOUBLE_EQ(plan(in).tp_costs.block_b, 2 * ar(nc));
   in.recompute = Recompute::none;
+  // Sequence parallelism: the same volume in forward; backward gathers each branch's input again.
+  in.desc.sequence_parallel = true;
+  EXPECT_DOUBLE_EQ(plan(in).tp_costs.block_b, 2 * ar(nc) + 2 * allgather_time(tp, 4 * nc, alpha, beta));
+  in.desc.sequence_parallel = false;
   // The one-rank reference does not change with tp: the efficiency compares with the whole model.
   PlanInputs in1 = in;
   in1.tp = 1, in1.world = 1;

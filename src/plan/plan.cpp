@@ -199,6 +199,11 @@ LayerCosts tensor_parallel_costs(const ModelDesc& d, int B, int T, const Link& i
   k.block_f = 2 * ar(NC);  // after the attention output and the MLP's second projection
   k.block_b = k.block_bi = 2 * ar(NC);  // d of the QKV and the MLP's first projection inputs
   if (recompute == Recompute::full) k.block_b = k.block_bi = 4 * ar(NC);  // the block's forward again
+  if (d.seq_shards()) {  // each all-reduce becomes a reduce-scatter + all-gather (the same volume);
+    // backward gathers each branch's input again for its weight gradient: two all-gathers of N·C
+    const double ag = bytes ? (double)(tp - 1) / tp * NC * 4 : collective_time(intra, CollOp::allgather, tp, NC * 4);
+    k.block_b += 2 * ag, k.block_bi += 2 * ag;
+  }
   if (d.head == HeadKind::lm) {
     const int R = lm_head_chunk_rows(d, N), chunks = lm_head_chunks(d, N);
     double all = 0, last = 0;  // the row statistics of every chunk: a max of rn floats, a sum of 2·rn
@@ -328,6 +333,7 @@ PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int
   in.world = world;
   in.pp = cfg.parallel.pp_stages;
   in.tp = cfg.parallel.tp;
+  in.desc.sequence_parallel = cfg.parallel.sequence_parallel;
   in.microbatches = cfg.parallel.microbatches;
   in.stage_layers = cfg.parallel.stage_layers;
   in.zero = cfg.parallel.zero;
@@ -371,6 +377,9 @@ PlanResult plan(const PlanInputs& in) {
   // Tensor parallelism: the memory is that of the last shard, which holds the most vocabulary rows
   // (tensor_shard refuses a tp that does not divide the heads or the MLP width, naming the key).
   const ModelDesc ds = TP > 1 ? tensor_shard(d, TP, TP - 1) : d;
+  if (ds.seq_shards() && T % TP != 0)
+    fail("model.seq_len ", T, " is not a multiple of --tp ", TP, ": parallel.sequence_parallel splits every "
+         "sequence's rows over the group; choose a multiple of ", TP, " or set parallel.sequence_parallel false");
   r.local_batch = G / r.dp;
   // Micro-batches: a pipeline's, or without stages gradient accumulation's (one at a time).
   const int M = in.microbatches;

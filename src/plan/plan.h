@@ -50,8 +50,11 @@
 // (2(T−1)/T of the bytes sent per rank): per block two of N·C floats in forward and two in backward;
 // the embedding one; the LM head per chunk a max of R floats and a sum of 2·R (again in backward
 // for each chunk it recomputes) and one of N·C for d xf (N = micro-batch × seq_len); with
-// runtime.recompute full each block's backward repeats its two forward ones. On a GPU the code sums
-// through the host (MPI): the copies are not counted.
+// runtime.recompute full each block's backward repeats its two forward ones. With sequence
+// parallelism (desc.sequence_parallel) each of them is a reduce-scatter and an all-gather (the same
+// volume; the embedding's is counted as an all-reduce) and each block's backward gathers its two
+// branch inputs again: two all-gathers of N·C more; the memory is the shard's with N/T rows of the
+// residual stream. On a GPU the code sums through the host (MPI): the copies are not counted.
 #pragma once
 #include <string>
 #include <vector>
