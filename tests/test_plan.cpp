@@ -805,4 +805,13 @@ TEST(PlanInputsCheck, TensorParallelRunsAreRefusedWithTheFix) {
   EXPECT_NE(message(spans, 4).find("--tp 4 does not divide the 2 ranks per node"), std::string::npos);
   EXPECT_NE(message(inputs(d, 8, 16, 3, 1, 1), 3).find("does not divide model.n_head 4"), std::string::npos);
   EXPECT_EQ(message(inputs(d, 8, 16, 8, 2, 1), 2), "");
+  // Sequence parallelism splits every sequence's rows: seq_len a multiple of tp; no zb-h1 with it.
+  PlanInputs sp = inputs(d, 6, 16, 8, 2, 1);
+  sp.desc.sequence_parallel = true;
+  EXPECT_NE(message(sp, 4).find("model.seq_len 6 is not a multiple of --tp 4"), std::string::npos);
+  sp.tp = 2;
+  const PlanResult r = plan(sp);
+  EXPECT_TRUE(r.time_row("1f1b", 0));
+  EXPECT_FALSE(r.time_row("zb-h1", 0));
+  EXPECT_FALSE(r.memory_row("fp32", "zb-h1", 0, 0));
 }

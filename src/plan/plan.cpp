@@ -448,6 +448,9 @@ PlanResult plan(const PlanInputs& in) {
     schedules.pop_back();
     r.notes.push_back(std::string("zb-h1 is not planned: it is not implemented with runtime.recompute \"") +
                       option_name(in.recompute) + "\"");
+  } else if (S > 1 && ds.seq_shards()) {  // ... and sequence parallelism
+    schedules.pop_back();
+    r.notes.push_back("zb-h1 is not planned: it is not implemented with parallel.sequence_parallel");
   }
   if (S > 1 && in.schedule == ScheduleKind::interleaved)
     r.notes.push_back("the run's schedule 'interleaved' is not planned (gpipe, 1f1b and zb-h1 are)");

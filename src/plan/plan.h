@@ -18,7 +18,8 @@
 //                           layer; no zb-h1 rows then: it refuses recomputation)
 //   scratch                 backward_scratch_bytes at the micro-batch
 //   (tp > 1: activation_bytes, kept_bytes and the scratch of the shard: the heads, MLP channels and
-//   vocabulary rows /T, the N·C tensors whole; estimate_memory counts the same)
+//   vocabulary rows /T, the N·C tensors whole, or with sequence parallelism the residual stream's
+//   N/T rows; estimate_memory counts the same)
 //   sync buffers            ZeRO-1's reduce-scatter receive buffer (nccl: the device buffer of W padded
 //                           pieces, comm/nccl.h); gather_scatter's root buffers
 // Precision: fp32 is the code as built (those byte counts are exact). "bf16-built" is
