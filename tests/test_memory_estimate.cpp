@@ -58,6 +58,35 @@ double status_kb(const char* key) {
   return -1;
 }
 
+// The resident-set growth, in bytes, of building a Model of d (recompute rc; `prepare` sees it
+// before its first forward), its AdamW state and the Activations of B x T tokens, and running one
+// training step: the peak (VmHWM, reset first) less the RSS before. -1 when the peak cannot be
+// reset (/proc/self/clear_refs, Linux >= 4.0).
+double peak_growth_of_one_step(const ModelDesc& d, Recompute rc, int B, int T, const TrainConfig& tc,
+                               void (*prepare)(Model&) = nullptr) {
+  test::RandomBatch batch(d, B, T, 3);
+  {
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";
+    if (!clear.good()) return -1;
+  }
+  const double before_kb = status_kb("VmRSS:");
+  {
+    Model m(d, cpu_ops(), ModelPart::whole(), GemmPrecision::fp32, rc);
+    if (prepare) prepare(m);
+    m.init_params(1);
+    Optimizer opt(cpu_ops(), m.table.numel, OptimizerKind::adamw);
+    Activations a(m, B, T);
+    m.forward(a, batch.b, true);
+    m.backward(a);
+    TrainConfig step_tc = tc;
+    opt.step(m.params, m.grads, m.table, 1e-3, step_tc);
+  }
+  const double peak_kb = status_kb("VmHWM:");
+  EXPECT_GT(before_kb, 0) << "VmRSS in /proc/self/status";
+  return (peak_kb - before_kb) * 1024;
+}
+
 }  // namespace
 
 TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
@@ -233,27 +262,8 @@ TEST(MemoryEstimate, PeakRssOfOneStepMatches) {
     const double predicted = e.params + e.grads + e.optimizer + e.activations + e.scratch;
     if (rc == Recompute::none) predicted_none = predicted;
     else EXPECT_LT(predicted, predicted_none * 0.9) << option_name(rc);
-    test::RandomBatch batch(d, B, T, 3);
-    // Reset the peak (VmHWM) to the current RSS (Linux >= 4.0), then measure the growth to the peak.
-    {
-      std::ofstream clear("/proc/self/clear_refs");
-      clear << "5";
-      if (!clear.good()) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
-    }
-    const double before_kb = status_kb("VmRSS:");
-    {
-      Model m(d, cpu_ops(), ModelPart::whole(), GemmPrecision::fp32, rc);
-      m.init_params(1);
-      Optimizer opt(cpu_ops(), m.table.numel, OptimizerKind::adamw);
-      Activations a(m, B, T);
-      m.forward(a, batch.b, true);
-      m.backward(a);
-      TrainConfig tc = cfg.train;
-      opt.step(m.params, m.grads, m.table, 1e-3, tc);
-    }
-    const double peak_kb = status_kb("VmHWM:");
-    ASSERT_GT(before_kb, 0);
-    const double measured = (peak_kb - before_kb) * 1024;
+    const double measured = peak_growth_of_one_step(d, rc, B, T, cfg.train);
+    if (measured < 0) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
     std::printf("recompute %s: memory estimate %.1f MB, measured peak RSS growth %.1f MB (%.2f%%)\n",
                 option_name(rc), predicted / 1e6, measured / 1e6, 100.0 * (measured - predicted) / predicted);
     // Tolerance: the estimate counts every buffer the model, activations, scratch and optimizer
@@ -375,27 +385,8 @@ TEST(MemoryEstimate, TensorShardPeakRssFallsAsEstimated) {
     const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
     const double predicted = e.params + e.grads + e.optimizer + e.activations + e.scratch;
     predicted_of.push_back(predicted);
-    test::RandomBatch batch(d, B, T, 3);
-    {
-      std::ofstream clear("/proc/self/clear_refs");
-      clear << "5";
-      if (!clear.good()) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
-    }
-    const double before_kb = status_kb("VmRSS:");
-    {
-      Model m(d, cpu_ops(), ModelPart::whole(), GemmPrecision::fp32, Recompute::none);
-      local_tensor_group(m);
-      m.init_params(1);
-      Optimizer opt(cpu_ops(), m.table.numel, OptimizerKind::adamw);
-      Activations a(m, B, T);
-      m.forward(a, batch.b, true);
-      m.backward(a);
-      TrainConfig tc = cfg.train;
-      opt.step(m.params, m.grads, m.table, 1e-3, tc);
-    }
-    const double peak_kb = status_kb("VmHWM:");
-    ASSERT_GT(before_kb, 0);
-    const double measured = (peak_kb - before_kb) * 1024;
+    const double measured = peak_growth_of_one_step(d, Recompute::none, B, T, cfg.train, local_tensor_group);
+    if (measured < 0) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
     std::printf("parallel.tp %d%s: memory estimate %.1f MB per rank, measured peak RSS growth %.1f MB (%.2f%%)\n", tp,
                 sp ? " (sequence parallel)" : "", predicted / 1e6, measured / 1e6,
                 100.0 * (measured - predicted) / predicted);
