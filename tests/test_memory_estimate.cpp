@@ -58,6 +58,20 @@ double status_kb(const char* key) {
   return -1;
 }
 
+// A shard's collectives on one process: each rank's partial sums left as they are, a gather that
+// places only this rank's piece, a scatter that takes this rank's piece of its own buffer. The
+// values are not the group's, but every buffer is allocated and touched as in a tensor-parallel run.
+void local_tensor_group(Model& m) {
+  const size_t r = (size_t)m.desc.tp_rank;
+  m.tensor.sum = m.tensor.max = [](float*, size_t) {};
+  m.tensor.all_gather = [r](const float* piece, float* whole, size_t n) {
+    std::memcpy(whole + r * n, piece, n * sizeof(float));
+  };
+  m.tensor.reduce_scatter = [r](const float* whole, float* piece, size_t n) {
+    std::memcpy(piece, whole + r * n, n * sizeof(float));
+  };
+}
+
 // The resident-set growth, in bytes, of building a Model of d (recompute rc; `prepare` sees it
 // before its first forward), its AdamW state and the Activations of B x T tokens, and running one
 // training step: the peak (VmHWM, reset first) less the RSS before. -1 when the peak cannot be
@@ -85,6 +99,44 @@ double peak_growth_of_one_step(const ModelDesc& d, Recompute rc, int B, int T, c
   const double peak_kb = status_kb("VmHWM:");
   EXPECT_GT(before_kb, 0) << "VmRSS in /proc/self/status";
   return (peak_kb - before_kb) * 1024;
+}
+
+// Builds a Model of d (`prepare` sees it first), its optimizer and the Activations of B x T tokens
+// through the counting table, runs two training steps, and expects each allocation to equal the
+// estimate's count: the parameters and gradients (with bf16 the weight copy, 2 bytes a parameter
+// plus its tensors' 256-byte alignment), the optimizer state, the activations (less the host's
+// loss row), the backward scratch (less the CPU's bf16 operand scratch, thread-local host memory),
+// and nothing in the second step. Returns the estimate.
+MemoryEstimate expect_allocations_match(const ModelDesc& d, int B, int T, const Config& cfg, const std::string& what,
+                                        void (*prepare)(Model&) = nullptr) {
+  const GemmPrecision p = cfg.runtime.precision;
+  const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
+  const Ops ops = counting_ops();
+  g_allocated = 0;
+  Model m(d, ops, ModelPart::whole(), p, cfg.runtime.recompute);
+  if (prepare) prepare(m);
+  EXPECT_EQ((double)g_allocated, e.params + e.grads) << what;
+  std::vector<size_t> copy_offsets;
+  const double copy = p == GemmPrecision::bf16 ? 2.0 * aligned_copy_layout(m.table, &copy_offsets) : 0.0;
+  EXPECT_EQ(e.params, (double)m.table.numel * 4 + copy) << what;
+  EXPECT_LT(copy, (double)m.table.numel * 2 + 256.0 * m.table.slices.size()) << what;
+  g_allocated = 0;
+  Optimizer opt(ops, m.table.numel, cfg.train.optimizer);
+  EXPECT_EQ((double)g_allocated, e.optimizer) << what << ": optimizer";
+  g_allocated = 0;
+  Activations a(m, B, T);
+  EXPECT_EQ((double)g_allocated, e.activations - host_loss_row(d, B, T)) << what << ": activations";
+  m.init_params(1);
+  test::RandomBatch batch(d, B, T, 2);
+  m.forward(a, batch.b, true);
+  g_allocated = 0;
+  m.backward(a);
+  EXPECT_EQ((double)g_allocated, e.scratch - gemm_operand_scratch_bytes(d, B, T, p, false)) << what << ": backward scratch";
+  g_allocated = 0;
+  m.forward(a, batch.b, true);
+  m.backward(a);
+  EXPECT_EQ(g_allocated, 0u) << what << ": a second step allocates nothing more";
+  return e;
 }
 
 }  // namespace
@@ -121,34 +173,7 @@ TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
     Config cfg = config_with(c.optimizer);
     cfg.runtime.precision = c.precision;
     cfg.runtime.recompute = c.recompute;
-    const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
-    const Ops ops = counting_ops();
-    g_allocated = 0;
-    Model m(d, ops, ModelPart::whole(), c.precision, c.recompute);
-    EXPECT_EQ((double)g_allocated, e.params + e.grads) << c.family;
-    // bf16: the weight copy, 2 bytes per parameter plus its tensors' 256-byte alignment
-    std::vector<size_t> copy_offsets;
-    const double copy = c.precision == GemmPrecision::bf16 ? 2.0 * aligned_copy_layout(m.table, &copy_offsets) : 0.0;
-    EXPECT_EQ(e.params, (double)m.table.numel * 4 + copy) << c.family;
-    EXPECT_LT(copy, (double)m.table.numel * 2 + 256.0 * m.table.slices.size()) << c.family;
-    g_allocated = 0;
-    Optimizer opt(ops, m.table.numel, c.optimizer == "sgd" ? OptimizerKind::sgd : OptimizerKind::adamw);
-    EXPECT_EQ((double)g_allocated, e.optimizer) << c.family << " " << c.optimizer;
-    g_allocated = 0;
-    Activations a(m, B, T);
-    EXPECT_EQ((double)g_allocated, e.activations - host_loss_row(d, B, T)) << c.family;
-    m.init_params(1);
-    test::RandomBatch batch(d, B, T, 2);
-    m.forward(a, batch.b, true);
-    g_allocated = 0;
-    m.backward(a);
-    // (the CPU's bf16 operand scratch is thread-local host memory, not the backend's allocation)
-    EXPECT_EQ((double)g_allocated, e.scratch - gemm_operand_scratch_bytes(d, B, T, c.precision, false))
-        << c.family << ": backward scratch";
-    g_allocated = 0;
-    m.forward(a, batch.b, true);
-    m.backward(a);
-    EXPECT_EQ(g_allocated, 0u) << c.family << ": a second step allocates nothing more";
+    expect_allocations_match(d, B, T, cfg, c.family + " " + c.optimizer);
   }
 }
 
@@ -277,23 +302,6 @@ TEST(MemoryEstimate, PeakRssOfOneStepMatches) {
   }
 }
 
-namespace {
-
-// A shard's collectives on one process: each rank's partial sums left as they are, a gather that
-// places only this rank's piece, a scatter that takes this rank's piece of its own buffer. The
-// values are not the group's, but every buffer is allocated and touched as in a tensor-parallel run.
-void local_tensor_group(Model& m) {
-  const size_t r = (size_t)m.desc.tp_rank;
-  m.tensor.sum = m.tensor.max = [](float*, size_t) {};
-  m.tensor.all_gather = [r](const float* piece, float* whole, size_t n) {
-    std::memcpy(whole + r * n, piece, n * sizeof(float));
-  };
-  m.tensor.reduce_scatter = [r](const float* whole, float* piece, size_t n) {
-    std::memcpy(piece, whole + r * n, n * sizeof(float));
-  };
-}
-
-}  // namespace
 
 // Tensor parallelism (parallel.tp = T): the estimate of shard r of T (tensor_shard) equals what
 // that shard allocates: its parameter table's slices, activations with its heads, MLP channels and
@@ -338,28 +346,7 @@ TEST(MemoryEstimate, TensorShardByteCountsEqualTheRealAllocations) {
         const std::string what = c.family + " tp " + std::to_string(tp) + (c.sequence_parallel ? " sp" : "") +
                                  " shard " + std::to_string(r);
         const ModelDesc d = tensor_shard(whole, tp, r);
-        const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
-        const Ops ops = counting_ops();
-        g_allocated = 0;
-        Model m(d, ops, ModelPart::whole(), c.precision, c.recompute);
-        local_tensor_group(m);
-        EXPECT_EQ((double)g_allocated, e.params + e.grads) << what;
-        EXPECT_EQ((double)m.table.numel, (double)e.n_params) << what;
-        g_allocated = 0;
-        Optimizer opt(ops, m.table.numel, OptimizerKind::adamw);
-        EXPECT_EQ((double)g_allocated, e.optimizer) << what;
-        g_allocated = 0;
-        Activations a(m, B, T);
-        EXPECT_EQ((double)g_allocated, e.activations - host_loss_row(d, B, T)) << what;
-        EXPECT_EQ(a.xent_stats != nullptr, d.head == HeadKind::lm) << what;
-        EXPECT_EQ(a.logits_grad_bf16, nullptr) << what;
-        m.init_params(1);
-        test::RandomBatch batch(d, B, T, 2);
-        m.forward(a, batch.b, true);
-        g_allocated = 0;
-        m.backward(a);
-        EXPECT_EQ((double)g_allocated, e.scratch - gemm_operand_scratch_bytes(d, B, T, c.precision, false))
-            << what << ": backward scratch";
+        const MemoryEstimate e = expect_allocations_match(d, B, T, cfg, what, local_tensor_group);
         // A shard holds less than the whole model: its blocks' wide tensors, its vocabulary rows.
         EXPECT_LT(e.params + e.grads + e.optimizer + e.activations + e.scratch, whole_bytes) << what;
       }
