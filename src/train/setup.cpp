@@ -241,8 +241,11 @@ void build_engine(Run& r, int vocab, int local_size) {
   resolve_config(r.cfg.resolved, desc);
   r.rss_before_model = peak_rss_bytes();  // libraries, MPI, open files: what no estimate counts
   // With tensor parallelism a rank holds a shard (refused here, naming the key, when the model does
-  // not split so); the first shard is the largest.
-  check_memory(r, r.groups->tp > 1 ? tensor_shard(desc, r.groups->tp, 0) : desc, local_size);
+  // not split so); the last shard is the largest (the most vocabulary rows), and every rank of the
+  // node is checked for that much. With sequence parallelism its residual stream is N / tp rows.
+  ModelDesc shard_of = desc;
+  shard_of.sequence_parallel = cfg.parallel.sequence_parallel;
+  check_memory(r, r.groups->tp > 1 ? tensor_shard(shard_of, r.groups->tp, r.groups->tp - 1) : desc, local_size);
   r.tracer.rank = r.rank;
   r.watchdog = std::make_unique<Watchdog>(cfg.runtime.step_timeout_s);
   EngineOptions eo;
