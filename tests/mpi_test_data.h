@@ -73,6 +73,12 @@ inline int world_rank() {
   return r;
 }
 
+inline int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
 // The small model every MPI test trains (2 layers, width 32, seq_len 32, global batch 8), with
 // the test's own `--set` overrides applied after these. The global batch is the file's, so that a
 // test's train.batch_per_rank replaces it as it would a run.json's.

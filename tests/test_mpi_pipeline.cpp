@@ -28,12 +28,6 @@ using namespace llmpi::testing_support;
 
 namespace {
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
 // The training file of a family (made once, shared by the ranks) and its --set lines.
 std::vector<std::string> family_sets(const std::string& family, const std::string& dir) {
   std::vector<std::string> sets = {"model.family=" + family, "train.steps=10", "train.grad_clip=1.0"};

@@ -28,12 +28,6 @@ using namespace llmpi::testing_support;
 
 namespace {
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
 // |a - b| / |b| over a tensor (L2 norms, as rel_diff; the norm of a - b when b is 0).
 double rel_l2(const float* a, const float* b, size_t n) {
   double d = 0, m = 0;
