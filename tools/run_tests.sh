@@ -27,13 +27,17 @@ mkdir -p "$LOGS"
 BIN=$BUILD/llmpi-tests
 pass=0; fail=0; failed_names=()
 
+started=$SECONDS  # set before each run; record() prints the seconds since
 record() {  # name status log
-  if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "  ok    $1"
-  else fail=$((fail + 1)); failed_names+=("$1"); echo "  FAIL  $1 (exit $2; log $3)"; tail -n 30 "$3" | sed 's/^/        | /'; fi
+  local took=$((SECONDS - started))
+  if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "  ok    $1 (${took} s)"
+  else fail=$((fail + 1)); failed_names+=("$1"); echo "  FAIL  $1 (exit $2 after ${took} s; log $3)"; tail -n 30 "$3" | sed 's/^/        | /'; fi
+  started=$SECONDS
 }
 
 echo "== unit tests (serial)"
 log=$LOGS/unit.log
+started=$SECONDS
 timeout 1200 "$BIN" --gtest_filter='-Mpi*' --gtest_brief=1 >"$log" 2>&1; rc=$?
 n_ok=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$log" | tail -1); n_ok=${n_ok:-0}
 n_bad=$(grep -oP '^\[  FAILED  \] \K[0-9]+(?= test)' "$log" | tail -1); n_bad=${n_bad:-0}
@@ -41,14 +45,14 @@ n_skip=$(grep -oP '^\[  SKIPPED \] \K[0-9]+' "$log" | tail -1); n_skip=${n_skip:
 pass=$((pass + n_ok)); fail=$((fail + n_bad))
 grep -E '^\[  (FAILED|SKIPPED) \] [A-Za-z]' "$log" | sed 's/^/  /'
 grep -E '^\[  SKIPPED \]' -A1 "$log" | grep -v '^\[' | grep -v '^--' | sed 's/^/        skip: /' | sort -u | head -5
-echo "  unit: $n_ok passed, $n_bad failed, $n_skip skipped (log $log)"
+echo "  unit: $n_ok passed, $n_bad failed, $n_skip skipped in $((SECONDS - started)) s (log $log)"
 if [ $rc != 0 ] && [ "$n_bad" = 0 ]; then record "unit test binary (crashed or timed out)" $rc "$log"; fi
 
 echo "== MPI tests (each under its own time limit of ${MPI_TIMEOUT}s)"
 tests=$("$BIN" --gtest_filter='Mpi*' --gtest_list_tests | awk '/^[^ ]/{suite=$1} /^  /{print suite $1}')
 for t in $tests; do
   np=2; case "$t" in MpiN4*) np=4 ;; MpiN6*) np=6 ;; esac
-  log=$LOGS/$t.log
+  log=$LOGS/$t.log; started=$SECONDS
   timeout --kill-after=10 "$MPI_TIMEOUT" mpiexec -n $np "$BIN" --gtest_filter="$t" >"$log" 2>&1
   record "$t (-n $np)" $? "$log"
 done
@@ -108,7 +112,7 @@ record "sim-nccl_tests: ranks calling different collectives stop the job, both c
 echo "== command-line checks"
 for s in tests/cli/*.sh; do
   [ -e "$s" ] || continue
-  name=$(basename "$s" .sh); log=$LOGS/cli-$name.log
+  name=$(basename "$s" .sh); log=$LOGS/cli-$name.log; started=$SECONDS
   BUILD=$BUILD timeout --kill-after=10 300 bash "$s" >"$log" 2>&1
   record "cli/$name" $? "$log"
 done
