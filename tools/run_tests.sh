@@ -11,7 +11,11 @@
 # Logs go to $BUILD/test-logs/. The last line is "llmpi tests: N passed, N failed".
 set -u
 BUILD=${BUILD:-build}
-MPI_TIMEOUT=${MPI_TIMEOUT:-180}   # seconds per MPI test
+# Every time limit below is multiplied by TIME_SCALE: 1 by default, 4 for a sanitizer build (make
+# test SAN=1 passes SAN=1), where the simulated-CUDA groups run 2-27x slower than without
+# (measured on 2 shared cores: sim-flash_mma 405 s against 15-60 s, CudaEpilogues.* 2-12x).
+TIME_SCALE=${TIME_SCALE:-$([ "${SAN:-0}" = 1 ] && echo 4 || echo 1)}
+MPI_TIMEOUT=${MPI_TIMEOUT:-$((180 * TIME_SCALE))}   # seconds per MPI test
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 # For a SAN=1 build (ignored by a normal one); the programs run under mpiexec inherit these.
 # ASan/UBSan reports fail the test (UBSan halts on the first error); leaks are reported except
@@ -38,7 +42,7 @@ record() {  # name status log
 echo "== unit tests (serial)"
 log=$LOGS/unit.log
 started=$SECONDS
-timeout 1200 "$BIN" --gtest_filter='-Mpi*' --gtest_brief=1 >"$log" 2>&1; rc=$?
+timeout $((1200 * TIME_SCALE)) "$BIN" --gtest_filter='-Mpi*' --gtest_brief=1 >"$log" 2>&1; rc=$?
 n_ok=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$log" | tail -1); n_ok=${n_ok:-0}
 n_bad=$(grep -oP '^\[  FAILED  \] \K[0-9]+(?= test)' "$log" | tail -1); n_bad=${n_bad:-0}
 n_skip=$(grep -oP '^\[  SKIPPED \] \K[0-9]+' "$log" | tail -1); n_skip=${n_skip:-0}
@@ -59,10 +63,10 @@ done
 
 echo "== CUDA kernels run on the CPU (tools/cuda_cpu_sim)"
 log=$LOGS/sim-flash_mma.log
-timeout --kill-after=10 600 "$BUILD/sim-flash_mma" >"$log" 2>&1
+timeout --kill-after=10 $((600 * TIME_SCALE)) "$BUILD/sim-flash_mma" >"$log" 2>&1
 record "sim-flash_mma (the bf16 and tf32 fused-attention kernels against the CPU op)" $? "$log"
 log=$LOGS/sim-cuda_ops.log
-timeout --kill-after=10 600 "$BUILD/sim-cuda_ops" >"$log" 2>&1
+timeout --kill-after=10 $((600 * TIME_SCALE)) "$BUILD/sim-cuda_ops" >"$log" 2>&1
 record "sim-cuda_ops (CUDA ops, kernels and launchers, against the CPU ops)" $? "$log"
 # The CUDA unit tests on the simulated backend (~2 min on a 2-core machine): all of them but 20
 # left out for their time, 10 s to 7 min each there (tools/cuda_cpu_sim/README.md: they pass given
@@ -80,7 +84,7 @@ SIM_TESTS+=':CudaRealShapeEpilogues.BiasGradientAt65536Rows'
 SIM_TESTS+=':CudaRecompute.*'
 SIM_EXPECTED=186
 log=$LOGS/sim-cuda_tests.log
-OMP_NUM_THREADS=$(nproc) timeout --kill-after=10 900 "$BUILD/sim-cuda_tests" --gtest_filter="$SIM_TESTS" >"$log" 2>&1
+OMP_NUM_THREADS=$(nproc) timeout --kill-after=10 $((900 * TIME_SCALE)) "$BUILD/sim-cuda_tests" --gtest_filter="$SIM_TESTS" >"$log" 2>&1
 rc=$?
 n_sim=$(grep -c '^\[       OK \]' "$log")
 if [ $rc = 0 ] && [ "$n_sim" -lt $SIM_EXPECTED ]; then
@@ -113,7 +117,7 @@ echo "== command-line checks"
 for s in tests/cli/*.sh; do
   [ -e "$s" ] || continue
   name=$(basename "$s" .sh); log=$LOGS/cli-$name.log; started=$SECONDS
-  BUILD=$BUILD timeout --kill-after=10 300 bash "$s" >"$log" 2>&1
+  BUILD=$BUILD timeout --kill-after=10 $((300 * TIME_SCALE)) bash "$s" >"$log" 2>&1
   record "cli/$name" $? "$log"
 done
 
