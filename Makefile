@@ -292,7 +292,7 @@ run:
 
 test:
 	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) all
-	BUILD=$(BUILD) tools/run_tests.sh
+	BUILD=$(BUILD) SAN=$(SAN) tools/run_tests.sh
 
 bench: all
 	BUILD=$(BUILD) /usr/bin/python3 bench/run_reference.py $(if $(REF_PYTHON),--torch-python $(REF_PYTHON))

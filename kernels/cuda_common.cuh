@@ -197,8 +197,9 @@ void add_partial_sums(float* out0, float* out1, int split, const float* part, in
 // Deterministic scatter-add of rows by index (embedding.cu), no atomics:
 //   dst[ids[n], :] += src[n, :]  for n = 0..N-1, each dst row receiving its terms in increasing n
 // (positions stably sorted by index, then one block per run of equal indices). Used by the
-// embedding backwards (dwte, the token-type table).
-void scatter_add_rows(float* dst, const float* src, const int32_t* ids, int N, int C);
+// embedding backwards (dwte, the token-type table). With Vn >= 0, dst holds the rows [v0, v0 + Vn)
+// of the whole table (a vocabulary shard): ids in that range go to row id - v0, the others nowhere.
+void scatter_add_rows(float* dst, const float* src, const int32_t* ids, int N, int C, int v0 = 0, int Vn = -1);
 
 // Throws Error unless 0 <= p < 1 (activations.cu; the CPU backend's check and message).
 void check_dropout_p(const char* op, float p);

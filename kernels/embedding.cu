@@ -17,6 +17,8 @@
 // the two backends agree bit for bit. Cost: a 32-bit radix sort of N ints (a few microseconds at
 // N = 8192) plus one read of src; a very frequent index makes one long run (serial over its rows,
 // parallel over C), which is fine at these sizes (BERT's token-type table has 2 rows: two runs).
+#include <climits>
+
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda_common.cuh"
@@ -71,13 +73,14 @@ __global__ void iota_kernel(int32_t* __restrict__ v, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) v[i] = i;
 }
 
-// Block i handles the run of equal indices that starts at sorted position i (if one starts there).
+// Block i handles the run of equal indices that starts at sorted position i (if one starts there);
+// indices >= limit are not rows of dst (a vocabulary shard's other tokens) and are skipped.
 __global__ void scatter_add_runs_kernel(float* __restrict__ dst, const float* __restrict__ src,
                                         const int32_t* __restrict__ ids_sorted,
-                                        const int32_t* __restrict__ pos_sorted, int N, int C) {
+                                        const int32_t* __restrict__ pos_sorted, int N, int C, int limit) {
   const int i = blockIdx.x;
   const int32_t v = ids_sorted[i];
-  if (i > 0 && ids_sorted[i - 1] == v) return;
+  if (v >= limit || (i > 0 && ids_sorted[i - 1] == v)) return;
   int end = i + 1;
   while (end < N && ids_sorted[end] == v) end++;
   float* g = dst + static_cast<size_t>(v) * C;
@@ -88,16 +91,47 @@ __global__ void scatter_add_runs_kernel(float* __restrict__ dst, const float* __
   }
 }
 
+// A vocabulary shard's row of each id: id - v0 in [0, Vn), else Vn (skipped by the runs kernel).
+__global__ void shard_rows_kernel(int32_t* __restrict__ rows, const int32_t* __restrict__ ids, int n, int v0,
+                                  int Vn) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int r = ids[i] - v0;
+    rows[i] = r >= 0 && r < Vn ? r : Vn;
+  }
+}
+
+// out[n, c] = (wte[inp[n] - v0, c] for a token of the shard, else 0) + (wpe ? wpe[n % T, c] : 0)
+__global__ void vocab_embedding_forward_kernel(float* __restrict__ out, const int32_t* __restrict__ inp,
+                                               const float* __restrict__ wte, int v0, int Vn,
+                                               const float* __restrict__ wpe, int N, int T, int C) {
+  const size_t total = static_cast<size_t>(N) * C;
+  for (size_t i = grid_first(); i < total; i += grid_stride()) {
+    const size_t n = i / C;
+    const int c = static_cast<int>(i - n * C);
+    const int r = inp[n] - v0;
+    const float w = r >= 0 && r < Vn ? wte[static_cast<size_t>(r) * C + c] : 0.0f;
+    const float p = wpe != nullptr ? wpe[static_cast<size_t>(n % T) * C + c] : 0.0f;
+    out[i] = w + p;
+  }
+}
+
 }  // namespace
 
-void scatter_add_rows(float* dst, const float* src, const int32_t* ids, int N, int C) {
+void scatter_add_rows(float* dst, const float* src, const int32_t* ids, int N, int C, int v0, int Vn) {
   if (N <= 0 || C <= 0) return;
   cudaStream_t s = compute_stream();
-  // Stable sort of positions by index.
+  // Stable sort of positions by index (a shard's: by its row, the other tokens last).
   int32_t* keys_out = static_cast<int32_t*>(workspace(kWsSortKeys, sizeof(int32_t) * N));
+  const bool shard = Vn >= 0;
   int32_t* vals_in =
-      static_cast<int32_t*>(workspace(kWsSortVals, 2 * sizeof(int32_t) * static_cast<size_t>(N)));
+      static_cast<int32_t*>(workspace(kWsSortVals, (shard ? 3 : 2) * sizeof(int32_t) * static_cast<size_t>(N)));
   int32_t* vals_out = vals_in + N;
+  if (shard) {
+    int32_t* rows = vals_in + 2 * static_cast<size_t>(N);
+    shard_rows_kernel<<<grid_for(N, kThreads), kThreads, 0, s>>>(rows, ids, N, v0, Vn);
+    LLMPI_LAUNCH_CHECK("shard_rows");
+    ids = rows;
+  }
   iota_kernel<<<grid_for(N, kThreads), kThreads, 0, s>>>(vals_in, N);
   LLMPI_LAUNCH_CHECK("iota");
   size_t temp_bytes = 0;
@@ -107,7 +141,7 @@ void scatter_add_rows(float* dst, const float* src, const int32_t* ids, int N, i
   LLMPI_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, ids, keys_out, vals_in,
                                                    vals_out, N, 0, 32, s));
   const int threads = C >= kThreads ? kThreads : (C + 31) / 32 * 32;
-  scatter_add_runs_kernel<<<N, threads, 0, s>>>(dst, src, keys_out, vals_out, N, C);
+  scatter_add_runs_kernel<<<N, threads, 0, s>>>(dst, src, keys_out, vals_out, N, C, shard ? Vn : INT_MAX);
   LLMPI_LAUNCH_CHECK("scatter_add_runs");
 }
 
@@ -120,8 +154,10 @@ void embedding_forward(float* out, const int32_t* inp, const float* wte, const f
   LLMPI_LAUNCH_CHECK("embedding_forward");
 }
 
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
-                        int T, int C) {
+namespace {
+// embedding_backward over the tokens of rows [v0, v0 + Vn) (Vn < 0: every token, the whole table)
+void embedding_backward_rows(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int v0, int Vn, int B,
+                             int T, int C) {
   const int N = B * T;
   if (N <= 0 || C <= 0) return;
   if (dwpe != nullptr) {
@@ -129,7 +165,13 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
                             compute_stream()>>>(dwpe, dout, B, T, C);
     LLMPI_LAUNCH_CHECK("embedding_dwpe");
   }
-  scatter_add_rows(dwte, dout, inp, N, C);
+  scatter_add_rows(dwte, dout, inp, N, C, v0, Vn);
+}
+}  // namespace
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
+                        int T, int C) {
+  embedding_backward_rows(dwte, dwpe, dout, inp, 0, -1, B, T, C);
 }
 
 void embedding_add_forward(float* out, const int32_t* ids, const float* table, int N, int C) {
@@ -141,6 +183,20 @@ void embedding_add_forward(float* out, const int32_t* ids, const float* table, i
 
 void embedding_add_backward(float* dtable, const float* dout, const int32_t* ids, int N, int C) {
   scatter_add_rows(dtable, dout, ids, N, C);
+}
+
+void vocab_embedding_forward(float* out, const int32_t* inp, const float* wte, int v0, int Vn, const float* wpe,
+                             int B, int T, int C) {
+  const int N = B * T;
+  if (N <= 0 || C <= 0) return;
+  vocab_embedding_forward_kernel<<<grid_for(static_cast<size_t>(N) * C, kThreads), kThreads, 0, compute_stream()>>>(
+      out, inp, wte, v0, Vn, wpe, N, T, C);
+  LLMPI_LAUNCH_CHECK("vocab_embedding_forward");
+}
+
+void vocab_embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int v0, int Vn,
+                              int B, int T, int C) {
+  embedding_backward_rows(dwte, dwpe, dout, inp, v0, Vn, B, T, C);
 }
 
 }  // namespace llmpi::cuda

@@ -155,6 +155,27 @@ void NcclComm::allreduce_avg(float* data, size_t n, bool bf16) {
   passes_++;
 }
 
+void NcclComm::allreduce(float* data, size_t n, bool max) {
+  if (n == 0) return;
+  impl_->after_compute();
+  LLMPI_NCCL_CHECK(ncclAllReduce(data, data, n, ncclFloat32, max ? ncclMax : ncclSum, impl_->comm, impl_->stream));
+  passes_++;
+}
+
+void NcclComm::all_gather_pieces(const float* piece, float* whole, size_t n) {
+  if (n == 0) return;
+  impl_->after_compute();
+  LLMPI_NCCL_CHECK(ncclAllGather(piece, whole, n, ncclFloat32, impl_->comm, impl_->stream));
+  passes_++;
+}
+
+void NcclComm::reduce_scatter_pieces(const float* whole, float* piece, size_t n) {
+  if (n == 0) return;
+  impl_->after_compute();
+  LLMPI_NCCL_CHECK(ncclReduceScatter(whole, piece, n, ncclFloat32, ncclSum, impl_->comm, impl_->stream));
+  passes_++;
+}
+
 void NcclComm::reduce_scatter_avg(float* data, size_t n, bool bf16) {
   if (n == 0) return;
   const size_t W = (size_t)world_, r = (size_t)rank_, c = (n + W - 1) / W;

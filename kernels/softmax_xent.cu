@@ -257,4 +257,71 @@ void softmax_xent(float* logits, float* losses, const int32_t* targets, int N, i
          " is outside the vocabulary [0, ", V, "); check the data set's vocab_size against the model's");
 }
 
+// ---- a vocabulary shard's cross-entropy (tensor parallelism; op_list.h vocab_xent_*) ----
+// One block of kThreads per row; the group's max and sums run between the three kernels.
+namespace {
+
+__global__ void vocab_xent_max_kernel(float* __restrict__ rowmax, const float* __restrict__ logits, int ld, int Vn) {
+  __shared__ float sh[32];
+  const float* z = logits + static_cast<size_t>(blockIdx.x) * ld;
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < Vn; j += blockDim.x) m = fmaxf(m, z[j]);
+  m = block_max(m, sh);
+  if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
+}
+
+__global__ void vocab_xent_sums_kernel(float* __restrict__ sums, const float* __restrict__ logits, int ld,
+                                       const float* __restrict__ rowmax, const int32_t* __restrict__ targets,
+                                       int v0, int N, int Vn) {
+  __shared__ float sh[32];
+  const int n = blockIdx.x;
+  const float* z = logits + static_cast<size_t>(n) * ld;
+  const float mx = rowmax[n];
+  float st = 0.0f;
+  for (int j = threadIdx.x; j < Vn; j += blockDim.x) st += expf(z[j] - mx);
+  st = block_sum(st, sh);
+  if (threadIdx.x == 0) {
+    sums[n] = st;
+    const int y = targets[n] - v0;
+    sums[N + n] = y >= 0 && y < Vn ? z[y] : 0.0f;
+  }
+}
+
+__global__ void vocab_xent_finish_kernel(float* __restrict__ logits, int ld, float* __restrict__ losses,
+                                         const float* __restrict__ rowmax, const float* __restrict__ sums,
+                                         const int32_t* __restrict__ targets, int v0, int N, int Vn,
+                                         float grad_scale) {
+  const int n = blockIdx.x;
+  const float mx = rowmax[n], s = sums[n];
+  if (threadIdx.x == 0) losses[n] = logf(s) + (mx - sums[N + n]);
+  if (grad_scale == 0.0f) return;
+  float* z = logits + static_cast<size_t>(n) * ld;
+  const int y = targets[n] - v0;
+  const float f = grad_scale / s;
+  for (int j = threadIdx.x; j < Vn; j += blockDim.x) z[j] = grad_value(j, z[j], y, mx, f, grad_scale);
+}
+
+}  // namespace
+
+void vocab_xent_max(float* rowmax, const float* logits, int ld, int N, int Vn) {
+  if (N <= 0) return;
+  vocab_xent_max_kernel<<<N, kThreads, 0, compute_stream()>>>(rowmax, logits, ld, Vn);
+  LLMPI_LAUNCH_CHECK("vocab_xent_max");
+}
+
+void vocab_xent_sums(float* sums, const float* logits, int ld, const float* rowmax, const int32_t* targets, int v0,
+                     int N, int Vn) {
+  if (N <= 0) return;
+  vocab_xent_sums_kernel<<<N, kThreads, 0, compute_stream()>>>(sums, logits, ld, rowmax, targets, v0, N, Vn);
+  LLMPI_LAUNCH_CHECK("vocab_xent_sums");
+}
+
+void vocab_xent_finish(float* logits, int ld, float* losses, const float* rowmax, const float* sums,
+                       const int32_t* targets, int v0, int N, int Vn, float grad_scale) {
+  if (N <= 0) return;
+  vocab_xent_finish_kernel<<<N, kThreads, 0, compute_stream()>>>(logits, ld, losses, rowmax, sums, targets, v0, N,
+                                                                 Vn, grad_scale);
+  LLMPI_LAUNCH_CHECK("vocab_xent_finish");
+}
+
 }  // namespace llmpi::cuda

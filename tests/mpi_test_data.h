@@ -73,6 +73,12 @@ inline int world_rank() {
   return r;
 }
 
+inline int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
 // The small model every MPI test trains (2 layers, width 32, seq_len 32, global batch 8), with
 // the test's own `--set` overrides applied after these. The global batch is the file's, so that a
 // test's train.batch_per_rank replaces it as it would a run.json's.
@@ -82,6 +88,16 @@ inline Config tiny_config(const std::string& train, const std::vector<std::strin
                                    "train.log_every=1", "train.eval_every=0"};
   sets.insert(sets.end(), extra.begin(), extra.end());
   return parse_config(R"({"train": {"global_batch": 8}})", "test", sets);
+}
+
+// tiny_config of a test's --set lines, `base` then `extra`, its data.train the one they name.
+inline Config tiny_config_of(const std::vector<std::string>& base, const std::vector<std::string>& extra) {
+  std::vector<std::string> sets = base;
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  std::string train;
+  for (auto& s : sets)
+    if (s.rfind("data.train=", 0) == 0) train = s.substr(11);
+  return tiny_config(train, sets);
 }
 
 // Options for in-process training in tests: no progress lines; run directory only when asked.

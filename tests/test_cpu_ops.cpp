@@ -1367,6 +1367,70 @@ TEST(CpuOps, SoftmaxXentGradient) {
   EXPECT_LT(rel_err(grad, g), kBwdTol);
 }
 
+// Tensor parallelism: the vocabulary cut into shards [v0, v0 + Vn) of 37 (12, 13, 12 rows), the
+// three passes with the shards' maxima and sums combined in between as the group does, give the
+// whole cross-entropy's losses and, shard by shard, its gradient columns.
+TEST(CpuOps, VocabXentOverShardsEqualsTheWholeOne) {
+  const int N = 6, V = 37, ld = 40;
+  const int cuts[] = {0, 12, 25, 37};
+  const auto zw = random_floats(static_cast<size_t>(N) * V, 94, -4.0f, 4.0f);
+  const auto y = random_ints(N, 95, 0, V);
+  const float gs = 0.25f;
+  auto whole = zw;
+  std::vector<float> whole_loss(N);
+  ops().softmax_xent(whole.data(), whole_loss.data(), y.data(), N, V, gs);
+  std::vector<std::vector<float>> z(3, std::vector<float>(static_cast<size_t>(N) * ld, kNaN));
+  for (int k = 0; k < 3; k++)
+    for (int n = 0; n < N; n++)
+      for (int j = cuts[k]; j < cuts[k + 1]; j++) z[k][n * ld + j - cuts[k]] = zw[n * V + j];
+  std::vector<float> mx(N, -INFINITY), sums(2 * N, 0.0f);
+  for (int k = 0; k < 3; k++) {  // the max over the group
+    std::vector<float> m(N);
+    ops().vocab_xent_max(m.data(), z[k].data(), ld, N, cuts[k + 1] - cuts[k]);
+    for (int n = 0; n < N; n++) mx[n] = std::max(mx[n], m[n]);
+  }
+  for (int k = 0; k < 3; k++) {  // the sums over the group
+    std::vector<float> s(2 * N);
+    ops().vocab_xent_sums(s.data(), z[k].data(), ld, mx.data(), y.data(), cuts[k], N, cuts[k + 1] - cuts[k]);
+    for (int i = 0; i < 2 * N; i++) sums[i] += s[i];
+  }
+  for (int k = 0; k < 3; k++) {
+    std::vector<float> loss(N, kNaN);
+    ops().vocab_xent_finish(z[k].data(), ld, loss.data(), mx.data(), sums.data(), y.data(), cuts[k], N,
+                            cuts[k + 1] - cuts[k], gs);
+    EXPECT_LT(rel_err(loss, to_double(whole_loss)), 1e-6) << "shard " << k;
+    for (int n = 0; n < N; n++)
+      for (int j = cuts[k]; j < cuts[k + 1]; j++)
+        EXPECT_NEAR(z[k][n * ld + j - cuts[k]], whole[n * V + j], 1e-7) << "shard " << k << " row " << n << " logit " << j;
+  }
+}
+
+// The vocabulary shards' lookups sum to the whole lookup (the positions added by one shard), and
+// each shard's scatter-add is its rows of the whole one.
+TEST(CpuOps, VocabEmbeddingShardsMakeTheWholeOne) {
+  const int B = 2, T = 9, C = 24, V = 10;
+  const int cuts[] = {0, 3, 10};
+  const auto inp = random_ints(B * T, 96, 0, V);
+  const auto wte = random_floats(static_cast<size_t>(V) * C, 97), wpe = random_floats(static_cast<size_t>(T) * C, 98);
+  std::vector<float> whole(static_cast<size_t>(B) * T * C), sum(whole.size(), 0.0f);
+  ops().embedding_forward(whole.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
+  const auto dout = random_floats(whole.size(), 99);
+  std::vector<float> dwte(static_cast<size_t>(V) * C, 0.0f), dwpe(static_cast<size_t>(T) * C, 0.0f);
+  ops().embedding_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), B, T, C);
+  for (int k = 0; k < 2; k++) {
+    const int v0 = cuts[k], Vn = cuts[k + 1] - cuts[k];
+    std::vector<float> part(whole.size(), kNaN);
+    ops().vocab_embedding_forward(part.data(), inp.data(), wte.data() + static_cast<size_t>(v0) * C, v0, Vn,
+                                  k == 0 ? wpe.data() : nullptr, B, T, C);
+    for (size_t i = 0; i < sum.size(); i++) sum[i] += part[i];
+    std::vector<float> g(static_cast<size_t>(Vn) * C, 0.0f), gp(dwpe.size(), 0.0f);
+    ops().vocab_embedding_backward(g.data(), gp.data(), dout.data(), inp.data(), v0, Vn, B, T, C);
+    EXPECT_TRUE(std::equal(g.begin(), g.end(), dwte.begin() + static_cast<size_t>(v0) * C)) << "shard " << k;
+    EXPECT_EQ(gp, dwpe) << "every shard's positions gradient is the whole one";
+  }
+  EXPECT_EQ(sum, whole) << "one row and the positions per token: the same bits";
+}
+
 TEST(CpuOps, SoftmaxXentRejectsTargetOutsideVocabulary) {
   std::vector<float> z(2 * 5, 0.0f), loss(2);
   std::vector<int32_t> y = {1, 5};

@@ -189,6 +189,62 @@ TEST(CudaOps, EmbeddingAddForwardAndBackward) {
   }
 }
 
+// A vocabulary shard's lookup and scatter-add (tensor parallelism): rows [v0, v0 + Vn) of a table
+// of 13, tokens inside and outside the shard.
+TEST(CudaOps, VocabEmbeddingForwardAndBackward) {
+  REQUIRE_GPU();
+  const int B = 3, T = 17, V = 13, v0 = 5, Vn = 4;
+  const auto inp = random_ints(B * T, 90, 0, V);
+  for (int C : {40, 768}) {
+    const auto wte = random_floats(static_cast<size_t>(Vn) * C, 91), wpe = random_floats(static_cast<size_t>(T) * C, 92);
+    for (bool with_wpe : {true, false}) {
+      std::vector<float> ref(static_cast<size_t>(B) * T * C, kNaN);
+      cpu().vocab_embedding_forward(ref.data(), inp.data(), wte.data(), v0, Vn, with_wpe ? wpe.data() : nullptr, B, T,
+                                    C);
+      Dev dinp(inp), dwte(wte), dwpe(wpe), out(nans(static_cast<size_t>(B) * T * C));
+      gpu().vocab_embedding_forward(out.f(), dinp.i(), dwte.f(), v0, Vn, with_wpe ? dwpe.f() : nullptr, B, T, C);
+      EXPECT_EQ(out.get(), ref) << "C=" << C << " wpe " << with_wpe;
+
+      const auto dout = random_floats(static_cast<size_t>(B) * T * C, 93);
+      const auto dwte0 = random_floats(static_cast<size_t>(Vn) * C, 94), dwpe0 = random_floats(static_cast<size_t>(T) * C, 95);
+      auto rwte = dwte0, rwpe = dwpe0;
+      cpu().vocab_embedding_backward(rwte.data(), with_wpe ? rwpe.data() : nullptr, dout.data(), inp.data(), v0, Vn,
+                                     B, T, C);
+      EXPECT_NE(rwte, dwte0) << "some tokens fall in the shard";
+      Dev gdout(dout), gwte(dwte0), gwpe(dwpe0);
+      gpu().vocab_embedding_backward(gwte.f(), with_wpe ? gwpe.f() : nullptr, gdout.f(), dinp.i(), v0, Vn, B, T, C);
+      EXPECT_EQ(gwte.get(), rwte) << "rows summed in position order on both sides: the same bits";
+      EXPECT_EQ(gwpe.get(), rwpe);
+    }
+  }
+}
+
+// The cross-entropy over a vocabulary shard (the group's max and sums stood in for by the shard's
+// own), against the CPU's passes; a row whose target is on another shard gets 0 for its logit.
+TEST(CudaOps, VocabXentMatchesCpu) {
+  REQUIRE_GPU();
+  const int N = 7, Vn = 3001, ld = 3008, v0 = 1000;
+  auto z = random_floats(static_cast<size_t>(N) * ld, 96, -4.0f, 4.0f);
+  auto y = random_ints(N, 97, v0, v0 + Vn);
+  y[2] = v0 - 1;  // a target on another shard
+  for (float gs : {0.0f, 0.37f}) {
+    auto rz = z;
+    std::vector<float> rmax(N), rsums(2 * N), rl(N);
+    cpu().vocab_xent_max(rmax.data(), rz.data(), ld, N, Vn);
+    cpu().vocab_xent_sums(rsums.data(), rz.data(), ld, rmax.data(), y.data(), v0, N, Vn);
+    cpu().vocab_xent_finish(rz.data(), ld, rl.data(), rmax.data(), rsums.data(), y.data(), v0, N, Vn, gs);
+    EXPECT_EQ(rsums[N + 2], 0.0f);
+    Dev gz(z), gy(y), gmax(nans(N)), gsums(nans(2 * N)), gl(nans(N));
+    gpu().vocab_xent_max(gmax.f(), gz.f(), ld, N, Vn);
+    EXPECT_EQ(gmax.get(), rmax);
+    gpu().vocab_xent_sums(gsums.f(), gz.f(), ld, gmax.f(), gy.i(), v0, N, Vn);
+    EXPECT_LT(rel(gsums.get(), rsums), kOpTol);
+    gpu().vocab_xent_finish(gz.f(), ld, gl.f(), gmax.f(), gsums.f(), gy.i(), v0, N, Vn, gs);
+    EXPECT_LT(rel(gl.get(), rl), kOpTol) << "grad_scale " << gs;
+    EXPECT_LT(rel(gz.get(), rz), kOpTol) << "grad_scale " << gs;
+  }
+}
+
 // ---- layernorm and rmsnorm --------------------------------------------------------------------------------
 
 TEST(CudaOps, LayerNormForward) {

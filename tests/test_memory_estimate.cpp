@@ -9,6 +9,7 @@
 #include <malloc.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -57,6 +58,87 @@ double status_kb(const char* key) {
   return -1;
 }
 
+// A shard's collectives on one process: each rank's partial sums left as they are, a gather that
+// places only this rank's piece, a scatter that takes this rank's piece of its own buffer. The
+// values are not the group's, but every buffer is allocated and touched as in a tensor-parallel run.
+void local_tensor_group(Model& m) {
+  const size_t r = (size_t)m.desc.tp_rank;
+  m.tensor.sum = m.tensor.max = [](float*, size_t) {};
+  m.tensor.all_gather = [r](const float* piece, float* whole, size_t n) {
+    std::memcpy(whole + r * n, piece, n * sizeof(float));
+  };
+  m.tensor.reduce_scatter = [r](const float* whole, float* piece, size_t n) {
+    std::memcpy(piece, whole + r * n, n * sizeof(float));
+  };
+}
+
+// The resident-set growth, in bytes, of building a Model of d (recompute rc; `prepare` sees it
+// before its first forward), its AdamW state and the Activations of B x T tokens, and running one
+// training step: the peak (VmHWM, reset first) less the RSS before. -1 when the peak cannot be
+// reset (/proc/self/clear_refs, Linux >= 4.0).
+double peak_growth_of_one_step(const ModelDesc& d, Recompute rc, int B, int T, const TrainConfig& tc,
+                               void (*prepare)(Model&) = nullptr) {
+  test::RandomBatch batch(d, B, T, 3);
+  {
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";
+    if (!clear.good()) return -1;
+  }
+  const double before_kb = status_kb("VmRSS:");
+  {
+    Model m(d, cpu_ops(), ModelPart::whole(), GemmPrecision::fp32, rc);
+    if (prepare) prepare(m);
+    m.init_params(1);
+    Optimizer opt(cpu_ops(), m.table.numel, OptimizerKind::adamw);
+    Activations a(m, B, T);
+    m.forward(a, batch.b, true);
+    m.backward(a);
+    TrainConfig step_tc = tc;
+    opt.step(m.params, m.grads, m.table, 1e-3, step_tc);
+  }
+  const double peak_kb = status_kb("VmHWM:");
+  EXPECT_GT(before_kb, 0) << "VmRSS in /proc/self/status";
+  return (peak_kb - before_kb) * 1024;
+}
+
+// Builds a Model of d (`prepare` sees it first), its optimizer and the Activations of B x T tokens
+// through the counting table, runs two training steps, and expects each allocation to equal the
+// estimate's count: the parameters and gradients (with bf16 the weight copy, 2 bytes a parameter
+// plus its tensors' 256-byte alignment), the optimizer state, the activations (less the host's
+// loss row), the backward scratch (less the CPU's bf16 operand scratch, thread-local host memory),
+// and nothing in the second step. Returns the estimate.
+MemoryEstimate expect_allocations_match(const ModelDesc& d, int B, int T, const Config& cfg, const std::string& what,
+                                        void (*prepare)(Model&) = nullptr) {
+  const GemmPrecision p = cfg.runtime.precision;
+  const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
+  const Ops ops = counting_ops();
+  g_allocated = 0;
+  Model m(d, ops, ModelPart::whole(), p, cfg.runtime.recompute);
+  if (prepare) prepare(m);
+  EXPECT_EQ((double)g_allocated, e.params + e.grads) << what;
+  std::vector<size_t> copy_offsets;
+  const double copy = p == GemmPrecision::bf16 ? 2.0 * aligned_copy_layout(m.table, &copy_offsets) : 0.0;
+  EXPECT_EQ(e.params, (double)m.table.numel * 4 + copy) << what;
+  EXPECT_LT(copy, (double)m.table.numel * 2 + 256.0 * m.table.slices.size()) << what;
+  g_allocated = 0;
+  Optimizer opt(ops, m.table.numel, cfg.train.optimizer);
+  EXPECT_EQ((double)g_allocated, e.optimizer) << what << ": optimizer";
+  g_allocated = 0;
+  Activations a(m, B, T);
+  EXPECT_EQ((double)g_allocated, e.activations - host_loss_row(d, B, T)) << what << ": activations";
+  m.init_params(1);
+  test::RandomBatch batch(d, B, T, 2);
+  m.forward(a, batch.b, true);
+  g_allocated = 0;
+  m.backward(a);
+  EXPECT_EQ((double)g_allocated, e.scratch - gemm_operand_scratch_bytes(d, B, T, p, false)) << what << ": backward scratch";
+  g_allocated = 0;
+  m.forward(a, batch.b, true);
+  m.backward(a);
+  EXPECT_EQ(g_allocated, 0u) << what << ": a second step allocates nothing more";
+  return e;
+}
+
 }  // namespace
 
 TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
@@ -91,34 +173,7 @@ TEST(MemoryEstimate, ByteCountsEqualTheRealAllocations) {
     Config cfg = config_with(c.optimizer);
     cfg.runtime.precision = c.precision;
     cfg.runtime.recompute = c.recompute;
-    const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
-    const Ops ops = counting_ops();
-    g_allocated = 0;
-    Model m(d, ops, ModelPart::whole(), c.precision, c.recompute);
-    EXPECT_EQ((double)g_allocated, e.params + e.grads) << c.family;
-    // bf16: the weight copy, 2 bytes per parameter plus its tensors' 256-byte alignment
-    std::vector<size_t> copy_offsets;
-    const double copy = c.precision == GemmPrecision::bf16 ? 2.0 * aligned_copy_layout(m.table, &copy_offsets) : 0.0;
-    EXPECT_EQ(e.params, (double)m.table.numel * 4 + copy) << c.family;
-    EXPECT_LT(copy, (double)m.table.numel * 2 + 256.0 * m.table.slices.size()) << c.family;
-    g_allocated = 0;
-    Optimizer opt(ops, m.table.numel, c.optimizer == "sgd" ? OptimizerKind::sgd : OptimizerKind::adamw);
-    EXPECT_EQ((double)g_allocated, e.optimizer) << c.family << " " << c.optimizer;
-    g_allocated = 0;
-    Activations a(m, B, T);
-    EXPECT_EQ((double)g_allocated, e.activations - host_loss_row(d, B, T)) << c.family;
-    m.init_params(1);
-    test::RandomBatch batch(d, B, T, 2);
-    m.forward(a, batch.b, true);
-    g_allocated = 0;
-    m.backward(a);
-    // (the CPU's bf16 operand scratch is thread-local host memory, not the backend's allocation)
-    EXPECT_EQ((double)g_allocated, e.scratch - gemm_operand_scratch_bytes(d, B, T, c.precision, false))
-        << c.family << ": backward scratch";
-    g_allocated = 0;
-    m.forward(a, batch.b, true);
-    m.backward(a);
-    EXPECT_EQ(g_allocated, 0u) << c.family << ": a second step allocates nothing more";
+    expect_allocations_match(d, B, T, cfg, c.family + " " + c.optimizer);
   }
 }
 
@@ -232,27 +287,8 @@ TEST(MemoryEstimate, PeakRssOfOneStepMatches) {
     const double predicted = e.params + e.grads + e.optimizer + e.activations + e.scratch;
     if (rc == Recompute::none) predicted_none = predicted;
     else EXPECT_LT(predicted, predicted_none * 0.9) << option_name(rc);
-    test::RandomBatch batch(d, B, T, 3);
-    // Reset the peak (VmHWM) to the current RSS (Linux >= 4.0), then measure the growth to the peak.
-    {
-      std::ofstream clear("/proc/self/clear_refs");
-      clear << "5";
-      if (!clear.good()) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
-    }
-    const double before_kb = status_kb("VmRSS:");
-    {
-      Model m(d, cpu_ops(), ModelPart::whole(), GemmPrecision::fp32, rc);
-      m.init_params(1);
-      Optimizer opt(cpu_ops(), m.table.numel, OptimizerKind::adamw);
-      Activations a(m, B, T);
-      m.forward(a, batch.b, true);
-      m.backward(a);
-      TrainConfig tc = cfg.train;
-      opt.step(m.params, m.grads, m.table, 1e-3, tc);
-    }
-    const double peak_kb = status_kb("VmHWM:");
-    ASSERT_GT(before_kb, 0);
-    const double measured = (peak_kb - before_kb) * 1024;
+    const double measured = peak_growth_of_one_step(d, rc, B, T, cfg.train);
+    if (measured < 0) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
     std::printf("recompute %s: memory estimate %.1f MB, measured peak RSS growth %.1f MB (%.2f%%)\n",
                 option_name(rc), predicted / 1e6, measured / 1e6, 100.0 * (measured - predicted) / predicted);
     // Tolerance: the estimate counts every buffer the model, activations, scratch and optimizer
@@ -264,4 +300,87 @@ TEST(MemoryEstimate, PeakRssOfOneStepMatches) {
     EXPECT_LE(measured, predicted * 1.05 + 16e6) << option_name(rc);
     EXPECT_GE(measured, predicted * 0.98) << option_name(rc);
   }
+}
+
+
+// Tensor parallelism (parallel.tp = T): the estimate of shard r of T (tensor_shard) equals what
+// that shard allocates: its parameter table's slices, activations with its heads, MLP channels and
+// vocabulary rows (N·C tensors whole, or with sequence parallelism the residual stream's N/T rows
+// and the gather and scatter buffers), the cross-entropy's statistics, no bf16 logits gradient, the
+// backward scratch. A shard Model builds on one process; its collectives are stand-ins here.
+TEST(MemoryEstimate, TensorShardByteCountsEqualTheRealAllocations) {
+  struct Case {
+    std::string family;
+    std::vector<std::string> extra;
+    AttentionImpl attention;
+    GemmPrecision precision;
+    Recompute recompute;
+    bool sequence_parallel = false;
+  };
+  const int B = 2, T = 12, V = 37;  // (37 rows split unevenly: 9 + 9 + 9 + 10)
+  for (const Case& c : {Case{"gpt2", {}, AttentionImpl::full, GemmPrecision::fp32, Recompute::none},
+                        Case{"gpt2", {"model.tie_embeddings=false"}, AttentionImpl::fused, GemmPrecision::bf16,
+                             Recompute::none},
+                        Case{"llama", {"model.n_kv_head=4"}, AttentionImpl::full, GemmPrecision::bf16,
+                             Recompute::selective},
+                        Case{"llama", {"model.n_kv_head=4"}, AttentionImpl::fused, GemmPrecision::fp32, Recompute::full},
+                        Case{"bert", {}, AttentionImpl::full, GemmPrecision::fp32, Recompute::none},
+                        Case{"bert", {}, AttentionImpl::fused, GemmPrecision::bf16, Recompute::selective},
+                        Case{"gpt2", {}, AttentionImpl::full, GemmPrecision::bf16, Recompute::none, true},
+                        Case{"llama", {"model.n_kv_head=4"}, AttentionImpl::fused, GemmPrecision::fp32,
+                             Recompute::selective, true},
+                        Case{"bert", {}, AttentionImpl::full, GemmPrecision::fp32, Recompute::full, true}}) {
+    ModelDesc whole = test::desc_of(c.family, 2, 8, 32, T, V, c.extra);
+    whole.attention = c.attention;
+    whole.lm_head_chunk_rows = 7;  // several chunks, the last one short
+    whole.sequence_parallel = c.sequence_parallel;
+    Config cfg = config_with("adamw");
+    cfg.runtime.precision = c.precision;
+    cfg.runtime.recompute = c.recompute;
+    const double whole_bytes = [&] {
+      const MemoryEstimate e = estimate_memory(whole, B, T, cfg, 1, 0, false);
+      return e.params + e.grads + e.optimizer + e.activations + e.scratch;
+    }();
+    for (int tp : {2, 4}) {
+      for (int r = 0; r < tp; r++) {
+        const std::string what = c.family + " tp " + std::to_string(tp) + (c.sequence_parallel ? " sp" : "") +
+                                 " shard " + std::to_string(r);
+        const ModelDesc d = tensor_shard(whole, tp, r);
+        const MemoryEstimate e = expect_allocations_match(d, B, T, cfg, what, local_tensor_group);
+        // A shard holds less than the whole model: its blocks' wide tensors, its vocabulary rows.
+        EXPECT_LT(e.params + e.grads + e.optimizer + e.activations + e.scratch, whole_bytes) << what;
+      }
+    }
+  }
+}
+
+// The per-rank memory falls with parallel.tp as the estimate says: for T = 1, 2, 4 (and 4 with
+// sequence parallelism) the last (the largest) shard's estimate against the peak RSS growth of
+// building it and running one training step, within 10%; and the estimate of T = 4 is below half
+// of T = 1's for a model whose attention probabilities, MLP and vocabulary (all split) dominate,
+// lower again with the residual stream split too.
+TEST(MemoryEstimate, TensorShardPeakRssFallsAsEstimated) {
+  const int B = 8, T = 256;
+  const ModelDesc whole = test::desc_of("gpt2", 2, 8, 64, T, 4096);
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);  // (as in PeakRssOfOneStepMatches)
+  const Config cfg = config_with("adamw");
+  std::vector<double> predicted_of;
+  for (const auto& [tp, sp] : std::vector<std::pair<int, bool>>{{1, false}, {2, false}, {4, false}, {4, true}}) {
+    ModelDesc sharded = whole;
+    sharded.sequence_parallel = sp;
+    const ModelDesc d = tp == 1 ? whole : tensor_shard(sharded, tp, tp - 1);
+    const MemoryEstimate e = estimate_memory(d, B, T, cfg, 1, 0, false);
+    const double predicted = e.params + e.grads + e.optimizer + e.activations + e.scratch;
+    predicted_of.push_back(predicted);
+    const double measured = peak_growth_of_one_step(d, Recompute::none, B, T, cfg.train, local_tensor_group);
+    if (measured < 0) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
+    std::printf("parallel.tp %d%s: memory estimate %.1f MB per rank, measured peak RSS growth %.1f MB (%.2f%%)\n", tp,
+                sp ? " (sequence parallel)" : "", predicted / 1e6, measured / 1e6,
+                100.0 * (measured - predicted) / predicted);
+    EXPECT_LE(measured, predicted * 1.10) << "tp " << tp;
+    EXPECT_GE(measured, predicted * 0.90) << "tp " << tp;
+  }
+  EXPECT_LT(predicted_of[1], predicted_of[0] * 0.75);
+  EXPECT_LT(predicted_of[2], predicted_of[0] * 0.5);
+  EXPECT_LT(predicted_of[3], predicted_of[2]);
 }

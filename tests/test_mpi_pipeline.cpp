@@ -28,12 +28,6 @@ using namespace llmpi::testing_support;
 
 namespace {
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
 // The training file of a family (made once, shared by the ranks) and its --set lines.
 std::vector<std::string> family_sets(const std::string& family, const std::string& dir) {
   std::vector<std::string> sets = {"model.family=" + family, "train.steps=10", "train.grad_clip=1.0"};
@@ -47,14 +41,6 @@ std::vector<std::string> family_sets(const std::string& family, const std::strin
   return sets;
 }
 
-Config make_config(const std::vector<std::string>& base, const std::vector<std::string>& extra) {
-  std::vector<std::string> sets = base;
-  sets.insert(sets.end(), extra.begin(), extra.end());
-  std::string train;
-  for (auto& s : sets)
-    if (s.rfind("data.train=", 0) == 0) train = s.substr(11);
-  return tiny_config(train, sets);
-}
 
 // One rank, no pipeline (rank 0 only; the others get an empty result).
 TrainResult one_rank(const Config& cfg, const TrainOptions& o = quiet_options(false)) {
@@ -90,12 +76,12 @@ void every_schedule_equals_one_rank(const std::string& family, int n_layer, std:
   std::vector<std::string> base = family_sets(family, dir);
   base.push_back("model.n_layer=" + std::to_string(n_layer));
   base.insert(base.end(), extra.begin(), extra.end());
-  const TrainResult one = one_rank(make_config(base, {}));
+  const TrainResult one = one_rank(tiny_config_of(base, {}));
   for (const std::string& sched : schedules) {
     std::vector<std::string> sets = {"parallel.pp_stages=" + std::to_string(S), "parallel.microbatches=4",
                                      "parallel.schedule=" + sched};
     if (sched == "interleaved") sets.push_back("parallel.virtual_stages=2");
-    const TrainResult pipe = train(make_config(base, sets), MPI_COMM_WORLD, quiet_options(false), true);
+    const TrainResult pipe = train(tiny_config_of(base, sets), MPI_COMM_WORLD, quiet_options(false), true);
     expect_equal(one, pipe, family + " S=" + std::to_string(S) + " " + sched);
   }
   if (world_rank() == 0 && family != "bert") {
@@ -135,10 +121,10 @@ TEST(MpiPipeline, RecomputeGivesTheBitsOfNone) {
     for (const std::string sched : {"1f1b", "interleaved"}) {
       std::vector<std::string> sets = {"parallel.schedule=" + sched};
       if (sched == "interleaved") sets.push_back("parallel.virtual_stages=2");
-      const TrainResult none = train(make_config(base, sets), MPI_COMM_WORLD, quiet_options(false), true);
+      const TrainResult none = train(tiny_config_of(base, sets), MPI_COMM_WORLD, quiet_options(false), true);
       for (const std::string rc : {"selective", "full"}) {
         sets.push_back("runtime.recompute=" + rc);
-        const TrainResult r = train(make_config(base, sets), MPI_COMM_WORLD, quiet_options(false), true);
+        const TrainResult r = train(tiny_config_of(base, sets), MPI_COMM_WORLD, quiet_options(false), true);
         sets.pop_back();
         const std::string what = family + " " + sched + " " + rc;
         EXPECT_EQ(r.final_params, none.final_params) << what;
@@ -155,9 +141,9 @@ TEST(MpiPipeline, ExplicitStageLayersOverlapAndEvaluation) {
   std::vector<std::string> base = family_sets("gpt2", dir);
   base.insert(base.end(), {"model.n_layer=3", "train.eval_every=5", "train.eval_batches=2",
                            "data.val=" + make_pattern_file(MPI_COMM_WORLD, dir, "val.h5", 4000, 64, 33)});
-  const TrainResult one = one_rank(make_config(base, {}));
+  const TrainResult one = one_rank(tiny_config_of(base, {}));
   const TrainResult pipe =
-      train(make_config(base, {"parallel.pp_stages=2", "parallel.microbatches=8", "parallel.stage_layers=[1,2]",
+      train(tiny_config_of(base, {"parallel.pp_stages=2", "parallel.microbatches=8", "parallel.stage_layers=[1,2]",
                                "parallel.bucket_mb=0.01", "parallel.overlap=true"}),
             MPI_COMM_WORLD, quiet_options(false), true);
   expect_equal(one, pipe, "gpt2 S=2 stage_layers [1,2] overlap");
@@ -177,7 +163,7 @@ TEST(MpiPipeline, CheckpointsResumeAcrossStageCounts) {
   base.push_back("model.n_layer=4");
   auto cfg = [&](const std::string& run, std::vector<std::string> extra) {
     extra.insert(extra.end(), {"train.steps=8", "train.warmup_steps=2", "checkpoint.every=3", "run.dir=" + run});
-    return make_config(base, extra);
+    return tiny_config_of(base, extra);
   };
   const std::vector<std::string> pp2 = {"parallel.pp_stages=2", "parallel.microbatches=4", "parallel.schedule=1f1b"};
   TrainOptions o = quiet_options(true);
@@ -237,7 +223,7 @@ TEST(MpiPipeline, BadSettingsAreRefused) {
   std::vector<std::string> base = family_sets("gpt2", dir);
   auto refused = [&](std::vector<std::string> sets, const std::string& needle) {
     try {
-      train(make_config(base, sets), MPI_COMM_WORLD, quiet_options(false));
+      train(tiny_config_of(base, sets), MPI_COMM_WORLD, quiet_options(false));
       ADD_FAILURE() << "accepted: " << needle;
     } catch (const CollectiveError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -381,8 +367,8 @@ TEST(MpiN4Pipeline, TwoPipelinesOfTwoStagesEqualOneRank) {
   for (const std::string family : {"gpt2", "llama"}) {
     std::vector<std::string> base = family_sets(family, dir);
     base.push_back("model.n_layer=4");
-    const TrainResult one = one_rank(make_config(base, {}));
-    const TrainResult pipe = train(make_config(base, {"parallel.pp_stages=2", "parallel.microbatches=2"}),
+    const TrainResult one = one_rank(tiny_config_of(base, {}));
+    const TrainResult pipe = train(tiny_config_of(base, {"parallel.pp_stages=2", "parallel.microbatches=2"}),
                                    MPI_COMM_WORLD, quiet_options(false), true);
     expect_equal(one, pipe, family + " DP2 x PP2");
   }
@@ -393,8 +379,8 @@ TEST(MpiN6Pipeline, TwoPipelinesOfThreeStages) {
   const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
   std::vector<std::string> base = family_sets("gpt2", dir);
   base.push_back("model.n_layer=3");
-  const TrainResult one = one_rank(make_config(base, {}));
-  const TrainResult pipe = train(make_config(base, {"parallel.pp_stages=3", "parallel.microbatches=4"}),
+  const TrainResult one = one_rank(tiny_config_of(base, {}));
+  const TrainResult pipe = train(tiny_config_of(base, {"parallel.pp_stages=3", "parallel.microbatches=4"}),
                                  MPI_COMM_WORLD, quiet_options(false), true);
   expect_equal(one, pipe, "gpt2 DP2 x PP3");
 }

@@ -685,3 +685,133 @@ TEST(PlanLinks, LargeMessageFitTakesOverAboveItsThreshold) {
   EXPECT_DOUBLE_EQ(a, 5e-6);  // latency from the small messages
   EXPECT_DOUBLE_EQ(b, 8e-9);  // bandwidth from the large ones
 }
+
+// Tensor parallelism (tp = T): the plan's per-rank bytes are the start-up estimate's for the
+// largest shard (the last: the most vocabulary rows), with ZeRO-1 over the data-parallel group of
+// world / (pp × tp) ranks; at the same replicas (world = 2·T) they fall with T.
+TEST(PlanMemory, TensorParallelIsTheShardsEstimate) {
+  for (const std::string fam : {"gpt2", "llama", "bert"}) {
+    const int T = 12, G = 8, dp = 2;
+    const ModelDesc d = test::desc_of(fam, 2, 4, 32, T, 37);
+    Config cfg = parse_config("{}", "test", {"data.train=-", "train.global_batch=8", "model.seq_len=12"});
+    double previous = 0;
+    for (const auto& [tp, sp] : std::vector<std::pair<int, bool>>{{1, false}, {2, false}, {4, false}, {4, true}}) {
+      const std::string what = fam + " tp " + std::to_string(tp) + (sp ? " sp" : "");
+      cfg.parallel.sequence_parallel = sp;
+      PlanInputs in = plan_inputs_from_config(cfg, d, dp * tp);
+      in.tp = tp;
+      in.fabric.intra = simple_link("test", 1e-5, 1e-9);
+      const PlanResult r = plan(in);
+      EXPECT_EQ(r.dp, dp) << what;
+      EXPECT_EQ(r.tp, tp) << what;
+      ModelDesc whole = d;
+      whole.sequence_parallel = sp;  // (the residual stream's N / tp rows on each rank)
+      const ModelDesc shard = tp > 1 ? tensor_shard(whole, tp, tp - 1) : d;
+      for (int z = 0; z <= 1; z++) {
+        cfg.parallel.zero = z;
+        const MemoryEstimate e = estimate_memory(shard, G / dp, T, cfg, dp, 0, false);
+        const MemoryRow* m = r.memory_row("fp32", "-", z, 0);
+        ASSERT_TRUE(m) << what;
+        EXPECT_EQ(m->params, e.params) << what;
+        EXPECT_EQ(m->grads, e.grads) << what;
+        EXPECT_EQ(m->optimizer, e.optimizer) << what << " zero " << z;
+        EXPECT_EQ(m->buffers, z == 1 ? e.sync_buffers : 0.0) << what << " zero " << z;
+        EXPECT_EQ(m->activations, e.activations) << what;
+        EXPECT_EQ(m->scratch, e.scratch) << what;
+      }
+      cfg.parallel.zero = 0;
+      const double total = r.memory_row("fp32", "-", 0, 0)->total;
+      if (tp > 1) {
+        EXPECT_LT(total, previous) << what;
+      }
+      previous = total;
+    }
+  }
+}
+
+// The step time with tp = T: the blocks' and the head's compute divided by T plus the group's
+// all-reduces over the link inside the node, counted by hand (per micro-batch: 4 per block and
+// the embedding's and d xf's of N·C floats, and per LM head chunk a max of its rows and a sum of
+// twice its rows; the fused head recomputes none); the bytes a rank sends are 2(T−1)/T of each.
+TEST(PlanTime, TensorParallelAddsTheGroupsAllReduces) {
+  const int T = 8, G = 4, tp = 2, L = 3, C = 32;
+  ModelDesc d = test::desc_of("gpt2", L, 4, C, T, 37);
+  d.lm_head_chunk_rows = 3;  // 32 rows: 11 chunks, the last of 2 rows
+  const double alpha = 1e-4, beta = 1e-8;
+  PlanInputs in = inputs(d, T, G, tp, 1, 2);  // one replica, two micro-batches of 2 sequences
+  in.tp = tp;
+  in.fabric.intra = simple_link("test", alpha, beta);
+  in.have_profile = true;
+  in.profile = synthetic_costs(G / 2, T);
+  in.profile.head_f = 0.3, in.profile.head_b = 0.7, in.profile.head_bi = 0.5, in.profile.head_recompute = 0.2;
+  const PlanResult r = plan(in);
+  const int N = G / 2 * T;
+  auto ar = [&](double floats) { return ring_allreduce_time(tp, 4 * floats, alpha, beta); };
+  auto sent = [&](double floats) { return 2.0 * (tp - 1) / tp * 4 * floats; };
+  double chunks_t = 0, chunks_b = 0;
+  for (int r0 = 0; r0 < N; r0 += 3) {
+    const int rn = std::min(3, N - r0);
+    chunks_t += ar(rn) + ar(2 * rn);
+    chunks_b += sent(rn) + sent(2 * rn);
+  }
+  const double nc = (double)N * C;
+  EXPECT_DOUBLE_EQ(r.tp_costs.block_f, 2 * ar(nc));
+  EXPECT_DOUBLE_EQ(r.costs.block_f, in.profile.block_f / tp + 2 * ar(nc));
+  EXPECT_DOUBLE_EQ(r.costs.block_bi, in.profile.block_bi / tp + 2 * ar(nc));
+  EXPECT_DOUBLE_EQ(r.costs.embed_f, ar(nc));
+  EXPECT_NEAR(r.costs.head_f, 0.3 / tp + chunks_t, 1e-15);
+  const TimeRow* row = r.time_row("-", 0);
+  ASSERT_TRUE(row);
+  // per micro-batch (fused head: its chunks' statistics once, then d xf), two micro-batches
+  const double per_mb = (4 * L + 2) * ar(nc) + chunks_t;
+  EXPECT_NEAR(row->tp_s, 2 * per_mb, 1e-12 * per_mb);
+  EXPECT_NEAR(row->tp_bytes_per_rank, 2 * ((4 * L + 2) * sent(nc) + chunks_b), 1e-6);
+  // The compute of the step: the shard's, with the all-reduces inside it.
+  const double compute = 2 * (L * (in.profile.block_f + in.profile.block_b) / tp + (0.3 + 0.7 - 0.2) / tp) + row->tp_s;
+  EXPECT_NEAR(row->compute_s, compute, 1e-9 * compute);
+  // Full recomputation runs each block's forward again in backward, its two all-reduces with it;
+  // selective recomputes no sum.
+  in.recompute = Recompute::full;
+  EXPECT_DOUBLE_EQ(plan(in).tp_costs.block_b, 4 * ar(nc));
+  in.recompute = Recompute::selective;
+  EXPECT_DOUBLE_EQ(plan(in).tp_costs.block_b, 2 * ar(nc));
+  in.recompute = Recompute::none;
+  // Sequence parallelism: the same volume in forward; backward gathers each branch's input again.
+  in.desc.sequence_parallel = true;
+  EXPECT_DOUBLE_EQ(plan(in).tp_costs.block_b, 2 * ar(nc) + 2 * allgather_time(tp, 4 * nc, alpha, beta));
+  in.desc.sequence_parallel = false;
+  // The one-rank reference does not change with tp: the efficiency compares with the whole model.
+  PlanInputs in1 = in;
+  in1.tp = 1, in1.world = 1;
+  EXPECT_DOUBLE_EQ(plan(in1).single_rank_tokens_per_s, r.single_rank_tokens_per_s);
+}
+
+// Impossible tensor-parallel runs: a world not divisible by pp × tp, a tp that does not divide the
+// ranks per node (its group would span nodes) or the heads.
+TEST(PlanInputsCheck, TensorParallelRunsAreRefusedWithTheFix) {
+  const ModelDesc d = test::desc_of("gpt2", 4, 4, 16, 8, 37);
+  auto message = [&](PlanInputs in, int tp) {
+    in.tp = tp;
+    try {
+      plan(in);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message(inputs(d, 8, 16, 6, 2, 1), 2).find("not divisible by pp 2 x tp 2 = 4"), std::string::npos);
+  PlanInputs spans = inputs(d, 8, 16, 8, 1, 1);
+  spans.fabric.ranks_per_node = 2;
+  EXPECT_NE(message(spans, 4).find("--tp 4 does not divide the 2 ranks per node"), std::string::npos);
+  EXPECT_NE(message(inputs(d, 8, 16, 3, 1, 1), 3).find("does not divide model.n_head 4"), std::string::npos);
+  EXPECT_EQ(message(inputs(d, 8, 16, 8, 2, 1), 2), "");
+  // Sequence parallelism splits every sequence's rows: seq_len a multiple of tp; no zb-h1 with it.
+  PlanInputs sp = inputs(d, 6, 16, 8, 2, 1);
+  sp.desc.sequence_parallel = true;
+  EXPECT_NE(message(sp, 4).find("model.seq_len 6 is not a multiple of --tp 4"), std::string::npos);
+  sp.tp = 2;
+  const PlanResult r = plan(sp);
+  EXPECT_TRUE(r.time_row("1f1b", 0));
+  EXPECT_FALSE(r.time_row("zb-h1", 0));
+  EXPECT_FALSE(r.memory_row("fp32", "zb-h1", 0, 0));
+}

@@ -2,7 +2,7 @@
 """plan_check.py — llmpi-plan's projections against measured runs on this machine.
 
   python3 tools/plan_check.py [--build build] [--data build/demo] [--out bench/results/plan-check-DATE.json]
-                              [--parts memory,time] [--steps 12] [--links none,1gbit,10gbit]
+                              [--parts memory,time,tp] [--steps 12] [--links none,1gbit,10gbit] [--rounds 3]
 
 memory  Four configurations of a GPT-2-shaped model (8 layers, d_model 512, seq 64, byte
         vocabulary: 25.4M parameters) at global batch 4: 2 ranks, 2 ranks with ZeRO-1, 2 pipeline
@@ -19,6 +19,12 @@ time    A GPT-2-shaped model of 3.3M parameters (4 layers, d_model 256, seq 128,
         two in each namespace; the planner takes those links' measured fits at that world size,
         bench/results/links-*.json). 4 ranks share the 2 cores: the plan's compute is slowed by
         the ratio (--cores-per-node). Bound: 25%.
+tp      Tensor parallelism (parallel.tp = T, one replica of T ranks) for T = 1, 2, 4 on the time
+        part's model, and 2 data-parallel ranks as a control, interleaved over `--rounds` rounds:
+        each run's median step and largest peak RSS against `llmpi-plan --tp T` (the costs
+        `--profile`d once at the whole batch; the group's all-reduces, or the control's gradient
+        sync, on the measured loopback link at that many ranks; 4 ranks share the 2 cores). The
+        medians over the rounds are compared. Bounds: memory 10%, step time 25%.
 
 Needs the Python standard library, the built programs (make) and the demo data (make demo-data).
 Exit status: 0 when every comparison is within its bound, 1 otherwise, 2 on errors.
@@ -29,6 +35,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 
@@ -133,6 +140,50 @@ class Check:
                     f"{predicted / 1e6:.1f} MB vs peak RSS {peak / 1e6:.1f} MB ({100 * err:+.1f}%)")
         return rows
 
+    def part_tp(self):
+        """Tensor parallelism: T = 1, 2, 4 and, as a control, 2 data-parallel ranks, interleaved; the
+        medians over the rounds compared with the plans."""
+        configs = [(1, 1), (2, 2), (4, 4), (2, 1)]  # (world, tp)
+        extra = ["parallel.zero=0", f"train.steps={self.a.steps}"]
+        prof = os.path.join(self.tmp, "tp-profile.json")
+        self.plan(1, TIME_MODEL, extra, ["--profile", "--profile-reps", "5", "--profile-out", prof])
+        runs = {c: [] for c in configs}
+        for rnd in range(self.a.rounds):
+            for world, tp in configs:
+                s = self.train(world, TIME_MODEL, extra + [f"parallel.tp={tp}"])
+                runs[(world, tp)].append(s)
+                say(f"world {world} tp {tp}, round {rnd + 1}: median step {s['median_step_ms']:.1f} ms, peak RSS "
+                    f"{max(s['peak_rss_bytes_per_rank']) / 1e6:.1f} MB")
+        rows = []
+        for world, tp in configs:
+            plan_args = ["--tp", str(tp), "--profile-in", prof, "--cores-per-node", str(os.cpu_count())]
+            if world > 1:
+                plan_args += ["--intra-link", "loopback", "--gpus-per-node", str(world)]
+            p = self.plan(world, TIME_MODEL, extra, plan_args)
+            t = next(x for x in p["time"] if x["schedule"] == "-" and x["zero"] == 0)
+            m = next(x for x in p["memory"] if x["precision"] == "fp32" and x["schedule"] == "-" and x["zero"] == 0)
+            done = runs[(world, tp)]
+            measured = statistics.median(s["median_step_ms"] for s in done) / 1e3
+            peak = statistics.median(max(s["peak_rss_bytes_per_rank"]) for s in done)
+            pre = statistics.median(s["rss_before_model_bytes_rank0"] for s in done)
+            batch = done[0]["memory_estimate_rank0"]["data"]
+            predicted = m["total"] + batch + pre
+            err_t, err_m = t["step_s"] / measured - 1, predicted / peak - 1
+            rows.append({"world": world, "tp": tp, "measured_step_s": measured,
+                         "measured_step_s_rounds": [s["median_step_ms"] / 1e3 for s in done],
+                         "plan_step_s": t["step_s"], "plan_compute_s": t["compute_s"], "plan_tp_s": t["tp_s"],
+                         "plan_tp_bytes_sent_per_rank": t["tp_bytes_sent_per_rank"],
+                         "plan_exposed_sync_s": t["exposed_sync_s"],
+                         "oversubscription": p.get("oversubscription", 1), "plan_bytes": m["total"],
+                         "host_batch_bytes": batch, "rss_before_model_bytes": pre, "predicted_bytes": predicted,
+                         "peak_rss_bytes": peak, "step_error": err_t, "memory_error": err_m,
+                         "within_bound": abs(err_t) <= TIME_BOUND and abs(err_m) <= MEMORY_BOUND})
+            say(f"world {world} tp {tp}: plan {1e3 * t['step_s']:.1f} ms (all-reduces {1e3 * t['tp_s']:.1f} ms, "
+                f"{t['tp_bytes_sent_per_rank'] / 1e6:.1f} MB sent per rank) vs measured {1e3 * measured:.1f} ms "
+                f"({100 * err_t:+.1f}%); memory plan {m['total'] / 1e6:.1f} MB + pre-model {pre / 1e6:.1f} MB = "
+                f"{predicted / 1e6:.1f} MB vs peak RSS {peak / 1e6:.1f} MB ({100 * err_m:+.1f}%)")
+        return rows
+
     def part_time(self):
         rows = []
         links = [x for x in self.a.links.split(",") if x]
@@ -173,6 +224,7 @@ def main():
     p.add_argument("--parts", default="memory,time")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--links", default="1gbit,10gbit")
+    p.add_argument("--rounds", type=int, default=3, help="tp: rounds of the interleaved runs")
     a = p.parse_args()
     c = Check(a)
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -185,11 +237,13 @@ def main():
         res["memory"] = c.part_memory()
     if "time" in parts:
         res["time"] = c.part_time()
+    if "tp" in parts:
+        res["tp"] = c.part_tp()
     with open("/proc/loadavg") as f:
         res["loadavg_after"] = f.read().split()[:3]
     write_json_atomic(a.out, res)
     shutil.rmtree(c.tmp, ignore_errors=True)
-    bad = [r for part in ("memory", "time") for r in res.get(part, []) if not r["within_bound"]]
+    bad = [r for part in ("memory", "time", "tp") for r in res.get(part, []) if not r["within_bound"]]
     say(f"wrote {a.out}; {len(bad)} comparison(s) outside the bound")
     sys.exit(1 if bad else 0)
 

@@ -11,7 +11,11 @@
 # Logs go to $BUILD/test-logs/. The last line is "llmpi tests: N passed, N failed".
 set -u
 BUILD=${BUILD:-build}
-MPI_TIMEOUT=${MPI_TIMEOUT:-180}   # seconds per MPI test
+# Every time limit below is multiplied by TIME_SCALE: 1 by default, 4 for a sanitizer build (make
+# test SAN=1 passes SAN=1), where the simulated-CUDA groups run 2-27x slower than without
+# (measured on 2 shared cores: sim-flash_mma 405 s against 15-60 s, CudaEpilogues.* 2-12x).
+TIME_SCALE=${TIME_SCALE:-$([ "${SAN:-0}" = 1 ] && echo 4 || echo 1)}
+MPI_TIMEOUT=${MPI_TIMEOUT:-$((180 * TIME_SCALE))}   # seconds per MPI test
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 # For a SAN=1 build (ignored by a normal one); the programs run under mpiexec inherit these.
 # ASan/UBSan reports fail the test (UBSan halts on the first error); leaks are reported except
@@ -27,38 +31,42 @@ mkdir -p "$LOGS"
 BIN=$BUILD/llmpi-tests
 pass=0; fail=0; failed_names=()
 
+started=$SECONDS  # set before each run; record() prints the seconds since
 record() {  # name status log
-  if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "  ok    $1"
-  else fail=$((fail + 1)); failed_names+=("$1"); echo "  FAIL  $1 (exit $2; log $3)"; tail -n 30 "$3" | sed 's/^/        | /'; fi
+  local took=$((SECONDS - started))
+  if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "  ok    $1 (${took} s)"
+  else fail=$((fail + 1)); failed_names+=("$1"); echo "  FAIL  $1 (exit $2 after ${took} s; log $3)"; tail -n 30 "$3" | sed 's/^/        | /'; fi
+  started=$SECONDS
 }
 
 echo "== unit tests (serial)"
 log=$LOGS/unit.log
-timeout 1200 "$BIN" --gtest_filter='-Mpi*' --gtest_brief=1 >"$log" 2>&1; rc=$?
+started=$SECONDS
+timeout $((1200 * TIME_SCALE)) "$BIN" --gtest_filter='-Mpi*' --gtest_brief=1 >"$log" 2>&1; rc=$?
 n_ok=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$log" | tail -1); n_ok=${n_ok:-0}
 n_bad=$(grep -oP '^\[  FAILED  \] \K[0-9]+(?= test)' "$log" | tail -1); n_bad=${n_bad:-0}
 n_skip=$(grep -oP '^\[  SKIPPED \] \K[0-9]+' "$log" | tail -1); n_skip=${n_skip:-0}
 pass=$((pass + n_ok)); fail=$((fail + n_bad))
 grep -E '^\[  (FAILED|SKIPPED) \] [A-Za-z]' "$log" | sed 's/^/  /'
 grep -E '^\[  SKIPPED \]' -A1 "$log" | grep -v '^\[' | grep -v '^--' | sed 's/^/        skip: /' | sort -u | head -5
-echo "  unit: $n_ok passed, $n_bad failed, $n_skip skipped (log $log)"
+echo "  unit: $n_ok passed, $n_bad failed, $n_skip skipped in $((SECONDS - started)) s (log $log)"
 if [ $rc != 0 ] && [ "$n_bad" = 0 ]; then record "unit test binary (crashed or timed out)" $rc "$log"; fi
 
 echo "== MPI tests (each under its own time limit of ${MPI_TIMEOUT}s)"
 tests=$("$BIN" --gtest_filter='Mpi*' --gtest_list_tests | awk '/^[^ ]/{suite=$1} /^  /{print suite $1}')
 for t in $tests; do
   np=2; case "$t" in MpiN4*) np=4 ;; MpiN6*) np=6 ;; esac
-  log=$LOGS/$t.log
+  log=$LOGS/$t.log; started=$SECONDS
   timeout --kill-after=10 "$MPI_TIMEOUT" mpiexec -n $np "$BIN" --gtest_filter="$t" >"$log" 2>&1
   record "$t (-n $np)" $? "$log"
 done
 
 echo "== CUDA kernels run on the CPU (tools/cuda_cpu_sim)"
 log=$LOGS/sim-flash_mma.log
-timeout --kill-after=10 600 "$BUILD/sim-flash_mma" >"$log" 2>&1
+timeout --kill-after=10 $((600 * TIME_SCALE)) "$BUILD/sim-flash_mma" >"$log" 2>&1
 record "sim-flash_mma (the bf16 and tf32 fused-attention kernels against the CPU op)" $? "$log"
 log=$LOGS/sim-cuda_ops.log
-timeout --kill-after=10 600 "$BUILD/sim-cuda_ops" >"$log" 2>&1
+timeout --kill-after=10 $((600 * TIME_SCALE)) "$BUILD/sim-cuda_ops" >"$log" 2>&1
 record "sim-cuda_ops (CUDA ops, kernels and launchers, against the CPU ops)" $? "$log"
 # The CUDA unit tests on the simulated backend (~2 min on a 2-core machine): all of them but 20
 # left out for their time, 10 s to 7 min each there (tools/cuda_cpu_sim/README.md: they pass given
@@ -76,7 +84,7 @@ SIM_TESTS+=':CudaRealShapeEpilogues.BiasGradientAt65536Rows'
 SIM_TESTS+=':CudaRecompute.*'
 SIM_EXPECTED=186
 log=$LOGS/sim-cuda_tests.log
-OMP_NUM_THREADS=$(nproc) timeout --kill-after=10 900 "$BUILD/sim-cuda_tests" --gtest_filter="$SIM_TESTS" >"$log" 2>&1
+OMP_NUM_THREADS=$(nproc) timeout --kill-after=10 $((900 * TIME_SCALE)) "$BUILD/sim-cuda_tests" --gtest_filter="$SIM_TESTS" >"$log" 2>&1
 rc=$?
 n_sim=$(grep -c '^\[       OK \]' "$log")
 if [ $rc = 0 ] && [ "$n_sim" -lt $SIM_EXPECTED ]; then
@@ -108,8 +116,8 @@ record "sim-nccl_tests: ranks calling different collectives stop the job, both c
 echo "== command-line checks"
 for s in tests/cli/*.sh; do
   [ -e "$s" ] || continue
-  name=$(basename "$s" .sh); log=$LOGS/cli-$name.log
-  BUILD=$BUILD timeout --kill-after=10 300 bash "$s" >"$log" 2>&1
+  name=$(basename "$s" .sh); log=$LOGS/cli-$name.log; started=$SECONDS
+  BUILD=$BUILD timeout --kill-after=10 $((300 * TIME_SCALE)) bash "$s" >"$log" 2>&1
   record "cli/$name" $? "$log"
 done
 

@@ -1,6 +1,6 @@
 // llmpi-plan: memory per rank, step time and scaling efficiency of a run before it is run
 // (src/plan/plan.h; docs/SCALING.md). One process, no MPI launch:
-//   llmpi-plan --config run.json [--set k=v]... --world 512 --pp 8 --microbatches 32 --zero 1
+//   llmpi-plan --config run.json [--set k=v]... --world 512 --pp 8 --tp 8 --microbatches 32 --zero 1
 //              --device h100 --link ib-ndr [--json plan.json]
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -99,7 +99,7 @@ std::string fmt_s(double s) {
 
 int main(int argc, char** argv) {
   CLI::App app{"llmpi-plan: memory per rank, step time and scaling efficiency of a training run, before running it.\n"
-               "Usage: llmpi-plan --config run.json [--set key=value]... --world W [--pp S] [--microbatches M] "
+               "Usage: llmpi-plan --config run.json [--set key=value]... --world W [--pp S] [--tp T] [--microbatches M] "
                "[--zero 0|1]\n       [--device h100|h200|cpu] [--link CLASS] [--intra-link CLASS] [--json OUT]\n"
                "Memory: fp32 and bf16 as the code allocates them, and a bf16 projection with every activation in bf16;\n"
                "time is\n"
@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
   std::string config_path, device_name = "cpu", link_name, intra_name, links_path, precision = "fp32", json_out;
   std::string profile_in, profile_out, schedule;
   std::vector<std::string> sets;
-  int world = 1, pp = 0, microbatches = 0, zero = -1, vocab = 0, ranks_per_node = 0, nics_per_node = 0;
+  int world = 1, pp = 0, tp = 0, microbatches = 0, zero = -1, vocab = 0, ranks_per_node = 0, nics_per_node = 0;
   int cores_per_rank = 0, profile_reps = 5, node_cores = 0;
   double mfu = 0;
   bool profile = false;
@@ -116,8 +116,11 @@ int main(int argc, char** argv) {
   app.add_option("--set", sets, "override one configuration key, e.g. --set model.n_layer=48 (repeatable)");
   auto* vocab_opt = app.add_option(
       "--vocab", vocab, "vocabulary size when model.vocab_size is 0 and there is no data.train file to take it from");
-  app.add_option("--world", world, "ranks in the run (data-parallel replicas x pipeline stages; default 1)");
+  app.add_option("--world", world,
+                 "ranks in the run (data-parallel replicas x pipeline stages x tensor-parallel ranks; default 1)");
   auto* pp_opt = app.add_option("--pp", pp, "pipeline stages (default: parallel.pp_stages)");
+  auto* tp_opt = app.add_option("--tp", tp,
+                                "tensor-parallel ranks sharing each layer, inside a node (default: parallel.tp)");
   auto* mb_opt = app.add_option("--microbatches", microbatches,
                                 "micro-batches per step per replica (default: parallel.microbatches)");
   auto* zero_opt =
@@ -167,6 +170,7 @@ int main(int argc, char** argv) {
     require_at_least("--world", world, 1, "ranks in the run");
     if (vocab_opt->count()) require_at_least("--vocab", vocab, 1, "vocabulary size");
     if (pp_opt->count()) require_at_least("--pp", pp, 1, "pipeline stages");
+    if (tp_opt->count()) require_at_least("--tp", tp, 1, "tensor-parallel ranks per group");
     if (mb_opt->count()) require_at_least("--microbatches", microbatches, 1, "micro-batches per step per replica");
     if (zero_opt->count()) require_range("--zero", zero, 0, 1, "the run's ZeRO stage");
     if (cpr_opt->count()) require_at_least("--cores-per-rank", cores_per_rank, 1, "cores per rank");
@@ -196,6 +200,9 @@ int main(int argc, char** argv) {
     }
     PlanInputs in = plan_inputs_from_config(cfg, model_desc_from_config(cfg.model, V), world);
     if (pp > 0) in.pp = pp;
+    if (tp > 0) in.tp = tp;
+    // (each rank holds whole heads: at most one per rank; tensor_shard checks that tp divides them)
+    require_range("--tp", in.tp, 1, in.desc.n_head, "tensor-parallel ranks per group, at most model.n_head");
     if (microbatches > 0) in.microbatches = microbatches;
     if (zero >= 0) in.zero = zero;
     if (!schedule.empty() && !parse_option(schedule, &in.schedule))
@@ -211,11 +218,15 @@ int main(int argc, char** argv) {
     in.mfu = mfu;
     if (cores_per_rank > 0) in.cores_per_rank = cores_per_rank;
     if (!in.device.gpu) in.node_cores = node_cores > 0 ? node_cores : (int)std::thread::hardware_concurrency();
-    if (in.world % in.pp != 0)
+    if (in.tp == 1 && in.world % in.pp != 0)
       fail("the world size ", in.world, " is not divisible by the pipeline stages ", in.pp,
            ": choose --world a multiple of --pp");
-    Config run_cfg = cfg;  // train.batch_per_rank gives the global batch of this world and stage count
-    resolve_batch(run_cfg, in.world / in.pp);
+    if (in.world % (in.pp * in.tp) != 0)
+      fail("the world size ", in.world, " is not divisible by pp ", in.pp, " x tp ", in.tp, " = ", in.pp * in.tp,
+           ": choose --world a multiple of ", in.pp * in.tp);
+    // train.batch_per_rank gives the global batch of this world's data-parallel replicas
+    Config run_cfg = cfg;
+    resolve_batch(run_cfg, in.world / (in.pp * in.tp));
     in.global_batch = run_cfg.train.global_batch;
     // Links: the measured file when one is named or the default exists.
     in.fabric.ranks_per_node = ranks_per_node > 0 ? ranks_per_node
@@ -283,15 +294,23 @@ int main(int argc, char** argv) {
                 "FLOP/token\n",
                 family_name(d.family), d.n_layer, d.d_model, d.n_head, d.ffn_dim, in.seq_len, d.vocab_size,
                 build_param_table(d).numel / 1e6, r.flops_per_token);
-    std::printf("run: world %d = %d data-parallel x %d stage%s; global batch %d -> %d per replica, %d micro-batch%s of "
+    std::printf("run: world %d = %d data-parallel x %d stage%s%s; global batch %d -> %d per replica, %d micro-batch%s of "
                 "%d; sync %s%s, buckets %g MB, optimizer %s, recompute %s\n",
-                in.world, r.dp, S, S > 1 ? "s" : "", in.global_batch, r.local_batch, in.microbatches,
+                in.world, r.dp, S, S > 1 ? "s" : "", in.tp > 1 ? (" x tp " + std::to_string(in.tp)).c_str() : "",
+                in.global_batch, r.local_batch, in.microbatches,
                 in.microbatches > 1 ? "es" : "", r.micro_batch, option_name(in.sync), in.overlap ? " (overlap)" : "",
                 in.bucket_mb, option_name(in.optimizer), option_name(in.recompute));
     if (S > 1) {
       std::printf("layers per stage:");
       for (int n : r.layer_counts) std::printf(" %d", n);
       std::printf(" (embedding on stage 0, head on stage %d)\n", S - 1);
+    }
+    if (in.tp > 1) {
+      const ModelDesc shard = tensor_shard(d, in.tp, in.tp - 1);
+      std::printf("tensor parallelism: %d adjacent ranks per group, each with %d of %d heads (%d of %d key/value), %d of "
+                  "%d MLP channels, %d of %d vocabulary rows (the largest shard's); %.2fM parameters per rank\n",
+                  in.tp, shard.heads(), d.n_head, shard.kv_heads(), d.n_kv_head, shard.ffn(), d.ffn_dim,
+                  shard.vocab_rows(), d.vocab_size, build_param_table(shard).numel / 1e6);
     }
     std::printf("device: %s (%s)\n", in.device.name.c_str(), in.device.source.c_str());
     std::printf("costs: %s\n", r.costs.source.c_str());
@@ -354,11 +373,18 @@ int main(int argc, char** argv) {
                   100 * t.mfu, 100 * t.efficiency);
     std::printf("  (one rank alone: %.0f tokens/s; efficiency = tokens/s / (%d x that))\n", r.single_rank_tokens_per_s,
                 in.world);
+    if (in.tp > 1) {
+      std::printf("\ntensor-parallel all-reduces per step (part of compute above), busiest stage:\n");
+      std::printf("  %-8s %-4s %10s %14s\n", "schedule", "zero", "time", "sent per rank");
+      for (const TimeRow& t : r.time)
+        std::printf("  %-8s %-4d %10s %14s\n", t.schedule.c_str(), t.zero, fmt_s(t.tp_s).c_str(),
+                    gb(t.tp_bytes_per_rank).c_str());
+    }
     for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
     if (!json_out.empty()) {
       nlohmann::json j = r.to_json();
       j["format"] = "llmpi-plan";
-      j["inputs"] = {{"config", config_path}, {"set", sets}, {"world", in.world}, {"pp", in.pp},
+      j["inputs"] = {{"config", config_path}, {"set", sets}, {"world", in.world}, {"pp", in.pp}, {"tp", in.tp},
                      {"microbatches", in.microbatches}, {"zero", in.zero}, {"schedule", schedule_kind_name(in.schedule)},
                      {"sync", option_name(in.sync)}, {"overlap", in.overlap}, {"bucket_mb", in.bucket_mb},
                      {"device", in.device.name}, {"device_source", in.device.source},

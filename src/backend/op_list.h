@@ -50,6 +50,13 @@
   /* dwte[inp[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:] (dwpe may be null) */               \
   X(void, embedding_backward, (float* dwte, float* dwpe, const float* dout, const int32_t* inp,    \
                                int B, int T, int C))                                               \
+  /* a vocabulary shard's lookup (tensor parallelism): out[b,t,:] = wte[inp[b,t]-v0,:] when        \
+     v0 <= inp[b,t] < v0+Vn, else 0; + wpe[t,:] (wpe may be null). wte holds the Vn rows */         \
+  X(void, vocab_embedding_forward, (float* out, const int32_t* inp, const float* wte, int v0,      \
+                                    int Vn, const float* wpe, int B, int T, int C))                \
+  /* dwte[inp[b,t]-v0,:] += dout[b,t,:] for the tokens of the shard; dwpe[t,:] += dout[b,t,:] */    \
+  X(void, vocab_embedding_backward, (float* dwte, float* dwpe, const float* dout,                  \
+                                     const int32_t* inp, int v0, int Vn, int B, int T, int C))     \
   /* out[n,:] += table[ids[n],:]  (BERT's token-type embedding); N rows */                         \
   X(void, embedding_add_forward, (float* out, const int32_t* ids, const float* table, int N,       \
                                   int C))                                                          \
@@ -216,6 +223,20 @@
   X(void, softmax_xent_bf16_grad, (const float* logits, int ld, float* losses,                     \
                                    const int32_t* targets, int N, int V, float grad_scale,         \
                                    uint16_t* grad, uint64_t* bad, int row0))                       \
+  /* softmax + cross-entropy over a vocabulary shard (tensor parallelism: columns [v0, v0+Vn) of   \
+     the whole vocabulary, rows ld apart), in three passes around the group's collectives:         \
+       vocab_xent_max     rowmax[n] = max_j z[n,j]              (then the max over the group)      \
+       vocab_xent_sums    sums[n] = sum_j exp(z[n,j] - rowmax[n]); sums[N+n] = z[n, y-v0] when the \
+                          target y = targets[n] is in the shard, else 0   (then summed over it)    \
+       vocab_xent_finish  losses[n] = log sums[n] + rowmax[n] - sums[N+n]; with grad_scale != 0,   \
+                          z[n,j] = grad_scale (exp(z[n,j] - rowmax[n]) / sums[n] - [j == y-v0])    \
+     The targets were checked on the host (every rank's shard gets every row). */                  \
+  X(void, vocab_xent_max, (float* rowmax, const float* logits, int ld, int N, int Vn))             \
+  X(void, vocab_xent_sums, (float* sums, const float* logits, int ld, const float* rowmax,         \
+                            const int32_t* targets, int v0, int N, int Vn))                        \
+  X(void, vocab_xent_finish, (float* logits, int ld, float* losses, const float* rowmax,           \
+                              const float* sums, const int32_t* targets, int v0, int N, int Vn,    \
+                              float grad_scale))                                                   \
                                                                                                    \
   /* ---- optimizer and gradient utilities ----                                                    \
      AdamW for n elements, step t >= 1: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;                \

@@ -57,6 +57,13 @@ class NcclComm {
 
   // In place: data[0, n) <- the mean over ranks, fp32 or (bf16) through bf16 on the wire.
   void allreduce_avg(float* data, size_t n, bool bf16 = false);
+  // In place, fp32: data[0, n) <- the sum (max = false) or the maximum over ranks (a
+  // tensor-parallel group's collectives, comm/tensor_group.h).
+  void allreduce(float* data, size_t n, bool max);
+  // Equal pieces of n floats per rank, fp32 (sequence parallelism): whole[r·n, (r+1)·n) <- rank
+  // r's piece on every rank; piece <- Σ over ranks of their whole[rank·n, (rank+1)·n).
+  void all_gather_pieces(const float* piece, float* whole, size_t n);
+  void reduce_scatter_pieces(const float* whole, float* piece, size_t n);
   // ZeRO-1, in place: this rank's piece of data[0, n) <- its mean over ranks (fp32, or bf16 on the
   // wire); the rest of data is left as it was.
   void reduce_scatter_avg(float* data, size_t n, bool bf16 = false);

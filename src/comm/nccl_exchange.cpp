@@ -66,6 +66,9 @@ NcclId NcclComm::make_id() { no_nccl(); }
 NcclComm::NcclComm(const NcclId&, int, int) { no_nccl(); }
 NcclComm::~NcclComm() = default;
 void NcclComm::allreduce_avg(float*, size_t, bool) { no_nccl(); }
+void NcclComm::allreduce(float*, size_t, bool) { no_nccl(); }
+void NcclComm::all_gather_pieces(const float*, float*, size_t) { no_nccl(); }
+void NcclComm::reduce_scatter_pieces(const float*, float*, size_t) { no_nccl(); }
 void NcclComm::reduce_scatter_avg(float*, size_t, bool) { no_nccl(); }
 void NcclComm::all_gather(float*, size_t) { no_nccl(); }
 void NcclComm::send(const float*, size_t, int) { no_nccl(); }

@@ -11,6 +11,7 @@
 #include "hf/hf_import.h"
 #include "pipeline/stage_layers.h"
 #include "runtime/error.h"
+#include "comm/tensor_group.h"
 #include "runtime/mpi_env.h"
 
 namespace llmpi {
@@ -72,7 +73,9 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
     ModelChunk& ch = chunks[c];
     ch.vstage = virtual_stage(S, g.stage, c);
     ch.part = S > 1 ? virtual_stage_part(layer_counts, ch.vstage) : ModelPart::whole();
-    ch.model = std::make_unique<Model>(d, ops, ch.part, eo.precision, eo.recompute);
+    ModelDesc md = g.tp > 1 ? tensor_shard(d, g.tp, g.tp_rank) : d;
+    md.sequence_parallel = g.tp > 1 && pc.sequence_parallel;
+    ch.model = std::make_unique<Model>(md, ops, ch.part, eo.precision, eo.recompute);
     ch.part = ch.model->part;  // its block range resolved (ModelPart::whole() says "to the last")
     ch.model->init_params(seed);
     ch.sync = std::make_unique<GradSync>(so, g.data, ops, ch.model->grads, ch.model->table, eo.tracer);
@@ -87,14 +90,20 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
       if (last.role != kTokEmb) fail("internal: the tied token embedding is not the last tensor of a stage");
       ch.ready_cap = last.offset;
     }
+    if (g.tp_rank == 0) {
+      ch.norm_ranges = {{0, ch.counted()}};
+    } else {
+      for (const ParamSlice& s : ch.model->table.slices)
+        if (s.sharded() && s.offset < ch.counted()) ch.norm_ranges.push_back({s.offset, s.offset + s.numel});
+    }
     for (int i = 0; i < std::max(1, peak.per_chunk[c]); i++) {
       ch.slots.push_back(std::make_unique<Activations>(*ch.model, micro_batch, T));
       if (kind == ScheduleKind::zb_h1) ch.model->reserve_input_only(*ch.slots.back());  // counted up front
     }
   }
+  sync_nccl_ = so.method == SyncMethod::nccl;
   if (S > 1)
-    link = std::make_unique<StageLink>(ops, g.pipeline, so.method == SyncMethod::nccl,
-                                       (size_t)micro_batch * T * d.d_model, v > 1);
+    link = std::make_unique<StageLink>(ops, g.pipeline, so.method == SyncMethod::nccl, hidden_floats(), v > 1);
 }
 
 std::vector<Action> Engine::schedule_for(int micro_batches) const {
@@ -102,6 +111,10 @@ std::vector<Action> Engine::schedule_for(int micro_batches) const {
 }
 
 void Engine::connect() {
+  if (g.tp > 1) {  // the tensor group's collectives (an NCCL communicator with sync "nccl" on a GPU)
+    const TensorGroup tg = make_tensor_group(ops, g.tensor, sync_nccl_);
+    for (ModelChunk& ch : chunks) ch.model->tensor = tg;
+  }
   for (ModelChunk& ch : chunks) ch.sync->connect();
   if (link) link->connect();  // after the data-parallel communicators, in the same order on every rank
 }
@@ -155,9 +168,14 @@ std::vector<float> Engine::gather_whole(int which) {
   };
   std::vector<float> whole;
   if (g.dp_rank != 0) return whole;
+  // Each chunk's values in its part's whole layout (tensor parallelism: gathered on tp_rank 0).
+  std::vector<std::vector<float>> part_values(chunks.size());
+  for (size_t c = 0; c < chunks.size(); c++) part_values[c] = unshard(c, host_copy(c, chunks[c].model->table.numel));
+  if (g.tp_rank != 0) return whole;
   if (g.stage != 0) {
     for (size_t c = 0; c < chunks.size(); c++) {
-      const std::vector<float> host = host_copy(c, chunks[c].ready_cap);  // the tied copy (last) is not sent
+      std::vector<float>& host = part_values[c];
+      if (chunks[c].tied_copy) host.resize(build_param_table(desc, chunks[c].part).slices.back().offset);  // not sent
       MPI_Send(host.data(), (int)host.size(), MPI_FLOAT, 0, 1000 + chunks[c].vstage, g.pipeline);
     }
     return whole;
@@ -172,7 +190,7 @@ std::vector<float> Engine::gather_whole(int which) {
       const ParamTable t = build_param_table(desc, part);
       std::vector<float> host;
       if (s == 0) {
-        host = host_copy(c, t.numel);
+        host = std::move(part_values[c]);
       } else {
         int n = 0;
         MPI_Status status;
@@ -190,9 +208,36 @@ std::vector<float> Engine::gather_whole(int which) {
   return whole;
 }
 
+std::vector<float> Engine::unshard(size_t c, std::vector<float> mine) const {
+  if (g.tp == 1) return mine;
+  const ModelChunk& ch = chunks[c];
+  // every rank's shard values to tp_rank 0 (the shards may differ in length: uneven vocabulary rows)
+  int n = (int)mine.size();
+  std::vector<int> lens(g.tp), offs(g.tp, 0);
+  MPI_Gather(&n, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, g.tensor);
+  for (int r = 1; r < g.tp; r++) offs[r] = offs[r - 1] + lens[r - 1];
+  std::vector<float> all(g.tp_rank == 0 ? (size_t)offs[g.tp - 1] + lens[g.tp - 1] : 0);
+  MPI_Gatherv(mine.data(), n, MPI_FLOAT, all.data(), lens.data(), offs.data(), MPI_FLOAT, 0, g.tensor);
+  if (g.tp_rank != 0) return {};
+  const ParamTable part_table = build_param_table(desc, ch.part);
+  std::unordered_map<std::string, size_t> offset_of;
+  for (const ParamSlice& s : part_table.slices) offset_of[s.name] = s.offset;
+  std::vector<float> out(part_table.numel);
+  for (int r = 0; r < g.tp; r++) {
+    const ParamTable t = build_param_table(tensor_shard(desc, g.tp, r), ch.part);  // rank r's layout
+    for (const ParamSlice& s : t.slices) {
+      const float* src = all.data() + offs[r] + s.offset;
+      float* dst = out.data() + offset_of.at(s.name);
+      if (s.sharded()) put_shard(s, src, dst);
+      else if (r == 0) std::copy(src, src + s.numel, dst);  // the same on every rank: rank 0's
+    }
+  }
+  return out;
+}
+
 std::vector<float> Engine::whole_params_everywhere() {
   std::vector<float> whole(whole_table.numel);
-  if (S == 1) {  // the chunk is the whole model, in the whole table's layout
+  if (S == 1 && g.tp == 1) {  // the chunk is the whole model, in the whole table's layout
     ops.copy_to_host(whole.data(), chunks.front().model->params, whole.size() * sizeof(float));
     return whole;
   }
@@ -212,7 +257,8 @@ void Engine::load_whole(const float* params, const float* m, const float* vv, in
       for (const ParamSlice& sl : t.slices) {
         auto it = offset_of.find(sl.name);
         if (it == offset_of.end()) fail("internal: tensor ", sl.name, " is not in the whole model");
-        std::copy(src + it->second, src + it->second + sl.numel, host.begin() + sl.offset);
+        if (sl.sharded()) take_shard(sl, src + it->second, host.data() + sl.offset);  // tensor parallelism
+        else std::copy(src + it->second, src + it->second + sl.numel, host.begin() + sl.offset);
       }
       if (dst) ops.copy_to_device(dst, host.data(), host.size() * sizeof(float));
     };
@@ -235,8 +281,20 @@ void Engine::init_from_hf(const std::string& dir, std::vector<std::string>* note
   std::string err;
   try {
     for (ModelChunk& ch : chunks) {
-      std::vector<float> host(ch.model->table.numel);
-      load_hf_params(dir, desc, ch.model->table, seed, host.data(), &mine);
+      const ParamTable& t = ch.model->table;
+      std::vector<float> host(t.numel);
+      if (g.tp == 1) {
+        load_hf_params(dir, desc, t, seed, host.data(), &mine);
+      } else {  // the part's whole tensors, then this rank's shards of them
+        const ParamTable part_table = build_param_table(desc, ch.part);
+        std::vector<float> part(part_table.numel);
+        load_hf_params(dir, desc, part_table, seed, part.data(), &mine);
+        for (const ParamSlice& s : t.slices) {
+          const float* src = part.data() + part_table.at(s.name).offset;
+          if (s.sharded()) take_shard(s, src, host.data() + s.offset);
+          else std::copy(src, src + s.numel, host.begin() + s.offset);
+        }
+      }
       ops.copy_to_device(ch.model->params, host.data(), host.size() * sizeof(float));
     }
   } catch (const Error& e) {

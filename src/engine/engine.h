@@ -39,9 +39,15 @@
 //              before its end: above MPI's eager limit a send waits for its receiver, which may
 //              wait for us). zb-h1's BI keeps each dense layer's output gradient in the slot until
 //              its W (per slot about 2·C + fc + qkv floats per token and layer).
+//   tensor     with parallel.tp > 1 each chunk's Model holds this rank's shard of its layers
+//              (tensor_shard; model/transformer.h "Tensor parallelism") and calls its group's
+//              collectives (comm/tensor_group.h) inside forward and backward: the schedule, the
+//              messages and the sync are the same code (the sync runs over the shard's
+//              data-parallel group). The loss and evaluation sums count tp_rank 0's only.
 //   state      checkpoints hold the whole model by name, whatever the layout: world rank 0
 //              assembles every stage's tensors of replica 0 (ZeRO-1: the moments gathered from the
-//              data-parallel group first), so a checkpoint of one layout resumes in another.
+//              data-parallel group first; tensor parallelism: the shards from the tensor group
+//              first), so a checkpoint of one layout resumes in another, with another tp too.
 //
 // Errors: a bad layout is an Error thrown by the constructor, before any collective call.
 #pragma once
@@ -77,6 +83,10 @@ struct ModelChunk {
   bool tied_copy = false;  // ... and it is the head's copy (counted once: the embedding's is)
   size_t ready_cap = 0;    // gradient prefix handed to the sync during backward (before the tied sum)
   size_t counted() const { return tied_copy ? ready_cap : model->table.numel; }  // for the global norm
+  // The ranges of the gradient this rank counts in the global norm: [0, counted()), or with tensor
+  // parallelism on a rank other than the group's first only its shards' (the whole tensors, the
+  // same on every rank of the group, are counted once).
+  std::vector<std::pair<size_t, size_t>> norm_ranges;
 };
 
 // What the loop needs from a step, on this rank.
@@ -138,7 +148,9 @@ struct Engine {
   // collective. Throws Error for a layout that cannot run.
   Engine(const ModelDesc& d, const Ops& ops, const ParallelGroups& g, const ParallelConfig& pc, const SyncOptions& so,
          const EngineOptions& o);
-  void connect();  // collective: each chunk's GradSync::connect(), then the StageLink's
+  // Collective: the tensor group's collectives (tensor parallelism), each chunk's
+  // GradSync::connect(), then the StageLink's.
+  void connect();
 
   // Forward and backward of this rank's batch (batch.B rows: the local batch, or fewer on an
   // epoch's short last step of a replica) by the schedule, the tied sum, the gradient sync, the
@@ -181,6 +193,11 @@ struct Engine {
   // A message's tag: (receiver's virtual stage, micro-batch, direction: 1 for a gradient).
   int tag(int receiver_vstage, int mb, int grad) const { return (receiver_vstage * M + mb) * 2 + grad; }
 
+  // Floats of one micro-batch's hidden state between stages: all its rows, or with sequence
+  // parallelism this rank's (rank t of a stage sends its rows to rank t of the next).
+  size_t hidden_floats() const {
+    return (size_t)chunks.front().model->desc.residual_rows(micro_batch * T) * desc.d_model;
+  }
   int64_t optimizer_t() const { return chunks.front().opt->t; }
   int64_t optimizer_state_floats() const;  // AdamW m + v held by this rank
   std::string describe_layers() const;     // "virtual stage 1: layers [2,4) + head, 2 activation slots (1.2 MB)"
@@ -202,6 +219,12 @@ struct Engine {
   double run_schedule(int64_t step, const Batch& batch, StepResult& r);
   void sum_tied_gradients();
   std::vector<Action> schedule_for(int micro_batches) const;
+  // Tensor parallelism: chunk c's values in its table's layout (this rank's shards), assembled on
+  // tp_rank 0 into the layout of the chunk's part of the whole model (empty elsewhere); the
+  // values themselves without tensor parallelism. Collective over the tensor group.
+  std::vector<float> unshard(size_t c, std::vector<float> mine) const;
+  EvalSums evaluate_here(const Batch& batch);
+  bool sync_nccl_ = false;  // parallel.sync "nccl": the tensor group's collectives over NCCL too
 };
 
 // The sync options a configuration asks for.

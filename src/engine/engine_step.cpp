@@ -123,7 +123,7 @@ struct ScheduleRun {
     ModelChunk& ch = e.chunks[a.chunk];
     Activations& x = acts(a);
     const bool grad = a.type == ActionType::RecvGrad || a.type == ActionType::SendGrad;
-    const size_t n = (size_t)e.micro_batch * e.T * e.desc.d_model;
+    const size_t n = e.hidden_floats();
     if (a.type == ActionType::RecvAct || a.type == ActionType::RecvGrad) {
       recv_of[{a.mb, a.chunk}] = e.link->post_recv(grad ? x.dresidual : x.input, n, a.peer, e.tag(ch.vstage, a.mb, grad));
       return;
@@ -271,10 +271,16 @@ StepResult Engine::step(int64_t step, const Batch& batch, double lr, const Train
   for (ModelChunk& ch : chunks) {
     StepScalars* dev = ch.slots.front()->scalars;
     ops.zero(&dev->grad_sumsq, sizeof(double));
-    if (zero)
-      sum_squares_of_pieces_add(ops, &dev->grad_sumsq, ch.model->grads, ch.sync->shard, ch.counted());
-    else
-      ops.sum_squares_add(&dev->grad_sumsq, ch.model->grads, ch.counted());
+    for (const auto& [begin, end] : ch.norm_ranges) {
+      if (!zero) {
+        ops.sum_squares_add(&dev->grad_sumsq, ch.model->grads + begin, end - begin);
+        continue;
+      }
+      for (const ShardPiece& p : ch.sync->shard) {  // this rank's pieces within the range
+        const size_t b = std::max(p.begin, begin), e = std::min(p.end, end);
+        if (b < e) ops.sum_squares_add(&dev->grad_sumsq, ch.model->grads + b, e - b);
+      }
+    }
   }
   // One rank updating the whole model from one micro-batch: the clip factor and the skip of a
   // non-finite step need no other rank, so the update decides them on the device from the step's
@@ -292,7 +298,7 @@ StepResult Engine::step(int64_t step, const Batch& batch, double lr, const Train
     sumsq += sc.grad_sumsq;
   }
   r.local_loss = std::isnan(loss) ? first.model->loss_of(sc0, x0) : (float)loss;
-  MPI_Comm norm_group = zero ? g.world : g.pipeline;  // each piece of each stage once
+  MPI_Comm norm_group = zero ? g.world : g.model;  // each piece of each stage's each shard once
   int group_size = 1;
   MPI_Comm_size(norm_group, &group_size);
   if (group_size > 1) MPI_Allreduce(MPI_IN_PLACE, &sumsq, 1, MPI_DOUBLE, MPI_SUM, norm_group);
@@ -368,6 +374,12 @@ std::vector<int64_t> Engine::eval_rows(int64_t begin, int64_t rows) const {
 }
 
 EvalSums Engine::evaluate(const Batch& batch) {
+  EvalSums e = evaluate_here(batch);
+  if (g.tp_rank != 0) e = EvalSums{};  // the tensor group's ranks computed the same: its first counts
+  return e;
+}
+
+EvalSums Engine::evaluate_here(const Batch& batch) {
   EvalSums e;
   if (S == 1) {  // whole model: the rows in pieces of at most a slot's rows
     ModelChunk& ch = chunks.front();
@@ -387,7 +399,7 @@ EvalSums Engine::evaluate(const Batch& batch) {
   }
   // Along the pipeline, micro-batch by micro-batch (blocking messages in (micro-batch, virtual
   // stage) order); the last stage holds the loss: the replica's mean over its micro-batches.
-  const size_t NC = (size_t)micro_batch * T * desc.d_model;
+  const size_t NC = hidden_floats();
   const int K = S * v;
   double loss_sum = 0;
   for (int m = 0; m < M; m++) {

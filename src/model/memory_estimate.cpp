@@ -14,22 +14,29 @@ namespace {
 
 size_t aligned16(size_t floats) { return (floats + 15) / 16 * 16; }  // the model's 64-byte tensor alignment
 
-// Attention's saved state per layer: P [B, H, T, T] (full) or lse [B, H, T] (fused).
+// Attention's saved state per layer: P [B, H, T, T] (full) or lse [B, H, T] (fused), H this
+// rank's heads (ModelDesc::heads: n_head / tp).
 size_t attention_state_floats(const ModelDesc& d, int B, int T) {
-  const size_t rows = (size_t)B * d.n_head * T;
+  const size_t rows = (size_t)B * d.heads() * T;
   return d.attention == AttentionImpl::fused ? rows : rows * T;
 }
 
 }  // namespace
 
-// The tensors of Activations::allocate (model/transformer.cpp), whole model:
+// The tensors of Activations::allocate (model/transformer.cpp), whole model; with tensor
+// parallelism (d a shard: tensor_shard) H, QKV, FC, F and the vocabulary V are this rank's
+// (ModelDesc::heads, qkv_dim, fc_dim, ffn, vocab_rows), the N·C tensors whole — or, with
+// sequence parallelism, those of the residual stream (input, dresidual, the norms' outputs and
+// statistics, res_attn, res_mlp, out, the embedding norm's) of Nr = N / tp rows, plus gathered
+// N·C and scattered Nr·C, and the norms' outputs fp32 in bf16 too:
 //   input, dresidual, tmp                                   3 · N·C
 //   [embedding norm] emb_sum N·C, mean N, rstd N
 //   per layer: norm1 N·C, mean N, rstd N, qkv N·QKV, atty N·H·hd, att B·H·T² (fused: lse B·H·T), res_attn N·C,
 //              norm2 N·C, mean N, rstd N, fc N·FC, act N·F, res_mlp N·C, [post-norm: out N·C]
 //   LM head: final norm N·C, mean N, rstd N, logits R·ld (R = lm_head_chunk_rows: the chunk buffer;
 //            ld = lm_logits_row_stride(V)), losses N, and with runtime.precision bf16 the logits
-//            gradient's bf16 chunk R·ld
+//            gradient's bf16 chunk R·ld (not with tensor parallelism, whose cross-entropy writes
+//            the fp32 gradient in place; it has xent_stats 3·R instead: row maxima, Σ exp, targets)
 //   with runtime.precision bf16 a pre-norm model's norm outputs (norm1, norm2, final norm) are
 //   bf16: N·C 2-byte values each; so is act (N·F) unless the MLP is GELU (tanh)
 //   classifier: cls, pooled_pre, pooled, pooled_drop B·C each, logits B·K, losses B
@@ -48,37 +55,43 @@ size_t activation_bytes(const ModelDesc& d, int B, int T, GemmPrecision precisio
 size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T, GemmPrecision precision,
                         Recompute recompute) {
   const size_t N = (size_t)B * T, C = d.d_model, att = attention_state_floats(d, B, T);
-  const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = (size_t)d.n_head * d.head_dim();
+  const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn(), AY = (size_t)d.heads() * d.head_dim();
+  // the residual stream's rows: N, or with sequence parallelism this rank's N / tp
+  const size_t Nr = (size_t)d.residual_rows((int)N), NrC = Nr * C;
   const int l1 = part.l1 < 0 ? d.n_layer : part.l1;
-  // bf16, pre-norm: the norms' outputs kept only in bf16 (N·C 2-byte values, in floats)
+  // bf16, pre-norm: the norms' outputs kept only in bf16 (2-byte values, in floats); not with
+  // sequence parallelism, whose gathers take them in fp32
   const bool bf16 = precision == GemmPrecision::bf16;
-  const size_t norm = bf16 && d.pre_norm ? (N * C + 1) / 2 : N * C;
+  const size_t norm = bf16 && d.pre_norm && !d.seq_shards() ? (NrC + 1) / 2 : NrC;
   // bf16: the MLP's activation output in bf16 too
   const size_t act = bf16 ? (N * F + 1) / 2 : N * F;
-  std::vector<size_t> plan = {N * C, N * C, N * C};
-  if (part.embedding && d.embedding_norm) plan.insert(plan.end(), {N * C, N, N});
+  std::vector<size_t> plan = {NrC, NrC, N * C};  // input, dresidual, tmp
+  if (d.seq_shards()) plan.insert(plan.end(), {N * C, NrC});  // gathered, scattered
+  if (part.embedding && d.embedding_norm) plan.insert(plan.end(), {NrC, Nr, Nr});
   for (int l = part.l0; l < l1; l++) {
     if (l == part.l0 || recompute == Recompute::none) {
-      plan.insert(plan.end(), {norm, N, N, N * QKV, N * AY, att, N * C, norm, N, N, N * FC, act, N * C});
-      if (!d.pre_norm) plan.push_back(N * C);
+      plan.insert(plan.end(), {norm, Nr, Nr, N * QKV, N * AY, att, NrC, norm, Nr, Nr, N * FC, act, NrC});
+      if (!d.pre_norm) plan.push_back(NrC);
     } else if (recompute == Recompute::selective) {  // all but act, att and pre-norm's norm outputs
       if (!d.pre_norm) plan.push_back(norm);
-      plan.insert(plan.end(), {N, N, N * QKV, N * AY});
+      plan.insert(plan.end(), {Nr, Nr, N * QKV, N * AY});
       if (d.attention == AttentionImpl::fused) plan.push_back(att);  // (lse)
-      plan.push_back(N * C);
+      plan.push_back(NrC);
       if (!d.pre_norm) plan.push_back(norm);
-      plan.insert(plan.end(), {N, N, N * FC, N * C});
-      if (!d.pre_norm) plan.push_back(N * C);
+      plan.insert(plan.end(), {Nr, Nr, N * FC, NrC});
+      if (!d.pre_norm) plan.push_back(NrC);
     } else {  // full: the block's output only (res_mlp, or post-norm's out)
-      plan.push_back(N * C);
+      plan.push_back(NrC);
     }
   }
   if (part.head && d.head == HeadKind::lm) {
     // the chunk buffer's rows padded (Activations::logits_ld)
-    const size_t R = (size_t)lm_head_chunk_rows(d, (int)N), ld = (size_t)lm_logits_row_stride(d.vocab_size);
-    plan.insert(plan.end(), {norm, N, N, R * ld, N});
-    // bf16: the logits gradient's bf16 chunk [R, ld] (2-byte values, in floats)
-    if (precision == GemmPrecision::bf16) plan.push_back((R * ld + 1) / 2);
+    const size_t R = (size_t)lm_head_chunk_rows(d, (int)N), ld = (size_t)lm_logits_row_stride(d.vocab_rows());
+    plan.insert(plan.end(), {norm, Nr, Nr, R * ld, N});
+    // bf16: the logits gradient's bf16 chunk [R, ld] (2-byte values, in floats); tensor
+    // parallelism: none, and the cross-entropy's statistics [3, R]
+    if (precision == GemmPrecision::bf16 && d.tp == 1) plan.push_back((R * ld + 1) / 2);
+    if (d.tp > 1) plan.push_back(3 * R);
   } else if (part.head) {
     plan.insert(plan.end(), {B * C, B * C, B * C, B * C, (size_t)B * d.num_labels, (size_t)B});
   }
@@ -98,12 +111,16 @@ size_t kept_bytes(const ModelDesc& d, const ModelPart& part, int B, int T) {
 }
 
 // Model::ensure_scratch: d_a, d_b N·C; d_qkv N·QKV; d_fc N·FC; d_act N·F (GELU tanh: 0, its
-// backward is one op, matmul_dgelu_backward); d_att B·H·T² (fused: 0); 3·B·C.
+// backward is one op, matmul_dgelu_backward); d_att B·H·T² (fused: 0); 3·B·C (this rank's H, QKV,
+// FC, F with tensor parallelism); with sequence parallelism N·C and 2·C more.
 size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
   const size_t N = (size_t)B * T, C = d.d_model;
-  const size_t att = d.attention == AttentionImpl::fused ? 0 : (size_t)B * d.n_head * T * T;
-  const size_t act = d.mlp == MlpKind::gelu_tanh ? 0 : N * d.ffn_dim;
-  const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), act, att, 3 * (size_t)B * C};
+  const size_t att = d.attention == AttentionImpl::fused ? 0 : (size_t)B * d.heads() * T * T;
+  const size_t act = d.mlp == MlpKind::gelu_tanh ? 0 : N * d.ffn();
+  // sequence parallelism: a gathered N·C gradient and a norm's weight gradients 2·C
+  const bool sp = d.seq_shards();
+  const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), act, att, 3 * (size_t)B * C,
+                          sp ? N * C : 0, sp ? 2 * C : 0};
   size_t total = 0;
   for (size_t s : sizes) total += aligned16(s);
   return total * sizeof(float);
@@ -131,14 +148,16 @@ size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecisio
     const size_t dout = on_gpu && dout_given ? 0 : rows * ld(out);
     most = std::max({most, span(x) + w, span(dout) + span(w) + x});
   };
-  const size_t N = (size_t)B * T, C = d.d_model, AY = (size_t)d.n_head * d.head_dim();
-  const bool norms16 = d.pre_norm;  // (Activations::bf16_operands; the MLP's activation always)
+  const size_t N = (size_t)B * T, C = d.d_model, AY = (size_t)d.heads() * d.head_dim();
+  // (Activations::bf16_operands; the MLP's activation always; sequence parallelism gathers the
+  // norms' outputs in fp32)
+  const bool norms16 = d.pre_norm && !d.seq_shards();
   dense(N, C, d.qkv_dim(), norms16);
   dense(N, AY, C);
   dense(N, C, d.fc_dim(), norms16);
-  dense(N, d.ffn_dim, C, true);
-  if (d.head == HeadKind::lm) {
-    dense((size_t)lm_head_chunk_rows(d, (int)N), C, d.vocab_size, norms16 && d.final_norm, true);
+  dense(N, d.ffn(), C, true);
+  if (d.head == HeadKind::lm) {  // (this rank's vocabulary rows; tensor parallelism: an fp32 gradient)
+    dense((size_t)lm_head_chunk_rows(d, (int)N), C, d.vocab_rows(), norms16 && d.final_norm, d.tp == 1);
   } else {
     dense(B, C, C);
     dense(B, C, d.num_labels);

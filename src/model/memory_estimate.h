@@ -66,7 +66,11 @@ inline int micro_batch_rows(int local_batch, int microbatches) {
 }
 
 // What one rank of this run needs: the model `desc`, `local_batch` sequences of `seq_len` tokens,
-// and the configuration's optimizer, sync method and checkpointing.
+// and the configuration's optimizer, sync method and checkpointing. With tensor parallelism `desc`
+// is the rank's shard (tensor_shard, model_desc.h): its parameter table, its heads, MLP channels
+// and vocabulary rows (the N·C activations stay whole on every rank), no bf16 logits gradient, the
+// cross-entropy's statistics. `world` and `rank` are those of the data-parallel group (ZeRO-1's
+// shard, the gather buffers).
 MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_len, const Config& cfg, int world,
                                int rank, bool on_gpu);
 

@@ -88,6 +88,27 @@ ModelDesc model_desc_from_config(const ModelConfig& m, int vocab_size) {
   return d;
 }
 
+ModelDesc tensor_shard(const ModelDesc& d, int tp, int rank) {
+  if (d.tp != 1) fail("internal: tensor_shard of a description that is a shard already");
+  if (tp < 1 || rank < 0 || rank >= tp) fail("internal: tensor shard ", rank, " of ", tp);
+  if (d.n_head % tp != 0)
+    fail("parallel.tp ", tp, " does not divide model.n_head ", d.n_head,
+         ": each rank holds whole attention heads; choose parallel.tp dividing ", d.n_head);
+  if (d.n_kv_head % tp != 0)
+    fail("parallel.tp ", tp, " does not divide the ", d.n_kv_head, " key/value heads (model.n_kv_head): each rank "
+         "holds whole key/value heads (they are not replicated); choose parallel.tp dividing ", d.n_kv_head,
+         " or raise model.n_kv_head");
+  if (d.ffn_dim % tp != 0)
+    fail("parallel.tp ", tp, " does not divide the MLP width ", d.ffn_dim,
+         " (model.ffn_dim): choose parallel.tp dividing it, or set model.ffn_dim to a multiple of ", tp);
+  if (d.vocab_size < tp)
+    fail("parallel.tp ", tp, " is larger than the vocabulary (", d.vocab_size, " tokens)");
+  ModelDesc s = d;
+  s.tp = tp;
+  s.tp_rank = rank;
+  return s;
+}
+
 nlohmann::json model_desc_json(const ModelDesc& d) {
   return {{"family", family_name(d.family)},
           {"n_layer", d.n_layer},

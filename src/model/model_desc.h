@@ -68,12 +68,36 @@ struct ModelDesc {
   // choice left out of checkpoints: 0 = as many as keep one chunk's logits within
   // kLmHeadChunkBytes (tests set a small count to run many chunks).
   int lm_head_chunk_rows = 0;
+  // Tensor parallelism (parallel.tp), a runtime choice too: this rank holds shard tp_rank of tp
+  // (model/transformer.h "Tensor parallelism"): n_head / tp query heads, n_kv_head / tp key/value
+  // heads, ffn_dim / tp MLP channels and the vocabulary rows [vocab_begin(), vocab_end()). The
+  // per-rank widths below are those of the whole model when tp = 1.
+  int tp = 1, tp_rank = 0;
+  // Sequence parallelism (parallel.sequence_parallel, with tp > 1): the residual stream, norms and
+  // hidden dropout on this rank's rows of each micro-batch only (model/transformer.h).
+  bool sequence_parallel = false;
+  bool seq_shards() const { return tp > 1 && sequence_parallel; }
+  // The rows of the residual stream this rank holds of a micro-batch of N rows.
+  int residual_rows(int N) const { return seq_shards() ? N / tp : N; }
 
   int head_dim() const { return d_model / n_head; }
-  int qkv_dim() const { return (n_head + 2 * n_kv_head) * head_dim(); }
-  // Width of the first MLP projection's output: [gate | up] for SwiGLU.
-  int fc_dim() const { return mlp == MlpKind::swiglu ? 2 * ffn_dim : ffn_dim; }
+  int heads() const { return n_head / tp; }          // query heads on this rank
+  int kv_heads() const { return n_kv_head / tp; }    // key/value heads on this rank
+  int ffn() const { return ffn_dim / tp; }           // MLP channels on this rank
+  // This rank's width of the QKV projection's output, [q | k | v] of its heads.
+  int qkv_dim() const { return (heads() + 2 * kv_heads()) * head_dim(); }
+  // This rank's width of the first MLP projection's output: [gate | up] for SwiGLU.
+  int fc_dim() const { return mlp == MlpKind::swiglu ? 2 * ffn() : ffn(); }
+  // The vocabulary rows of this rank's token embedding and LM head: as even a split as it goes.
+  int vocab_begin() const { return static_cast<int>(static_cast<int64_t>(vocab_size) * tp_rank / tp); }
+  int vocab_end() const { return static_cast<int>(static_cast<int64_t>(vocab_size) * (tp_rank + 1) / tp); }
+  int vocab_rows() const { return vocab_end() - vocab_begin(); }
 };
+
+// The description of shard `rank` of `tp` (tensor parallelism; d.tp must be 1). Throws Error
+// naming the key to change when the model does not split so: tp must divide model.n_head,
+// model.n_kv_head and the MLP width, and be at most the vocabulary size.
+ModelDesc tensor_shard(const ModelDesc& d, int tp, int rank);
 
 // The row stride of the LM head's logits in its chunk buffer (Activations::logits_ld): V rounded
 // up to a multiple of 64 values (GPT-2: 50257 -> 50304, llm.c's padded vocabulary; 256-byte

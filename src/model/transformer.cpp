@@ -23,9 +23,15 @@ bool is_bias(int role) {
 struct TableBuilder {
   const ModelDesc& d;
   ParamTable t;
-  // Adds a role's tensor(s) of `layer`, one shape per Hugging Face name; a family without the
-  // role (no name) adds nothing.
-  void add(int role, int layer, const std::vector<std::vector<int>>& shapes) {
+  // How one tensor of a role is cut over the tensor-parallel ranks (ParamSlice's fields).
+  struct Cut {
+    std::vector<int> whole_shape;
+    int split = -1;
+    std::vector<std::pair<int, int>> ranges;
+  };
+  // Adds a role's tensor(s) of `layer`, one shape per Hugging Face name (and, when d.tp > 1 and the
+  // role is cut, one Cut each); a family without the role (no name) adds nothing.
+  void add(int role, int layer, const std::vector<std::vector<int>>& shapes, const std::vector<Cut>& cuts = {}) {
     const std::vector<std::string> names = family_tensor_names(d.family, role, layer);
     if (names.empty()) return;
     if (names.size() != shapes.size())
@@ -38,6 +44,11 @@ struct TableBuilder {
       s.layer = layer;
       s.role = role;
       s.decay = shapes[i].size() == 2;
+      if (d.tp > 1 && i < cuts.size()) {
+        s.whole_shape = cuts[i].whole_shape;
+        s.split = cuts[i].split;
+        s.ranges = cuts[i].ranges;
+      }
       if (is_norm_weight(role)) {
         s.init = InitKind::ones;
       } else if (is_bias(role)) {
@@ -50,19 +61,39 @@ struct TableBuilder {
       t.add(std::move(s));
     }
   }
-  // A dense layer's weight [out, in], split into parts of `outs` rows when the family stores
-  // several tensors (one Hugging Face name each).
-  std::vector<std::vector<int>> split_rows(int role, int layer, const std::vector<int>& outs, int in) {
+  // A dense layer's weight [out, in] (in = 0: its bias [out]) whose output is the parts p of
+  // whole_outs[p] rows each, of which this rank holds rows [starts[p], starts[p] + outs[p]) (a
+  // column-parallel layer; all of them without tensor parallelism). One tensor per part when the
+  // family names the parts apart, else one tensor of all of them.
+  void add_rows(int role, int layer, const std::vector<int>& whole_outs, const std::vector<int>& outs,
+                const std::vector<int>& starts, int in) {
     const size_t parts = family_tensor_names(d.family, role, layer).size();
+    auto shape = [&](int rows) { return in > 0 ? std::vector<int>{rows, in} : std::vector<int>{rows}; };
     std::vector<std::vector<int>> shapes;
+    std::vector<Cut> cuts;
     if (parts == outs.size()) {
-      for (int o : outs) shapes.push_back(in > 0 ? std::vector<int>{o, in} : std::vector<int>{o});
+      for (size_t p = 0; p < outs.size(); p++) {
+        shapes.push_back(shape(outs[p]));
+        cuts.push_back({shape(whole_outs[p]), 0, {{starts[p], starts[p] + outs[p]}}});
+      }
     } else {
-      int total = 0;
-      for (int o : outs) total += o;
-      shapes.push_back(in > 0 ? std::vector<int>{total, in} : std::vector<int>{total});
+      int total = 0, whole_total = 0;
+      Cut cut{{}, 0, {}};
+      for (size_t p = 0; p < outs.size(); p++) {
+        cut.ranges.push_back({whole_total + starts[p], whole_total + starts[p] + outs[p]});
+        total += outs[p];
+        whole_total += whole_outs[p];
+      }
+      cut.whole_shape = shape(whole_total);
+      shapes.push_back(shape(total));
+      cuts.push_back(cut);
     }
-    return shapes;
+    add(role, layer, shapes, cuts);
+  }
+  // A dense layer's weight [out, whole_in] of which this rank holds the input columns
+  // [start, start + in) (a row-parallel layer).
+  void add_cols(int role, int layer, int out, int whole_in, int in, int start) {
+    add(role, layer, {{out, in}}, {Cut{{out, whole_in}, 1, {{start, start + in}}}});
   }
 };
 
@@ -73,14 +104,18 @@ ParamTable build_param_table(const ModelDesc& d, const ModelPart& part_in) {
   if (part.l1 < 0) part.l1 = d.n_layer;
   if (part.l0 < 0 || part.l0 > part.l1 || part.l1 > d.n_layer)
     fail("model part: blocks [", part.l0, ", ", part.l1, ") are not within [0, ", d.n_layer, ")");
-  const int C = d.d_model, V = d.vocab_size, F = d.ffn_dim, hs = d.head_dim();
-  const int qd = d.n_head * hs, kvd = d.n_kv_head * hs;
+  // Tensor parallelism (d.tp > 1, "Tensor parallelism" in transformer.h): this rank's shard —
+  // QKV and the MLP's first projection by output rows, the output projections by input columns,
+  // the token embedding and the LM head by vocabulary rows; the rest whole.
+  const int C = d.d_model, V = d.vocab_size, hs = d.head_dim(), r = d.tp_rank;
+  const int F = d.ffn_dim, Fl = d.ffn(), V0 = d.vocab_begin(), Vl = d.vocab_rows();
+  const int qd = d.n_head * hs, kvd = d.n_kv_head * hs, qdl = d.heads() * hs, kvdl = d.kv_heads() * hs;
   const bool layer_norm = d.norm == NormKind::layernorm;
   TableBuilder b{d, {}};
   // Backward order: the head, the blocks from last to first, the embedding.
   if (part.head) {
     if (d.head == HeadKind::lm) {
-      if (!d.tie_embeddings) b.add(kLmHead, -1, {{V, C}});
+      if (!d.tie_embeddings) b.add_rows(kLmHead, -1, {V}, {Vl}, {V0}, C);
       if (d.final_norm) {
         b.add(kFinalNormW, -1, {{C}});
         if (layer_norm) b.add(kFinalNormB, -1, {{C}});
@@ -98,17 +133,20 @@ ParamTable build_param_table(const ModelDesc& d, const ModelPart& part_in) {
       if (layer_norm) b.add(bias, l, {{C}});
     };
     auto mlp = [&] {
-      b.add(kProjW, l, {{C, F}});
+      b.add_cols(kProjW, l, C, F, Fl, r * Fl);
       if (d.bias) b.add(kProjB, l, {{C}});
-      const std::vector<int> fc_rows = d.mlp == MlpKind::swiglu ? std::vector<int>{F, F} : std::vector<int>{F};
-      b.add(kFcW, l, b.split_rows(kFcW, l, fc_rows, C));
-      if (d.bias) b.add(kFcB, l, b.split_rows(kFcB, l, fc_rows, 0));
+      const bool two = d.mlp == MlpKind::swiglu;
+      const std::vector<int> whole = two ? std::vector<int>{F, F} : std::vector<int>{F};
+      const std::vector<int> mine = two ? std::vector<int>{Fl, Fl} : std::vector<int>{Fl};
+      const std::vector<int> starts = two ? std::vector<int>{r * Fl, r * Fl} : std::vector<int>{r * Fl};
+      b.add_rows(kFcW, l, whole, mine, starts, C);
+      if (d.bias) b.add_rows(kFcB, l, whole, mine, starts, 0);
     };
     auto attn = [&] {
-      b.add(kAttnOutW, l, {{C, qd}});
+      b.add_cols(kAttnOutW, l, C, qd, qdl, r * qdl);
       if (d.bias) b.add(kAttnOutB, l, {{C}});
-      b.add(kQkvW, l, b.split_rows(kQkvW, l, {qd, kvd, kvd}, C));
-      if (d.bias) b.add(kQkvB, l, b.split_rows(kQkvB, l, {qd, kvd, kvd}, 0));
+      b.add_rows(kQkvW, l, {qd, kvd, kvd}, {qdl, kvdl, kvdl}, {r * qdl, r * kvdl, r * kvdl}, C);
+      if (d.bias) b.add_rows(kQkvB, l, {qd, kvd, kvd}, {qdl, kvdl, kvdl}, {r * qdl, r * kvdl, r * kvdl}, 0);
     };
     if (d.pre_norm) {  // backward: MLP branch, norm2, attention branch, norm1
       mlp();
@@ -129,9 +167,9 @@ ParamTable build_param_table(const ModelDesc& d, const ModelPart& part_in) {
     }
     if (d.type_vocab_size > 0) b.add(kTypeEmb, -1, {{d.type_vocab_size, C}});
     if (d.learned_positions) b.add(kPosEmb, -1, {{d.max_seq_len, C}});
-    b.add(kTokEmb, -1, {{V, C}});
+    b.add_rows(kTokEmb, -1, {V}, {Vl}, {V0}, C);
   } else if (part.head && d.head == HeadKind::lm && d.tie_embeddings) {
-    b.add(kTokEmb, -1, {{V, C}});  // this part's copy of the tied matrix, for the head
+    b.add_rows(kTokEmb, -1, {V}, {Vl}, {V0}, C);  // this part's copy of the tied matrix, for the head
   }
   return b.t;
 }
@@ -275,7 +313,8 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   // bf16. Their buffers are planned in floats (2 values each) through `half`, whose pointers
   // become the uint16 ones after the allocation.
   const bool bf16 = m.precision == GemmPrecision::bf16 && bf16_operands;
-  const bool norms16 = bf16 && d.pre_norm;
+  // (with sequence parallelism the norms' outputs are gathered as fp32: kept in fp32)
+  const bool norms16 = bf16 && d.pre_norm && !d.seq_shards();
   std::vector<std::pair<uint16_t**, float*>> half;
   half.reserve(3 * (m.part.l1 - m.part.l0) + 2);
   final_norm = nullptr;
@@ -283,12 +322,16 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   // Full attention keeps P [B, NH, T, T] per layer, fused attention one lse per query row.
   const bool fused = attention == AttentionImpl::fused;
   const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
-  const size_t att = fused ? 0 : static_cast<size_t>(B) * d.n_head * T * T;
-  const size_t lse = fused ? static_cast<size_t>(B) * d.n_head * T : 0;
-  const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn_dim, AY = static_cast<size_t>(d.n_head) * d.head_dim();
-  std::vector<std::pair<float**, size_t>> plan = {{&input, N * C}, {&dresidual, N * C}, {&tmp, N * C}};
+  // The residual stream's rows: all N, or with sequence parallelism this rank's Nr = N / tp.
+  const size_t Nr = static_cast<size_t>(d.residual_rows(static_cast<int>(N)));
+  const size_t att = fused ? 0 : static_cast<size_t>(B) * d.heads() * T * T;
+  const size_t lse = fused ? static_cast<size_t>(B) * d.heads() * T : 0;
+  const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn(), AY = static_cast<size_t>(d.heads()) * d.head_dim();
+  std::vector<std::pair<float**, size_t>> plan = {{&input, Nr * C}, {&dresidual, Nr * C}, {&tmp, N * C}};
+  gathered = scattered = nullptr;
+  if (d.seq_shards()) plan.insert(plan.end(), {{&gathered, N * C}, {&scattered, Nr * C}});
   if (m.part.embedding && d.embedding_norm)
-    plan.insert(plan.end(), {{&emb_sum, N * C}, {&emb_mean, N}, {&emb_rstd, N}});
+    plan.insert(plan.end(), {{&emb_sum, Nr * C}, {&emb_mean, Nr}, {&emb_rstd, Nr}});
   // n values of 2 bytes, planned in floats
   auto plan_half = [&](uint16_t** p, size_t n) {
     half.push_back({p, nullptr});
@@ -296,8 +339,8 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   };
   // a norm's output: fp32, or only bf16
   auto plan_norm = [&](float** p, uint16_t** p16) {
-    if (norms16) plan_half(p16, N * C);
-    else plan.push_back({p, N * C});
+    if (norms16) plan_half(p16, Nr * C);
+    else plan.push_back({p, Nr * C});
   };
   // Recomputation ("Activation recomputation" in transformer.h): a shared tensor is planned for
   // the first block only, and the other blocks point at it.
@@ -331,37 +374,38 @@ void Activations::allocate(const Model& m, int B_, int T_) {
       if (i == 0 || !is_shared16(f)) plan_half(&(L.*f), n);
     };
     auto norm = [&](F32 f, F16 f_bf16) {  // a norm's output: fp32, or only bf16
-      if (norms16) f16(f_bf16, N * C);
-      else f32(f, N * C);
+      if (norms16) f16(f_bf16, Nr * C);
+      else f32(f, Nr * C);
     };
     norm(&Layer::norm1, &Layer::norm1_bf16);
-    f32(&Layer::norm1_mean, N);
-    f32(&Layer::norm1_rstd, N);
+    f32(&Layer::norm1_mean, Nr);
+    f32(&Layer::norm1_rstd, Nr);
     f32(&Layer::qkv, N * QKV);
     f32(&Layer::atty, N * AY);
     if (fused) f32(&Layer::lse, lse);
     else f32(&Layer::att, att);
-    f32(&Layer::res_attn, N * C);
+    f32(&Layer::res_attn, Nr * C);
     norm(&Layer::norm2, &Layer::norm2_bf16);
-    f32(&Layer::norm2_mean, N);
-    f32(&Layer::norm2_rstd, N);
+    f32(&Layer::norm2_mean, Nr);
+    f32(&Layer::norm2_rstd, Nr);
     f32(&Layer::fc, N * FC);
     if (bf16) f16(&Layer::act_bf16, N * F);
     else f32(&Layer::act, N * F);
-    f32(&Layer::res_mlp, N * C);
-    if (!d.pre_norm) f32(&Layer::out, N * C);
+    f32(&Layer::res_mlp, Nr * C);
+    if (!d.pre_norm) f32(&Layer::out, Nr * C);
   }
   // A bf16 LM head's logits gradient in bf16; the chunk buffers' rows padded (logits_ld).
-  const bool bf16_grad = bf16 && m.part.head && d.head == HeadKind::lm && !all_logits;
+  const bool bf16_grad = bf16 && m.part.head && d.head == HeadKind::lm && !all_logits && d.tp == 1;
   logits_ld = !m.part.head ? 0
-              : d.head == HeadKind::lm ? (all_logits ? d.vocab_size : lm_logits_row_stride(d.vocab_size))
+              : d.head == HeadKind::lm ? (all_logits ? d.vocab_rows() : lm_logits_row_stride(d.vocab_rows()))
                                        : d.num_labels;
   if (m.part.head) {
     if (d.head == HeadKind::lm) {
       plan_norm(&final_norm, &final_norm_bf16);
-      plan.insert(plan.end(), {{&final_mean, N}, {&final_rstd, N},
+      plan.insert(plan.end(), {{&final_mean, Nr}, {&final_rstd, Nr},
                                {&logits, static_cast<size_t>(lm_rows) * logits_ld}, {&losses, N}});
       if (bf16_grad) plan_half(&logits_grad_bf16, static_cast<size_t>(lm_rows) * logits_ld);
+      if (d.tp > 1) plan.push_back({&xent_stats, 3 * static_cast<size_t>(lm_rows)});
     } else {
       const size_t BC = static_cast<size_t>(B) * C;
       plan.insert(plan.end(), {{&cls, BC}, {&pooled_pre, BC}, {&pooled, BC}, {&pooled_drop, BC},
@@ -437,6 +481,24 @@ uint64_t drop_key(const Activations& a, int layer, int site) {
   return dropout_key(c.seed, c.step, c.rank, c.micro_batch, layer, site);
 }
 
+// Hidden dropout on the residual stream's rows: with sequence parallelism each rank holds its own
+// rows, so each draws from its own stream (the masks of one rank's distribution, not the same
+// masks); otherwise drop_key, the same on every rank of a tensor-parallel group.
+uint64_t hidden_drop_key(const Activations& a, int layer, int site) {
+  const uint64_t k = drop_key(a, layer, site);
+  const ModelDesc& d = a.model->desc;
+  return d.seq_shards() ? mix64(k ^ (0xbf58476d1ce4e5b9ull * static_cast<uint64_t>(d.tp_rank + 1))) : k;
+}
+
+// Attention-probability dropout: its mask is indexed by this rank's heads, so each shard of a
+// tensor-parallel group draws from its own stream (masks of the same distribution as one rank's,
+// not the same masks); every other mask is the same on every rank of the group.
+uint64_t attn_drop_key(const Activations& a, int layer) {
+  const uint64_t k = drop_key(a, layer, kDropAttnProbs);
+  const ModelDesc& d = a.model->desc;
+  return d.tp > 1 ? mix64(k ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(d.tp_rank + 1))) : k;
+}
+
 }  // namespace
 
 namespace {
@@ -451,6 +513,8 @@ void check_ids(const int32_t* ids, size_t n, int limit, const char* what, const 
 }  // namespace
 
 void Model::load_batch(Activations& a, const Batch& b) const {
+  if (desc.tp > 1 && !(tensor.sum && tensor.max))
+    fail("internal: a tensor-parallel model without its group's collectives (Model::tensor)");
   a.allocate(*this, b.B, b.T);
   const size_t N = static_cast<size_t>(b.B) * b.T;
   if (!b.tokens) fail("internal: a batch without tokens");
@@ -481,15 +545,28 @@ void Model::load_batch(Activations& a, const Batch& b) const {
 void Model::embed_forward(Activations& a) const {
   const Ops& o = *ops;
   const ModelDesc& d = desc;
-  const int B = a.B, T = a.T, C = d.d_model, N = B * T;
-  float* sum = d.embedding_norm ? a.emb_sum : a.input;
-  o.embedding_forward(sum, a.tokens, pe[kTokEmb], d.learned_positions ? pe[kPosEmb] : nullptr, B, T, C);
-  if (d.type_vocab_size > 0) o.embedding_add_forward(sum, a.token_types, pe[kTypeEmb], N, C);
+  const int B = a.B, T = a.T, C = d.d_model, N = B * T, Nr = d.residual_rows(N);
+  float* sum = d.embedding_norm ? a.emb_sum : a.input;  // (the residual stream's rows)
+  const float* wpe = d.learned_positions ? pe[kPosEmb] : nullptr;
+  if (d.tp == 1) {
+    o.embedding_forward(sum, a.tokens, pe[kTokEmb], wpe, B, T, C);
+  } else if (!d.seq_shards()) {  // each token's row from the rank that holds it (0 elsewhere), the positions from rank 0
+    o.vocab_embedding_forward(sum, a.tokens, pe[kTokEmb], d.vocab_begin(), d.vocab_rows(),
+                              d.tp_rank == 0 ? wpe : nullptr, B, T, C);
+    tensor.sum(sum, static_cast<size_t>(N) * C);
+  } else {  // the same into a.tmp, the token types from rank 0 too, reduce-scattered to this rank's rows
+    o.vocab_embedding_forward(a.tmp, a.tokens, pe[kTokEmb], d.vocab_begin(), d.vocab_rows(),
+                              d.tp_rank == 0 ? wpe : nullptr, B, T, C);
+    if (d.type_vocab_size > 0 && d.tp_rank == 0) o.embedding_add_forward(a.tmp, a.token_types, pe[kTypeEmb], N, C);
+    tensor.reduce_scatter(a.tmp, sum, static_cast<size_t>(Nr) * C);
+  }
+  if (d.type_vocab_size > 0 && !d.seq_shards()) o.embedding_add_forward(sum, a.token_types, pe[kTypeEmb], N, C);
   if (d.embedding_norm)
-    o.layernorm_forward(a.input, a.emb_mean, a.emb_rstd, sum, pe[kEmbNormW], pe[kEmbNormB], N, C,
+    o.layernorm_forward(a.input, a.emb_mean, a.emb_rstd, sum, pe[kEmbNormW], pe[kEmbNormB], Nr, C,
                         static_cast<float>(d.norm_eps), nullptr);
   if (a.dropout.training && d.dropout > 0)
-    o.dropout_forward(a.input, a.input, static_cast<size_t>(N) * C, d.dropout, drop_key(a, -1, kDropEmbedding));
+    o.dropout_forward(a.input, a.input, static_cast<size_t>(Nr) * C, d.dropout,
+                      hidden_drop_key(a, -1, kDropEmbedding));
 }
 
 void Model::check_block_range(int from, int to) const {
@@ -501,12 +578,30 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
   check_block_range(from, to);
   const Ops& o = *ops;
   const ModelDesc& d = desc;
-  const int B = a.B, T = a.T, C = d.d_model, N = B * T, NH = d.n_head, NKV = d.n_kv_head, hs = d.head_dim();
-  const int QKV = d.qkv_dim(), F = d.ffn_dim, FC = d.fc_dim(), AY = NH * hs;
-  const size_t NC = static_cast<size_t>(N) * C;
+  const int B = a.B, T = a.T, C = d.d_model, N = B * T, NH = d.heads(), NKV = d.kv_heads(), hs = d.head_dim();
+  const int QKV = d.qkv_dim(), F = d.ffn(), FC = d.fc_dim(), AY = NH * hs;
+  // The residual stream's rows (sequence parallelism: this rank's Nr of the N) and their floats.
+  const int Nr = d.residual_rows(N);
+  const size_t NC = static_cast<size_t>(Nr) * C;
+  const bool sp = d.seq_shards();
   const float p = a.dropout.training ? d.dropout : 0.0f, pa = a.dropout.training ? d.attn_dropout : 0.0f;
   const int32_t* mask = a.has_mask ? a.attn_mask : nullptr;
   check_attention_state(a, d);
+  // A branch's GEMM input from the residual stream's rows: as it is, or all-gathered.
+  auto gather = [&](const float* rows) -> const float* {
+    if (!sp) return rows;
+    tensor.all_gather(rows, a.gathered, NC);
+    return a.gathered;
+  };
+  // A branch's output (a.tmp, [N, C], each rank's partial sum with tensor parallelism) onto the
+  // residual stream's rows, dropout applied: a.tmp itself, or reduce-scattered into a.scattered.
+  auto branch_out = [&](int l, int site) -> float* {
+    float* out = a.tmp;
+    if (sp) tensor.reduce_scatter(a.tmp, a.scattered, NC), out = a.scattered;
+    else tp_sum(a.tmp, NC);
+    if (p > 0) o.dropout_forward(out, out, NC, p, hidden_drop_key(a, l, site));
+    return out;
+  };
   for (int l = from; l < to; l++) {
     const int i = l - part.l0;
     const BlockTensors& w = pb[i];
@@ -517,10 +612,11 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     const float* h = x;
     const uint16_t* h16 = nullptr;
     if (d.pre_norm) {
-      norm_forward(o, d, L.norm1, L.norm1_bf16, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], N);
+      norm_forward(o, d, L.norm1, L.norm1_bf16, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], Nr);
       h = L.norm1;
       h16 = L.norm1_bf16;
     }
+    h = gather(h);
     GemmMode qkv_gemm = gemm_rounding(w[kQkvW], static_cast<size_t>(QKV) * C);
     qkv_gemm.inp_bf16 = h16;
     o.matmul_forward(L.qkv, h, w[kQkvW], w[kQkvB], N, C, QKV, qkv_gemm);
@@ -530,26 +626,28 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     }
     if (d.attention == AttentionImpl::fused)
       o.flash_attention_forward(L.atty, L.lse, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa,
-                                drop_key(a, l, kDropAttnProbs), precision);
+                                attn_drop_key(a, l), precision);
     else
-      o.attention_forward(L.atty, L.att, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa, drop_key(a, l, kDropAttnProbs));
-    o.matmul_forward(a.tmp, L.atty, w[kAttnOutW], w[kAttnOutB], N, AY, C,
+      o.attention_forward(L.atty, L.att, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa, attn_drop_key(a, l));
+    // (row-parallel: each rank's partial sum, the bias added once, then summed over the group)
+    o.matmul_forward(a.tmp, L.atty, w[kAttnOutW], d.tp_rank == 0 ? w[kAttnOutB] : nullptr, N, AY, C,
                      gemm_rounding(w[kAttnOutW], static_cast<size_t>(C) * AY));
-    if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropAttnOut));
+    const float* attn_out = branch_out(l, kDropAttnOut);
     // res_attn = x + branch, and the MLP's branch input N2(res_attn) (pre-norm) or
     // norm1 = LN1(res_attn) (post-norm), in one fused op.
     const float* h2;
     const uint16_t* h2_16 = nullptr;
     if (d.pre_norm) {
-      residual_norm_forward(o, d, L.res_attn, L.norm2, L.norm2_bf16, L.norm2_mean, L.norm2_rstd, x, a.tmp, w[kNorm2W],
-                            w[kNorm2B], N);
+      residual_norm_forward(o, d, L.res_attn, L.norm2, L.norm2_bf16, L.norm2_mean, L.norm2_rstd, x, attn_out,
+                            w[kNorm2W], w[kNorm2B], Nr);
       h2 = L.norm2;
       h2_16 = L.norm2_bf16;
     } else {
-      residual_norm_forward(o, d, L.res_attn, L.norm1, nullptr, L.norm1_mean, L.norm1_rstd, x, a.tmp, w[kNorm1W],
-                            w[kNorm1B], N);
+      residual_norm_forward(o, d, L.res_attn, L.norm1, nullptr, L.norm1_mean, L.norm1_rstd, x, attn_out, w[kNorm1W],
+                            w[kNorm1B], Nr);
       h2 = L.norm1;
     }
+    h2 = gather(h2);
     GemmMode fc_gemm = gemm_rounding(w[kFcW], static_cast<size_t>(FC) * C);
     fc_gemm.inp_bf16 = h2_16;
     switch (d.mlp) {  // GELU (tanh) is fused with its dense layer (a cuBLASLt epilogue on CUDA)
@@ -567,13 +665,13 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
     }
     GemmMode proj_gemm = gemm_rounding(w[kProjW], static_cast<size_t>(C) * F);
     proj_gemm.inp_bf16 = L.act_bf16;
-    o.matmul_forward(a.tmp, L.act, w[kProjW], w[kProjB], N, F, C, proj_gemm);
-    if (p > 0) o.dropout_forward(a.tmp, a.tmp, NC, p, drop_key(a, l, kDropMlpOut));
+    o.matmul_forward(a.tmp, L.act, w[kProjW], d.tp_rank == 0 ? w[kProjB] : nullptr, N, F, C, proj_gemm);
+    const float* mlp_out = branch_out(l, kDropMlpOut);
     if (d.pre_norm)
-      o.residual_forward(L.res_mlp, L.res_attn, a.tmp, NC);
+      o.residual_forward(L.res_mlp, L.res_attn, mlp_out, NC);
     else  // res_mlp = norm1 + branch; out = LN2(res_mlp)
-      residual_norm_forward(o, d, L.res_mlp, L.out, nullptr, L.norm2_mean, L.norm2_rstd, L.norm1, a.tmp, w[kNorm2W],
-                            w[kNorm2B], N);
+      residual_norm_forward(o, d, L.res_mlp, L.out, nullptr, L.norm2_mean, L.norm2_rstd, L.norm1, mlp_out, w[kNorm2W],
+                            w[kNorm2B], Nr);
     a.shared_layer = l;
   }
 }
@@ -584,20 +682,21 @@ void Model::recompute_block(Activations& a, int l) const {
   // selective: the forward's ops on the forward's (kept) operands, so the same bits
   const Ops& o = *ops;
   const ModelDesc& d = desc;
-  const int B = a.B, T = a.T, N = B * T, F = d.ffn_dim;
+  const int B = a.B, T = a.T, N = B * T, F = d.ffn();
   const int i = l - part.l0;
   const BlockTensors& w = pb[i];
   Activations::Layer& L = a.layers[i];
   const float* x = i == 0 ? a.input : a.layers[i - 1].out;
   if (d.pre_norm) {
     // norm2 was written by the fused residual + norm op, whose bits are those of the norm of res_attn
-    norm_forward(o, d, L.norm1, L.norm1_bf16, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], N);
-    norm_forward(o, d, L.norm2, L.norm2_bf16, L.norm2_mean, L.norm2_rstd, L.res_attn, w[kNorm2W], w[kNorm2B], N);
+    const int Nr = d.residual_rows(N);
+    norm_forward(o, d, L.norm1, L.norm1_bf16, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], Nr);
+    norm_forward(o, d, L.norm2, L.norm2_bf16, L.norm2_mean, L.norm2_rstd, L.res_attn, w[kNorm2W], w[kNorm2B], Nr);
   }
   if (d.attention == AttentionImpl::full) {  // P again; its output (the kept atty's bits) into the free tmp
     const float pa = a.dropout.training ? d.attn_dropout : 0.0f;
-    o.attention_forward(a.tmp, L.att, L.qkv, a.has_mask ? a.attn_mask : nullptr, B, T, d.n_head, d.n_kv_head,
-                        d.head_dim(), d.causal, pa, drop_key(a, l, kDropAttnProbs));
+    o.attention_forward(a.tmp, L.att, L.qkv, a.has_mask ? a.attn_mask : nullptr, B, T, d.heads(), d.kv_heads(),
+                        d.head_dim(), d.causal, pa, attn_drop_key(a, l));
   }
   const size_t n = static_cast<size_t>(N) * F;
   switch (d.mlp) {
@@ -643,17 +742,23 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
   // and reported by read_scalars: no host wait per chunk.
   uint64_t* bad = &a.scalars->bad_target;
   o.zero(bad, sizeof(uint64_t));
+  const int Nr = d.residual_rows(N);
   if (d.head == HeadKind::lm) {
     const float* xf = x;
     const uint16_t* xf16 = nullptr;  // a bf16 model's final norm output, kept only in bf16
     if (d.final_norm) {
       norm_forward(o, d, a.final_norm, a.final_norm_bf16, a.final_mean, a.final_rstd, x, pe[kFinalNormW],
-                   pe[kFinalNormB], N);
+                   pe[kFinalNormB], Nr);
       xf = a.final_norm;
       xf16 = a.final_norm_bf16;
     }
+    if (d.seq_shards()) {  // every row's xf: gathered (lm_xf reads it there until head_backward)
+      tensor.all_gather(xf, a.gathered, static_cast<size_t>(Nr) * C);
+      xf = a.gathered;
+    }
     const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
-    const GemmMode head_gemm = gemm_rounding(W, static_cast<size_t>(d.vocab_size) * C);  // once for every chunk
+    const int V = d.vocab_rows();  // this rank's vocabulary rows (all of them without tensor parallelism)
+    const GemmMode head_gemm = gemm_rounding(W, static_cast<size_t>(V) * C);  // once for every chunk
     rows = N;
     const int R = a.lm_rows;
     if (fused) {
@@ -674,19 +779,17 @@ void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, 
         GemmMode chunk_gemm = head_gemm;
         chunk_gemm.inp_bf16 = xf16 ? xf16 + static_cast<size_t>(r0) * C : nullptr;
         chunk_gemm.out_ld = a.logits_ld;
-        o.matmul_forward(a.logits, xf ? xf + static_cast<size_t>(r0) * C : nullptr, W, nullptr, rn, C, d.vocab_size,
-                         chunk_gemm);
-        if (need_grad && a.logits_grad_bf16)
-          o.softmax_xent_bf16_grad(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, d.vocab_size,
-                                   grad_scale / static_cast<float>(N), a.logits_grad_bf16, bad, r0);
-        else
-          o.softmax_xent_record(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, d.vocab_size,
-                                need_grad ? grad_scale / static_cast<float>(N) : 0.0f, bad, r0);
+        o.matmul_forward(a.logits, xf ? xf + static_cast<size_t>(r0) * C : nullptr, W, nullptr, rn, C, V, chunk_gemm);
+        lm_xent(a, r0, rn, need_grad ? grad_scale / static_cast<float>(N) : 0.0f);
       }
     }
   } else {
     rows = B;
     const size_t BC = static_cast<size_t>(B) * C;
+    if (d.seq_shards()) {  // every sequence's first row: from the gathered rows
+      tensor.all_gather(x, a.gathered, static_cast<size_t>(Nr) * C);
+      x = a.gathered;
+    }
     o.first_token_forward(a.cls, x, B, T, C);
     o.matmul_forward(a.pooled_pre, a.cls, pe[kPoolerW], pe[kPoolerB], B, C, C,
                      gemm_rounding(pe[kPoolerW], static_cast<size_t>(C) * C));
@@ -794,10 +897,12 @@ void Model::ensure_scratch(int B, int T) {
   const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
   // d_att_: full attention's T x T backward scratch (fused attention needs none); d_act_: none for
   // GELU (tanh), whose backward goes from the projection's output gradient to d_fc in one op
-  const size_t att = d.attention == AttentionImpl::fused ? 0 : static_cast<size_t>(B) * d.n_head * T * T;
-  const size_t act = d.mlp == MlpKind::gelu_tanh ? 0 : N * d.ffn_dim;
+  const size_t att = d.attention == AttentionImpl::fused ? 0 : static_cast<size_t>(B) * d.heads() * T * T;
+  const size_t act = d.mlp == MlpKind::gelu_tanh ? 0 : N * d.ffn();
+  // sequence parallelism: a gathered [N, C] gradient and a norm's weight gradients [2, C]
+  const bool sp = d.seq_shards();
   const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), act, att,
-                          3 * static_cast<size_t>(B) * C};
+                          3 * static_cast<size_t>(B) * C, sp ? N * C : 0, sp ? 2 * C : 0};
   size_t total = 0;
   for (size_t s : sizes) total += (s + 15) / 16 * 16;
   if (total > scratch_floats_) {
@@ -805,9 +910,9 @@ void Model::ensure_scratch(int B, int T) {
     scratch_ = static_cast<float*>(ops->alloc(total * sizeof(float)));
     scratch_floats_ = total;
   }
-  float** ptrs[] = {&d_a_, &d_b_, &d_qkv_, &d_fc_, &d_act_, &d_att_, &d_small_};
+  float** ptrs[] = {&d_a_, &d_b_, &d_qkv_, &d_fc_, &d_act_, &d_att_, &d_small_, &d_full_, &d_norm_};
   size_t off = 0;
-  for (size_t i = 0; i < 7; i++) {
+  for (size_t i = 0; i < 9; i++) {
     *ptrs[i] = scratch_ + off;
     off += (sizes[i] + 15) / 16 * 16;
   }
@@ -960,16 +1065,22 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
       if (input_only_pass_ != &a) fail("internal: an input-only backward continued on other activations");
       o.zero(d_a_, NC * sizeof(float));
       lm_head_backward_chunks(a, d_a_, nullptr);
-      a.deferred.push_back({0, wrole, -1, nullptr, nullptr, nullptr, N, C, d.vocab_size});
+      a.deferred.push_back({0, wrole, -1, nullptr, nullptr, nullptr, N, C, d.vocab_rows()});
     }
     const float* dxf = a.lm_head_fused ? a.tmp : d_a_;
-    o.zero(a.dresidual, NC * sizeof(float));
+    const int Nr = d.residual_rows(N);
+    const size_t NrC = static_cast<size_t>(Nr) * C;
+    if (d.seq_shards()) {  // each rank's partial d xf of every row, summed onto this rank's rows
+      tensor.reduce_scatter(dxf, a.scattered, NrC);
+      dxf = a.scattered;
+    }
+    o.zero(a.dresidual, NrC * sizeof(float));
     if (d.final_norm) {
-      norm_backward(o, d, a.dresidual, ge[kFinalNormW], ge[kFinalNormB], dxf, x, pe[kFinalNormW], a.final_mean,
-                    a.final_rstd, N);
+      norm_backward_rows(a.dresidual, ge[kFinalNormW], ge[kFinalNormB], dxf, x, pe[kFinalNormW], a.final_mean,
+                         a.final_rstd, Nr);
       finished(0, {kFinalNormW, kFinalNormB}, ready);
     } else {
-      o.copy(a.dresidual, dxf, NC * sizeof(float));
+      o.copy(a.dresidual, dxf, NrC * sizeof(float));
     }
   } else {
     const size_t BC = static_cast<size_t>(B) * C;
@@ -988,16 +1099,24 @@ void Model::head_backward(Activations& a, const ReadyFn& ready) {
     float* dcls = d_small_;  // dpd is consumed
     o.zero(dcls, BC * sizeof(float));
     dense_backward(a, dcls, dpre, false, a.cls, nullptr, 0, kPoolerW, kPoolerB, B, C, C, true, ready);
-    o.zero(a.dresidual, NC * sizeof(float));
-    o.first_token_backward(a.dresidual, dcls, B, T, C);
+    if (!d.seq_shards()) {
+      o.zero(a.dresidual, NC * sizeof(float));
+      o.first_token_backward(a.dresidual, dcls, B, T, C);
+    } else {  // every row's gradient (the same on every rank), then this rank's rows of it
+      const int Nr = d.residual_rows(N);
+      o.zero(a.tmp, NC * sizeof(float));
+      o.first_token_backward(a.tmp, dcls, B, T, C);
+      o.copy(a.dresidual, a.tmp + static_cast<size_t>(d.tp_rank) * Nr * C, static_cast<size_t>(Nr) * C * sizeof(float));
+    }
   }
 }
 
 void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const {
   const Ops& o = *ops;
   const ModelDesc& d = desc;
-  const int N = a.B * a.T, C = d.d_model, V = d.vocab_size, R = a.lm_rows;
-  const float* xf = d.final_norm ? a.final_norm : a.output();
+  const int N = a.B * a.T, C = d.d_model, V = d.vocab_rows(), R = a.lm_rows;
+  // (sequence parallelism: every row's xf, gathered by the head forward)
+  const float* xf = d.seq_shards() ? a.gathered : d.final_norm ? a.final_norm : a.output();
   const uint16_t* xf16 = d.final_norm ? a.final_norm_bf16 : nullptr;  // (xf null then)
   const float* W = d.tie_embeddings ? pe[kTokEmb] : pe[kLmHead];
   GemmMode head_gemm = gemm_reading(W);  // the head forward rounded W
@@ -1017,27 +1136,69 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
     chunk_gemm.inp_bf16 = xf16 ? xf16 + static_cast<size_t>(r0) * C : nullptr;
     if (!(reuse && c == chunks - 1)) {
       o.matmul_forward(a.logits, xc, W, nullptr, rn, C, V, chunk_gemm);
-      const float scale = a.head_grad_scale / static_cast<float>(N);
-      if (a.logits_grad_bf16)  // (a fused forward's target check, either way)
-        o.softmax_xent_bf16_grad(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, V, scale,
-                                 a.logits_grad_bf16, &a.scalars->bad_target, r0);
-      else
-        o.softmax_xent_record(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, V, scale,
-                              &a.scalars->bad_target, r0);
+      lm_xent(a, r0, rn, a.head_grad_scale / static_cast<float>(N));  // (a fused forward's target check too)
     }
     o.matmul_backward(dxf ? dxf + static_cast<size_t>(r0) * C : nullptr, dW, nullptr,
                       a.logits_grad_bf16 ? nullptr : a.logits, xc, W, rn, C, V, chunk_gemm);
   }
   a.lm_last_grad = chunks == 1;  // the buffer holds chunk 0's gradient now
+  // each rank's vocabulary rows' share of d xf, summed (sequence parallelism: head_backward
+  // reduce-scatters it instead)
+  if (dxf && !d.seq_shards()) tp_sum(dxf, static_cast<size_t>(N) * C);
+}
+
+void Model::norm_backward_rows(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+                               const float* mean, const float* rstd, int rows) {
+  const ModelDesc& d = desc;
+  if (!d.seq_shards()) return norm_backward(*ops, d, dx, dw, db, dout, x, w, mean, rstd, rows);
+  const int C = d.d_model;
+  const bool bias = d.norm == NormKind::layernorm;
+  ops->zero(d_norm_, 2 * static_cast<size_t>(C) * sizeof(float));
+  norm_backward(*ops, d, dx, d_norm_, bias ? d_norm_ + C : nullptr, dout, x, w, mean, rstd, rows);
+  tensor.sum(d_norm_, bias ? 2 * static_cast<size_t>(C) : static_cast<size_t>(C));
+  ops->residual_forward(dw, dw, d_norm_, static_cast<size_t>(C));
+  if (bias) ops->residual_forward(db, db, d_norm_ + C, static_cast<size_t>(C));
+}
+
+void Model::lm_xent(Activations& a, int r0, int rn, float scale) const {
+  const Ops& o = *ops;
+  const ModelDesc& d = desc;
+  uint64_t* bad = &a.scalars->bad_target;
+  if (d.tp == 1) {
+    if (scale != 0.0f && a.logits_grad_bf16)
+      o.softmax_xent_bf16_grad(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, d.vocab_size, scale,
+                               a.logits_grad_bf16, bad, r0);
+    else
+      o.softmax_xent_record(a.logits, a.logits_ld, a.losses + r0, a.targets + r0, rn, d.vocab_size, scale, bad, r0);
+    return;
+  }
+  // Over the group's vocabulary shards ("Tensor parallelism" in transformer.h), the logits never
+  // gathered: the rows' maximum (a max over the group), then Σ exp(z - max) and the target's logit
+  // (one sum over the group: the target's shard gives it, the others 0), then each rank's losses
+  // (the same on every rank) and its columns of the gradient. The ids were checked on the host.
+  float* mx = a.xent_stats;
+  float* sums = a.xent_stats + a.lm_rows;  // [2 rn]: Σ exp, then the target logits
+  const int V = d.vocab_rows(), v0 = d.vocab_begin();
+  o.vocab_xent_max(mx, a.logits, a.logits_ld, rn, V);
+  tensor.max(mx, static_cast<size_t>(rn));
+  o.vocab_xent_sums(sums, a.logits, a.logits_ld, mx, a.targets + r0, v0, rn, V);
+  tensor.sum(sums, 2 * static_cast<size_t>(rn));
+  o.vocab_xent_finish(a.logits, a.logits_ld, a.losses + r0, mx, sums, a.targets + r0, v0, rn, V, scale);
+}
+
+void Model::tp_sum(float* x, size_t n) const {
+  if (desc.tp > 1) tensor.sum(x, n);
 }
 
 void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& ready) {
   check_block_range(from, to);
   const Ops& o = *ops;
   const ModelDesc& d = desc;
-  const int B = a.B, T = a.T, C = d.d_model, N = B * T, NH = d.n_head, NKV = d.n_kv_head, hs = d.head_dim();
-  const int QKV = d.qkv_dim(), F = d.ffn_dim, FC = d.fc_dim(), AY = NH * hs;
-  const size_t NC = static_cast<size_t>(N) * C;
+  const int B = a.B, T = a.T, C = d.d_model, N = B * T, NH = d.heads(), NKV = d.kv_heads(), hs = d.head_dim();
+  const int QKV = d.qkv_dim(), F = d.ffn(), FC = d.fc_dim(), AY = NH * hs;
+  const int Nr = d.residual_rows(N);                  // the residual stream's rows (see blocks_forward)
+  const size_t NC = static_cast<size_t>(Nr) * C, NfC = static_cast<size_t>(N) * C;
+  const bool sp = d.seq_shards();
   const float p = a.dropout.training ? d.dropout : 0.0f, pa = a.dropout.training ? d.attn_dropout : 0.0f;
   const int32_t* mask = a.has_mask ? a.attn_mask : nullptr;
   check_attention_state(a, d);
@@ -1047,8 +1208,34 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
   auto through_dropout = [&](const float* g, float* into, int l, int site) -> const float* {
     if (p <= 0) return g;
     o.zero(into, NC * sizeof(float));
-    o.dropout_backward(into, g, NC, p, drop_key(a, l, site));
+    o.dropout_backward(into, g, NC, p, hidden_drop_key(a, l, site));
     return into;
+  };
+  // Sequence parallelism: a gradient on the residual stream's rows all-gathered (the backward of
+  // the reduce-scatter after a row-parallel layer), and a branch input gathered again for a
+  // column-parallel layer's weight gradient; the rows themselves otherwise.
+  auto full_grad = [&](const float* rows) -> const float* {
+    if (!sp) return rows;
+    tensor.all_gather(rows, d_full_, NC);
+    return d_full_;
+  };
+  auto full_input = [&](const float* rows) -> const float* {
+    if (!sp) return rows;
+    tensor.all_gather(rows, a.gathered, NC);
+    return a.gathered;
+  };
+  // A column-parallel layer's input gradient, computed by `grad(part)` into the zeroed [N, C]
+  // `part` (each rank's share with tensor parallelism), onto the residual stream's rows: summed
+  // over the group in place, or reduce-scattered into `rows`. Returns where it is.
+  auto to_rows = [&](float* part, float* rows, const std::function<void(float*)>& grad) -> const float* {
+    o.zero(part, NfC * sizeof(float));
+    grad(part);
+    if (sp) {
+      tensor.reduce_scatter(part, rows, NC);
+      return rows;
+    }
+    tp_sum(part, NfC);
+    return part;
   };
   // An input-only pass writes the gradients of fc and qkv straight into the kept buffers that
   // weight_backward reads (no copy); a whole pass into scratch.
@@ -1085,10 +1272,10 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
   auto attention_backward = [&](const Activations::Layer& L, const BlockTensors& w, int l) {
     if (d.attention == AttentionImpl::fused)  // d_a_ = d atty; atty is the (dropped) output
       o.flash_attention_backward(d_qkv, d_a_, L.atty, L.lse, L.qkv, mask, B, T, NH, NKV, hs, d.causal, pa,
-                                 drop_key(a, l, kDropAttnProbs), precision);
+                                 attn_drop_key(a, l), precision);
     else
       o.attention_backward(d_qkv, d_att_, d_a_, L.qkv, L.att, mask, B, T, NH, NKV, hs, d.causal, pa,
-                           drop_key(a, l, kDropAttnProbs));
+                           attn_drop_key(a, l));
     if (!d.learned_positions) {
       o.rope_backward(d_qkv, B, T, NH, hs, QKV, static_cast<float>(d.rope_theta));
       o.rope_backward(d_qkv + AY, B, T, NKV, hs, QKV, static_cast<float>(d.rope_theta));
@@ -1107,40 +1294,62 @@ void Model::blocks_backward(Activations& a, int from, int to, const ReadyFn& rea
     }
     if (d.pre_norm) {
       // out = res_attn + drop(P act(F N2(res_attn))); dres = d out.
-      const float* dproj = through_dropout(dres, d_b_, l, kDropMlpOut);
+      const float* dproj = full_grad(through_dropout(dres, d_b_, l, kDropMlpOut));
       proj_act_backward(L, dproj, slot);
-      o.zero(d_a_, NC * sizeof(float));
-      dense(d_a_, d_fc, L.norm2, L.norm2_bf16, slot, kFcW, kFcB, C, FC);
-      norm_backward(o, d, dres, g[kNorm2W], g[kNorm2B], d_a_, L.res_attn, w[kNorm2W], L.norm2_mean, L.norm2_rstd, N);
+      const float* h2 = full_input(L.norm2);
+      const float* dh2 = to_rows(d_a_, d_b_, [&](float* part) {
+        dense(part, d_fc, sp ? h2 : L.norm2, L.norm2_bf16, slot, kFcW, kFcB, C, FC);
+      });
+      norm_backward_rows(dres, g[kNorm2W], g[kNorm2B], dh2, L.res_attn, w[kNorm2W], L.norm2_mean, L.norm2_rstd, Nr);
       finished(slot, {kNorm2W, kNorm2B}, ready);
       // dres = d res_attn; res_attn = x + drop(O attention(QKV N1(x))).
-      const float* dao = through_dropout(dres, d_b_, l, kDropAttnOut);
-      o.zero(d_a_, NC * sizeof(float));
+      const float* dao = full_grad(through_dropout(dres, d_b_, l, kDropAttnOut));
+      o.zero(d_a_, NfC * sizeof(float));
       dense(d_a_, dao, L.atty, nullptr, slot, kAttnOutW, kAttnOutB, AY, C);
       o.zero(d_qkv, static_cast<size_t>(N) * QKV * sizeof(float));
       attention_backward(L, w, l);
-      o.zero(d_b_, NC * sizeof(float));
-      dense(d_b_, d_qkv, L.norm1, L.norm1_bf16, slot, kQkvW, kQkvB, C, QKV);
-      norm_backward(o, d, dres, g[kNorm1W], g[kNorm1B], d_b_, x, w[kNorm1W], L.norm1_mean, L.norm1_rstd, N);
+      const float* h1 = full_input(L.norm1);
+      const float* dh1 = to_rows(d_b_, d_a_, [&](float* part) {
+        dense(part, d_qkv, sp ? h1 : L.norm1, L.norm1_bf16, slot, kQkvW, kQkvB, C, QKV);
+      });
+      norm_backward_rows(dres, g[kNorm1W], g[kNorm1B], dh1, x, w[kNorm1W], L.norm1_mean, L.norm1_rstd, Nr);
       finished(slot, {kNorm1W, kNorm1B}, ready);
     } else {
       // out = LN2(res_mlp), res_mlp = h + drop(P act(F h)), h = LN1(res_attn),
       // res_attn = x + drop(O attention(QKV x)); dres = d out.
       o.zero(d_b_, NC * sizeof(float));
-      norm_backward(o, d, d_b_, g[kNorm2W], g[kNorm2B], dres, L.res_mlp, w[kNorm2W], L.norm2_mean, L.norm2_rstd, N);
+      norm_backward_rows(d_b_, g[kNorm2W], g[kNorm2B], dres, L.res_mlp, w[kNorm2W], L.norm2_mean, L.norm2_rstd, Nr);
       finished(slot, {kNorm2W, kNorm2B}, ready);
-      const float* dproj = through_dropout(d_b_, dres, l, kDropMlpOut);  // dres is free now
+      const float* dproj = full_grad(through_dropout(d_b_, dres, l, kDropMlpOut));  // dres is free now
       proj_act_backward(L, dproj, slot);
-      dense(d_b_, d_fc, L.norm1, nullptr, slot, kFcW, kFcB, C, FC);  // d_b_ = d h
+      // d_b_ = d h: the residual's part (in d_b_) plus the MLP's, which with tensor parallelism is
+      // summed over the group (or reduce-scattered) on its own first
+      if (d.tp == 1) {
+        dense(d_b_, d_fc, L.norm1, nullptr, slot, kFcW, kFcB, C, FC);
+      } else {
+        const float* h = full_input(L.norm1);
+        const float* dh = to_rows(d_a_, d_full_, [&](float* part) {
+          dense(part, d_fc, h, nullptr, slot, kFcW, kFcB, C, FC);
+        });
+        o.residual_forward(d_b_, d_b_, dh, NC);
+      }
       o.zero(dres, NC * sizeof(float));
-      norm_backward(o, d, dres, g[kNorm1W], g[kNorm1B], d_b_, L.res_attn, w[kNorm1W], L.norm1_mean, L.norm1_rstd, N);
+      norm_backward_rows(dres, g[kNorm1W], g[kNorm1B], d_b_, L.res_attn, w[kNorm1W], L.norm1_mean, L.norm1_rstd, Nr);
       finished(slot, {kNorm1W, kNorm1B}, ready);
-      const float* dao = through_dropout(dres, d_b_, l, kDropAttnOut);
-      o.zero(d_a_, NC * sizeof(float));
+      const float* dao = full_grad(through_dropout(dres, d_b_, l, kDropAttnOut));
+      o.zero(d_a_, NfC * sizeof(float));
       dense(d_a_, dao, L.atty, nullptr, slot, kAttnOutW, kAttnOutB, AY, C);
       o.zero(d_qkv, static_cast<size_t>(N) * QKV * sizeof(float));
       attention_backward(L, w, l);
-      dense(dres, d_qkv, x, nullptr, slot, kQkvW, kQkvB, C, QKV);  // dres = d x
+      if (d.tp == 1) {
+        dense(dres, d_qkv, x, nullptr, slot, kQkvW, kQkvB, C, QKV);  // dres = d x
+      } else {  // (as for d h above)
+        const float* xg = full_input(x);
+        const float* dx = to_rows(d_b_, d_a_, [&](float* part) {
+          dense(part, d_qkv, xg, nullptr, slot, kQkvW, kQkvB, C, QKV);
+        });
+        o.residual_forward(dres, dres, dx, NC);
+      }
     }
   }
 }
@@ -1155,23 +1364,31 @@ void Model::embed_backward(Activations& a, const ReadyFn& ready) {
   }
   const Ops& o = *ops;
   const ModelDesc& d = desc;
-  const int B = a.B, T = a.T, C = d.d_model, N = B * T;
-  const size_t NC = static_cast<size_t>(N) * C;
+  const int B = a.B, T = a.T, C = d.d_model, N = B * T, Nr = d.residual_rows(N);
+  const size_t NC = static_cast<size_t>(Nr) * C;  // the residual stream's rows
   ensure_scratch(B, T);
   const float* g = a.dresidual;
   if (a.dropout.training && d.dropout > 0) {
     o.zero(d_b_, NC * sizeof(float));
-    o.dropout_backward(d_b_, g, NC, d.dropout, drop_key(a, -1, kDropEmbedding));
+    o.dropout_backward(d_b_, g, NC, d.dropout, hidden_drop_key(a, -1, kDropEmbedding));
     g = d_b_;
   }
-  if (d.embedding_norm) {
+  if (d.embedding_norm) {  // (LayerNorm: BERT)
     o.zero(d_a_, NC * sizeof(float));
-    o.layernorm_backward(d_a_, ge[kEmbNormW], ge[kEmbNormB], g, a.emb_sum, pe[kEmbNormW], a.emb_mean, a.emb_rstd, N, C);
+    norm_backward_rows(d_a_, ge[kEmbNormW], ge[kEmbNormB], g, a.emb_sum, pe[kEmbNormW], a.emb_mean, a.emb_rstd, Nr);
     finished(0, {kEmbNormW, kEmbNormB}, ready);
     g = d_a_;
   }
+  if (d.seq_shards()) {  // every row's gradient for the tables (the same on every rank)
+    tensor.all_gather(g, d_full_, NC);
+    g = d_full_;
+  }
   if (d.type_vocab_size > 0) o.embedding_add_backward(ge[kTypeEmb], g, a.token_types, N, C);
-  o.embedding_backward(ge[kTokEmb], d.learned_positions ? ge[kPosEmb] : nullptr, g, a.tokens, B, T, C);
+  float* dwpe = d.learned_positions ? ge[kPosEmb] : nullptr;
+  if (d.tp == 1)
+    o.embedding_backward(ge[kTokEmb], dwpe, g, a.tokens, B, T, C);
+  else  // this rank's vocabulary rows; the positions' gradient (whole on every rank) from every token
+    o.vocab_embedding_backward(ge[kTokEmb], dwpe, g, a.tokens, d.vocab_begin(), d.vocab_rows(), B, T, C);
   finished(0, {kTypeEmb, kPosEmb, kTokEmb}, ready);
 }
 

@@ -106,6 +106,50 @@
 // One exception, by rounding only: selective on CUDA in fp32/tf32 with GELU (tanh), whose forward
 // takes act from cuBLASLt's epilogue (matmul_gelu_forward) and whose recompute from gelu_forward. An input-only backward (zb-h1) is refused with recomputation: the dense layers'
 // deferred weight gradients would read shared buffers (runtime/options.h recompute_schedule_error).
+//
+// Tensor parallelism (desc.tp = T > 1, parallel.tp; Shoeybi et al. 2019): the T ranks of a tensor-
+// parallel group each hold a shard of every block (desc from tensor_shard, model_desc.h; the table's
+// slices say which part of each whole tensor they hold, params/param_table.h) and run the same
+// batch:
+//   attention  QKV column-parallel (this rank's n_head/T query and n_kv_head/T key/value heads),
+//              attention on those heads, the output projection row-parallel (its input columns of
+//              those heads): each rank's partial [N, C] output — the bias added on rank 0 only —
+//              summed over the group (TensorGroup::sum) before dropout and the residual add
+//   MLP        the first projection column-parallel (ffn_dim/T channels; both halves of SwiGLU), the
+//              activation on them, the second row-parallel, summed as above
+//   backward   d h of each column-parallel layer (QKV, the MLP's first) is each rank's share, summed
+//              over the group before it joins the residual stream; the row-parallel layers' input
+//              gradients are local. Everything else (norms, residuals, the output biases, the
+//              positions, the classifier head) is whole and computed alike on every rank, so its
+//              gradients are the same on every rank
+//   embedding  the token embedding's vocabulary rows [vocab_begin, vocab_end): each rank looks up the
+//              tokens it holds (0 for the others, the positions added on rank 0), summed over the
+//              group; backward adds into its rows only
+//   LM head    the same rows: each rank's logits [N, V/T] (chunked as above); the cross-entropy
+//              across the shards without gathering them (lm_xent: the row maxima's max over the
+//              group, then one sum of Σ exp and of the target's logit); d xf summed over the group
+// Per block that is one sum of N x C floats in forward and one in backward per branch (the
+// embedding and the head one each). Every rank of the group calls the same collectives in the same
+// order. Hidden dropout masks are the same on every rank of the group; attention-probability masks
+// are drawn per shard (attn_drop_key). Loss and gradients equal T = 1's up to the rounding of the
+// sums (tests/test_mpi_tensor_parallel.cpp).
+//
+// Sequence parallelism (desc.sequence_parallel with T > 1, Korthikanti et al. 2022): the residual
+// stream — each block's input and output, res_attn, the norms' outputs and statistics, hidden
+// dropout, a.input and a.dresidual — holds only this rank's Nr = N/T rows (rows [r·Nr, (r+1)·Nr)
+// of the micro-batch; desc.residual_rows). A branch input (a norm's output, or BERT's block input)
+// is all-gathered into a.gathered before its column-parallel GEMM; the row-parallel output in a.tmp
+// is reduce-scattered into a.scattered instead of summed; in backward the gradient of that output
+// is all-gathered, the branch input gathered again for the weight gradient (nothing N x C is kept
+// per layer), and the column-parallel input gradient reduce-scattered onto the rows. The norms'
+// weight gradients of each call come from this rank's rows only, so they are summed over the group
+// before they are added (norm_backward_rows). The embedding reduce-scatters its partial lookup (the
+// positions and token types from rank 0); the LM head all-gathers xf once (a.gathered holds it
+// until head_backward) and reduce-scatters d xf; the classifier head gathers its first rows. The
+// same collective volume as without it, and the per-layer N x C tensors divided by T. Each rank
+// draws the hidden dropout masks of its rows from its own stream (hidden_drop_key). An input-only
+// backward (zb-h1) is refused with it: its deferred weight gradients would read the shared
+// a.gathered.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -116,6 +160,7 @@
 #include "backend/step_scalars.h"
 #include "model/model_desc.h"
 #include "params/param_table.h"
+#include "runtime/group_collectives.h"
 
 namespace llmpi {
 
@@ -164,6 +209,7 @@ struct DropoutContext {
 
 struct Model;
 
+
 // n floats rounded up to a multiple of 64 (256 bytes): the room one tensor of the Activations takes,
 // so that every tensor starts 256-byte aligned — the bf16 GEMM operands among them (the norms' and
 // activations' bf16 outputs, the logits gradient) as aligned as the GEMMs' own scratch copies, so
@@ -190,6 +236,7 @@ struct Activations {
   DropoutContext dropout;
   // Ids on the device: tokens, targets (LM) or labels (classifier), token types, attention mask.
   int32_t *tokens = nullptr, *targets = nullptr, *token_types = nullptr, *attn_mask = nullptr;
+  // (the residual stream's tensors hold Nr rows of C with sequence parallelism: see above)
   float* input = nullptr;     // [N, C] the hidden state entering block l0 (embedding output, or handed in)
   float* emb_sum = nullptr;   // [N, C] embedding sum before its LayerNorm (BERT)
   float *emb_mean = nullptr, *emb_rstd = nullptr;
@@ -216,6 +263,7 @@ struct Activations {
   // it is the row width itself.
   int logits_ld = 0;
   float* losses = nullptr;    // [rows]
+  float* xent_stats = nullptr; // tensor parallelism's LM head: [3, lm_rows] row maxima, Σ exp, target logits
   bool all_logits = false;    // set before allocation: the LM head keeps every row's logits
   int lm_rows = 0;            // rows of the LM head's chunk buffer
   bool head_grad = false;     // the last head_forward had need_grad (head_backward may run)
@@ -226,6 +274,10 @@ struct Activations {
   float* dresidual = nullptr; // [N, C] the gradient flowing down the residual stream
   float* tmp = nullptr;       // [N, C] forward scratch (a branch's output before the residual add); after a
                               // forward with a fused LM head, d loss / d xf until head_backward
+  // Sequence parallelism (null otherwise): a branch input all-gathered [N, C] — in forward the
+  // GEMMs' input (after the blocks the final norm's output, the LM head's xf), in backward the
+  // same gathered again — and a branch output reduce-scattered to this rank's rows [Nr, C].
+  float *gathered = nullptr, *scattered = nullptr;
   bool has_mask = false;      // the batch carried an attention mask
   // The block whose recomputed tensors ("Activation recomputation" above) the shared buffers hold
   // now, or -1 (none, or not known).
@@ -281,6 +333,8 @@ struct Model {
   // allocated before a change are laid out again by the next load_batch.
   Recompute recompute = Recompute::none;
   ParamTable table;
+  // With desc.tp > 1 ("Tensor parallelism" above): the group's collectives, set before the first forward.
+  TensorGroup tensor;
   float* params = nullptr;  // table.numel floats, backend memory
   float* grads = nullptr;   // same layout
   BlockTensors pe, ge;                 // embedding and head tensors (parameters, gradients)
@@ -389,6 +443,7 @@ struct Model {
   size_t scratch_floats_ = 0;
   float *d_a_ = nullptr, *d_b_ = nullptr, *d_qkv_ = nullptr, *d_fc_ = nullptr, *d_act_ = nullptr,
         *d_att_ = nullptr, *d_small_ = nullptr;
+  float *d_full_ = nullptr, *d_norm_ = nullptr;  // sequence parallelism: [N, C] gathered gradient, [2, C]
   void ensure_scratch(int B, int T);
   // Block l's recomputed tensors into the shared buffers of a, unless they hold them already.
   void recompute_block(Activations& a, int l) const;
@@ -406,6 +461,16 @@ struct Model {
   // turned into their gradient; then dxf += dlogits·W (dxf may be null) and dW += dlogits^T·xf
   // (dW may be null).
   void lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const;
+  // The cross-entropy of LM head chunk rows [r0, r0 + rn) from its logits in a.logits: the losses,
+  // and with scale != 0 the gradient scale · (softmax - onehot) (over the group's shards with
+  // tensor parallelism).
+  void lm_xent(Activations& a, int r0, int rn, float scale) const;
+  void tp_sum(float* x, size_t n) const;  // TensorGroup::sum with tensor parallelism, else nothing
+  // A norm's backward over `rows` rows of the residual stream (adds into dx, dw, db). With
+  // sequence parallelism the rows are this rank's: the weight gradients of the call are summed
+  // over the group (in d_norm_) before they are added, so they stay the same on every rank.
+  void norm_backward_rows(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+                          const float* mean, const float* rstd, int rows);
 };
 
 }  // namespace llmpi

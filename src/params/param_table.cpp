@@ -1,5 +1,7 @@
 #include "params/param_table.h"
 
+#include <algorithm>
+
 #include "runtime/error.h"
 #include "runtime/rng.h"
 
@@ -57,6 +59,43 @@ static uint64_t name_stream(const std::string& name) {
   return h;
 }
 
+size_t ParamSlice::whole_numel() const {
+  if (!sharded()) return numel;
+  size_t n = 1;
+  for (int d : whole_shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+namespace {
+// Calls f(whole_offset, shard_offset, count) for each contiguous run of a shard.
+template <typename F>
+void for_each_shard_run(const ParamSlice& s, F f) {
+  if (!s.sharded()) return f(size_t(0), size_t(0), s.numel);
+  const size_t inner = s.whole_shape.size() > 1 ? static_cast<size_t>(s.whole_shape[1]) : 1;
+  size_t at = 0;
+  if (s.split == 0) {
+    for (const auto& r : s.ranges) {
+      const size_t n = static_cast<size_t>(r.second - r.first) * inner;
+      f(static_cast<size_t>(r.first) * inner, at, n);
+      at += n;
+    }
+  } else {
+    const size_t cols = static_cast<size_t>(s.ranges.at(0).second - s.ranges.at(0).first);
+    for (int row = 0; row < s.whole_shape[0]; row++, at += cols)
+      f(static_cast<size_t>(row) * inner + static_cast<size_t>(s.ranges[0].first), at, cols);
+  }
+  if (at != s.numel) fail("internal: the shard of ", s.name, " covers ", at, " values, not its ", s.numel);
+}
+}  // namespace
+
+void take_shard(const ParamSlice& s, const float* whole, float* shard) {
+  for_each_shard_run(s, [&](size_t w, size_t h, size_t n) { std::copy(whole + w, whole + w + n, shard + h); });
+}
+
+void put_shard(const ParamSlice& s, const float* shard, float* whole) {
+  for_each_shard_run(s, [&](size_t w, size_t h, size_t n) { std::copy(shard + h, shard + h + n, whole + w); });
+}
+
 void init_param_values(const ParamTable& t, uint64_t seed, float* host) {
   for (const ParamSlice& s : t.slices) {
     float* w = host + s.offset;
@@ -69,7 +108,13 @@ void init_param_values(const ParamTable& t, uint64_t seed, float* host) {
         break;
       case InitKind::normal: {
         Rng rng(seed, name_stream(s.name));
-        for (size_t k = 0; k < s.numel; k++) w[k] = static_cast<float>(s.init_std * rng.normal());
+        if (!s.sharded()) {
+          for (size_t k = 0; k < s.numel; k++) w[k] = static_cast<float>(s.init_std * rng.normal());
+          break;
+        }
+        std::vector<float> whole(s.whole_numel());  // the whole tensor's stream, then this shard of it
+        for (float& x : whole) x = static_cast<float>(s.init_std * rng.normal());
+        take_shard(s, whole.data(), w);
         break;
       }
     }

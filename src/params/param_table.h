@@ -33,7 +33,20 @@ struct ParamSlice {
   bool decay = false;      // AdamW weight decay applies (2-D weights and embeddings)
   InitKind init = InitKind::zeros;
   double init_std = 0;     // for InitKind::normal
+  // Tensor parallelism: the slice may hold a shard of the whole model's tensor `name`, of shape
+  // whole_shape (empty: the slice is the whole tensor, the same on every rank of the group).
+  // split 0: the whole tensor's rows in `ranges` ([begin, end) pairs, concatenated in order);
+  // split 1: its columns ranges[0] (a 2-D tensor).
+  std::vector<int> whole_shape;
+  int split = -1;
+  std::vector<std::pair<int, int>> ranges;
+  bool sharded() const { return !whole_shape.empty(); }
+  size_t whole_numel() const;
 };
+
+// A shard's values from the whole tensor's (whole: whole_numel() values; shard: numel), and back.
+void take_shard(const ParamSlice& s, const float* whole, float* shard);
+void put_shard(const ParamSlice& s, const float* shard, float* whole);
 
 struct ParamTable {
   std::vector<ParamSlice> slices;
@@ -60,7 +73,8 @@ std::string param_table_json(const ParamTable& t);
 
 // Initial values of every slice into host[0, t.numel): constants, or N(0, init_std) drawn from a
 // stream keyed by (seed, the slice's name) — so a tensor gets the same values whatever else is in
-// the table (a pipeline stage initialises exactly like the whole model).
+// the table (a pipeline stage initialises exactly like the whole model), and a shard the values
+// of its part of the whole tensor.
 void init_param_values(const ParamTable& t, uint64_t seed, float* host);
 
 // Tracks which slices' gradients are final and reports the growing final prefix: the model calls

@@ -170,6 +170,57 @@ LayerCosts costs_from_device(const ModelDesc& d, int B, int T, const DeviceSpec&
   return c;
 }
 
+int lm_head_chunks(const ModelDesc& d, int N) {
+  const int R = lm_head_chunk_rows(d, N);
+  return (N + R - 1) / R;
+}
+
+LayerCosts add_costs(const LayerCosts& a, const LayerCosts& b) {
+  LayerCosts k = a;
+  k.embed_f += b.embed_f, k.embed_b += b.embed_b;
+  k.block_f += b.block_f, k.block_b += b.block_b, k.block_bi += b.block_bi;
+  k.head_f += b.head_f, k.head_b += b.head_b, k.head_bi += b.head_bi, k.head_recompute += b.head_recompute;
+  k.opt_per_param += b.opt_per_param;
+  return k;
+}
+
+LayerCosts tensor_parallel_costs(const ModelDesc& d, int B, int T, const Link& intra, Recompute recompute, bool bytes) {
+  const int tp = d.tp;
+  // One ring all-reduce of n floats: its time, or the bytes one rank sends in it.
+  auto ar = [&](double floats) {
+    return bytes ? 2.0 * (tp - 1) / tp * floats * 4 : collective_time(intra, CollOp::allreduce, tp, floats * 4);
+  };
+  LayerCosts k;
+  k.micro_batch = B, k.seq_len = T;
+  if (tp <= 1) return k;
+  const int N = B * T;
+  const double NC = (double)N * d.d_model;
+  k.embed_f = ar(NC);
+  k.block_f = 2 * ar(NC);  // after the attention output and the MLP's second projection
+  k.block_b = k.block_bi = 2 * ar(NC);  // d of the QKV and the MLP's first projection inputs
+  if (recompute == Recompute::full) k.block_b = k.block_bi = 4 * ar(NC);  // the block's forward again
+  if (d.seq_shards()) {  // each all-reduce becomes a reduce-scatter + all-gather (the same volume);
+    // backward gathers each branch's input again for its weight gradient: two all-gathers of N·C
+    const double ag = bytes ? (double)(tp - 1) / tp * NC * 4 : collective_time(intra, CollOp::allgather, tp, NC * 4);
+    k.block_b += 2 * ag, k.block_bi += 2 * ag;
+  }
+  if (d.head == HeadKind::lm) {
+    const int R = lm_head_chunk_rows(d, N), chunks = lm_head_chunks(d, N);
+    double all = 0, last = 0;  // the row statistics of every chunk: a max of rn floats, a sum of 2·rn
+    for (int c = 0; c < chunks; c++) {
+      const int rn = std::min(R, N - c * R);
+      last = ar(rn) + ar(2.0 * rn);
+      all += last;
+    }
+    k.head_f = all;
+    k.head_recompute = all - last;  // backward recomputes every chunk but the last
+    k.head_b = k.head_bi = k.head_recompute + ar(NC);  // and sums d xf
+  }
+  k.source = bytes ? "bytes sent per rank in the tensor-parallel all-reduces"
+                   : "tensor-parallel all-reduces over " + intra.name;
+  return k;
+}
+
 // ---- the pipeline with per-stage costs ---------------------------------------------------------------
 PipelineSim simulate_pipeline(ScheduleKind kind, int S, int M, const std::vector<StageCost>& cost,
                               const std::vector<double>& msg_s) {
@@ -203,6 +254,8 @@ const TimeRow* PlanResult::time_row(const std::string& schedule, int zero) const
 nlohmann::json PlanResult::to_json() const {
   nlohmann::json j;
   j["dp"] = dp;
+  j["tp"] = tp;
+  j["tp_costs"] = tp_costs.to_json();
   j["micro_batch"] = micro_batch;
   j["local_batch"] = local_batch;
   j["layer_counts"] = layer_counts;
@@ -233,7 +286,8 @@ nlohmann::json PlanResult::to_json() const {
     j["time"].push_back({{"schedule", t.schedule}, {"zero", t.zero}, {"compute_s", t.compute_s}, {"bubble_s", t.bubble_s},
                          {"sync_s", t.sync_s}, {"exposed_sync_s", t.exposed_sync_s}, {"optimizer_s", t.optimizer_s},
                          {"step_s", t.step_s}, {"tokens_per_s", t.tokens_per_s}, {"mfu", t.mfu},
-                         {"efficiency", t.efficiency}, {"dp_bytes_sent_per_rank", t.bytes_per_rank}});
+                         {"efficiency", t.efficiency}, {"dp_bytes_sent_per_rank", t.bytes_per_rank},
+                         {"tp_s", t.tp_s}, {"tp_bytes_sent_per_rank", t.tp_bytes_per_rank}});
   return j;
 }
 
@@ -278,6 +332,8 @@ PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int
   in.global_batch = cfg.train.global_batch;
   in.world = world;
   in.pp = cfg.parallel.pp_stages;
+  in.tp = cfg.parallel.tp;
+  in.desc.sequence_parallel = cfg.parallel.sequence_parallel;
   in.microbatches = cfg.parallel.microbatches;
   in.stage_layers = cfg.parallel.stage_layers;
   in.zero = cfg.parallel.zero;
@@ -301,15 +357,29 @@ PlanResult plan(const PlanInputs& in) {
   const int W = in.world, S = in.pp, T = in.seq_len, G = in.global_batch;
   if (W < 1) fail("--world must be >= 1");
   if (S < 1) fail("--pp must be >= 1");
-  if (W % S != 0) fail("the world size ", W, " is not divisible by the pipeline stages ", S, ": choose --world a multiple of --pp");
+  const int TP = in.tp;
+  if (TP < 1) fail("--tp must be >= 1 (tensor-parallel ranks per group)");
+  if (TP == 1 && W % S != 0)
+    fail("the world size ", W, " is not divisible by the pipeline stages ", S, ": choose --world a multiple of --pp");
+  if (W % ((long)S * TP) != 0)
+    fail("the world size ", W, " is not divisible by pp ", S, " x tp ", TP, " = ", (long)S * TP,
+         ": choose --world a multiple of ", (long)S * TP);
   if (const std::string e = recompute_schedule_error(in.recompute, in.schedule, S); !e.empty()) fail(e);
   if (T < 1 || T > d.max_seq_len) fail("model.seq_len ", T, " must be in [1, max_seq_len ", d.max_seq_len, "]");
   if (d.vocab_size < 1) fail("the model has no vocabulary size: set model.vocab_size or give --vocab N (or a data.train file)");
   PlanResult r;
-  r.dp = W / S;
+  r.dp = W / (S * TP);
+  r.tp = TP;
   if (G % r.dp != 0)
     fail("train.global_batch ", G, " is not divisible by the ", r.dp, " data-parallel replicas (world ", W, " / pp ", S,
-         "): choose a global batch that is a multiple of ", r.dp);
+         TP > 1 ? " / tp " + std::to_string(TP) : std::string(), "): choose a global batch that is a multiple of ",
+         r.dp);
+  // Tensor parallelism: the memory is that of the last shard, which holds the most vocabulary rows
+  // (tensor_shard refuses a tp that does not divide the heads or the MLP width, naming the key).
+  const ModelDesc ds = TP > 1 ? tensor_shard(d, TP, TP - 1) : d;
+  if (ds.seq_shards() && T % TP != 0)
+    fail("model.seq_len ", T, " is not a multiple of --tp ", TP, ": parallel.sequence_parallel splits every "
+         "sequence's rows over the group; choose a multiple of ", TP, " or set parallel.sequence_parallel false");
   r.local_batch = G / r.dp;
   // Micro-batches: a pipeline's, or without stages gradient accumulation's (one at a time).
   const int M = in.microbatches;
@@ -329,7 +399,12 @@ PlanResult plan(const PlanInputs& in) {
   if (gs && in.grad_bf16)
     fail("parallel.grad_dtype \"bf16\" is not implemented for parallel.sync \"gather_scatter\": use \"allreduce\" or \"nccl\"");
   const int rpn = std::max(1, in.fabric.ranks_per_node);
+  if (TP > 1 && rpn % TP != 0)
+    fail("--tp ", TP, " does not divide the ", rpn, " ranks per node (--gpus-per-node): a tensor-parallel group "
+         "all-reduces every block's output and must lie inside one node; choose --tp dividing ", rpn);
   auto node_of = [&](long rank) { return rank / rpn; };
+  // The world rank of data-parallel replica q, stage s, tensor-parallel rank 0 (runtime/parallel_groups.h).
+  auto rank_of = [&](long q, int s) { return (q * S + s) * TP; };
 
   // ---- memory ----
   std::vector<ParamTable> tables;
@@ -339,7 +414,7 @@ PlanResult plan(const PlanInputs& in) {
     StageMemory sm;
     sm.stage = s;
     sm.part = S > 1 ? virtual_stage_part(r.layer_counts, s) : ModelPart::whole();
-    tables.push_back(build_param_table(d, sm.part));
+    tables.push_back(build_param_table(ds, sm.part));
     buckets.push_back(make_buckets(tables.back(), in.bucket_mb, first_mb));
     sm.n_params = (int64_t)tables.back().numel;
     size_t shard = 0, largest_piece = 0, largest_bucket = 0;
@@ -355,12 +430,13 @@ PlanResult plan(const PlanInputs& in) {
     const double nccl_pad = (double)largest_piece * r.dp * (4 + (in.grad_bf16 ? 2 : 0));
     sm.zero_recv_buffer = r.dp <= 1 ? 0 : in.sync == SyncMethod::nccl ? nccl_pad : (double)largest_piece * 4 * (gs ? 1 : r.dp + 2);
     sm.gather_scatter_buffers = gs && r.dp > 1 ? 2.0 * r.dp * largest_bucket * 4 : 0;
-    sm.activation_slot = (double)activation_bytes(d, sm.part, r.micro_batch, T, GemmPrecision::fp32, in.recompute);
-    sm.kept_slot = (double)kept_bytes(d, sm.part, r.micro_batch, T);
-    sm.scratch = (double)backward_scratch_bytes(d, r.micro_batch, T);
+    sm.activation_slot = (double)activation_bytes(ds, sm.part, r.micro_batch, T, GemmPrecision::fp32, in.recompute);
+    sm.kept_slot = (double)kept_bytes(ds, sm.part, r.micro_batch, T);
+    sm.scratch = (double)backward_scratch_bytes(ds, r.micro_batch, T);
     sm.activation_slot_bf16 =
-        (double)activation_bytes(d, sm.part, r.micro_batch, T, GemmPrecision::bf16, in.recompute);
-    sm.scratch_bf16 = sm.scratch + (double)gemm_operand_scratch_bytes(d, r.micro_batch, T, GemmPrecision::bf16, in.device.gpu);
+        (double)activation_bytes(ds, sm.part, r.micro_batch, T, GemmPrecision::bf16, in.recompute);
+    sm.scratch_bf16 =
+        sm.scratch + (double)gemm_operand_scratch_bytes(ds, r.micro_batch, T, GemmPrecision::bf16, in.device.gpu);
     std::vector<size_t> copy_offsets;
     sm.weight_copy_bf16 = (double)aligned_copy_layout(tables.back(), &copy_offsets) * sizeof(uint16_t);
     r.stages.push_back(sm);
@@ -372,6 +448,9 @@ PlanResult plan(const PlanInputs& in) {
     schedules.pop_back();
     r.notes.push_back(std::string("zb-h1 is not planned: it is not implemented with runtime.recompute \"") +
                       option_name(in.recompute) + "\"");
+  } else if (S > 1 && ds.seq_shards()) {  // ... and sequence parallelism
+    schedules.pop_back();
+    r.notes.push_back("zb-h1 is not planned: it is not implemented with parallel.sequence_parallel");
   }
   if (S > 1 && in.schedule == ScheduleKind::interleaved)
     r.notes.push_back("the run's schedule 'interleaved' is not planned (gpipe, 1f1b and zb-h1 are)");
@@ -440,6 +519,32 @@ PlanResult plan(const PlanInputs& in) {
                       "\": each block's backward recomputes " +
                       (in.recompute == Recompute::full ? "its forward" : "its pointwise outputs and norms"));
   }
+  // The reference below (one rank, the whole model) takes the costs before tensor parallelism.
+  const LayerCosts whole_costs = r.costs;
+  LayerCosts tp_bytes;  // tp > 1: the bytes one rank sends in the all-reduces, laid out as the costs
+  if (TP > 1) {
+    r.tp_costs = tensor_parallel_costs(ds, r.micro_batch, T, in.fabric.intra, in.recompute, false);
+    tp_bytes = tensor_parallel_costs(ds, r.micro_batch, T, in.fabric.intra, in.recompute, true);
+    LayerCosts& k = r.costs;
+    for (double* x : {&k.block_f, &k.block_b, &k.block_bi, &k.head_f, &k.head_b, &k.head_bi, &k.head_recompute})
+      *x /= TP;
+    k = add_costs(k, r.tp_costs);
+    k.source += ", blocks and head / tp " + std::to_string(TP) + " + their all-reduces over " + in.fabric.intra.name;
+    const int chunks = d.head == HeadKind::lm ? lm_head_chunks(ds, r.micro_batch * T) : 0;
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  "tp %d: all-reduces of %.3g MB per micro-batch over %s, %d per block (%s), one for the embedding%s; "
+                  "%s%s",
+                  TP, (double)r.micro_batch * T * d.d_model * 4 / 1e6, in.fabric.intra.name.c_str(),
+                  in.recompute == Recompute::full ? 6 : 4,
+                  in.recompute == Recompute::full ? "2 forward, 2 recomputed, 2 backward" : "2 forward, 2 backward",
+                  chunks > 0 ? " and one for the LM head's d xf" : "",
+                  chunks > 0 ? ("the head's row statistics, 2 small ones for each of its " + std::to_string(chunks) +
+                                " chunks (again for those recomputed in backward)").c_str()
+                             : "",
+                  in.device.gpu ? " (the code sums through the host with MPI: those copies are not counted)" : "");
+    r.notes.push_back(buf);
+  }
   const LayerCosts& c = r.costs;
   // Every schedule but zb-h1 (and a run without stages) fuses the LM head: its backward runs in F,
   // without the recompute (model/transformer.h "Fused LM head").
@@ -474,7 +579,7 @@ PlanResult plan(const PlanInputs& in) {
     }
   auto same_node_everywhere = [&](int sa, int sb) {
     for (int q = 0; q < r.dp; q++)
-      if (node_of((long)q * S + sa) != node_of((long)q * S + sb)) return false;
+      if (node_of(rank_of(q, sa)) != node_of(rank_of(q, sb))) return false;
     return true;
   };
   for (int s = 0; s + 1 < S; s++) {
@@ -483,22 +588,24 @@ PlanResult plan(const PlanInputs& in) {
     l.alpha_beta(CollOp::sendrecv, 2, &a, &b);
     r.p2p_s.push_back(p2p_time(r.p2p_message_bytes, a, b));
   }
-  // The data-parallel group of stage s: ranks q·S + s; how many of them share stage s's node.
+  // The data-parallel group of stage s (and tensor-parallel rank t): ranks (q·S + s)·TP + t; how many
+  // of them share stage s's node.
   for (int s = 0; s < S; s++) {
     int k = 0;
     for (int q = 0; q < r.dp; q++)
-      if (node_of((long)q * S + s) == node_of(s)) k++;
+      if (node_of(rank_of(q, s)) == node_of(rank_of(0, s))) k++;
     r.dp_ranks_per_node.push_back(k);
   }
   const bool tied = S > 1 && d.head == HeadKind::lm && d.tie_embeddings;
   double tied_s = 0;
   if (tied) {
     const Link& l = same_node_everywhere(0, S - 1) ? in.fabric.intra : inter;
-    tied_s = collective_time(l, CollOp::allreduce, 2, (double)d.vocab_size * d.d_model * 4);
+    tied_s = collective_time(l, CollOp::allreduce, 2, (double)ds.vocab_rows() * d.d_model * 4);  // (the shard's rows)
   }
   // The reference: one rank computing the whole global batch micro-batch by micro-batch.
   // (fused: no pipeline stages)
-  const double per_mb = cf.embed_f + cf.embed_b + d.n_layer * (cf.block_f + cf.block_b) + cf.head_f + cf.head_b;
+  const LayerCosts wf = d.head == HeadKind::lm ? whole_costs.with_fused_head() : whole_costs;
+  const double per_mb = wf.embed_f + wf.embed_b + d.n_layer * (wf.block_f + wf.block_b) + wf.head_f + wf.head_b;
   const double opt_scale = adamw ? 1.0 : 12.0 / 28.0;  // SGD: reads p, g, writes p
   // (one rank alone has its cores to itself: undo the sharing)
   const double t1 = ((double)G / r.micro_batch * per_mb + c.opt_per_param * opt_scale * (double)whole.numel) / r.oversubscription;
@@ -510,6 +617,11 @@ PlanResult plan(const PlanInputs& in) {
     const PipelineSim sim =
         simulate_pipeline(kind, S, M, stage_costs(cs), r.p2p_s.empty() ? std::vector<double>{0} : r.p2p_s);
     if (!sim.completed) fail("internal: the simulated ", sch, " pipeline did not complete");
+    // the tensor-parallel all-reduces per stage and micro-batch (in the costs simulated), time and bytes
+    auto as_scheduled = [&](const LayerCosts& k) {
+      return stage_costs(kind != ScheduleKind::zb_h1 && d.head == HeadKind::lm ? k.with_fused_head() : k);
+    };
+    const std::vector<StageCost> tp_time = as_scheduled(r.tp_costs), tp_sent = as_scheduled(tp_bytes);
     for (int z = 0; z <= 1; z++) {
       const bool sharded = z == 1 && r.dp > 1;
       TimeRow best;
@@ -574,6 +686,8 @@ PlanResult plan(const PlanInputs& in) {
           best.exposed_sync_s = exposed + ag;
           best.optimizer_s = opt;
           best.bytes_per_rank = bytes;
+          best.tp_s = M * (tp_time[s].f + tp_time[s].b);
+          best.tp_bytes_per_rank = M * (tp_sent[s].f + tp_sent[s].b);
         }
       }
       best.tokens_per_s = (double)G * T / best.step_s;

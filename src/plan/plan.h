@@ -1,10 +1,12 @@
 // llmpi-plan's model: memory per rank, step time and scaling of a run before it is run
 // (docs/SCALING.md says how each number is modelled and where it could be wrong).
 //
-// Memory, per pipeline stage (world = DP × PP; every rank of a stage holds the same):
+// Memory, per pipeline stage (world = DP × PP × TP; every rank of a stage holds the same, up to a
+// tensor-parallel shard's vocabulary rows: the last shard, the largest, is planned):
 //   parameters, gradients   the stage's parameter table (build_param_table of its ModelPart, the
 //                           parts split_layers / virtual_stage_part give, exactly as the pipeline
-//                           builds them); pp = 1: the whole model
+//                           builds them); pp = 1: the whole model. With tensor parallelism
+//                           (tp = T > 1) the table of the shard (tensor_shard, model_desc.h)
 //   optimizer               AdamW m and v: 2 floats per parameter; ZeRO-1: only the rank's shard
 //                           (its piece of every bucket, comm/grad_sync.h shard_pieces; the largest
 //                           shard, rank 0's, is reported)
@@ -15,6 +17,9 @@
 //                           (runtime.recompute: the recomputed tensors once per slot, not per
 //                           layer; no zb-h1 rows then: it refuses recomputation)
 //   scratch                 backward_scratch_bytes at the micro-batch
+//   (tp > 1: activation_bytes, kept_bytes and the scratch of the shard: the heads, MLP channels and
+//   vocabulary rows /T, the N·C tensors whole, or with sequence parallelism the residual stream's
+//   N/T rows; estimate_memory counts the same)
 //   sync buffers            ZeRO-1's reduce-scatter receive buffer (nccl: the device buffer of W padded
 //                           pieces, comm/nccl.h); gather_scatter's root buffers
 // Precision: fp32 is the code as built (those byte counts are exact). "bf16-built" is
@@ -38,6 +43,19 @@
 // ZeRO-1's parameter all-gather after it. Recomputation adds to every block's input-gradient
 // backward: full one block forward, selective full attention's share of it (scores and weighted
 // values, 4·T·C per token; the pointwise recomputes are memory traffic and left out).
+//
+// Tensor parallelism (tp = T > 1, model/transformer.h "Tensor parallelism"): the groups are T
+// adjacent ranks (world rank = (dp_rank·S + stage)·T + tp_rank), inside one node (T must divide the
+// ranks per node). The blocks' and the head's compute is divided by T (the embedding is not); each
+// micro-batch adds the group's blocking all-reduces over the link inside a node, ring all-reduces
+// (2(T−1)/T of the bytes sent per rank): per block two of N·C floats in forward and two in backward;
+// the embedding one; the LM head per chunk a max of R floats and a sum of 2·R (again in backward
+// for each chunk it recomputes) and one of N·C for d xf (N = micro-batch × seq_len); with
+// runtime.recompute full each block's backward repeats its two forward ones. With sequence
+// parallelism (desc.sequence_parallel) each of them is a reduce-scatter and an all-gather (the same
+// volume; the embedding's is counted as an all-reduce) and each block's backward gathers its two
+// branch inputs again: two all-gathers of N·C more; the memory is the shard's with N/T rows of the
+// residual stream. On a GPU the code sums through the host (MPI): the copies are not counted.
 #pragma once
 #include <string>
 #include <vector>
@@ -107,6 +125,16 @@ LayerCosts costs_from_device(const ModelDesc& d, int micro_batch, int T, const D
 // selective the attention's share of it with full attention (else 0), none 0.
 double block_recompute_cost(const ModelDesc& d, const LayerCosts& k, Recompute recompute);
 
+// The LM head's chunks over N rows (lm_head_chunk_rows).
+int lm_head_chunks(const ModelDesc& d, int N);
+// a + b, field by field (the seconds; a's micro-batch, sequence length and source).
+LayerCosts add_costs(const LayerCosts& a, const LayerCosts& b);
+// The tensor-parallel all-reduces of shard d (d.tp ranks; all zero when d.tp = 1) per micro-batch of
+// B × T tokens, as LayerCosts: their seconds over `intra` (ring all-reduces, collective_time), or
+// with bytes = true the bytes one rank sends in them, 2(tp−1)/tp of each buffer ("Tensor
+// parallelism" above lists them; recompute full adds a block's two forward ones to its backward).
+LayerCosts tensor_parallel_costs(const ModelDesc& d, int B, int T, const Link& intra, Recompute recompute, bool bytes);
+
 // ---- the simulated pipeline ----------------------------------------------------------------------------
 struct PipelineSim {
   bool completed = false;
@@ -125,6 +153,7 @@ struct PlanInputs {
   ModelDesc desc;
   int seq_len = 0, global_batch = 0;
   int world = 1, pp = 1, microbatches = 1;
+  int tp = 1;                                    // tensor-parallel ranks per group (parallel.tp)
   std::vector<int> stage_layers;                 // empty = split_layers' balance
   int zero = 0;                                  // the run's choice (both are always planned)
   ScheduleKind schedule = ScheduleKind::one_f_one_b;  // the run's choice (every schedule is planned)
@@ -173,14 +202,17 @@ struct TimeRow {
   double optimizer_s = 0;
   double step_s = 0, tokens_per_s = 0, mfu = 0, efficiency = 0;
   double bytes_per_rank = 0;    // data-parallel bytes one rank sends per step (the algorithm's)
+  double tp_s = 0;              // the tensor-parallel all-reduces of the busiest stage (in compute_s)
+  double tp_bytes_per_rank = 0; // bytes one rank sends in them per step
 };
 struct PlanResult {
-  int dp = 1, micro_batch = 0, local_batch = 0;
+  int dp = 1, tp = 1, micro_batch = 0, local_batch = 0;
   std::vector<int> layer_counts;
   std::vector<StageMemory> stages;
   std::vector<MemoryRow> memory;
   std::vector<TimeRow> time;
-  LayerCosts costs;             // at the micro-batch
+  LayerCosts costs;             // at the micro-batch (tp > 1: a shard's, its all-reduces included)
+  LayerCosts tp_costs;          // tp > 1: the all-reduces' share of `costs` (no compute)
   double peak_flops = 0, mfu_assumed = 0, flops_per_token = 0;
   double single_rank_tokens_per_s = 0;   // the reference for the scaling efficiency
   double oversubscription = 1;          // cpu: compute costs multiplied by this (ranks sharing cores)
@@ -202,7 +234,8 @@ struct PlanResult {
 struct Config;
 PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int world);
 
-// Throws Error (one clear line naming the fix) on impossible inputs: world not divisible by pp,
+// Throws Error (one clear line naming the fix) on impossible inputs: world not divisible by pp × tp,
+// tp not dividing the heads, key/value heads or MLP width, or exceeding the ranks per node,
 // micro-batches not dividing the per-replica batch, more stages than layers, ...
 PlanResult plan(const PlanInputs& in);
 

@@ -26,7 +26,7 @@ const json& config_defaults() {
                  "eval_every": 100, "eval_batches": 8, "on_nonfinite": "abort",
                  "max_consecutive_skips": 10},
     "parallel": {"sync": "allreduce", "bucket_mb": 25.0, "first_bucket_mb": 1.0, "overlap": false,
-                 "poll_us": 50, "average_every": 1, "pp_stages": 1, "microbatches": 1,
+                 "poll_us": 50, "average_every": 1, "pp_stages": 1, "tp": 1, "sequence_parallel": false, "microbatches": 1,
                  "schedule": "1f1b", "virtual_stages": 1, "stage_layers": [], "zero": 0,
                  "grad_dtype": "fp32"},
     "runtime":  {"device": "auto", "precision": "fp32", "cpu_bf16_gemm": "auto", "cpu_fp32_gemm": "auto",
@@ -280,6 +280,8 @@ static Config extract(const json& r) {
   c.parallel.average_every = as_int<int>(p["average_every"], "parallel.average_every");
   c.parallel.pp_stages = as_int<int>(p["pp_stages"], "parallel.pp_stages");
   c.parallel.microbatches = as_int<int>(p["microbatches"], "parallel.microbatches");
+  c.parallel.tp = as_int<int>(p["tp"], "parallel.tp");
+  c.parallel.sequence_parallel = p["sequence_parallel"];
   c.parallel.schedule = as_option<ScheduleKind>(p["schedule"], "parallel.schedule");
   const int zero = as_int<int>(p["zero"], "parallel.zero");
   require(zero == 0 || zero == 1, "parallel.zero",
@@ -364,6 +366,16 @@ static Config extract(const json& r) {
   require(c.parallel.poll_us >= 0, "parallel.poll_us", "must be >= 0 (0 = blocking collectives)");
   require(c.parallel.average_every >= 1, "parallel.average_every", "must be >= 1");
   require(c.parallel.pp_stages >= 1, "parallel.pp_stages", "must be >= 1 (1 = no pipeline)");
+  require(c.parallel.tp >= 1, "parallel.tp", "must be >= 1 (1 = no tensor parallelism)");
+  if (c.parallel.sequence_parallel && c.parallel.tp > 1) {
+    require(c.model.seq_len % c.parallel.tp == 0, "parallel.sequence_parallel",
+            "splits each micro-batch's rows over the parallel.tp ranks: model.seq_len (" +
+                std::to_string(c.model.seq_len) + ") must be a multiple of parallel.tp (" +
+                std::to_string(c.parallel.tp) + ")");
+    require(!(c.parallel.pp_stages > 1 && c.parallel.schedule == ScheduleKind::zb_h1), "parallel.sequence_parallel",
+            "does not combine with parallel.schedule \"zb-h1\" (its deferred weight gradients would read branch "
+            "inputs gathered again for every layer): use \"1f1b\" or \"interleaved\"");
+  }
   const std::string sync_error = sync_choice_error(c.parallel.sync, c.parallel.zero, c.parallel.grad_dtype,
                                                    c.parallel.overlap);
   if (!sync_error.empty()) fail(sync_error);
@@ -592,6 +604,9 @@ std::vector<std::string> keys_without_effect(const Config& c) {
                                      "are reduced during backward");
     note("parallel.poll_us", "without parallel.overlap=true: it paces the communication thread");
   }
+  if (c.parallel.tp == 1)
+    note("parallel.sequence_parallel", "with parallel.tp 1: it splits the rows of a tensor-parallel group (set "
+                                       "parallel.tp > 1)");
   if (c.data.val.empty())
     for (const char* key : {"train.eval_every", "train.eval_batches"})
       note(key, "without data.val: there is no validation split to evaluate");

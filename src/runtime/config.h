@@ -67,6 +67,11 @@ struct ParallelConfig {
   ScheduleKind schedule;
   int virtual_stages;      // interleaved: model chunks per stage
   std::vector<int> stage_layers;  // blocks per (virtual) stage, in order; empty = balanced by cost
+  // Tensor parallelism (model/transformer.h "Tensor parallelism"): ranks sharing each layer; 1 = none.
+  // world = data-parallel replicas × pp_stages × tp.
+  int tp = 1;
+  // Sequence parallelism (with tp > 1): norms, residuals and hidden dropout on each rank's rows.
+  bool sequence_parallel = false;
   // Sharded optimizer (comm/grad_sync.h "ZeRO-1"), parallel.zero 1: each data-parallel rank keeps
   // the AdamW moments of its shard only; gradients are reduce-scattered, parameters all-gathered.
   bool zero = false;

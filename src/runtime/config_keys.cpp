@@ -86,6 +86,12 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
        "sleep between MPI_Test polls of the communication thread (0 = blocking collectives)"},
       {"parallel.average_every", "parallel.sync weights", "steps between parameter averages"},
       {"parallel.pp_stages", "", "pipeline stages (1 = no pipeline); the world size must be a multiple"},
+      {"parallel.sequence_parallel", "parallel.tp > 1",
+       "sequence parallelism: norms, residual adds and hidden dropout on each tensor-parallel rank's rows of a "
+       "micro-batch (all-gather / reduce-scatter instead of all-reduce); model.seq_len a multiple of tp"},
+      {"parallel.tp", "",
+       "tensor-parallel ranks sharing each layer (Megatron's split of heads, MLP channels and vocabulary; 1 = "
+       "none); adjacent ranks; the world size must be a multiple of pp_stages × tp"},
       {"parallel.microbatches", "",
        "a pipeline's micro-batches per step; with pp_stages 1, gradient accumulation: micro-batches per step, "
        "one gradient sync"},

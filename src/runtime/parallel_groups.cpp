@@ -7,24 +7,34 @@
 
 namespace llmpi {
 
-ParallelGroups::ParallelGroups(MPI_Comm w, int pp_stages, bool tied_embedding) : world(w) {
+ParallelGroups::ParallelGroups(MPI_Comm w, int pp_stages, bool tied_embedding, int tp_ranks) : world(w) {
   MPI_Comm_rank(world, &world_rank);
   MPI_Comm_size(world, &world_size);
-  if (pp_stages < 1 || world_size % pp_stages != 0)
-    fail("parallel.pp_stages ", pp_stages, " does not divide the ", world_size, " ranks (world = data-parallel × "
-         "pipeline stages): run a multiple of ", pp_stages, " ranks, or choose pp_stages dividing ", world_size);
+  if (tp_ranks < 1 || world_size % tp_ranks != 0)
+    fail("parallel.tp ", tp_ranks, " does not divide the ", world_size, " ranks (world = data-parallel × pipeline "
+         "stages × tensor-parallel ranks): run a multiple of ", tp_ranks, " ranks, or choose parallel.tp dividing ",
+         world_size);
+  if (pp_stages < 1 || world_size % (pp_stages * tp_ranks) != 0)
+    fail("parallel.pp_stages ", pp_stages, (tp_ranks > 1 ? " × parallel.tp " + std::to_string(tp_ranks) : ""),
+         " does not divide the ", world_size, " ranks (world = data-parallel × pipeline stages × tensor-parallel "
+         "ranks): run a multiple of ", pp_stages * tp_ranks, " ranks, or choose pp_stages",
+         (tp_ranks > 1 ? " × tp" : ""), " dividing ", world_size);
   pp = pp_stages;
-  dp = world_size / pp;
-  stage = world_rank % pp;
-  dp_rank = world_rank / pp;
-  MPI_Comm_split(world, dp_rank, stage, &pipeline);
-  MPI_Comm_split(world, stage, dp_rank, &data);
+  tp = tp_ranks;
+  dp = world_size / (pp * tp);
+  tp_rank = world_rank % tp;
+  stage = world_rank / tp % pp;
+  dp_rank = world_rank / (tp * pp);
+  MPI_Comm_split(world, dp_rank * tp + tp_rank, stage, &pipeline);
+  MPI_Comm_split(world, stage * tp + tp_rank, dp_rank, &data);
+  MPI_Comm_split(world, dp_rank * pp + stage, tp_rank, &tensor);
+  MPI_Comm_split(world, dp_rank, stage * tp + tp_rank, &model);
   const bool in_embedding = tied_embedding && pp > 1 && (first_stage() || last_stage());
-  MPI_Comm_split(world, in_embedding ? dp_rank : MPI_UNDEFINED, stage, &embedding);
+  MPI_Comm_split(world, in_embedding ? dp_rank * tp + tp_rank : MPI_UNDEFINED, stage, &embedding);
 }
 
 ParallelGroups::~ParallelGroups() {
-  for (MPI_Comm* c : {&pipeline, &data, &embedding})
+  for (MPI_Comm* c : {&pipeline, &data, &embedding, &tensor, &model})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -34,15 +44,20 @@ std::string ParallelGroups::describe() const {
     for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
     return s;
   };
-  std::vector<int> pipe_ranks, data_ranks;
-  for (int s = 0; s < pp; s++) pipe_ranks.push_back(world_rank_of(dp_rank, s));
-  for (int d = 0; d < dp; d++) data_ranks.push_back(world_rank_of(d, stage));
+  std::vector<int> pipe_ranks, data_ranks, tensor_ranks;
+  for (int s = 0; s < pp; s++) pipe_ranks.push_back(world_rank_of(dp_rank, s, tp_rank));
+  for (int d = 0; d < dp; d++) data_ranks.push_back(world_rank_of(d, stage, tp_rank));
+  for (int t = 0; t < tp; t++) tensor_ranks.push_back(world_rank_of(dp_rank, stage, t));
   std::string line = "rank " + std::to_string(world_rank) + ": pipeline " + std::to_string(dp_rank) + " stage " +
                      std::to_string(stage) + "/" + std::to_string(pp) + " (pipeline ranks " + list(pipe_ranks) +
                      "), data-parallel rank " + std::to_string(dp_rank) + "/" + std::to_string(dp) + " (ranks " +
                      list(data_ranks) + ")";
+  if (tp > 1)
+    line += ", tensor-parallel rank " + std::to_string(tp_rank) + "/" + std::to_string(tp) + " (ranks " +
+            list(tensor_ranks) + ")";
   if (embedding != MPI_COMM_NULL)
-    line += ", tied-embedding group ranks " + list({world_rank_of(dp_rank, 0), world_rank_of(dp_rank, pp - 1)});
+    line += ", tied-embedding group ranks " +
+            list({world_rank_of(dp_rank, 0, tp_rank), world_rank_of(dp_rank, pp - 1, tp_rank)});
   return line;
 }
 

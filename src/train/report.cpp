@@ -136,6 +136,15 @@ void print_data_and_schedule(const Run& r) {
 
 void print_layout(const Run& r) {
   const Engine& e = *r.engine;
+  if (r.groups->tp > 1) {
+    const Model& m = *e.chunks.front().model;
+    std::printf("tensor parallelism: %d ranks per layer (%d of %d heads, %d of %d key/value heads, %d of %d MLP "
+                "channels, vocabulary rows [%d, %d) on rank 0), %zu of %zu parameters per rank; collectives %s\n",
+                r.groups->tp, m.desc.heads(), m.desc.n_head, m.desc.kv_heads(), m.desc.n_kv_head, m.desc.ffn(),
+                m.desc.ffn_dim, m.desc.vocab_begin(), m.desc.vocab_end(), m.table.numel, e.whole_table.numel,
+                r.ops->on_gpu() ? (r.cfg.parallel.sync == SyncMethod::nccl ? "over NCCL" : "through host memory (MPI)")
+                                : "over MPI");
+  }
   if (e.pipelined()) {
     std::printf("pipeline: %d stages × %d data-parallel replicas, schedule %s, %d micro-batches of %d%s; "
                 "gradient sync %s%s per stage\n", r.groups->pp, r.groups->dp, schedule_kind_name(e.kind),
@@ -148,7 +157,7 @@ void print_layout(const Run& r) {
     std::printf("gradient accumulation: %d micro-batches of %d per step, gradients synchronised once, during the "
                 "last micro-batch's backward\n", e.M, e.micro_batch);
   const GradSync& g = *e.chunks.front().sync;
-  const size_t numel = e.whole_table.numel;
+  const size_t numel = e.chunks.front().model->table.numel;  // (a tensor-parallel shard's)
   const std::string method_note =
       g.opt.method == SyncMethod::weights
           ? ", parameters every " + std::to_string(g.opt.average_every) + " step(s)"
@@ -166,7 +175,7 @@ void print_layout(const Run& r) {
 }  // namespace
 
 void print_start(const Run& r, const TrainOptions& o, const TrainResult& res) {
-  if (r.groups->pp > 1 && o.print) print_topology(*r.groups, r.engine->describe_layers());  // collective
+  if ((r.groups->pp > 1 || r.groups->tp > 1) && o.print) print_topology(*r.groups, r.engine->describe_layers());  // collective
   if (!o.print || r.rank != 0) return;
   for (const std::string& w : keys_without_effect(r.cfg)) std::fprintf(stderr, "llmpi-train: warning: %s\n", w.c_str());
   print_device_and_model(r, res);

@@ -143,12 +143,13 @@ int open_data(Run& r) {
 void check_memory(Run& r, const ModelDesc& desc, int local_size) {
   const Config& c = r.cfg;
   const int lb = r.sampler->local_batch(), T = c.model.seq_len, M = c.parallel.microbatches;
-  auto estimate = [&](int b, int rank) { return estimate_memory(desc, b, T, c, r.world, rank, r.on_gpu); };
-  r.memory = estimate(lb, r.rank);
+  // (over the data-parallel group: ZeRO-1's shard and the gather buffers; the world without pp, tp)
+  auto estimate = [&](int b, int rank) { return estimate_memory(desc, b, T, c, r.groups->dp, rank, r.on_gpu); };
+  r.memory = estimate(lb, r.groups->dp_rank);
   // The node runs local_size ranks of this configuration, one of them perhaps rank 0 (which
   // holds gather/checkpoint buffers the others do not).
   auto node_need = [&](int b) {
-    const double other = estimate(b, r.world > 1 ? 1 : 0).host_bytes();
+    const double other = estimate(b, r.groups->dp > 1 ? 1 : 0).host_bytes();
     return r.node_has_rank0 ? estimate(b, 0).host_bytes() + (local_size - 1) * other : local_size * other;
   };
   std::string source;
@@ -162,7 +163,7 @@ void check_memory(Run& r, const ModelDesc& desc, int local_size) {
   const double gpu_reserve = 256e6;  // cuBLAS workspaces and kernels' own buffers (not estimated)
   auto fits = [&](int b) {
     if (host_avail >= 0 && node_need(b) > host_avail) return false;
-    return gpu_free < 0 || estimate(b, r.rank).device_bytes() + gpu_reserve <= gpu_free;
+    return gpu_free < 0 || estimate(b, r.groups->dp_rank).device_bytes() + gpu_reserve <= gpu_free;
   };
   const std::string ranks = std::to_string(local_size) + " rank" + (local_size > 1 ? "s" : "");
   r.memory_note = "node: " + format_bytes(node_need(lb)) + " for " + ranks + " of " +
@@ -179,13 +180,13 @@ void check_memory(Run& r, const ModelDesc& desc, int local_size) {
     if (fits(mid * M)) best = mid * M, lo = mid + 1;
     else hi = mid - 1;
   }
-  const bool gpu_short = r.on_gpu && estimate(lb, r.rank).device_bytes() + gpu_reserve > gpu_free;
+  const bool gpu_short = r.on_gpu && estimate(lb, r.groups->dp_rank).device_bytes() + gpu_reserve > gpu_free;
   const std::string where = gpu_short ? "the GPU has " + format_bytes(gpu_free) + " free"
                                       : "the node has " + format_bytes(host_avail) + " available (" + source +
                                             ") for " + ranks + " needing " + format_bytes(node_need(lb));
   const std::string largest = c.train.batch_per_rank > 0
                                   ? "train.batch_per_rank that fits is " + std::to_string(best)
-                                  : "train.global_batch that fits is " + std::to_string(best * r.world) + " (" +
+                                  : "train.global_batch that fits is " + std::to_string(best * r.groups->dp) + " (" +
                                         std::to_string(best) + " per rank)";
   const std::string fix =
       best > 0 ? "the largest " + largest + "; or use more parallel.microbatches, a shorter model.seq_len or fewer "
@@ -239,7 +240,12 @@ void build_engine(Run& r, int vocab, int local_size) {
   desc.lm_head_chunk_rows = cfg.runtime.lm_head_chunk_rows;
   resolve_config(r.cfg.resolved, desc);
   r.rss_before_model = peak_rss_bytes();  // libraries, MPI, open files: what no estimate counts
-  check_memory(r, desc, local_size);
+  // With tensor parallelism a rank holds a shard (refused here, naming the key, when the model does
+  // not split so); the last shard is the largest (the most vocabulary rows), and every rank of the
+  // node is checked for that much. With sequence parallelism its residual stream is N / tp rows.
+  ModelDesc shard_of = desc;
+  shard_of.sequence_parallel = cfg.parallel.sequence_parallel;
+  check_memory(r, r.groups->tp > 1 ? tensor_shard(shard_of, r.groups->tp, r.groups->tp - 1) : desc, local_size);
   r.tracer.rank = r.rank;
   r.watchdog = std::make_unique<Watchdog>(cfg.runtime.step_timeout_s);
   EngineOptions eo;
@@ -305,7 +311,8 @@ void start_run(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) 
   claim_run_directory(r, o);  // collective: agreed before anything else can fail
   try {  // collective; fails on every rank alike (runtime/parallel_groups.h)
     r.groups = std::make_unique<ParallelGroups>(comm, cfg.parallel.pp_stages,
-                                                cfg.model.family != Family::bert && cfg.model.tie_embeddings);
+                                                cfg.model.family != Family::bert && cfg.model.tie_embeddings,
+                                                cfg.parallel.tp);
   } catch (const Error& e) {
     throw CollectiveError(e.what());
   }

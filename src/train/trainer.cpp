@@ -24,7 +24,9 @@ struct StepAgreement {
 // One collective: the losses summed over the data-parallel replicas (a pipeline stage without the
 // head adds 0) and the non-finite flags.
 StepAgreement agree(Run& r, const StepResult& s, int64_t step) {
-  double mine[2] = {(float)s.local_loss, s.finite ? 0.0 : 1.0}, all[2] = {mine[0], mine[1]};
+  // (a tensor-parallel group's ranks hold the same loss: its first rank counts it)
+  const double loss = r.groups->tp_rank == 0 ? (float)s.local_loss : 0.0;
+  double mine[2] = {loss, s.finite ? 0.0 : 1.0}, all[2] = {mine[0], mine[1]};
   if (r.world > 1) {
     r.watchdog->enter("loss allreduce", step);
     MPI_Allreduce(mine, all, 2, MPI_DOUBLE, MPI_SUM, r.comm);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Hugging Face weights through the real programs: llmpi-train --init-from a fixture model
-# (tests/fixtures/hf/*, tiny models saved by transformers) on 2 ranks, llmpi-export of the run's
-# checkpoint, and the errors of both; where llmpi-export may write (never a run directory, nothing
+# (tests/fixtures/hf/*, tiny models saved by transformers) on 2 ranks (as replicas, and as one
+# tensor-parallel group), llmpi-export of the run's checkpoint, and the errors of both; where llmpi-export may write (never a run directory, nothing
 # it did not write unless --overwrite, which keeps it) and its refusal of weights that are not finite.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -29,6 +29,17 @@ for fam in gpt2 llama; do
   "$B/llmpi-export" --hf-dir $FX/$fam --out "$tmp/direct-$fam" >/dev/null 2>&1
   check "$fam: import+train(lr 0)+export = import+export, byte for byte" \
     "cmp -s '$tmp/exp-$fam/model.safetensors' '$tmp/direct-$fam/model.safetensors'"
+done
+
+# Tensor parallelism: each rank takes its shards of the imported tensors, and the checkpoint
+# gathers them whole again (lr 0: the same bytes as the direct export).
+for fam in gpt2 llama; do
+  timeout 240 mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from $FX/$fam --set parallel.tp=2 \
+    --set run.dir="$tmp/run-tp-$fam" >"$tmp/train-tp-$fam.out" 2>&1 &&
+    "$B/llmpi-export" --checkpoint "$tmp/run-tp-$fam" --out "$tmp/exp-tp-$fam" >/dev/null 2>&1
+  check "$fam: --init-from with parallel.tp=2, train (lr 0), export = import+export, byte for byte" \
+    "[ $? = 0 ] && grep -q 'tensor parallelism: 2 ranks per layer' '$tmp/train-tp-$fam.out' &&
+     cmp -s '$tmp/exp-tp-$fam/model.safetensors' '$tmp/direct-$fam/model.safetensors'"
 done
 
 # An export trains again (its config.json and tensors are what --init-from reads).

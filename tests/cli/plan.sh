@@ -27,6 +27,12 @@ check "--profile-in reads it back: the same step times" \
 check "train.batch_per_rank: the global batch of --world / --pp replicas" \
   "[ $? = 0 ] && grep -q 'world 16 = 8 data-parallel x 2 stages; global batch 64 -> 8 per replica' '$tmp/out'"
 
+"$B/llmpi-plan" --config data/plan/llama-7b.json --world 64 --tp 8 --zero 1 --device h100 --precision bf16 \
+  --json "$tmp/tp.json" >"$tmp/out" 2>"$tmp/err"
+check "--tp 8: world = replicas x stages x tp, the shard, the tensor-parallel all-reduces" \
+  "[ $? = 0 ] && grep -q 'world 64 = 8 data-parallel x 1 stage x tp 8' '$tmp/out' && grep -q '4 of 32 heads' '$tmp/out' \
+   && grep -q '^tensor-parallel all-reduces per step' '$tmp/out' && grep -q '\"tp\": 8' '$tmp/tp.json'"
+
 expect_error() {  # name, pattern, args...
   local name=$1 pat=$2; shift 2
   "$B/llmpi-plan" "$@" >/dev/null 2>"$tmp/err"
@@ -59,6 +65,15 @@ expect_error "--profile-reps 0" "--profile-reps must be >= 1 (repetitions per me
 expect_error "--cores-per-rank 0" "--cores-per-rank must be >= 1 (cores per rank), got 0" "${G[@]}" --cores-per-rank 0
 expect_error "--cores-per-node -1" "--cores-per-node must be >= 1 (cores of a node), got -1" "${G[@]}" --cores-per-node -1
 expect_error "--gpus-per-node 0" "--gpus-per-node must be >= 1 (ranks per node), got 0" "${G[@]}" --gpus-per-node 0
+expect_error "--tp 0" "--tp must be >= 1 (tensor-parallel ranks per group), got 0" "${G[@]}" --tp 0
+expect_error "--tp 24 (12 heads)" "--tp must be in \[1, 12\] (tensor-parallel ranks per group, at most model.n_head), got 24" \
+  --config data/plan/gpt2-124m.json --world 24 --tp 24
+expect_error "--tp 5 does not divide the heads" "parallel.tp 5 does not divide model.n_head 12" \
+  --config data/plan/gpt2-124m.json --world 10 --tp 5
+expect_error "--tp across nodes" "--tp 16 does not divide the 8 ranks per node" \
+  --config data/plan/llama-7b.json --world 32 --tp 16 --device h100
+expect_error "--world not divisible by --pp x --tp" "not divisible by pp 2 x tp 4 = 8" \
+  --config data/plan/gpt2-124m.json --pp 2 --tp 4 --world 12
 expect_error "--nics-per-node 0" "--nics-per-node must be >= 1 (network ports per node), got 0" "${G[@]}" --nics-per-node 0
 expect_error "--world x" "llmpi-plan: error: Could not convert: --world = x; see llmpi-plan --help" --config data/plan/gpt2-124m.json --world x
 

@@ -2,8 +2,9 @@
 # Every parallel layout on the simulated card of tools/cuda_cpu_sim (build/sim-llmpi-train, each
 # rank its own simulated H100; NCCL's stand-in over MPI): pipeline stages with every schedule,
 # their messages through NCCL send/receive (parallel.sync=nccl) or MPI through page-locked host
-# buffers, ZeRO-1 over NCCL (reduce-scatter, all-gather), pipelines with ZeRO-1, and a checkpoint
-# of one layout resumed in another, each against the unpipelined CPU run of the same model.
+# buffers, ZeRO-1 over NCCL (reduce-scatter, all-gather), pipelines with ZeRO-1, a checkpoint
+# of one layout resumed in another, and tensor parallelism (its collectives through NCCL or host
+# memory, with pipeline stages), each against the unpipelined CPU run of the same model.
 # Tiny models and 10 steps: the simulator takes ~0.1-0.3 s a step here. Not a GPU run
 # (tools/cuda_cpu_sim/README.md says what the simulation cannot show).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
@@ -103,10 +104,22 @@ run resume gpt2 "$SIM" 4 "${NCCL[@]}" parallel.zero=1 parallel.pp_stages=2 paral
 check "a 2-stage x 2-replica ZeRO-1 checkpoint resumed on 2 replicas: the 10 losses within 1e-5 of the CPU's" \
   "[ $? = 0 ] && grep -q 'resum' '$tmp/resume.log' && losses_within cpu resume 1e-5"
 
+# Tensor parallelism: the group's sums and maxima through NCCL (no host wait) or through host
+# memory (MPI), alone and with pipeline stages.
+run tp_nccl gpt2 "$SIM" 2 "${NCCL[@]}" parallel.tp=2
+check "gpt2, tensor parallelism over 2 simulated cards through NCCL: losses within 1e-5 of the CPU's" \
+  "[ $? = 0 ] && losses_within cpu tp_nccl 1e-5 && grep -q 'collectives over NCCL' '$tmp/tp_nccl.log'"
+run tp_sp gpt2 "$SIM" 2 "${NCCL[@]}" parallel.tp=2 parallel.sequence_parallel=true
+check "gpt2, tensor and sequence parallelism through NCCL (all-gather, reduce-scatter): losses within 1e-5 of the CPU's" \
+  "[ $? = 0 ] && losses_within cpu tp_sp 1e-5"
+
 # llama (RMSNorm, RoPE, SwiGLU, untied head) and bert (a classifier, 2 stages).
 run cpu_llama llama "$B/llmpi-train" 1 runtime.device=cpu &&
   run nccl_llama llama "$SIM" 2 "${NCCL[@]}" parallel.pp_stages=2 parallel.microbatches=4 parallel.schedule=zb-h1
 check "llama, 2 stages zb-h1 through NCCL: losses within 1e-5 of the CPU's" "[ $? = 0 ] && losses_within cpu_llama nccl_llama 1e-5"
+run tp_pp_llama llama "$SIM" 4 "${NCCL[@]}" parallel.tp=2 parallel.pp_stages=2 parallel.microbatches=4
+check "llama, tensor parallelism 2 x 2 pipeline stages through NCCL: losses within 1e-5 of the CPU's" \
+  "[ $? = 0 ] && losses_within cpu_llama tp_pp_llama 1e-5"
 # bert without dropout (its masks are keyed by micro-batch: with dropout a pipeline draws other
 # masks than one batch does).
 NODROP=(model.dropout=0 model.attn_dropout=0)
@@ -114,4 +127,7 @@ run cpu_bert bert "$B/llmpi-train" 1 runtime.device=cpu "${NODROP[@]}" &&
   run nccl_bert bert "$SIM" 2 "${NCCL[@]}" parallel.pp_stages=2 parallel.microbatches=2 "${NODROP[@]}"
 check "bert (no dropout), 2 stages 1f1b through NCCL: losses within 1e-5 of the unpipelined CPU's" \
   "[ $? = 0 ] && losses_within cpu_bert nccl_bert 1e-5"
+run tp_bert bert "$SIM" 2 "${CUDA[@]}" parallel.tp=2 "${NODROP[@]}"
+check "bert (no dropout), tensor parallelism over 2 simulated cards through host memory: losses within 1e-5 of the CPU's" \
+  "[ $? = 0 ] && losses_within cpu_bert tp_bert 1e-5 && grep -q 'collectives through host memory' '$tmp/tp_bert.log'"
 exit $status

@@ -214,6 +214,26 @@ TEST(NcclStandIn, AllReduceSumsInRankOrder) {
   EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
 }
 
+// ncclAllReduce with ncclMax (a tensor-parallel group's row maxima): every rank gets each
+// element's largest value, exactly.
+TEST(NcclStandIn, AllReduceMax) {
+  const int W = world_size(), me = world_rank();
+  ncclComm_t c = make_comm(MPI_COMM_WORLD);
+  Streams s;
+  const size_t n = 1001;
+  std::vector<float> x(n), want(n);
+  for (size_t i = 0; i < n; i++) {
+    x[i] = value(me, i);
+    want[i] = value(0, i);
+    for (int r = 1; r < W; r++) want[i] = std::max(want[i], value(r, i));
+  }
+  float* buf = device(x);
+  ASSERT_EQ(ncclAllReduce(buf, buf, n, ncclFloat32, ncclMax, c, s.nonblocking), ncclSuccess);
+  EXPECT_EQ(first_difference(host(buf, n, s.nonblocking), want), "");
+  cudaFree(buf);
+  EXPECT_EQ(ncclCommDestroy(c), ncclSuccess);
+}
+
 // One ncclReduceScatter of x (this rank's W·count values, as T) on stream s; rank r's block of
 // the result, read back.
 template <class T>
@@ -455,7 +475,7 @@ TEST(NcclStandIn, RefusesBadCalls) {
   EXPECT_EQ(ncclAllReduce(xi, xi, n, ncclInt32, ncclSum, c, s.blocking), ncclInvalidArgument);
   EXPECT_NE(std::string(ncclGetLastError(c)).find("ncclFloat32 and ncclBfloat16"), std::string::npos)
       << ncclGetLastError(c);
-  EXPECT_EQ(ncclAllReduce(x, x, n, ncclFloat32, ncclMax, c, s.blocking), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(x, x, n, ncclFloat32, ncclProd, c, s.blocking), ncclInvalidArgument);
   EXPECT_EQ(ncclAllReduce(x, x, n, ncclNumTypes, ncclSum, c, s.blocking), ncclInvalidArgument);
   EXPECT_EQ(ncclBroadcast(x, x, n, ncclFloat32, W, c, s.blocking), ncclInvalidArgument);
   EXPECT_EQ(ncclSend(x, n, ncclFloat32, -1, c, s.blocking), ncclInvalidArgument);

@@ -146,7 +146,8 @@ struct Batch {
   std::vector<size_t> request_op;  // the operation of each request
 };
 
-// The values of block r of `all`, reduced in rank order in fp32; bf16 rounded once (RNE).
+// The values of block r of `all`, reduced in rank order in fp32 (summed, or their maximum with
+// ncclMax); bf16 rounded once (RNE).
 void reduce(Batch::Exec& e, size_t block_bytes, int nranks) {
   const size_t n = e.op.count;
   const float scale = e.op.red == ncclAvg ? 1.0f / static_cast<float>(nranks) : 1.0f;
@@ -165,7 +166,7 @@ void reduce(Batch::Exec& e, size_t block_bytes, int nranks) {
         std::memcpy(&x, p + 4 * i, 4);
       }
       if (e.op.red == ncclAvg) x *= scale;
-      acc = r == 0 ? x : acc + x;
+      acc = r == 0 ? x : e.op.red == ncclMax ? (x > acc ? x : acc) : acc + x;
     }
     if (bf16) {
       const uint16_t b = llmpi::float_to_bf16_bits(acc);
@@ -417,9 +418,9 @@ ncclResult_t add(const Op& op) {
   } else if (reduction && op.type != ncclFloat32 && op.type != ncclBfloat16) {
     r = refuse(ncclInvalidArgument, std::string(kind_name(static_cast<int32_t>(op.kind))) +
                                         ": the simulator reduces ncclFloat32 and ncclBfloat16 only");
-  } else if (reduction && op.red != ncclSum && op.red != ncclAvg) {
+  } else if (reduction && op.red != ncclSum && op.red != ncclAvg && op.red != ncclMax) {
     r = refuse(ncclInvalidArgument, std::string(kind_name(static_cast<int32_t>(op.kind))) +
-                                        ": the simulator reduces with ncclSum and ncclAvg only");
+                                        ": the simulator reduces with ncclSum, ncclAvg and ncclMax only");
   } else if ((op.kind == Kind::broadcast || p2p) && (op.peer < 0 || op.peer >= op.comm->nranks)) {
     r = refuse(ncclInvalidArgument, std::string(kind_name(static_cast<int32_t>(op.kind))) + ": " +
                                         (p2p ? "peer " : "root ") + std::to_string(op.peer) +

@@ -101,4 +101,48 @@ void softmax_xent_bf16_grad(const float* logits, int ld, float* losses, const in
   }
 }
 
+// A vocabulary shard's cross-entropy (tensor parallelism): xent_row's three passes, with the
+// group's max and sums between them (model/transformer.cpp lm_xent).
+void vocab_xent_max(float* rowmax, const float* logits, int ld, int N, int Vn) {
+#pragma omp parallel for schedule(static) if (static_cast<long long>(N) * Vn > (1 << 15))
+  for (int n = 0; n < N; n++) {
+    const float* z = logits + static_cast<size_t>(n) * ld;
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j < Vn; j++) mx = z[j] > mx ? z[j] : mx;
+    rowmax[n] = mx;
+  }
+}
+
+void vocab_xent_sums(float* sums, const float* logits, int ld, const float* rowmax, const int32_t* targets, int v0,
+                     int N, int Vn) {
+#pragma omp parallel for schedule(static) if (static_cast<long long>(N) * Vn > (1 << 15))
+  for (int n = 0; n < N; n++) {
+    const float* z = logits + static_cast<size_t>(n) * ld;
+    const float mx = rowmax[n];
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < Vn; j++) s += fast_expf(z[j] - mx);
+    sums[n] = s;
+    const int y = targets[n] - v0;
+    sums[N + n] = y >= 0 && y < Vn ? z[y] : 0.0f;
+  }
+}
+
+void vocab_xent_finish(float* logits, int ld, float* losses, const float* rowmax, const float* sums,
+                       const int32_t* targets, int v0, int N, int Vn, float grad_scale) {
+#pragma omp parallel for schedule(static) if (static_cast<long long>(N) * Vn > (1 << 15))
+  for (int n = 0; n < N; n++) {
+    float* z = logits + static_cast<size_t>(n) * ld;
+    const float mx = rowmax[n], s = sums[n];
+    losses[n] = std::log(s) + (mx - sums[N + n]);
+    if (grad_scale == 0.0f) continue;
+    const float f = grad_scale / s;
+#pragma omp simd
+    for (int j = 0; j < Vn; j++) z[j] = fast_expf(z[j] - mx) * f;
+    const int y = targets[n] - v0;
+    if (y >= 0 && y < Vn) z[y] -= grad_scale;
+  }
+}
+
 }  // namespace llmpi::cpu

@@ -4,8 +4,9 @@
 // between the ranks' simulated cards by sim_nccl.cpp (README.md there, "NCCL").
 //
 // What differs from NCCL, by design:
-//   - reductions (ncclSum, ncclAvg) take ncclFloat32 and ncclBfloat16 only; every rank's values
-//     are summed in fp32 in rank order (ncclAvg: each multiplied by 1/nranks first), bf16 rounded
+//   - reductions (ncclSum, ncclAvg, ncclMax) take ncclFloat32 and ncclBfloat16 only; every rank's
+//     values are summed (ncclMax: maximised) in fp32 in rank order (ncclAvg: each multiplied by
+//     1/nranks first), bf16 rounded
 //     once at the end (nearest, ties to even). NCCL sums along its ring or tree, chunk by chunk,
 //     and rounds bf16 at every step, so at more than two ranks its sums can differ in the last
 //     bits (at two ranks both are the one rounding of x0 + x1);
