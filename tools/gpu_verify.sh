@@ -74,6 +74,10 @@
 #                           "On CUDA" says why not tighter)
 #             mpi_bf16_sync 2 ranks, parallel.grad_dtype=bf16; the first 20 losses vs mpi_staging's
 #                           (1e-2, as bf16 GEMMs)
+#             tp_staging    2 ranks sharing the GPU as one tensor-parallel group (parallel.tp=2), its
+#                           collectives through host memory; losses vs train_cpu (1e-3)
+#             tp_staging_sp the same with parallel.sequence_parallel=true (all-gathers and
+#                           reduce-scatters); losses vs train_cpu (1e-3)
 #   pipeline  pipeline_1f1b  2 ranks sharing the GPU as 2 stages (1F1B, 4 micro-batches) of the
 #                           tiny GPT-2 against train_cpu's losses (1e-3), and its step time beside
 #                           train_gpu's; a trainer that refuses pipelines on CUDA is recorded as
@@ -111,7 +115,7 @@ group_steps() {
     shapes) echo "real_shapes model_curves" ;;
     sanitize) echo "memcheck racecheck initcheck" ;;
     train) echo "train_cpu train_gpu train_gpu_full mpi_staging mpi_staging_zero nccl_world1 train_gpu_bf16 train_gpu_tf32" \
-                "train_cpu_bf16 train_gpu_bf16_vs_cpu mpi_bf16_sync" ;;
+                "train_cpu_bf16 train_gpu_bf16_vs_cpu mpi_bf16_sync tp_staging tp_staging_sp" ;;
     pipeline) echo "pipeline_1f1b" ;;
     peers) echo "peer_llmc peer_pytorch peer_pytorch_llama" ;;
     bench_bf16|bench_fp32|bench_tf32)
@@ -397,7 +401,8 @@ byte_data() {
   "$CORPUS" --out "$1/corpus.txt" --seed 7 --megabytes 1 >>"$LOG" 2>&1 &&
     "$PREP" --tokenizer byte --input "$1/corpus.txt" --out "$1" >>"$LOG" 2>&1
 }
-if [[ "$wanted" == *" train_"* ]] || [[ "$wanted" == *" mpi_"* ]] || wants nccl_world1 || wants pipeline_1f1b; then
+if [[ "$wanted" == *" train_"* ]] || [[ "$wanted" == *" mpi_"* ]] || [[ "$wanted" == *" tp_"* ]] || wants nccl_world1 ||
+   wants pipeline_1f1b; then
   # A tiny data set and config for the trainer comparisons (byte tokens, 2 layers).
   DATA=$WORK/data
   byte_data "$DATA"
@@ -439,6 +444,12 @@ EOF
   wants mpi_bf16_sync && train_step mpi_bf16_sync 150 mpi_staging 1e-2 2 runtime.device=cuda parallel.sync=allreduce \
     parallel.overlap=false parallel.grad_dtype=bf16
   COMPARE_STEPS=0
+  # Tensor parallelism: the 2 ranks share the card as one group (NCCL takes one rank per GPU, so
+  # the group's sums, maxima, gathers and scatters go through host memory here).
+  wants tp_staging && train_step tp_staging 150 train_cpu 1e-3 2 runtime.device=cuda parallel.sync=allreduce \
+    parallel.tp=2
+  wants tp_staging_sp && train_step tp_staging_sp 150 train_cpu 1e-3 2 runtime.device=cuda parallel.sync=allreduce \
+    parallel.tp=2 parallel.sequence_parallel=true
   # A 2-stage 1F1B pipeline of the same model, the 2 ranks sharing the GPU, against the CPU's
   # losses; its step time beside the unpipelined GPU run's. Pipelines on CUDA are new: a trainer
   # that refuses them is recorded as refused (rc 0) with its message, not as a failure.
