@@ -122,14 +122,6 @@ double sum_squares_of_pieces(const Ops& ops, const float* grads, const std::vect
   return local;
 }
 
-void sum_squares_of_pieces_add(const Ops& ops, double* acc, const float* grads, const std::vector<ShardPiece>& pieces,
-                               size_t limit) {
-  for (const ShardPiece& p : pieces) {
-    const size_t end = std::min(p.end, limit);
-    if (p.begin < end) ops.sum_squares_add(acc, grads + p.begin, end - p.begin);
-  }
-}
-
 float clip_factor(double norm, double max_norm) { return clip_factor_of(norm, max_norm); }
 
 }  // namespace llmpi

@@ -84,9 +84,5 @@ double lr_at(const TrainConfig& tc, int64_t s);
 float clip_factor(double norm, double max_norm);
 // The squares of grads in `pieces` below `limit` (one rank's part of a sharded norm).
 double sum_squares_of_pieces(const Ops& ops, const float* grads, const std::vector<ShardPiece>& pieces, size_t limit);
-// The same added to *acc in backend memory, piece by piece in the same order (the same double
-// when *acc starts at 0), without a host wait.
-void sum_squares_of_pieces_add(const Ops& ops, double* acc, const float* grads, const std::vector<ShardPiece>& pieces,
-                               size_t limit);
 
 }  // namespace llmpi
