@@ -38,7 +38,7 @@ sed -n '/^<!-- BEGIN generated/,/^<!-- END generated/p' docs/CONFIG.md | sed '1d
 diff -u "$tmp/committed.md" "$tmp/keys.md" >"$tmp/diff"
 check "docs/CONFIG.md's key table equals llmpi-train --help-keys-markdown (regenerate: tools/gen_config_doc.sh)" "[ \$? = 0 ]" ||
   head -40 "$tmp/diff"
-timeout 60 "$TRAIN" --help >"$tmp/help" 2>&1
+timeout $((60 * TIME_SCALE)) "$TRAIN" --help >"$tmp/help" 2>&1
 disagree=$(grep -oP '^  [a-z_]+\.[a-z_0-9]+ +default \S+' "$tmp/help" | while read -r key _ def; do
   if [[ $key == model.* ]]; then grep -qF "| \`$key\` |" docs/CONFIG.md || echo "$key"
   else grep -qF "| \`$key\` | \`$def\` |" docs/CONFIG.md || echo "$key=$def"; fi

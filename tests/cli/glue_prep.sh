@@ -49,7 +49,7 @@ for point in after-train after-dev after-switch; do
           --data-dir "$tmp/v2" --out "$tmp/k" >/dev/null 2>&1; echo $?; } 2>/dev/null )
   want=$old; [ $point = after-switch ] && want=$new
   check "glue killed $point (exit $rc): the $([ "$want" = "$old" ] && echo old || echo new) pair, and bert trains on it" \
-    "[ $rc = 137 ] && [ '$(hashes "$tmp/k")' = '$want' ] && timeout 60 '$B/llmpi-train' --config '$tmp/tiny.json' --set run.dir='$tmp/krun' >'$tmp/k.out' 2>&1"
+    "[ $rc = 137 ] && [ '$(hashes "$tmp/k")' = '$want' ] && timeout $((60 * TIME_SCALE)) '$B/llmpi-train' --config '$tmp/tiny.json' --set run.dir='$tmp/krun' >'$tmp/k.out' 2>&1"
 done
 gprep --data-dir "$tmp/v2" --out "$tmp/k" >/dev/null 2>"$tmp/k.err"
 check "... a rerun removes what the killed run left and writes generation 3" \
@@ -58,7 +58,7 @@ check "... a rerun removes what the killed run left and writes generation 3" \
 check "inspect lists both classification splits against the manifest" \
   "[ $? = 0 ] && grep -q 'dev of .*classification, 3 examples of 16 tokens, 2 labels' '$tmp/insp.out' && grep -q 'all 2 files of 2 splits checked against the manifest: 6 examples' '$tmp/insp.out'"
 cp "$tmp/old/train.h5" "$tmp/k/dev.g3.h5"
-timeout 60 "$B/llmpi-train" --config "$tmp/tiny.json" --set run.dir="$tmp/krun2" >"$tmp/k.out" 2>&1
+timeout $((60 * TIME_SCALE)) "$B/llmpi-train" --config "$tmp/tiny.json" --set run.dir="$tmp/krun2" >"$tmp/k.out" 2>&1
 check "a file that is not the one the manifest names is refused, naming both" \
   "[ $? != 0 ] && grep -q \"dev.g3.h5' is not the file that '$tmp/k/manifest.json' names\" '$tmp/k.out'"
 
@@ -80,7 +80,7 @@ else
  "train": {"steps": 3, "global_batch": 4, "lr": 5e-5, "log_every": 1, "eval_every": 3, "eval_batches": 2},
  "checkpoint": {"every": 0}, "runtime": {"trace_steps": 0}, "run": {"dir": "$tmp/run"}}
 JSON
-  timeout 240 mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$MINILM" >"$tmp/train.out" 2>&1
+  timeout $((240 * TIME_SCALE)) mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$MINILM" >"$tmp/train.out" 2>&1
   check "2-rank fine-tune of all-MiniLM-L6-v2 on it: exit 0" "[ $? = 0 ]"
   check "... the model is MiniLM with 2 labels" "grep -q 'model bert: 6 layers, 12 heads, d_model 384.*2 labels' '$tmp/train.out'"
   check "... eval.jsonl reports accuracy" "grep -q '\"accuracy\"' '$tmp/run/eval.jsonl'"

@@ -17,7 +17,7 @@ JSON
 
 for fam in gpt2 llama; do
   # lr 0: the checkpoint after two steps holds exactly the imported parameters.
-  timeout 240 mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from $FX/$fam \
+  timeout $((240 * TIME_SCALE)) mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from $FX/$fam \
     --set run.dir="$tmp/run-$fam" >"$tmp/train-$fam.out" 2>&1
   check "$fam: 2-rank training from --init-from: exit 0" "[ $? = 0 ]"
   check "$fam: the model is the fixture's (config.json filled model.*)" \
@@ -34,7 +34,7 @@ done
 # Tensor parallelism: each rank takes its shards of the imported tensors, and the checkpoint
 # gathers them whole again (lr 0: the same bytes as the direct export).
 for fam in gpt2 llama; do
-  timeout 240 mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from $FX/$fam --set parallel.tp=2 \
+  timeout $((240 * TIME_SCALE)) mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from $FX/$fam --set parallel.tp=2 \
     --set run.dir="$tmp/run-tp-$fam" >"$tmp/train-tp-$fam.out" 2>&1 &&
     "$B/llmpi-export" --checkpoint "$tmp/run-tp-$fam" --out "$tmp/exp-tp-$fam" >/dev/null 2>&1
   check "$fam: --init-from with parallel.tp=2, train (lr 0), export = import+export, byte for byte" \
@@ -43,22 +43,22 @@ for fam in gpt2 llama; do
 done
 
 # An export trains again (its config.json and tensors are what --init-from reads).
-timeout 240 mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$tmp/exp-gpt2" \
+timeout $((240 * TIME_SCALE)) mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$tmp/exp-gpt2" \
   --set run.dir="$tmp/run-again" >"$tmp/again.out" 2>&1
 check "an llmpi export is a valid --init-from directory" "[ $? = 0 ]"
 
 # Errors: one line, exit 2 on every rank.
-timeout 120 mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from $FX/llama --set model.n_layer=3 \
+timeout $((120 * TIME_SCALE)) mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from $FX/llama --set model.n_layer=3 \
   --set run.dir="$tmp/run-x" >"$tmp/out" 2>"$tmp/err"
 rc=$?
 check "a model key that contradicts config.json: exit 2 naming both" \
   "[ $rc = 2 ] && grep -q \"'model.n_layer' is set to 3 but '$FX/llama/config.json' has 2\" '$tmp/err'"
 check "... said once" "[ \$(grep -c 'llmpi-train: error' '$tmp/err') = 1 ]"
-timeout 120 mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$tmp/nowhere" \
+timeout $((120 * TIME_SCALE)) mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$tmp/nowhere" \
   --set run.dir="$tmp/run-y" >"$tmp/out" 2>"$tmp/err"
 check "--init-from a missing directory: exit 2 naming config.json" "[ $? = 2 ] && grep -q 'nowhere/config.json' '$tmp/err'"
 mkdir -p "$tmp/broken" && cp $FX/gpt2/config.json "$tmp/broken/" && head -c 1000 $FX/gpt2/model.safetensors >"$tmp/broken/model.safetensors"
-timeout 120 mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$tmp/broken" \
+timeout $((120 * TIME_SCALE)) mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$tmp/broken" \
   --set run.dir="$tmp/run-z" >"$tmp/out" 2>"$tmp/err"
 check "a truncated model.safetensors: exit 2 naming the file" "[ $? = 2 ] && grep -q 'broken/model.safetensors' '$tmp/err'"
 "$B/llmpi-export" --checkpoint "$tmp/none.h5" --out "$tmp/e" >/dev/null 2>"$tmp/err"
@@ -108,7 +108,7 @@ check "... the run's config.json untouched" "[ \"\$(md5sum <'$tmp/run-gpt2/confi
 "$B/llmpi-sample" --init-from "$tmp/run-gpt2" --prompt-ids 1,2 --ids --greedy --max-new-tokens 3 >/dev/null 2>"$tmp/err"
 check "... and llmpi-sample --init-from the run still works" "[ $? = 0 ]" || cat "$tmp/err"
 # A run directory where a Hugging Face model directory is expected: named as a run.
-timeout 120 mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$tmp/run-gpt2" \
+timeout $((120 * TIME_SCALE)) mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$tmp/run-gpt2" \
   --set run.dir="$tmp/run-w" >/dev/null 2>"$tmp/err"
 rc=$?
 "$EXPORT" --hf-dir "$tmp/run-gpt2" --out "$tmp/from-run" >/dev/null 2>"$tmp/err2"
@@ -117,7 +117,7 @@ check "--init-from and --hf-dir given a run directory: exit 2 naming it a run, -
 # A Hugging Face model directory as run.dir: refused before anything is written, --overwrite too.
 mcfg=$(md5sum <"$tmp/exp-gpt2/config.json")
 for ow in "" --overwrite; do
-  timeout 120 mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$tmp/exp-gpt2" $ow \
+  timeout $((120 * TIME_SCALE)) mpiexec -n 2 "$B/llmpi-train" --config "$tmp/run.json" --init-from "$tmp/exp-gpt2" $ow \
     --set run.dir="$tmp/exp-gpt2" >/dev/null 2>"$tmp/err"
   rc=$?
   check "run.dir holding an exported model $ow: exit 2 naming the model and --init-from" \

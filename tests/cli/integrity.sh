@@ -24,7 +24,7 @@ trap cleanup EXIT
 # run.dir under $tmp unless a check sets its own (never data/demo.json's, which `make run` fills)
 common=(--config data/demo.json --set run.dir="$tmp/default" --set model.d_model=64 --set model.n_layer=2 --set model.seq_len=64
         --set train.log_every=1 --set train.eval_every=0 --set train.global_batch=8)
-train() { timeout 120 mpiexec -n 2 "$TRAIN" "${common[@]}" "$@"; }
+train() { timeout $((120 * TIME_SCALE)) mpiexec -n 2 "$TRAIN" "${common[@]}" "$@"; }
 
 # ---- finding 3: a validation file from another tokenizer
 shared=${LLMPI_SHARED_DATA:-$(realpath -m ../shared/data)}

@@ -9,7 +9,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 
 # -k: the archive and link steps fail (no objects are made), the other rules still run. The
 # outer make's flags and variables (make test SAN=1 CXX=...) are not passed on.
-timeout 120 env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -k -j16 BUILD="$tmp/b" CXX='echo COMPILE' NVCC='echo NVCC' \
+timeout $((120 * TIME_SCALE)) env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -k -j16 BUILD="$tmp/b" CXX='echo COMPILE' NVCC='echo NVCC' \
   'install_missing=@sleep 2; echo DEPS-DONE' binaries >"$tmp/out" 2>&1
 check "make -j16 binaries: the package step runs first" "[ \"\$(grep -m1 -E '^(DEPS-DONE|COMPILE |NVCC )' '$tmp/out')\" = DEPS-DONE ]" ||
   grep -m3 -E '^(COMPILE|NVCC) ' "$tmp/out" | cut -c1-200

@@ -32,7 +32,7 @@ check "missing input: exit 1 with one error line" "[ $? = 1 ] && [ \$(grep -c 'l
 check "missing input: no output file" "[ ! -e '$tmp/n/train.h5' ]"
 
 # Train for a few steps on 2 ranks.
-timeout 240 mpiexec -n 2 "$B/llmpi-train" --config data/demo.json --set data.train="$tmp/d/train.h5" \
+timeout $((240 * TIME_SCALE)) mpiexec -n 2 "$B/llmpi-train" --config data/demo.json --set data.train="$tmp/d/train.h5" \
   --set data.val="$tmp/d/val.h5" --set run.dir="$tmp/run" --set train.steps=40 --set train.eval_every=20 \
   --set train.log_every=10 --set model.d_model=64 --set model.seq_len=64 --set train.eval_batches=2 >"$tmp/train.out" 2>&1
 rc=$?

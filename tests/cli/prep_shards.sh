@@ -10,8 +10,8 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 PREP="$B/llmpi-prep"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-prep() { timeout 120 "$PREP" "$@"; }
-mprep() { local n=$1; shift; timeout 120 mpiexec -n "$n" "$PREP" "$@"; }
+prep() { timeout $((120 * TIME_SCALE)) "$PREP" "$@"; }
+mprep() { local n=$1; shift; timeout $((120 * TIME_SCALE)) mpiexec -n "$n" "$PREP" "$@"; }
 manifest_hashes() { grep -o '"content_fnv1a64": "[0-9a-f]*"' "$1/manifest.json" | tr '\n' ' '; }
 
 "$B/llmpi-demo-corpus" --out "$tmp/a.txt" --seed 7 --megabytes 0.25 >/dev/null
@@ -58,7 +58,7 @@ check "the sharded train split's stream is the single file's tokens ($stream = $
 # ---- training from the shards: the losses of training from the one file
 train_losses() {
   rm -rf "$tmp/run"
-  timeout 120 mpiexec -n 2 "$B/llmpi-train" --config data/demo.json --set data.train="$1" --set data.val="$2" \
+  timeout $((120 * TIME_SCALE)) mpiexec -n 2 "$B/llmpi-train" --config data/demo.json --set data.train="$1" --set data.val="$2" \
     --set run.dir="$tmp/run" --set train.steps=6 --set model.d_model=32 --set model.n_layer=1 --set model.seq_len=32 \
     --set train.eval_every=3 --set train.log_every=1 >"$tmp/train.out" 2>&1 || { cat "$tmp/train.out"; return 1; }
   grep -o '"\(val_\)\?loss":[0-9.e+-]*' "$tmp/run/metrics.jsonl" "$tmp/run/eval.jsonl" | sed 's/^[^:]*://' | tr '\n' ' '
@@ -70,7 +70,7 @@ check "training from the sharded directory: the losses of the single file" "[ -n
 
 # ---- a changed shard is refused, by training and by inspect
 cp -r "$tmp/n1" "$tmp/bad" && cp "$tmp/bad/train-00001.h5" "$tmp/bad/train-00002.h5"
-timeout 60 mpiexec -n 2 "$B/llmpi-train" --config data/demo.json --set data.train="$tmp/bad" --set data.val= \
+timeout $((60 * TIME_SCALE)) mpiexec -n 2 "$B/llmpi-train" --config data/demo.json --set data.train="$tmp/bad" --set data.val= \
   --set run.dir="$tmp/badrun" --dry-run >/dev/null 2>"$tmp/bad.err"
 check "training refuses a shard that is not the manifest's (exit $?), naming it" \
   "grep -q \"train-00002.h5' is not the file that '$tmp/bad/manifest.json' names\" '$tmp/bad.err'"
@@ -95,7 +95,7 @@ done
 
 # ---- resuming on a sharded data set: accepted on the same one, refused on another
 rtrain() {
-  timeout 120 mpiexec -n 2 "$B/llmpi-train" --config data/demo.json --set data.train="$1" --set data.val= \
+  timeout $((120 * TIME_SCALE)) mpiexec -n 2 "$B/llmpi-train" --config data/demo.json --set data.train="$1" --set data.val= \
     --set run.dir="$tmp/rr" --set model.d_model=32 --set model.n_layer=1 --set model.seq_len=32 \
     --set train.log_every=1 --set train.eval_every=0 --set checkpoint.every=2 "${@:2}"
 }

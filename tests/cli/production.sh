@@ -49,7 +49,7 @@ check "pre-emption: says how to resume" "grep -q 'pre-empted at step .*resume wi
 check "pre-emption: PREEMPTED marker and checkpoint" "[ -f '$run/PREEMPTED' ] && ls '$run'/checkpoints/step-*.h5 >/dev/null"
 at=$(grep -oP '^step \K[0-9]+' "$run/PREEMPTED")
 steps=$((at + 5))
-timeout 120 mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=$steps --resume auto >"$tmp/res.out" 2>&1
+timeout $((120 * TIME_SCALE)) mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=$steps --resume auto >"$tmp/res.out" 2>&1
 rc=$?
 check "resume: exit 0 and continues at step $at" "[ $rc = 0 ] && grep -q 'resumed from .* at step $at' '$tmp/res.out'"
 check "resume: metrics.jsonl has each of $steps steps once" \
@@ -63,7 +63,7 @@ victim=$(rank_pids | tail -1); t0=$(date +%s)
 kill -KILL "$victim"
 end_of_job
 check "kill -9 one rank: job ends non-zero (exit $rc) within 30 s ($secs s)" "[ $rc != 0 ] && [ $secs -le 30 ]"
-timeout 60 mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=100000 --resume auto --dry-run >"$tmp/kr.out" 2>&1
+timeout $((60 * TIME_SCALE)) mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=100000 --resume auto --dry-run >"$tmp/kr.out" 2>&1
 check "kill -9 one rank: the last checkpoint loads" "grep -q 'resumed from .*checkpoints/step-' '$tmp/kr.out' && grep -q 'dry run' '$tmp/kr.out'"
 
 # ---- a rank stops answering: the step watchdog ends the job
@@ -81,23 +81,23 @@ check "stalled rank: the message names the step, phase and limit" \
 # ---- disk full while checkpointing: the next checkpoint's temporary file is /dev/full, where
 # every write fails with ENOSPC, exactly as on a full disk
 run="$tmp/full"
-timeout 60 mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=2 --set checkpoint.every=2 >/dev/null 2>&1
+timeout $((60 * TIME_SCALE)) mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=2 --set checkpoint.every=2 >/dev/null 2>&1
 check "disk full: the first checkpoint is written" "[ -f '$run/checkpoints/step-00000002.h5' ]"
 ln -s /dev/full "$run/checkpoints/step-00000004.h5.tmp"
-timeout 60 mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=4 --set checkpoint.every=2 \
+timeout $((60 * TIME_SCALE)) mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=4 --set checkpoint.every=2 \
   --resume auto >"$tmp/full.out" 2>&1
 rc=$?
 check "disk full: non-zero exit ($rc), one message naming the cause" \
   "[ $rc != 0 ] && [ \$(grep -c 'No space left on device.*the previous checkpoint is untouched' '$tmp/full.out') = 1 ]"
 check "disk full: no partial file, the previous checkpoint survives" \
   "[ ! -e '$run/checkpoints/step-00000004.h5' ] && [ ! -e '$run/checkpoints/step-00000004.h5.tmp' ] && [ -f '$run/checkpoints/step-00000002.h5' ]"
-timeout 60 mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=4 --resume auto --dry-run >"$tmp/fr.out" 2>&1
+timeout $((60 * TIME_SCALE)) mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$run" --set train.steps=4 --resume auto --dry-run >"$tmp/fr.out" 2>&1
 check "disk full: the previous checkpoint loads" "grep -q 'at step 2' '$tmp/fr.out'"
 
 # ---- more bad input, each one message and a non-zero exit
 expect_error() {  # name needle args...
   local name=$1 needle=$2; shift 2
-  timeout 60 mpiexec -n 2 "$TRAIN" "${common[@]}" "$@" >"$tmp/e.out" 2>"$tmp/e.err"; local rc=$?
+  timeout $((60 * TIME_SCALE)) mpiexec -n 2 "$TRAIN" "${common[@]}" "$@" >"$tmp/e.out" 2>"$tmp/e.err"; local rc=$?
   check "$name: exit $rc, one message" "[ $rc != 0 ] && [ \$(grep -cF -- \"$needle\" '$tmp/e.err') = 1 ]"
 }
 expect_error "unwritable run directory" "cannot create run directory" --set run.dir=/etc/hostname/run
@@ -105,6 +105,6 @@ expect_error "nccl without a GPU" "needs the CUDA backend on a GPU" --set parall
 expect_error "dry run: batch not divisible" "not divisible by the number of ranks (2)" --set train.global_batch=3 --dry-run
 expect_error "checkpoint of another shape" "was made for model.d_model 64, but this configuration has 128" \
   --set run.dir="$tmp/full" --set model.d_model=128 --resume auto
-timeout 60 mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$tmp/dry" --dry-run >"$tmp/dry.out" 2>&1
+timeout $((60 * TIME_SCALE)) mpiexec -n 2 "$TRAIN" "${common[@]}" --set run.dir="$tmp/dry" --dry-run >"$tmp/dry.out" 2>&1
 check "dry run on a good setup: exit 0, nothing written" "[ $? = 0 ] && grep -q 'dry run: configuration, data, world size' '$tmp/dry.out' && [ ! -e '$tmp/dry' ]"
 exit $status

@@ -26,7 +26,7 @@ common=(--config data/demo.json --set run.dir="$tmp/default" --set data.train="$
         --set model.n_layer=2 --set model.seq_len=64 --set train.log_every=1 --set train.eval_every=0)
 run_train() {  # OUT_NAME ARGS...: mpiexec -n 2 in the foreground, $rc
   local out=$1; shift
-  timeout 60 mpiexec -n 2 "$TRAIN" "${common[@]}" "$@" >"$tmp/$out.out" 2>"$tmp/$out.err"; rc=$?
+  timeout $((60 * TIME_SCALE)) mpiexec -n 2 "$TRAIN" "${common[@]}" "$@" >"$tmp/$out.out" 2>"$tmp/$out.err"; rc=$?
 }
 
 # ---- finding 2: two runs in one directory

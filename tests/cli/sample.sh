@@ -11,7 +11,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # expect_error NAME NEEDLE ARGS... : exit 1 and NEEDLE on the one error line of stderr.
 expect_error() {
   local name=$1 needle=$2; shift 2
-  timeout 60 "$SAMPLE" "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+  timeout $((60 * TIME_SCALE)) "$SAMPLE" "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
   local n; n=$(grep -c 'llmpi-sample: error' "$tmp/err")
   if [ $rc != 1 ] || [ "$n" != 1 ] || ! grep -qF -- "$needle" "$tmp/err"; then
     echo "FAIL $name: exit $rc, expected one error line with '$needle':"; cat "$tmp/err"; status=1
@@ -22,7 +22,7 @@ expect_error() {
 "$B/llmpi-prep" --tokenizer byte --input "$tmp/c.txt" --out "$tmp/d" --val-fraction 0.1 >/dev/null 2>&1
 for fam in gpt2 llama; do
   extra=(); [ $fam = llama ] && extra=(--set model.n_kv_head=2)
-  timeout 240 mpiexec -n 1 "$B/llmpi-train" --config data/demo.json --set model.family=$fam \
+  timeout $((240 * TIME_SCALE)) mpiexec -n 1 "$B/llmpi-train" --config data/demo.json --set model.family=$fam \
     --set data.train="$tmp/d/train.h5" --set data.val="" --set run.dir="$tmp/run-$fam" --set train.steps=30 \
     --set train.log_every=30 --set model.n_layer=2 --set model.d_model=32 --set model.seq_len=48 --set checkpoint.every=30 \
     --set train.global_batch=8 "${extra[@]}" >"$tmp/train-$fam.out" 2>&1
@@ -70,7 +70,7 @@ done
 # An hf: tokenizer (byte fallback + metaspace): prepared, trained, sampled as text.
 TOKJ=tests/fixtures/hf_tokenizers/llama_bpe/tokenizer.json
 "$B/llmpi-prep" --tokenizer "hf:$TOKJ" --input "$tmp/c.txt" --out "$tmp/dh" --val-fraction 0.1 >/dev/null 2>&1
-timeout 240 mpiexec -n 1 "$B/llmpi-train" --config data/demo.json --set model.family=llama \
+timeout $((240 * TIME_SCALE)) mpiexec -n 1 "$B/llmpi-train" --config data/demo.json --set model.family=llama \
   --set data.train="$tmp/dh/train.h5" --set data.val="" --set run.dir="$tmp/run-hf" --set train.steps=10 \
   --set train.log_every=10 --set model.n_layer=1 --set model.d_model=32 --set model.seq_len=32 \
   --set train.global_batch=4 --set checkpoint.every=10 >"$tmp/train-hf.out" 2>&1

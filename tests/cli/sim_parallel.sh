@@ -52,7 +52,7 @@ config gpt2 && config llama && config bert
 run() {
   local name=$1 family=$2 prog=$3 np=$4; shift 4
   local sets=(); for s in "$@"; do case $s in --*) sets+=("$s") ;; *) sets+=(--set "$s") ;; esac; done
-  timeout -k 5 120 mpiexec -n "$np" "$prog" --config "$tmp/$family.json" --set checkpoint.every=0 \
+  timeout -k 5 $((120 * TIME_SCALE)) mpiexec -n "$np" "$prog" --config "$tmp/$family.json" --set checkpoint.every=0 \
     --set run.dir="$tmp/$name" "${sets[@]}" >>"$tmp/$name.log" 2>&1
 }
 # losses_within A B TOL: both runs logged $STEPS losses (steps 1..$STEPS once each, in order),

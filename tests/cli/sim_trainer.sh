@@ -26,7 +26,7 @@ JSON
 run() {
   local name=$1 prog=$2 np=$3; shift 3
   local sets=(); for s in "$@"; do sets+=(--set "$s"); done
-  timeout 300 mpiexec -n "$np" "$prog" --config "$tmp/run.json" --set checkpoint.every=0 \
+  timeout $((300 * TIME_SCALE)) mpiexec -n "$np" "$prog" --config "$tmp/run.json" --set checkpoint.every=0 \
     --set run.dir="$tmp/$name" "${sets[@]}" >"$tmp/$name.log" 2>&1
 }
 # losses_within A B TOL: both runs logged 8 losses, each of B within TOL (relative) of A's

@@ -8,7 +8,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # expect_error NAME NEEDLE ARGS... : run, require exit != 0 and NEEDLE exactly once in stderr.
 expect_error() {
   local name=$1 needle=$2; shift 2
-  timeout 60 mpiexec -n 2 "$TRAIN" "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+  timeout $((60 * TIME_SCALE)) mpiexec -n 2 "$TRAIN" "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
   local n; n=$(grep -cF -- "$needle" "$tmp/err")
   if [ $rc = 0 ] || [ $rc = 124 ] || [ "$n" != 1 ]; then
     echo "FAIL $name: exit $rc, '$needle' found $n times in stderr:"; cat "$tmp/err"; status=1
@@ -55,7 +55,7 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   expect_error precision-tf32-auto "\"tf32\" is a CUDA tensor-core mode, but this run is on the CPU" --config "$tmp/missing.json" --set runtime.precision=tf32
 fi
 
-timeout 60 mpiexec -n 1 "$TRAIN" --help >"$tmp/help" 2>&1; rc=$?
+timeout $((60 * TIME_SCALE)) mpiexec -n 1 "$TRAIN" --help >"$tmp/help" 2>&1; rc=$?
 if [ $rc != 0 ] || ! grep -q "train.global_batch" "$tmp/help" || ! grep -q "parallel.sync" "$tmp/help" ||
    ! grep -q "^ llama:" "$tmp/help" || ! grep -q "^ bert:" "$tmp/help" || ! grep -q "model.n_kv_head" "$tmp/help" ||
    ! grep -q "model.num_labels  *default 2" "$tmp/help" || ! grep -q "parallel.pp_stages" "$tmp/help" || ! grep -q "parallel.zero" "$tmp/help" ||
