@@ -227,6 +227,40 @@ TEST(MemoryEstimate, CheckpointAndSyncBuffersFollowTheConfiguration) {
   EXPECT_LT(estimate_memory(d, 2, 8, cfg, 1, 0, false).activations, estimate_memory(d, 3, 8, cfg, 1, 0, false).activations);
 }
 
+// With parallel.sync nccl the exchange's buffers are NcclComm's, on the device (comm/nccl.h):
+// ZeRO-1's W pieces of the largest bucket padded to ceil(n/W), in fp32 and, for a bf16 gradient,
+// in bf16 as well; without ZeRO-1 only a bf16 gradient's copy of the largest bucket (fp32 is
+// reduced in place). None of MPI's host pieces are counted for them.
+TEST(MemoryEstimate, NcclBuffersAreDeviceMemory) {
+  const ModelDesc d = test::desc_of("gpt2", 2, 2, 16, 8, 37);
+  Config cfg = config_with("adamw");
+  cfg.parallel.sync = SyncMethod::nccl;
+  cfg.parallel.bucket_mb = cfg.parallel.first_bucket_mb = 1e6;  // one bucket: the whole model
+  const size_t n = (size_t)estimate_memory(d, 1, 8, cfg, 1, 0, true).n_params, W = 3, c = (n + W - 1) / W;
+  ASSERT_NE(n % W, 0u) << "the padding is not exercised";
+  const MemoryEstimate fp32 = estimate_memory(d, 1, 8, cfg, W, 0, true);
+  EXPECT_EQ(fp32.nccl_buffers, 0);
+  EXPECT_EQ(fp32.sync_buffers, 0);
+  cfg.parallel.grad_dtype = GradDtype::bf16;
+  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, W, 0, true).nccl_buffers, 2.0 * n);
+  cfg.parallel.zero = true;
+  const MemoryEstimate zero16 = estimate_memory(d, 1, 8, cfg, W, 1, true);
+  EXPECT_EQ(zero16.nccl_buffers, (4.0 + 2.0) * W * c);
+  EXPECT_EQ(zero16.sync_buffers, 0);
+  cfg.parallel.grad_dtype = GradDtype::fp32;
+  const MemoryEstimate zero32 = estimate_memory(d, 1, 8, cfg, W, 1, true);
+  EXPECT_EQ(zero32.nccl_buffers, 4.0 * W * c);
+  EXPECT_EQ(zero32.device_bytes() - zero32.nccl_buffers,
+            zero32.params + zero32.grads + zero32.optimizer + zero32.activations + zero32.scratch);
+  EXPECT_EQ(zero32.host_bytes(), zero32.checkpoint_staging + zero32.data);
+  EXPECT_NE(zero32.describe().find("NCCL buffers"), std::string::npos) << zero32.describe();
+  // Over MPI the same ZeRO-1 layout holds its pieces on the host instead.
+  cfg.parallel.sync = SyncMethod::allreduce;
+  const MemoryEstimate mpi = estimate_memory(d, 1, 8, cfg, W, 1, true);
+  EXPECT_EQ(mpi.nccl_buffers, 0);
+  EXPECT_GT(mpi.sync_buffers, 0);
+}
+
 // runtime.precision bf16 adds the GEMMs' operand scratch: the largest dense call's operands side by
 // side, here the LM head's backward (dout N·V, W V·C, inp N·C; the first two padded), as fp32
 // copies on the CPU; on the GPU bf16 (plus the workspace's quarter of headroom) without W and the

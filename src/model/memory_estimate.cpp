@@ -184,16 +184,24 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   e.optimizer = adamw ? 2 * nb : 0;
   const std::vector<Bucket> buckets =
       make_buckets(table, cfg.parallel.bucket_mb, cfg.parallel.overlap ? cfg.parallel.first_bucket_mb : cfg.parallel.bucket_mb);
+  const bool nccl = cfg.parallel.sync == SyncMethod::nccl, grad_bf16 = cfg.parallel.grad_dtype == GradDtype::bf16;
+  size_t largest_bucket = 0;
+  for (const Bucket& b : buckets) largest_bucket = std::max(largest_bucket, b.end - b.begin);
   if (cfg.parallel.zero && world > 1) {
-    // ZeRO-1: the moments of this rank's shard only (comm/grad_sync.h), and a receive buffer for
-    // the largest piece of one reduce-scatter.
+    // ZeRO-1: the moments of this rank's shard only (comm/grad_sync.h) ...
     size_t mine = 0, largest_piece = 0;
     for (const ShardPiece& p : shard_pieces(buckets, world, rank)) mine += p.end - p.begin;
     for (const Bucket& b : buckets) largest_piece = std::max(largest_piece, (b.end - b.begin + world - 1) / world);
     e.optimizer = adamw ? 2.0 * mine * sizeof(float) : 0;
-    // ... and the all-gather's padded piece and W padded pieces (comm/grad_sync.cpp), allreduce only
-    if (cfg.parallel.sync != SyncMethod::gather_scatter) e.sync_buffers += (double)(world + 1) * largest_piece * sizeof(float);
-    e.sync_buffers += (double)largest_piece * sizeof(float);
+    if (nccl) {  // ... NCCL: W padded pieces on the device, fp32 and, for a bf16 gradient, bf16
+      e.nccl_buffers = (double)world * largest_piece * (sizeof(float) + (grad_bf16 ? sizeof(uint16_t) : 0));
+    } else {  // ... MPI: a reduce-scatter receive piece, and with allreduce the all-gather's padded
+              // send piece and W padded pieces (comm/mpi_exchange.cpp)
+      if (cfg.parallel.sync != SyncMethod::gather_scatter) e.sync_buffers += (double)(world + 1) * largest_piece * sizeof(float);
+      e.sync_buffers += (double)largest_piece * sizeof(float);
+    }
+  } else if (nccl && world > 1 && grad_bf16) {
+    e.nccl_buffers = (double)largest_bucket * sizeof(uint16_t);  // the largest bucket rounded to bf16
   }
   // One micro-batch is alive at a time: with gradient accumulation (parallel.microbatches M) the
   // activations and the backward's scratch are those of ceil(local_batch / M) sequences.
@@ -204,11 +212,7 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   e.scratch += (double)gemm_operand_scratch_bytes(desc, micro, seq_len, precision, on_gpu);
   // Gradient synchronisation.
   const SyncMethod sync = cfg.parallel.sync;
-  if (world > 1 && sync == SyncMethod::gather_scatter && rank == 0) {
-    size_t largest = 0;
-    for (const Bucket& b : buckets) largest = std::max(largest, b.end - b.begin);
-    e.sync_buffers += 2.0 * world * largest * sizeof(float);
-  }
+  if (world > 1 && sync == SyncMethod::gather_scatter && rank == 0) e.sync_buffers += 2.0 * world * largest_bucket * sizeof(float);
   if (world > 1 && on_gpu && sync != SyncMethod::nccl) e.sync_buffers += nb;  // pinned staging copy
   // Checkpoints (and resume, which reads the same arrays): host copies of params (+ m, v).
   const double arrays = adamw ? 3 : 1;
@@ -226,6 +230,7 @@ std::string MemoryEstimate::describe() const {
   if (optimizer > 0) s += " + AdamW state " + format_bytes(optimizer);
   s += " + activations " + format_bytes(activations) + " (" + std::to_string(micro_batch) + " × " +
        std::to_string(seq_len) + " tokens) + backward scratch " + format_bytes(scratch);
+  if (nccl_buffers > 0) s += " + NCCL buffers " + format_bytes(nccl_buffers);
   if (on_gpu) s += " = " + format_bytes(device_bytes()) + " on the GPU; host: ";
   else s += " + ";
   if (sync_buffers > 0) s += "sync buffers " + format_bytes(sync_buffers) + " + ";

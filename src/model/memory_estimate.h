@@ -7,7 +7,7 @@
 //                              weight copy, 2 bytes each
 //   optimizer                  AdamW: m and v, 2n floats; SGD: none. With parallel.zero 1 only this
 //                              rank's shard (about 2n/world floats: exactly its pieces of every
-//                              bucket, comm/grad_sync.h), plus one reduce-scatter receive buffer
+//                              bucket, comm/grad_sync.h)
 //   activations                one micro-batch of B sequences × T tokens (B = the local batch, or
 //                              with gradient accumulation over M micro-batches ceil(local/M)), exactly the tensors
 //                              Activations::allocate lays out (model/transformer.cpp; per layer
@@ -18,13 +18,18 @@
 //                              runtime.precision bf16 the dense layers' rounded operands
 //                              (gemm_operand_scratch_bytes)
 //   sync buffers               gather_scatter: rank 0 gathers and scatters world × the largest
-//                              bucket; an MPI method on the GPU: one pinned host copy (n floats)
+//                              bucket; an MPI method on the GPU: one pinned host copy (n floats);
+//                              ZeRO-1 over MPI: the reduce-scatter's and all-gather's pieces
+//   NCCL buffers               device memory of NcclComm (comm/nccl.h): ZeRO-1's world padded
+//                              pieces of the largest bucket in fp32, and as many bf16 values for a
+//                              bf16 gradient; without ZeRO-1 a bf16 gradient's copy of the
+//                              largest bucket
 //   checkpoint staging         host copies written to a checkpoint: params (+ m, v); with sync
 //                              "weights", rank 0 gathers every rank's rows
 //   data                       the batch on the host (ids, targets, ...)
 //
 // On the CPU backend everything is host memory. On CUDA, parameters, gradients, optimizer state,
-// activations and scratch are device memory; the rest is host memory. Not counted: the MPI,
+// activations, scratch and the NCCL buffers are device memory; the rest is host memory. Not counted: the MPI,
 // OpenBLAS, HDF5 and CUDA libraries' own buffers and the program itself (already resident when the
 // estimate is compared with MemAvailable), and NCCL's internal buffers.
 //
@@ -46,12 +51,13 @@ namespace llmpi {
 struct MemoryEstimate {
   // Bytes on this rank.
   double params = 0, grads = 0, optimizer = 0, activations = 0, scratch = 0;  // backend memory
+  double nccl_buffers = 0;                                                     // device memory
   double sync_buffers = 0, checkpoint_staging = 0, data = 0;                 // host memory
   bool on_gpu = false;
   int local_batch = 0, seq_len = 0;
   int micro_batch = 0;  // the sequences of one micro-batch (local_batch without accumulation)
   int64_t n_params = 0;
-  double device_bytes() const { return on_gpu ? params + grads + optimizer + activations + scratch : 0; }
+  double device_bytes() const { return on_gpu ? params + grads + optimizer + activations + scratch + nccl_buffers : 0; }
   double host_bytes() const {
     return (on_gpu ? 0 : params + grads + optimizer + activations + scratch) + sync_buffers + checkpoint_staging + data;
   }
