@@ -128,7 +128,9 @@ TEST(MpiPipeline, RecomputeGivesTheBitsOfNone) {
         sets.pop_back();
         const std::string what = family + " " + sched + " " + rc;
         EXPECT_EQ(r.final_params, none.final_params) << what;
-        if (world_rank() == 0) EXPECT_EQ(r.losses, none.losses) << what;
+        if (world_rank() == 0) {
+          EXPECT_EQ(r.losses, none.losses) << what;
+        }
       }
     }
   }

@@ -10,7 +10,7 @@ void ResumeContract::add(const std::string& key, const nlohmann::json& was, cons
   if (was.is_null()) return;
   for (const ContractRow& r : rows)
     if (r.key == key) return;
-  rows.push_back({key, was, now});
+  rows.push_back({key, was, now, ""});
 }
 
 ResumeContract resume_contract_rows(const CheckpointInfo& ckpt, const Config& cfg, const ModelDesc& desc,
