@@ -29,9 +29,9 @@
 //   data                       the batch on the host (ids, targets, ...)
 //
 // On the CPU backend everything is host memory. On CUDA, parameters, gradients, optimizer state,
-// activations, scratch and the NCCL buffers are device memory; the rest is host memory. Not counted: the MPI,
-// OpenBLAS, HDF5 and CUDA libraries' own buffers and the program itself (already resident when the
-// estimate is compared with MemAvailable), and NCCL's internal buffers.
+// activations, scratch and the NCCL buffers are device memory; the rest is host memory. Not
+// counted: the MPI, OpenBLAS, HDF5 and CUDA libraries' own buffers and the program itself (already
+// resident when the estimate is compared with MemAvailable), and NCCL's internal buffers.
 //
 // The parameter, gradient, optimizer, activation and scratch byte counts equal what the code
 // allocates (tests/test_memory_estimate.cpp counts the real allocations); the peak RSS of a step
@@ -51,8 +51,8 @@ namespace llmpi {
 struct MemoryEstimate {
   // Bytes on this rank.
   double params = 0, grads = 0, optimizer = 0, activations = 0, scratch = 0;  // backend memory
-  double nccl_buffers = 0;                                                     // device memory
-  double sync_buffers = 0, checkpoint_staging = 0, data = 0;                 // host memory
+  double nccl_buffers = 0;                                                    // device memory
+  double sync_buffers = 0, checkpoint_staging = 0, data = 0;                  // host memory
   bool on_gpu = false;
   int local_batch = 0, seq_len = 0;
   int micro_batch = 0;  // the sequences of one micro-batch (local_batch without accumulation)
