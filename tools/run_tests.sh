@@ -12,8 +12,8 @@
 set -u
 BUILD=${BUILD:-build}
 # Every time limit below is multiplied by TIME_SCALE: 1 by default, 4 for a sanitizer build (make
-# test SAN=1 passes SAN=1), where the simulated-CUDA groups run 2-27x slower than without
-# (measured on 2 shared cores: sim-flash_mma 405 s against 15-60 s, CudaEpilogues.* 2-12x).
+# test SAN=1 passes SAN=1), where the simulated-CUDA groups run 2-10x slower than without
+# (measured on 2 cores: sim-flash_mma 142 s against 15-60 s, sim-cuda_tests 524 s against 154 s).
 export TIME_SCALE=${TIME_SCALE:-$([ "${SAN:-0}" = 1 ] && echo 4 || echo 1)}  # tests/cli/*.sh scale theirs too
 MPI_TIMEOUT=${MPI_TIMEOUT:-$((180 * TIME_SCALE))}   # seconds per MPI test
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
