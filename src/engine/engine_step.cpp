@@ -272,14 +272,8 @@ StepResult Engine::step(int64_t step, const Batch& batch, double lr, const Train
     StepScalars* dev = ch.slots.front()->scalars;
     ops.zero(&dev->grad_sumsq, sizeof(double));
     for (const auto& [begin, end] : ch.norm_ranges) {
-      if (!zero) {
-        ops.sum_squares_add(&dev->grad_sumsq, ch.model->grads + begin, end - begin);
-        continue;
-      }
-      for (const ShardPiece& p : ch.sync->shard) {  // this rank's pieces within the range
-        const size_t b = std::max(p.begin, begin), e = std::min(p.end, end);
-        if (b < e) ops.sum_squares_add(&dev->grad_sumsq, ch.model->grads + b, e - b);
-      }
+      if (zero) sum_squares_of_pieces_add(ops, &dev->grad_sumsq, ch.model->grads, ch.sync->shard, begin, end);
+      else ops.sum_squares_add(&dev->grad_sumsq, ch.model->grads + begin, end - begin);
     }
   }
   // One rank updating the whole model from one micro-batch: the clip factor and the skip of a

@@ -113,13 +113,12 @@ double lr_at(const TrainConfig& tc, int64_t s) {
   return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (tc.lr - min_lr);
 }
 
-double sum_squares_of_pieces(const Ops& ops, const float* grads, const std::vector<ShardPiece>& pieces, size_t limit) {
-  double local = 0;
+void sum_squares_of_pieces_add(const Ops& ops, double* acc, const float* grads, const std::vector<ShardPiece>& pieces,
+                               size_t begin, size_t end) {
   for (const ShardPiece& p : pieces) {
-    const size_t end = std::min(p.end, limit);
-    if (p.begin < end) local += ops.sum_squares(grads + p.begin, end - p.begin);
+    const size_t b = std::max(p.begin, begin), e = std::min(p.end, end);
+    if (b < e) ops.sum_squares_add(acc, grads + b, e - b);
   }
-  return local;
 }
 
 float clip_factor(double norm, double max_norm) { return clip_factor_of(norm, max_norm); }

@@ -82,7 +82,9 @@ double lr_at(const TrainConfig& tc, int64_t s);
 // pieces' squares over the group) and this factor folded into Optimizer::step — or, on one rank,
 // computed by the update itself from the scalars (Optimizer::step_on_device).
 float clip_factor(double norm, double max_norm);
-// The squares of grads in `pieces` below `limit` (one rank's part of a sharded norm).
-double sum_squares_of_pieces(const Ops& ops, const float* grads, const std::vector<ShardPiece>& pieces, size_t limit);
+// *acc (backend memory) += the squares of grads in `pieces` within [begin, end): one rank's part
+// of a sharded norm (ZeRO-1), piece by piece, without a host wait.
+void sum_squares_of_pieces_add(const Ops& ops, double* acc, const float* grads, const std::vector<ShardPiece>& pieces,
+                               size_t begin, size_t end);
 
 }  // namespace llmpi
