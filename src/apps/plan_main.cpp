@@ -218,15 +218,9 @@ int main(int argc, char** argv) {
     in.mfu = mfu;
     if (cores_per_rank > 0) in.cores_per_rank = cores_per_rank;
     if (!in.device.gpu) in.node_cores = node_cores > 0 ? node_cores : (int)std::thread::hardware_concurrency();
-    if (in.tp == 1 && in.world % in.pp != 0)
-      fail("the world size ", in.world, " is not divisible by the pipeline stages ", in.pp,
-           ": choose --world a multiple of --pp");
-    if (in.world % (in.pp * in.tp) != 0)
-      fail("the world size ", in.world, " is not divisible by pp ", in.pp, " x tp ", in.tp, " = ", in.pp * in.tp,
-           ": choose --world a multiple of ", in.pp * in.tp);
     // train.batch_per_rank gives the global batch of this world's data-parallel replicas
     Config run_cfg = cfg;
-    resolve_batch(run_cfg, in.world / (in.pp * in.tp));
+    resolve_batch(run_cfg, data_parallel_replicas(in));
     in.global_batch = run_cfg.train.global_batch;
     // Links: the measured file when one is named or the default exists.
     in.fabric.ranks_per_node = ranks_per_node > 0 ? ranks_per_node

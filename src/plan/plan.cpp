@@ -352,23 +352,28 @@ PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int
   return in;
 }
 
-PlanResult plan(const PlanInputs& in) {
-  const ModelDesc& d = in.desc;
-  const int W = in.world, S = in.pp, T = in.seq_len, G = in.global_batch;
+int data_parallel_replicas(const PlanInputs& in) {
+  const int W = in.world, S = in.pp, TP = in.tp;
   if (W < 1) fail("--world must be >= 1");
   if (S < 1) fail("--pp must be >= 1");
-  const int TP = in.tp;
   if (TP < 1) fail("--tp must be >= 1 (tensor-parallel ranks per group)");
   if (TP == 1 && W % S != 0)
     fail("the world size ", W, " is not divisible by the pipeline stages ", S, ": choose --world a multiple of --pp");
   if (W % ((long)S * TP) != 0)
     fail("the world size ", W, " is not divisible by pp ", S, " x tp ", TP, " = ", (long)S * TP,
          ": choose --world a multiple of ", (long)S * TP);
+  return W / (S * TP);
+}
+
+PlanResult plan(const PlanInputs& in) {
+  const ModelDesc& d = in.desc;
+  const int W = in.world, S = in.pp, T = in.seq_len, G = in.global_batch, TP = in.tp;
+  const int dp = data_parallel_replicas(in);
   if (const std::string e = recompute_schedule_error(in.recompute, in.schedule, S); !e.empty()) fail(e);
   if (T < 1 || T > d.max_seq_len) fail("model.seq_len ", T, " must be in [1, max_seq_len ", d.max_seq_len, "]");
   if (d.vocab_size < 1) fail("the model has no vocabulary size: set model.vocab_size or give --vocab N (or a data.train file)");
   PlanResult r;
-  r.dp = W / (S * TP);
+  r.dp = dp;
   r.tp = TP;
   if (G % r.dp != 0)
     fail("train.global_batch ", G, " is not divisible by the ", r.dp, " data-parallel replicas (world ", W, " / pp ", S,

@@ -234,6 +234,10 @@ struct PlanResult {
 struct Config;
 PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int world);
 
+// The data-parallel replicas of the run: world / (pp × tp). Throws Error naming the flags when
+// world, pp or tp is below 1 or pp × tp does not divide the world.
+int data_parallel_replicas(const PlanInputs& in);
+
 // Throws Error (one clear line naming the fix) on impossible inputs: world not divisible by pp × tp,
 // tp not dividing the heads, key/value heads or MLP width, or exceeding the ranks per node,
 // micro-batches not dividing the per-replica batch, more stages than layers, ...
