@@ -8,7 +8,10 @@
 #      the CUDA unit tests on that simulated backend, but the slowest (build/sim-cuda_tests); its
 #      NCCL over MPI at 2 and 4 ranks (build/sim-nccl_tests, and sim-cuda_tests' NcclRanks.*)
 #   4. command-line checks: tests/cli/*.sh (exit codes and messages of the real programs)
-# Logs go to $BUILD/test-logs/. The last line is "llmpi tests: N passed, N failed".
+# Logs go to $BUILD/test-logs/. A Google Test program's tests are counted one by one from its own
+# per-test lines, a crash or a time-out named with the test it happened in (tools/gtest_groups.bash;
+# checked by tests/cli/runner.sh); every other program or script counts as one. The last lines
+# name every failure and read "llmpi tests: N passed, N failed, N skipped".
 set -u
 BUILD=${BUILD:-build}
 # Every time limit below is multiplied by TIME_SCALE: 1 by default, 4 for a sanitizer build (make
@@ -34,7 +37,8 @@ SIM_ASAN_OPTIONS=${ASAN_OPTIONS//detect_stack_use_after_return=1/detect_stack_us
 LOGS=$BUILD/test-logs
 mkdir -p "$LOGS"
 BIN=$BUILD/llmpi-tests
-pass=0; fail=0; failed_names=()
+pass=0; fail=0; skip=0; failed_names=()
+source "$(dirname "$0")/gtest_groups.bash"
 
 started=$SECONDS  # set before each run; record() prints the seconds since
 record() {  # name status log
@@ -44,18 +48,32 @@ record() {  # name status log
   started=$SECONDS
 }
 
+# gtest_report LABEL LOG: adds a gtest_group's counts (tools/gtest_groups.bash) to the totals and
+# names every failure, with the first lines of its output.
+gtest_report() {
+  local label=$1 log=$2 f name
+  pass=$((pass + GT_PASS)); fail=$((fail + GT_FAIL)); skip=$((skip + GT_SKIP))
+  for f in "${GT_FAILED[@]}"; do
+    failed_names+=("$label: $f"); echo "  FAIL  $label: $f (log $log)"
+    name=${f%%:*}
+    gtest_test_output "$log" "$name" | grep -v '^\[' | head -n 15 | sed 's/^/        | /'
+  done
+  echo "  $label: $GT_PASS passed, $GT_FAIL failed, $GT_SKIP skipped in $((SECONDS - started)) s (log $log)"
+}
+
 echo "== unit tests (serial)"
+# The peak-RSS comparisons (*PeakRss*) run each in a process of its own below: a process's peak
+# and resident set include what earlier tests left mapped.
 log=$LOGS/unit.log
 started=$SECONDS
-timeout $((1200 * TIME_SCALE)) "$BIN" --gtest_filter='-Mpi*' --gtest_brief=1 >"$log" 2>&1; rc=$?
-n_ok=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$log" | tail -1); n_ok=${n_ok:-0}
-n_bad=$(grep -oP '^\[  FAILED  \] \K[0-9]+(?= test)' "$log" | tail -1); n_bad=${n_bad:-0}
-n_skip=$(grep -oP '^\[  SKIPPED \] \K[0-9]+' "$log" | tail -1); n_skip=${n_skip:-0}
-pass=$((pass + n_ok)); fail=$((fail + n_bad))
-grep -E '^\[  (FAILED|SKIPPED) \] [A-Za-z]' "$log" | sed 's/^/  /'
+gtest_group $((1200 * TIME_SCALE)) "$log" '-Mpi*:*PeakRss*' "$BIN"
+gtest_report unit "$log"
 grep -E '^\[  SKIPPED \]' -A1 "$log" | grep -v '^\[' | grep -v '^--' | sed 's/^/        skip: /' | sort -u | head -5
-echo "  unit: $n_ok passed, $n_bad failed, $n_skip skipped in $((SECONDS - started)) s (log $log)"
-if [ $rc != 0 ] && [ "$n_bad" = 0 ]; then record "unit test binary (crashed or timed out)" $rc "$log"; fi
+for t in $("$BIN" --gtest_filter='*PeakRss*:-Mpi*' --gtest_list_tests | awk '/^[^ ]/{suite=$1} /^  /{print suite $1}'); do
+  log=$LOGS/$t.log; started=$SECONDS
+  gtest_group $((300 * TIME_SCALE)) "$log" "$t" "$BIN"
+  gtest_report "$t (a process of its own)" "$log"
+done
 
 echo "== MPI tests (each under its own time limit of ${MPI_TIMEOUT}s)"
 tests=$("$BIN" --gtest_filter='Mpi*' --gtest_list_tests | awk '/^[^ ]/{suite=$1} /^  /{print suite $1}')
@@ -89,14 +107,13 @@ SIM_TESTS+=':CudaRealShapeEpilogues.BiasGradientAt65536Rows'
 SIM_TESTS+=':CudaRecompute.*'
 SIM_EXPECTED=186
 log=$LOGS/sim-cuda_tests.log
-OMP_NUM_THREADS=$(nproc) ASAN_OPTIONS=$SIM_ASAN_OPTIONS timeout --kill-after=10 $((900 * TIME_SCALE)) "$BUILD/sim-cuda_tests" --gtest_filter="$SIM_TESTS" >"$log" 2>&1
-rc=$?
-n_sim=$(grep -c '^\[       OK \]' "$log")
-if [ $rc = 0 ] && [ "$n_sim" -lt $SIM_EXPECTED ]; then
-  echo "the filter matched $n_sim tests, not the $SIM_EXPECTED expected" >>"$log"
-  rc=1
+started=$SECONDS
+OMP_NUM_THREADS=$(nproc) ASAN_OPTIONS=$SIM_ASAN_OPTIONS gtest_group $((900 * TIME_SCALE)) "$log" "$SIM_TESTS" "$BUILD/sim-cuda_tests"
+n_sim=$((GT_PASS + GT_FAIL + GT_SKIP))
+if [ "$n_sim" -lt $SIM_EXPECTED ]; then
+  GT_FAIL=$((GT_FAIL + 1)); GT_FAILED+=("the filter matched $n_sim tests, not the $SIM_EXPECTED expected")
 fi
-record "sim-cuda_tests ($n_sim CUDA unit tests on the simulated backend)" $rc "$log"
+gtest_report "sim-cuda_tests (CUDA unit tests on the simulated backend)" "$log"
 # NCCL on the simulated cards, over MPI (tools/cuda_cpu_sim/README.md, "NCCL"): the stand-in's own
 # calls, then NcclSync and GradSync nccl against MPI's averages, each run under its time limit;
 # and ranks calling different collectives must stop the job, with every rank's call printed.
@@ -129,5 +146,5 @@ done
 
 echo
 [ $fail = 0 ] || printf 'failed: %s\n' "${failed_names[@]}"
-echo "llmpi tests: $pass passed, $fail failed"
+echo "llmpi tests: $pass passed, $fail failed, $skip skipped"
 [ $fail = 0 ]
