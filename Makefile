@@ -284,11 +284,16 @@ RUN_CUDA = $(if $(strip $(NVCC)),1,0)
 RUN_WHY  = CUDA=$(CUDA) given$(if $(strip $(NVCC)),,$(if $(filter 0,$(CUDA)),,; no nvcc found))
 endif
 
+# Every `make run` trains a fresh demo run in $(DEMO_RUN); the one before it is kept aside in
+# $(DEMO_RUN).previous, replacing the one kept before (tools/demo_run_aside.sh). A demo run still
+# training is never moved: the second `make run` stops and says so.
+DEMO_RUN := $(BUILD)/runs/demo
 run:
 	@echo "llmpi run: building $(APPS) ($(if $(filter -j%,$(MAKEFLAGS)),make's -j,$(JOBS) parallel jobs)) $(if $(filter 1,$(RUN_CUDA)),with,without) the CUDA kernels ($(RUN_WHY)); tests and benchmarks are built by make / make test"
 	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) CUDA=$(RUN_CUDA) $(APP_BINS) demo-data
+	@tools/demo_run_aside.sh $(DEMO_RUN)
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 mpiexec -n $(NP) $(BUILD)/llmpi-train \
-	    --config data/demo.json --set run.dir=$(BUILD)/runs/demo
+	    --config data/demo.json --set run.dir=$(DEMO_RUN)
 
 test:
 	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) all
