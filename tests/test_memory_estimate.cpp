@@ -315,15 +315,12 @@ constexpr bool kRssIsTheModels = true;
 constexpr const char* kRssSkip = "the peak RSS under AddressSanitizer holds its shadow memory and redzones: "
                                  "compared in the normal build";
 // A process's peak and resident set hold what earlier tests left mapped (freed blocks the
-// allocator keeps, buffers of libraries): a peak-RSS comparison means something only as the first
-// test of its process. tools/run_tests.sh runs each *PeakRss* test alone
-// (llmpi-tests --gtest_filter=NAME); in a run of many, the later ones skip and say so.
-bool first_test_of_process() {
-  const testing::UnitTest& u = *testing::UnitTest::GetInstance();
-  return u.successful_test_count() + u.failed_test_count() + u.skipped_test_count() == 0;
-}
-constexpr const char* kNotFirst = "a peak-RSS comparison runs as its process's first test: run it alone "
-                                  "(llmpi-tests --gtest_filter=<this test>), as tools/run_tests.sh does";
+// allocator keeps, buffers of libraries): a peak-RSS comparison means something only in a process
+// that runs it alone. tools/run_tests.sh runs each *PeakRss* test so (llmpi-tests
+// --gtest_filter=NAME); in a run of several tests they skip and say so.
+bool alone_in_process() { return testing::UnitTest::GetInstance()->test_to_run_count() == 1; }
+constexpr const char* kNotAlone = "a peak-RSS comparison runs alone in its process "
+                                  "(llmpi-tests --gtest_filter=<this test>), as tools/run_tests.sh runs it";
 
 // runtime.recompute too: the activations selective and full keep (one shared set of the
 // recomputed tensors per micro-batch), against the peak of a step that recomputes.
@@ -334,7 +331,7 @@ TEST(MemoryEstimate, PeakRssOfOneStepMatches) {
   // Blocks of 1 MB and more mapped and unmapped one by one (glibc would otherwise raise its
   // threshold after the first free and serve the next mode's tensors from pages still resident)
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
-  const bool measure = kRssIsTheModels && first_test_of_process();
+  const bool measure = kRssIsTheModels && alone_in_process();
   double predicted_none = 0;
   for (const Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
     Config cfg = config_with("adamw");
@@ -358,7 +355,7 @@ TEST(MemoryEstimate, PeakRssOfOneStepMatches) {
     EXPECT_GE(measured, predicted * 0.98) << option_name(rc);
   }
   if (!kRssIsTheModels) GTEST_SKIP() << kRssSkip;
-  if (!measure) GTEST_SKIP() << kNotFirst;
+  if (!measure) GTEST_SKIP() << kNotAlone;
 }
 
 
@@ -423,7 +420,7 @@ TEST(MemoryEstimate, TensorShardPeakRssFallsAsEstimated) {
   const ModelDesc whole = test::desc_of("gpt2", 2, 8, 64, T, 4096);
   mallopt(M_MMAP_THRESHOLD, 1 << 20);  // (as in PeakRssOfOneStepMatches)
   const Config cfg = config_with("adamw");
-  const bool measure = kRssIsTheModels && first_test_of_process();
+  const bool measure = kRssIsTheModels && alone_in_process();
   std::vector<double> predicted_of;
   for (const auto& [tp, sp] : std::vector<std::pair<int, bool>>{{1, false}, {2, false}, {4, false}, {4, true}}) {
     ModelDesc sharded = whole;
@@ -445,5 +442,5 @@ TEST(MemoryEstimate, TensorShardPeakRssFallsAsEstimated) {
   EXPECT_LT(predicted_of[2], predicted_of[0] * 0.5);
   EXPECT_LT(predicted_of[3], predicted_of[2]);
   if (!kRssIsTheModels) GTEST_SKIP() << kRssSkip;
-  if (!measure) GTEST_SKIP() << kNotFirst;
+  if (!measure) GTEST_SKIP() << kNotAlone;
 }
