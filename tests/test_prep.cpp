@@ -6,7 +6,7 @@
 //     whole file's documents, for blank-line text and JSONL; gzip and zstd (several members or
 //     frames) give the same documents; damaged or truncated data is an error naming the file;
 //   - the validation choice takes exactly k documents, by seed;
-//   - the output directory rules (another program's files need --overwrite);
+//   - the output directory rules (another program's files need --overwrite; one run at a time);
 //   - under MPI (Mpi*, -n 2): the data set made on 2 ranks is the one made on 1, and an error in
 //     one rank's input reaches every rank and leaves the previous data set as it was.
 #include <gtest/gtest.h>
@@ -14,6 +14,9 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -213,6 +216,7 @@ TEST_F(PrepTest, OutputDirectoryRules) {
   PrepDestination d = open_prep_destination(out, false);
   EXPECT_EQ(d.leftovers, (std::vector<std::string>{out + "/" + kPrepWorkDirName, out + "/train.h5", out + "/val.h5.tmp"}));
   // A data set: the next generation; its files are not leftovers; other files are left alone.
+  d.lock.reset();  // (d's claim on the directory ends here)
   fs::remove_all(out + "/" + kPrepWorkDirName);
   fs::remove(out + "/val.h5.tmp");
   {
@@ -232,6 +236,71 @@ TEST_F(PrepTest, OutputDirectoryRules) {
   EXPECT_TRUE(d.leftovers.empty());
   EXPECT_EQ(shard_file_name("train", 3, 12, 2), "train-00003.g2.h5");
   EXPECT_EQ(shard_file_name("val", 0, 1, 1), "val.h5");
+}
+
+// One llmpi-prep at a time per directory: while a run holds --out's lock, a second one is refused
+// before it removes or writes anything, naming the first; after it, the directory is free; a lock
+// left by a run that died is taken over, saying whose.
+TEST_F(PrepTest, ASecondRunOnTheSameOutIsRefusedAndTouchesNothing) {
+  const std::string out = path("out");
+  std::string text;
+  for (int i = 0; i < 20; i++) text += "document " + std::to_string(i) + " of the first corpus\n\n";
+  spit(path("first.txt"), text);
+  spit(path("second.txt"), text + "and a last document, of the second corpus only\n");
+  TokenPrepOptions o;
+  o.tokenizer = "byte";
+  o.inputs = {path("first.txt")};
+  o.out = out;
+  o.val_fraction = 0.1;
+  run_token_prep(o, MPI_COMM_SELF);  // the data set a second run must not harm
+  const std::string manifest = slurp(out + "/manifest.json");
+  ASSERT_FALSE(fs::exists(out + "/" + kPrepLockName)) << "a run releases (and removes) its lock when it ends";
+
+  // The first run, at work: it holds the lock and has work files.
+  PrepDestination first = open_prep_destination(out, false);
+  ASSERT_TRUE(first.lock && first.lock->fd >= 0) << "no lock taken (a file system without flock?)";
+  EXPECT_TRUE(first.notes.empty());
+  fs::create_directory(out + "/" + kPrepWorkDirName);
+  spit(out + "/" + kPrepWorkDirName + "/u0000000.tok", "the first run's tokens");
+  std::vector<std::string> before;
+  for (const auto& e : fs::directory_iterator(out)) before.push_back(e.path().filename().string());
+  std::sort(before.begin(), before.end());
+
+  TokenPrepOptions second = o;
+  second.inputs = {path("second.txt")};
+  const std::string e = error_of([&] { run_token_prep(second, MPI_COMM_SELF); });
+  EXPECT_NE(e.find("--out '" + out + "' is in use by another llmpi-prep run (host " + host_name() + ", pid " +
+                   std::to_string(getpid()) + ", started "),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("Wait for that llmpi-prep run to end, or choose another --out; if that process is gone (its node "
+                   "crashed), delete " + out + "/" + kPrepLockName),
+            std::string::npos)
+      << e;
+  EXPECT_ERROR_HAS(open_prep_destination(out, true), "is in use by another llmpi-prep run");  // --overwrite too
+  std::vector<std::string> after;
+  for (const auto& f : fs::directory_iterator(out)) after.push_back(f.path().filename().string());
+  std::sort(after.begin(), after.end());
+  EXPECT_EQ(after, before) << "the refused run changed the directory";
+  EXPECT_EQ(slurp(out + "/" + kPrepWorkDirName + "/u0000000.tok"), "the first run's tokens");
+  EXPECT_EQ(slurp(out + "/manifest.json"), manifest);
+  EXPECT_NO_THROW(open_token_file_info(out + "/train"));
+
+  // The first run ends: the directory is free again.
+  first = PrepDestination();
+  EXPECT_FALSE(fs::exists(out + "/" + kPrepLockName));
+  run_token_prep(second, MPI_COMM_SELF);
+  EXPECT_EQ(read_prep_manifest(out)->generation, 2);
+
+  // A lock file left by a run that died (its flock went with it): taken over, saying whose.
+  spit(out + "/" + kPrepLockName, "host " + host_name() + "\npid 999999999\nstarted 2026-01-01T00:00:00Z\n");
+  PrepDestination again = open_prep_destination(out, false);
+  ASSERT_EQ(again.notes.size(), 1u);
+  EXPECT_NE(again.notes[0].find("taking over the output directory lock left by host " + host_name() +
+                                ", pid 999999999, started 2026-01-01T00:00:00Z, an llmpi-prep run that ended"),
+            std::string::npos)
+      << again.notes[0];
+  EXPECT_TRUE(again.leftovers.empty()) << "the lock file is not one of the data set's files";
 }
 
 // ---- streaming input --------------------------------------------------------------------------

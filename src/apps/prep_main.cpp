@@ -270,8 +270,10 @@ Outputs (a data set; docs/DESIGN.md): DIR/manifest.json and, per split, DIR/trai
   content hash and is written last. Re-making DIR writes new files beside the old ones, switches by
   renaming the manifest and then deletes the old files, so DIR always holds one complete data set.
   llmpi-prep writes into a new or empty directory or over an llmpi-prep data set; another
-  non-empty directory needs --overwrite. Progress goes to stderr, the summary to stdout; exit code
-  0 on success, 1 on error (on every rank).
+  non-empty directory needs --overwrite. One llmpi-prep at a time per DIR: a run holds
+  DIR/.llmpi-prep.lock, and a second one is refused at once, naming the first (host, pid).
+  Progress goes to stderr, the summary to stdout; exit code 0 on success, 1 on error (on every
+  rank).
 
 GLUE tasks to classification files (model.family bert):
   llmpi-prep glue --task rte|mrpc|sst-2|qnli|cola --data-dir GLUE/RTE

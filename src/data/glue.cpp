@@ -194,7 +194,8 @@ void run_glue_prep(const GluePrepOptions& o) {
       glue_examples(task, dev_in, read_file_bytes(dev_in), tok, o.max_seq_len, pad_id);
 
   // Refuses another program's files; the current data set, if any, stays until the switch.
-  const PrepDestination dest = open_prep_destination(o.out, o.overwrite, {train_in, dev_in});
+  const PrepDestination dest = open_prep_destination(o.out, o.overwrite, {train_in, dev_in});  // (and its lock)
+  for (const std::string& n : dest.notes) std::fprintf(stderr, "llmpi-prep: %s\n", n.c_str());
   for (const std::string& f : dest.leftovers) {
     std::fprintf(stderr, "llmpi-prep: note: removing '%s', left by an interrupted llmpi-prep run\n", f.c_str());
     std::error_code ec;

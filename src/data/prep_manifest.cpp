@@ -45,6 +45,11 @@ std::string split_names(const PrepManifest& m) {
   return s;
 }
 
+// What llmpi-prep's lock messages call things (runtime/dir_lock.h).
+const DirLockWords kPrepOutWords = {
+    "--out", "output directory", "llmpi-prep run", "an llmpi-prep run",
+    "two llmpi-prep runs on one --out would delete each other's work files and mix or destroy their data sets"};
+
 [[noreturn]] void damaged(const std::string& path, const std::string& what) {
   fail("'", path, "' (llmpi-prep's manifest) is damaged: ", what,
        "; rerun llmpi-prep to write the data set again");
@@ -328,6 +333,12 @@ PrepDestination open_prep_destination(const std::string& dir, bool overwrite, co
     fail("cannot create output directory '", dir, "'", ec ? ": " + ec.message() : std::string(),
          "; choose a writable --out");
   try {
+    d.lock = lock_dir(dir, kPrepLockName, kPrepOutWords, false, d.notes);
+  } catch (const Error&) {
+    if (d.created) fs::remove(dir, ec);  // (only when empty)
+    throw;
+  }
+  try {
     d.manifest = read_prep_manifest(dir);
   } catch (const Error& e) {
     if (!overwrite)
@@ -338,7 +349,7 @@ PrepDestination open_prep_destination(const std::string& dir, bool overwrite, co
   std::vector<std::string> foreign;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (d.manifest && name == kPrepManifestName) continue;
+    if (name == kPrepLockName || (d.manifest && name == kPrepManifestName)) continue;
     if (std::find(named.begin(), named.end(), name) != named.end()) continue;  // the current data set
     if (is_prep_output(dir, name)) {
       d.leftovers.push_back(join_path(dir, name));

@@ -35,9 +35,12 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "runtime/dir_lock.h"
 
 namespace llmpi {
 
@@ -46,6 +49,8 @@ inline constexpr const char* kPrepManifestFormat = "llmpi-prep-manifest";
 inline constexpr int kPrepManifestVersion = 2;
 // Where llmpi-prep keeps its intermediate files while it runs (inside --out).
 inline constexpr const char* kPrepWorkDirName = ".llmpi-prep-work";
+// The lock llmpi-prep holds on --out while it writes there (open_prep_destination).
+inline constexpr const char* kPrepLockName = ".llmpi-prep.lock";
 
 struct ShardEntry {
   std::string file;  // name inside the data set directory
@@ -115,15 +120,21 @@ std::string manifest_format_of(const std::string& path);
 // otherwise only when told to overwrite. Files it may replace or delete there are its own: names
 // it gives (train*.h5 / val*.h5 / dev*.h5 written by llmpi-prep or llmpi-prep glue, *.tmp, *.new),
 // the manifest's files, its work directory.
+// One llmpi-prep at a time in a directory: the run holds DIR/.llmpi-prep.lock (runtime/dir_lock.h)
+// from before it looks at DIR until it ends, so a second run on the same --out is refused before it
+// removes or writes anything, naming the first (host, pid); a lock whose holder died is taken over.
 struct PrepDestination {
   std::string dir;
   std::optional<PrepManifest> manifest;  // the current data set, if any
   std::vector<std::string> leftovers;    // its own files the manifest does not name (full paths)
   int64_t next_generation = 1;
   bool created = false;  // the directory did not exist before
+  std::unique_ptr<DirLock> lock;         // held while this value lives (reset it to let go earlier)
+  std::vector<std::string> notes;        // lines to print: a stale lock taken over, no lock support
 };
-// Inspect `dir` (creating it when missing). Error when it holds files llmpi-prep did not make (other
-// than `inputs`) and `overwrite` is false, naming one of them and the fix (another --out, or
+// Claim `dir` (creating it when missing; taking its lock) and inspect it. Error when another
+// llmpi-prep holds it (naming that run and the fix), and when it holds files llmpi-prep did not make
+// (other than `inputs`) and `overwrite` is false, naming one of them and the fix (another --out, or
 // --overwrite).
 PrepDestination open_prep_destination(const std::string& dir, bool overwrite,
                                       const std::vector<std::string>& inputs = {});

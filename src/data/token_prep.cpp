@@ -415,7 +415,8 @@ void run_token_prep(const TokenPrepOptions& o, MPI_Comm comm) {
            "; give a larger --split-bytes");
     std::vector<std::string> input_paths;
     for (const InputUnit& u : units) input_paths.push_back(u.path);
-    dest = open_prep_destination(o.out, o.overwrite, input_paths);
+    dest = open_prep_destination(o.out, o.overwrite, input_paths);  // (held until this function returns)
+    for (const std::string& n : dest.notes) std::fprintf(stderr, "llmpi-prep: %s\n", n.c_str());
     if (!dest.leftovers.empty()) {
       std::string names;
       for (size_t i = 0; i < dest.leftovers.size() && i < 3; i++) names += (i ? ", '" : "'") + dest.leftovers[i] + "'";
@@ -675,6 +676,7 @@ void run_token_prep(const TokenPrepOptions& o, MPI_Comm comm) {
       if (rank == 0) {
         std::error_code ec;
         fs::remove_all(work, ec);
+        dest.lock.reset();  // (its file goes with it)
         if (dest.created) fs::remove(o.out, ec);  // only when empty: a directory this run made
       }
     }

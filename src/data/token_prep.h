@@ -1,8 +1,9 @@
 // llmpi-prep's main work, run by every rank of a communicator: text in (data/text_input.h), an
 // llmpi-prep data set out (data/prep_manifest.h: DIR/manifest.json and the splits' token files).
 //
-//   1. Rank 0 checks --out (open_prep_destination: new, empty, an llmpi-prep data set, or
-//      --overwrite), deletes what an interrupted run left there, and divides the inputs into units.
+//   1. Rank 0 takes --out's lock (refused when another llmpi-prep holds it) and checks --out
+//      (open_prep_destination: new, empty, an llmpi-prep data set, or --overwrite), deletes what an
+//      interrupted run left there, and divides the inputs into units. It holds the lock to the end.
 //      The ranks share the units out: largest first, each to the least loaded rank.
 //   2. Each rank tokenizes its units' documents into DIR/.llmpi-prep-work/: per unit its tokens
 //      (every document preceded by eot_id) and each document's token count. Rank 0 prints progress

@@ -1,14 +1,8 @@
 // Who owns a run directory, and what happens to a run that is already in it.
 //
-//   lock      run.dir/LOCK, an advisory flock(2) taken by rank 0 for the life of the run. The file
-//             names the holder ("host H", "pid P", "started T" lines). A second run in the same
-//             directory fails at start-up with an error naming that holder. Stale locks: a process
-//             that died released its flock with it, so the next run simply gets the lock (and says
-//             whose it takes over when the file still names a holder); a lock that is still held
-//             but names a pid on this host that no longer exists (a child that inherited the
-//             descriptor) is replaced by a new file. The holder removes the file when it ends.
-//             A file system without lock support (flock fails with ENOLCK, EOPNOTSUPP, ...) gets
-//             a warning, not an error: ownership cannot be enforced there.
+//   lock      run.dir/LOCK, runtime/dir_lock.h's lock, taken by rank 0 for the life of the run: a
+//             second run in the same directory fails at start-up with an error naming the holder
+//             (host, pid); a stale lock (its holder died) is taken over with a message.
 //   new runs  a run started without --resume in a directory that already holds one (checkpoints,
 //             or a non-empty metrics.jsonl / eval.jsonl) is refused, naming the ways out:
 //             --resume auto, another run.dir, or --overwrite, which moves the earlier run's files
@@ -22,19 +16,15 @@
 #include <string>
 #include <vector>
 
+#include "runtime/dir_lock.h"
+
 namespace llmpi {
 
 // The files a run writes into run.dir (what --overwrite moves aside). trace-rank*.json too.
 extern const char* const kRunFiles[];
 
-struct RunDirLock {
-  std::string path;  // run.dir/LOCK
-  int fd = -1;       // -1: not held (dry run, or a file system without locks)
-  RunDirLock() = default;
-  ~RunDirLock();     // removes the file and releases the lock
-  RunDirLock(const RunDirLock&) = delete;
-  RunDirLock& operator=(const RunDirLock&) = delete;
-};
+// run.dir/LOCK (fd -1: not held: a file system without locks).
+using RunDirLock = DirLock;
 
 struct RunDirClaim {
   std::unique_ptr<RunDirLock> lock;  // held for the life of the run (null: nothing claimed)
@@ -55,9 +45,6 @@ std::string move_run_aside(const std::string& dir);
 
 // A new random lineage id (16 hex digits).
 std::string new_lineage_id();
-
-// The host name (for lock files and messages).
-std::string host_name();
 
 // mkdir -p: creates dir and its parents; an error names the part that could not be made.
 void make_dirs(const std::string& dir);

@@ -16,6 +16,9 @@ status=0
 # a script may stop a sequence that makes no sense after a failure (check ... || exit $status).
 check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1  ($2)"; status=1; return 1; fi; }
 skip() { echo "skip $1"; }
+# wait_for "shell condition" SECONDS: polls the (eval'ed) condition every 0.1 s; returns 1 when it
+# still fails after SECONDS.
+wait_for() { local i; for ((i = 0; i < $2 * 10; i++)); do eval "$1" && return 0; sleep 0.1; done; return 1; }
 # set_floats FILE.safetensors TENSOR FIRST COUNT HEX: overwrite COUNT float32 values of TENSOR from
 # element FIRST with the 4 bytes HEX as stored (ffffffff: NaN; ffff7f7f: the largest float,
 # 3.4028235e38). Returns 1 when the header has no F32 tensor of that name.

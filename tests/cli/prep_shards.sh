@@ -4,9 +4,10 @@
 #   from text, JSONL, gzip / zstd and standard input, whatever --split-bytes; training from the
 #   sharded directory gives the losses of training from one file of the same tokens, and resumes on
 #   it (but not on another data set); inspect verifies a directory; a changed shard is refused; a
-#   run killed at any step leaves the old or the new data set, never a mix; a failed run leaves
-#   nothing; another program's directory needs --overwrite; numeric flags are range-checked, with
-#   one error line and exit 1 on every rank.
+#   run killed at any step leaves the old or the new data set, never a mix (and its lock is taken
+#   over); a failed run leaves nothing; a second run on the same --out is refused at once, naming the
+#   first, and harms neither it nor the data set there; another program's directory needs
+#   --overwrite; numeric flags are range-checked, with one error line and exit 1 on every rank.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 PREP="$B/llmpi-prep"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -89,9 +90,37 @@ for point in after-first-shard before-manifest after-switch during-cleanup; do
   check "killed at $point (exit $rc): the directory holds the $([ "$want" = "$old" ] && echo old || echo new) data set, every file verified" \
     "[ $rc = 137 ] && [ '$now' = '$want' ] && prep inspect '$tmp/k' --show 0 >/dev/null 2>&1"
   prep "${common[@]}" --input "$tmp/b.txt" --out "$tmp/k" >/dev/null 2>"$tmp/k.err"
-  check "  ... a rerun reports what it left, removes it and writes the new data set" \
-    "[ $? = 0 ] && grep -q 'left by an interrupted llmpi-prep run' '$tmp/k.err' && [ \"\$(manifest_hashes '$tmp/k')\" = '$new' ] && [ \$(ls '$tmp/k' | wc -l) = \$(ls '$tmp/new' | wc -l) ]"
+  check "  ... a rerun reports what it left, takes its lock over, removes it and writes the new data set" \
+    "[ $? = 0 ] && grep -q 'left by an interrupted llmpi-prep run' '$tmp/k.err' && grep -q 'taking over the output directory lock left by host $(hostname), pid [0-9]*' '$tmp/k.err' && [ \"\$(manifest_hashes '$tmp/k')\" = '$new' ] && [ \$(ls -A '$tmp/k' | wc -l) = \$(ls -A '$tmp/new' | wc -l) ]" ||
+    cat "$tmp/k.err"
 done
+
+# ---- two runs on one --out: the second is refused at once, naming the first; the first run and
+# the data set already there lose nothing. The first run reads a named pipe held open here, so it
+# holds the lock (and has work files) until its input is written.
+prep "${common[@]}" --input "$tmp/b.txt" --out "$tmp/busy" >/dev/null 2>&1
+prep "${common[@]}" --input "$tmp/a.txt" --out "$tmp/a-alone" >/dev/null 2>&1
+existing=$(manifest_hashes "$tmp/busy")
+mkfifo "$tmp/feed"
+exec 3<>"$tmp/feed"  # (read-write: opening it waits for nobody)
+"$PREP" "${common[@]}" --input "$tmp/feed" --out "$tmp/busy" >"$tmp/first.out" 2>&1 3>&- &  # (not a writer itself)
+first=$!
+trap 'kill $first 2>/dev/null; rm -rf "$tmp"' EXIT
+wait_for "grep -q '^pid $first\$' '$tmp/busy/.llmpi-prep.lock' 2>/dev/null && [ -d '$tmp/busy/.llmpi-prep-work' ]" $((60 * TIME_SCALE)) ||
+  echo "warning: the first run did not take the lock" >&2
+t0=$(date +%s)
+prep "${common[@]}" --input "$tmp/a.txt" --out "$tmp/busy" >/dev/null 2>"$tmp/second.err"; rc=$?
+check "a second run on the same --out: exit 1 at once, one error naming the first (host, pid) and the fix" \
+  "[ $rc = 1 ] && [ \$((\$(date +%s) - t0)) -le $((10 * TIME_SCALE)) ] && [ \$(grep -c 'llmpi-prep: error' '$tmp/second.err') = 1 ] && grep -q \"llmpi-prep: error: --out '$tmp/busy' is in use by another llmpi-prep run (host $(hostname), pid $first, started .*Wait for that llmpi-prep run to end, or choose another --out\" '$tmp/second.err'" ||
+  cat "$tmp/second.err"
+check "  ... it removed nothing: the first run's work files and the data set already there are whole" \
+  "[ -d '$tmp/busy/.llmpi-prep-work' ] && [ \"\$(manifest_hashes '$tmp/busy')\" = '$existing' ] && prep inspect '$tmp/busy' --show 0 >/dev/null 2>&1"
+cat "$tmp/a.txt" >&3
+exec 3>&-  # the end of the first run's input
+wait $first; rc=$?
+check "  ... the first run ends well: exit 0, the data set of its own input alone, its lock gone" \
+  "[ $rc = 0 ] && [ \"\$(manifest_hashes '$tmp/busy')\" = \"\$(manifest_hashes '$tmp/a-alone')\" ] && [ ! -e '$tmp/busy/.llmpi-prep.lock' ] && [ ! -e '$tmp/busy/.llmpi-prep-work' ]" ||
+  cat "$tmp/first.out"
 
 # ---- resuming on a sharded data set: accepted on the same one, refused on another
 rtrain() {

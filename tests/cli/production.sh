@@ -18,8 +18,6 @@ trap cleanup EXIT
 common=(--config data/demo.json --set run.dir="$tmp/default" --set data.train="$tmp/d/train.h5" --set data.val= --set model.d_model=64
         --set model.n_layer=2 --set model.seq_len=64 --set train.log_every=1 --set train.eval_every=0)
 
-# wait_for COND SECONDS: poll until COND is true
-wait_for() { local i; for ((i = 0; i < $2 * 10; i++)); do eval "$1" && return 0; sleep 0.1; done; return 1; }
 lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
 
 # start_run NAME ARGS...: an endless 2-rank run into $tmp/NAME in the background ($pid, $run,

@@ -14,7 +14,6 @@ tmp=$(mktemp -d)
 holder=
 cleanup() { [ -n "$holder" ] && kill "$holder" 2>/dev/null; pkill -KILL -f "^$TRAIN .*$tmp" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
-wait_for() { local i; for ((i = 0; i < $2 * 10; i++)); do eval "$1" && return 0; sleep 0.1; done; return 1; }
 lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
 # every line of a JSON Lines file is one object {...} (interleaved writes break this)
 parsable() { [ -s "$1" ] && ! grep -qvE '^\{"[a-z_]+":.*\}$' "$1" && ! grep -q '}{' "$1"; }
