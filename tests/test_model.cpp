@@ -4,13 +4,15 @@
 //  - EVERY parameter's analytic gradient equals central finite differences of that reference,
 //  - loss at initialisation is within 0.1 of ln(vocab),
 //  - a tiny model overfits one batch to a loss below 0.1,
-//  - grads_ready() reports prefixes in order and ends at the whole buffer.
+//  - grads_ready() reports prefixes in order and ends at the whole buffer,
+//  - the parameter table finds each of many tensors by name.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "model/transformer.h"
 #include "model_test_util.h"
+#include "runtime/error.h"
 #include "runtime/rng.h"
 
 using namespace llmpi;
@@ -135,6 +137,55 @@ TEST(Gpt2Model, ParamTableIsBackwardOrderAndComplete) {
   EXPECT_EQ(off, t.numel);
   const size_t C = 8;
   EXPECT_EQ(t.numel, 2 * C + 3 * (12 * C * C + 13 * C) + 6 * C + 11 * C);
+}
+
+// The table's index from name to tensor: 20,000 layers' worth of GPT-2's block tensors (twelve a
+// block), each found by name at its own place and offset; an unknown name is not found; a name
+// given twice is refused and leaves the table as it was; a copy finds its own slices.
+TEST(ParamTable, ManyTensorsAreFoundByName) {
+  const int layers = 20000;
+  ParamTable t;
+  std::vector<std::string> names;
+  for (int l = 0; l < layers; l++)
+    for (int role = kNorm1W; role <= kProjB; role++)
+      for (const std::string& n : family_tensor_names(Family::gpt2, role, l)) {
+        ParamSlice s;
+        s.name = n;
+        s.shape = {1 + static_cast<int>(names.size() % 5)};
+        s.layer = l;
+        s.role = role;
+        t.add(std::move(s));
+        names.push_back(n);
+      }
+  ASSERT_EQ(t.slices.size(), size_t(layers) * 12);
+  size_t off = 0;
+  for (size_t i = 0; i < names.size(); i++) {
+    const ParamSlice* s = t.find(names[i]);
+    ASSERT_EQ(s, &t.slices[i]) << names[i];
+    ASSERT_EQ(&t.at(names[i]), s);
+    EXPECT_EQ(s->offset, off) << names[i];
+    off += s->numel;
+  }
+  EXPECT_EQ(t.numel, off);
+  EXPECT_EQ(t.at("h.19999.mlp.c_proj.weight").layer, 19999);
+  EXPECT_EQ(t.at("h.0.ln_1.weight").offset, 0u);
+  EXPECT_EQ(t.find("h.20000.ln_1.weight"), nullptr);
+  EXPECT_EQ(t.find("wte.weight"), nullptr);
+  EXPECT_THROW(t.at("h.20000.ln_1.weight"), Error);
+  ParamSlice dup;
+  dup.name = "h.123.attn.c_attn.bias";
+  dup.shape = {3};
+  try {
+    t.add(dup);
+    ADD_FAILURE() << "a name given twice was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 'h.123.attn.c_attn.bias' appears twice"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(t.slices.size(), names.size());
+  EXPECT_EQ(t.numel, off);
+  const ParamTable copy = t;
+  EXPECT_EQ(copy.find(names[7]), &copy.slices[7]);
 }
 
 TEST(Gpt2Model, EveryGradientMatchesFiniteDifferences) {

@@ -1,6 +1,7 @@
 #include "params/param_table.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "runtime/error.h"
 #include "runtime/rng.h"
@@ -24,10 +25,14 @@ ParamSlice& ParamTable::add(ParamSlice s) {
   size_t n = 1;
   for (int d : s.shape) {
     if (d <= 0) fail("parameter '", s.name, "' has a non-positive dimension");
+    if (n > SIZE_MAX / static_cast<size_t>(d))
+      fail("parameter '", s.name, "' has more elements than a 64-bit count holds; choose a smaller model");
     n *= static_cast<size_t>(d);
   }
-  for (auto& o : slices)
-    if (o.name == s.name) fail("parameter '", s.name, "' appears twice in the table");
+  if (numel > SIZE_MAX - n)
+    fail("the parameter table reaches '", s.name, "' with more elements than a 64-bit count holds; choose a "
+         "smaller model");
+  if (!index_.emplace(s.name, slices.size()).second) fail("parameter '", s.name, "' appears twice in the table");
   s.offset = numel;
   s.numel = n;
   numel += n;
@@ -36,9 +41,8 @@ ParamSlice& ParamTable::add(ParamSlice s) {
 }
 
 const ParamSlice* ParamTable::find(const std::string& name) const {
-  for (auto& s : slices)
-    if (s.name == name) return &s;
-  return nullptr;
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &slices[it->second];
 }
 
 const ParamSlice& ParamTable::at(const std::string& name) const {

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -48,15 +49,22 @@ struct ParamSlice {
 void take_shard(const ParamSlice& s, const float* whole, float* shard);
 void put_shard(const ParamSlice& s, const float* shard, float* whole);
 
+// Slices are appended with add() only (never pushed onto `slices` directly, nor renamed): add()
+// keeps the index from name to slice that find() and at() look up, so building a table of n slices
+// and looking each up takes time linear in n.
 struct ParamTable {
   std::vector<ParamSlice> slices;
   size_t numel = 0;
 
-  // Appends a slice at the end of the buffer; numel from the shape.
+  // Appends a slice at the end of the buffer; numel from the shape. Throws Error for a duplicate
+  // name or a non-positive dimension.
   ParamSlice& add(ParamSlice s);
   const ParamSlice& at(const std::string& name) const;  // throws Error for an unknown name
   const ParamSlice* find(const std::string& name) const;  // null for an unknown name
   size_t end_of(size_t i) const { return slices[i].offset + slices[i].numel; }
+
+ private:
+  std::unordered_map<std::string, size_t> index_;  // name -> position in slices
 };
 
 // The layout of a 2-byte copy of the buffer (a bf16 Model's weight copy, model/transformer.h):

@@ -312,7 +312,9 @@ static Config extract(const json& r) {
   c.runtime.lm_head_chunk_rows = as_int<int>(r["runtime"]["lm_head_chunk_rows"], "runtime.lm_head_chunk_rows");
   c.run.dir = r["run"]["dir"];
 
-  require(c.model.n_layer >= 1, "model.n_layer", "must be >= 1");
+  require(c.model.n_layer >= 1 && c.model.n_layer <= kMaxLayers, "model.n_layer",
+          "must be in 1.." + std::to_string(kMaxLayers) + " (transformer blocks; the deepest models trained have a "
+          "few hundred), got " + std::to_string(c.model.n_layer) + ": choose fewer layers");
   require(c.model.n_head >= 1, "model.n_head", "must be >= 1");
   require(c.model.d_model >= 1 && c.model.d_model % c.model.n_head == 0, "model.d_model",
           "must be a positive multiple of model.n_head (" + std::to_string(c.model.n_head) + "), got " +

@@ -12,6 +12,11 @@
 
 namespace llmpi {
 
+// The most transformer blocks a model may have (model.n_layer): the deepest transformers trained
+// have a few hundred, and the parameter table, the pipeline's balancing of layers over stages and
+// every per-layer loop grow with it, so a count beyond this is a mistake to refuse at once.
+inline constexpr int kMaxLayers = 10000;
+
 struct ModelConfig {
   Family family;
   int n_layer, n_head, d_model, seq_len;

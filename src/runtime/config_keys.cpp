@@ -14,7 +14,7 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
   static const std::vector<ConfigKeyDoc> docs = {
       // model: where a key acts is the families that take it (family_model_defaults)
       {"model.family", "", "the model family: \"gpt2\", \"llama\" or \"bert\"; a key of another family is an error"},
-      {"model.n_layer", "", "transformer blocks"},
+      {"model.n_layer", "", "transformer blocks, 1..10000"},
       {"model.n_head", "", "attention heads (query heads for llama)"},
       {"model.n_kv_head", "", "key/value heads, grouped-query attention (0 = n_head)"},
       {"model.d_model", "", "width of the residual stream"},

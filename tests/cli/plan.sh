@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # llmpi-plan through the real program: a plan of the committed configurations (no data file needed),
 # the JSON it writes, a profile written and read back, and its errors (exit 2, one message naming
-# the fix: bad values of every numeric option, output files it did not write). Serial, a few seconds.
+# the fix: bad values of every numeric option, output files it did not write, absurd layer
+# counts). Serial, a few seconds.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 LINKS=tests/fixtures/plan/links.json
@@ -35,7 +36,7 @@ check "--tp 8: world = replicas x stages x tp, the shard, the tensor-parallel al
 
 expect_error() {  # name, pattern, args...
   local name=$1 pat=$2; shift 2
-  "$B/llmpi-plan" "$@" >/dev/null 2>"$tmp/err"
+  timeout $((60 * TIME_SCALE)) "$B/llmpi-plan" "$@" >/dev/null 2>"$tmp/err"
   local rc=$?
   check "$name: exit 2 and one message" "[ $rc = 2 ] && grep -q -- \"$pat\" '$tmp/err' && [ \$(wc -l <'$tmp/err') = 1 ]"
 }
@@ -76,6 +77,9 @@ expect_error "--world not divisible by --pp x --tp" "not divisible by pp 2 x tp 
   --config data/plan/gpt2-124m.json --pp 2 --tp 4 --world 12
 expect_error "--nics-per-node 0" "--nics-per-node must be >= 1 (network ports per node), got 0" "${G[@]}" --nics-per-node 0
 expect_error "--world x" "llmpi-plan: error: Could not convert: --world = x; see llmpi-plan --help" --config data/plan/gpt2-124m.json --world x
+
+# Absurd sizes: refused at once (exit 2), one message naming the key and the limit.
+expect_error "model.n_layer 2e9" "'model.n_layer' must be in 1..10000" "${G[@]}" --set model.n_layer=2000000000
 
 # --json and --profile-out replace only llmpi-plan's own files, unless --overwrite.
 echo '{"my": "notes"}' >"$tmp/notes.json"

@@ -49,6 +49,7 @@ expect_error recompute-zb-h1 "'runtime.recompute' \"full\" is not implemented wi
 expect_error cpu-bf16-gemm-value "'runtime.cpu_bf16_gemm' must be \"auto\", \"onednn\" or \"emulate\"" --config "$tmp/missing.json" --set runtime.cpu_bf16_gemm=mkl
 expect_error batch-both "'train.global_batch' (64) and 'train.batch_per_rank' (16) are both set, but 16 per replica × 2 data-parallel replicas is a global batch of 32" --config "$tmp/missing.json" --set train.global_batch=64 --set train.batch_per_rank=16
 expect_error lr-scaling-reference "set train.lr_reference_batch to that global batch" --config "$tmp/missing.json" --set train.lr_scaling=linear
+expect_error n-layer-2e9 "'model.n_layer' must be in 1..10000" --config "$tmp/missing.json" --set model.n_layer=2000000000 --dry-run
 expect_error cpu-fp32-gemm-value "'runtime.cpu_fp32_gemm' must be \"auto\", \"onednn\" or \"openblas\"" --config "$tmp/missing.json" --set runtime.cpu_fp32_gemm=mkl
 # runtime.device "auto" that resolves to the CPU: refused by the trainer once the ranks agree on the device
 if ! nvidia-smi -L >/dev/null 2>&1; then
