@@ -5,13 +5,14 @@
 //  - loss at initialisation is within 0.1 of ln(vocab),
 //  - a tiny model overfits one batch to a loss below 0.1,
 //  - grads_ready() reports prefixes in order and ends at the whole buffer,
-//  - the parameter table finds each of many tensors by name.
+//  - the parameter table finds each of many tensors by name, and refuses absurd layer counts.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "model/transformer.h"
 #include "model_test_util.h"
+#include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/rng.h"
 
@@ -186,6 +187,34 @@ TEST(ParamTable, ManyTensorsAreFoundByName) {
   EXPECT_EQ(t.numel, off);
   const ParamTable copy = t;
   EXPECT_EQ(copy.find(names[7]), &copy.slices[7]);
+}
+
+// A model's layer count is checked before its table is built: kMaxLayers layers are built (in time
+// linear in their tensors), one more is refused naming the key and the limit, and so is 2e9 at once.
+TEST(ParamTable, AbsurdLayerCountsAreRefusedBeforeBuilding) {
+  ModelDesc s = shape(3, 2, 8, 6, 11);
+  s.n_layer = kMaxLayers;
+  const ParamTable t = build_param_table(s);
+  EXPECT_EQ(t.slices.size(), size_t(12) * kMaxLayers + 4);  // + ln_f's weight and bias, wpe, wte
+  EXPECT_EQ(t.at("h.9999.ln_1.weight").layer, 9999);
+  for (const int n : {kMaxLayers + 1, 2000000000}) {
+    s.n_layer = n;
+    try {
+      build_param_table(s);
+      ADD_FAILURE() << n << " layers were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'model.n_layer' " + std::string(n == 2000000000 ? "2,000,000,000" : "10,001") +
+                                           " is more than 10,000, the most transformer blocks"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  try {
+    test::desc_of("gpt2", 2000000000, 2, 8, 6, 11);
+    ADD_FAILURE() << "model.n_layer 2e9 was configured";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.n_layer' must be in 1..10000"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Gpt2Model, EveryGradientMatchesFiniteDifferences) {

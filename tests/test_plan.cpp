@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 
 #include "comm/grad_sync.h"
 #include "model_test_util.h"
@@ -666,6 +667,78 @@ TEST(PlanInputsCheck, ImpossibleRunsAreRefusedWithTheFix) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("h100, h200, cpu"), std::string::npos) << e.what();
   }
+}
+
+// Sizes beyond what the code's integers hold are refused with one message naming the key and the
+// limit, before anything is built: widths the kernels take as ints (the MLP of 4 x d_model, the QKV
+// projection, SwiGLU's gate and up, a vocabulary whose padded logits row passes INT_MAX), a
+// parameter count whose bytes leave int64, 2e9 layers, a micro-batch of more token rows than an int.
+// A model of LLaMA 2 70B's shapes still plans, with positive and finite numbers.
+TEST(PlanInputsCheck, SizesBeyondTheCodesIntegersAreRefusedNamingTheKey) {
+  auto error_of = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  auto desc_error = [&](const std::string& fam, int n_layer, int n_head, int d_model, int vocab,
+                        const std::vector<std::string>& extra = {}) {
+    return error_of([&] { test::desc_of(fam, n_layer, n_head, d_model, 8, vocab, extra); });
+  };
+  std::string e = desc_error("gpt2", 2, 1, 1500000000, 37);
+  EXPECT_NE(e.find("'model.d_model' 1,500,000,000 makes the MLP 6,000,000,000 wide (4 x model.d_model), more than "
+                   "2,147,483,647, the largest width the kernels take"),
+            std::string::npos)
+      << e;
+  e = desc_error("gpt2", 2, 1, 800000000, 37, {"model.ffn_dim=64"});
+  EXPECT_NE(e.find("'model.d_model' 800,000,000 makes the QKV projection 2,400,000,000 wide"), std::string::npos) << e;
+  e = desc_error("llama", 2, 2, 64, 37, {"model.ffn_dim=1200000000"});
+  EXPECT_NE(e.find("'model.ffn_dim' 1,200,000,000 makes the MLP's first projection 2,400,000,000 wide"),
+            std::string::npos)
+      << e;
+  e = desc_error("gpt2", 2, 2, 16, 2147483647);
+  EXPECT_NE(e.find("'model.vocab_size' 2,147,483,647 pads the LM head's rows of logits to 2,147,483,648 values, "
+                   "more than 2,147,483,647"),
+            std::string::npos)
+      << e;
+  e = desc_error("gpt2", 12, 1, 500000000, 37, {"model.ffn_dim=64"});
+  EXPECT_NE(e.find("the model has about 1.2e+19 parameters (model.n_layer 12 blocks of"), std::string::npos) << e;
+  EXPECT_NE(e.find("more than 7.21e+16 (2^56), the most whose byte counts 64-bit sizes hold"), std::string::npos) << e;
+  e = desc_error("gpt2", 2000000000, 2, 16, 37);
+  EXPECT_NE(e.find("'model.n_layer' must be in 1..10000"), std::string::npos) << e;
+  // 65,536 sequences of 65,536 tokens in one micro-batch: 2^32 rows.
+  const ModelDesc small = test::desc_of("gpt2", 2, 2, 16, 65536, 37);
+  e = error_of([&] { plan(inputs(small, 65536, 65536, 1, 1, 1)); });
+  EXPECT_NE(e.find("is 4294967296 token rows, more than 2147483647, the most the kernels take (an int): use more "
+                   "parallel.microbatches"),
+            std::string::npos)
+      << e;
+  EXPECT_NO_THROW(plan(inputs(small, 65536, 65536, 1, 1, 4)));  // four micro-batches of 2^30 rows
+}
+
+TEST(PlanMemory, A70BModelPlansWithPositiveNumbers) {
+  const ModelDesc d = test::desc_of("llama", 80, 64, 8192, 4096, 32000, {"model.n_kv_head=8", "model.ffn_dim=28672"});
+  const PlanResult r = plan(inputs(d, 4096, 1024, 64, 8, 16));
+  int64_t params = 0;
+  for (const StageMemory& s : r.stages) {
+    EXPECT_GT(s.n_params, 0);
+    params += s.n_params;
+  }
+  EXPECT_EQ(params, int64_t(build_param_table(d).numel));
+  EXPECT_GT(params, int64_t(68e9));
+  EXPECT_LT(params, int64_t(70e9));
+  ASSERT_FALSE(r.memory.empty());
+  for (const MemoryRow& m : r.memory) {
+    for (const double v : {m.params, m.grads, m.activations, m.scratch, m.total}) {
+      EXPECT_GT(v, 0) << m.precision << " " << m.schedule << " stage " << m.stage;
+      EXPECT_TRUE(std::isfinite(v));
+    }
+    EXPECT_DOUBLE_EQ(m.grads, 4.0 * r.stages[m.stage].n_params);
+    EXPECT_DOUBLE_EQ(m.total, m.params + m.grads + m.optimizer + m.activations + m.scratch + m.buffers);
+  }
+  for (const TimeRow& t : r.time) EXPECT_GT(t.step_s, 0);
 }
 
 // A measured op with a large-message fit: collectives of at least min_bytes are timed with it,

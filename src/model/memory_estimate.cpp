@@ -1,10 +1,12 @@
 #include "model/memory_estimate.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <vector>
 
 #include "params/buckets.h"
+#include "runtime/error.h"
 #include "runtime/host_memory.h"
 #include "model/transformer.h"
 
@@ -12,16 +14,40 @@ namespace llmpi {
 
 namespace {
 
-size_t aligned16(size_t floats) { return (floats + 15) / 16 * 16; }  // the model's 64-byte tensor alignment
+// The counts below are computed in 128 bits: products of the batch's and the description's ints
+// (check_model_sizes bounds its widths) are exact there, so a count that int64 cannot hold is
+// refused (bytes_of) instead of wrapping.
+using Wide = unsigned __int128;
+
+Wide aligned16(Wide floats) { return (floats + 15) / 16 * 16; }  // the model's 64-byte tensor alignment
+Wide aligned64(Wide floats) { return (floats + 63) / 64 * 64; }  // activation_floats_aligned
 
 // Attention's saved state per layer: P [B, H, T, T] (full) or lse [B, H, T] (fused), H this
 // rank's heads (ModelDesc::heads: n_head / tp).
-size_t attention_state_floats(const ModelDesc& d, int B, int T) {
-  const size_t rows = (size_t)B * d.heads() * T;
+Wide attention_state_floats(const ModelDesc& d, int B, int T) {
+  const Wide rows = Wide(B) * d.heads() * T;
   return d.attention == AttentionImpl::fused ? rows : rows * T;
 }
 
+// `bytes` as a size; an Error naming the keys that make it when int64 cannot hold it.
+size_t bytes_of(Wide bytes, const char* what, int B, int T) {
+  if (bytes > Wide(INT64_MAX))
+    fail("the ", what, " of one micro-batch of ", B, " sequences x ", T, " tokens take more than 2^63 bytes, more "
+         "than 64-bit sizes count: use more parallel.microbatches, a smaller train.global_batch, a shorter "
+         "model.seq_len or a smaller model");
+  return static_cast<size_t>(bytes);
+}
+
 }  // namespace
+
+int token_rows_checked(int B, int T) {
+  const int64_t N = int64_t(B) * T;
+  if (N > INT_MAX)
+    fail("one micro-batch of ", B, " sequences x ", T, " tokens (model.seq_len) is ", N, " token rows, more than ",
+         INT_MAX, ", the most the kernels take (an int): use more parallel.microbatches, a smaller "
+         "train.global_batch or a shorter model.seq_len");
+  return static_cast<int>(N);
+}
 
 // The tensors of Activations::allocate (model/transformer.cpp), whole model; with tensor
 // parallelism (d a shard: tensor_shard) H, QKV, FC, F and the vocabulary V are this rank's
@@ -54,18 +80,19 @@ size_t activation_bytes(const ModelDesc& d, int B, int T, GemmPrecision precisio
 // scalars are always allocated, and the host loss row (Model::rows_for_loss) too.
 size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T, GemmPrecision precision,
                         Recompute recompute) {
-  const size_t N = (size_t)B * T, C = d.d_model, att = attention_state_floats(d, B, T);
-  const size_t QKV = d.qkv_dim(), FC = d.fc_dim(), F = d.ffn(), AY = (size_t)d.heads() * d.head_dim();
+  const int rows = token_rows_checked(B, T);
+  const Wide N = Wide(rows), C = Wide(d.d_model), att = attention_state_floats(d, B, T);
+  const Wide QKV = Wide(d.qkv_dim()), FC = Wide(d.fc_dim()), F = Wide(d.ffn()), AY = Wide(d.heads()) * d.head_dim();
   // the residual stream's rows: N, or with sequence parallelism this rank's N / tp
-  const size_t Nr = (size_t)d.residual_rows((int)N), NrC = Nr * C;
+  const Wide Nr = Wide(d.residual_rows(rows)), NrC = Nr * C;
   const int l1 = part.l1 < 0 ? d.n_layer : part.l1;
   // bf16, pre-norm: the norms' outputs kept only in bf16 (2-byte values, in floats); not with
   // sequence parallelism, whose gathers take them in fp32
   const bool bf16 = precision == GemmPrecision::bf16;
-  const size_t norm = bf16 && d.pre_norm && !d.seq_shards() ? (NrC + 1) / 2 : NrC;
+  const Wide norm = bf16 && d.pre_norm && !d.seq_shards() ? (NrC + 1) / 2 : NrC;
   // bf16: the MLP's activation output in bf16 too
-  const size_t act = bf16 ? (N * F + 1) / 2 : N * F;
-  std::vector<size_t> plan = {NrC, NrC, N * C};  // input, dresidual, tmp
+  const Wide act = bf16 ? (N * F + 1) / 2 : N * F;
+  std::vector<Wide> plan = {NrC, NrC, N * C};  // input, dresidual, tmp
   if (d.seq_shards()) plan.insert(plan.end(), {N * C, NrC});  // gathered, scattered
   if (part.embedding && d.embedding_norm) plan.insert(plan.end(), {NrC, Nr, Nr});
   for (int l = part.l0; l < l1; l++) {
@@ -86,44 +113,46 @@ size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T,
   }
   if (part.head && d.head == HeadKind::lm) {
     // the chunk buffer's rows padded (Activations::logits_ld)
-    const size_t R = (size_t)lm_head_chunk_rows(d, (int)N), ld = (size_t)lm_logits_row_stride(d.vocab_rows());
+    const Wide R = Wide(lm_head_chunk_rows(d, rows)), ld = Wide(lm_logits_row_stride(d.vocab_rows()));
     plan.insert(plan.end(), {norm, Nr, Nr, R * ld, N});
     // bf16: the logits gradient's bf16 chunk [R, ld] (2-byte values, in floats); tensor
     // parallelism: none, and the cross-entropy's statistics [3, R]
     if (precision == GemmPrecision::bf16 && d.tp == 1) plan.push_back((R * ld + 1) / 2);
     if (d.tp > 1) plan.push_back(3 * R);
   } else if (part.head) {
-    plan.insert(plan.end(), {B * C, B * C, B * C, B * C, (size_t)B * d.num_labels, (size_t)B});
+    const Wide BC = Wide(B) * C;
+    plan.insert(plan.end(), {BC, BC, BC, BC, Wide(B) * d.num_labels, Wide(B)});
   }
-  const size_t rows = d.head == HeadKind::lm ? N : (size_t)B;
-  size_t total = 0;
-  for (size_t s : plan) total += activation_floats_aligned(s);
-  return total * sizeof(float) + 4 * N * sizeof(int32_t) + sizeof(StepScalars) + rows * sizeof(float);
+  const Wide loss_rows = d.head == HeadKind::lm ? N : Wide(B);
+  Wide total = 0;
+  for (Wide s : plan) total += aligned64(s);
+  return bytes_of(total * sizeof(float) + 4 * N * sizeof(int32_t) + sizeof(StepScalars) + loss_rows * sizeof(float),
+                  "activations", B, T);
 }
 
 // Model::kept_floats.
 size_t kept_bytes(const ModelDesc& d, const ModelPart& part, int B, int T) {
-  const size_t N = (size_t)B * T, C = d.d_model;
+  const Wide N = Wide(token_rows_checked(B, T)), C = Wide(d.d_model);
   const int l1 = part.l1 < 0 ? d.n_layer : part.l1;
-  size_t n = (size_t)(l1 - part.l0) * (2 * aligned16(N * C) + aligned16(N * d.fc_dim()) + aligned16(N * d.qkv_dim()));
-  if (part.head && d.head == HeadKind::classifier) n += aligned16((size_t)B * C);
-  return n * sizeof(float);
+  Wide n = Wide(l1 - part.l0) * (2 * aligned16(N * C) + aligned16(N * d.fc_dim()) + aligned16(N * d.qkv_dim()));
+  if (part.head && d.head == HeadKind::classifier) n += aligned16(Wide(B) * C);
+  return bytes_of(n * sizeof(float), "kept output gradients (zb-h1)", B, T);
 }
 
 // Model::ensure_scratch: d_a, d_b N·C; d_qkv N·QKV; d_fc N·FC; d_act N·F (GELU tanh: 0, its
 // backward is one op, matmul_dgelu_backward); d_att B·H·T² (fused: 0); 3·B·C (this rank's H, QKV,
 // FC, F with tensor parallelism); with sequence parallelism N·C and 2·C more.
 size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
-  const size_t N = (size_t)B * T, C = d.d_model;
-  const size_t att = d.attention == AttentionImpl::fused ? 0 : (size_t)B * d.heads() * T * T;
-  const size_t act = d.mlp == MlpKind::gelu_tanh ? 0 : N * d.ffn();
+  const Wide N = Wide(token_rows_checked(B, T)), C = Wide(d.d_model);
+  const Wide att = d.attention == AttentionImpl::fused ? 0 : Wide(B) * d.heads() * T * T;
+  const Wide act = d.mlp == MlpKind::gelu_tanh ? 0 : N * d.ffn();
   // sequence parallelism: a gathered N·C gradient and a norm's weight gradients 2·C
   const bool sp = d.seq_shards();
-  const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), act, att, 3 * (size_t)B * C,
-                          sp ? N * C : 0, sp ? 2 * C : 0};
-  size_t total = 0;
-  for (size_t s : sizes) total += aligned16(s);
-  return total * sizeof(float);
+  const Wide sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), act, att, 3 * Wide(B) * C,
+                        sp ? N * C : 0, sp ? 2 * C : 0};
+  Wide total = 0;
+  for (Wide s : sizes) total += aligned16(s);
+  return bytes_of(total * sizeof(float), "backward scratch", B, T);
 }
 
 // A bf16 dense layer's rounded operands (backend/cpu/matmul.cpp, kernels/matmul.cu): per call all of
@@ -136,33 +165,34 @@ size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
 // scratch there; the CPU widens them into its fp32 scratch. The buffer grows to the largest call.
 size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecision precision, bool on_gpu) {
   if (precision != GemmPrecision::bf16) return 0;
-  const size_t pad = on_gpu ? 128 : 16;
-  auto span = [&](size_t n) { return (n + pad - 1) / pad * pad; };
-  size_t most = 0;
+  const int rows = token_rows_checked(B, T);
+  const Wide pad = on_gpu ? 128 : 16;
+  auto span = [&](Wide n) { return (n + pad - 1) / pad * pad; };
+  Wide most = 0;
   // CUDA pads a bf16 output gradient's rows to a multiple of 8 values (bf16_row_stride, backend/gemm_precision.h)
-  auto ld = [&](size_t out) { return on_gpu ? (size_t)bf16_row_stride((int)out) : out; };
+  auto ld = [&](Wide out) { return on_gpu ? Wide(bf16_row_stride(static_cast<int>(out))) : out; };
   // inp_given / dout_given: the call's input / output gradient comes in bf16: no copy on CUDA
-  auto dense = [&](size_t rows, size_t in, size_t out, bool inp_given = false, bool dout_given = false) {
-    const size_t w = on_gpu ? 0 : out * in;  // the weight's scratch copy (none on CUDA: the Model's copy)
-    const size_t x = on_gpu && inp_given ? 0 : rows * in;
-    const size_t dout = on_gpu && dout_given ? 0 : rows * ld(out);
+  auto dense = [&](Wide n_rows, Wide in, Wide out, bool inp_given = false, bool dout_given = false) {
+    const Wide w = on_gpu ? 0 : out * in;  // the weight's scratch copy (none on CUDA: the Model's copy)
+    const Wide x = on_gpu && inp_given ? 0 : n_rows * in;
+    const Wide dout = on_gpu && dout_given ? 0 : n_rows * ld(out);
     most = std::max({most, span(x) + w, span(dout) + span(w) + x});
   };
-  const size_t N = (size_t)B * T, C = d.d_model, AY = (size_t)d.heads() * d.head_dim();
+  const Wide N = Wide(rows), C = Wide(d.d_model), AY = Wide(d.heads()) * d.head_dim();
   // (Activations::bf16_operands; the MLP's activation always; sequence parallelism gathers the
   // norms' outputs in fp32)
   const bool norms16 = d.pre_norm && !d.seq_shards();
-  dense(N, C, d.qkv_dim(), norms16);
+  dense(N, C, Wide(d.qkv_dim()), norms16);
   dense(N, AY, C);
-  dense(N, C, d.fc_dim(), norms16);
-  dense(N, d.ffn(), C, true);
+  dense(N, C, Wide(d.fc_dim()), norms16);
+  dense(N, Wide(d.ffn()), C, true);
   if (d.head == HeadKind::lm) {  // (this rank's vocabulary rows; tensor parallelism: an fp32 gradient)
-    dense((size_t)lm_head_chunk_rows(d, (int)N), C, d.vocab_rows(), norms16 && d.final_norm, d.tp == 1);
+    dense(Wide(lm_head_chunk_rows(d, rows)), C, Wide(d.vocab_rows()), norms16 && d.final_norm, d.tp == 1);
   } else {
-    dense(B, C, C);
-    dense(B, C, d.num_labels);
+    dense(Wide(B), C, C);
+    dense(Wide(B), C, Wide(d.num_labels));
   }
-  return on_gpu ? most * 2 * 5 / 4 : most * sizeof(float);
+  return bytes_of(on_gpu ? most * 2 * 5 / 4 : most * sizeof(float), "bf16 GEMM operand scratch", B, T);
 }
 
 MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_len, const Config& cfg, int world,
@@ -221,7 +251,7 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   else
     e.checkpoint_staging = arrays * nb;
   // The batch on the host: inputs and targets (LM) or the example rows (classifier), plus a window.
-  e.data = 5.0 * local_batch * (seq_len + 1) * sizeof(int32_t);
+  e.data = 5.0 * local_batch * (seq_len + 1.0) * sizeof(int32_t);
   return e;
 }
 

@@ -80,7 +80,13 @@ inline int micro_batch_rows(int local_batch, int microbatches) {
 MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_len, const Config& cfg, int world,
                                int rank, bool on_gpu);
 
+// B sequences of T tokens as the kernels' row count N = B·T; throws Error naming the keys
+// (parallel.microbatches, train.global_batch, model.seq_len) when N exceeds INT_MAX.
+int token_rows_checked(int B, int T);
+
 // The bytes of one micro-batch's Activations, and of one backward's scratch (as the model allocates).
+// These and kept_bytes, gemm_operand_scratch_bytes: counted in 128 bits; an Error naming the keys
+// (token_rows_checked's, or the count int64 cannot hold) instead of a wrapped count.
 // With precision bf16 the activations also hold the LM head's bf16 logits-gradient chunk, and a
 // pre-norm model's norm outputs are bf16 (Activations::bf16_operands).
 // With recompute selective or full (model/transformer.h "Activation recomputation") the tensors

@@ -1,5 +1,8 @@
 #include "model/model_desc.h"
 
+#include <cstdio>
+#include <limits>
+
 #include "model/families/families.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
@@ -61,6 +64,80 @@ AttentionImpl resolve_attention(const std::string& setting, bool on_gpu, int hea
 
 const char* attention_impl_name(AttentionImpl a) { return a == AttentionImpl::fused ? "fused" : "full"; }
 
+namespace {
+
+// (printed with its digits grouped: 2147483647 -> "2,147,483,647")
+std::string grouped(int64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+std::string approx(__int128 v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", static_cast<double>(v));
+  return buf;
+}
+
+constexpr int64_t kMaxWidth = std::numeric_limits<int>::max();
+
+}  // namespace
+
+int family_ffn_dim(int64_t width, const char* rule, int d_model) {
+  if (width > kMaxWidth)
+    fail("config: 'model.d_model' ", grouped(d_model), " makes the MLP ", grouped(width), " wide (", rule,
+         "), more than ", grouped(kMaxWidth), ", the largest width the kernels take (an int): choose a smaller "
+         "model.d_model, or set model.ffn_dim");
+  return static_cast<int>(width);
+}
+
+void check_model_sizes(const ModelDesc& d) {
+  if (d.n_layer > kMaxLayers)
+    fail("config: 'model.n_layer' ", grouped(d.n_layer), " is more than ", grouped(kMaxLayers),
+         ", the most transformer blocks a model may have (the deepest models trained have a few hundred): choose "
+         "fewer layers");
+  const int64_t C = d.d_model, hs = d.n_head > 0 ? C / d.n_head : 0, F = d.ffn_dim;
+  const int64_t qd = int64_t(d.n_head) * hs, kvd = int64_t(d.n_kv_head) * hs, qkv = qd + 2 * kvd;
+  if (qkv > kMaxWidth)
+    fail("config: 'model.d_model' ", grouped(d.d_model), " makes the QKV projection ", grouped(qkv),
+         " wide ((n_head + 2 x n_kv_head) x d_model / n_head), more than ", grouped(kMaxWidth),
+         ", the largest width the kernels take (an int): choose a smaller model.d_model");
+  const int64_t fc = d.mlp == MlpKind::swiglu ? 2 * F : F;
+  if (fc > kMaxWidth)
+    fail("config: 'model.ffn_dim' ", grouped(F), " makes the MLP's first projection ", grouped(fc),
+         " wide (gate and up: 2 x ffn_dim), more than ", grouped(kMaxWidth),
+         ", the largest width the kernels take (an int): choose a smaller model.ffn_dim (or model.d_model, whose "
+         "multiple it is by default)");
+  const int64_t ld = (int64_t(d.vocab_size) + 63) / 64 * 64;  // lm_logits_row_stride, in 64 bits
+  if (d.head == HeadKind::lm && ld > kMaxWidth)
+    fail("config: 'model.vocab_size' ", grouped(d.vocab_size), " pads the LM head's rows of logits to ", grouped(ld),
+         " values, more than ", grouped(kMaxWidth), ", the largest width the kernels take (an int): choose a "
+         "vocabulary of at most ", grouped(kMaxWidth / 64 * 64), " tokens");
+  // The whole model's parameters, from the shapes build_param_table gives (products of ints: exact
+  // in 128 bits).
+  using Wide = __int128;
+  const Wide norm = d.norm == NormKind::layernorm ? 2 * C : C;  // weight (and bias)
+  const Wide attn = Wide(C) * qd + Wide(qkv) * C + (d.bias ? C + qkv : 0);
+  const Wide mlp = Wide(C) * F + Wide(fc) * C + (d.bias ? C + fc : 0);
+  const Wide block = 2 * norm + attn + mlp;
+  Wide outer = Wide(d.vocab_size) * C;  // the token embedding
+  if (d.learned_positions) outer += Wide(d.max_seq_len) * C;
+  if (d.type_vocab_size > 0) outer += Wide(d.type_vocab_size) * C;
+  if (d.embedding_norm) outer += 2 * C;
+  if (d.head == HeadKind::lm) {
+    if (!d.tie_embeddings) outer += Wide(d.vocab_size) * C;
+    if (d.final_norm) outer += norm;
+  } else {
+    outer += Wide(d.num_labels) * C + d.num_labels + Wide(C) * C + C;
+  }
+  const Wide total = Wide(d.n_layer) * block + outer;
+  if (total > kMaxParams)
+    fail("config: the model has about ", approx(total), " parameters (model.n_layer ", d.n_layer, " blocks of ",
+         approx(block), ", and ", approx(outer), " in the embeddings and the head), more than ", approx(kMaxParams),
+         " (2^56), the most whose byte counts 64-bit sizes hold: choose a smaller model.d_model, model.ffn_dim, "
+         "model.n_layer or model.vocab_size");
+}
+
 ModelDesc model_desc_from_config(const ModelConfig& m, int vocab_size) {
   ModelDesc d;
   switch (m.family) {
@@ -85,6 +162,7 @@ ModelDesc model_desc_from_config(const ModelConfig& m, int vocab_size) {
   if (d.max_seq_len < m.seq_len)
     fail("config: 'model.max_seq_len' (", d.max_seq_len, ") is shorter than 'model.seq_len' (", m.seq_len,
          "): set it >= seq_len, or 0 to use seq_len");
+  check_model_sizes(d);
   return d;
 }
 
@@ -168,6 +246,7 @@ ModelDesc model_desc_from_json(const nlohmann::json& j) {
     d.init_std = j.at("init_std");
     d.dropout = j.at("dropout");
     d.attn_dropout = j.at("attn_dropout");
+    check_model_sizes(d);
     return d;
   } catch (const nlohmann::json::exception& e) {
     fail("malformed model description: ", e.what());

@@ -119,7 +119,28 @@ inline int lm_head_chunk_rows(const ModelDesc& d, int N) {
 }
 
 // The description the configuration asks for (model.* keys; vocab_size resolved by the caller).
+// Throws Error naming the key when the sizes are beyond check_model_sizes' limits.
 ModelDesc model_desc_from_config(const ModelConfig& m, int vocab_size);
+
+// The most parameters a model may have: 2^56 (7.2e16), so that every byte count of them —
+// parameters, gradients, optimizer state and their staging copies, under 64 bytes a parameter in
+// all — stays within int64.
+inline constexpr int64_t kMaxParams = int64_t(1) << 56;
+// The limits of a description, all computed in 64 bits (and wider where a product may leave them):
+//   model.n_layer      at most kMaxLayers (runtime/config.h)
+//   widths             the kernels take every width as an int: the QKV projection's
+//                      (n_head + 2 n_kv_head) x head size, the MLP's ffn_dim (its default a multiple
+//                      of d_model: family_ffn_dim) and its first projection's output (2 x ffn_dim with
+//                      SwiGLU), and the LM head's padded logits row (lm_logits_row_stride(vocab_size))
+//                      at most INT_MAX
+//   parameters         the whole model's count at most kMaxParams
+// Throws Error naming the key to change and the limit; build_param_table, model_desc_from_config
+// and model_desc_from_json call it.
+void check_model_sizes(const ModelDesc& d);
+// A family's default MLP width, `width` = the family's multiple of model.d_model (`rule` says which,
+// e.g. "4 x model.d_model"), computed in 64 bits; throws Error naming model.d_model and model.ffn_dim
+// when it exceeds INT_MAX.
+int family_ffn_dim(int64_t width, const char* rule, int d_model);
 
 // runtime.attention ("auto" | "full" | "fused") for a run on a GPU or not, with head size
 // head_dim: "auto" is fused on a GPU (memory O(B NH T) instead of O(B NH T^2)) when the CUDA

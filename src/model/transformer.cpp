@@ -100,6 +100,7 @@ struct TableBuilder {
 }  // namespace
 
 ParamTable build_param_table(const ModelDesc& d, const ModelPart& part_in) {
+  check_model_sizes(d);  // (before anything is built: the widths below are ints, the counts 64-bit)
   ModelPart part = part_in;
   if (part.l1 < 0) part.l1 = d.n_layer;
   if (part.l0 < 0 || part.l0 > part.l1 || part.l1 > d.n_layer)

@@ -174,6 +174,8 @@ struct ModelPart {
 
 // The parameter table of a part of the model described by d (backward order; see above). A
 // part with the LM head of a tied-embedding model holds its own copy of the token embedding.
+// Checks d first (check_model_sizes: an Error naming the key, before anything is built); time and
+// memory linear in the number of tensors.
 ParamTable build_param_table(const ModelDesc& d, const ModelPart& part = ModelPart::whole());
 
 // Pointers into a flat buffer (parameters or gradients), by role; null where the family has none.

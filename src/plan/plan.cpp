@@ -394,6 +394,7 @@ PlanResult plan(const PlanInputs& in) {
          "gets per step (train.global_batch ", G, " / ", r.dp, " replicas): choose micro-batches dividing ",
          r.local_batch);
   r.micro_batch = r.local_batch / M;
+  token_rows_checked(r.micro_batch, T);  // (B·T below is an int: refused, naming the keys, beyond INT_MAX)
   const bool zb_possible = S > 1;
   if (in.sync == SyncMethod::weights)
     fail("parallel.sync 'weights' is not planned: use allreduce, gather_scatter or nccl (\"weights\" exchanges no "

@@ -240,7 +240,9 @@ int data_parallel_replicas(const PlanInputs& in);
 
 // Throws Error (one clear line naming the fix) on impossible inputs: world not divisible by pp × tp,
 // tp not dividing the heads, key/value heads or MLP width, or exceeding the ranks per node,
-// micro-batches not dividing the per-replica batch, more stages than layers, ...
+// micro-batches not dividing the per-replica batch, more stages than layers, a micro-batch of more
+// token rows than an int holds (token_rows_checked), a model beyond check_model_sizes' limits, ...
+// Sizes are computed in 64 bits (byte counts in memory_estimate.h in 128, then refused beyond int64).
 PlanResult plan(const PlanInputs& in);
 
 }  // namespace llmpi

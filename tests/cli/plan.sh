@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # llmpi-plan through the real program: a plan of the committed configurations (no data file needed),
 # the JSON it writes, a profile written and read back, and its errors (exit 2, one message naming
-# the fix: bad values of every numeric option, output files it did not write, absurd layer
-# counts). Serial, a few seconds.
+# the fix: bad values of every numeric option, output files it did not write, sizes beyond the
+# code's integers). Serial, a few seconds.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 LINKS=tests/fixtures/plan/links.json
@@ -78,8 +78,28 @@ expect_error "--world not divisible by --pp x --tp" "not divisible by pp 2 x tp 
 expect_error "--nics-per-node 0" "--nics-per-node must be >= 1 (network ports per node), got 0" "${G[@]}" --nics-per-node 0
 expect_error "--world x" "llmpi-plan: error: Could not convert: --world = x; see llmpi-plan --help" --config data/plan/gpt2-124m.json --world x
 
-# Absurd sizes: refused at once (exit 2), one message naming the key and the limit.
+# Sizes beyond the code's integers: refused at once (exit 2), one message naming the key and the limit.
 expect_error "model.n_layer 2e9" "'model.n_layer' must be in 1..10000" "${G[@]}" --set model.n_layer=2000000000
+expect_error "model.d_model 1.5e9: an MLP wider than an int" \
+  "'model.d_model' 1,500,000,000 makes the MLP 6,000,000,000 wide (4 x model.d_model), more than 2,147,483,647" \
+  "${G[@]}" --set model.d_model=1500000000 --set model.n_head=1
+expect_error "model.d_model 8e8: a QKV projection wider than an int" \
+  "'model.d_model' 800,000,000 makes the QKV projection 2,400,000,000 wide" \
+  "${G[@]}" --set model.d_model=800000000 --set model.n_head=1 --set model.ffn_dim=64
+expect_error "model.vocab_size 2^31-1: logits rows wider than an int" \
+  "'model.vocab_size' 2,147,483,647 pads the LM head's rows of logits to 2,147,483,648 values" \
+  "${G[@]}" --set model.vocab_size=2147483647
+expect_error "1.2e19 parameters: byte counts beyond int64" \
+  "the model has about 1.2e+19 parameters (model.n_layer 12 blocks of .*(2^56)" \
+  "${G[@]}" --set model.d_model=500000000 --set model.n_head=1 --set model.ffn_dim=64
+expect_error "a micro-batch of 2^32 token rows" "is 4294967296 token rows, more than 2147483647, the most the kernels take" \
+  --config data/plan/gpt2-124m.json --set train.global_batch=4194304 --world 1 --microbatches 1
+# A model of LLaMA 2 70B's shapes plans, with positive numbers everywhere.
+"$B/llmpi-plan" --config data/plan/llama-70b.json --world 512 --pp 8 --tp 8 --microbatches 16 --zero 1 --device h100 \
+  --precision bf16 >"$tmp/out" 2>"$tmp/err"
+check "llama 70B at 512 GPUs: exit 0, 68,977M parameters, no negative number" \
+  "[ $? = 0 ] && grep -q '^model llama: 80 layers, d_model 8192, 64 heads, ffn 28672, seq_len 4096, vocab 32000: 68976.65M parameters' '$tmp/out' && ! grep -qE '(^| )-[0-9]' '$tmp/out'" ||
+  cat "$tmp/err"
 
 # --json and --profile-out replace only llmpi-plan's own files, unless --overwrite.
 echo '{"my": "notes"}' >"$tmp/notes.json"

@@ -16,7 +16,7 @@ ModelDesc bert_desc(const ModelConfig& m) {
   d.type_vocab_size = m.type_vocab_size;
   d.embedding_norm = true;
   d.mlp = MlpKind::gelu_erf;
-  d.ffn_dim = m.ffn_dim > 0 ? m.ffn_dim : 4 * m.d_model;
+  d.ffn_dim = m.ffn_dim > 0 ? m.ffn_dim : family_ffn_dim(4 * int64_t(m.d_model), "4 x model.d_model", m.d_model);
   d.bias = true;
   d.causal = false;
   d.head = HeadKind::classifier;

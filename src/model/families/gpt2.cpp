@@ -12,7 +12,7 @@ ModelDesc gpt2_desc(const ModelConfig& m) {
   d.pre_norm = true;
   d.learned_positions = true;
   d.mlp = MlpKind::gelu_tanh;
-  d.ffn_dim = m.ffn_dim > 0 ? m.ffn_dim : 4 * m.d_model;
+  d.ffn_dim = m.ffn_dim > 0 ? m.ffn_dim : family_ffn_dim(4 * int64_t(m.d_model), "4 x model.d_model", m.d_model);
   d.bias = true;
   d.causal = true;
   d.head = HeadKind::lm;

@@ -16,7 +16,9 @@ ModelDesc llama_desc(const ModelConfig& m) {
   d.mlp = MlpKind::swiglu;
   // Default hidden size: 2/3 of 4·d_model (SwiGLU has three matrices where GELU has two, so
   // this keeps the MLP's parameter count), rounded up to a multiple of 64.
-  d.ffn_dim = m.ffn_dim > 0 ? m.ffn_dim : (8 * m.d_model / 3 + 63) / 64 * 64;
+  d.ffn_dim = m.ffn_dim > 0 ? m.ffn_dim
+                            : family_ffn_dim((8 * int64_t(m.d_model) / 3 + 63) / 64 * 64,
+                                             "8/3 x model.d_model rounded up to 64", m.d_model);
   d.bias = false;
   d.causal = true;
   d.head = HeadKind::lm;
