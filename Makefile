@@ -4,6 +4,7 @@
 #                   the demo data set, train on 2 ranks; CUDA kernels only when a GPU is present
 #   make test       install missing packages, build (JOBS compiles at a time), run unit + MPI
 #                   integration tests
+#   make test-kernels  the numerical tests again under the kernels other CPUs get (tools/kernel_paths.sh)
 #   make deps       install missing Debian packages (as root), or print the command to run
 #   make bench      the reference-configuration throughput benchmark, fp32 and bf16 (see docs/PERF.md);
 #                   REF_PYTHON= a Python with PyTorch (2.x for its torch.compile rows) for the PyTorch peers
@@ -13,7 +14,8 @@
 #                   sync methods, count the traffic (tools/glue_course.py; docs/GLUE.md). GLUE_DIR=,
 #                   GLUE_ARGS= (e.g. --parts train), REF_PYTHON= (a Python with torch for the reference)
 # Variables: BUILD=dir (default build; build-san with SAN=1), SAN=1 (ASan + UBSan), CUDA=0|1, ONEDNN=0 (no oneDNN),
-#            NP=ranks for `run` (default 2), JOBS=parallel compiles for `run` and `test` (default nproc), OPT=-O3 flags.
+#            NP=ranks for `run` (default 2), JOBS=parallel compiles for `run` and `test` (default nproc), OPT=-O3 flags,
+#            TEST_DEBUG=the tests' objects' debug information (default -g1, line tables; -g for all of it).
 
 # SAN=1 builds into its own directory (build-san) so it never mixes objects with the normal build.
 ifeq ($(SAN),1)
@@ -152,6 +154,13 @@ binaries: $(APP_BINS) $(BUILD)/llmpi-tests $(BENCH_BINS) $(BUILD)/sim-flash_mma 
 $(BUILD)/obj/%.o: %.cpp | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+# The tests' objects carry line tables only (TEST_DEBUG, instead of -g): two thirds of the compile
+# time of full debug information, which is most of what `make test` compiles. The code is the
+# same (debug information does not change it): a test that compares the library with a copy of
+# its code compiled here (tests/test_cpu_ops.cpp's legacy attention) still gets the same bits.
+TEST_DEBUG ?= -g1
+$(BUILD)/obj/tests/%.o: CXXFLAGS := $(patsubst -g,$(TEST_DEBUG),$(CXXFLAGS))
 
 $(BUILD)/obj/%.o: %.cu | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -298,6 +307,13 @@ run:
 test:
 	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) all
 	BUILD=$(BUILD) SAN=$(SAN) tools/run_tests.sh
+
+# make test-kernels: the numerical tests again under the OpenBLAS and oneDNN kernels other CPUs get
+# (OPENBLAS_CORETYPE, ONEDNN_MAX_CPU_ISA; tools/kernel_paths.sh; make test runs the first two)
+.PHONY: test-kernels
+test-kernels:
+	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) $(BUILD)/llmpi-tests
+	BUILD=$(BUILD) tools/kernel_paths.sh
 
 bench: all
 	BUILD=$(BUILD) /usr/bin/python3 bench/run_reference.py $(if $(REF_PYTHON),--torch-python $(REF_PYTHON))
