@@ -215,29 +215,22 @@ bool onednn_available(bool bf16, std::string* why) {
   return reason.empty();
 }
 
-// What "auto" resolves to where oneDNN can run: oneDNN for bf16 (1.4-1.7x the fp32 step,
-// docs/PERF.md); for fp32 kFp32AutoOnednn, decided from step-level measurements (docs/PERF.md
-// "fp32 GEMMs on oneDNN"): where oneDNN cannot run, "auto" is always the fallback.
-constexpr bool kFp32AutoOnednn = false;
-constexpr const char* kFp32AutoWhy =
-    "oneDNN's fp32 matmul is faster as a GEMM but not measurably per training step; runtime.cpu_fp32_gemm \"onednn\" "
-    "selects it";
-
 // Selects `want` into `sel`: oneDNN when asked for (refused with `key`'s fix where it cannot run)
-// or when automatic, it can run and auto_onednn says so, else `fallback`. auto_why: why "auto"
-// is the fallback where oneDNN can run.
+// or when automatic, it can run and auto_onednn says so (untimed "auto": bf16 yes, fp32 no), else
+// `fallback`. why: the banner's reason when not empty, else the key as given (and for "auto"
+// where oneDNN cannot run, why not).
 template <typename Engine>
 void select_engine(Selection<Engine>& sel, Engine want, bool bf16, const char* key, Engine fallback, bool auto_onednn,
-                   const char* auto_why) {
-  std::string why;
-  const bool have = onednn_available(bf16, &why);
+                   const std::string& why) {
+  std::string missing;
+  const bool have = onednn_available(bf16, &missing);
   if (want == Engine::onednn && !have)
-    fail(key, " \"onednn\": ", why, "; use \"auto\" or \"", option_name(fallback), "\"");
+    fail(key, " \"onednn\": ", missing, "; use \"auto\" or \"", option_name(fallback), "\"");
   const bool onednn = want == Engine::onednn || (want == Engine::automatic && have && auto_onednn);
   std::lock_guard<std::mutex> lock(reason_mutex);
   sel.engine.store(onednn ? Engine::onednn : fallback);
   const std::string given = std::string(key) + " \"" + option_name(want) + "\"";
-  sel.reason = onednn || want == fallback ? given : !have ? why : given + ": " + auto_why;
+  sel.reason = !why.empty() ? why : want != Engine::automatic ? given : !have ? missing : given + ", not timed";
 }
 
 // "oneDNN 2.6.3 <type> matmul (<implementation>; <reason>)"
@@ -258,17 +251,14 @@ std::string onednn_description(bool bf16, const std::string& reason) {
 bool onednn_bf16_available(std::string* why) { return onednn_available(true, why); }
 bool onednn_fp32_available(std::string* why) { return onednn_available(false, why); }
 
-void select_cpu_bf16_gemm(CpuBf16Gemm want) {
-  select_engine(bf16_selection, want, true, "runtime.cpu_bf16_gemm", CpuBf16Gemm::emulate, true, "");
+void select_cpu_bf16_gemm(CpuBf16Gemm want, const std::string& why) {
+  select_engine(bf16_selection, want, true, "runtime.cpu_bf16_gemm", CpuBf16Gemm::emulate, true, why);
 }
-void select_cpu_fp32_gemm(CpuFp32Gemm want) {
-  select_engine(fp32_selection, want, false, "runtime.cpu_fp32_gemm", CpuFp32Gemm::openblas, kFp32AutoOnednn,
-                kFp32AutoWhy);
+void select_cpu_fp32_gemm(CpuFp32Gemm want, const std::string& why) {
+  select_engine(fp32_selection, want, false, "runtime.cpu_fp32_gemm", CpuFp32Gemm::openblas, false, why);
 }
 
-CpuFp32Gemm cpu_fp32_gemm_for_auto() {
-  return kFp32AutoOnednn && onednn_fp32_available() ? CpuFp32Gemm::onednn : CpuFp32Gemm::openblas;
-}
+CpuFp32Gemm cpu_fp32_gemm_for_auto() { return CpuFp32Gemm::openblas; }
 
 CpuBf16Gemm cpu_bf16_gemm() { return bf16_selection.engine.load(); }
 CpuFp32Gemm cpu_fp32_gemm() { return fp32_selection.engine.load(); }

@@ -21,7 +21,9 @@
 //
 // Each selection is process-wide. Until a program selects, the engines are the emulation and
 // OpenBLAS (so the ops of a test or a tool are the oracle unless it asks); llmpi-train selects
-// runtime.cpu_bf16_gemm and runtime.cpu_fp32_gemm ("auto" by default) at start-up.
+// runtime.cpu_bf16_gemm and runtime.cpu_fp32_gemm at start-up. Their "auto" (the default) times
+// oneDNN and the fallback on the run's own GEMMs and keeps the faster, the same on every rank, and
+// a resumed run keeps the engine its checkpoint records (backend/cpu/gemm_auto.h, train/setup.cpp).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -35,10 +37,11 @@ namespace llmpi::cpu {
 // loop. When not, *why (if given) says which is missing.
 bool onednn_bf16_available(std::string* why = nullptr);
 
-// Selects the engine of this process's bf16 GEMMs: automatic resolves to onednn when
+// Selects the engine of this process's bf16 GEMMs: automatic, untimed, resolves to onednn when
 // onednn_bf16_available(), else to emulate. onednn on a build or CPU without it throws Error
-// naming what is missing and the fix (runtime.cpu_bf16_gemm "auto" or "emulate").
-void select_cpu_bf16_gemm(CpuBf16Gemm want);
+// naming what is missing and the fix (runtime.cpu_bf16_gemm "auto" or "emulate"). `why`, when not
+// empty, is the banner's reason for the choice (e.g. what timing "auto" found).
+void select_cpu_bf16_gemm(CpuBf16Gemm want, const std::string& why = "");
 // The engine in use: onednn or emulate (never automatic).
 CpuBf16Gemm cpu_bf16_gemm();
 // One line for the start-up banner: the engine in use and why, e.g.
@@ -50,24 +53,23 @@ std::string cpu_bf16_gemm_description();
 // matmul that is not oneDNN's reference loop. When not, *why (if given) says which is missing.
 bool onednn_fp32_available(std::string* why = nullptr);
 
-// Selects the engine of this process's fp32 dense-layer GEMMs: automatic resolves to
+// Selects the engine of this process's fp32 dense-layer GEMMs: automatic, untimed, resolves to
 // cpu_fp32_gemm_for_auto(). onednn on a build or CPU without it throws Error naming what is
-// missing and the fix (runtime.cpu_fp32_gemm "auto" or "openblas").
-void select_cpu_fp32_gemm(CpuFp32Gemm want);
-// What "auto" selects here: openblas (oneDNN's fp32 matmul was not measurably faster per training
-// step on the reference machine, docs/PERF.md "fp32 GEMMs on oneDNN"; the switch is one constant
-// in onednn_gemm.cpp).
+// missing and the fix (runtime.cpu_fp32_gemm "auto" or "openblas"). `why` as above.
+void select_cpu_fp32_gemm(CpuFp32Gemm want, const std::string& why = "");
+// What "auto" selects without timing: openblas, the oracle (timed, it is the faster engine:
+// backend/cpu/gemm_auto.h).
 CpuFp32Gemm cpu_fp32_gemm_for_auto();
 // The engine in use: onednn or openblas (never automatic).
 CpuFp32Gemm cpu_fp32_gemm();
 // One line for the start-up banner, e.g.
 //   "oneDNN 2.6.3 fp32 matmul (brg:avx512_core; runtime.cpu_fp32_gemm \"onednn\")"
-//   "OpenBLAS sgemm: runtime.cpu_fp32_gemm \"auto\": oneDNN's fp32 matmul is faster as a GEMM but ..."
+//   "OpenBLAS sgemm: runtime.cpu_fp32_gemm \"auto\" timed this run's GEMMs: onednn ..."
 std::string cpu_fp32_gemm_description();
 
 // The engine in use for either selection, by its enum (for ScopedCpuGemm).
-inline void select_cpu_gemm(CpuBf16Gemm want) { select_cpu_bf16_gemm(want); }
-inline void select_cpu_gemm(CpuFp32Gemm want) { select_cpu_fp32_gemm(want); }
+inline void select_cpu_gemm(CpuBf16Gemm want, const std::string& why = "") { select_cpu_bf16_gemm(want, why); }
+inline void select_cpu_gemm(CpuFp32Gemm want, const std::string& why = "") { select_cpu_fp32_gemm(want, why); }
 inline CpuBf16Gemm cpu_gemm_in_use(CpuBf16Gemm) { return cpu_bf16_gemm(); }
 inline CpuFp32Gemm cpu_gemm_in_use(CpuFp32Gemm) { return cpu_fp32_gemm(); }
 
