@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/gemm_auto.h"
 #include "hf/hf_import.h"
 #include "runtime/config.h"
 #include "runtime/config_keys.h"
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "JSON configuration file")->required();
   app.add_option("--set", sets, "override one key, e.g. --set train.lr=1e-3 (repeatable)");
   TrainOptions opts;
+  opts.time_cpu_gemms = cpu::time_dense_layers;  // runtime.cpu_*_gemm "auto": the faster engine, timed
   app.add_option("--resume", opts.resume,
                  "continue from a checkpoint: 'auto' = the newest in run.dir/checkpoints (start fresh if none), "
                  "or a checkpoint file");

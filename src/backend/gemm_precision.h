@@ -74,7 +74,8 @@ inline int bf16_row_stride(int cols) { return (cols + 7) / 8 * 8; }
 
 // Which engine multiplies the CPU backend's bf16 GEMMs (runtime.cpu_bf16_gemm; the selector is
 // backend/cpu/onednn_gemm.h). Both compute bf16 operands x bf16 operands with fp32 accumulation:
-//   automatic  oneDNN when the build has it and the CPU has bf16 instructions, else emulate
+//   automatic  the faster of the two on the run's own GEMMs, timed at start-up, where oneDNN can
+//              run; else emulate (backend/cpu/gemm_auto.h)
 //   onednn     oneDNN's bf16 matmul (AVX512-BF16 / AMX), native bf16 x bf16 -> fp32
 //   emulate    the operands rounded to bf16 in fp32 copies, then OpenBLAS sgemm: exact up to
 //              summation order, the oracle the other paths are compared with
@@ -84,7 +85,8 @@ inline const char* cpu_bf16_gemm_name(CpuBf16Gemm e) { return option_name(e); }
 // Which engine multiplies the CPU backend's fp32 dense-layer GEMMs (runtime.cpu_fp32_gemm; the
 // selector is backend/cpu/onednn_gemm.h). Both are fp32 products with fp32 accumulation, equal up
 // to summation order:
-//   automatic  the faster one on this machine where it can run (docs/PERF.md)
+//   automatic  the faster of the two on the run's own GEMMs, timed at start-up, where oneDNN can
+//              run; else openblas (backend/cpu/gemm_auto.h)
 //   onednn     oneDNN's fp32 matmul
 //   openblas   OpenBLAS sgemm
 // (enum class CpuFp32Gemm and its words: runtime/options.h)

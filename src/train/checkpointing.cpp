@@ -42,6 +42,9 @@ void resume_from(Run& r, const std::string& path, const std::vector<std::string>
   r.engine->load_whole(params.data(), sgd ? nullptr : mom.data(), sgd ? nullptr : vel.data(), info.optimizer_t);
   r.start_step = info.step;
   r.resumed_from = path;
+  // The engines it ran (runtime.cpu_*_gemm, resolved): a resumed "auto" keeps them (train/setup.cpp).
+  const nlohmann::json stored = nlohmann::json::parse(info.config_json, nullptr, false);
+  r.resumed_runtime = stored.is_object() && stored.contains("runtime") ? stored["runtime"] : nlohmann::json();
   if (!info.lineage.empty()) r.lineage = info.lineage;  // a resumed run continues its lineage
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "backend/cpu/gemm_auto.h"
 #include "backend/cuda_ops.h"
 #include "metrics/classification_metrics.h"
 #include "runtime/clock.h"
@@ -74,17 +75,14 @@ void evaluate_and_log(Run& r, int64_t step, TrainResult& res, bool print) {
   std::fflush(stdout);
 }
 
-namespace {
-
-// The engine of a CPU run's dense-layer GEMMs in its precision (runtime.cpu_fp32_gemm or
-// runtime.cpu_bf16_gemm): its word ("openblas", "onednn", "emulate") and the banner's description;
-// both "" on a GPU.
 std::pair<std::string, std::string> cpu_gemm_engine(const Run& r) {
   if (r.on_gpu) return {"", ""};
   if (r.cfg.runtime.precision == GemmPrecision::bf16)
     return {cpu_bf16_gemm_name(cpu::cpu_bf16_gemm()), cpu::cpu_bf16_gemm_description()};
   return {cpu_fp32_gemm_name(cpu::cpu_fp32_gemm()), cpu::cpu_fp32_gemm_description()};
 }
+
+namespace {
 
 void print_device_and_model(const Run& r, const TrainResult& res) {
   const ModelDesc& d = r.engine->desc;
@@ -178,6 +176,8 @@ void print_start(const Run& r, const TrainOptions& o, const TrainResult& res) {
   if ((r.groups->pp > 1 || r.groups->tp > 1) && o.print) print_topology(*r.groups, r.engine->describe_layers());  // collective
   if (!o.print || r.rank != 0) return;
   for (const std::string& w : keys_without_effect(r.cfg)) std::fprintf(stderr, "llmpi-train: warning: %s\n", w.c_str());
+  const std::string blas = r.on_gpu ? "" : cpu::openblas_core_warning();
+  if (!blas.empty()) std::fprintf(stderr, "llmpi-train: warning: %s\n", blas.c_str());
   print_device_and_model(r, res);
   print_data_and_schedule(r);
   print_layout(r);

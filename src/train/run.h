@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/onednn_gemm.h"
@@ -45,6 +46,7 @@ struct Run {
   std::string ckpt_dir;
   int64_t start_step = 0;
   std::string resumed_from;                   // checkpoint path, "" when starting fresh
+  nlohmann::json resumed_runtime;             // the checkpoint's runtime.* (resolved configuration), null when fresh
   std::string data_json;                      // identity of the train and val files (stored in checkpoints)
   RunDirClaim claim;                          // rank 0: run.dir's lock, held for the life of the run
   std::string lineage;                        // this run's lineage id, kept across resumes
@@ -87,6 +89,10 @@ struct EvalResult {
 EvalResult evaluate(Run& r, int64_t step);
 // Evaluates, records in res and eval.jsonl, and prints (rank 0).
 void evaluate_and_log(Run& r, int64_t step, TrainResult& res, bool print);
+// The engine of a CPU run's dense-layer GEMMs in its precision (runtime.cpu_fp32_gemm or
+// runtime.cpu_bf16_gemm): its word ("openblas", "onednn", "emulate") and the banner's description;
+// both "" on a GPU.
+std::pair<std::string, std::string> cpu_gemm_engine(const Run& r);
 // The start-up lines (rank 0): ranks and device, model, data, schedule, layout and sync, memory,
 // resume; with a pipeline every rank's topology line (collective).
 void print_start(const Run& r, const TrainOptions& o, const TrainResult& res);

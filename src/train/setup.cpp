@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "backend/cpu/gemm_auto.h"
 #include "backend/cuda_ops.h"
 #include "data/dataset_identity.h"
+#include "model/dense_layers.h"
 #include "runtime/mpi_env.h"
 #include "train/run.h"
 
@@ -265,6 +267,98 @@ void build_engine(Run& r, int vocab, int local_size) {
   }
 }
 
+// The dense layers of one training step on this rank: every chunk's, on its micro-batches' rows.
+std::vector<DenseShape> step_dense_layers(const Run& r) {
+  const Engine& e = *r.engine;
+  std::vector<DenseShape> layers;
+  for (const ModelChunk& ch : e.chunks)
+    for (DenseShape s : dense_layers(ch.model->desc, ch.model->part, e.micro_batch, e.T)) {
+      s.count *= e.M;
+      layers.push_back(s);
+    }
+  return layers;
+}
+
+// The engine of runtime.cpu_fp32_gemm or cpu_bf16_gemm (Engine), whichever the run's precision
+// uses on the CPU; collective over r.comm, the same engine on every rank. An explicit setting
+// stays as choose_device selected it, also over a resumed checkpoint's other engine (a warning).
+// "auto" becomes: resumed, the engine the checkpoint records (one written before engines were
+// recorded says "auto": what that was, untimed); fresh, the faster as o.time_cpu_gemms times
+// them (backend/cpu/gemm_auto.h), rank 0's times deciding for every rank, or without it the
+// untimed choice; the fallback wherever oneDNN cannot run on every rank. The engine in use is the
+// key's value in the resolved configuration (config.json, checkpoints).
+template <typename Engine>
+void choose_cpu_engine(Run& r, const TrainOptions& o, Engine given, Engine fallback, Engine untimed) {
+  const GemmPrecision prec = r.cfg.runtime.precision;
+  const bool bf16 = prec == GemmPrecision::bf16;
+  const char* key = bf16 ? "cpu_bf16_gemm" : "cpu_fp32_gemm";
+  const std::string setting = std::string("runtime.") + key + " \"" + option_name(given) + "\"";
+  const nlohmann::json& ck = r.resumed_runtime;
+  Engine recorded = Engine::automatic;  // automatic: none recorded
+  if (ck.is_object() && ck.contains(key) && ck[key].is_string()) parse_option(ck[key].get<std::string>(), &recorded);
+  auto warn = [&](const std::string& w) {
+    if (o.print && r.rank == 0) std::fprintf(stderr, "llmpi-train: warning: %s\n", w.c_str());
+  };
+  const std::string differ = "from here on its GEMMs sum in another order, so the run's bits differ from an "
+                             "uninterrupted one's";
+  if (given != Engine::automatic) {
+    if (recorded != Engine::automatic && recorded != given)
+      warn(setting + " replaces \"" + option_name(recorded) + "\", the engine of checkpoint '" + r.resumed_from +
+           "': " + differ);
+    return;
+  }
+  std::string missing;
+  int have = (bf16 ? cpu::onednn_bf16_available(&missing) : cpu::onednn_fp32_available(&missing)) ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &have, 1, MPI_INT, MPI_MIN, r.comm);
+  if (missing.empty()) missing = "oneDNN cannot run on every rank";
+  Engine engine = fallback;
+  std::string why;
+  if (!r.resumed_from.empty()) {
+    engine = recorded != Engine::automatic ? recorded : have ? untimed : fallback;
+    why = setting + (recorded != Engine::automatic
+                         ? ": the checkpoint's engine, not timed again"
+                         : ": not timed, as when the checkpoint was written (it records no engine)");
+    if (engine == Engine::onednn && !have) {
+      warn("the checkpoint's engine, onednn, cannot run here (" + missing + "): " + option_name(fallback) +
+           " instead; " + differ);
+      engine = fallback;
+      why = setting + ": the checkpoint's onednn cannot run here";
+    }
+  } else if (!have) {
+    why = setting + ": " + missing;
+  } else if (!o.time_cpu_gemms) {
+    engine = untimed;
+    why = setting + ", not timed";
+  } else {
+    CpuGemmTimes t;
+    std::string err;
+    try {
+      t = o.time_cpu_gemms(prec, step_dense_layers(r));  // every rank at once, as they will train
+    } catch (const std::exception& e) {
+      err = "timing the CPU's GEMM engines for " + setting + " failed: " + e.what() + "; set runtime." + key +
+            " to \"onednn\" or \"" + option_name(fallback) + "\"";
+    }
+    err = agree_on_error(r.comm, err);
+    if (!err.empty()) throw CollectiveError(err);
+    double times[2] = {t.onednn_s, t.fallback_s};
+    MPI_Bcast(times, 2, MPI_DOUBLE, 0, r.comm);  // rank 0's decide
+    t.onednn_s = times[0], t.fallback_s = times[1];
+    engine = cpu::auto_prefers_onednn(t) ? Engine::onednn : fallback;
+    why = setting + " " + cpu::describe_gemm_times(prec, t);
+  }
+  cpu::select_cpu_gemm(engine, why);
+  r.cfg.resolved["runtime"][key] = option_name(engine);
+}
+
+void choose_cpu_gemm(Run& r, const TrainOptions& o) {
+  if (r.on_gpu) return;
+  const RuntimeConfig& c = r.cfg.runtime;
+  if (c.precision == GemmPrecision::bf16)
+    choose_cpu_engine(r, o, c.cpu_bf16_gemm, CpuBf16Gemm::emulate, CpuBf16Gemm::onednn);
+  else
+    choose_cpu_engine(r, o, c.cpu_fp32_gemm, CpuFp32Gemm::openblas, cpu::cpu_fp32_gemm_for_auto());
+}
+
 // Rank 0 writes the run directory. A resumed run appends to the logs, minus what the interrupted
 // run logged after its checkpoint.
 void open_run_directory(Run& r, const TrainOptions& o) {
@@ -348,6 +442,7 @@ void start_run(Run& r, const Config& cfg, MPI_Comm comm, const TrainOptions& o) 
   }
   err = agree_on_error(comm, err);
   if (!err.empty()) throw CollectiveError(err);
+  choose_cpu_gemm(r, o);  // collective: after resume (a resumed run keeps its engine), before config.json
   r.saved_at = r.start_step;
   try {
     open_run_directory(r, o);

@@ -141,6 +141,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
   res.start_step = r.start_step;
   res.global_batch = tc.global_batch;
   res.peak_lr = tc.lr;
+  res.cpu_gemm = cpu_gemm_engine(r).first;
   print_start(r, o, res);
   if (o.dry_run) return res;
   if (r.start_step == 0) evaluate_and_log(r, 0, res, print);

@@ -12,9 +12,12 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "backend/cpu_gemm_times.h"
+#include "backend/gemm_precision.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
 
@@ -36,6 +39,10 @@ struct TrainOptions {
                                 // readback before the optimizer (the world > 1 path) also at world size 1
   bool overwrite = false;       // a new run over an earlier one in run.dir: move its files aside (train/run_dir.h)
   std::vector<std::string> resume_overrides;  // resume-contract keys whose change is accepted (train/resume_contract.h)
+  // Times the CPU's GEMM engines for runtime.cpu_fp32_gemm / cpu_bf16_gemm "auto" on a fresh run
+  // (backend/cpu/gemm_auto.h): llmpi-train gives cpu::time_dense_layers, tests a stand-in. Empty:
+  // "auto" is not timed (openblas; bf16: oneDNN where every rank can run it).
+  std::function<CpuGemmTimes(GemmPrecision, const std::vector<DenseShape>&)> time_cpu_gemms;
 };
 
 struct TrainResult {
@@ -59,6 +66,8 @@ struct TrainResult {
   int64_t optimizer_state_floats = 0;      // AdamW m + v held by this rank (ZeRO-1: its shard's)
   double bytes_sent_last_step = 0;         // this rank's gradient (and ZeRO-1 parameter) traffic, last step
   double peak_rss_bytes = -1;              // this rank's peak resident set at the end (VmHWM)
+  std::string cpu_gemm;                    // the engine of this rank's dense-layer GEMMs ("openblas", "onednn",
+                                           // "emulate"; "" on a GPU)
 };
 
 TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& opt = {},
