@@ -109,11 +109,11 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
        "the dense layers' GEMMs: \"fp32\", \"bf16\" (operands rounded to bf16, fp32 accumulation) or \"tf32\" "
        "(CUDA only); everything else stays fp32"},
       {"runtime.cpu_bf16_gemm", "runtime.precision bf16 on the CPU",
-       "\"auto\" (onednn where it takes at most 80% of emulate's time on the run's own GEMMs, timed at start-up, "
+       "\"auto\" (onednn where it takes at most 95% of emulate's time on the run's own GEMMs, timed at start-up, "
        "else emulate; a resumed run keeps its checkpoint's), \"onednn\" (oneDNN's bf16 matmul) or \"emulate\" "
        "(operands rounded to bf16, then an fp32 sgemm: the exact oracle)"},
       {"runtime.cpu_fp32_gemm", "runtime.precision fp32 on the CPU",
-       "\"auto\" (onednn where it takes at most 80% of openblas's time on the run's own GEMMs, timed at start-up, "
+       "\"auto\" (onednn where it takes at most 95% of openblas's time on the run's own GEMMs, timed at start-up, "
        "else openblas; a resumed run keeps its checkpoint's), \"onednn\" (oneDNN's fp32 matmul) or \"openblas\" "
        "(sgemm); the two agree up "
        "to the order of the fp32 sums"},
