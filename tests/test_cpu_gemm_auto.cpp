@@ -77,6 +77,7 @@ std::vector<std::tuple<int, int, int>> expanded(const std::vector<DenseShape>& l
 }  // namespace
 
 TEST(CpuGemmAuto, ChoiceFollowsTheTimesOnly) {
+  ASSERT_EQ(cpu::kAutoOnednnShare, 0.95) << "the cases below are written for: the faster, the fallback within 5%";
   const double share = cpu::kAutoOnednnShare, nan = std::numeric_limits<double>::quiet_NaN(),
                inf = std::numeric_limits<double>::infinity();
   struct Case {
@@ -87,7 +88,8 @@ TEST(CpuGemmAuto, ChoiceFollowsTheTimesOnly) {
       {{1.0, 3.0}, true},             // oneDNN 3x faster (a generic OpenBLAS core)
       {{share * 2.0, 2.0}, true},     // exactly at the share: kept
       {{share * 2.0 * 1.001, 2.0}, false},  // just above it
-      {{1.0, 1.1}, false},            // a 10% gain: not enough
+      {{1.0, 1.03}, false},           // a 3% gain: within 5%, the fallback stays
+      {{1.0, 1.1}, true},             // a 10% gain: oneDNN
       {{2.0, 1.0}, false},            // the fallback faster
       {{1.0, 1.0}, false},            // a tie
       {{-1, -1}, false},              // not timed
