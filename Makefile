@@ -8,6 +8,7 @@
 #   make deps       install missing Debian packages (as root), or print the command to run
 #   make bench      the reference-configuration throughput benchmark, fp32 and bf16 (see docs/PERF.md);
 #                   REF_PYTHON= a Python with PyTorch (2.x for its torch.compile rows) for the PyTorch peers
+#   make bench-gemm-choice  "auto"'s CPU GEMM engine against each engine set by hand, under other CPUs' kernels
 #   make scaling    strong and weak scaling, data-parallel and pipelined, on the ranks this machine has
 #                   (bench/scaling.py; docs/PERF.md); SCALING_ARGS= (e.g. --ranks 1,2)
 #   make glue       the course's BERT-on-RTE assignment: fine-tune all-MiniLM-L6-v2 on GLUE RTE, time the
@@ -317,6 +318,12 @@ test-kernels:
 
 bench: all
 	BUILD=$(BUILD) /usr/bin/python3 bench/run_reference.py $(if $(REF_PYTHON),--torch-python $(REF_PYTHON))
+
+# make bench-gemm-choice: does runtime.cpu_*_gemm "auto" pick the faster engine under the kernels
+# other CPUs get? (bench/gemm_choice.py; docs/PERF.md)
+.PHONY: bench-gemm-choice
+bench-gemm-choice: all
+	BUILD=$(BUILD) /usr/bin/python3 bench/gemm_choice.py
 
 # make scaling: strong and weak scaling, data-parallel and pipelined, at 1, 2, 4 ranks and more where
 # the machine has the cores (bench/scaling.py; docs/PERF.md "Strong and weak scaling"). Builds what it

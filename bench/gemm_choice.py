@@ -21,6 +21,8 @@ import statistics
 import subprocess
 import sys
 
+from run_reference import cpu_description, run  # (bench/run_reference.py, beside this file)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (name, OPENBLAS_CORETYPE or None for the CPU's own, ONEDNN_MAX_CPU_ISA or None)
@@ -30,15 +32,6 @@ SETTINGS = [
     ("AVX2 (Haswell, oneDNN AVX2)", "Haswell", "AVX2"),
     ("AVX-512 without bf16 (SkylakeX, oneDNN AVX512_CORE)", "SkylakeX", "AVX512_CORE"),
 ]
-
-
-def run(cmd, env, log):
-    r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    with open(log, "a") as f:
-        f.write("$ " + " ".join(cmd) + "\n" + r.stdout)
-    if r.returncode != 0:
-        sys.exit(f"bench: command failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout[-3000:]}")
-    return r.stdout
 
 
 def main():
@@ -128,15 +121,10 @@ def main():
         hand = ", ".join(f"{e} {v:.0f}" for e, v in r["step_ms_median"].items() if e != "auto")
         print(f"{r['setting']:<52} {r['precision']:<5} {hand:<34} {r['step_ms_median']['auto']:>9.0f} "
               f"{r['auto_chose']:<9} {r['auto_over_fastest']:>12.3f} {r['chosen_engine_over_fastest']:>14.3f}")
-    cpu = "?"
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     doc = {"tool": "bench/gemm_choice.py", "date": datetime.date.today().isoformat(), "commit": commit,
-           "machine": f"{platform.machine()}, {os.cpu_count()} cores, {cpu}",
+           "machine": f"{platform.machine()}, {os.cpu_count()} cores", "cpu": cpu_description(),
            "command": " ".join(["bench/gemm_choice.py"] + sys.argv[1:]), "rounds": a.rounds, "steps": a.steps,
            "skip": a.skip, "config": "bench/reference.json, gpt2, 2 ranks x 1 thread", "results": results}
     path = os.path.join(out, "gemm_choice.json")

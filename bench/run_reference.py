@@ -72,6 +72,18 @@ def run(cmd, env=None, log=None):
     return r.stdout
 
 
+def cpu_description():
+    """The CPU as /proc/cpuinfo names it, with its family/model and the flags that pick kernels."""
+    info = {}
+    for line in open("/proc/cpuinfo"):
+        k, _, v = line.partition(":")
+        info.setdefault(k.strip(), v.strip())
+    flags = set(info.get("flags", "").split())
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16") if f in flags]
+    return (f"{info.get('model name', '?')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}; "
+            f"{' '.join(isa) or 'no AVX2'})")
+
+
 def openblas_of(binary):
     """The libopenblas.so.0 the dynamic loader picks for `binary` (ldd), or '?'."""
     r = subprocess.run(["ldd", binary], capture_output=True, text=True)
@@ -267,6 +279,9 @@ def main():
 
     res = {"tool": "bench/run_reference.py", "date": datetime.date.today().isoformat(),
            "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+           "cpu": cpu_description(),
+           "commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip(),
            "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
            "config": {"n_layer": L, "n_head": m["n_head"], "d_model": C, "seq_len": T, "vocab": V,
                       "global_batch": global_batch, "cores": CORES, "llama_ffn_dim": llama_ffn},
