@@ -41,7 +41,7 @@ BIN=$BUILD/llmpi-tests
 pass=0; fail=0; skip=0; failed_names=()
 source "$(dirname "$0")/gtest_groups.bash"
 
-started=$SECONDS  # set before each run; record() prints the seconds since
+started=$SECONDS  # set before each run; record() and gtest_report print the seconds since, and reset it
 record() {  # name status log
   local took=$((SECONDS - started))
   if [ "$2" = 0 ]; then pass=$((pass + 1)); echo "  ok    $1 (${took} s)"
@@ -60,6 +60,7 @@ gtest_report() {
     gtest_test_output "$log" "$name" | grep -v '^\[' | head -n 15 | sed 's/^/        | /'
   done
   echo "  $label: $GT_PASS passed, $GT_FAIL failed, $GT_SKIP skipped in $((SECONDS - started)) s (log $log)"
+  started=$SECONDS
 }
 
 echo "== unit tests (serial)"
@@ -69,7 +70,10 @@ log=$LOGS/unit.log
 started=$SECONDS
 gtest_group $((1200 * TIME_SCALE)) "$log" '-Mpi*:*PeakRss*' "$BIN"
 gtest_report unit "$log"
-grep -E '^\[  SKIPPED \]' -A1 "$log" | grep -v '^\[' | grep -v '^--' | sed 's/^/        skip: /' | sort -u | head -5
+# the commonest reasons for a skip (gtest prints the reason on the line after "...: Skipped")
+grep -A1 ': Skipped$' "$log" | grep -vE ': Skipped$|^--$' | sort | uniq -c | sort -rn | head -5 |
+  sed -E 's/^ *([0-9]+) /        skipped \1 x: /'
+
 for t in $("$BIN" --gtest_filter='*PeakRss*:-Mpi*' --gtest_list_tests | awk '/^[^ ]/{suite=$1} /^  /{print suite $1}'); do
   log=$LOGS/$t.log; started=$SECONDS
   gtest_group $((300 * TIME_SCALE)) "$log" "$t" "$BIN"
@@ -100,6 +104,7 @@ if [ -n "$counts" ]; then
 else
   record "tools/kernel_paths.sh (no count printed)" 1 "$log"
 fi
+started=$SECONDS
 
 echo "== CUDA kernels run on the CPU (tools/cuda_cpu_sim)"
 log=$LOGS/sim-flash_mma.log
