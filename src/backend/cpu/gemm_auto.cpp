@@ -61,16 +61,20 @@ double run_block(Buffers& b, GemmPrecision prec) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Runs every block on `engine`; keeps each block's fastest in best.
+template <typename Engine>
+void run_pass_on(std::vector<Buffers>& blocks, GemmPrecision prec, Engine engine, std::vector<double>& best) {
+  const ScopedCpuGemm<Engine> selected(engine);
+  for (size_t i = 0; i < blocks.size(); i++) best[i] = std::min(best[i], run_block(blocks[i], prec));
+}
+
 // Runs every block on engine e (0 the fallback, 1 oneDNN); keeps each block's fastest in best.
 void run_pass(std::vector<Buffers>& blocks, GemmPrecision prec, int e, std::vector<double>& best) {
   const bool dnn = e == 1;
-  if (prec == GemmPrecision::bf16) {
-    ScopedCpuBf16Gemm engine(dnn ? CpuBf16Gemm::onednn : CpuBf16Gemm::emulate);
-    for (size_t i = 0; i < blocks.size(); i++) best[i] = std::min(best[i], run_block(blocks[i], prec));
-  } else {
-    ScopedCpuFp32Gemm engine(dnn ? CpuFp32Gemm::onednn : CpuFp32Gemm::openblas);
-    for (size_t i = 0; i < blocks.size(); i++) best[i] = std::min(best[i], run_block(blocks[i], prec));
-  }
+  if (prec == GemmPrecision::bf16)
+    run_pass_on(blocks, prec, dnn ? CpuBf16Gemm::onednn : CpuBf16Gemm::emulate, best);
+  else
+    run_pass_on(blocks, prec, dnn ? CpuFp32Gemm::onednn : CpuFp32Gemm::openblas, best);
 }
 
 std::string lower(std::string s) {
