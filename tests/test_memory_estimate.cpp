@@ -215,10 +215,17 @@ TEST(MemoryEstimate, CheckpointAndSyncBuffersFollowTheConfiguration) {
   const ModelDesc d = test::desc_of("gpt2", 2, 2, 16, 8, 37);
   Config cfg = config_with("adamw");
   const double nb = 4.0 * estimate_memory(d, 1, 8, cfg, 1, 0, false).n_params;
-  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 0, false).checkpoint_staging, 3 * nb);  // params, m, v
-  cfg.parallel.sync = SyncMethod::weights;  // rank 0 gathers every rank's rows
-  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 0, false).checkpoint_staging, 3 * 4 * nb + nb);
-  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 1, false).checkpoint_staging, nb);
+  // Each rank stages its own state, whatever the sync: params, m, v ...
+  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 0, false).checkpoint_staging, 3 * nb);
+  cfg.parallel.sync = SyncMethod::weights;
+  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 0, false).checkpoint_staging, 3 * nb);
+  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 1, false).checkpoint_staging, 3 * nb);
+  cfg.parallel.sync = SyncMethod::allreduce;  // ... with ZeRO-1 its pieces of m and v
+  cfg.parallel.zero = true;
+  const MemoryEstimate zero = estimate_memory(d, 1, 8, cfg, 4, 1, false);
+  EXPECT_EQ(zero.checkpoint_staging, nb + zero.optimizer);
+  EXPECT_LT(zero.optimizer, 2 * nb);
+  cfg.parallel.zero = false;
   cfg.parallel.sync = SyncMethod::gather_scatter;
   cfg.parallel.bucket_mb = 1e6;  // one bucket: rank 0 gathers and scatters 4 copies of everything
   EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 0, false).sync_buffers, 2 * 4 * nb);

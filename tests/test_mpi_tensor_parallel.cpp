@@ -340,3 +340,36 @@ TEST(MpiN4TensorParallel, ModelsThatDoNotSplitAreRefused) {
   bad_config({"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.pp_stages=2", "parallel.schedule=zb-h1"},
              "does not combine with parallel.schedule \"zb-h1\"");
 }
+
+// Sharded checkpoints (checkpoint/sharded.h): DP 2 x TP 2 with ZeRO-1 and PP 2 x TP 2 each save
+// only what they own into one file, which resumes on one rank and on four data-parallel replicas
+// with ZeRO-1, each continuing the uninterrupted run (AdamW's moments included: a wrong piece
+// would change the steps after the resume).
+TEST(MpiN4TensorParallel, ShardedCheckpointsResumeInOtherLayouts) {
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  const std::vector<std::string> base = family_sets("gpt2", dir);
+  auto cfg = [&](const std::string& run, std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"train.steps=8", "train.warmup_steps=2", "checkpoint.every=3", "run.dir=" + dir + run,
+                               "model.n_layer=2", "train.global_batch=8"});
+    return tiny_config_of(base, extra);
+  };
+  const TrainResult whole = on_ranks(1, cfg("/whole", {}), quiet_options(true));
+  for (const auto& [name, layout] :
+       std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"dp2xtp2", {"parallel.tp=2", "parallel.zero=1"}},
+           {"pp2xtp2", {"parallel.tp=2", "parallel.pp_stages=2", "parallel.microbatches=2"}}}) {
+    for (const auto& [to, ranks, sets] : std::vector<std::tuple<std::string, int, std::vector<std::string>>>{
+             {"one rank", 1, {}}, {"dp4 with ZeRO-1", 4, {"parallel.zero=1"}}}) {
+      const std::string run = "/" + name + "-" + std::to_string(ranks);
+      const TrainResult first = train(cfg(run, layout), MPI_COMM_WORLD, train_options(true, "", 4));
+      if (world_rank() == 0) {
+        ASSERT_TRUE(first.preempted);
+      }
+      const TrainResult resumed = on_ranks(ranks, cfg(run, sets), train_options(true, "auto"));
+      if (world_rank() == 0) {
+        EXPECT_EQ(resumed.start_step, 5) << name << " -> " << to;
+      }
+      expect_close(whole, resumed, "gpt2 " + name + " checkpoint resumed on " + to, 5);
+    }
+  }
+}

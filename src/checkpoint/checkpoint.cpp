@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/crc32c.h"
+#include "checkpoint/sharded.h"
 #include "data/h5_util.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
@@ -18,7 +19,8 @@ using h5::Id;
 namespace {
 
 constexpr const char* kFormat = "llmpi-checkpoint";
-constexpr int kVersion = 2;  // 1: before model families (gpt2 only); still read
+constexpr int kVersion = 2;         // what write_checkpoint writes; 1 (before model families, gpt2 only) is read
+constexpr int kShardedVersion = 3;  // checkpoint/sharded.h
 
 std::string describe(const std::string& path) { return "checkpoint '" + path + "'"; }
 const char* const kRemedy = "resume from another checkpoint (see the run's checkpoints/ folder) or start afresh";
@@ -89,7 +91,9 @@ std::string require_string(hid_t f, const char* name, const std::string& path) {
   return v;
 }
 
-Id open_file(const std::string& path) {
+}  // namespace
+
+Id open_checkpoint_file(const std::string& path) {
   h5::quiet();
   FILE* probe = std::fopen(path.c_str(), "rb");
   if (!probe) fail("checkpoint '", path, "' does not exist or cannot be read; check the path given to --resume");
@@ -100,6 +104,8 @@ Id open_file(const std::string& path) {
   if (!f.valid()) throw CheckpointDamaged(describe(path) + " is damaged or truncated" + h5::detail() + "; " + kRemedy);
   return f;
 }
+
+namespace {
 
 // Read row `row` of dataset `name` into out[0, n), block by block, checking each block's CRC-32C,
 // so a mismatch names the elements it covers.
@@ -135,6 +141,28 @@ void read_row(hid_t f, const CheckpointInfo& info, const char* name, int64_t row
 
 }  // namespace
 
+void write_checkpoint_attributes(hid_t file, const CheckpointInfo& i, int version, const std::string& w) {
+  h5::write_string_attr(file, "format", kFormat, w);
+  h5::write_int_attr(file, "version", version, w);
+  h5::write_int_attr(file, "step", i.step, w);
+  h5::write_int_attr(file, "optimizer_t", i.optimizer_t, w);
+  h5::write_string_attr(file, "optimizer", i.optimizer, w);
+  h5::write_string_attr(file, "sync", i.sync, w);
+  h5::write_int_attr(file, "world_size", i.world_size, w);
+  h5::write_int_attr(file, "seed", (int64_t)i.seed, w);
+  h5::write_string_attr(file, "family", family_name(i.desc.family), w);
+  h5::write_string_attr(file, "model", model_desc_json(i.desc).dump(), w);
+  h5::write_int_attr(file, "n_layer", i.desc.n_layer, w);
+  h5::write_int_attr(file, "n_head", i.desc.n_head, w);
+  h5::write_int_attr(file, "d_model", i.desc.d_model, w);
+  h5::write_int_attr(file, "seq_len", i.desc.max_seq_len, w);
+  h5::write_int_attr(file, "vocab_size", i.desc.vocab_size, w);
+  h5::write_string_attr(file, "config", i.config_json, w);
+  h5::write_string_attr(file, "param_table", i.param_table_json, w);
+  if (!i.data_json.empty()) h5::write_string_attr(file, "data", i.data_json, w);
+  if (!i.lineage.empty()) h5::write_string_attr(file, "lineage", i.lineage, w);
+}
+
 void write_checkpoint(const std::string& path, const CheckpointData& d) {
   h5::quiet();
   const CheckpointInfo& i = d.info;
@@ -152,26 +180,7 @@ void write_checkpoint(const std::string& path, const CheckpointData& d) {
     const uint64_t data_bytes = uint64_t(i.rows) * i.n * sizeof(float) * (i.optimizer == "adamw" ? 3 : 1);
     h5::reserve_space(file, data_bytes + i.config_json.size() + i.param_table_json.size() + (1u << 20), path,
                       describe(tmp), "the previous checkpoint is untouched: free space or choose another run.dir");
-    const std::string w = describe(tmp);
-    h5::write_string_attr(file, "format", kFormat, w);
-    h5::write_int_attr(file, "version", kVersion, w);
-    h5::write_int_attr(file, "step", i.step, w);
-    h5::write_int_attr(file, "optimizer_t", i.optimizer_t, w);
-    h5::write_string_attr(file, "optimizer", i.optimizer, w);
-    h5::write_string_attr(file, "sync", i.sync, w);
-    h5::write_int_attr(file, "world_size", i.world_size, w);
-    h5::write_int_attr(file, "seed", (int64_t)i.seed, w);
-    h5::write_string_attr(file, "family", family_name(i.desc.family), w);
-    h5::write_string_attr(file, "model", model_desc_json(i.desc).dump(), w);
-    h5::write_int_attr(file, "n_layer", i.desc.n_layer, w);
-    h5::write_int_attr(file, "n_head", i.desc.n_head, w);
-    h5::write_int_attr(file, "d_model", i.desc.d_model, w);
-    h5::write_int_attr(file, "seq_len", i.desc.max_seq_len, w);
-    h5::write_int_attr(file, "vocab_size", i.desc.vocab_size, w);
-    h5::write_string_attr(file, "config", i.config_json, w);
-    h5::write_string_attr(file, "param_table", i.param_table_json, w);
-    if (!i.data_json.empty()) h5::write_string_attr(file, "data", i.data_json, w);
-    if (!i.lineage.empty()) h5::write_string_attr(file, "lineage", i.lineage, w);
+    write_checkpoint_attributes(file, i, kVersion, describe(tmp));
     write_rows(file, "params", d.params, i.rows, i.n, tmp);
     if (i.optimizer == "adamw") {
       write_rows(file, "adam_m", d.m, i.rows, i.n, tmp);
@@ -199,16 +208,16 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
 }
 
 static CheckpointInfo read_info(const std::string& path, bool& wrong_version) {
-  Id f = open_file(path);
+  Id f = open_checkpoint_file(path);
   CheckpointInfo i;
   i.path = path;
   std::string format;
   if (!h5::read_string_attr(f, "format", format, describe(path), kRemedy) || format != kFormat)
     fail("'", path, "' is not an llmpi checkpoint (format '", format, "')");
   int64_t version = require_int(f, "version", path);
-  wrong_version = version != 1 && version != kVersion;
+  wrong_version = version < 1 || version > kShardedVersion;
   if (wrong_version)
-    fail(describe(path), " has version ", version, ", but this llmpi reads versions 1 and ", kVersion,
+    fail(describe(path), " has version ", version, ", but this llmpi reads versions 1 to ", kShardedVersion,
          ": use the llmpi release that wrote it");
   i.version = (int)version;
   i.step = require_int(f, "step", path);
@@ -246,6 +255,13 @@ static CheckpointInfo read_info(const std::string& path, bool& wrong_version) {
   i.param_table_json = require_string(f, "param_table", path);
   h5::read_string_attr(f, "data", i.data_json, describe(path), kRemedy);  // absent in older files
   h5::read_string_attr(f, "lineage", i.lineage, describe(path), kRemedy);  // absent in older files
+  if (version >= kShardedVersion) {  // a dataset per tensor (checkpoint/sharded.h), always checksummed
+    i.rows = require_int(f, "replicas", path);
+    if (i.rows < 1) fail(describe(path), ": its 'replicas' attribute is ", i.rows, "; ", kRemedy);
+    i.n = param_table_from_json(i.param_table_json, path).numel;
+    i.checksummed = true;
+    return i;
+  }
   Id dset(H5Dopen2(f, "params", H5P_DEFAULT), H5Dclose);
   if (!dset.valid()) fail(describe(path), " has no 'params' dataset", h5::detail(), "; ", kRemedy);
   i.checksummed = H5Aexists(dset, "crc32c") > 0;
@@ -260,14 +276,29 @@ static CheckpointInfo read_info(const std::string& path, bool& wrong_version) {
 }
 
 void read_checkpoint_row(const CheckpointInfo& info, int64_t row, float* params, float* m, float* v) {
-  Id f = open_file(info.path);
+  if (info.version >= kShardedVersion) {  // every tensor whole into its place of the row, verified first
+    const CheckpointReader reader(info);
+    reader.verify_share(m || v ? 3 : 1, 0, 1);
+    float* out[3] = {params, m, v};
+    for (int g = 0; g < 3; g++) {
+      if (!out[g]) continue;
+      for (size_t t = 0; t < reader.whole.slices.size(); t++) {
+        const ParamSlice& s = reader.whole.slices[t];
+        const auto [R, C] = rows_cols(s.shape);
+        reader.read(g, t, row, TensorRect{0, R, 0, C}, out[g] + s.offset);
+      }
+    }
+    return;
+  }
+  Id f = open_checkpoint_file(info.path);
   read_row(f, info, "params", row, params);
   if (m) read_row(f, info, "adam_m", row, m);
   if (v) read_row(f, info, "adam_v", row, v);
 }
 
 void verify_checkpoint(const CheckpointInfo& info) {
-  Id f = open_file(info.path);
+  if (info.version >= kShardedVersion) return CheckpointReader(info).verify_share(info.optimizer == "adamw" ? 3 : 1, 0, 1);
+  Id f = open_checkpoint_file(info.path);
   std::vector<float> scratch(info.n);
   for (const char* name : {"params", "adam_m", "adam_v"}) {
     if (std::string(name) != "params" && info.optimizer != "adamw") continue;

@@ -1,4 +1,6 @@
-// Checkpoints: one HDF5 file per save, readable with h5py / h5dump.
+// Checkpoints: one HDF5 file per save, readable with h5py / h5dump. Training writes version 3,
+// every tensor a dataset of its own written by the ranks that hold it (checkpoint/sharded.h);
+// versions 1 and 2, below, are still read (and version 2 written by write_checkpoint, for tools).
 //
 //   root attributes  format = "llmpi-checkpoint", version = 2, step (steps completed = the next
 //                    step to run), optimizer_t, optimizer ("adamw" | "sgd"), sync, world_size,
@@ -33,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "data/h5_util.h"
 #include "model/model_desc.h"
 #include "params/param_table.h"
 #include "runtime/error.h"
@@ -66,11 +69,17 @@ struct CheckpointData {
   std::vector<float> params, m, v;  // rows × n, row-major (m, v empty for SGD)
 };
 
+// Writes a version-2 file (one [rows, n] dataset per state) from one process.
 void write_checkpoint(const std::string& path, const CheckpointData& d);
+// The root attributes every version shares (format, version, step, ..., lineage), on `file`.
+void write_checkpoint_attributes(hid_t file, const CheckpointInfo& i, int version, const std::string& what);
+// Opens a checkpoint read-only: an Error when it does not exist, CheckpointDamaged when it is not
+// a readable HDF5 file.
+h5::Id open_checkpoint_file(const std::string& path);
 // Validates format and version. A file that cannot be read is CheckpointDamaged; a version this
 // build does not read is a plain Error.
 CheckpointInfo read_checkpoint_info(const std::string& path);
-// Read one row (0 when the file has one row) of params and moments into the given buffers
+// Read one row (0 when the file has one row; of version 3, replica `row`) of params and moments into the given buffers
 // (n floats each; m and v may be null for SGD checkpoints). A checksum mismatch or read failure
 // is CheckpointDamaged naming the dataset, the row and the elements.
 void read_checkpoint_row(const CheckpointInfo& info, int64_t row, float* params, float* m, float* v);

@@ -276,6 +276,55 @@ void Engine::load_whole(const float* params, const float* m, const float* vv, in
   }
 }
 
+std::vector<Engine::StateRange> Engine::state_ranges(int which, bool writing, bool every_rank) const {
+  std::vector<StateRange> out;
+  for (size_t c = 0; c < chunks.size(); c++) {
+    const ModelChunk& ch = chunks[c];
+    const ParamTable& t = ch.model->table;
+    const bool pieces = which != 0 && ch.sync->opt.zero;  // the buffer holds this rank's pieces
+    for (size_t i = 0; i < t.slices.size(); i++) {
+      const ParamSlice& s = t.slices[i];
+      const ParamSlice* w = whole_table.find(s.name);
+      if (!w) fail("internal: tensor ", s.name, " is not in the whole model");
+      const int tensor = (int)(w - whole_table.slices.data());
+      const bool tied_copy = ch.tied_copy && i + 1 == t.slices.size();
+      if (writing && tied_copy) continue;
+      if (writing) {
+        // Whose turn: replicas take tensors in turn (with ZeRO-1 or sync "weights" each writes its
+        // own); of a tensor the whole tensor group holds, its ranks take turns too.
+        const bool own = pieces || every_rank;
+        if (!own && (int)(i % (size_t)g.dp) != g.dp_rank) continue;
+        if (!s.sharded() && (int)((own ? i : i / (size_t)g.dp) % (size_t)g.tp) != g.tp_rank) continue;
+      }
+      if (!pieces) {
+        out.push_back({c, i, 0, s.numel, s.offset, tensor});
+        continue;
+      }
+      size_t at = 0;  // this rank's pieces of the flat layout, one after the other in the buffer
+      for (const ShardPiece& p : ch.sync->shard) {
+        const size_t lo = std::max(p.begin, s.offset), hi = std::min(p.end, s.offset + s.numel);
+        if (lo < hi) out.push_back({c, i, lo - s.offset, hi - s.offset, at + (lo - p.begin), tensor});
+        at += p.end - p.begin;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<float> Engine::host_state(size_t c, int which) const {
+  const ModelChunk& ch = chunks[c];
+  std::vector<float> host(which == 0 ? ch.model->table.numel : ch.opt->n);
+  ops.copy_to_host(host.data(), which == 0 ? ch.model->params : which == 1 ? ch.opt->m : ch.opt->v,
+                   host.size() * sizeof(float));
+  return host;
+}
+
+void Engine::set_state(size_t c, int which, const float* host) {
+  ModelChunk& ch = chunks[c];
+  const size_t n = which == 0 ? ch.model->table.numel : ch.opt->n;
+  ops.copy_to_device(which == 0 ? ch.model->params : which == 1 ? ch.opt->m : ch.opt->v, host, n * sizeof(float));
+}
+
 void Engine::init_from_hf(const std::string& dir, std::vector<std::string>* notes) {
   std::vector<std::string> mine;
   std::string err;

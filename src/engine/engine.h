@@ -44,10 +44,11 @@
 //              collectives (comm/tensor_group.h) inside forward and backward: the schedule, the
 //              messages and the sync are the same code (the sync runs over the shard's
 //              data-parallel group). The loss and evaluation sums count tp_rank 0's only.
-//   state      checkpoints hold the whole model by name, whatever the layout: world rank 0
-//              assembles every stage's tensors of replica 0 (ZeRO-1: the moments gathered from the
-//              data-parallel group first; tensor parallelism: the shards from the tensor group
-//              first), so a checkpoint of one layout resumes in another, with another tp too.
+//   state      checkpoints hold the whole model by name, whatever the layout: each rank writes
+//              the values of the whole tensors it owns (state_ranges: a shard's rows or columns,
+//              ZeRO-1's pieces of the moments; each value once over the world) and reads the
+//              values it holds (checkpoint/sharded.h), so a checkpoint of one layout resumes in
+//              another, with another tp too, and no rank holds more than its own state.
 //
 // Errors: a bad layout is an Error thrown by the constructor, before any collective call.
 #pragma once
@@ -173,8 +174,9 @@ struct Engine {
   // stage of a pipeline reads alike.
   std::vector<int64_t> eval_rows(int64_t first, int64_t g_rows) const;
 
-  // Checkpoints. gather_whole: world rank 0 receives every stage's tensors of replica 0 and
-  // returns them in whole_table's layout (empty elsewhere); which = 0 params, 1 AdamW m, 2 v.
+  // The whole model in one place (tests, llmpi-train's final parameters; checkpoints use
+  // state_ranges instead). gather_whole: world rank 0 receives every stage's tensors of replica 0
+  // and returns them in whole_table's layout (empty elsewhere); which = 0 params, 1 AdamW m, 2 v.
   // Collective over the world.
   std::vector<float> gather_whole(int which);
   // The whole model's parameters on every rank (tests, llmpi-train's final state): a replica its
@@ -183,6 +185,24 @@ struct Engine {
   std::vector<float> whole_params_everywhere();
   // Every rank takes its tensors by name from whole-model buffers (m, v may be null).
   void load_whole(const float* params, const float* m, const float* v, int64_t optimizer_t);
+  // Sharded checkpoints (checkpoint/sharded.h): a range of one chunk's buffer of a state (which =
+  // 0 params, 1 AdamW m, 2 v; with ZeRO-1 the moments' buffer holds this rank's pieces only):
+  // the chunk table's slice `slice`, its values [lo, hi), at offset `at` of the buffer; `tensor`
+  // is the slice's index in whole_table.
+  struct StateRange {
+    size_t chunk = 0, slice = 0, lo = 0, hi = 0, at = 0;
+    int tensor = 0;
+  };
+  // reading: everything this rank holds of the state. Writing: what this rank writes, so that over
+  // the world every value of the whole model is written once: a tensor-parallel shard by one
+  // data-parallel replica, a tensor every rank of the tensor group holds by one of them, the
+  // replicas taking tensors in turn; ZeRO-1's moments by the rank that holds each piece; a tied
+  // head's copy of the embedding never (the embedding's stage writes it). every_rank (sync
+  // "weights": the replicas' states differ, each replica is written): its replica's own.
+  std::vector<StateRange> state_ranges(int which, bool writing, bool every_rank) const;
+  // A host copy of chunk c's buffer of a state, and the reverse (host: that buffer's length).
+  std::vector<float> host_state(size_t c, int which) const;
+  void set_state(size_t c, int which, const float* host);
   // --init-from: every rank reads its chunks' tensors by name from a Hugging Face model directory
   // (hf/hf_import.h; a tied head's copy reads the embedding). Collective over the world: an error on
   // any rank is thrown on every rank. World rank 0 gets the notes of its pipeline's stages in *notes.

@@ -244,12 +244,9 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   const SyncMethod sync = cfg.parallel.sync;
   if (world > 1 && sync == SyncMethod::gather_scatter && rank == 0) e.sync_buffers += 2.0 * world * largest_bucket * sizeof(float);
   if (world > 1 && on_gpu && sync != SyncMethod::nccl) e.sync_buffers += nb;  // pinned staging copy
-  // Checkpoints (and resume, which reads the same arrays): host copies of params (+ m, v).
-  const double arrays = adamw ? 3 : 1;
-  if (sync == SyncMethod::weights && world > 1)
-    e.checkpoint_staging = rank == 0 ? arrays * world * nb + nb : nb;
-  else
-    e.checkpoint_staging = arrays * nb;
+  // Checkpoints (checkpoint/sharded.h): a save stages this rank's own state on the host, params
+  // and its m and v (with ZeRO-1 its pieces of them); a resume reads one of them at a time.
+  e.checkpoint_staging = nb + e.optimizer;
   // The batch on the host: inputs and targets (LM) or the example rows (classifier), plus a window.
   e.data = 5.0 * local_batch * (seq_len + 1.0) * sizeof(int32_t);
   return e;

@@ -24,8 +24,8 @@
 //                              pieces of the largest bucket in fp32, and as many bf16 values for a
 //                              bf16 gradient; without ZeRO-1 a bf16 gradient's copy of the
 //                              largest bucket
-//   checkpoint staging         host copies written to a checkpoint: params (+ m, v); with sync
-//                              "weights", rank 0 gathers every rank's rows
+//   checkpoint staging         host copies of this rank's own state written to a checkpoint:
+//                              params (+ its m and v, with ZeRO-1 its pieces of them)
 //   data                       the batch on the host (ids, targets, ...)
 //
 // On the CPU backend everything is host memory. On CUDA, parameters, gradients, optimizer state,

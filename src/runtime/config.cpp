@@ -33,7 +33,7 @@ const json& config_defaults() {
                  "attention": "auto", "recompute": "none", "threads": 0, "trace_steps": 20,
                  "step_timeout_s": 0.0, "memory_check": true, "lm_head_chunk_rows": 0},
     "run":      {"dir": "runs/default"},
-    "checkpoint": {"every": 0, "keep": 3}
+    "checkpoint": {"every": 0, "keep": 3, "async": true}
   })");
   return d;
 }
@@ -298,6 +298,7 @@ static Config extract(const json& r) {
   c.train.max_consecutive_skips = as_int<int>(t["max_consecutive_skips"], "train.max_consecutive_skips");
   c.checkpoint.every = as_int<int64_t>(r["checkpoint"]["every"], "checkpoint.every");
   c.checkpoint.keep = as_int<int>(r["checkpoint"]["keep"], "checkpoint.keep");
+  c.checkpoint.async = r["checkpoint"]["async"];
   c.runtime.device = as_option<DeviceChoice>(r["runtime"]["device"], "runtime.device");
   c.runtime.precision = as_option<GemmPrecision>(r["runtime"]["precision"], "runtime.precision",
                                                 " (the dense layers' GEMMs; tf32 only on CUDA)");

@@ -103,6 +103,7 @@ struct RunConfig {
 struct CheckpointConfig {
   int64_t every;  // save every k steps (and at the end and on pre-emption); 0 = only on pre-emption
   int keep;       // keep the newest k checkpoints
+  bool async;     // the write runs behind the next steps (train/run.h "checkpoints")
 };
 
 struct Config {

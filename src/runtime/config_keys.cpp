@@ -137,6 +137,9 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
       {"checkpoint.every", "",
        "write a checkpoint every N steps and at the end (0 = only when the run is pre-empted)"},
       {"checkpoint.keep", "", "keep the newest N checkpoints of this run"},
+      {"checkpoint.async", "",
+       "true: a checkpoint's values are copied to host memory and written while training goes on (the next "
+       "checkpoint, a pre-emption or the end of the run waits for it); false: the step waits for the write"},
   };
   return docs;
 }

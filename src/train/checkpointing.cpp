@@ -1,54 +1,95 @@
-// Checkpoints of a run and resuming from them (train/run.h). A checkpoint holds the whole model by
-// name in the flat layout, whatever the parallel layout that wrote it (engine/engine.h "state"),
-// so it resumes with another world size, pipeline or ZeRO-1.
+// Checkpoints of a run and resuming from them (train/run.h). A checkpoint holds every tensor of the
+// whole model by name (checkpoint/sharded.h), written by the ranks that hold it and read by the
+// ranks that need it, so it resumes with another world size, pipeline, tensor parallelism or
+// ZeRO-1, and no rank ever holds more than its own state.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/sharded.h"
 #include "runtime/mpi_env.h"
 #include "train/run.h"
 
 namespace llmpi {
 
-void resume_from(Run& r, const std::string& path, const std::vector<std::string>& overrides) {
-  CheckpointInfo info = read_checkpoint_info(path);
-  const ModelDesc& m = r.engine->desc;
-  const ParamTable& table = r.engine->whole_table;  // checkpoints hold the whole model
-  if (info.desc.family != m.family)
-    fail("checkpoint '", path, "' holds a ", family_name(info.desc.family), " model, but this configuration has "
-         "model.family \"", family_name(m.family), "\": resume it with model.family \"",
-         family_name(info.desc.family), "\", or start a new run.dir");
-  // The model description, global batch, seed, ... (train/resume_contract.h); dropout and init_std may change.
-  r.accepted_changes = check_resume_contract(info, resume_contract_rows(info, r.cfg, m, r.data_json), overrides);
-  if (info.param_table_json != param_table_json(table) || info.n != table.numel)
-    fail("checkpoint '", path, "' holds a different parameter layout than this model; start a new run.dir");
-  const std::string optimizer = option_name(r.cfg.train.optimizer);
-  if (info.optimizer != optimizer)
-    fail("checkpoint '", path, "' was made with train.optimizer \"", info.optimizer, "\", but this configuration has \"",
-         optimizer, "\": use the same optimizer to resume");
-  if (info.rows > 1 && (r.cfg.parallel.sync != SyncMethod::weights || info.rows != r.world))
-    fail("checkpoint '", path, "' holds the separate parameters of ", info.rows, " ranks (sync \"weights\"): resume it "
-         "with parallel.sync \"weights\" on ", info.rows, " ranks");
-  if (!info.checksummed && r.rank == 0)
-    std::fprintf(stderr, "llmpi-train: warning: checkpoint '%s' has no checksums (an older llmpi wrote it); "
-                 "it is loaded unverified\n", path.c_str());
-  const size_t n = info.n;
-  const bool sgd = r.cfg.train.optimizer == OptimizerKind::sgd;
-  std::vector<float> params(n), mom(sgd ? 0 : n), vel(sgd ? 0 : n);
-  read_checkpoint_row(info, info.rows > 1 ? r.rank : 0, params.data(), sgd ? nullptr : mom.data(),
-                      sgd ? nullptr : vel.data());
-  // Every rank takes its tensors by name (ZeRO-1: its pieces of the moments).
-  r.engine->load_whole(params.data(), sgd ? nullptr : mom.data(), sgd ? nullptr : vel.data(), info.optimizer_t);
-  r.start_step = info.step;
-  r.resumed_from = path;
-  // The engines it ran (runtime.cpu_*_gemm, resolved): a resumed "auto" keeps them (train/setup.cpp).
-  const nlohmann::json stored = nlohmann::json::parse(info.config_json, nullptr, false);
-  r.resumed_runtime = stored.is_object() && stored.contains("runtime") ? stored["runtime"] : nlohmann::json();
-  if (!info.lineage.empty()) r.lineage = info.lineage;  // a resumed run continues its lineage
+namespace {
+
+// What one rank found trying to resume from a checkpoint: "" or its error, and whether the file
+// is damaged (CheckpointDamaged: --resume auto skips it).
+struct Attempt {
+  std::string err;
+  bool damaged = false;
+};
+
+// Every rank on its own, no collective call: checks that the checkpoint belongs to this model and
+// configuration, verifies this rank's share of its checksums (CheckpointReader::verify_share) and
+// reads exactly what this rank holds (Engine::state_ranges), whatever layout wrote it.
+Attempt try_resume(Run& r, const std::string& path, const std::vector<std::string>& overrides) {
+  try {
+    const CheckpointInfo info = read_checkpoint_info(path);
+    Engine& e = *r.engine;
+    const ModelDesc& m = e.desc;
+    const ParamTable& table = e.whole_table;  // checkpoints hold the whole model
+    if (info.desc.family != m.family)
+      fail("checkpoint '", path, "' holds a ", family_name(info.desc.family), " model, but this configuration has "
+           "model.family \"", family_name(m.family), "\": resume it with model.family \"",
+           family_name(info.desc.family), "\", or start a new run.dir");
+    // The model description, global batch, seed, ... (train/resume_contract.h); dropout and init_std may change.
+    r.accepted_changes = check_resume_contract(info, resume_contract_rows(info, r.cfg, m, r.data_json), overrides);
+    if (info.param_table_json != param_table_json(table) || info.n != table.numel)
+      fail("checkpoint '", path, "' holds a different parameter layout than this model; start a new run.dir");
+    const std::string optimizer = option_name(r.cfg.train.optimizer);
+    if (info.optimizer != optimizer)
+      fail("checkpoint '", path, "' was made with train.optimizer \"", info.optimizer, "\", but this configuration has \"",
+           optimizer, "\": use the same optimizer to resume");
+    if (info.rows > 1 && (r.cfg.parallel.sync != SyncMethod::weights || info.rows != r.groups->dp))
+      fail("checkpoint '", path, "' holds the separate parameters of ", info.rows, " ranks (sync \"weights\"): resume it "
+           "with parallel.sync \"weights\" on ", info.rows, " ranks");
+    if (!info.checksummed && r.rank == 0)
+      std::fprintf(stderr, "llmpi-train: warning: checkpoint '%s' has no checksums (an older llmpi wrote it); "
+                   "it is loaded unverified\n", path.c_str());
+    const CheckpointReader reader(info);
+    const int groups = r.cfg.train.optimizer == OptimizerKind::sgd ? 1 : 3;
+    reader.verify_share(groups, r.rank, r.world);  // the other ranks verify the rest
+    const int64_t replica = info.rows > 1 ? r.groups->dp_rank : 0;
+    for (int which = 0; which < groups; which++) {
+      std::vector<std::vector<float>> host(e.chunks.size());
+      for (size_t c = 0; c < e.chunks.size(); c++) host[c].resize(which == 0 ? e.chunks[c].model->table.numel
+                                                                             : e.chunks[c].opt->n);
+      for (const Engine::StateRange& sr : e.state_ranges(which, false, false)) {
+        float* at = host[sr.chunk].data() + sr.at;
+        for (const TensorRect& rect : slice_rects(e.chunks[sr.chunk].model->table.slices[sr.slice], sr.lo, sr.hi)) {
+          reader.read(which, (size_t)sr.tensor, replica, rect, at);
+          at += rect.numel();
+        }
+      }
+      for (size_t c = 0; c < e.chunks.size(); c++) e.set_state(c, which, host[c].data());
+    }
+    for (ModelChunk& ch : e.chunks) ch.opt->t = info.optimizer_t;
+    r.start_step = info.step;
+    r.resumed_from = path;
+    // The engines it ran (runtime.cpu_*_gemm, resolved): a resumed "auto" keeps them (train/setup.cpp).
+    const nlohmann::json stored = nlohmann::json::parse(info.config_json, nullptr, false);
+    r.resumed_runtime = stored.is_object() && stored.contains("runtime") ? stored["runtime"] : nlohmann::json();
+    if (!info.lineage.empty()) r.lineage = info.lineage;  // a resumed run continues its lineage
+  } catch (const CheckpointDamaged& e) {
+    return {e.what(), true};
+  } catch (const Error& e) {
+    return {e.what(), false};
+  }
+  return {};
 }
 
-namespace {
+// Every rank's attempt agreed: "" when all succeeded, else the lowest failing rank's error, and
+// whether any rank found the file damaged. Collective over r.comm.
+Attempt agree(Run& r, const Attempt& mine) {
+  Attempt all{agree_on_error(r.comm, mine.err), false};
+  int damaged = mine.damaged;
+  MPI_Allreduce(MPI_IN_PLACE, &damaged, 1, MPI_INT, MPI_MAX, r.comm);
+  all.damaged = damaged != 0;
+  return all;
+}
 
 // The lineage run.dir's last run recorded (run.dir/lineage), "" when none was.
 std::string recorded_lineage(const std::string& dir) {
@@ -58,123 +99,184 @@ std::string recorded_lineage(const std::string& dir) {
   return id;
 }
 
-// Rank 0's choice: the newest checkpoint of the run's lineage that reads and verifies (it is
-// loaded; with per-rank rows every row is verified). Damaged ones are skipped with a warning
-// saying why, as are checkpoints another run wrote into the directory; any other refusal (another
-// model, a changed contract) stops. "" when there is none: a fresh start.
-std::string choose_checkpoint(Run& r, const std::vector<std::string>& overrides) {
-  const std::string lineage = recorded_lineage(r.cfg.run.dir);
+}  // namespace
+
+void resume_from(Run& r, const std::string& path, const std::vector<std::string>& overrides) {
+  const Attempt a = agree(r, try_resume(r, path, overrides));
+  if (a.damaged) throw CheckpointDamaged(a.err);
+  if (!a.err.empty()) fail(a.err);
+}
+
+// Rank 0 lists the run's checkpoints, newest first; every rank then tries each from its own view
+// of run.dir (a node-local copy, a lagging parallel file system). A file another run wrote (by its
+// lineage, as rank 0 reads it) or that any rank finds damaged is skipped with a warning; any other
+// refusal stops every rank, naming the rank that could not read the file.
+void resume_auto(Run& r, const std::vector<std::string>& overrides) {
+  std::string names;  // file names, one per line
+  if (r.rank == 0)
+    for (const std::string& path : checkpoints_newest_first(r.ckpt_dir))
+      names += std::filesystem::path(path).filename().string() + "\n";
+  int len = (int)names.size();
+  MPI_Bcast(&len, 1, MPI_INT, 0, r.comm);
+  names.resize((size_t)len);
+  MPI_Bcast(names.data(), len, MPI_CHAR, 0, r.comm);
+  const std::string lineage = r.rank == 0 ? recorded_lineage(r.cfg.run.dir) : "";
   std::string skipped;
-  for (const std::string& path : checkpoints_newest_first(r.ckpt_dir)) {
-    try {
-      const CheckpointInfo info = read_checkpoint_info(path);
-      if (!lineage.empty() && !info.lineage.empty() && info.lineage != lineage) {
-        std::fprintf(stderr, "llmpi-train: warning: skipping checkpoint '%s': another run wrote it (lineage %s; this "
-                     "run's is %s)\n", path.c_str(), info.lineage.c_str(), lineage.c_str());
-        continue;
+  for (size_t b = 0, e; b < names.size(); b = e + 1) {
+    e = names.find('\n', b);
+    const std::string path = r.ckpt_dir + "/" + names.substr(b, e - b);
+    int other_run = 0;
+    if (r.rank == 0) {
+      try {
+        const CheckpointInfo info = read_checkpoint_info(path);
+        if (!lineage.empty() && !info.lineage.empty() && info.lineage != lineage) {
+          other_run = 1;
+          std::fprintf(stderr, "llmpi-train: warning: skipping checkpoint '%s': another run wrote it (lineage %s; "
+                       "this run's is %s)\n", path.c_str(), info.lineage.c_str(), lineage.c_str());
+        }
+      } catch (const Error&) {  // damaged or unreadable: the attempt below says so on every rank
       }
-      if (info.rows > 1) verify_checkpoint(info);
-      resume_from(r, path, overrides);  // reads and verifies what it loads
-      return path;
-    } catch (const CheckpointDamaged& e) {
-      std::fprintf(stderr, "llmpi-train: warning: skipping checkpoint '%s': %s\n", path.c_str(), e.what());
-      skipped += std::string(skipped.empty() ? "" : "; ") + e.what();
     }
+    MPI_Bcast(&other_run, 1, MPI_INT, 0, r.comm);
+    if (other_run) continue;
+    Attempt mine = try_resume(r, path, overrides);
+    if (r.rank != 0 && !mine.err.empty() && !mine.damaged)
+      mine.err = "--resume auto: rank " + std::to_string(r.rank) + " cannot resume from '" + path +
+                 "', the checkpoint rank 0 chose (" + mine.err + "): wait until every node sees the same files in " +
+                 "run.dir, or name one with --resume PATH";
+    const Attempt a = agree(r, mine);
+    if (a.err.empty()) return;
+    if (!a.damaged) fail(a.err);
+    if (r.rank == 0)
+      std::fprintf(stderr, "llmpi-train: warning: skipping checkpoint '%s': %s\n", path.c_str(), a.err.c_str());
+    skipped += std::string(skipped.empty() ? "" : "; ") + a.err;
   }
   if (!skipped.empty())
     fail("no checkpoint in '", r.ckpt_dir, "' can be resumed, every one is damaged (", skipped,
          "); start a new run.dir, or move the damaged files away to start this one afresh");
-  return "";
 }
 
-}  // namespace
-
-// Rank 0 chooses; every other rank then loads that file from its own view of run.dir (a
-// node-local copy, a lagging parallel file system), and they start from it together or fail
-// together, naming the rank that could not read or verify it.
-void resume_auto(Run& r, const std::vector<std::string>& overrides) {
-  std::string err, chosen;
-  if (r.rank == 0) {
-    try {
-      const std::string path = choose_checkpoint(r, overrides);
-      if (!path.empty()) chosen = std::filesystem::path(path).filename().string();
-    } catch (const Error& e) {
-      err = e.what();
-    }
-  }
-  err = agree_on_error(r.comm, err);
-  if (!err.empty()) fail(err);
-  int len = (int)chosen.size();
-  MPI_Bcast(&len, 1, MPI_INT, 0, r.comm);
-  chosen.resize((size_t)len);
-  MPI_Bcast(chosen.data(), len, MPI_CHAR, 0, r.comm);
-  if (r.rank != 0 && !chosen.empty()) {
-    const std::string path = r.ckpt_dir + "/" + chosen;
-    try {
-      resume_from(r, path, overrides);
-    } catch (const Error& e) {
-      err = "--resume auto: rank " + std::to_string(r.rank) + " cannot resume from '" + path +
-            "', the checkpoint rank 0 chose (" + e.what() + "): wait until every node sees the same files in " +
-            "run.dir, or name one with --resume PATH";
-    }
-  }
-  err = agree_on_error(r.comm, err);
-  if (!err.empty()) fail(err);
-}
+// ---- saving ---------------------------------------------------------------------------------------
 
 namespace {
 
-// sync "weights" on several ranks: every rank's own parameters and moments, one row each,
-// gathered on rank 0 (host copies; its whole flat buffer: a replica holds the whole model).
-std::vector<float> per_rank_rows(Run& r, int which) {
-  const ModelChunk& ch = r.engine->chunks.front();
-  const size_t n = ch.model->table.numel;
-  std::vector<float> mine(n), out(r.rank == 0 ? n * r.world : 0);
-  r.ops->copy_to_host(mine.data(), which == 0 ? ch.model->params : which == 1 ? ch.opt->m : ch.opt->v,
-                      n * sizeof(float));
-  MPI_Gather(mine.data(), (int)n, MPI_FLOAT, r.rank == 0 ? out.data() : nullptr, (int)n, MPI_FLOAT, 0, r.comm);
-  return out;
+std::string mpi_error_text(int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  return std::string(text, (size_t)len);
 }
 
 }  // namespace
 
-std::string save_checkpoint(Run& r, int64_t steps_done) {
-  const Engine& e = *r.engine;
-  const bool per_rank = r.cfg.parallel.sync == SyncMethod::weights && r.world > 1;
-  const bool sgd = r.cfg.train.optimizer == OptimizerKind::sgd;
-  CheckpointData d;
-  CheckpointInfo& i = d.info;
-  i.step = steps_done;
-  i.optimizer_t = e.optimizer_t();
-  i.optimizer = option_name(r.cfg.train.optimizer);
-  i.sync = option_name(r.cfg.parallel.sync);
-  i.world_size = r.world;
-  i.rows = per_rank ? r.world : 1;
-  i.seed = r.cfg.train.seed;
-  i.desc = e.desc;
-  i.n = e.whole_table.numel;
-  i.config_json = r.cfg.resolved.dump();
-  i.param_table_json = param_table_json(e.whole_table);
-  i.data_json = r.data_json;
-  i.lineage = r.lineage;
-  // Host copies of the state, assembled on rank 0 (collective).
-  auto state = [&](int which) { return per_rank ? per_rank_rows(r, which) : r.engine->gather_whole(which); };
-  d.params = state(0);
-  if (!sgd) d.m = state(1), d.v = state(2);
-  const std::string path = checkpoint_path(r.ckpt_dir, steps_done);
-  std::string err;
-  if (r.rank == 0) {
+void finish_checkpoint(Run& r) {
+  if (!r.pending) return;
+  PendingCheckpoint& p = *r.pending;
+  if (p.writer.joinable()) p.writer.join();
+  // Durable on every rank before the rename (collective).
+  if (p.error.empty()) {
+    const int rc = MPI_File_sync(p.fh);
+    if (rc != MPI_SUCCESS) p.error = "cannot sync '" + p.tmp + "' (" + mpi_error_text(rc) + "; disk full?)";
+  } else {
+    MPI_File_sync(p.fh);  // collective: every rank takes part
+  }
+  MPI_File_close(&p.fh);
+  std::string err = agree_on_error(r.comm, p.error);
+  if (err.empty() && r.rank == 0) {
+    h5::TmpFileGuard guard{p.tmp};
     try {
-      make_dirs(r.ckpt_dir);
-      write_checkpoint(path, d);
+      h5::commit_tmp_file(p.tmp, p.path, guard);
       prune_checkpoints(r.ckpt_dir, r.cfg.checkpoint.keep, r.lineage);
     } catch (const Error& e) {
       err = e.what();
     }
   }
+  if (!err.empty() && r.rank == 0) std::remove(p.tmp.c_str());
+  r.pending.reset();
   err = agree_on_error(r.comm, err);
   if (!err.empty()) throw CollectiveError(err);
-  return path;
+}
+
+std::string save_checkpoint(Run& r, int64_t steps_done) {
+  finish_checkpoint(r);  // the one before: a checkpoint exists only once complete
+  Engine& e = *r.engine;
+  const bool per_rank = r.cfg.parallel.sync == SyncMethod::weights && r.world > 1;
+  const int groups = r.cfg.train.optimizer == OptimizerKind::sgd ? 1 : 3;
+  CheckpointInfo i;
+  i.step = steps_done;
+  i.optimizer_t = e.optimizer_t();
+  i.optimizer = option_name(r.cfg.train.optimizer);
+  i.sync = option_name(r.cfg.parallel.sync);
+  i.world_size = r.world;
+  i.rows = per_rank ? r.groups->dp : 1;
+  i.seed = r.cfg.train.seed;
+  i.desc = e.desc;
+  i.n = e.whole_table.numel;
+  i.version = 3;
+  i.checksummed = true;
+  i.config_json = r.cfg.resolved.dump();
+  i.param_table_json = param_table_json(e.whole_table);
+  i.data_json = r.data_json;
+  i.lineage = r.lineage;
+
+  auto p = std::make_unique<PendingCheckpoint>();
+  p->path = checkpoint_path(r.ckpt_dir, steps_done);
+  p->tmp = p->path + ".tmp";
+  // Host staging: a copy of each chunk's buffer this rank writes from, and its rectangles.
+  const size_t nc = e.chunks.size();
+  p->staging.resize((size_t)groups * nc);
+  const int64_t replica = per_rank ? r.groups->dp_rank : 0;
+  for (int which = 0; which < groups; which++) {
+    for (const Engine::StateRange& sr : e.state_ranges(which, true, per_rank)) {
+      std::vector<float>& host = p->staging[(size_t)which * nc + sr.chunk];
+      if (host.empty()) host = e.host_state(sr.chunk, which);
+      const float* at = host.data() + sr.at;
+      for (const TensorRect& rect : slice_rects(e.chunks[sr.chunk].model->table.slices[sr.slice], sr.lo, sr.hi)) {
+        p->writes.push_back({which, sr.tensor, replica, rect, at, 0});
+        at += rect.numel();
+      }
+    }
+  }
+  rect_crcs(p->writes);
+  std::string err;
+  if (r.rank == 0) {
+    try {
+      make_dirs(r.ckpt_dir);
+    } catch (const Error& ex) {
+      err = ex.what();
+    }
+  }
+  err = agree_on_error(r.comm, err);
+  if (!err.empty()) throw CollectiveError(err);
+  try {  // collective: rank 0 creates the file with every dataset allocated
+    p->offsets = create_sharded_file(r.comm, p->tmp, i, e.whole_table, groups, p->writes);
+  } catch (const Error& ex) {
+    throw CollectiveError(ex.what());  // the same on every rank
+  }
+  const int rc = MPI_File_open(r.comm, p->tmp.c_str(), MPI_MODE_WRONLY, MPI_INFO_NULL, &p->fh);
+  err = agree_on_error(r.comm, rc == MPI_SUCCESS ? "" : "cannot open '" + p->tmp + "' for writing (" +
+                                                           mpi_error_text(rc) + ")");
+  if (!err.empty()) {
+    if (p->fh != MPI_FILE_NULL) MPI_File_close(&p->fh);
+    if (r.rank == 0) std::remove(p->tmp.c_str());
+    throw CollectiveError(err);
+  }
+  r.pending = std::move(p);
+  PendingCheckpoint* pc = r.pending.get();
+  const ParamTable* whole = &e.whole_table;
+  const int64_t replicas = i.rows;
+  auto write = [pc, whole, replicas] {
+    pc->error = write_rects(pc->fh, *whole, replicas, pc->offsets, pc->writes, pc->tmp);
+  };
+  int level = 0;
+  MPI_Query_thread(&level);
+  if (r.cfg.checkpoint.async && level == MPI_THREAD_MULTIPLE) {
+    pc->writer = std::thread(write);  // training goes on; finish_checkpoint waits for it
+  } else {
+    write();
+    finish_checkpoint(r);
+  }
+  return checkpoint_path(r.ckpt_dir, steps_done);
 }
 
 }  // namespace llmpi

@@ -8,10 +8,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "backend/cpu/onednn_gemm.h"
+#include "checkpoint/sharded.h"
 #include "data/sampler.h"
 #include "engine/engine.h"
 #include "metrics/metrics.h"
@@ -26,6 +28,23 @@
 #include "train/trainer.h"
 
 namespace llmpi {
+
+// A checkpoint being written (train/checkpointing.cpp): the values this rank writes, copied to
+// host staging with their rectangles, the file open through MPI-IO, and with checkpoint.async the
+// thread writing them. finish_checkpoint completes it; destroyed unfinished (a run stopping on an
+// error) it waits for its thread and leaves NAME.tmp, which no reader takes for a checkpoint.
+struct PendingCheckpoint {
+  std::string path, tmp;
+  std::vector<std::vector<float>> staging;  // per (state, chunk): the chunk's buffer, when written from
+  std::vector<RectWrite> writes;            // rectangles of staging's values
+  std::vector<uint64_t> offsets;            // of every dataset in the file (create_sharded_file)
+  MPI_File fh = MPI_FILE_NULL;
+  std::thread writer;
+  std::string error;  // this rank's write error, "" when none
+  ~PendingCheckpoint() {
+    if (writer.joinable()) writer.join();
+  }
+};
 
 struct Run {
   Config cfg;                 // train.steps resolved from train.epochs
@@ -55,7 +74,8 @@ struct Run {
   MemoryEstimate memory;                      // this rank's estimate (model/memory_estimate.h)
   std::string memory_note;                    // what the node has, for the start-up lines
   double rss_before_model = -1;               // peak RSS before the model was allocated
-  int64_t saved_at = 0;                       // the state after this many steps is on disk (or is the start)
+  int64_t saved_at = 0;                       // the state after this many steps is on disk, being written, or the start
+  std::unique_ptr<PendingCheckpoint> pending; // the checkpoint being written, if any
   int skipped_in_a_row = 0;                   // train.on_nonfinite skip: non-finite steps since the last finite one
 };
 
@@ -74,9 +94,15 @@ void resume_from(Run& r, const std::string& path, const std::vector<std::string>
 // rank loads that file from its run.dir, and they start together or fail together (an Error on
 // every rank naming the rank that could not). No checkpoint: a fresh start. Collective over r.comm.
 void resume_auto(Run& r, const std::vector<std::string>& overrides);
-// The state after `steps_done` steps into run.dir/checkpoints; collective; every rank continues or
-// stops together (CollectiveError). Returns the path.
+// The state after `steps_done` steps into run.dir/checkpoints (checkpoint/sharded.h): every rank
+// copies what it writes to host memory; with checkpoint.async (and MPI_THREAD_MULTIPLE) the bytes
+// are written by a thread while training goes on, else before it returns. The file is renamed into
+// place once every rank's part is written and synced: a checkpoint exists only once complete.
+// Collective; every rank continues or stops together (CollectiveError). Returns the path it will have.
 std::string save_checkpoint(Run& r, int64_t steps_done);
+// Waits for the checkpoint being written, if any, and puts it in place (then prunes the old ones).
+// Collective; CollectiveError on every rank when any rank's write failed.
+void finish_checkpoint(Run& r);
 
 // ---- evaluation and reports (train/report.cpp) ----
 struct EvalResult {

@@ -75,6 +75,7 @@ bool preempted_here(Run& r, int64_t step, TrainResult& res, const TrainOptions& 
   r.watchdog->enter(nullptr, step);
   if (!stop_any || step + 1 == r.cfg.train.steps) return false;
   if (r.saved_at != step + 1) checkpoint(r, step + 1, res, o, print);
+  finish_checkpoint(r);  // on disk before the job ends
   res.preempted = true;
   if (r.rank == 0 && o.write_run_dir)
     write_file_atomic(r.cfg.run.dir + "/PREEMPTED", "step " + std::to_string(step + 1) + "\ncheckpoint " +
@@ -156,6 +157,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
       checkpoint(r, step + 1, res, o, print);
     if (preempted_here(r, step, res, o, print)) break;
   }
+  finish_checkpoint(r);  // the last one, on disk before the run reports
   finish_run(r, res, o);
   if (return_params) res.final_params = r.engine->whole_params_everywhere();
   // A run whose model ends with a non-finite validation loss did not succeed, whatever it skipped.

@@ -3,7 +3,7 @@
 #   train and val made by different tokenizers        -> refused, naming both files and tokenizers
 #   llmpi-prep killed at its last rename                -> the old data set stays whole and trains;
 #                                                          a rerun reports and removes the leftovers
-#   4 KB of a checkpoint's parameters overwritten       -> loading it refuses, naming 'params';
+#   16 bytes of a checkpoint's parameters overwritten   -> loading it refuses, naming 'params/...';
 #                                                          --resume auto skips it, resumes the previous
 #                                                          checkpoint and training continues
 #   resuming on another training file                 -> refused unless --resume-override data.train
@@ -78,21 +78,23 @@ train --set data.train="$tmp/d/train.h5" --set data.val= --set run.dir="$run" --
   --set checkpoint.every=2 --set checkpoint.keep=3 >/dev/null 2>&1
 f="$run/checkpoints/step-00000004.h5"
 check "checkpoints at steps 2 and 4 written" "[ -f '$run/checkpoints/step-00000002.h5' ] && [ -f '$f' ]"
-# params is the first of the three equal-sized datasets (params, adam_m, adam_v) after the
-# metadata, so a sixth of the way into the file is inside it (the message must say 'params').
-size=$(stat -c %s "$f")
-dd if=/dev/urandom of="$f" bs=4096 seek=$((size / 6 / 4096)) count=1 conv=notrunc 2>/dev/null
+# Each tensor is a contiguous dataset (params/NAME, adam_m/NAME, adam_v/NAME); h5dump -p gives the
+# offset of its values in the file: 16 bytes of the first params tensor's are overwritten.
+ds=$(h5ls -r "$f" | awk '$1 ~ /^\/params\// {print $1; exit}')
+off=$(h5dump -p -H -d "$ds" "$f" | awk '$1 == "OFFSET" {print $2; exit}')
+check "the checkpoint's first parameter tensor ($ds) and its offset in the file ($off) found" "[ -n '$ds' ] && [ -n '$off' ]"
+dd if=/dev/urandom of="$f" bs=1 seek=$((${off:-0} + 16)) count=16 conv=notrunc 2>/dev/null
 train --set data.train="$tmp/d/train.h5" --set data.val= --set run.dir="$run" --set train.steps=6 \
   --resume "$f" >"$tmp/ck1.out" 2>"$tmp/ck1.err"
 rc=$?
 check "damaged checkpoint: --resume FILE refuses it (exit $rc), naming the dataset" \
-  "[ $rc != 0 ] && grep -q \"step-00000004.h5': dataset 'params' fails its checksum\" '$tmp/ck1.err'" ||
+  "[ $rc != 0 ] && grep -q \"step-00000004.h5': dataset 'params/[^']*' fails its checksum\" '$tmp/ck1.err'" ||
   cat "$tmp/ck1.err"
 train --set data.train="$tmp/d/train.h5" --set data.val= --set run.dir="$run" --set train.steps=6 \
   --set checkpoint.every=2 --resume auto >"$tmp/ck2.out" 2>"$tmp/ck2.err"
 rc=$?
 check "damaged checkpoint: --resume auto says which it skipped and why" \
-  "grep -q \"skipping checkpoint '$f':.*'params' fails its checksum\" '$tmp/ck2.err'" || cat "$tmp/ck2.err"
+  "grep -q \"skipping checkpoint '$f':.*'params/[^']*' fails its checksum\" '$tmp/ck2.err'" || cat "$tmp/ck2.err"
 check "damaged checkpoint: --resume auto resumes step 2 and training continues to step 6 (exit $rc)" \
   "[ $rc = 0 ] && grep -q 'resumed from .*step-00000002.h5 at step 2' '$tmp/ck2.out' && grep -q '^step      5/6' '$tmp/ck2.out' && [ -f '$run/checkpoints/step-00000006.h5' ]" ||
   tail -n 5 "$tmp/ck2.out" "$tmp/ck2.err"
