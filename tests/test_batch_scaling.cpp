@@ -82,35 +82,39 @@ TEST(BatchScaling, LinearRuleGivesTheDocumentedRate) {
   // linear: lr × G / R, R defaulting to the batch per rank: the rate times the replicas (Goyal et al.).
   Config c = config_with({"train.batch_per_rank=16", "train.lr=1e-3", "train.lr_scaling=linear"});
   resolve_batch(c, 8);
-  EXPECT_DOUBLE_EQ(c.train.lr_factor, 8.0);
-  EXPECT_DOUBLE_EQ(c.train.lr, 8e-3);
+  // Exact (unless said otherwise below): the factors are powers of two (128/16, 128/32, √4), and a
+  // decimal scaled by one rounds to the same double as the scaled decimal.
+  EXPECT_EQ(c.train.lr_factor, 8.0);
+  EXPECT_EQ(c.train.lr, 8e-3);
   EXPECT_EQ(c.resolved["train"]["lr"], 1e-3) << "config.json keeps the configured rate";
   resolve_batch(c, 8);
-  EXPECT_DOUBLE_EQ(c.train.lr, 8e-3) << "resolving again does not scale twice";
+  EXPECT_EQ(c.train.lr, 8e-3) << "resolving again does not scale twice";
   // An explicit reference batch: 1e-3 × 128 / 32.
   Config r = config_with({"train.batch_per_rank=16", "train.lr=1e-3", "train.lr_scaling=linear",
                           "train.lr_reference_batch=32"});
   resolve_batch(r, 8);
-  EXPECT_DOUBLE_EQ(r.train.lr, 4e-3);
+  EXPECT_EQ(r.train.lr, 4e-3);
   // sqrt: 1e-3 × √(128 / 32).
   Config s = config_with({"train.batch_per_rank=16", "train.lr=1e-3", "train.lr_scaling=sqrt",
                           "train.lr_reference_batch=32"});
   resolve_batch(s, 8);
-  EXPECT_DOUBLE_EQ(s.train.lr, 2e-3);
+  EXPECT_EQ(s.train.lr, 2e-3);
   // A fixed global batch scales from the reference it names: 1e-3 × 48 / 16.
   Config g = config_with({"train.global_batch=48", "train.lr=1e-3", "train.lr_scaling=linear",
                           "train.lr_reference_batch=16"});
   resolve_batch(g, 4);
-  EXPECT_DOUBLE_EQ(g.train.lr, 3e-3);
+  // Bound: fl(1e-3)·3 rounds twice, the literal 3e-3 once: ≤ 3u·3e-3 apart (u = 2^-53).
+  EXPECT_NEAR(g.train.lr, 3e-3, 3 * 0x1p-53 * 3e-3);
   // none: the configured rate, whatever the batch.
   Config n = config_with({"train.batch_per_rank=16", "train.lr=1e-3"});
   resolve_batch(n, 8);
-  EXPECT_DOUBLE_EQ(n.train.lr, 1e-3);
+  EXPECT_EQ(n.train.lr, 1e-3);  // Exact: the rate times 1
   // The warm-up ramps to the scaled rate: lr·(s+1)/W, then the schedule from the scaled peak.
   c.train.warmup_steps = 10;
   c.train.steps = 100;
-  EXPECT_DOUBLE_EQ(lr_at(c.train, 0), 8e-4);
-  EXPECT_DOUBLE_EQ(lr_at(c.train, 9), 8e-3);
+  // Bound: lr·(s+1)/W rounds twice, the literal once: ≤ 3u of the value apart.
+  EXPECT_NEAR(lr_at(c.train, 0), 8e-4, 3 * 0x1p-53 * 8e-4);
+  EXPECT_NEAR(lr_at(c.train, 9), 8e-3, 3 * 0x1p-53 * 8e-3);
   EXPECT_LT(lr_at(c.train, 50), 8e-3);
   EXPECT_GT(lr_at(c.train, 50), 8e-3 * c.train.min_lr_ratio);
 }

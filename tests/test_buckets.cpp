@@ -37,6 +37,8 @@ TEST(Buckets, PerTensorWholeAndSized) {
   auto sized = make_buckets(t, 4.0, 1.0);  // 4 MB buckets, first at most ~1 MB
   expect_cover(sized, t);
   EXPECT_GT(sized.size(), 2u);
+  // Exact in effect: the sizes are whole floats, 4e-6 MB apart, so a limit met or missed is met
+  // or missed by at least that, and the quotients by 1e6 round by < 1e-15 MB.
   const double first_mb = (sized[0].end - sized[0].begin) * 4 / 1e6;
   EXPECT_GE(first_mb, 1.0);
   // A bucket stops at the first tensor that takes it to its size: it exceeds the size by less

@@ -77,6 +77,7 @@ TEST(Checkpoint, RoundTripEveryRow) {
     for (int r = 0; r < rows; r++) {
       std::vector<float> p2(n), m2(n), v2(n);
       read_checkpoint_row(i, r, p2.data(), m2.data(), v2.data());
+      // Exact: the floats written, read back
       EXPECT_EQ(p2, std::vector<float>(d.params.begin() + r * n, d.params.begin() + (r + 1) * n));
       EXPECT_EQ(m2, std::vector<float>(d.m.begin() + r * n, d.m.begin() + (r + 1) * n));
       EXPECT_EQ(v2, std::vector<float>(d.v.begin() + r * n, d.v.begin() + (r + 1) * n));

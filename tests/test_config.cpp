@@ -23,12 +23,12 @@ TEST(Config, DefaultsFillMissingKeys) {
   EXPECT_EQ(c.data.train, "t.h5");
   EXPECT_EQ(c.model.n_layer, 4);
   EXPECT_EQ(c.parallel.sync, SyncMethod::allreduce);
-  EXPECT_EQ(c.resolved["train"]["lr"].get<double>(), 3e-4);
+  EXPECT_EQ(c.resolved["train"]["lr"].get<double>(), 3e-4);  // Exact: the default is that literal
 }
 
 TEST(Config, OverridesApplyWithTypes) {
   Config c = parse_config(kMinimal, "run.json", {"train.lr=1e-3", "model.n_layer=2", "run.dir=out/x"});
-  EXPECT_DOUBLE_EQ(c.train.lr, 1e-3);
+  EXPECT_EQ(c.train.lr, 1e-3);  // Exact: "1e-3" parses to the double nearest it, as the literal
   EXPECT_EQ(c.model.n_layer, 2);
   EXPECT_EQ(c.run.dir, "out/x");
   EXPECT_EQ(c.resolved["run"]["dir"], "out/x");

@@ -24,21 +24,25 @@ TrainConfig schedule(const std::string& kind, int64_t steps, int64_t warmup, dou
 // linear: transformers' get_linear_schedule_with_warmup with the rate of step s taken after s
 // scheduler steps — lr·(T − s)/(T − W) after the warm-up, down to min_lr at s = T.
 TEST(FineTuning, LinearScheduleDecaysToMinimum) {
+  // Bound: the schedule and the hand formula each round ≤ 5 times (the decimal constants,
+  // quotient, subtraction, product, sum; cos(fl(π)/2) = 6e-17 adds less) on values ≤ lr:
+  // they differ by ≤ 2·5u·lr, u = 2^-53.
+  const double tol = 2 * 5 * 0x1p-53 * 2e-5;
   TrainConfig tc = schedule("linear", 117, 0, 0.0);
   for (int64_t s : {0, 1, 50, 116})
-    EXPECT_NEAR(lr_at(tc, s), 2e-5 * (117.0 - s) / 117.0, 1e-15) << "step " << s;
-  EXPECT_NEAR(lr_at(tc, 117), 0.0, 1e-15);
+    EXPECT_NEAR(lr_at(tc, s), 2e-5 * (117.0 - s) / 117.0, tol) << "step " << s;
+  EXPECT_EQ(lr_at(tc, 117), 0.0);  // Exact: 0 + (1 − 1)·lr
   tc = schedule("linear", 100, 10, 0.1);
-  EXPECT_NEAR(lr_at(tc, 0), 2e-6, 1e-15);   // warm-up: lr·(s+1)/W
-  EXPECT_NEAR(lr_at(tc, 9), 2e-5, 1e-15);
-  EXPECT_NEAR(lr_at(tc, 10), 2e-5, 1e-15);  // then linear from lr to lr·min_lr_ratio
-  EXPECT_NEAR(lr_at(tc, 55), 2e-6 + 0.5 * (2e-5 - 2e-6), 1e-15);
-  EXPECT_NEAR(lr_at(tc, 100), 2e-6, 1e-15);
+  EXPECT_NEAR(lr_at(tc, 0), 2e-6, tol);   // warm-up: lr·(s+1)/W
+  EXPECT_NEAR(lr_at(tc, 9), 2e-5, tol);
+  EXPECT_NEAR(lr_at(tc, 10), 2e-5, tol);  // then linear from lr to lr·min_lr_ratio
+  EXPECT_NEAR(lr_at(tc, 55), 2e-6 + 0.5 * (2e-5 - 2e-6), tol);
+  EXPECT_NEAR(lr_at(tc, 100), 2e-6, tol);
   tc = schedule("constant", 100, 4, 0.0);
-  EXPECT_NEAR(lr_at(tc, 1), 1e-5, 1e-15);
-  EXPECT_NEAR(lr_at(tc, 99), 2e-5, 1e-15);
+  EXPECT_NEAR(lr_at(tc, 1), 1e-5, tol);
+  EXPECT_NEAR(lr_at(tc, 99), 2e-5, tol);
   tc = schedule("cosine", 100, 0, 0.0);
-  EXPECT_NEAR(lr_at(tc, 50), 1e-5, 1e-15);  // half-way down a cosine
+  EXPECT_NEAR(lr_at(tc, 50), 1e-5, tol);  // half-way down a cosine
 }
 
 // AdamW decays the 2-D weights and not the biases or LayerNorm weights — for bert exactly
@@ -66,17 +70,19 @@ TEST(FineTuning, ClassificationMetrics) {
   for (int i = 0; i < 3; i++) cm.add(0, 0);
   for (int i = 0; i < 2; i++) cm.add(0, 1);
   cm.add(1, 0);
-  EXPECT_DOUBLE_EQ(cm.total(), 11);
-  EXPECT_NEAR(cm.accuracy(), 8.0 / 11.0, 1e-12);
-  EXPECT_NEAR(cm.f1(1), 10.0 / 13.0, 1e-12);                        // 2TP / (2TP + FP + FN)
-  EXPECT_NEAR(cm.matthews(), 13.0 / std::sqrt(7.0 * 6 * 5 * 4), 1e-12);  // (TP·TN − FP·FN)/sqrt(...)
+  // Exact: integer counts; each metric is one correctly rounded quotient (the MCC's 26/sqrt(3360)
+  // and 13/sqrt(840) too: sqrt(4x) is 2·sqrt(x) rounded alike), and so is the hand value.
+  EXPECT_EQ(cm.total(), 11);
+  EXPECT_EQ(cm.accuracy(), 8.0 / 11.0);
+  EXPECT_EQ(cm.f1(1), 10.0 / 13.0);                        // 2TP / (2TP + FP + FN)
+  EXPECT_EQ(cm.matthews(), 13.0 / std::sqrt(7.0 * 6 * 5 * 4));  // (TP·TN − FP·FN)/sqrt(...)
   ConfusionMatrix constant(2);  // a classifier that always says 0: MCC 0 (not NaN), F1 0
   for (int i = 0; i < 4; i++) constant.add(i % 2, 0);
   EXPECT_EQ(constant.matthews(), 0.0);
   EXPECT_EQ(constant.f1(1), 0.0);
-  EXPECT_NEAR(constant.accuracy(), 0.5, 1e-12);
+  EXPECT_EQ(constant.accuracy(), 0.5);  // Exact: 2 / 4
   ConfusionMatrix perfect(3);  // three classes, all right: MCC 1
   for (int k = 0; k < 3; k++) perfect.add(k, k), perfect.add(k, k);
-  EXPECT_NEAR(perfect.matthews(), 1.0, 1e-12);
+  EXPECT_EQ(perfect.matthews(), 1.0);  // Exact: 24 / sqrt(576)
   EXPECT_EQ(ConfusionMatrix(2).accuracy(), 0.0);
 }

@@ -204,7 +204,7 @@ TEST_F(Integrity, CheckpointWithFlippedParametersIsRefused) {
   EXPECT_EQ(info.data_json, R"({"train":{"tokenizer":"byte"}})");
   std::vector<float> a(n), m(n), v(n);
   read_checkpoint_row(info, 0, a.data(), m.data(), v.data());
-  EXPECT_EQ(a[1000], 0.001f * 1000);
+  EXPECT_EQ(a[1000], 0.001f * 1000);  // Exact: the float written (0.001f · 1000.0f), read back
 
   flip_4k_inside(p, "params");
   info = read_checkpoint_info(p);  // the metadata is intact

@@ -1,13 +1,17 @@
 // The memory estimate (model/memory_estimate.h) against what the code really allocates:
 //   - byte counts: a copy of the CPU Ops table whose alloc/free count bytes; the model's
 //     parameters, gradients, AdamW state, one micro-batch's activations and the backward scratch
-//     of one step must equal the estimate exactly, for every family;
+//     of one step must equal the estimate exactly, for every family (Exact: integer byte counts,
+//     held in doubles below 2^53);
 //   - peak RSS: the resident-set growth of building the model and running one training step
 //     (forward + backward + AdamW) must match the estimate (see the tolerance below).
 #include <gtest/gtest.h>
 
 #include <malloc.h>
+#include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -24,9 +28,14 @@ using namespace llmpi;
 
 namespace {
 
+constexpr size_t kMmapThreshold = 1 << 20;  // the peak-RSS tests' M_MMAP_THRESHOLD
+
 size_t g_allocated = 0;  // bytes requested through the counting table
+size_t g_blocks = 0, g_heap_bytes = 0;  // blocks, and bytes in blocks under kMmapThreshold
 void* counting_alloc(size_t bytes) {
   g_allocated += bytes;
+  g_blocks++;
+  if (bytes < kMmapThreshold) g_heap_bytes += bytes;
   return cpu_ops().alloc(bytes);
 }
 
@@ -72,24 +81,50 @@ void local_tensor_group(Model& m) {
   };
 }
 
-// The resident-set growth, in bytes, of building a Model of d (recompute rc; `prepare` sees it
-// before its first forward), its AdamW state and the Activations of B x T tokens, and running one
-// training step: the peak (VmHWM, reset first) less the RSS before. -1 when the peak cannot be
-// reset (/proc/self/clear_refs, Linux >= 4.0).
-double peak_growth_of_one_step(const ModelDesc& d, Recompute rc, int B, int T, const TrainConfig& tc,
-                               void (*prepare)(Model&) = nullptr) {
+// One training step's resident-set growth and the allowances that bound its difference from the
+// estimate, in bytes.
+struct StepGrowth {
+  double peak = -1;  // the peak (VmHWM, reset first) less the RSS before; -1: cannot reset it
+  // Above the estimate, what it leaves out by design:
+  //  - measured: the code pages the step faults in for the first time (RssFile's growth; file
+  //    pages stay resident without memory pressure), and the anonymous memory still resident
+  //    once the model is freed: OpenBLAS's packed panels (its buffer is resident only where it
+  //    has packed), the threads' scratch, heap pages kept;
+  //  - bounded: what the heap held at the peak and may have trimmed since: init_params' host
+  //    copy (numel floats) and the ops' temporaries (attention's three blocks of 64 x T per
+  //    thread, the norms' partial sums of 2C per 128 rows), the heap's top pad and trim
+  //    threshold (128 KiB each), and every block's rounding to 256 bytes, its header and its
+  //    last page (4096 + 272 bytes a block).
+  double above = 0;
+  // Below it: a block under the mmap threshold comes from the heap and may land on pages resident
+  // before, and the heap may trim free pages that were: at most those blocks' bytes and the
+  // heap's free bytes before (every block is zero-filled, so the rest is resident).
+  double below = 0;
+};
+
+// Building a Model of d (recompute rc; `prepare` sees it before its first forward), its AdamW
+// state and the Activations of B x T tokens, and running one training step.
+StepGrowth peak_growth_of_one_step(const ModelDesc& d, Recompute rc, int B, int T, const TrainConfig& tc,
+                                   void (*prepare)(Model&) = nullptr) {
   test::RandomBatch batch(d, B, T, 3);
+  StepGrowth g;
   {
     std::ofstream clear("/proc/self/clear_refs");
     clear << "5";
-    if (!clear.good()) return -1;
+    if (!clear.good()) return g;
   }
+  const Ops ops = counting_ops();  // (counts the blocks; allocates as cpu_ops)
+  g_blocks = g_heap_bytes = 0;
+  const double heap_free = (double)mallinfo2().fordblks;
+  const double file_kb = status_kb("RssFile:"), anon_kb = status_kb("RssAnon:");
   const double before_kb = status_kb("VmRSS:");
+  size_t numel = 0;
   {
-    Model m(d, cpu_ops(), ModelPart::whole(), GemmPrecision::fp32, rc);
+    Model m(d, ops, ModelPart::whole(), GemmPrecision::fp32, rc);
     if (prepare) prepare(m);
     m.init_params(1);
-    Optimizer opt(cpu_ops(), m.table.numel, OptimizerKind::adamw);
+    numel = m.table.numel;
+    Optimizer opt(ops, m.table.numel, OptimizerKind::adamw);
     Activations a(m, B, T);
     m.forward(a, batch.b, true);
     m.backward(a);
@@ -98,7 +133,14 @@ double peak_growth_of_one_step(const ModelDesc& d, Recompute rc, int B, int T, c
   }
   const double peak_kb = status_kb("VmHWM:");
   EXPECT_GT(before_kb, 0) << "VmRSS in /proc/self/status";
-  return (peak_kb - before_kb) * 1024;
+  g.peak = (peak_kb - before_kb) * 1024;
+  const double N = (double)B * T, C = d.d_model;
+  const double init_copy = 4.0 * numel < kMmapThreshold ? 4.0 * numel : 0;  // (larger: unmapped when freed)
+  const double temporaries = 4 * (3 * 64.0 * T * omp_get_max_threads() + 2 * C * std::ceil(N / 128));
+  g.above = std::max(0.0, status_kb("RssFile:") - file_kb) * 1024 + std::max(0.0, status_kb("RssAnon:") - anon_kb) * 1024 +
+            init_copy + temporaries + 2 * 128 * 1024 + (4096.0 + 272) * g_blocks;
+  g.below = (double)g_heap_bytes + heap_free;
+  return g;
 }
 
 // Builds a Model of d (`prepare` sees it first), its optimizer and the Activations of B x T tokens
@@ -348,18 +390,17 @@ TEST(MemoryEstimate, PeakRssOfOneStepMatches) {
     if (rc == Recompute::none) predicted_none = predicted;
     else EXPECT_LT(predicted, predicted_none * 0.9) << option_name(rc);
     if (!measure) continue;
-    const double measured = peak_growth_of_one_step(d, rc, B, T, cfg.train);
+    const StepGrowth g = peak_growth_of_one_step(d, rc, B, T, cfg.train);
+    const double measured = g.peak;
     if (measured < 0) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
-    std::printf("recompute %s: memory estimate %.1f MB, measured peak RSS growth %.1f MB (%.2f%%)\n",
-                option_name(rc), predicted / 1e6, measured / 1e6, 100.0 * (measured - predicted) / predicted);
-    // Tolerance: the estimate counts every buffer the model, activations, scratch and optimizer
-    // allocate (exact, test above); what the RSS adds on top is the ops' small temporaries
-    // (LayerNorm partial sums, attention row buffers per thread), OpenBLAS's per-thread GEMM
-    // buffers the first time a GEMM runs in this process, and allocator rounding: a few MB. The
-    // estimate must be within 5% + 16 MB of the measurement, and never above it by more than 2%
-    // (every allocation is zero-filled, so every estimated byte is resident).
-    EXPECT_LE(measured, predicted * 1.05 + 16e6) << option_name(rc);
-    EXPECT_GE(measured, predicted * 0.98) << option_name(rc);
+    std::printf("recompute %s: memory estimate %.1f MB, measured peak RSS growth %.1f MB (%.2f%%; allowed "
+                "+%.1f / -%.1f MB)\n", option_name(rc), predicted / 1e6, measured / 1e6,
+                100.0 * (measured - predicted) / predicted, g.above / 1e6, g.below / 1e6);
+    // Neither exact nor a rounding bound: the estimate counts every buffer the model,
+    // activations, scratch and optimizer allocate (exact, test above); the measurement adds or
+    // lacks only what StepGrowth's allowances cover.
+    EXPECT_LE(measured, predicted + g.above) << option_name(rc);
+    EXPECT_GE(measured, predicted - g.below) << option_name(rc);
   }
   if (!kRssIsTheModels) GTEST_SKIP() << kRssSkip;
   if (!measure) GTEST_SKIP() << kNotAlone;
@@ -437,13 +478,15 @@ TEST(MemoryEstimate, TensorShardPeakRssFallsAsEstimated) {
     const double predicted = e.params + e.grads + e.optimizer + e.activations + e.scratch;
     predicted_of.push_back(predicted);
     if (!measure) continue;
-    const double measured = peak_growth_of_one_step(d, Recompute::none, B, T, cfg.train, local_tensor_group);
+    const StepGrowth g = peak_growth_of_one_step(d, Recompute::none, B, T, cfg.train, local_tensor_group);
+    const double measured = g.peak;
     if (measured < 0) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
-    std::printf("parallel.tp %d%s: memory estimate %.1f MB per rank, measured peak RSS growth %.1f MB (%.2f%%)\n", tp,
-                sp ? " (sequence parallel)" : "", predicted / 1e6, measured / 1e6,
-                100.0 * (measured - predicted) / predicted);
-    EXPECT_LE(measured, predicted * 1.10) << "tp " << tp;
-    EXPECT_GE(measured, predicted * 0.90) << "tp " << tp;
+    std::printf("parallel.tp %d%s: memory estimate %.1f MB per rank, measured peak RSS growth %.1f MB (%.2f%%; "
+                "allowed +%.1f / -%.1f MB)\n", tp, sp ? " (sequence parallel)" : "", predicted / 1e6, measured / 1e6,
+                100.0 * (measured - predicted) / predicted, g.above / 1e6, g.below / 1e6);
+    // Neither exact nor a rounding bound: StepGrowth's allowances, as in PeakRssOfOneStepMatches.
+    EXPECT_LE(measured, predicted + g.above) << "tp " << tp;
+    EXPECT_GE(measured, predicted - g.below) << "tp " << tp;
   }
   EXPECT_LT(predicted_of[1], predicted_of[0] * 0.75);
   EXPECT_LT(predicted_of[2], predicted_of[0] * 0.5);

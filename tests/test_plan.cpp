@@ -65,6 +65,17 @@ LayerCosts synthetic_costs(int mb, int T) {
 
 size_t host_loss_row(const ModelDesc& d, int B, int T) { return (d.head == HeadKind::lm ? (size_t)B * T : B) * 4; }
 
+// The planner's byte counts are integers held in doubles (below 2^53, or halves and quarters of
+// them): their EXPECT_EQs below are exact. Its times are fp64 model arithmetic; where a check
+// evaluates a formula in another order than the code (or a product folded into an FMA or not,
+// -ffp-contract), each side is within gamma_n = n·u/(1 − n·u), u = 2^-53, of the exact value for
+// n roundings along its deepest chain, relative to the sum of the magnitudes of its terms: the two
+// differ by at most twice that.
+double fp64_bound(int n, double magnitude) {
+  const double u = 0x1p-53;
+  return 2 * (n * u / (1 - n * u)) * std::fabs(magnitude);
+}
+
 }  // namespace
 
 // pp = 1, ZeRO-0: the plan's per-rank bytes are estimate_memory's, for every family and both
@@ -199,7 +210,11 @@ TEST(PlanMemory, GradientAccumulationHoldsOneMicroBatch) {
   const TimeRow* t = r.time_row("-", 0);
   const TimeRow* t1 = one.time_row("-", 0);
   ASSERT_TRUE(t && t1);
-  EXPECT_NEAR(t->compute_s, t1->compute_s, 0.05 * t1->compute_s);
+  // Bound: the device-table costs are linear in the rows (no fixed cost per micro-batch), so M
+  // micro-batches of N/M rows and one of N differ by rounding only: each cost ≤ 10 roundings deep
+  // (rate, quotient, the fused head's sums), the stage's F + B ≤ 6 more, the busy sum 2M more; the
+  // fused head's b − recompute cancels at most half of what it sums (magnitude 2·compute_s).
+  EXPECT_NEAR(t->compute_s, t1->compute_s, fp64_bound(16 + 2 * M, 2 * t1->compute_s));
 }
 
 // On a GPU device the bf16 rows as built count the GEMMs' operand scratch in bf16, as
@@ -286,7 +301,10 @@ TEST(PlanMemory, ZeroOneShardsTheOptimizerState) {
       const MemoryRow* z1 = r.memory_row("fp32", "1f1b", 1, s);
       ASSERT_TRUE(z0 && z1);
       EXPECT_EQ(z1->optimizer, 2.0 * 4 * mine);
-      EXPECT_NEAR(z1->optimizer / z0->optimizer, 1.0 / dp, 0.02) << "dp " << dp;
+      // Bound (not rounding): each bucket's piece is the floor or ceiling of its n/dp floats
+      // (ZeroShard.PiecesCoverEveryFloatOnce), so mine is within #buckets of numel/dp.
+      const size_t nb = make_buckets(t, in.bucket_mb, in.bucket_mb).size();
+      EXPECT_NEAR(z1->optimizer / z0->optimizer, 1.0 / dp, (double)nb / t.numel) << "dp " << dp;
       EXPECT_EQ(z1->params, z0->params);
       // bf16 projection: fp32 master weights sharded too, bf16 weights and fp32 grads whole.
       const MemoryRow* b1 = r.memory_row("bf16", "1f1b", 1, s);
@@ -337,7 +355,8 @@ TEST(PlanTime, Bf16GradientsHalveTheGradientBytes) {
   for (size_t i = 0; i < f.time.size(); i++) {
     ASSERT_EQ(f.time[i].zero, b.time[i].zero);
     ASSERT_GT(f.time[i].bytes_per_rank, 0);
-    EXPECT_DOUBLE_EQ(b.time[i].bytes_per_rank, (f.time[i].zero ? 0.75 : 0.5) * f.time[i].bytes_per_rank);
+    // Exact: with dp 4 every term is a multiple of a quarter byte below 2^50, so each sum is exact.
+    EXPECT_EQ(b.time[i].bytes_per_rank, (f.time[i].zero ? 0.75 : 0.5) * f.time[i].bytes_per_rank);
     EXPECT_LT(b.time[i].sync_s, f.time[i].sync_s);
     rows++;
   }
@@ -370,12 +389,14 @@ TEST(PlanMemory, SlotsPerScheduleAreTheActivationPeak) {
 
 TEST(PlanComm, AlphaBetaFormulasOnHandComputedCases) {
   const double a = 1e-5, b = 1e-9, S = 1e6;
-  EXPECT_DOUBLE_EQ(ring_allreduce_time(4, S, a, b), 2 * 3 * 1e-5 + 2.0 * 3 / 4 * 1e-3);  // 1.56 ms
-  EXPECT_DOUBLE_EQ(reduce_scatter_time(4, S, a, b), 3e-5 + 0.75e-3);
-  EXPECT_DOUBLE_EQ(allgather_time(4, S, a, b), 3e-5 + 0.75e-3);
-  EXPECT_DOUBLE_EQ(gather_scatter_time(4, S, a, b), 2 * 3 * (1e-5 + 1e-3));
-  EXPECT_DOUBLE_EQ(p2p_time(S, a, b), 1e-5 + 1e-3);
-  EXPECT_EQ(ring_allreduce_time(1, S, a, b), 0);
+  // Bound: the formulas against hand-folded constants (S·b written 1e-3): each side a sum of two
+  // positive products, ≤ 4 roundings deep counting the decimal constants' own.
+  EXPECT_NEAR(ring_allreduce_time(4, S, a, b), 2 * 3 * 1e-5 + 2.0 * 3 / 4 * 1e-3, fp64_bound(4, 1.56e-3));  // 1.56 ms
+  EXPECT_NEAR(reduce_scatter_time(4, S, a, b), 3e-5 + 0.75e-3, fp64_bound(4, 0.78e-3));
+  EXPECT_NEAR(allgather_time(4, S, a, b), 3e-5 + 0.75e-3, fp64_bound(4, 0.78e-3));
+  EXPECT_NEAR(gather_scatter_time(4, S, a, b), 2 * 3 * (1e-5 + 1e-3), fp64_bound(4, 6.006e-3));
+  EXPECT_NEAR(p2p_time(S, a, b), 1e-5 + 1e-3, fp64_bound(4, 1.01e-3));
+  EXPECT_EQ(ring_allreduce_time(1, S, a, b), 0);  // Exact: one rank returns 0
   // Two levels: 8 ranks, 4 per node: reduce-scatter inside, all-reduce across 2 nodes on S/4,
   // all-gather inside.
   Fabric f;
@@ -384,16 +405,20 @@ TEST(PlanComm, AlphaBetaFormulasOnHandComputedCases) {
   f.ranks_per_node = 4, f.nics_per_node = 4;
   const double hand = (3 * 1e-6 + 0.75 * S * 1e-11) + (2 * 1 * 1e-5 + 2.0 * 1 / 2 * (S / 4) * 1e-9) +
                       (3 * 1e-6 + 0.75 * S * 1e-11);
-  EXPECT_DOUBLE_EQ(group_collective_time(f, CollOp::allreduce, 8, 4, S), hand);
-  EXPECT_DOUBLE_EQ(group_collective_time(f, CollOp::allreduce, 4, 4, S), ring_allreduce_time(4, S, 1e-6, 1e-11));
-  EXPECT_DOUBLE_EQ(group_collective_time(f, CollOp::allreduce, 8, 1, S), ring_allreduce_time(8, S, 1e-5, 1e-9));
+  // Bound: three positive α-β terms, each ≤ 3 roundings deep, summed in another grouping (2 more).
+  EXPECT_NEAR(group_collective_time(f, CollOp::allreduce, 8, 4, S), hand, fp64_bound(5, hand));
+  // Exact: one level of either link is the ring formula itself on the same α and β (the NIC's
+  // factor is 1 here, and 4 below: a power of two, so 4·1e-9 is the double nearest 4e-9).
+  EXPECT_EQ(group_collective_time(f, CollOp::allreduce, 4, 4, S), ring_allreduce_time(4, S, 1e-6, 1e-11));
+  EXPECT_EQ(group_collective_time(f, CollOp::allreduce, 8, 1, S), ring_allreduce_time(8, S, 1e-5, 1e-9));
   // One NIC for 4 ranks: the inter-node β four times larger.
   f.nics_per_node = 1;
-  EXPECT_DOUBLE_EQ(group_collective_time(f, CollOp::allreduce, 8, 1, S), ring_allreduce_time(8, S, 1e-5, 4e-9));
+  EXPECT_EQ(group_collective_time(f, CollOp::allreduce, 8, 1, S), ring_allreduce_time(8, S, 1e-5, 4e-9));
   // ZeRO-1's reduce-scatter + all-gather move what one all-reduce moves.
+  // Bound: the same four terms as hand's, grouped otherwise: ≤ 3 + 3 roundings deep.
   f.nics_per_node = 4;
   EXPECT_NEAR(group_collective_time(f, CollOp::reduce_scatter, 8, 4, S) + group_collective_time(f, CollOp::allgather, 8, 4, S),
-              hand, 1e-15);
+              hand, fp64_bound(6, hand));
 }
 
 TEST(PlanComm, ReadsTheMeasuredLinksFile) {
@@ -407,21 +432,24 @@ TEST(PlanComm, ReadsTheMeasuredLinksFile) {
   ASSERT_EQ(lo.points.size(), 2u);
   EXPECT_EQ(lo.points[0].world, 2);
   EXPECT_EQ(lo.points[1].world, 4);
-  EXPECT_DOUBLE_EQ(lo.alpha_s, 4e-6);  // the point-to-point's
-  EXPECT_DOUBLE_EQ(lo.beta_s_per_byte, 3e-10);
+  // Exact: the file's decimals parse to the doubles nearest them, as the literals compile.
+  EXPECT_EQ(lo.alpha_s, 4e-6);  // the point-to-point's
+  EXPECT_EQ(lo.beta_s_per_byte, 3e-10);
   // A measured world size: the fit itself.
-  EXPECT_DOUBLE_EQ(collective_time(lo, CollOp::allreduce, 2, 1e6), 2e-5 + 5e-10 * 1e6);
-  EXPECT_DOUBLE_EQ(collective_time(lo, CollOp::allreduce, 4, 1e6), 7e-5 + 8e-10 * 1e6);
-  EXPECT_DOUBLE_EQ(collective_time(lo, CollOp::reduce_scatter, 2, 1e6), 1e-5 + 2.5e-10 * 1e6);
+  // Bound: a + b·n against the folded literal: 2 roundings each side (the code's may be one FMA).
+  EXPECT_NEAR(collective_time(lo, CollOp::allreduce, 2, 1e6), 2e-5 + 5e-10 * 1e6, fp64_bound(2, 5.2e-4));
+  EXPECT_NEAR(collective_time(lo, CollOp::allreduce, 4, 1e6), 7e-5 + 8e-10 * 1e6, fp64_bound(2, 8.7e-4));
+  EXPECT_NEAR(collective_time(lo, CollOp::reduce_scatter, 2, 1e6), 1e-5 + 2.5e-10 * 1e6, fp64_bound(2, 2.6e-4));
   // Another world size: the formula with the nearest measured world's derived α-β.
-  EXPECT_DOUBLE_EQ(collective_time(lo, CollOp::allreduce, 8, 1e6), ring_allreduce_time(8, 1e6, 1.1e-5, 5.4e-10));
-  EXPECT_DOUBLE_EQ(collective_time(lo, CollOp::reduce_scatter, 8, 1e6), reduce_scatter_time(8, 1e6, 1e-5, 5e-10));
+  // Exact: the same ring formula on the same parsed α and β.
+  EXPECT_EQ(collective_time(lo, CollOp::allreduce, 8, 1e6), ring_allreduce_time(8, 1e6, 1.1e-5, 5.4e-10));
+  EXPECT_EQ(collective_time(lo, CollOp::reduce_scatter, 8, 1e6), reduce_scatter_time(8, 1e6, 1e-5, 5e-10));
   // shm is the loopback entry when the file has no shm of its own.
   const Link shm = find_link("shm", &f);
   EXPECT_EQ(shm.name, "shm");
-  EXPECT_DOUBLE_EQ(collective_time(shm, CollOp::allreduce, 2, 1e6), 2e-5 + 5e-10 * 1e6);
+  EXPECT_NEAR(collective_time(shm, CollOp::allreduce, 2, 1e6), 2e-5 + 5e-10 * 1e6, fp64_bound(2, 5.2e-4));  // (as above)
   const Link g1 = find_link("netns-1gbit", &f);
-  EXPECT_NEAR(g1.gbit_s(), 8e-9 / 8.6e-9, 1e-12);
+  EXPECT_EQ(g1.gbit_s(), 8e-9 / 8.6e-9);  // Exact: one correctly rounded quotient of the same doubles
   // Missing measured entries, unknown names and a missing file are clear errors.
   auto message = [](auto fn) {
     try {
@@ -443,8 +471,11 @@ TEST(PlanComm, ReadsTheMeasuredLinksFile) {
   EXPECT_EQ(g1.fit(CollOp::reduce_scatter, 2), nullptr);
   EXPECT_NE(g1.fit(CollOp::allreduce, 2), nullptr);
   // Nominal classes need no file.
-  EXPECT_NEAR(find_link("ib-ndr", nullptr).gbit_s(), 400, 1e-9);
-  EXPECT_NEAR(find_link("nvlink", nullptr).beta_s_per_byte, 1 / 450e9, 1e-24);
+  // Bound: 8e-9 / (8 / 400e9) is 400 after 3 roundings (the constant 8e-9, the two quotients):
+  // one side only, within gamma_3·400.
+  EXPECT_NEAR(find_link("ib-ndr", nullptr).gbit_s(), 400, fp64_bound(3, 400) / 2);
+  // Exact: 8 / 3.6e12 and 1 / 450e9 are one rational number, each correctly rounded once.
+  EXPECT_EQ(find_link("nvlink", nullptr).beta_s_per_byte, 1 / 450e9);
 }
 
 // ---- time ----
@@ -458,12 +489,14 @@ TEST(PlanTime, SimulationEqualsTheScheduleSimulation) {
         const PipelineSim p = simulate_pipeline(k, S, M, std::vector<StageCost>(S, {1.0, 2.5, 1.5}), std::vector<double>(S, 0));
         const SimResult q = simulate_schedule(k, S, M, 1, 1.0, 2.5, 1.5);
         ASSERT_TRUE(p.completed && q.completed);
-        EXPECT_DOUBLE_EQ(p.makespan, q.makespan) << sch << " S " << S << " M " << M;
+        // Exact: the same simulation on the same costs (a 0 message adds nothing); every time is
+        // a multiple of 0.5 besides, so any order of the sums is exact.
+        EXPECT_EQ(p.makespan, q.makespan) << sch << " S " << S << " M " << M;
       }
   // A message time delays the dependent stage: with GPipe, S = 2, M = 1, f = 1, b = 2 and 0.5 s
   // per message the step is F0 1 + msg + F1 1 + B1 2 + msg + B0 2 = 7.
   const PipelineSim p = simulate_pipeline(ScheduleKind::gpipe, 2, 1, {{1, 2, 1}, {1, 2, 1}}, {0.5});
-  EXPECT_DOUBLE_EQ(p.makespan, 7.0);
+  EXPECT_EQ(p.makespan, 7.0);  // Exact: sums of multiples of 0.5
 }
 
 // Step time at pp = S with a synthetic profile = the schedule's makespan + the sync terms by hand.
@@ -478,23 +511,32 @@ TEST(PlanTime, PipelineStepIsMakespanPlusSyncByHand) {
   const PlanResult r = plan(in);
   const LayerCosts& c = in.profile;
   const double msg = 1e-4 + (double)(G / dp / M) * T * d.d_model * 4 * 1e-8;
-  EXPECT_DOUBLE_EQ(r.p2p_s.at(0), msg);
+  EXPECT_NEAR(r.p2p_s.at(0), msg, fp64_bound(2, msg));  // Bound: a + n·b, 2 roundings (FMA or not)
   for (const char* sch : {"gpipe", "1f1b", "zb-h1"}) {
     const PipelineSim sim = simulate_pipeline(parse_schedule_kind(sch), S, M,
                                               std::vector<StageCost>(S, {2 * c.block_f, 2 * c.block_b, 2 * c.block_bi}), {msg});
     double expect = 0;
+    size_t nb = 0;  // the most buckets of a stage
     for (int s = 0; s < S; s++) {
       const ParamTable t = build_param_table(d, virtual_stage_part({2, 2}, s));
       double sync = 0;
-      for (const Bucket& b : make_buckets(t, in.bucket_mb, in.bucket_mb))
+      const std::vector<Bucket> bk = make_buckets(t, in.bucket_mb, in.bucket_mb);
+      nb = std::max(nb, bk.size());
+      for (const Bucket& b : bk)
         sync += ring_allreduce_time(dp, 4.0 * (b.end - b.begin), 1e-4, 1e-8);
       const double tied = ring_allreduce_time(2, 4.0 * d.vocab_size * d.d_model, 1e-4, 1e-8);  // the tied wte sum
       expect = std::max(expect, sim.end[s] + sync + tied + c.opt_per_param * t.numel);
     }
     const TimeRow* row = r.time_row(sch, 0);
     ASSERT_TRUE(row);
-    EXPECT_NEAR(row->step_s, expect, 1e-12 * expect) << sch;
-    EXPECT_NEAR(row->tokens_per_s, (double)G * T / expect, 1e-9 * row->tokens_per_s);
+    // Bound: positive times summed in other orders (the code's exposed sync is the channel's end
+    // less the compute's, which rounds relative to the step): the simulation's chain of ≤ 3
+    // actions per micro-batch on each stage and 2M messages (msg an ulp or two from the code's),
+    // the buckets' and the tied sums, the optimizer, a few more for the max and the subtraction.
+    const int n = 3 * M * S + 2 * M + (int)nb + 6;
+    EXPECT_NEAR(row->step_s, expect, fp64_bound(n, expect)) << sch;
+    // Bound: the step's relative bound, and one rounding of each quotient.
+    EXPECT_NEAR(row->tokens_per_s, (double)G * T / expect, fp64_bound(n + 1, row->tokens_per_s));
   }
   // The equal-cost, zero-message case: exactly simulate_schedule's makespan.
   in.fabric.intra = simple_link("free", 0, 0);
@@ -506,11 +548,13 @@ TEST(PlanTime, PipelineStepIsMakespanPlusSyncByHand) {
     double expect = 0;
     for (int s = 0; s < S; s++)
       expect = std::max(expect, end[s] + c.opt_per_param * build_param_table(d, virtual_stage_part({2, 2}, s)).numel);
-    EXPECT_DOUBLE_EQ(*std::max_element(end.begin(), end.end()), q.makespan);
+    EXPECT_EQ(*std::max_element(end.begin(), end.end()), q.makespan);  // Exact: the makespan is that max
     const TimeRow* row = r0.time_row(sch, 0);
     ASSERT_TRUE(row);
-    EXPECT_NEAR(row->step_s, expect, 1e-12 * expect) << sch;
-    EXPECT_EQ(row->sync_s, 0) << sch;
+    // Bound: the same simulation (free messages add 0), then end + optimizer, which either side
+    // may fold into one FMA: 2 roundings.
+    EXPECT_NEAR(row->step_s, expect, fp64_bound(2, expect)) << sch;
+    EXPECT_EQ(row->sync_s, 0) << sch;  // Exact: nothing is sent
   }
 }
 
@@ -523,7 +567,9 @@ TEST(PlanTime, EfficiencyAndOverlap) {
   one.have_profile = true;
   one.profile = synthetic_costs(4, T);
   const PlanResult r1 = plan(one);
-  EXPECT_DOUBLE_EQ(r1.time_row("-", 0)->efficiency, 1.0);
+  // Exact: the step and the one-rank reference add the same integer block costs and the same
+  // optimizer product, then divide the same tokens by them.
+  EXPECT_EQ(r1.time_row("-", 0)->efficiency, 1.0);
   EXPECT_EQ(r1.time_row("-", 0)->sync_s, 0);
   PlanInputs in = inputs(d, T, 8, 4, 1, 1);
   in.have_profile = true;
@@ -532,11 +578,14 @@ TEST(PlanTime, EfficiencyAndOverlap) {
   in.first_bucket_mb = 0.001;
   const PlanResult no = plan(in);
   const TimeRow* a = no.time_row("-", 0);
-  EXPECT_NEAR(a->exposed_sync_s, a->sync_s, 1e-9 * a->sync_s);  // nothing overlaps
+  // Bound: nothing overlaps, but the exposed sync is (end + each bucket's time, in turn) − end:
+  // it rounds relative to the compute's end, not to the sync (n = the buckets + 1).
+  const int nb = (int)make_buckets(build_param_table(d), in.bucket_mb, in.first_bucket_mb).size();
+  EXPECT_NEAR(a->exposed_sync_s, a->sync_s, fp64_bound(nb + 1, a->compute_s + a->sync_s));
   in.overlap = true;
   const PlanResult ov = plan(in);
   const TimeRow* b = ov.time_row("-", 0);
-  EXPECT_DOUBLE_EQ(b->sync_s, a->sync_s);
+  EXPECT_EQ(b->sync_s, a->sync_s);  // Exact: the same buckets' times summed in the same order
   EXPECT_LT(b->exposed_sync_s, a->exposed_sync_s);
   EXPECT_GT(b->exposed_sync_s, 0);  // the embedding's bucket is final only at the very end
   EXPECT_LT(a->efficiency, 1.0);
@@ -552,7 +601,7 @@ TEST(PlanTime, FusedLmHeadDropsTheRecomputeButUnderZbH1) {
   LayerCosts c = synthetic_costs(4, T);
   c.head_f = 1.0, c.head_b = 2.5, c.head_bi = 1.5, c.head_recompute = 0.5;
   const LayerCosts f = c.with_fused_head();
-  EXPECT_DOUBLE_EQ(f.head_f, 3.0);
+  EXPECT_EQ(f.head_f, 3.0);  // Exact: 1 + 2.5 − 0.5, sums of halves
   EXPECT_EQ(f.head_b, 0);
   EXPECT_EQ(f.head_bi, 0);
   EXPECT_EQ(f.head_recompute, 0);
@@ -569,18 +618,20 @@ TEST(PlanTime, FusedLmHeadDropsTheRecomputeButUnderZbH1) {
   // One rank: the same step as a profile that had the head's whole work in its forward.
   const PlanResult r1 = plan_with(inputs(d, T, 4, 1, 1, 1), c), r0 = plan_with(inputs(d, T, 4, 1, 1, 1), f);
   EXPECT_TRUE(has_note(r1));
-  EXPECT_DOUBLE_EQ(r1.time_row("-", 0)->step_s, r0.time_row("-", 0)->step_s);
+  // Exact (these three): fusing the fused costs again changes no value (it adds b − recompute = 0),
+  // so both plans simulate the same costs.
+  EXPECT_EQ(r1.time_row("-", 0)->step_s, r0.time_row("-", 0)->step_s);
   EXPECT_FALSE(has_note(r0));
   // Two stages: gpipe and 1f1b simulate the fused costs, zb-h1 the recomputing ones.
   const PlanResult r2 = plan_with(inputs(d, T, 8, 2, 2, 2), c), r2m = plan_with(inputs(d, T, 8, 2, 2, 2), f);
   EXPECT_TRUE(has_note(r2));
-  EXPECT_DOUBLE_EQ(r2.time_row("1f1b", 0)->step_s, r2m.time_row("1f1b", 0)->step_s);
-  EXPECT_DOUBLE_EQ(r2.time_row("gpipe", 0)->step_s, r2m.time_row("gpipe", 0)->step_s);
+  EXPECT_EQ(r2.time_row("1f1b", 0)->step_s, r2m.time_row("1f1b", 0)->step_s);
+  EXPECT_EQ(r2.time_row("gpipe", 0)->step_s, r2m.time_row("gpipe", 0)->step_s);
   EXPECT_GT(r2.time_row("zb-h1", 0)->step_s, r2m.time_row("zb-h1", 0)->step_s)
       << "zb-h1 recomputes the chunks: slower than with the recompute gone";
   // The field round-trips through a profile file, is optional there, and is checked.
   nlohmann::json j = c.to_json();
-  EXPECT_DOUBLE_EQ(LayerCosts::from_json(j, "t").head_recompute, 0.5);
+  EXPECT_EQ(LayerCosts::from_json(j, "t").head_recompute, 0.5);  // Exact: 0.5 round-trips through JSON
   j.erase("head_recompute");
   EXPECT_EQ(LayerCosts::from_json(j, "t").head_recompute, 0);
   j["head_recompute"] = 1.6;  // more than head_bi
@@ -590,7 +641,8 @@ TEST(PlanTime, FusedLmHeadDropsTheRecomputeButUnderZbH1) {
   const LayerCosts t = costs_from_device(big, 8, 1024, find_device("h100"), GemmPrecision::bf16, 0.4, 1);
   const double chunks = std::ceil(8.0 * 1024 / lm_head_chunk_rows(big, 8 * 1024));
   EXPECT_GT(chunks, 1);
-  EXPECT_NEAR(t.head_recompute, (chunks - 1) / chunks * t.head_f, 1e-12 * t.head_f);
+  // Exact: the code's share · head_f, the same two operations on the same doubles.
+  EXPECT_EQ(t.head_recompute, (chunks - 1) / chunks * t.head_f);
 }
 
 // ZeRO-1 without overlap: reduce-scatter every bucket after backward, then for every bucket update
@@ -617,12 +669,16 @@ TEST(PlanTime, ZeroOneReduceScattersThenUpdatesAndGathersEachBucket) {
   const double expect = L * (c.block_f + c.block_b) + rs + tail;
   const TimeRow* z1 = r.time_row("-", 1);
   ASSERT_TRUE(z1);
-  EXPECT_NEAR(z1->step_s, expect, 1e-12 * expect);
+  // Bound: positive terms in another order (the code's exposed reduce-scatter is the channel's
+  // end less the compute's, rounding relative to the step): 2 per bucket in each of the two
+  // sums, each term ≤ 3 deep, the compute's 2L, and the max and subtraction.
+  const int n = 4 * (int)bk.size() + 2 * L + 6;
+  EXPECT_NEAR(z1->step_s, expect, fp64_bound(n, expect));
   // ZeRO-0: one all-reduce per bucket, then the whole optimizer.
   double ar = 0;
   for (const Bucket& b : bk) ar += ring_allreduce_time(world, 4.0 * (b.end - b.begin), 1e-5, 1e-9);
   const double expect0 = L * (c.block_f + c.block_b) + ar + c.opt_per_param * t.numel;
-  EXPECT_NEAR(r.time_row("-", 0)->step_s, expect0, 1e-12 * expect0);
+  EXPECT_NEAR(r.time_row("-", 0)->step_s, expect0, fp64_bound(n, expect0));  // (as above)
   // With overlap the gathers run behind the updates: never slower.
   in.overlap = true;
   in.first_bucket_mb = in.bucket_mb;
@@ -640,11 +696,13 @@ TEST(PlanTime, SharedCoresSlowTheComputeByTheRatio) {
   const PlanResult alone = plan(in);
   in.node_cores = 2;  // 4 ranks x 1 core on 2 cores
   const PlanResult shared = plan(in);
-  EXPECT_DOUBLE_EQ(shared.oversubscription, 2.0);
-  EXPECT_DOUBLE_EQ(shared.time_row("-", 0)->compute_s, 2 * alone.time_row("-", 0)->compute_s);
-  EXPECT_DOUBLE_EQ(shared.single_rank_tokens_per_s, alone.single_rank_tokens_per_s);
+  // Exact: a factor of 2 scales every cost without rounding, so each sum is twice the other's,
+  // and the one-rank reference divides it out again.
+  EXPECT_EQ(shared.oversubscription, 2.0);
+  EXPECT_EQ(shared.time_row("-", 0)->compute_s, 2 * alone.time_row("-", 0)->compute_s);
+  EXPECT_EQ(shared.single_rank_tokens_per_s, alone.single_rank_tokens_per_s);
   in.node_cores = 4;
-  EXPECT_DOUBLE_EQ(plan(in).oversubscription, 1.0);
+  EXPECT_EQ(plan(in).oversubscription, 1.0);
 }
 
 TEST(PlanInputsCheck, ImpossibleRunsAreRefusedWithTheFix) {
@@ -735,8 +793,9 @@ TEST(PlanMemory, A70BModelPlansWithPositiveNumbers) {
       EXPECT_GT(v, 0) << m.precision << " " << m.schedule << " stage " << m.stage;
       EXPECT_TRUE(std::isfinite(v));
     }
-    EXPECT_DOUBLE_EQ(m.grads, 4.0 * r.stages[m.stage].n_params);
-    EXPECT_DOUBLE_EQ(m.total, m.params + m.grads + m.optimizer + m.activations + m.scratch + m.buffers);
+    // Exact: integer byte counts (halves at most) below 2^53, summed in the code's order.
+    EXPECT_EQ(m.grads, 4.0 * r.stages[m.stage].n_params);
+    EXPECT_EQ(m.total, m.params + m.grads + m.optimizer + m.activations + m.scratch + m.buffers);
   }
   for (const TimeRow& t : r.time) EXPECT_GT(t.step_s, 0);
 }
@@ -751,12 +810,14 @@ TEST(PlanLinks, LargeMessageFitTakesOverAboveItsThreshold) {
   const LinkFile f = parse_link_file(j, "inline");
   ASSERT_EQ(f.links.size(), 1u);
   const Link& l = f.links[0];
-  EXPECT_DOUBLE_EQ(collective_time(l, CollOp::allreduce, 2, 1e6), 1e-5 + 1e-9 * 1e6);
-  EXPECT_DOUBLE_EQ(collective_time(l, CollOp::allreduce, 2, 1e7), 2e-3 + 8e-9 * 1e7);
+  // Bound: a + b·n against the folded literal: 2 roundings each side (the code's may be one FMA).
+  EXPECT_NEAR(collective_time(l, CollOp::allreduce, 2, 1e6), 1e-5 + 1e-9 * 1e6, fp64_bound(2, 1.01e-3));
+  EXPECT_NEAR(collective_time(l, CollOp::allreduce, 2, 1e7), 2e-3 + 8e-9 * 1e7, fp64_bound(2, 8.2e-2));
   double a = 0, b = 0;
   l.alpha_beta(CollOp::allreduce, 8, &a, &b);
-  EXPECT_DOUBLE_EQ(a, 5e-6);  // latency from the small messages
-  EXPECT_DOUBLE_EQ(b, 8e-9);  // bandwidth from the large ones
+  // Exact: the parsed decimals, the doubles nearest them
+  EXPECT_EQ(a, 5e-6);  // latency from the small messages
+  EXPECT_EQ(b, 8e-9);  // bandwidth from the large ones
 }
 
 // Tensor parallelism (tp = T): the plan's per-rank bytes are the start-up estimate's for the
@@ -828,35 +889,45 @@ TEST(PlanTime, TensorParallelAddsTheGroupsAllReduces) {
     chunks_b += sent(rn) + sent(2 * rn);
   }
   const double nc = (double)N * C;
-  EXPECT_DOUBLE_EQ(r.tp_costs.block_f, 2 * ar(nc));
-  EXPECT_DOUBLE_EQ(r.costs.block_f, in.profile.block_f / tp + 2 * ar(nc));
-  EXPECT_DOUBLE_EQ(r.costs.block_bi, in.profile.block_bi / tp + 2 * ar(nc));
-  EXPECT_DOUBLE_EQ(r.costs.embed_f, ar(nc));
-  EXPECT_NEAR(r.costs.head_f, 0.3 / tp + chunks_t, 1e-15);
+  // Exact: the code's own ring formula on the same values; halving and doubling are exact.
+  EXPECT_EQ(r.tp_costs.block_f, 2 * ar(nc));
+  EXPECT_EQ(r.costs.block_f, in.profile.block_f / tp + 2 * ar(nc));
+  EXPECT_EQ(r.costs.block_bi, in.profile.block_bi / tp + 2 * ar(nc));
+  EXPECT_EQ(r.costs.embed_f, ar(nc));
+  // Bound: the same 2·chunks positive terms, the code adding each chunk's pair first, + 2.
+  const int chunks = (N + 2) / 3;
+  EXPECT_NEAR(r.costs.head_f, 0.3 / tp + chunks_t, fp64_bound(2 * chunks + 2, 0.3 / tp + chunks_t));
   const TimeRow* row = r.time_row("-", 0);
   ASSERT_TRUE(row);
   // per micro-batch (fused head: its chunks' statistics once, then d xf), two micro-batches
   const double per_mb = (4 * L + 2) * ar(nc) + chunks_t;
-  EXPECT_NEAR(row->tp_s, 2 * per_mb, 1e-12 * per_mb);
-  EXPECT_NEAR(row->tp_bytes_per_rank, 2 * ((4 * L + 2) * sent(nc) + chunks_b), 1e-6);
+  // Bound: per_mb's positive terms in another grouping: the chunks' sum (2·chunks), the block
+  // and head terms (≤ 4L + 4), the fused head's f + b − recompute (which cancels at most half).
+  const int n = 2 * chunks + 4 * L + 8;
+  EXPECT_NEAR(row->tp_s, 2 * per_mb, fp64_bound(n, 2 * 2 * per_mb));
+  // Exact: with tp 2 every byte count is an integer below 2^53.
+  EXPECT_EQ(row->tp_bytes_per_rank, 2 * ((4 * L + 2) * sent(nc) + chunks_b));
   // The compute of the step: the shard's, with the all-reduces inside it.
   const double compute = 2 * (L * (in.profile.block_f + in.profile.block_b) / tp + (0.3 + 0.7 - 0.2) / tp) + row->tp_s;
-  EXPECT_NEAR(row->compute_s, compute, 1e-9 * compute);
+  // Bound: the tp sums as above and the busy sum of 2 micro-batches' F and B (2L + 6 more).
+  EXPECT_NEAR(row->compute_s, compute, fp64_bound(n + 2 * L + 6, 2 * compute));
   // Full recomputation runs each block's forward again in backward, its two all-reduces with it;
   // selective recomputes no sum.
+  // Exact (these three): the code's formulas on the same values (scaling by 2 and 4 is exact).
   in.recompute = Recompute::full;
-  EXPECT_DOUBLE_EQ(plan(in).tp_costs.block_b, 4 * ar(nc));
+  EXPECT_EQ(plan(in).tp_costs.block_b, 4 * ar(nc));
   in.recompute = Recompute::selective;
-  EXPECT_DOUBLE_EQ(plan(in).tp_costs.block_b, 2 * ar(nc));
+  EXPECT_EQ(plan(in).tp_costs.block_b, 2 * ar(nc));
   in.recompute = Recompute::none;
   // Sequence parallelism: the same volume in forward; backward gathers each branch's input again.
   in.desc.sequence_parallel = true;
-  EXPECT_DOUBLE_EQ(plan(in).tp_costs.block_b, 2 * ar(nc) + 2 * allgather_time(tp, 4 * nc, alpha, beta));
+  EXPECT_EQ(plan(in).tp_costs.block_b, 2 * ar(nc) + 2 * allgather_time(tp, 4 * nc, alpha, beta));
   in.desc.sequence_parallel = false;
   // The one-rank reference does not change with tp: the efficiency compares with the whole model.
+  // Exact: it is computed from the costs before tensor parallelism, the same in both plans.
   PlanInputs in1 = in;
   in1.tp = 1, in1.world = 1;
-  EXPECT_DOUBLE_EQ(plan(in1).single_rank_tokens_per_s, r.single_rank_tokens_per_s);
+  EXPECT_EQ(plan(in1).single_rank_tokens_per_s, r.single_rank_tokens_per_s);
 }
 
 // Impossible tensor-parallel runs: a world not divisible by pp × tp, a tp that does not divide the

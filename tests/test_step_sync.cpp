@@ -61,6 +61,7 @@ TEST(StepSync, SoftmaxXentRecordEqualsSoftmaxXent) {
     uint64_t bad = 0;
     ops().softmax_xent_record(z2.data(), V, l2.data(), y.data(), N, V, gs, &bad, 100);
     EXPECT_EQ(bad, 0u);
+    // Exact: the recording variant runs softmax_xent's arithmetic on every good row
     EXPECT_TRUE(same_bits(l1, l2)) << "losses, grad_scale " << gs;
     EXPECT_TRUE(same_bits(z1, z2)) << "gradients, grad_scale " << gs;
   }
@@ -79,9 +80,9 @@ TEST(StepSync, SoftmaxXentRecordNotesTheFirstBadRowAcrossCalls) {
   EXPECT_EQ(bad_target_row(bad), 8);
   EXPECT_EQ(bad_target_value(bad), 10);
   EXPECT_TRUE(std::isnan(l[2]) && std::isnan(l[4]));
-  for (int n : {2, 4})
+  for (int n : {2, 4})  // Exact: untouched
     for (int j = 0; j < V; j++) EXPECT_EQ(zz[(size_t)n * V + j], z[(size_t)n * V + j]) << "bad row's logits untouched";
-  // the good rows are what softmax_xent gives them
+  // the good rows are what softmax_xent gives them (Exact: its arithmetic, row by row)
   std::vector<int32_t> yg = y;
   yg[2] = 0, yg[4] = 0;
   std::vector<float> zr = z, lr(N);
@@ -104,6 +105,7 @@ TEST(StepSync, SoftmaxXentRecordNotesTheFirstBadRowAcrossCalls) {
 TEST(StepSync, SumSquaresAddAndSumToDoubleAreTheHostSums) {
   for (size_t n : {size_t(0), size_t(1), size_t(1000), size_t(3 * 65536 + 17)}) {
     const auto x = random_floats(n, 14, -3.0f, 3.0f);
+    // Exact: sum_squares's double added once to acc; sum_to_double is that very loop.
     double acc = 0.0;
     ops().sum_squares_add(&acc, x.data(), n);
     EXPECT_TRUE(same_bits(acc, ops().sum_squares(x.data(), n))) << n;
@@ -174,6 +176,7 @@ TEST(StepSync, SegmentUpdatesWithFoldedClipEqualScaleThenUpdate) {
         std::vector<float> gr = g, gn = g;
         reference_update(sgd, pr.data(), gr.data(), mr.data(), vr.data(), t, clip, 1e-2f, tc, step);
         opt.step(pn.data(), gn.data(), t, 1e-2, tc, clip);
+        // Exact: the folded clip multiplies each gradient by the same float before the same update
         EXPECT_TRUE(same_bits(gn, g)) << "the gradients are read, not scaled in place";
         EXPECT_TRUE(same_bits(pn, pr)) << (sgd ? "sgd" : "adamw") << " clip " << clip << " step " << step;
         if (!sgd) {
@@ -201,6 +204,7 @@ TEST(StepSync, ForwardQueuedReadsTheLossBackOnce) {
     const StepScalars s = m.read_scalars(a2);
     EXPECT_EQ(ops().readback_count(), before + 1) << fam;
     const float got = m.loss_of(s, a2);
+    // Exact: the same forward, its loss sum read back instead of returned
     EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0) << fam << ": " << got << " vs " << want;
     EXPECT_EQ(s.bad_target, 0u);
   }
@@ -272,6 +276,7 @@ TEST(StepSync, ClipFactorIsOneDefinitionForHostAndDevice) {
   const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
   for (double norm : {0.0, 1e-3, 0.5, 1.0, 1.0000001, 3.7, 1e30, inf, nan})
     for (double max_norm : {0.0, -1.0, 1e-3, 1.0, 2.5}) {
+      // Exact: one definition, max_norm/norm in double rounded once to float
       const float got = clip_factor(norm, max_norm), kernels = clip_factor_of(norm, max_norm);
       EXPECT_EQ(std::memcmp(&got, &kernels, sizeof got), 0);
       const bool clips = max_norm > 0 && norm > max_norm && norm != inf && norm == norm;
@@ -280,7 +285,7 @@ TEST(StepSync, ClipFactorIsOneDefinitionForHostAndDevice) {
     }
   StepScalars s;
   s.grad_sumsq = 13.69;  // norm 3.7
-  EXPECT_EQ(clip_factor_of(s, 1.0), clip_factor(std::sqrt(13.69), 1.0));
+  EXPECT_EQ(clip_factor_of(s, 1.0), clip_factor(std::sqrt(13.69), 1.0));  // Exact: the same sqrt and quotient
   EXPECT_LT(clip_factor_of(s, 1.0), 1.0f);
 }
 
@@ -337,6 +342,7 @@ TEST(StepSync, DeviceScalarUpdateEqualsHostClipFactor) {
             ops().adamw_update_segments(pd.data(), g.data(), md.data(), vd.data(), segs.data(), ns, 0.5f, &sc,
                                         max_norm, 1e-2f, 0.9f, 0.95f, 1e-8f, wd, step);
           }
+          // Exact: the update computes the same clip factor from the same Σg², then the same update
           EXPECT_TRUE(same_bits(pd, ph)) << what << " step " << step;
           EXPECT_FALSE(same_bits(pd, p0)) << what << ": an update happened";
           if (!sgd) {
@@ -380,6 +386,7 @@ TEST(StepSync, DeviceScalarUpdateSkipsANonFiniteStep) {
       else
         ops().adamw_update_segments(p.data(), g.data(), m.data(), v.data(), segs.data(), ns, 1.0f, &bad[k], 1.0,
                                     1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+      // Exact: a skipped step writes nothing
       EXPECT_TRUE(same_bits(p, p0)) << (sgd ? "sgd" : "adamw") << " case " << k << ": parameters written";
       EXPECT_TRUE(same_bits(m, m0)) << "case " << k << ": m written";
       EXPECT_TRUE(same_bits(v, v0)) << "case " << k << ": v written";
@@ -423,6 +430,7 @@ TEST(StepSync, OptimizerStepOnDeviceAndUnstepKeepTheBiasCorrection) {
       if (!update_allowed(sc)) dev.unstep();
       no_unstep.step_on_device(pn.data(), g.data(), t, 1e-2, tc, &sc);
       EXPECT_EQ(dev.t, host.t) << option_name(kind) << " step " << s;
+      // Exact: the same clip factor and the same update on the same t
       EXPECT_TRUE(same_bits(pd, ph)) << option_name(kind) << " step " << s;
       if (kind == OptimizerKind::adamw) {
         EXPECT_TRUE(same_bits(std::vector<float>(dev.m, dev.m + n), std::vector<float>(host.m, host.m + n)));
@@ -456,6 +464,7 @@ TEST(StepSync, TrainerDeviceClipEqualsHostClip) {
     const TrainResult host = train(cfg, MPI_COMM_SELF, on_host, true);
     EXPECT_EQ(r1 - r0, ops().readback_count() - r1) << extra << ": both paths read back as often";
     ASSERT_EQ(dev.losses.size(), 6u);
+    // Exact: both paths compute the same clip factor from the same sum, and the same updates
     EXPECT_TRUE(same_bits(dev.losses, host.losses)) << extra;
     EXPECT_TRUE(same_bits(dev.final_params, host.final_params)) << extra;
     EXPECT_EQ(dev.skipped_steps, 0);
@@ -493,6 +502,7 @@ TEST(StepSync, TrainerWorldOneSkipsOrAbortsANonFiniteStep) {
     EXPECT_TRUE(std::isfinite(dev.losses[0]));
     EXPECT_FALSE(std::isfinite(dev.losses[1])) << "step 1 runs on the blown-up parameters";
     for (float p : dev.final_params) ASSERT_TRUE(std::isfinite(p)) << "a skipped step must not touch the parameters";
+    // Exact: as in TrainerDeviceClipEqualsHostClip
     EXPECT_TRUE(same_bits(dev.final_params, host.final_params)) << opt;
     EXPECT_TRUE(same_bits(dev.losses, host.losses)) << opt;  // NaN losses compared as bits
   }
