@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "checkpoint/checkpoint.h"
+#include "comm/large_count.h"
 #include "runtime/mpi_env.h"
 #include "train/run.h"
 
@@ -104,7 +105,7 @@ void resume_auto(Run& r, const std::vector<std::string>& overrides) {
   }
   err = agree_on_error(r.comm, err);
   if (!err.empty()) fail(err);
-  int len = (int)chosen.size();
+  int len = mpi_count(chosen.size(), "the chosen checkpoint's name");  // a file name
   MPI_Bcast(&len, 1, MPI_INT, 0, r.comm);
   chosen.resize((size_t)len);
   MPI_Bcast(chosen.data(), len, MPI_CHAR, 0, r.comm);
@@ -132,7 +133,7 @@ std::vector<float> per_rank_rows(Run& r, int which) {
   std::vector<float> mine(n), out(r.rank == 0 ? n * r.world : 0);
   r.ops->copy_to_host(mine.data(), which == 0 ? ch.model->params : which == 1 ? ch.opt->m : ch.opt->v,
                       n * sizeof(float));
-  MPI_Gather(mine.data(), (int)n, MPI_FLOAT, r.rank == 0 ? out.data() : nullptr, (int)n, MPI_FLOAT, 0, r.comm);
+  large::gather(mine.data(), n, MPI_FLOAT, r.rank == 0 ? out.data() : nullptr, 0, r.comm);
   return out;
 }
 
