@@ -286,7 +286,7 @@ TEST(NcclRanks, ZeroMatchesMpiZero) {
     if (W > 1) {  // each float from its owner: rank r's pieces hold 1000·r more
       bool from_owners = true;
       for (size_t k = 0; k < nccl.buckets.size(); k++) {
-        std::vector<int> counts, displs;
+        std::vector<size_t> counts, displs;
         piece_counts(nccl.buckets[k].end - nccl.buckets[k].begin, W, counts, displs);
         for (int r = 0; r < W; r++) {
           const size_t i = nccl.buckets[k].begin + displs[r];

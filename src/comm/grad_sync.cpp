@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "backend/cuda_ops.h"
+#include "comm/large_count.h"
 #include "comm/nccl.h"
 #include "runtime/clock.h"
 #include "metrics/trace.h"
@@ -260,7 +261,7 @@ void GradSync::gather_params(float* params, const std::function<void(size_t)>& u
 
 void GradSync::gather_sharded(const float* compact, std::vector<float>& full) {
   if (rank == 0) full.assign(table->numel, 0.0f);
-  std::vector<int> counts, displs;
+  std::vector<size_t> counts, displs;
   size_t off = 0;
   for (size_t b = 0; b < buckets.size(); b++) {
     const size_t n = buckets[b].end - buckets[b].begin;
@@ -270,8 +271,8 @@ void GradSync::gather_sharded(const float* compact, std::vector<float>& full) {
       continue;
     }
     piece_counts(n, world, counts, displs);
-    MPI_Gatherv(compact + off, counts[rank], MPI_FLOAT, rank == 0 ? full.data() + buckets[b].begin : nullptr,
-                counts.data(), displs.data(), MPI_FLOAT, 0, comm);
+    large::gatherv(compact + off, counts, displs, MPI_FLOAT, rank == 0 ? full.data() + buckets[b].begin : nullptr, 0,
+                   comm);
     off += counts[rank];
   }
 }

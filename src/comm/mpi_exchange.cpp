@@ -1,11 +1,10 @@
 // The MPI exchanges (comm/exchange.h): allreduce (fp32 or bf16 on the wire) and gather_scatter.
 #include <algorithm>
-#include <chrono>
-#include <thread>
 #include <vector>
 
 #include "comm/exchange.h"
 #include "comm/grad_sync.h"
+#include "comm/large_count.h"
 #include "comm/nccl.h"
 #include "params/buckets.h"
 #include "runtime/error.h"
@@ -13,16 +12,6 @@
 namespace llmpi {
 
 namespace {
-
-// poll_us > 0: test the request every poll_us until it completes; the caller started it nonblocking.
-void wait_request(MPI_Request* req, int poll_us) {
-  int done = 0;
-  MPI_Test(req, &done, MPI_STATUS_IGNORE);
-  while (!done) {
-    std::this_thread::sleep_for(std::chrono::microseconds(poll_us));
-    MPI_Test(req, &done, MPI_STATUS_IGNORE);
-  }
-}
 
 // MPI_Op for bf16 on the wire: inout[i] = bf16(float(in[i]) + float(inout[i])), over MPI_UINT16_T
 // elements holding bfloat16 bits. Commutative (fp32 addition of two values is).
@@ -41,25 +30,22 @@ struct GroupShape {
   }
 };
 
+// Every collective here goes through comm/large_count.h: a bucket may be one tensor of more than
+// INT_MAX floats (params/buckets.h), moved in pieces.
+
 // MPI_Allgather of equal pieces of c = ceil(n/W) floats (the shorter ones padded) into a W·c buffer,
 // then each piece copied into place. Not MPI_Allgatherv: MPICH 4.0's Allgatherv took 4.4 s where
 // Allgather took 44 ms for 24 MB on 4 ranks sharing 2 cores (its pipelined ring waits for the
 // scheduler at every 32 kB piece).
 Traffic padded_all_gather(const GroupShape& g, float* data, size_t n, int poll_us, std::vector<float>& send,
                           std::vector<float>& recv) {
-  std::vector<int> counts, displs;
+  std::vector<size_t> counts, displs;
   piece_counts(n, g.world, counts, displs);
   const size_t c = (n + g.world - 1) / g.world;
   send.assign(c, 0.0f);
   recv.resize(c * g.world);
   std::copy(data + displs[g.rank], data + displs[g.rank] + counts[g.rank], send.begin());
-  if (poll_us > 0) {
-    MPI_Request req;
-    MPI_Iallgather(send.data(), (int)c, MPI_FLOAT, recv.data(), (int)c, MPI_FLOAT, g.comm, &req);
-    wait_request(&req, poll_us);
-  } else {
-    MPI_Allgather(send.data(), (int)c, MPI_FLOAT, recv.data(), (int)c, MPI_FLOAT, g.comm);
-  }
+  large::allgather(send.data(), c, MPI_FLOAT, recv.data(), g.comm, poll_us);
   for (int r = 0; r < g.world; r++)
     std::copy(recv.begin() + (size_t)r * c, recv.begin() + (size_t)r * c + counts[r], data + displs[r]);
   Traffic t;
@@ -98,13 +84,7 @@ struct AllreduceExchange final : Exchange {
     void* buf = to_wire(data, n);
     const MPI_Datatype type = bf16 ? MPI_UINT16_T : MPI_FLOAT;
     const MPI_Op sum = bf16 ? bf16_sum_op : MPI_SUM;
-    if (poll_us > 0) {
-      MPI_Request req;
-      MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, type, sum, g.comm, &req);
-      wait_request(&req, poll_us);
-    } else {
-      MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, type, sum, g.comm);
-    }
+    large::allreduce(MPI_IN_PLACE, buf, n, type, sum, g.comm, poll_us);
     const float inv = 1.0f / (float)g.world;
     if (bf16)
       for (size_t i = 0; i < n; i++) data[i] = bf16_widen(wire[i]) * inv;
@@ -117,7 +97,7 @@ struct AllreduceExchange final : Exchange {
   }
 
   Traffic reduce_scatter_mean(float* data, size_t n, int poll_us) override {
-    std::vector<int> counts, displs;
+    std::vector<size_t> counts, displs;
     piece_counts(n, g.world, counts, displs);
     const size_t mine = counts[g.rank], at = displs[g.rank];
     void* buf = to_wire(data, n);
@@ -126,13 +106,7 @@ struct AllreduceExchange final : Exchange {
     if (bf16) wire_piece.resize(mine);
     else piece.resize(mine);
     void* out = bf16 ? static_cast<void*>(wire_piece.data()) : static_cast<void*>(piece.data());
-    if (poll_us > 0) {
-      MPI_Request req;
-      MPI_Ireduce_scatter(buf, out, counts.data(), type, sum, g.comm, &req);
-      wait_request(&req, poll_us);
-    } else {
-      MPI_Reduce_scatter(buf, out, counts.data(), type, sum, g.comm);
-    }
+    large::reduce_scatter(buf, out, counts, type, sum, g.comm, poll_us);
     const float inv = 1.0f / (float)g.world;
     for (size_t i = 0; i < mine; i++) data[at + i] = (bf16 ? bf16_widen(wire_piece[i]) : piece[i]) * inv;
     Traffic t;  // bandwidth-optimal reduce-scatter
@@ -166,13 +140,7 @@ struct GatherScatterExchange final : Exchange {
       scattered.resize(n * g.world);
     }
     float* gbuf = g.rank == 0 ? gathered.data() : nullptr;
-    if (poll_us > 0) {
-      MPI_Request req;
-      MPI_Igather(data, (int)n, MPI_FLOAT, gbuf, (int)n, MPI_FLOAT, 0, g.comm, &req);
-      wait_request(&req, poll_us);
-    } else {
-      MPI_Gather(data, (int)n, MPI_FLOAT, gbuf, (int)n, MPI_FLOAT, 0, g.comm);
-    }
+    large::gather(data, n, MPI_FLOAT, gbuf, 0, g.comm, poll_us);
   }
   // Rank 0: the mean of the gathered rows, summed in rank order, into scattered[0, n).
   void mean_at_root(size_t n) {
@@ -186,13 +154,7 @@ struct GatherScatterExchange final : Exchange {
   }
   void scatter(float* recv, size_t count, int poll_us) {
     float* sbuf = g.rank == 0 ? scattered.data() : nullptr;
-    if (poll_us > 0) {
-      MPI_Request req;
-      MPI_Iscatter(sbuf, (int)count, MPI_FLOAT, recv, (int)count, MPI_FLOAT, 0, g.comm, &req);
-      wait_request(&req, poll_us);
-    } else {
-      MPI_Scatter(sbuf, (int)count, MPI_FLOAT, recv, (int)count, MPI_FLOAT, 0, g.comm);
-    }
+    large::scatter(sbuf, count, MPI_FLOAT, recv, 0, g.comm, poll_us);
   }
 
   Traffic average(float* data, size_t n, int poll_us) override {
@@ -211,7 +173,7 @@ struct GatherScatterExchange final : Exchange {
   }
 
   Traffic reduce_scatter_mean(float* data, size_t n, int poll_us) override {
-    std::vector<int> counts, displs;
+    std::vector<size_t> counts, displs;
     piece_counts(n, g.world, counts, displs);
     const size_t mine = counts[g.rank], at = displs[g.rank];
     gather(data, n, poll_us);
@@ -236,7 +198,7 @@ struct GatherScatterExchange final : Exchange {
 
   Traffic all_gather(float* data, size_t n, int poll_us) override {
     // Through rank 0: gather the pieces, scatter W copies of the whole bucket.
-    std::vector<int> counts, displs;
+    std::vector<size_t> counts, displs;
     piece_counts(n, g.world, counts, displs);
     const size_t mine = counts[g.rank], at = displs[g.rank];
     if (g.rank == 0) {
@@ -244,13 +206,7 @@ struct GatherScatterExchange final : Exchange {
       scattered.resize(n * g.world);
     }
     float* gbuf = g.rank == 0 ? gathered.data() : nullptr;
-    if (poll_us > 0) {
-      MPI_Request req;
-      MPI_Igatherv(data + at, (int)mine, MPI_FLOAT, gbuf, counts.data(), displs.data(), MPI_FLOAT, 0, g.comm, &req);
-      wait_request(&req, poll_us);
-    } else {
-      MPI_Gatherv(data + at, (int)mine, MPI_FLOAT, gbuf, counts.data(), displs.data(), MPI_FLOAT, 0, g.comm);
-    }
+    large::gatherv(data + at, counts, displs, MPI_FLOAT, gbuf, 0, g.comm, poll_us);
     if (g.rank == 0)
       for (int r = 0; r < g.world; r++)
         std::copy(gathered.begin(), gathered.begin() + n, scattered.begin() + (size_t)r * n);

@@ -6,6 +6,7 @@
 #endif
 
 #include "backend/cuda_ops.h"
+#include "comm/large_count.h"
 #include "comm/nccl.h"
 #include "runtime/error.h"
 
@@ -109,11 +110,11 @@ int StageLink::post_recv(float* dst, size_t n, int peer, int tag) {
   m.n = n;
   switch (way_) {
     case LinkWay::mpi_direct:
-      MPI_Irecv(dst, (int)n, MPI_FLOAT, peer, tag, comm_, &m.req);
+      large::irecv(dst, n, MPI_FLOAT, peer, tag, comm_, m.reqs);
       break;
     case LinkWay::mpi_staged:
       m.staging = take_staging();
-      MPI_Irecv(m.staging, (int)n, MPI_FLOAT, peer, tag, comm_, &m.req);
+      large::irecv(m.staging, n, MPI_FLOAT, peer, tag, comm_, m.reqs);
       break;
     case LinkWay::nccl: {
       Channel& c = channel(peer, rank_of_comm());
@@ -132,12 +133,12 @@ int StageLink::post_send(const float* src, size_t n, int peer, int tag) {
   m.n = n;
   switch (way_) {
     case LinkWay::mpi_direct:
-      MPI_Isend(src, (int)n, MPI_FLOAT, peer, tag, comm_, &m.req);
+      large::isend(src, n, MPI_FLOAT, peer, tag, comm_, m.reqs);
       break;
     case LinkWay::mpi_staged:
       m.staging = take_staging();
       ops_.copy_to_host(m.staging, src, n * sizeof(float));  // waits for the compute that wrote src
-      MPI_Isend(m.staging, (int)n, MPI_FLOAT, peer, tag, comm_, &m.req);
+      large::isend(m.staging, n, MPI_FLOAT, peer, tag, comm_, m.reqs);
       break;
     case LinkWay::nccl: {
       Channel& c = channel(rank_of_comm(), peer);
@@ -165,7 +166,7 @@ void StageLink::wait(int id) {
   if (way_ == LinkWay::nccl) {
     it->second.channel->compute_waits();  // the next compute sees the values (and may overwrite a sent buffer)
   } else {
-    MPI_Wait(&it->second.req, MPI_STATUS_IGNORE);
+    large::wait_all(it->second.reqs);
   }
   finish(it);
 }
@@ -176,9 +177,7 @@ bool StageLink::done(int id) {
   if (way_ == LinkWay::nccl) {
     if (!it->second.channel->finished()) return false;
   } else {
-    int flag = 0;
-    MPI_Test(&it->second.req, &flag, MPI_STATUS_IGNORE);
-    if (!flag) return false;
+    if (!large::test_all(it->second.reqs)) return false;
   }
   finish(it);
   return true;

@@ -3,6 +3,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/large_count.h"
 #include "comm/nccl.h"
 
 namespace llmpi {
@@ -11,13 +12,13 @@ namespace {
 
 TensorGroup::Fn mpi_fn(const Ops& ops, MPI_Comm comm, MPI_Op op, std::shared_ptr<std::vector<float>> staging) {
   if (!ops.on_gpu())
-    return [comm, op](float* x, size_t n) { MPI_Allreduce(MPI_IN_PLACE, x, static_cast<int>(n), MPI_FLOAT, op, comm); };
+    return [comm, op](float* x, size_t n) { large::allreduce(MPI_IN_PLACE, x, n, MPI_FLOAT, op, comm); };
   const Ops* o = &ops;
   return [o, comm, op, staging](float* x, size_t n) {  // one host buffer, grown to the largest call
     std::vector<float>& h = *staging;
     if (h.size() < n) h.resize(n);
     o->copy_to_host(h.data(), x, n * sizeof(float));  // waits for the compute stream
-    MPI_Allreduce(MPI_IN_PLACE, h.data(), static_cast<int>(n), MPI_FLOAT, op, comm);
+    large::allreduce(MPI_IN_PLACE, h.data(), n, MPI_FLOAT, op, comm);
     o->copy_to_device(x, h.data(), n * sizeof(float));
   };
 }
@@ -53,10 +54,10 @@ TensorGroup make_tensor_group(const Ops& ops, MPI_Comm comm, bool nccl) {
   MPI_Comm_size(comm, &W);
   if (!ops.on_gpu()) {
     g.all_gather = [comm](const float* piece, float* whole, size_t n) {
-      MPI_Allgather(piece, static_cast<int>(n), MPI_FLOAT, whole, static_cast<int>(n), MPI_FLOAT, comm);
+      large::allgather(piece, n, MPI_FLOAT, whole, comm);
     };
     g.reduce_scatter = [comm](const float* whole, float* piece, size_t n) {
-      MPI_Reduce_scatter_block(whole, piece, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm);
+      large::reduce_scatter_block(whole, piece, n, MPI_FLOAT, MPI_SUM, comm);
     };
     return g;
   }
@@ -65,13 +66,13 @@ TensorGroup make_tensor_group(const Ops& ops, MPI_Comm comm, bool nccl) {
   g.all_gather = [o, comm, W, in, out](const float* piece, float* whole, size_t n) {
     in->resize(n), out->resize(n * W);
     o->copy_to_host(in->data(), piece, n * sizeof(float));
-    MPI_Allgather(in->data(), static_cast<int>(n), MPI_FLOAT, out->data(), static_cast<int>(n), MPI_FLOAT, comm);
+    large::allgather(in->data(), n, MPI_FLOAT, out->data(), comm);
     o->copy_to_device(whole, out->data(), n * W * sizeof(float));
   };
   g.reduce_scatter = [o, comm, W, in, out](const float* whole, float* piece, size_t n) {
     in->resize(n * W), out->resize(n);
     o->copy_to_host(in->data(), whole, n * W * sizeof(float));
-    MPI_Reduce_scatter_block(in->data(), out->data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm);
+    large::reduce_scatter_block(in->data(), out->data(), n, MPI_FLOAT, MPI_SUM, comm);
     o->copy_to_device(piece, out->data(), n * sizeof(float));
   };
   return g;

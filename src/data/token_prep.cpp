@@ -17,6 +17,7 @@
 #include <set>
 #include <thread>
 
+#include "comm/large_count.h"
 #include "data/h5_util.h"
 #include "data/path_util.h"
 #include "data/prep_manifest.h"
@@ -59,7 +60,7 @@ void bcast_string(MPI_Comm comm, std::string& s) {
   int64_t n = int64_t(s.size());
   MPI_Bcast(&n, 1, MPI_INT64_T, 0, comm);
   s.resize(size_t(n));
-  if (n > 0) MPI_Bcast(&s[0], int(n), MPI_CHAR, 0, comm);
+  if (n > 0) MPI_Bcast(&s[0], mpi_count(s.size(), "a message of the preparation's ranks"), MPI_CHAR, 0, comm);
 }
 
 // Rank 0 runs f; its failure reaches every rank.
@@ -79,7 +80,8 @@ void on_root(MPI_Comm comm, int rank, F&& f) {
 }
 
 void sum_in_place(MPI_Comm comm, std::vector<int64_t>& v) {
-  if (!v.empty()) MPI_Allreduce(MPI_IN_PLACE, v.data(), int(v.size()), MPI_INT64_T, MPI_SUM, comm);
+  if (!v.empty())  // one total per input unit
+    MPI_Allreduce(MPI_IN_PLACE, v.data(), mpi_count(v.size(), "per-unit totals"), MPI_INT64_T, MPI_SUM, comm);
 }
 
 uint64_t mix64(uint64_t z) {  // splitmix64's finaliser

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "backend/cuda_ops.h"
+#include "comm/large_count.h"
 #include "hf/hf_import.h"
 #include "pipeline/stage_layers.h"
 #include "runtime/error.h"
@@ -176,7 +177,7 @@ std::vector<float> Engine::gather_whole(int which) {
     for (size_t c = 0; c < chunks.size(); c++) {
       std::vector<float>& host = part_values[c];
       if (chunks[c].tied_copy) host.resize(build_param_table(desc, chunks[c].part).slices.back().offset);  // not sent
-      MPI_Send(host.data(), (int)host.size(), MPI_FLOAT, 0, 1000 + chunks[c].vstage, g.pipeline);
+      large::send_with_length(host.data(), host.size(), MPI_FLOAT, 0, 1000 + chunks[c].vstage, g.pipeline);
     }
     return whole;
   }
@@ -192,12 +193,8 @@ std::vector<float> Engine::gather_whole(int which) {
       if (s == 0) {
         host = std::move(part_values[c]);
       } else {
-        int n = 0;
-        MPI_Status status;
-        MPI_Probe(s, 1000 + k, g.pipeline, &status);
-        MPI_Get_count(&status, MPI_FLOAT, &n);
-        host.resize(n);
-        MPI_Recv(host.data(), n, MPI_FLOAT, s, 1000 + k, g.pipeline, MPI_STATUS_IGNORE);
+        host.resize(large::recv_length(s, 1000 + k, g.pipeline));
+        large::recv(host.data(), host.size(), MPI_FLOAT, s, 1000 + k, g.pipeline);
       }
       for (const ParamSlice& sl : t.slices) {
         if (sl.offset + sl.numel > host.size()) continue;  // a tied copy, not sent
@@ -212,12 +209,13 @@ std::vector<float> Engine::unshard(size_t c, std::vector<float> mine) const {
   if (g.tp == 1) return mine;
   const ModelChunk& ch = chunks[c];
   // every rank's shard values to tp_rank 0 (the shards may differ in length: uneven vocabulary rows)
-  int n = (int)mine.size();
-  std::vector<int> lens(g.tp), offs(g.tp, 0);
-  MPI_Gather(&n, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, g.tensor);
+  // (every rank learns every length: large::gatherv's pieces follow from them)
+  size_t n = mine.size();
+  std::vector<size_t> lens(g.tp), offs(g.tp, 0);
+  MPI_Allgather(&n, 1, mpi_size_type(), lens.data(), 1, mpi_size_type(), g.tensor);
   for (int r = 1; r < g.tp; r++) offs[r] = offs[r - 1] + lens[r - 1];
-  std::vector<float> all(g.tp_rank == 0 ? (size_t)offs[g.tp - 1] + lens[g.tp - 1] : 0);
-  MPI_Gatherv(mine.data(), n, MPI_FLOAT, all.data(), lens.data(), offs.data(), MPI_FLOAT, 0, g.tensor);
+  std::vector<float> all(g.tp_rank == 0 ? offs[g.tp - 1] + lens[g.tp - 1] : 0);
+  large::gatherv(mine.data(), lens, offs, MPI_FLOAT, all.data(), 0, g.tensor);
   if (g.tp_rank != 0) return {};
   const ParamTable part_table = build_param_table(desc, ch.part);
   std::unordered_map<std::string, size_t> offset_of;
@@ -243,7 +241,7 @@ std::vector<float> Engine::whole_params_everywhere() {
   }
   whole = gather_whole(0);
   whole.resize(whole_table.numel);
-  MPI_Bcast(whole.data(), (int)whole.size(), MPI_FLOAT, 0, g.world);
+  large::bcast(whole.data(), whole.size(), MPI_FLOAT, 0, g.world);
   return whole;
 }
 
@@ -354,7 +352,7 @@ void Engine::init_from_hf(const std::string& dir, std::vector<std::string>* note
   // The notes of the pipeline's stages, to its stage 0, one per line.
   std::string text;
   for (const std::string& n : mine) text += n + "\n";
-  int len = (int)text.size();
+  int len = mpi_count(text.size(), "--init-from's notes");  // a few lines per stage
   std::vector<int> lens(S), offs(S, 0);
   MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, g.pipeline);
   for (int s = 1; s < S; s++) offs[s] = offs[s - 1] + lens[s - 1];

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "backend/cuda_ops.h"
+#include "comm/large_count.h"
 #include "engine/engine.h"
 #include "metrics/trace.h"
 #include "runtime/clock.h"
@@ -35,12 +36,12 @@ void Engine::sum_tied_gradients() {
     const ParamSlice& w = ch.model->table.slices.back();
     float* grad = ch.model->grads + w.offset;
     if (!ops.on_gpu()) {
-      MPI_Allreduce(MPI_IN_PLACE, grad, (int)w.numel, MPI_FLOAT, MPI_SUM, g.embedding);
+      large::allreduce(MPI_IN_PLACE, grad, w.numel, MPI_FLOAT, MPI_SUM, g.embedding);
       continue;
     }
     std::vector<float> host(w.numel);
     ops.copy_to_host(host.data(), grad, w.numel * sizeof(float));
-    MPI_Allreduce(MPI_IN_PLACE, host.data(), (int)w.numel, MPI_FLOAT, MPI_SUM, g.embedding);
+    large::allreduce(MPI_IN_PLACE, host.data(), w.numel, MPI_FLOAT, MPI_SUM, g.embedding);
     ops.copy_to_device(grad, host.data(), w.numel * sizeof(float));
   }
 }

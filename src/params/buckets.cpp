@@ -5,7 +5,8 @@
 namespace llmpi {
 
 std::vector<Bucket> make_buckets(const ParamTable& t, double bucket_mb, double first_bucket_mb) {
-  // Counts stay far below INT_MAX, even multiplied by the world size for the gather buffer.
+  // Buckets of several tensors stay at most 2^28 floats; one tensor larger than that is a bucket of
+  // its own, of any size (the exchanges move it in pieces of at most INT_MAX: comm/large_count.h).
   const size_t max_floats = (size_t)1 << 28;
   std::vector<Bucket> out;
   size_t i = 0;
@@ -27,21 +28,21 @@ std::vector<Bucket> make_buckets(const ParamTable& t, double bucket_mb, double f
   return out;
 }
 
-void piece_counts(size_t n, int world, std::vector<int>& counts, std::vector<int>& displs) {
+void piece_counts(size_t n, int world, std::vector<size_t>& counts, std::vector<size_t>& displs) {
   counts.assign(world, 0);
   displs.assign(world, 0);
   const size_t base = n / world, extra = n % world;
   size_t off = 0;
   for (int r = 0; r < world; r++) {
-    counts[r] = (int)(base + ((size_t)r < extra ? 1 : 0));
-    displs[r] = (int)off;
+    counts[r] = base + ((size_t)r < extra ? 1 : 0);
+    displs[r] = off;
     off += counts[r];
   }
 }
 
 std::vector<ShardPiece> shard_pieces(const std::vector<Bucket>& buckets, int world, int rank) {
   std::vector<ShardPiece> out;
-  std::vector<int> counts, displs;
+  std::vector<size_t> counts, displs;
   for (const Bucket& b : buckets) {
     piece_counts(b.end - b.begin, world, counts, displs);
     out.push_back({b.begin + displs[rank], b.begin + displs[rank] + counts[rank]});

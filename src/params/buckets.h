@@ -34,6 +34,6 @@ struct ShardPiece {
 // One piece per bucket, in bucket order (empty when a bucket has fewer floats than ranks).
 std::vector<ShardPiece> shard_pieces(const std::vector<Bucket>& buckets, int world, int rank);
 // The piece sizes and offsets (relative to the bucket's begin) of every rank, for a bucket of n.
-void piece_counts(size_t n, int world, std::vector<int>& counts, std::vector<int>& displs);
+void piece_counts(size_t n, int world, std::vector<size_t>& counts, std::vector<size_t>& displs);
 
 }  // namespace llmpi

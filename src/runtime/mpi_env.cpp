@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/large_count.h"
+
 namespace llmpi {
 
 static const char* g_program = "llmpi";
@@ -40,7 +42,7 @@ std::string agree_on_error(MPI_Comm comm, const std::string& local_error) {
   if (first == world) return "";
   int failed_here = local_error.empty() ? 0 : 1, failed = 0;
   MPI_Allreduce(&failed_here, &failed, 1, MPI_INT, MPI_SUM, comm);
-  int len = rank == first ? (int)local_error.size() : 0;
+  int len = rank == first ? mpi_count(local_error.size(), "an error message") : 0;
   MPI_Bcast(&len, 1, MPI_INT, first, comm);
   std::vector<char> buf(len + 1, '\0');
   if (rank == first) std::memcpy(buf.data(), local_error.data(), len);

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "comm/large_count.h"
 #include "runtime/error.h"
 
 namespace llmpi {
@@ -63,7 +64,7 @@ std::string ParallelGroups::describe() const {
 
 void print_topology(const ParallelGroups& g, const std::string& extra) {
   const std::string mine = g.describe() + (extra.empty() ? "" : ", " + extra);
-  int len = (int)mine.size();
+  int len = mpi_count(mine.size(), "a topology line");  // one line per rank
   std::vector<int> lens(g.world_size), offs(g.world_size);
   MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, g.world);
   int total = 0;

@@ -8,6 +8,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/sharded.h"
+#include "comm/large_count.h"
 #include "runtime/mpi_env.h"
 #include "train/run.h"
 
@@ -116,7 +117,7 @@ void resume_auto(Run& r, const std::vector<std::string>& overrides) {
   if (r.rank == 0)
     for (const std::string& path : checkpoints_newest_first(r.ckpt_dir))
       names += std::filesystem::path(path).filename().string() + "\n";
-  int len = (int)names.size();
+  int len = mpi_count(names.size(), "the names of the run's checkpoints");
   MPI_Bcast(&len, 1, MPI_INT, 0, r.comm);
   names.resize((size_t)len);
   MPI_Bcast(names.data(), len, MPI_CHAR, 0, r.comm);

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/gemm_auto.h"
 #include "backend/cuda_ops.h"
+#include "comm/large_count.h"
 #include "metrics/classification_metrics.h"
 #include "runtime/clock.h"
 #include "train/run.h"
@@ -40,7 +41,9 @@ EvalResult evaluate(Run& r, int64_t step) {
     for (size_t i = 0; i < e.labels.size(); i++) cm.add(e.labels[i], e.predictions[i]);
   }
   MPI_Allreduce(MPI_IN_PLACE, sums, 3, MPI_DOUBLE, MPI_SUM, r.comm);
-  if (cls) MPI_Allreduce(MPI_IN_PLACE, cm.counts.data(), (int)cm.counts.size(), MPI_DOUBLE, MPI_SUM, r.comm);
+  if (cls)  // num_labels² cells
+    MPI_Allreduce(MPI_IN_PLACE, cm.counts.data(), mpi_count(cm.counts.size(), "the confusion matrix"), MPI_DOUBLE,
+                  MPI_SUM, r.comm);
   EvalResult e;
   e.loss = sums[1] > 0 ? (float)(sums[0] / sums[1]) : 0.0f;
   e.counted = (int64_t)sums[2];
