@@ -9,6 +9,7 @@
 #   make bench      the reference-configuration throughput benchmark, fp32 and bf16 (see docs/PERF.md);
 #                   REF_PYTHON= a Python with PyTorch (2.x for its torch.compile rows) for the PyTorch peers
 #   make bench-gemm-choice  "auto"'s CPU GEMM engine against each engine set by hand, under other CPUs' kernels
+#   make bench-checkpoint   a sharded checkpoint's write on 1, 2, 4 ranks against a bare MPI-IO write of its bytes
 #   make scaling    strong and weak scaling, data-parallel and pipelined, on the ranks this machine has
 #                   (bench/scaling.py; docs/PERF.md); SCALING_ARGS= (e.g. --ranks 1,2)
 #   make glue       the course's BERT-on-RTE assignment: fine-tune all-MiniLM-L6-v2 on GLUE RTE, time the
@@ -310,7 +311,7 @@ test:
 	BUILD=$(BUILD) SAN=$(SAN) tools/run_tests.sh
 
 # make test-kernels: the numerical tests again under the OpenBLAS and oneDNN kernels other CPUs get
-# (OPENBLAS_CORETYPE, ONEDNN_MAX_CPU_ISA; tools/kernel_paths.sh; make test runs the first two)
+# (OPENBLAS_CORETYPE, ONEDNN_MAX_CPU_ISA; tools/kernel_paths.sh; CI runs it after make test)
 .PHONY: test-kernels
 test-kernels:
 	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) $(BUILD)/llmpi-tests
@@ -324,6 +325,12 @@ bench: all
 .PHONY: bench-gemm-choice
 bench-gemm-choice: all
 	BUILD=$(BUILD) /usr/bin/python3 bench/gemm_choice.py
+
+# make bench-checkpoint: one sharded checkpoint's write (1.4 GB of params + AdamW state) on 1, 2
+# and 4 ranks against a bare MPI-IO write of the same bytes (bench/checkpoint_write.py; docs/PERF.md)
+.PHONY: bench-checkpoint
+bench-checkpoint: $(DEPS_STAMP) $(BUILD)/bench-checkpoint_sharded
+	BUILD=$(BUILD) /usr/bin/python3 bench/checkpoint_write.py $(CHECKPOINT_BENCH_ARGS)
 
 # make scaling: strong and weak scaling, data-parallel and pipelined, at 1, 2, 4 ranks and more where
 # the machine has the cores (bench/scaling.py; docs/PERF.md "Strong and weak scaling"). Builds what it

@@ -1,4 +1,4 @@
-// MPI transfers in pieces (comm/large_count.h):
+// MPI transfers in pieces (runtime/large_count.h):
 //   - LargeCount (serial): the checked conversion refuses a count past INT_MAX, naming it and the
 //     limit; the piece limit is set and cleared;
 //   - Mpi* / MpiN4*: with the limit at a few elements, every call (each root, lengths that the
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
-#include "comm/large_count.h"
+#include "runtime/large_count.h"
 #include "mpi_test_data.h"
 #include "runtime/error.h"
 #include "train/trainer.h"

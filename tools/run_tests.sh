@@ -3,7 +3,6 @@
 #   1. serial unit tests:   llmpi-tests --gtest_filter=-Mpi*
 #   2. MPI tests, each in its own `mpiexec` with its own time limit, so a deadlock fails that test
 #      instead of hanging the suite: Mpi* under -n 2, MpiN4* under -n 4, MpiN6* under -n 6
-#   2b. the numerical tests again on two other CPUs' kernels (tools/kernel_paths.sh --quick)
 #   3. CUDA kernels run on the CPU (tools/cuda_cpu_sim): the tensor-core fused-attention kernels
 #      (bf16, tf32; build/sim-flash_mma), CUDA ops with their launchers (build/sim-cuda_ops) and
 #      the CUDA unit tests on that simulated backend, but the slowest (build/sim-cuda_tests); its
@@ -88,23 +87,6 @@ for t in $tests; do
   timeout --kill-after=10 "$MPI_TIMEOUT" mpiexec -n $np "$BIN" --gtest_filter="$t" >"$log" 2>&1
   record "$t (-n $np)" $? "$log"
 done
-
-echo "== the numerical tests on other CPUs' kernels (tools/kernel_paths.sh --quick; every path: make test-kernels)"
-log=$LOGS/kernel-paths.log; started=$SECONDS
-BUILD=$BUILD tools/kernel_paths.sh --quick >"$log" 2>&1
-rc=$?
-counts=$(sed -n 's/^kernel paths: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) skipped$/\1 \2 \3/p' "$log")
-if [ -n "$counts" ]; then
-  read -r kp kf ks <<<"$counts"
-  pass=$((pass + kp)); fail=$((fail + kf)); skip=$((skip + ks))
-  grep -E '^== |  FAIL ' "$log" | sed 's/^/  /'
-  while read -r f; do failed_names+=("kernel paths: $f"); done < <(sed -n 's/^failed: //p' "$log")
-  if [ $rc != 0 ] && [ "$kf" = 0 ]; then record "tools/kernel_paths.sh (exit $rc)" $rc "$log"; fi
-  echo "  kernel paths: $kp passed, $kf failed, $ks skipped in $((SECONDS - started)) s (log $log)"
-else
-  record "tools/kernel_paths.sh (no count printed)" 1 "$log"
-fi
-started=$SECONDS
 
 echo "== CUDA kernels run on the CPU (tools/cuda_cpu_sim)"
 log=$LOGS/sim-flash_mma.log

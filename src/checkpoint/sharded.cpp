@@ -148,13 +148,18 @@ std::vector<uint64_t> create_sharded_file(MPI_Comm comm, const std::string& tmp,
     for (int64_t x : {(int64_t)w.group, (int64_t)w.tensor, w.replica, w.rect.row0, w.rect.rows, w.rect.col0,
                       w.rect.cols, (int64_t)w.crc})
       records.push_back(x);
-  if (records.size() > (size_t)INT32_MAX) fail("internal: ", records.size(), " checksum records on one rank");
-  int n = (int)records.size();
-  std::vector<int> counts(world), displs(world, 0);
-  MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm);
+  // (every rank learns every count, so that a total MPI's int cannot hold fails on every rank)
+  const int64_t n64 = (int64_t)records.size();
+  std::vector<int64_t> counts64(world);
+  MPI_Allgather(&n64, 1, MPI_INT64_T, counts64.data(), 1, MPI_INT64_T, comm);
   int64_t total = 0;
-  for (int r = 0; r < world; r++) displs[r] = (int)total, total += counts[r];
-  if (rank == 0 && total > INT32_MAX) fail("internal: ", total, " checksum records in one checkpoint");
+  std::vector<int> counts(world), displs(world, 0);
+  for (int r = 0; r < world; r++) displs[r] = (int)std::min<int64_t>(total, INT32_MAX), counts[r] = (int)counts64[r],
+                                  total += counts64[r];
+  if (total > INT32_MAX)
+    fail("a checkpoint of ", total / kRecordFields, " rectangles is more than one gather can carry; use fewer ranks "
+         "per tensor (a smaller parallel.tp) or fewer tensors");
+  const int n = (int)n64;
   std::vector<int64_t> all(rank == 0 ? (size_t)total : 0);
   MPI_Gatherv(records.data(), n, MPI_INT64_T, all.data(), counts.data(), displs.data(), MPI_INT64_T, 0, comm);
 
@@ -236,7 +241,7 @@ std::vector<uint64_t> create_sharded_file(MPI_Comm comm, const std::string& tmp,
     if (rank == 0) std::remove(tmp.c_str());
     fail(err);  // the same message on every rank
   }
-  MPI_Bcast(offsets.data(), (int)offsets.size(), MPI_UINT64_T, 0, comm);
+  MPI_Bcast(offsets.data(), (int)offsets.size(), MPI_UINT64_T, 0, comm);  // (3 x the tensors: few)
   return offsets;
 }
 

@@ -21,7 +21,7 @@
 //                   buffer
 //
 // The MPI collectives take any bucket size: one past INT_MAX elements (a bucket of one huge
-// tensor) goes in pieces (comm/large_count.h).
+// tensor) goes in pieces (runtime/large_count.h).
 //
 // Buffers are host memory, except where device_memory() says they are the device's. A poll_us > 0
 // starts nonblocking MPI collectives and polls them with MPI_Test, sleeping poll_us between polls

@@ -4,7 +4,7 @@
 
 #include "comm/exchange.h"
 #include "comm/grad_sync.h"
-#include "comm/large_count.h"
+#include "runtime/large_count.h"
 #include "comm/nccl.h"
 #include "params/buckets.h"
 #include "runtime/error.h"
@@ -30,7 +30,7 @@ struct GroupShape {
   }
 };
 
-// Every collective here goes through comm/large_count.h: a bucket may be one tensor of more than
+// Every collective here goes through runtime/large_count.h: a bucket may be one tensor of more than
 // INT_MAX floats (params/buckets.h), moved in pieces.
 
 // MPI_Allgather of equal pieces of c = ceil(n/W) floats (the shorter ones padded) into a W·c buffer,

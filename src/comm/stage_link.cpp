@@ -6,7 +6,7 @@
 #endif
 
 #include "backend/cuda_ops.h"
-#include "comm/large_count.h"
+#include "runtime/large_count.h"
 #include "comm/nccl.h"
 #include "runtime/error.h"
 

@@ -3,7 +3,7 @@
 // schedule's executor is one loop whatever the backend and the sync method:
 //
 //   mpi_direct   MPI_Irecv / MPI_Isend straight from backend memory (a message of more than
-//                INT_MAX floats in several pieces: comm/large_count.h): the CPU backend, or a GPU
+//                INT_MAX floats in several pieces: runtime/large_count.h): the CPU backend, or a GPU
 //                when the MPI library says it is CUDA-aware (MPIX_Query_cuda_support, where the
 //                library has it: MPICH and Open MPI)
 //   mpi_staged   a GPU whose MPI is not CUDA-aware (Debian's MPICH): every message through a
@@ -73,7 +73,7 @@ class StageLink {
 
  private:
   struct Message {
-    std::vector<MPI_Request> reqs;  // MPI: one per piece of the message (comm/large_count.h)
+    std::vector<MPI_Request> reqs;  // MPI: one per piece of the message (runtime/large_count.h)
     float* staging = nullptr;  // mpi_staged: the page-locked copy
     float* dst = nullptr;      // a receive's destination (mpi_staged: copied there by wait)
     size_t n = 0;

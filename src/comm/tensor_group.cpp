@@ -3,7 +3,7 @@
 #include <memory>
 #include <vector>
 
-#include "comm/large_count.h"
+#include "runtime/large_count.h"
 #include "comm/nccl.h"
 
 namespace llmpi {

@@ -3,7 +3,7 @@
 // reduce-scatters of equal pieces, on a Model's backend memory.
 //
 //   CPU        MPI_Allreduce in place, MPI_Allgather, MPI_Reduce_scatter_block on the buffers (in
-//              pieces of at most INT_MAX floats: comm/large_count.h)
+//              pieces of at most INT_MAX floats: runtime/large_count.h)
 //   CUDA       with parallel.sync "nccl": ncclAllReduce (sum or max), ncclAllGather,
 //              ncclReduceScatter on an NCCL communicator of the group, on its stream after the
 //              compute stream's work, which then waits for it (no host wait: comm/nccl.h);

@@ -17,7 +17,7 @@
 #include <set>
 #include <thread>
 
-#include "comm/large_count.h"
+#include "runtime/large_count.h"
 #include "data/h5_util.h"
 #include "data/path_util.h"
 #include "data/prep_manifest.h"

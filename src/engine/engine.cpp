@@ -8,7 +8,7 @@
 #include <unordered_map>
 
 #include "backend/cuda_ops.h"
-#include "comm/large_count.h"
+#include "runtime/large_count.h"
 #include "hf/hf_import.h"
 #include "pipeline/stage_layers.h"
 #include "runtime/error.h"

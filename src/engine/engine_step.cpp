@@ -6,7 +6,7 @@
 #include <map>
 
 #include "backend/cuda_ops.h"
-#include "comm/large_count.h"
+#include "runtime/large_count.h"
 #include "engine/engine.h"
 #include "metrics/trace.h"
 #include "runtime/clock.h"

@@ -6,7 +6,7 @@ namespace llmpi {
 
 std::vector<Bucket> make_buckets(const ParamTable& t, double bucket_mb, double first_bucket_mb) {
   // Buckets of several tensors stay at most 2^28 floats; one tensor larger than that is a bucket of
-  // its own, of any size (the exchanges move it in pieces of at most INT_MAX: comm/large_count.h).
+  // its own, of any size (the exchanges move it in pieces of at most INT_MAX: runtime/large_count.h).
   const size_t max_floats = (size_t)1 << 28;
   std::vector<Bucket> out;
   size_t i = 0;

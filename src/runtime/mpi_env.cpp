@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "comm/large_count.h"
+#include "runtime/large_count.h"
 
 namespace llmpi {
 

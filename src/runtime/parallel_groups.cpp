@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "comm/large_count.h"
+#include "runtime/large_count.h"
 #include "runtime/error.h"
 
 namespace llmpi {

@@ -2,13 +2,17 @@
 // whole model by name (checkpoint/sharded.h), written by the ranks that hold it and read by the
 // ranks that need it, so it resumes with another world size, pipeline, tensor parallelism or
 // ZeRO-1, and no rank ever holds more than its own state.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/sharded.h"
-#include "comm/large_count.h"
+#include "runtime/large_count.h"
 #include "runtime/mpi_env.h"
 #include "train/run.h"
 
@@ -140,7 +144,18 @@ void resume_auto(Run& r, const std::vector<std::string>& overrides) {
     }
     MPI_Bcast(&other_run, 1, MPI_INT, 0, r.comm);
     if (other_run) continue;
+    // A file rank 0 reads but another rank cannot open is not damaged: that rank's view of
+    // run.dir differs (a stale node), and every rank stops, naming it.
+    bool opened = true;
+    try {
+      read_checkpoint_info(path);
+    } catch (const Error&) {
+      opened = false;
+    }
+    int rank0_opened = opened;
+    MPI_Bcast(&rank0_opened, 1, MPI_INT, 0, r.comm);
     Attempt mine = try_resume(r, path, overrides);
+    if (rank0_opened && !opened) mine.damaged = false;
     if (r.rank != 0 && !mine.err.empty() && !mine.damaged)
       mine.err = "--resume auto: rank " + std::to_string(r.rank) + " cannot resume from '" + path +
                  "', the checkpoint rank 0 chose (" + mine.err + "): wait until every node sees the same files in " +
@@ -240,6 +255,15 @@ std::string save_checkpoint(Run& r, int64_t steps_done) {
   }
   rect_crcs(p->writes);
   std::string err;
+  // One file, written by every rank: run.dir must name the same directory everywhere.
+  const uint64_t mine = std::hash<std::string>()(p->tmp);
+  uint64_t lo = mine, hi = mine;
+  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, r.comm);
+  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, r.comm);
+  if (lo != hi)
+    throw CollectiveError("the ranks would write checkpoint " + std::to_string(steps_done) + " to different paths (this "
+                          "rank: '" + p->path + "'): every rank writes its part of one file, so run.dir must be the "
+                          "same directory on every rank, on a file system every node sees");
   if (r.rank == 0) {
     try {
       make_dirs(r.ckpt_dir);
@@ -266,7 +290,14 @@ std::string save_checkpoint(Run& r, int64_t steps_done) {
   PendingCheckpoint* pc = r.pending.get();
   const ParamTable* whole = &e.whole_table;
   const int64_t replicas = i.rows;
+  // LLMPI_CHECKPOINT_WRITE_DELAY_MS (a testing knob, tests/cli/checkpoint_async.sh): the write
+  // starts that long after the file was created, so that a run can be killed during it.
+  static const long delay_ms = [] {
+    const char* v = std::getenv("LLMPI_CHECKPOINT_WRITE_DELAY_MS");
+    return v ? std::max(0L, std::atol(v)) : 0L;
+  }();
   auto write = [pc, whole, replicas] {
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     pc->error = write_rects(pc->fh, *whole, replicas, pc->offsets, pc->writes, pc->tmp);
   };
   int level = 0;

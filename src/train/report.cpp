@@ -8,7 +8,7 @@
 
 #include "backend/cpu/gemm_auto.h"
 #include "backend/cuda_ops.h"
-#include "comm/large_count.h"
+#include "runtime/large_count.h"
 #include "metrics/classification_metrics.h"
 #include "runtime/clock.h"
 #include "train/run.h"

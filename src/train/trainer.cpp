@@ -59,10 +59,13 @@ void handle_nonfinite(Run& r, int64_t step, float loss, const StepResult& s, Tra
 void checkpoint(Run& r, int64_t steps_done, TrainResult& res, const TrainOptions& o, bool print) {
   if (!o.write_run_dir) return;
   r.watchdog->enter("checkpoint", steps_done);
+  const double t0 = now_ms();
   res.last_checkpoint = save_checkpoint(r, steps_done);
+  const double waited_s = (now_ms() - t0) / 1e3;
   r.saved_at = steps_done;
   if (!print) return;
-  std::printf("checkpoint: %s\n", res.last_checkpoint.c_str());
+  std::printf("checkpoint: %s (training waited %.2f s%s)\n", res.last_checkpoint.c_str(), waited_s,
+              r.pending ? "; written behind the next steps" : "");
   std::fflush(stdout);
 }
 
@@ -75,6 +78,7 @@ bool preempted_here(Run& r, int64_t step, TrainResult& res, const TrainOptions& 
   r.watchdog->enter(nullptr, step);
   if (!stop_any || step + 1 == r.cfg.train.steps) return false;
   if (r.saved_at != step + 1) checkpoint(r, step + 1, res, o, print);
+  r.watchdog->enter("checkpoint", step + 1);
   finish_checkpoint(r);  // on disk before the job ends
   res.preempted = true;
   if (r.rank == 0 && o.write_run_dir)
@@ -157,6 +161,7 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
       checkpoint(r, step + 1, res, o, print);
     if (preempted_here(r, step, res, o, print)) break;
   }
+  r.watchdog->enter("checkpoint", tc.steps);
   finish_checkpoint(r);  // the last one, on disk before the run reports
   finish_run(r, res, o);
   if (return_params) res.final_params = r.engine->whole_params_everywhere();

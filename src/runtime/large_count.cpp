@@ -1,5 +1,5 @@
-// MPI transfers of any length, in pieces of at most mpi_max_count() elements (comm/large_count.h).
-#include "comm/large_count.h"
+// MPI transfers of any length, in pieces of at most mpi_max_count() elements (runtime/large_count.h).
+#include "runtime/large_count.h"
 
 #include <algorithm>
 #include <atomic>
