@@ -110,6 +110,8 @@ inline bool added_by_weight_pass(const Model& m, const ParamSlice& s) {
 
 // How far a loss curve strays from a reference one: per step |other - ref| / ref, the largest
 // of them, and whether the two curves are the same bits (a precision mode that changed nothing).
+// (A loss is a mean of positive row losses: relative to it nothing cancels. The bound each caller
+// holds it to is the caller's, derived beside the check.)
 struct CurveGap {
   std::vector<double> per_step;
   double worst = 0;

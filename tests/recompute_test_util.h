@@ -109,6 +109,8 @@ inline RecomputeRun run_part(const Ops& ops, const RecomputeCase& c, Recompute r
   return r;
 }
 
+// For the exact comparisons: recomputation repeats the same operations on the same values in the
+// same order, so every bit (a zero's sign, a NaN's payload) must match.
 inline bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
   return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
 }

@@ -40,6 +40,8 @@ TEST(MpiCheckpoint, ResumeContinuesBitIdentically) {
     ASSERT_EQ(second.losses.size(), 6u);
     std::vector<float> joined = first.losses;
     joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+    // Exact: the checkpoint holds the parameters, moments and step bit for bit (with "weights", the
+    // steps since the last average too), and the same steps follow on the same samples.
     EXPECT_EQ(joined, whole.losses) << sync << ": per-step losses must match bit for bit";
     EXPECT_EQ(second.final_params, whole.final_params) << sync << ": final parameters must match bit for bit";
     if (world_rank() == 0) {

@@ -136,6 +136,7 @@ TEST(MpiCpuGemmAuto, AResumedRunKeepsTheEngineItsCheckpointRecords) {
   for (const std::string& e : all_ranks(second.cpu_gemm)) EXPECT_EQ(e, chosen) << "every rank keeps the engine";
   std::vector<float> joined = first.losses;
   joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  // Exact: the resumed run keeps the checkpoint's engine, so its GEMMs are the uninterrupted run's.
   EXPECT_EQ(joined, whole.losses) << "the resumed run continues the uninterrupted one bit for bit";
   if (world_rank() == 0) {
     EXPECT_EQ(read_json(run + "/config.json")["runtime"]["cpu_fp32_gemm"], chosen);

@@ -1,12 +1,14 @@
 // Every family under MPI (-n 2): training on 2 ranks equals training on 1 rank with the same
-// global batch (1e-5 relative over 10 steps) for allreduce, gather_scatter and overlapped
-// buckets; an interrupted and resumed run repeats the uninterrupted one bit for bit; a checkpoint
-// of one family is refused by another; runtime.attention=fused trains like full. (gpt2 has the
+// global batch (to the drift of another summation order over 10 steps, training_drift in
+// mpi_test_data.h) for allreduce, gather_scatter and overlapped buckets; an interrupted and
+// resumed run repeats the uninterrupted one bit for bit; a checkpoint of one family is refused by
+// another; runtime.attention=fused trains like full. (gpt2 has the
 // same checks in test_mpi_sync.cpp and test_mpi_checkpoint.cpp; these add llama, with grouped K/V
 // heads, and bert on a classification file.)
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -49,10 +51,15 @@ void two_ranks_equal_one(const std::string& family) {
   const TrainOptions quiet = quiet_options(false);
   MPI_Comm solo;
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
+  const Config ref = family_config(f, {"train.steps=10"});
   TrainResult one;
+  Drift bound{};
   if (world_rank() == 0) {
-    one = train(family_config(f, {"train.steps=10"}), solo, quiet, true);
+    one = train(ref, solo, quiet, true);
     MPI_Comm_free(&solo);
+    // Bound: one rank sums each gradient over the batch's 8 × 32 rows in one GEMM, two ranks over
+    // 128 each and then add the halves: another order of the same sums, training_drift.
+    bound = training_drift(ref, 0, 10, one.final_params);
   }
   struct Variant {
     const char* name;
@@ -71,20 +78,24 @@ void two_ranks_equal_one(const std::string& family) {
     TrainResult two = train(family_config(f, sets), MPI_COMM_WORLD, quiet, true);
     std::vector<float> p0 = two.final_params;
     MPI_Bcast(p0.data(), (int)p0.size(), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    // Exact: every rank applies the same update to the same averaged gradient (one sum, g0 + g1).
     EXPECT_EQ(p0, two.final_params) << family << " " << v.name << ": ranks diverged";
     if (world_rank() == 0) {
       ASSERT_EQ(two.losses.size(), 10u);
-      std::printf("%s %-28s first losses 1 rank %.6f %.6f, 2 ranks %.6f %.6f; params rel diff %.1e\n",
-                  family.c_str(), v.name, one.losses[0], one.losses[1], two.losses[0], two.losses[1],
-                  rel_diff(two.final_params, one.final_params));
-      for (int s = 0; s < 10; s++)
-        EXPECT_LT(std::fabs(two.losses[s] - one.losses[s]) / one.losses[s], 1e-5) << family << " " << v.name
-                                                                                   << " step " << s;
-      EXPECT_LT(rel_diff(two.final_params, one.final_params), 1e-5) << family << " " << v.name;
+      double worst = 0;
+      for (int s = 0; s < 10; s++) {
+        const double e = std::fabs(two.losses[s] - one.losses[s]) / one.losses[s];
+        worst = std::max(worst, e);
+        EXPECT_LT(e, bound.loss) << family << " " << v.name << " step " << s;
+      }
+      const double d = rel_diff(two.final_params, one.final_params);
+      EXPECT_LT(d, bound.params) << family << " " << v.name;
+      std::printf("%s %-28s losses within %.1e (bound %.1e), params %.1e (bound %.1e)\n", family.c_str(), v.name,
+                  worst, bound.loss, d, bound.params);
     }
   }
   if (world_rank() == 0 && family != "bert") {
-    EXPECT_LT(one.losses.back(), one.losses.front()) << family << ": no progress";
+    EXPECT_LT(one.losses.back(), one.losses.front()) << family << ": no progress";  // (progress, not rounding)
   }
 }
 
@@ -109,6 +120,8 @@ void resume_is_bit_identical(const std::string& family, std::vector<std::string>
   ASSERT_EQ(second.start_step, 5);
   std::vector<float> joined = first.losses;
   joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  // Exact: the checkpoint holds the parameters, moments and step bit for bit, and the resumed run
+  // repeats the same steps on the same samples (and dropout masks) in the same order.
   EXPECT_EQ(joined, whole.losses) << family << ": per-step losses must match bit for bit";
   EXPECT_EQ(second.final_params, whole.final_params) << family << ": final parameters must match bit for bit";
 
@@ -139,7 +152,7 @@ TEST(MpiFamilies, BertResumeIsBitIdenticalWithDropout) {
 
 // runtime.attention=fused (flash_attention_*: lse per row, P recomputed in backward) trains like
 // runtime.attention=full on 2 ranks, for every family (bert with its padding masks and attention
-// dropout on): the same losses and final parameters to rounding (1e-5 relative over 10 steps).
+// dropout on): the same losses and final parameters to rounding (training_drift over 10 steps).
 TEST(MpiFamilies, FusedAttentionTrainsLikeFullAttention) {
   std::string dir = shared_temp_dir(MPI_COMM_WORLD);
   for (const std::string family : {"gpt2", "llama", "bert"}) {
@@ -147,16 +160,22 @@ TEST(MpiFamilies, FusedAttentionTrainsLikeFullAttention) {
     if (family == "bert") f.sets.insert(f.sets.end(), {"model.dropout=0.1", "model.attn_dropout=0.1"});
     TrainResult r[2];
     const char* impl[2] = {"full", "fused"};
-    for (int k = 0; k < 2; k++)
-      r[k] = train(family_config(f, {"train.steps=10", std::string("runtime.attention=") + impl[k]}), MPI_COMM_WORLD,
-                   quiet_options(false), true);
+    Config cfg[2];
+    for (int k = 0; k < 2; k++) {
+      cfg[k] = family_config(f, {"train.steps=10", std::string("runtime.attention=") + impl[k]});
+      r[k] = train(cfg[k], MPI_COMM_WORLD, quiet_options(false), true);
+    }
     if (world_rank() != 0) continue;
     ASSERT_EQ(r[1].losses.size(), 10u);
+    // Bound: the fused kernel sums each row's keys in another order (online softmax, P recomputed),
+    // from the first step on: training_drift (its sums over T keys are shorter than the rows').
+    const Drift bound = training_drift(cfg[0], 0, 10, r[0].final_params);
     for (int s = 0; s < 10; s++)
-      EXPECT_LT(std::fabs(r[1].losses[s] - r[0].losses[s]) / r[0].losses[s], 1e-5) << family << " step " << s;
-    EXPECT_LT(rel_diff(r[1].final_params, r[0].final_params), 1e-5) << family;
-    std::printf("%s: full vs fused attention, last loss %.7f vs %.7f, params rel diff %.1e\n", family.c_str(),
-                r[0].losses.back(), r[1].losses.back(), rel_diff(r[1].final_params, r[0].final_params));
+      EXPECT_LT(std::fabs(r[1].losses[s] - r[0].losses[s]) / r[0].losses[s], bound.loss) << family << " step " << s;
+    EXPECT_LT(rel_diff(r[1].final_params, r[0].final_params), bound.params) << family;
+    std::printf("%s: full vs fused attention, last loss %.7f vs %.7f, params rel diff %.1e (bound %.1e)\n",
+                family.c_str(), r[0].losses.back(), r[1].losses.back(), rel_diff(r[1].final_params, r[0].final_params),
+                bound.params);
   }
 }
 
@@ -171,6 +190,7 @@ TEST(MpiFamilies, BertReportsAccuracyAndRefusesTokenFiles) {
                         MPI_COMM_WORLD, quiet_options(false));
   ASSERT_EQ(r.val_accuracy.size(), 3u);
   for (double a : r.val_accuracy) EXPECT_TRUE(a >= 0 && a <= 1);
+  // (Not a rounding bound: what the model learns. The label decides the tokens, 90% of them.)
   EXPECT_GT(r.val_accuracy.back(), 0.8) << "the label decides which half of the vocabulary the tokens come from";
   try {
     std::string lm = make_pattern_file(MPI_COMM_WORLD, dir, "lm.h5", 20000, 64, 5);
@@ -197,9 +217,15 @@ TEST(MpiFamilies, BertEpochsWithPartialBatchesTwoRanksEqualOneRank) {
                                            "data.val=" + val, "train.eval_batches=0"};
   MPI_Comm solo;
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
+  const Config ref = family_config(f, epochs);
   TrainResult one;
+  Drift bound{};
   if (world_rank() == 0) {
-    one = train(family_config(f, epochs), solo, quiet_options(false), true);
+    one = train(ref, solo, quiet_options(false), true);
+    // Bound: another order of each step's sums over the rows (one rank's batch of 8, two ranks' of
+    // 4, the last of 6 as 3 + 3), over the 18 steps: training_drift. An evaluation is a forward of
+    // the parameters of its step, so its loss drifts as a training step's does.
+    bound = training_drift(ref, 0, 18, one.final_params, 0, 18);
     MPI_Comm_free(&solo);
     ASSERT_EQ(one.losses.size(), 18u) << "2 epochs of ceil(70 / 8) = 9 steps";
     EXPECT_EQ(one.eval_steps, (std::vector<int64_t>{0, 9, 18})) << "an evaluation at every epoch end";
@@ -214,10 +240,14 @@ TEST(MpiFamilies, BertEpochsWithPartialBatchesTwoRanksEqualOneRank) {
     if (world_rank() != 0) continue;
     ASSERT_EQ(two.losses.size(), 18u);
     for (size_t s = 0; s < 18; s++)
-      EXPECT_LT(std::fabs(two.losses[s] - one.losses[s]) / one.losses[s], 1e-5) << sync << " step " << s;
-    EXPECT_LT(rel_diff(two.final_params, one.final_params), 1e-5) << sync;
+      EXPECT_LT(std::fabs(two.losses[s] - one.losses[s]) / one.losses[s], bound.loss) << sync << " step " << s;
+    EXPECT_LT(rel_diff(two.final_params, one.final_params), bound.params) << sync;
     ASSERT_EQ(two.val_losses.size(), 3u);
     for (size_t e = 0; e < 3; e++)
-      EXPECT_LT(std::fabs(two.val_losses[e] - one.val_losses[e]) / one.val_losses[e], 1e-5) << sync << " eval " << e;
+      EXPECT_LT(std::fabs(two.val_losses[e] - one.val_losses[e]) / one.val_losses[e], bound.loss)
+          << sync << " eval " << e;
+    std::printf("bert epochs %s: params rel diff %.1e (bound %.1e), last eval %.7f vs %.7f (bound %.1e)\n", sync,
+                rel_diff(two.final_params, one.final_params), bound.params, two.val_losses.back(),
+                one.val_losses.back(), bound.loss);
   }
 }

@@ -94,5 +94,6 @@ TEST(MpiPlanCheck, PlanMemoryMatchesAShortMeasuredRun) {
     std::printf("plan vs measured (2 ranks, ZeRO-1, loopback): memory %.1f MB planned vs %.1f MB grown (%+.1f%%); "
                 "worst over ranks %.1f%%\n",
                 predicted / 1e6, grown / 1e6, 100 * mem_err, 100 * worst);
+  // (Not a rounding bound: the plan's model of the memory against the pages the run touched.)
   EXPECT_LT(worst, 0.10) << "the plan's memory is off by more than 10% of the peak RSS the run added";
 }

@@ -178,12 +178,16 @@ TEST(MpiRunDir, ResumeOnAnotherWorldSize) {
     MPI_Comm_free(&one);
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  TrainResult b = train(run_config(tr, run), MPI_COMM_WORLD, opts("auto"));
+  const Config cfg = run_config(tr, run);
+  TrainResult b = train(cfg, MPI_COMM_WORLD, opts("auto"));
   EXPECT_EQ(b.start_step, 4);
   ASSERT_EQ(b.losses.size(), 4u);
   if (world_rank() == 0) {
-    for (int i = 0; i < 4; i++)  // the same samples: equal to summation order
-      EXPECT_NEAR(b.losses[i], uninterrupted[4 + i], 1e-4) << "step " << 4 + i;
+    // Bound: the same samples, steps 4 to 7 summed over two ranks' rows instead of one's:
+    // training_drift's loss (no parameters returned here), relative.
+    const double bound = training_drift(cfg, 4, 8, {}).loss;
+    for (int i = 0; i < 4; i++)
+      EXPECT_NEAR(b.losses[i], uninterrupted[4 + i], bound * uninterrupted[4 + i]) << "step " << 4 + i;
   }
 }
 

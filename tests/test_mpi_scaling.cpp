@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <vector>
@@ -41,6 +42,7 @@ TEST(MpiN4Scaling, BatchPerRankOnOneTwoAndFourRanks) {
                                          "train.steps=" + std::to_string(steps)});
     const TrainResult res = train(weak, sub, quiet, true);
     EXPECT_EQ(res.global_batch, G) << W << " ranks";
+    // Exact: the configured rate times G / per_rank = W, a power of two.
     EXPECT_DOUBLE_EQ(res.peak_lr, 1e-3 * W) << "linear: tiny_config's 1e-3 × " << G << " / " << per_rank;
 
     // The sampler the run resolved: each rank's share, gathered over the ranks, is G distinct
@@ -66,14 +68,19 @@ TEST(MpiN4Scaling, BatchPerRankOnOneTwoAndFourRanks) {
     // The same training as one rank with global batch G and the rate × W (floating-point
     // summation order apart).
     if (world_rank() != 0) continue;
-    const TrainResult strong = train(tiny_config(tr, {"train.global_batch=" + std::to_string(G),
-                                                      "train.lr=" + std::to_string(1e-3 * W),
-                                                      "train.steps=" + std::to_string(steps)}),
-                                     solo, quiet, true);
+    const Config strong_cfg = tiny_config(tr, {"train.global_batch=" + std::to_string(G),
+                                               "train.lr=" + std::to_string(1e-3 * W),
+                                               "train.steps=" + std::to_string(steps)});
+    const TrainResult strong = train(strong_cfg, solo, quiet, true);
     ASSERT_EQ(strong.global_batch, G);
-    EXPECT_LT(rel_diff(res.final_params, strong.final_params), 1e-5) << W << " ranks";
+    // Bound: W ranks sum each step's gradients over the G × 32 rows in another order than one.
+    const Drift bound = training_drift(strong_cfg, 0, steps, strong.final_params);
+    std::printf("%d ranks: params rel diff %.1e (bound %.1e)\n", W, rel_diff(res.final_params, strong.final_params),
+                bound.params);
+    EXPECT_LT(rel_diff(res.final_params, strong.final_params), bound.params) << W << " ranks";
     for (int s = 0; s < steps; s++)
-      EXPECT_LT(std::fabs(res.losses[s] - strong.losses[s]) / strong.losses[s], 1e-5) << W << " ranks, step " << s;
+      EXPECT_LT(std::fabs(res.losses[s] - strong.losses[s]) / strong.losses[s], bound.loss)
+          << W << " ranks, step " << s;
   }
   if (solo != MPI_COMM_NULL) MPI_Comm_free(&solo);
 }

@@ -3,7 +3,8 @@
 //     (the vocabulary-parallel cross-entropy, row by row: chunked, fused, one chunk) and
 //     gradients equal the whole model's part of them, on a vocabulary that does not split evenly;
 //   - training with parallel.tp = T, alone and with data parallelism (ZeRO-1) and pipelines,
-//     equals one rank over 10 steps (1e-5 relative: per-step loss and final parameters);
+//     equals one rank over 10 steps (per-step loss and final parameters, to the drift of another
+//     summation order: training_drift in mpi_test_data.h);
 //   - sequence parallelism (norms, residuals, hidden dropout on each rank's rows) the same, with
 //     less activation memory;
 //   - checkpoints are whole and by name: T = 2 -> 1 and 1 -> 4 continue the same training;
@@ -102,6 +103,7 @@ void shard_equals_whole(const std::string& family, const std::vector<std::string
     std::vector<float> expect(s.numel);
     if (s.sharded()) take_shard(s, wp.data() + ws.offset, expect.data());
     else std::copy(wp.begin() + ws.offset, wp.begin() + ws.offset + s.numel, expect.begin());
+    // Exact: each tensor is drawn by name from the same seed, the shard keeping its part of it.
     EXPECT_TRUE(std::equal(expect.begin(), expect.end(), sp.begin() + s.offset)) << s.name << ": initial values";
   }
   const test::RandomBatch rb(d, B, T, 17);
@@ -119,9 +121,17 @@ void shard_equals_whole(const std::string& family, const std::vector<std::string
   }
   whole.backward(aw);
   shard.backward(as);
-  EXPECT_LT(std::fabs(ls - lw) / std::fabs(lw), 1e-6) << family << ": loss " << ls << " vs the whole model's " << lw;
+  // Bound: each row's logits carry the rounding of the sums the shard runs in other orders (the
+  // row-parallel partial sums of up to K = 128 channels, the vocabulary's maxima and sums in
+  // pieces), gamma(128) = 7.6e-6 of their magnitude, and a row's loss log sum exp z - z_y moves by
+  // at most 2·max|dz| (its gradient in z, p - y, has L1 norm 2). Near-uniform predictions: the
+  // logits' magnitude is under the row's loss (log V, log 2), which does not cancel: 2·gamma(128)
+  // of it, per row and in their mean.
+  const double loss_bound = 2 * gamma_fp32(4.0 * d.d_model);
+  EXPECT_LT(std::fabs(ls - lw) / std::fabs(lw), loss_bound)
+      << family << ": loss " << ls << " vs the whole model's " << lw;
   ASSERT_EQ(as.losses_host.size(), aw.losses_host.size());
-  EXPECT_LT(rel_l2(as.losses_host.data(), aw.losses_host.data(), aw.losses_host.size()), 1e-6)
+  EXPECT_LT(rel_l2(as.losses_host.data(), aw.losses_host.data(), aw.losses_host.size()), loss_bound)
       << family << ": the per-row losses (the cross-entropy across the vocabulary shards)";
   const std::vector<float> wg = whole.grads_host(), sg = shard.grads_host();
   // The shard computes the whole model's sums in other orders (the row-parallel GEMMs' partial
@@ -134,10 +144,10 @@ void shard_equals_whole(const std::string& family, const std::vector<std::string
   // classifier bias on near-uniform predictions) the gradient is much smaller than its terms, and
   // its difference relative to its own norm is large with no error in it. The key bias's
   // gradient is zero in exact arithmetic (softmax does not change when every score of a row moves
-  // alike), in every example too, so its values are rounding noise: it is held to 1e-6 of the
-  // largest gradient of the model instead.
-  double gmax = 0;
-  for (float x : wg) gmax = std::max(gmax, (double)std::fabs(x));
+  // alike), in every example too, so its values and its magnitude are rounding noise. Its terms,
+  // the scores' gradients times the queries, are of the size of the query bias's, the same
+  // gradients times the keys (projections of the same activations by weights of one
+  // distribution): it is held to 1e-5 of the query bias's magnitude (root mean square per element).
   int sharded = 0;
   double worst = 0;
   for (const ParamSlice& s : shard.table.slices) {
@@ -146,8 +156,17 @@ void shard_equals_whole(const std::string& family, const std::vector<std::string
     if (s.sharded()) take_shard(s, wg.data() + ws.offset, expect.data()), sharded++;
     else std::copy(wg.begin() + ws.offset, wg.begin() + ws.offset + s.numel, expect.begin());
     if (s.name.find("key.bias") != std::string::npos || s.name.find("k_proj.bias") != std::string::npos) {
-      for (size_t i = 0; i < s.numel; i++)
-        EXPECT_LT(std::fabs(sg[s.offset + i] - expect[i]), 1e-6 * gmax) << family << ": gradient of " << s.name;
+      std::string query = s.name;
+      const size_t at = query.find("key.bias");
+      if (at != std::string::npos) query.replace(at, 3, "query");
+      else query.replace(query.find("k_proj.bias"), 1, "q");
+      const ParamSlice& wq = whole.table.at(query);
+      double mq = 0;
+      for (size_t i = 0; i < wq.numel; i++) mq += magnitude[wq.offset + i] * magnitude[wq.offset + i];
+      const std::vector<double> stand_in(s.numel, std::sqrt(mq / wq.numel));
+      const double e = rel_to_magnitude(sg.data() + s.offset, expect.data(), stand_in.data(), s.numel);
+      EXPECT_LT(e, 1e-5) << family << ": gradient of " << s.name << " (against " << query << "'s magnitude)";
+      worst = std::max(worst, e);
       continue;
     }
     std::vector<double> mag(s.numel);
@@ -164,8 +183,11 @@ void shard_equals_whole(const std::string& family, const std::vector<std::string
                        << rel_l2(sg.data() + s.offset, expect.data(), s.numel) << " of its own norm)";
     worst = std::max(worst, e);
   }
-  if (r == 0) std::printf("%s T=%d%s: loss %.7f (whole %.7f), worst gradient difference %.1e of its magnitude\n",
-                          family.c_str(), W, sequence_parallel ? " sequence-parallel" : "", ls, lw, worst);
+  if (r == 0)
+    std::printf("%s T=%d%s: loss %.7f (whole %.7f; %.1e apart, rows %.1e, bound %.1e), worst gradient difference "
+                "%.1e of its magnitude\n", family.c_str(), W, sequence_parallel ? " sequence-parallel" : "", ls, lw,
+                std::fabs(ls - lw) / std::fabs(lw),
+                rel_l2(as.losses_host.data(), aw.losses_host.data(), aw.losses_host.size()), loss_bound, worst);
   EXPECT_GT(sharded, 0);
   EXPECT_LT(shard.table.numel, whole.table.numel);
   if (sequence_parallel) {  // the residual stream's tensors on this rank's rows: less than without
@@ -222,17 +244,23 @@ TrainResult on_ranks(int ranks, const Config& cfg, const TrainOptions& o = quiet
   return r;
 }
 
-// Rank 0 compares; final_params are the whole model's on every rank (gathered by name).
-void expect_close(const TrainResult& ref, const TrainResult& got, const std::string& what, size_t first_step = 0) {
+// Rank 0 compares; final_params are the whole model's on every rank (gathered by name). bound:
+// training_drift of the reference over the steps whose sums the two runs order otherwise.
+void expect_close(const TrainResult& ref, const TrainResult& got, const std::string& what, const Drift& bound,
+                  size_t first_step = 0) {
   if (world_rank() != 0) return;
   ASSERT_EQ(got.losses.size() + first_step, ref.losses.size()) << what;
-  for (size_t s = 0; s < got.losses.size(); s++)
-    EXPECT_LT(std::fabs(got.losses[s] - ref.losses[first_step + s]) / ref.losses[first_step + s], 1e-5)
-        << what << " step " << first_step + s;
+  double worst = 0;
+  for (size_t s = 0; s < got.losses.size(); s++) {
+    const double e = std::fabs(got.losses[s] - ref.losses[first_step + s]) / ref.losses[first_step + s];
+    worst = std::max(worst, e);
+    EXPECT_LT(e, bound.loss) << what << " step " << first_step + s;
+  }
   const double d = rel_diff(got.final_params, ref.final_params);
-  EXPECT_LT(d, 1e-5) << what;
-  std::printf("%-44s loss %.6f -> %.6f (1 rank %.6f -> %.6f), params rel diff %.1e\n", what.c_str(),
-              got.losses.front(), got.losses.back(), ref.losses[first_step], ref.losses.back(), d);
+  EXPECT_LT(d, bound.params) << what;
+  std::printf("%-44s loss %.6f -> %.6f (1 rank %.6f -> %.6f), losses within %.1e (bound %.1e), params rel diff %.1e "
+              "(bound %.1e)\n", what.c_str(), got.losses.front(), got.losses.back(), ref.losses[first_step],
+              ref.losses.back(), worst, bound.loss, d, bound.params);
 }
 
 // Each layout (its --set lines, on every rank of the world) trains as one rank does.
@@ -240,16 +268,20 @@ void layouts_equal_one_rank(const std::string& family, const std::vector<std::ve
                             const std::vector<std::string>& reference = {}) {
   const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
   const std::vector<std::string> base = family_sets(family, dir);
-  const TrainResult one = on_ranks(1, tiny_config_of(base, reference));
+  const Config ref = tiny_config_of(base, reference);
+  const TrainResult one = on_ranks(1, ref);
+  // Bound: the shards' partial sums, the replicas' and micro-batches' gradients added, are another
+  // order of each step's sums from the first step on.
+  const Drift bound = world_rank() == 0 ? training_drift(ref, 0, ref.train.steps, one.final_params) : Drift{};
   for (const std::vector<std::string>& layout : layouts) {
     const TrainResult r = train(tiny_config_of(base, layout), MPI_COMM_WORLD, quiet_options(false), true);
     std::string what = family;
     for (const std::string& s : layout)
       if (s.rfind("parallel.", 0) == 0 || s.rfind("runtime.", 0) == 0) what += " " + s.substr(s.find('.') + 1);
-    expect_close(one, r, what);
+    expect_close(one, r, what, bound);
   }
   if (world_rank() == 0 && family != "bert") {
-    EXPECT_LT(one.losses.back(), one.losses.front()) << "no progress";
+    EXPECT_LT(one.losses.back(), one.losses.front()) << "no progress";  // (progress, not rounding)
   }
 }
 
@@ -292,6 +324,7 @@ TEST(MpiN4TensorParallel, CheckpointsResumeAcrossTensorParallelDegrees) {
     return tiny_config_of(base, extra);
   };
   const TrainResult whole = on_ranks(1, cfg("/whole", {}), quiet_options(true));
+  const Config ref = cfg("/whole", {});
   // 2 -> 1
   const TrainResult first = on_ranks(2, cfg("/tp2", {"parallel.tp=2"}), train_options(true, "", 4));
   if (world_rank() == 0) {
@@ -301,14 +334,18 @@ TEST(MpiN4TensorParallel, CheckpointsResumeAcrossTensorParallelDegrees) {
   if (world_rank() == 0) {
     EXPECT_EQ(flat.start_step, 5);
   }
-  expect_close(whole, flat, "llama T=2 checkpoint resumed with T=1", 5);
+  // Bound: steps 0 to 4 ran with T = 2, 5 to 7 after them: every step's sums in another order.
+  expect_close(whole, flat, "llama T=2 checkpoint resumed with T=1",
+               world_rank() == 0 ? training_drift(ref, 0, 8, whole.final_params) : Drift{}, 5);
   // 1 -> 4
   on_ranks(1, cfg("/tp4", {}), train_options(true, "", 4));
   const TrainResult wide = train(cfg("/tp4", {"parallel.tp=4"}), MPI_COMM_WORLD, train_options(true, "auto"), true);
   if (world_rank() == 0) {
     EXPECT_EQ(wide.start_step, 5);
   }
-  expect_close(whole, wide, "llama T=1 checkpoint resumed with T=4", 5);
+  // Bound: steps 0 to 4 are the uninterrupted run's (one rank, the same bits), 5 to 7 with T = 4.
+  expect_close(whole, wide, "llama T=1 checkpoint resumed with T=4",
+               world_rank() == 0 ? training_drift(ref, 5, 8, whole.final_params) : Drift{}, 5);
 }
 
 // What does not split is refused on every rank, naming the key and the fix.

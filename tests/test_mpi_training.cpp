@@ -35,7 +35,8 @@ TEST(MpiTraining, TwoRanksEqualOneRankForTwentySteps) {
   Config cfg = run_config(train_path, "");
   TrainOptions quiet = quiet_options(false);
 
-  // Reference: rank 0 alone, same global batch.
+  // Reference: rank 0 alone, same global batch. Bound: two ranks sum each step's gradients over the
+  // batch's 8 × 32 rows in another order (128 each, then the halves added): training_drift.
   MPI_Comm solo;
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
   TrainResult one;
@@ -53,8 +54,9 @@ TEST(MpiTraining, TwoRanksEqualOneRankForTwentySteps) {
     std::printf("\nfirst 5 losses 2 ranks:");
     for (int i = 0; i < 5; i++) std::printf(" %.6f", two.losses[i]);
     std::printf("\n");
+    const Drift bound = training_drift(cfg, 0, 20, one.final_params);
     for (int i = 0; i < 20; i++)
-      EXPECT_LT(std::fabs(one.losses[i] - two.losses[i]) / std::fabs(one.losses[i]), 1e-5) << "step " << i;
+      EXPECT_LT(std::fabs(one.losses[i] - two.losses[i]) / std::fabs(one.losses[i]), bound.loss) << "step " << i;
     // Progress check (the equality above is the point): 20 steps lower the loss by ~10% here.
     EXPECT_LT(two.losses.back(), 0.95f * two.losses.front()) << "training should make progress";
     double d2 = 0, r2 = 0;
@@ -63,9 +65,11 @@ TEST(MpiTraining, TwoRanksEqualOneRankForTwentySteps) {
       d2 += d * d;
       r2 += (double)one.final_params[i] * one.final_params[i];
     }
-    EXPECT_LT(std::sqrt(d2 / r2), 1e-5) << "parameters after 20 steps";
+    EXPECT_LT(std::sqrt(d2 / r2), bound.params) << "parameters after 20 steps";
+    std::printf("params rel diff %.1e (bound %.1e)\n", std::sqrt(d2 / r2), bound.params);
   }
-  // Every rank holds the same parameters after the run.
+  // Every rank holds the same parameters after the run. Exact: each applies the same update to the
+  // same averaged gradient.
   std::vector<float> p0 = two.final_params;
   MPI_Bcast(p0.data(), (int)p0.size(), MPI_FLOAT, 0, MPI_COMM_WORLD);
   EXPECT_EQ(p0, two.final_params) << "ranks diverged";
@@ -78,7 +82,7 @@ TEST(MpiTraining, WritesRunDirectory) {
   Config cfg = run_config(tr, va, {"run.dir=" + dir + "/run/a"});
   TrainResult res = train(cfg, MPI_COMM_WORLD, quiet_options(true));
   ASSERT_EQ(res.eval_steps, (std::vector<int64_t>{0, 10, 20}));
-  EXPECT_LT(res.val_losses.back(), res.val_losses.front());
+  EXPECT_LT(res.val_losses.back(), res.val_losses.front());  // (progress, not rounding)
   if (world_rank() == 0) {
     std::ifstream cf(dir + "/run/a/config.json");
     ASSERT_TRUE(cf.good());
