@@ -391,6 +391,7 @@ TEST(MpiN4TensorParallel, ShardedCheckpointsResumeInOtherLayouts) {
     return tiny_config_of(base, extra);
   };
   const TrainResult whole = on_ranks(1, cfg("/whole", {}), quiet_options(true));
+  const Config ref = cfg("/whole", {});
   for (const auto& [name, layout] :
        std::vector<std::pair<std::string, std::vector<std::string>>>{
            {"dp2xtp2", {"parallel.tp=2", "parallel.zero=1"}},
@@ -406,7 +407,9 @@ TEST(MpiN4TensorParallel, ShardedCheckpointsResumeInOtherLayouts) {
       if (world_rank() == 0) {
         EXPECT_EQ(resumed.start_step, 5) << name << " -> " << to;
       }
-      expect_close(whole, resumed, "gpt2 " + name + " checkpoint resumed on " + to, 5);
+      // Bound: every step, before the save and after the resume, sums in another order than one rank's.
+      expect_close(whole, resumed, "gpt2 " + name + " checkpoint resumed on " + to,
+                   world_rank() == 0 ? training_drift(ref, 0, 8, whole.final_params) : Drift{}, 5);
     }
   }
 }

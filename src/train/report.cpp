@@ -179,6 +179,11 @@ void print_start(const Run& r, const TrainOptions& o, const TrainResult& res) {
   if ((r.groups->pp > 1 || r.groups->tp > 1) && o.print) print_topology(*r.groups, r.engine->describe_layers());  // collective
   if (!o.print || r.rank != 0) return;
   for (const std::string& w : keys_without_effect(r.cfg)) std::fprintf(stderr, "llmpi-train: warning: %s\n", w.c_str());
+  if (r.cfg.parallel.zero && r.groups->dp == 1)  // (the layout decides this one, not the configuration alone)
+    std::fprintf(stderr, "llmpi-train: warning: 'parallel.zero' has no effect with one data-parallel replica (%d "
+                 "ranks = %d pipeline stages x %d tensor-parallel ranks): ZeRO-1 shards the optimizer state over "
+                 "replicas; use more ranks, or fewer stages or tensor-parallel ranks\n",
+                 r.world, r.groups->pp, r.groups->tp);
   const std::string blas = r.on_gpu ? "" : cpu::openblas_core_warning();
   if (!blas.empty()) std::fprintf(stderr, "llmpi-train: warning: %s\n", blas.c_str());
   print_device_and_model(r, res);

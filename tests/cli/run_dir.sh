@@ -108,6 +108,10 @@ run_train noeffect --set run.dir="$tmp/noeffect" --set train.steps=2 --set train
 check "keys without effect: exit 0, one warning each (train.min_lr_ratio, train.eval_every), from rank 0" \
   "[ $rc = 0 ] && [ \$(grep -c \"warning: 'train.min_lr_ratio' has no effect with train.lr_schedule \\\"constant\\\"\" '$tmp/noeffect.err') = 1 ] && [ \$(grep -c \"warning: 'train.eval_every' has no effect without data.val\" '$tmp/noeffect.err') = 1 ]" ||
   cat "$tmp/noeffect.err"
+run_train zero1 --set run.dir="$tmp/zero1" --set parallel.tp=2 --set parallel.zero=1 --set model.n_head=4 --dry-run
+check "parallel.zero with one data-parallel replica (tp 2 on 2 ranks): exit 0, one warning naming the layout" \
+  "[ $rc = 0 ] && [ \$(grep -c \"warning: 'parallel.zero' has no effect with one data-parallel replica (2 ranks = 1 pipeline stages x 2 tensor-parallel ranks)\" '$tmp/zero1.err') = 1 ]" ||
+  cat "$tmp/zero1.err"
 run_train bad "${huge[@]}" --set runtime.memory_check=false --dry-run
 check "std::bad_alloc: exit 2 on every rank, one clean message, no abort banner" \
   "[ $rc = 2 ] && [ \$(grep -c 'out of memory while allocating the model' '$tmp/bad.err') = 1 ] && ! grep -qE 'BAD TERMINATION|terminate called|Aborted' '$tmp/bad.err' '$tmp/bad.out'" ||
