@@ -9,24 +9,26 @@
 // the model (so the CPU models train exactly as before; the model tests check that too).
 //
 // On a GPU (skipped without one, "no GPU: <reason>"), against the CPU ops, the oracle:
-//   - fp32 and bf16 (the CPU's exact bf16 emulation): every output within kOpTol = 1e-5 norm-wise
-//     (DESIGN.md's op tolerance). The pre-activation and the GEMM parts are ordinary fp32 GEMM
-//     results (only the summation order differs), as in CudaOps.Matmul*. The activation and the
-//     GELU gradient add cuBLASLt's own GELU: cuBLASLt documents the tanh approximation but not its
-//     rounding. Argument for keeping the op tolerance: the epilogue computes in fp32 on the fp32
-//     accumulator, so an fp32-accurate tanh (a few ulp) adds ~1e-7 to the pre-activation's error,
-//     and |gelu'| <= 1.13 carries that error through. To see the epilogue's GELU alone, the
-//     activation is also compared with the CPU's GELU of the GPU's own aux output (each value is
-//     printed): bound kGeluTol = 1e-6 on the unfused path (our gelu_forward kernel: measured
-//     2e-8 to 3e-8 on an H100), kLtGeluTol = kOpTol on the fused one. The first GPU run (H100,
-//     CUDA 13, 2026-11-24) measured cuBLASLt's GELU at 2.6e-6 to 2.9e-6 from an fp32-accurate one
-//     in every precision (the same in fp32, bf16 and tf32: the epilogue's own tanh, not the GEMM),
-//     which failed the 1e-6 this test first asked for on the assumption of a few ulp. That is
-//     within the op tolerance every other op of the backend meets, and far from what a formula
-//     error or a hardware tanh.approx would give (the erf GELU differs from the tanh GELU by ~1e-4
-//     relative, tanh.approx by ~2^-11), which the bound still catches; bf16 activations are rounded
-//     to 2^-9 afterwards anyway. LLMPI_CUDA_EPILOGUES=0 runs the accurate unfused GELU.
-//   - tf32: within 1e-2 of fp32 and provably not fp32 (as CudaOps.MatmulTf32IsCloseToFp32);
+//   - every output within its rounding bound against the magnitude of what it sums
+//     (cuda_test_util.h "Bounds"): the pre-activation and the GEMM parts are ordinary GEMM results
+//     (gemm_bound: fp32 against fp32 in other orders, bf16 against the CPU's emulation, tf32
+//     against fp32), as in CudaOps.Matmul*; the activation carries pre's bound through
+//     |gelu'| <= 1.13 and adds each side's GELU, the GELU gradient carries dout·W's through
+//     |gelu'| <= 2.1 and adds each side's gelu' (CudaOps.Gelu's derivations).
+//     cuBLASLt documents its epilogues' tanh approximation but not their rounding. To see the
+//     epilogue's GELU alone, the activation is also compared with the CPU's GELU of the GPU's own
+//     aux output (each value is printed): on the unfused path our gelu_forward kernel, 16u |pre|
+//     apart (measured 2e-8 to 3e-8 of the norm on an H100); on the fused one, kLtGeluTol (below).
+//     kLtGeluTol (an estimate from a card's measurement, to confirm on other cards and CUDA
+//     versions): the first GPU run (H100, CUDA 13, 2026-11-24) measured cuBLASLt's GELU at 2.6e-6
+//     to 2.9e-6 norm-wise from an fp32-accurate one in every precision (the same in fp32, bf16 and
+//     tf32: the epilogue's own tanh, not the GEMM), which failed the 1e-6 this test first asked
+//     for on the assumption of a few ulp; 1e-5 is ~3.5x that, and far from what a formula error or
+//     a hardware tanh.approx would give (the erf GELU differs from the tanh GELU by ~1e-4 relative,
+//     tanh.approx by ~2^-11); bf16 activations are rounded to 2^-9 afterwards anyway. It is taken
+//     as each fused GELU's (and gelu''s) error, against |pre| (|dout|·|W| for gelu').
+//     LLMPI_CUDA_EPILOGUES=0 runs the accurate unfused GELU.
+//   - tf32: also provably not fp32 (the detection threshold of CudaOps.MatmulTf32IsCloseToFp32);
 //   - shapes where a documented rule excludes the epilogue (GELU row width not a multiple of 8:
 //     OC = 53, C = 70) take the unfused path (cuda_epilogue_counts() says which path ran) and are
 //     as correct; odd N, K and offsets by one float exercise unaligned operands;
@@ -56,9 +58,10 @@ using namespace llmpi::test;
 
 namespace {
 
-constexpr double kOpTol = 1e-5;
-constexpr double kGeluTol = 1e-6;    // our GELU kernel against the CPU's, on the same input
 constexpr double kLtGeluTol = 1e-5;  // cuBLASLt's GELU epilogue (measured 2.6e-6 to 2.9e-6; above)
+// The GELUs' own differences, both sides (CudaOps.Gelu): gelu 16u |x|, gelu' (before the product
+// with dout, and that product) 72u; through cuBLASLt's epilogue, kLtGeluTol on its side.
+const double kGeluU = 16 * kU, kDgeluU = 72 * kU;
 const GemmPrecision kFp32 = GemmPrecision::fp32, kBf16 = GemmPrecision::bf16, kTf32 = GemmPrecision::tf32;
 
 const char* name(GemmPrecision p) { return p == kBf16 ? "bf16" : p == kTf32 ? "tf32" : "fp32"; }
@@ -111,6 +114,7 @@ TEST(Epilogues, CpuFusedOpsEqualTheUnfusedSequence) {
         cpu().matmul_forward(pre.data(), p.x.data(), p.w.data(), bias, N, C, OC, prec);
         cpu().gelu_forward(act.data(), pre.data(), pre.size());
         cpu().matmul_gelu_forward(pre2.data(), act2.data(), p.x.data(), p.w.data(), bias, N, C, OC, prec, nullptr);
+        // Exact: the fused op runs the unfused op's GEMM and GELU loops on the same values
         EXPECT_SAME_BITS(pre, pre2) << where << " bias " << with_bias;
         EXPECT_SAME_BITS(act, act2) << where << " bias " << with_bias;
       }
@@ -121,13 +125,17 @@ TEST(Epilogues, CpuFusedOpsEqualTheUnfusedSequence) {
       cpu().matmul_backward(d.data(), nullptr, nullptr, p.dout.data(), nullptr, p.w.data(), N, C, OC, prec);
       cpu().gelu_backward(dpre.data(), p.pre.data(), d.data(), dpre.size());
       cpu().matmul_dgelu_backward(dpre2.data(), p.dout.data(), p.w.data(), p.pre.data(), N, C, OC, prec);
-      EXPECT_SAME_BITS(dpre, dpre2) << where << " (dpre started as NaN: it must be overwritten)";
+      EXPECT_SAME_BITS(dpre, dpre2) << where << " (dpre started as NaN: it must be overwritten)";  // Exact, as above
     }
   }
 }
 
 // matmul_dgelu_backward is the gradient of S(pre) = Σ dout ⊙ (gelu(pre)·Wᵀ) (central finite
-// differences in double, the exact tanh-form GELU; 1e-4 as the CPU op tests), and it overwrites.
+// differences in double, the exact tanh-form GELU), and it overwrites.
+// Bound: the op's d = dout·W sums OC products (gamma_n(OC + 2) of D = |dout|·|W|), times gelu'
+// (|gelu'| <= 2.1, its own 34u: CudaOps.Gelu); the finite differences' truncation h² |S'''|/6 with
+// |gelu'''| <= 3 (h = 1e-5 max(1, |x|)) and their rounding, S summed in double over N OC C terms:
+// 2 gamma_n(N OC C, 2^-53) Σ|terms| / (2h).
 TEST(Epilogues, CpuDgeluBackwardIsTheGradient) {
   const int N = 5, C = 8, OC = 6;
   const auto pre = random_floats(N * C, 150, -3.0f, 3.0f), w = random_floats(OC * C, 151), dout = random_floats(N * OC, 152);
@@ -147,7 +155,24 @@ TEST(Epilogues, CpuDgeluBackwardIsTheGradient) {
       }
     return s;
   };
-  EXPECT_LT(rel_err(dpre, fd_grad(S, to_double(pre), {})), 1e-4);
+  double sabs = 0.0;  // Σ|terms| of S: its rounding's scale
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < OC; o++)
+      for (int c = 0; c < C; c++) {
+        const double x = pre[n * C + c];
+        sabs += std::fabs(0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) * w[o * C + c] *
+                          dout[n * OC + o]);
+      }
+  std::vector<double> bound(N * C);
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < C; c++) {
+      double D = 0.0;
+      for (int o = 0; o < OC; o++) D += std::fabs(dout[n * OC + o] * w[o * C + c]);
+      const double h = 1e-5 * std::max(1.0, std::fabs(static_cast<double>(pre[n * C + c])));
+      bound[n * C + c] = (2.1 * gamma_n(OC + 2) + 34 * kU) * D + h * h / 6 * 3 * D +
+                         2 * gamma_n(static_cast<double>(N) * OC * C, 0x1p-53) * sabs / (2 * h);
+    }
+  EXPECT_LT(rel_to_magnitude(dpre, fd_grad(S, to_double(pre), {}), bound), 1.0);
 }
 
 // ---- GPU ----------------------------------------------------------------------------------------------
@@ -165,12 +190,12 @@ TEST(CudaEpilogues, MatmulForwardBiasEpilogueMatchesCpu) {
       const CudaEpilogueCounts before = cuda_epilogue_counts();
       gpu().matmul_forward(out.f(), dx.f(), dw.f(), db.f(), N, C, OC, prec);
       expect_path(before, "bias", 1, where);
-      const double e = rel(out.get(), ref);
-      if (prec == kTf32) {
-        EXPECT_LT(e, 1e-2) << where;
-        EXPECT_GT(e, 1e-6) << where << ": equals fp32, TF32 was not used";
-      } else {
-        EXPECT_LT(e, kOpTol) << where;
+      const auto got = out.get();
+      // Bound: gemm_bound(prec, C) of the magnitude (with the bias)
+      EXPECT_LT(rel_to_magnitude(got, ref, matmul_out_magnitude(p.x, p.w, p.b.data(), N, C, OC)), gemm_bound(prec, C))
+          << where;
+      if (prec == kTf32) {  // (a detection threshold, CudaOps.MatmulRaggedDimensionsSplitMatchCpu)
+        EXPECT_GT(rel(got, ref), 1e-6) << where << ": equals fp32, TF32 was not used";
       }
     }
   }
@@ -202,15 +227,19 @@ TEST(CudaEpilogues, MatmulGeluForwardMatchesCpu) {
         expect_path(before, "gelu_aux", lt_gelu ? 1 : 0, where);
         expect_path(before, "unfused", fused || prec == kBf16 ? 0 : 1, where);
         const auto got_pre = gpre.get(), got_act = gact.get();
+        // Bound: pre gemm_bound(prec, C) of its magnitude; act that through |gelu'| <= 1.13, plus
+        // both sides' GELU against |pre| <= the magnitude
+        const std::vector<double> mag = matmul_out_magnitude(p.x, p.w, with_bias ? p.b.data() : nullptr, N, C, OC);
+        const double gb = gemm_bound(prec, C);
+        EXPECT_LT(rel_to_magnitude(got_pre, pre, mag), gb) << where << ": pre (aux)";
         if (prec == kTf32) {
-          EXPECT_LT(rel(got_pre, pre), 1e-2) << where;
           EXPECT_GT(rel(got_pre, pre), 1e-6) << where << ": equals fp32, TF32 was not used";
         } else {
-          EXPECT_LT(rel(got_pre, pre), kOpTol) << where << ": pre (aux)";
-          EXPECT_LT(rel(got_act, act), kOpTol) << where << ": act";
+          EXPECT_LT(rel_to_magnitude(got_act, act, mag), 1.13 * gb + kGeluU + (lt_gelu ? kLtGeluTol : 0.0)) << where << ": act";
         }
-        const double e = rel(got_act, cpu_gelu(got_pre));
-        EXPECT_LT(e, lt_gelu ? kLtGeluTol : kGeluTol) << where << ": the GELU of the GPU's own pre";
+        // The GELU alone: ours within 16u |pre| of the CPU's; cuBLASLt's kLtGeluTol of the norm
+        const double e = lt_gelu ? rel(got_act, cpu_gelu(got_pre)) : rel_to_magnitude(got_act, cpu_gelu(got_pre), abs_d(got_pre));
+        EXPECT_LT(e, lt_gelu ? kLtGeluTol : kGeluU) << where << ": the GELU of the GPU's own pre";
         std::printf("[ epilogue ] gelu forward %s: act vs CPU gelu(own pre) %.3g\n", where.c_str(), e);
       }
     }
@@ -236,9 +265,17 @@ TEST(CudaEpilogues, MatmulDgeluBackwardMatchesCpu) {
       gpu().matmul_dgelu_backward(got.f(), gdout.f(), dw.f(), gpre.f(), N, C, OC, prec);
       // bf16 takes the unfused path (measured faster on an H100, kernels/matmul.cu)
       expect_path(before, "dgelu", fused && prec != kBf16 ? 1 : 0, where);
-      EXPECT_LT(rel(got.get(), ref), prec == kTf32 ? 1e-2 : kOpTol) << where;
-      // (No check of the epilogue's gelu' alone, as the forward has for its GELU: another GEMM
-      // kernel's sums differ from the epilogue's by ~1e-7 already, too close to kGeluTol.)
+      // Bound: d = dout·W's gemm_bound(prec, OC) of D = |dout|·|W| through |gelu'| <= 2.1, both
+      // sides' gelu' (kDgeluU) and, through the epilogue, kLtGeluTol, against D
+      std::vector<float> D(static_cast<size_t>(N) * C, 0.0f);
+      cpu().matmul_backward(D.data(), nullptr, nullptr, abs_f(p.dout).data(), nullptr, abs_f(p.w).data(), N, C, OC, kFp32);
+      const bool lt = fused && prec != kBf16 && cuda_gemm_epilogues_enabled();
+      EXPECT_LT(rel_to_magnitude(got.get(), ref, to_double(D)),
+                2.1 * gemm_bound(prec, OC) + kDgeluU + (lt ? kLtGeluTol : 0.0))
+          << where;
+      // (No check of the epilogue's gelu' alone, as the forward has for its GELU: the epilogue's
+      // dout·W is not an output, and another GEMM kernel's sums differ from it by ~1e-7 already,
+      // too close to our GELU's bound, 16u ≈ 1e-6.)
     }
   }
 }
@@ -257,6 +294,7 @@ TEST(CudaEpilogues, MatmulBackwardBiasGradientMatchesCpu) {
       auto rdx = dx0, rdw = dw0, rdb = db0;
       cpu().matmul_backward(rdx.data(), rdw.data(), rdb.data(), p.dout.data(), p.x.data(), p.w.data(), N, C, OC,
                             prec == kTf32 ? kFp32 : prec);
+      const MatmulBackwardMagnitude mag = matmul_backward_magnitude(p.dout, p.x, p.w, N, C, OC, dx0, dw0, db0);
       std::vector<float> whole[3];
       for (bool split : {false, true}) {
         Dev gdx(dx0), gdw(dw0), gdb(db0);
@@ -269,14 +307,17 @@ TEST(CudaEpilogues, MatmulBackwardBiasGradientMatchesCpu) {
         }
         expect_path(before, "bgradb", prec == kFp32 ? 1 : 0, where);
         const std::vector<float> got[3] = {gdx.get(), gdw.get(), gdb.get()};
-        const double tol = prec == kTf32 ? 1e-2 : kOpTol;
-        EXPECT_LT(rel(added(got[0], dx0), added(rdx, dx0)), tol) << where << " dinp, split " << split;
-        EXPECT_LT(rel(added(got[1], dw0), added(rdw, dw0)), tol) << where << " dweight, split " << split;
-        EXPECT_LT(rel(added(got[2], db0), added(rdb, db0)), kOpTol) << where << " dbias (added), split " << split;
+        // Bound: gemm_bound(prec, K) of the magnitudes, K = OC, N; dbias an fp32 sum of N
+        EXPECT_LT(rel_to_magnitude(added(got[0], dx0), added(rdx, dx0), mag.dinp), gemm_bound(prec, OC))
+            << where << " dinp, split " << split;
+        EXPECT_LT(rel_to_magnitude(added(got[1], dw0), added(rdw, dw0), mag.dweight), gemm_bound(prec, N))
+            << where << " dweight, split " << split;
+        EXPECT_LT(rel_to_magnitude(added(got[2], db0), added(rdb, db0), mag.dbias), gemm_bound(kFp32, N))
+            << where << " dbias (added), split " << split;
         for (int k = 0; k < 3; k++) {
           if (!split) {
             whole[k] = got[k];
-          } else {
+          } else {  // Exact: the split runs the whole call's GEMMs (and bias sums) on the same values
             EXPECT_SAME_BITS(whole[k], got[k]) << where << ": split differs from whole, output " << k;
           }
         }
@@ -315,6 +356,8 @@ TEST(CudaEpilogues, BiasGradientSummedInTheConversionHasTheSameBits) {
     gpu().matmul_backward(plain_dx.f(), plain_dw.f(), nullptr, gdout.f(), dx.f(), dw.f(), N, C, OC, kBf16);
     EXPECT_EQ(cuda_epilogue_counts().colsum_in_conversion - before, runs) << where << ": only the call that converts";
     gpu().matmul_backward(ld_dx.f(), ld_dw.f(), ld_db.f(), gpadded.f(), dx.f(), dw.f(), N, C, OC, rows_ld);
+    // Exact: one summation order of the column sums (chunks of rows, then the chunks in order)
+    // whichever kernel runs it, and the same bf16 operands for the GEMMs
     EXPECT_SAME_BITS(fused.get(), alone.get()) << where << ": dbias, fused against alone";
     EXPECT_SAME_BITS(fused_dx.get(), plain_dx.get()) << where << ": dinp";
     EXPECT_SAME_BITS(fused_dw.get(), plain_dw.get()) << where << ": dweight";
@@ -325,7 +368,8 @@ TEST(CudaEpilogues, BiasGradientSummedInTheConversionHasTheSameBits) {
   }
 }
 
-// Every fused op twice on the same inputs: the same bits.
+// Every fused op twice on the same inputs: the same bits (Exact: the same kernels and cuBLAS(Lt)
+// algorithms on the same values; no atomics).
 TEST(CudaEpilogues, BitwiseRepeatable) {
   REQUIRE_GPU();
   const int N = 256, C = 128, OC = 384;
@@ -373,6 +417,21 @@ TEST(CudaRealShapeEpilogues, Gpt2MlpMatchesCpu) {
     // GPU: each op on the CPU's inputs (one op deep: in bf16 a GPU intermediate differing from the
     // CPU's in the last fp32 bit would flip some bf16 roundings of the next GEMM's operand).
     Dev cact(act), cpre(pre), cdpre(dpre);
+    // Bound, each op on its own: pre gemm_bound(prec, C); act that through |gelu'| <= 1.13 plus the
+    // GELUs (fp32: cuBLASLt's epilogue, kLtGeluTol; bf16: our kernel); dpre dres·Wproj's
+    // gemm_bound(prec, C) through |gelu'| <= 2.1 plus the gelu's (fp32: through the epilogue); the
+    // weight gradients gemm_bound(prec, N), the bias gradients fp32 sums of N.
+    const std::vector<double> mpre = matmul_out_magnitude(x, wfc, bfc.data(), N, C, F);
+    std::vector<float> D(pre.size(), 0.0f);
+    cpu().matmul_backward(D.data(), nullptr, nullptr, abs_f(dres).data(), nullptr, abs_f(wproj).data(), N, F, C, kFp32);
+    const MatmulBackwardMagnitude mproj = matmul_backward_magnitude(dres, act, wproj, N, F, C),
+                                  mfc = matmul_backward_magnitude(dpre, x, wfc, N, C, F);
+    const std::vector<double> mD = to_double(D), mbproj = mproj.dbias;
+    const std::vector<double>* mag[6] = {&mpre, &mpre, &mD, &mproj.dweight, &mfc.dweight, &mfc.dbias};
+    const bool lt = prec == kFp32 && cuda_gemm_epilogues_enabled();
+    const double gb = gemm_bound(prec, C), gn = gemm_bound(prec, N);
+    const double bound[6] = {gb, 1.13 * gb + kGeluU + (lt ? kLtGeluTol : 0.0), 2.1 * gb + kDgeluU + (lt ? kLtGeluTol : 0.0),
+                             gn, gn, gemm_bound(kFp32, N)};
     std::vector<float> first[6];
     for (int run = 0; run < 2; run++) {
       Dev gpre(nans(pre.size())), gact(nans(pre.size())), gdpre(nans(pre.size())), gdwproj(dwproj.size() * 4),
@@ -385,23 +444,28 @@ TEST(CudaRealShapeEpilogues, Gpt2MlpMatchesCpu) {
       const std::vector<float>* ref[6] = {&pre, &act, &dpre, &dwproj, &dwfc, &dbfc};
       const char* what[6] = {"pre", "act", "dpre", "dW proj", "dW fc", "db fc"};
       for (int k = 0; k < 6; k++) {
-        const double e = rel(got[k], *ref[k]);
-        if (run == 0) std::printf("[ epilogue ] GPT-2 MLP %s %s: %.3g\n", where.c_str(), what[k], e);
-        EXPECT_LT(e, kOpTol) << where << " " << what[k];
+        const double e = rel_to_magnitude(got[k], *ref[k], *mag[k]);
+        if (run == 0) std::printf("[ epilogue ] GPT-2 MLP %s %s: %.3g of the magnitude (bound %.3g)\n", where.c_str(), what[k], e, bound[k]);
+        EXPECT_LT(e, bound[k]) << where << " " << what[k];
         if (run == 0) {
           first[k] = got[k];
-        } else {
+        } else {  // Exact: run to run, the same kernels on the same values
           EXPECT_SAME_BITS(first[k], got[k]) << where << " " << what[k] << " differs run to run";
         }
       }
-      EXPECT_LT(rel(gdbproj.get(), dbproj), kOpTol) << where << " db proj";
+      EXPECT_LT(rel_to_magnitude(gdbproj.get(), dbproj, mbproj), gemm_bound(kFp32, N)) << where << " db proj";
     }
   }
 }
 
 // The BGRADB bias gradient over B = 64 × T = 1024 rows (fp32, the dW GEMM with C = 8 columns):
-// against column sums in double, within 1e-5 norm-wise (the bound CudaRealShape holds the
-// column-sum kernel to, at the same length), and added to dbias.
+// against column sums in double, and added to dbias.
+// Bound (an estimate, to confirm on a card): the order of cuBLASLt's sum is its own, and the worst
+// case of any order, gamma_n(N) Σ|dout| = 3.9e-3 of the magnitude (221x the column sums' size
+// here), could not see a lost start value or a few dropped rows. A blocked fp32 sum of N terms of
+// random sign errs by about u sqrt(N) times the size of its partial sums (~2^-24 · 256 · 150, 2e-6
+// of a column's |sum| ≈ 150): 1e-5 of the sums' norm. (CudaRealShape.MatmulBias* holds our
+// column-sum kernel, whose order is known, to its derived bound against the same reference.)
 TEST(CudaRealShapeEpilogues, BiasGradientAt65536Rows) {
   REQUIRE_GPU();
   const int N = 65536, C = 8;
