@@ -1,10 +1,12 @@
 // The split backward of zero-bubble pipelines (model/transformer.h "Split backward"):
 //  - matmul_backward with the input gradient alone, then the weight and bias gradients alone,
-//    adds the same bits as one call with all three (small and threaded shapes);
+//    adds the same bits as one call with all three (small and threaded shapes; Exact: the three
+//    outputs are independent GEMM and column-sum calls, made alike either way);
 //  - for every family (and with dropout, and with bf16 GEMMs), on the whole model and on block
 //    ranges cut as pipeline stages: input-only backwards of two micro-batches, then their
 //    weight_backward (in the zb-h1 order BI0 BI1 W0 W1), give bit for bit the hidden-state
-//    gradients and the accumulated parameter gradients of two whole backwards;
+//    gradients and the accumulated parameter gradients of two whole backwards (Exact: the same ops
+//    on the same operands, and every tensor's additions in the same order);
 //  - the weight work really is deferred: after an input-only backward every dense layer's weight
 //    and bias gradient is untouched while the other tensors already have their gradient, and
 //    weight_backward adds exactly the rest; only weight_backward reports gradients ready (growing

@@ -25,7 +25,11 @@
 //    (BERT with 3 labels), so every copy a dense op gets is as aligned as its own scratch.
 // Every case runs the CPU's bf16 GEMMs on the emulation (runtime.cpu_bf16_gemm "emulate"), the
 // oracle; oneDNN's engine is tested in test_cpu_bf16_gemm.cpp. The CUDA cases (CudaBf16Operands.*)
-// skip without a GPU.
+// skip without a GPU. Every comparison is exact: a bf16 operand widened from given bits is the
+// value rounding it would give (float_to_bf16_bits is the rounding, and widening is exact), so the
+// GEMMs make the same calls on the same values; a bf16 output is the rounding of the fp32 value
+// the same loop computed; a Model step takes the same ops in the same order either way (on the
+// GPU too: the same kernels and cuBLAS calls, deterministic for one shape on one stream).
 #include <gtest/gtest.h>
 
 #include <array>

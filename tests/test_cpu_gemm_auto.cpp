@@ -170,6 +170,7 @@ TEST(CpuGemmAuto, TimedBlocksAreBoundedAndMergeEqualShapes) {
     EXPECT_EQ(std::tie(b.block.rows, b.block.in, b.block.out),
               std::tie(std::min(b.shape.rows, cpu::kTimedRows), b.shape.in, b.shape.out));
   EXPECT_TRUE(cpu::timed_blocks({}, 1).empty());
+  // Exact: products and sums of small integers, exact in double.
   EXPECT_DOUBLE_EQ(cpu::dense_step_flops({{8, 16, 32, 3}, {4, 2, 2, 1}}), 6.0 * (8 * 16 * 32 * 3 + 4 * 2 * 2));
 }
 

@@ -1,6 +1,7 @@
 // Activation recomputation (model/transformer.h "Activation recomputation", runtime.recompute):
 //   - every family, full and fused attention, with dropout, fp32 and bf16: the loss and every
-//     gradient of selective and full are the bits of none, over the whole model and over a part
+//     gradient of selective and full are the bits of none (Exact: a recomputed tensor is the same
+//     op on the same inputs, and the backward then runs the same ops), over the whole model and over a part
 //     without the embedding (a pipeline stage's blocks, whose first input is handed in), also
 //     when a second micro-batch's forward runs between a forward and its backward;
 //   - the activations shrink as the memory estimate says, and in the order none > selective > full;
