@@ -171,8 +171,9 @@ std::vector<T> padding_of(const std::vector<T>& p, int rows, int cols, int ld) {
 //   kUBf16 bf16 rounded to nearest
 //   kExpU  exp's relative error: CUDA's expf and exp2f within 2 ulp (CUDA Math API), the CPU's
 //          fast_expf within 3e-7 (CpuOps.FastExpMatchesExp); 5u covers both. logf: 1 ulp (2u).
+// (gamma_n itself is grad_check.h's: n u / (1 - n u), u = 2^-24 unless given.)
 constexpr double kU = 0x1p-24, kUTc = 0x1p-23, kUTf32 = 0x1p-10, kUBf16 = 0x1p-8, kExpU = 5 * kU;
-inline double gamma_n(double n, double u = kU) { return n * u / (1.0 - n * u); }
+static_assert(kU == kUnitFp32, "gamma_n's default unit roundoff is fp32's");
 
 // ‖a − ref‖ / ‖mag‖: the difference against the magnitude of what each element sums; or, with a
 // bound per element as mag, the share of that bound the difference takes norm-wise (below 1 when
