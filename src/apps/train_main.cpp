@@ -68,6 +68,8 @@ int main(int argc, char** argv) {
     return code;  // --help: 0 on every rank; a bad command line: non-zero on every rank
   }
 
+  // SIGTERM / SIGUSR1: checkpoint at the next step boundary, exit 0 (before any compute thread starts)
+  install_preemption_handlers();
   try {
     std::string err;
     Config cfg;
@@ -83,7 +85,6 @@ int main(int argc, char** argv) {
     }
     err = agree_on_error(MPI_COMM_WORLD, err);
     if (!err.empty()) throw CollectiveError(err);
-    install_preemption_handlers();  // SIGTERM / SIGUSR1: checkpoint at the next step boundary, exit 0
     train(cfg, MPI_COMM_WORLD, opts);
   } catch (const CollectiveError& e) {
     // Every rank knows the same error: rank 0 says it once, every rank exits non-zero.

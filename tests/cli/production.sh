@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Production behaviour of the real program under mpiexec -n 2:
-#   pre-emption (SIGUSR1 to mpiexec) -> one checkpoint, exit 0, PREEMPTED marker; --resume auto finishes
+#   pre-emption (SIGUSR1 to mpiexec) -> one checkpoint, exit 0, PREEMPTED marker; --resume auto finishes;
+#                                      never a handler on the compute thread (its signals blocked)
 #   kill -9 of one rank            -> the job ends non-zero within 30 s; the last checkpoint still loads
 #   a rank that stops answering    -> runtime.step_timeout_s aborts the job, naming the phase
 #   disk full while checkpointing  -> clear error, non-zero exit, the previous checkpoint survives
@@ -38,6 +39,14 @@ end_of_job() {
 # ---- pre-emption and resume
 start_run pre
 wait_for "[ \$(lines $run/metrics.jsonl) -ge 5 ]" 60
+# The signals are blocked on each rank's main thread (the compute thread; a thread of its own
+# takes them: src/runtime/signals.cpp): SigBlk holds SIGUSR1 (bit 9) and SIGTERM (bit 14).
+blocked=0
+for p in $(rank_pids); do
+  m=$(awk '/^SigBlk:/ {print $2}' "/proc/$p/status" 2>/dev/null)
+  [ -n "$m" ] && (( (16#$m & 16#4200) == 16#4200 )) && blocked=$((blocked + 1))
+done
+check "pre-emption signals blocked on both ranks' compute thread" "[ $blocked = 2 ]"
 # As on a cluster: the scheduler signals every process of the job once — mpiexec, which forwards
 # it to the ranks, and the ranks themselves — so each rank sees the signal twice.
 kill -USR1 $pid; kill -USR1 $(rank_pids)
