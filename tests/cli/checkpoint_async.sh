@@ -5,6 +5,8 @@
 #   a rank killed during the write    -> NAME.tmp left, never taken for a checkpoint: the previous
 #                                        checkpoint stays the newest, --resume auto continues from it
 # LLMPI_CHECKPOINT_WRITE_DELAY_MS holds each write back, so that the kill lands inside one.
+# runtime.cpu_fp32_gemm is pinned: "auto" times both engines at start-up, and two runs that pick
+# different ones differ in the order of their fp32 sums, so in the last bits of every tensor.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 TRAIN="$B/llmpi-train"
 tmp=$(mktemp -d)
@@ -15,7 +17,7 @@ trap cleanup EXIT
 "$B/llmpi-prep" --tokenizer byte --input "$tmp/c.txt" --out "$tmp/d" >/dev/null 2>&1
 common=(--config data/demo.json --set data.train="$tmp/d/train.h5" --set data.val= --set model.d_model=64
         --set model.n_layer=2 --set model.seq_len=64 --set train.log_every=1 --set train.eval_every=0
-        --set checkpoint.every=2 --set checkpoint.keep=5)
+        --set checkpoint.every=2 --set checkpoint.keep=5 --set runtime.cpu_fp32_gemm=openblas)
 run_train() {  # OUT_NAME ARGS...: mpiexec -n 2 in the foreground, $rc
   local out=$1; shift
   timeout $((120 * TIME_SCALE)) mpiexec -n 2 "$TRAIN" "${common[@]}" "$@" >"$tmp/$out.out" 2>"$tmp/$out.err"; rc=$?
