@@ -1,5 +1,5 @@
-// Shared by the file-format tests: a fixture with a fresh temporary directory, and a check that an
-// expression throws an llmpi::Error whose message contains a text.
+// Shared by the file-format tests: a fresh temporary directory (an object or a fixture), and a
+// check that an expression throws an llmpi::Error whose message contains a text.
 #pragma once
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -13,14 +13,31 @@
 
 namespace llmpi::test {
 
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it at the end.
+// A fresh directory under $TMPDIR (or /tmp), named llmpi-test-XXXXXX; "" when none can be made.
+inline std::string make_temp_dir() {
+  const char* t = std::getenv("TMPDIR");
+  std::string tmpl = std::string(t && *t ? t : "/tmp") + "/llmpi-test-XXXXXX";
+  return mkdtemp(&tmpl[0]) ? tmpl : std::string();
+}
+
+// make_temp_dir's directory, removed with everything in it when the object goes.
+struct TempDir {
+  std::string path = make_temp_dir();
+  TempDir() = default;
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+};
+
+// The same as a fixture: `dir`, and path(name) inside it.
 struct TempDirTest : testing::Test {
   std::string dir;
   void SetUp() override {
-    const char* t = std::getenv("TMPDIR");
-    std::string tmpl = std::string(t && *t ? t : "/tmp") + "/llmpi-test-XXXXXX";
-    ASSERT_NE(mkdtemp(&tmpl[0]), nullptr) << "mkdtemp failed for " << tmpl;
-    dir = tmpl;
+    dir = make_temp_dir();
+    ASSERT_FALSE(dir.empty()) << "cannot make a temporary directory under $TMPDIR or /tmp";
   }
   void TearDown() override {
     std::error_code ec;

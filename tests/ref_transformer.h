@@ -530,45 +530,6 @@ inline std::vector<double> attention_third(const AttentionCall& c, const std::ve
   return m3;
 }
 
-// ---- a model's gradients: the magnitude of what they sum ----------------------------------------------
-
-// Σ_b |g_b| / B per parameter, g_b the gradient of example b's loss alone (the batch's gradient is
-// the mean of the g_b): the magnitude of what each gradient sums over the batch. Where the
-// examples' parts cancel (a classifier bias on near-uniform predictions) the gradient is far
-// smaller than what was summed, and so is its own norm against the rounding. (Dropout, where the
-// model has it, is off here: the magnitudes are of the same model without it.)
-inline std::vector<double> gradient_magnitude(Model& m, const Batch& batch, int B, int T) {
-  std::vector<double> mag(m.table.numel, 0.0);
-  for (int b = 0; b < B; b++) {
-    Batch one = batch;
-    one.B = 1;
-    one.tokens += (size_t)b * T;
-    if (one.targets) one.targets += (size_t)b * T;
-    if (one.token_types) one.token_types += (size_t)b * T;
-    if (one.attn_mask) one.attn_mask += (size_t)b * T;
-    if (one.labels) one.labels += b;
-    Activations a(m, 1, T);
-    m.zero_grads();
-    m.forward(a, one, true);
-    m.backward(a);
-    const std::vector<float> g = m.grads_host();
-    for (size_t i = 0; i < g.size(); i++) mag[i] += std::fabs((double)g[i]) / B;
-  }
-  m.zero_grads();
-  return mag;
-}
-
-// ‖a − b‖ / ‖m‖ over n values (Euclidean norms): a difference against the magnitude of what was
-// summed (the absolute difference where m is 0).
-inline double rel_to_magnitude(const float* a, const float* b, const double* m, size_t n) {
-  double d = 0, mm = 0;
-  for (size_t i = 0; i < n; i++) {
-    d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-    mm += m[i] * m[i];
-  }
-  return mm > 0 ? std::sqrt(d / mm) : std::sqrt(d);
-}
-
 // The longest sum one training step of the model on B x T tokens takes, forward or backward: over
 // the rows (a weight's gradient), the head's outputs (the vocabulary, or the labels), the width, a
 // dense layer's inputs or outputs, a head's size, the keys (every query head of a group, for a

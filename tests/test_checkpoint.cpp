@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "checkpoint/checkpoint.h"
+#include "file_test_util.h"
 #include "model_test_util.h"
 #include "runtime/error.h"
 
@@ -13,14 +14,7 @@ using namespace llmpi;
 namespace fs = std::filesystem;
 
 namespace {
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char buf[] = "/tmp/llmpi-ckpt-XXXXXX";
-    path = mkdtemp(buf);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using test::TempDir;
 
 CheckpointData sample(int rows, size_t n, bool adam) {
   CheckpointData d;

@@ -1401,31 +1401,6 @@ DropoutContext dropout_context(const ModelCase& c, int64_t step) {
 
 class CudaModel : public ::testing::TestWithParam<ModelCase> {};
 
-// The magnitude of what each gradient of `m` sums over the batch: Σ_b |g_b| / B, g_b the gradient
-// of example b alone (a backward of a batch of one: the batch's loss is the mean of its examples',
-// so its gradient is the mean of the g_b), as test_mpi_tensor_parallel.cpp's gradient_magnitude.
-std::vector<double> gradient_magnitude(Model& m, const RandomBatch& rb, int B, int T, const DropoutContext& dc) {
-  std::vector<double> mag(m.table.numel, 0.0);
-  for (int b = 0; b < B; b++) {
-    Batch one = rb.b;
-    one.B = 1;
-    one.tokens += (size_t)b * T;
-    if (one.targets) one.targets += (size_t)b * T;
-    if (one.token_types) one.token_types += (size_t)b * T;
-    if (one.attn_mask) one.attn_mask += (size_t)b * T;
-    if (one.labels) one.labels += b;
-    Activations a(m, 1, T);
-    a.dropout = dc;
-    m.zero_grads();
-    m.forward(a, one, true);
-    m.backward(a);
-    const std::vector<float> g = m.grads_host();
-    for (size_t i = 0; i < g.size(); i++) mag[i] += std::fabs((double)g[i]) / B;
-  }
-  m.zero_grads();
-  return mag;
-}
-
 }  // namespace
 
 TEST_P(CudaModel, LossAndEveryGradientMatchCpu) {
@@ -1439,7 +1414,7 @@ TEST_P(CudaModel, LossAndEveryGradientMatchCpu) {
   ac.dropout = ag.dropout = dropout_context(c, 1);
   mc.init_params(7);
   mg.init_params(7);
-  const std::vector<double> mag = gradient_magnitude(mc, rb, B, T, ac.dropout);
+  const std::vector<double> mag = gradient_magnitude(mc, rb.b, B, T, ac.dropout);
   mc.zero_grads();
   mg.zero_grads();
   const float lc = mc.forward(ac, rb.b, true);
@@ -1562,7 +1537,7 @@ TEST_P(CudaModel, Bf16LossAndEveryGradientMatchCpuBf16) {
   ac.dropout = ag.dropout = dropout_context(c, 1);
   mc.init_params(7);
   mg.init_params(7);
-  const std::vector<double> mag = gradient_magnitude(mc, rb, B, T, ac.dropout);
+  const std::vector<double> mag = gradient_magnitude(mc, rb.b, B, T, ac.dropout);
   mc.zero_grads();
   mg.zero_grads();
   const float lc = mc.forward(ac, rb.b, true);

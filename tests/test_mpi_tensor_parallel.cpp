@@ -39,42 +39,6 @@ double rel_l2(const float* a, const float* b, size_t n) {
   return m > 0 ? std::sqrt(d / m) : std::sqrt(d);
 }
 
-// The magnitude of what each gradient of `m` sums over the batch: sum over examples b of |g_b| / B,
-// with g_b the gradient of example b alone (a backward of a batch of one; the batch's loss is the
-// mean of its examples' losses, so its gradient is the mean of the g_b). Where the examples' parts
-// cancel (a bias whose gradient is the sum of p - y over a batch of near-uniform predictions), the
-// gradient is far smaller than what was summed, and so is its own norm against the rounding.
-std::vector<double> gradient_magnitude(Model& m, const test::RandomBatch& rb, int B, int T) {
-  std::vector<double> mag(m.table.numel, 0.0);
-  for (int b = 0; b < B; b++) {
-    Batch one = rb.b;
-    one.B = 1;
-    one.tokens += (size_t)b * T;
-    if (one.targets) one.targets += (size_t)b * T;
-    if (one.token_types) one.token_types += (size_t)b * T;
-    if (one.attn_mask) one.attn_mask += (size_t)b * T;
-    if (one.labels) one.labels += b;
-    Activations a(m, 1, T);
-    m.zero_grads();
-    m.forward(a, one, true);
-    m.backward(a);
-    const std::vector<float> g = m.grads_host();
-    for (size_t i = 0; i < g.size(); i++) mag[i] += std::fabs((double)g[i]) / B;
-  }
-  m.zero_grads();
-  return mag;
-}
-
-// |a - b| / |m| over a tensor (L2 norms): the difference against the magnitude of what was summed.
-double rel_to_magnitude(const float* a, const float* b, const double* m, size_t n) {
-  double d = 0, mm = 0;
-  for (size_t i = 0; i < n; i++) {
-    d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-    mm += m[i] * m[i];
-  }
-  return mm > 0 ? std::sqrt(d / mm) : std::sqrt(d);
-}
-
 // One step of shard `rank` of world_size() against the whole model on every rank.
 void shard_equals_whole(const std::string& family, const std::vector<std::string>& extra, int chunk_rows,
                         bool fused_head, bool sequence_parallel = false) {
@@ -107,7 +71,7 @@ void shard_equals_whole(const std::string& family, const std::vector<std::string
     EXPECT_TRUE(std::equal(expect.begin(), expect.end(), sp.begin() + s.offset)) << s.name << ": initial values";
   }
   const test::RandomBatch rb(d, B, T, 17);
-  const std::vector<double> magnitude = gradient_magnitude(whole, rb, B, T);
+  const std::vector<double> magnitude = test::gradient_magnitude(whole, rb.b, B, T);
   Activations aw(whole, B, T), as(shard, B, T);
   whole.zero_grads();
   shard.zero_grads();
@@ -164,7 +128,7 @@ void shard_equals_whole(const std::string& family, const std::vector<std::string
       double mq = 0;
       for (size_t i = 0; i < wq.numel; i++) mq += magnitude[wq.offset + i] * magnitude[wq.offset + i];
       const std::vector<double> stand_in(s.numel, std::sqrt(mq / wq.numel));
-      const double e = rel_to_magnitude(sg.data() + s.offset, expect.data(), stand_in.data(), s.numel);
+      const double e = test::rel_to_magnitude(sg.data() + s.offset, expect.data(), stand_in.data(), s.numel);
       EXPECT_LT(e, 1e-5) << family << ": gradient of " << s.name << " (against " << query << "'s magnitude)";
       worst = std::max(worst, e);
       continue;
@@ -178,7 +142,7 @@ void shard_equals_whole(const std::string& family, const std::vector<std::string
     } else {
       std::copy(magnitude.begin() + ws.offset, magnitude.begin() + ws.offset + s.numel, mag.begin());
     }
-    const double e = rel_to_magnitude(sg.data() + s.offset, expect.data(), mag.data(), s.numel);
+    const double e = test::rel_to_magnitude(sg.data() + s.offset, expect.data(), mag.data(), s.numel);
     EXPECT_LT(e, 1e-5) << family << ": gradient of " << s.name << " ("
                        << rel_l2(sg.data() + s.offset, expect.data(), s.numel) << " of its own norm)";
     worst = std::max(worst, e);

@@ -11,6 +11,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/sharded.h"
+#include "file_test_util.h"
 #include "model_test_util.h"
 #include "runtime/error.h"
 
@@ -19,14 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char buf[] = "/tmp/llmpi-sharded-XXXXXX";
-    path = mkdtemp(buf);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using test::TempDir;
 
 // A slice holding a shard of a whole tensor of `whole` shape.
 ParamSlice shard_of(std::vector<int> whole, int split, std::vector<std::pair<int, int>> ranges) {

@@ -213,58 +213,48 @@ bool test_all(std::vector<MPI_Request>& reqs) {
   return flag != 0;
 }
 
-void gather(const void* send, size_t n, MPI_Datatype type, void* recv, int root, MPI_Comm comm, int poll_us) {
+namespace {
+
+// Gather, scatter and allgather move one part of n elements per rank; past mpi_max_count they move
+// piece k of every part at once. `call(s, r, c, whole_count, whole_type)` runs one such transfer:
+// s and r at element k·L of send and recv, c elements of `type` on the side of one part, and on
+// the side of every rank's parts whole_count of whole_type (c of `type` when n is one piece, else
+// one BlockPiece: c elements, the next rank's n elements further on).
+template <class Call>
+void per_part_pieces(const void* send, void* recv, size_t n, MPI_Datatype type, Call call) {
   const size_t L = mpi_max_count(), B = element_bytes(type);
   if (n <= L) {
-    const int c = (int)n;
-    run(poll_us, [&] { MPI_Gather(send, c, type, recv, c, type, root, comm); },
-        [&](MPI_Request* q) { MPI_Igather(send, c, type, recv, c, type, root, comm, q); });
+    call(send, recv, (int)n, (int)n, type);
     return;
   }
   for (size_t k = 0, K = pieces(n, L); k < K; k++) {
     const size_t c = piece(n, k, L);
     const BlockPiece block(c, n, B, type);
-    const void* s = at(send, k * L, B);
-    void* r = at(recv, k * L, B);
-    run(poll_us, [&] { MPI_Gather(s, (int)c, type, r, 1, block.type, root, comm); },
-        [&](MPI_Request* q) { MPI_Igather(s, (int)c, type, r, 1, block.type, root, comm, q); });
+    call(at(send, k * L, B), at(recv, k * L, B), (int)c, 1, block.type);
   }
+}
+
+}  // namespace
+
+void gather(const void* send, size_t n, MPI_Datatype type, void* recv, int root, MPI_Comm comm, int poll_us) {
+  per_part_pieces(send, recv, n, type, [&](const void* s, void* r, int c, int wc, MPI_Datatype wt) {
+    run(poll_us, [&] { MPI_Gather(s, c, type, r, wc, wt, root, comm); },
+        [&](MPI_Request* q) { MPI_Igather(s, c, type, r, wc, wt, root, comm, q); });
+  });
 }
 
 void scatter(const void* send, size_t n, MPI_Datatype type, void* recv, int root, MPI_Comm comm, int poll_us) {
-  const size_t L = mpi_max_count(), B = element_bytes(type);
-  if (n <= L) {
-    const int c = (int)n;
-    run(poll_us, [&] { MPI_Scatter(send, c, type, recv, c, type, root, comm); },
-        [&](MPI_Request* q) { MPI_Iscatter(send, c, type, recv, c, type, root, comm, q); });
-    return;
-  }
-  for (size_t k = 0, K = pieces(n, L); k < K; k++) {
-    const size_t c = piece(n, k, L);
-    const BlockPiece block(c, n, B, type);
-    const void* s = at(send, k * L, B);
-    void* r = at(recv, k * L, B);
-    run(poll_us, [&] { MPI_Scatter(s, 1, block.type, r, (int)c, type, root, comm); },
-        [&](MPI_Request* q) { MPI_Iscatter(s, 1, block.type, r, (int)c, type, root, comm, q); });
-  }
+  per_part_pieces(send, recv, n, type, [&](const void* s, void* r, int c, int wc, MPI_Datatype wt) {
+    run(poll_us, [&] { MPI_Scatter(s, wc, wt, r, c, type, root, comm); },
+        [&](MPI_Request* q) { MPI_Iscatter(s, wc, wt, r, c, type, root, comm, q); });
+  });
 }
 
 void allgather(const void* send, size_t n, MPI_Datatype type, void* recv, MPI_Comm comm, int poll_us) {
-  const size_t L = mpi_max_count(), B = element_bytes(type);
-  if (n <= L) {
-    const int c = (int)n;
-    run(poll_us, [&] { MPI_Allgather(send, c, type, recv, c, type, comm); },
-        [&](MPI_Request* q) { MPI_Iallgather(send, c, type, recv, c, type, comm, q); });
-    return;
-  }
-  for (size_t k = 0, K = pieces(n, L); k < K; k++) {
-    const size_t c = piece(n, k, L);
-    const BlockPiece block(c, n, B, type);
-    const void* s = at(send, k * L, B);
-    void* r = at(recv, k * L, B);
-    run(poll_us, [&] { MPI_Allgather(s, (int)c, type, r, 1, block.type, comm); },
-        [&](MPI_Request* q) { MPI_Iallgather(s, (int)c, type, r, 1, block.type, comm, q); });
-  }
+  per_part_pieces(send, recv, n, type, [&](const void* s, void* r, int c, int wc, MPI_Datatype wt) {
+    run(poll_us, [&] { MPI_Allgather(s, c, type, r, wc, wt, comm); },
+        [&](MPI_Request* q) { MPI_Iallgather(s, c, type, r, wc, wt, comm, q); });
+  });
 }
 
 void gatherv(const void* send, const std::vector<size_t>& counts, const std::vector<size_t>& displs,
