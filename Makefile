@@ -10,6 +10,7 @@
 #                   REF_PYTHON= a Python with PyTorch (2.x for its torch.compile rows) for the PyTorch peers
 #   make bench-gemm-choice  "auto"'s CPU GEMM engine against each engine set by hand, under other CPUs' kernels
 #   make bench-checkpoint   a sharded checkpoint's write on 1, 2, 4 ranks against a bare MPI-IO write of its bytes
+#   make bench-checkpoint-stall  what a checkpoint costs the steps, checkpoint.async on and off
 #   make scaling    strong and weak scaling, data-parallel and pipelined, on the ranks this machine has
 #                   (bench/scaling.py; docs/PERF.md); SCALING_ARGS= (e.g. --ranks 1,2)
 #   make glue       the course's BERT-on-RTE assignment: fine-tune all-MiniLM-L6-v2 on GLUE RTE, time the
@@ -331,6 +332,12 @@ bench-gemm-choice: all
 .PHONY: bench-checkpoint
 bench-checkpoint: $(DEPS_STAMP) $(BUILD)/bench-checkpoint_sharded
 	BUILD=$(BUILD) /usr/bin/python3 bench/checkpoint_write.py $(CHECKPOINT_BENCH_ARGS)
+
+# make bench-checkpoint-stall: what a checkpoint costs the steps with checkpoint.async on and off
+# (bench/checkpoint_stall.py; docs/PERF.md): GPT-2 16 x 768 on 4 ranks, TP 2 x PP 2. CHECKPOINT_STALL_ARGS=
+.PHONY: bench-checkpoint-stall
+bench-checkpoint-stall: $(DEPS_STAMP) $(BUILD)/llmpi-train $(BUILD)/bench-random_tokens
+	BUILD=$(BUILD) /usr/bin/python3 bench/checkpoint_stall.py $(CHECKPOINT_STALL_ARGS)
 
 # make scaling: strong and weak scaling, data-parallel and pipelined, at 1, 2, 4 ranks and more where
 # the machine has the cores (bench/scaling.py; docs/PERF.md "Strong and weak scaling"). Builds what it

@@ -31,6 +31,11 @@ herr_t Id::reset() {
 
 void quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
+bool library_threadsafe() {
+  hbool_t yes = false;
+  return H5is_library_threadsafe(&yes) >= 0 && yes;
+}
+
 // No H5_term_library at exit (see h5_util.h). H5dont_atexit works only before the library
 // initialises, and static initialisers elsewhere may already use HDF5 (H5T_* constants call
 // H5open), so this runs as a constructor of priority 101, before every ordinary static initialiser.

@@ -30,7 +30,12 @@ struct Id {
 };
 
 // HDF5 prints its whole error stack to stderr by default; we turn failures into Errors instead.
+// (In a thread-safe build the setting is the calling thread's: each thread that calls HDF5 calls it.)
 void quiet();
+
+// Whether the HDF5 library in use was built thread-safe (calls from two threads serialised by
+// its global lock; Debian's serial build is, its parallel builds are not).
+bool library_threadsafe();
 
 // HDF5's exit handler is switched off (H5dont_atexit, from a static initializer in h5_util.cpp):
 // when a write fails (disk full), H5Fclose fails too and leaves the file half-closed in HDF5's

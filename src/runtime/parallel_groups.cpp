@@ -32,10 +32,11 @@ ParallelGroups::ParallelGroups(MPI_Comm w, int pp_stages, bool tied_embedding, i
   MPI_Comm_split(world, dp_rank, stage * tp + tp_rank, &model);
   const bool in_embedding = tied_embedding && pp > 1 && (first_stage() || last_stage());
   MPI_Comm_split(world, in_embedding ? dp_rank * tp + tp_rank : MPI_UNDEFINED, stage, &embedding);
+  MPI_Comm_dup(world, &checkpoint);
 }
 
 ParallelGroups::~ParallelGroups() {
-  for (MPI_Comm* c : {&pipeline, &data, &embedding, &tensor, &model})
+  for (MPI_Comm* c : {&pipeline, &data, &embedding, &tensor, &model, &checkpoint})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 

@@ -18,6 +18,9 @@
 //   world       the communicator the run was given: loss and metric reductions (every stage
 //               takes part, the last one holds the loss; of a tensor-parallel group, tp_rank 0
 //               counts it), errors and pre-emption agreement
+//   checkpoint  a duplicate of world for a checkpoint's file (train/checkpointing.cpp): its
+//               creation, MPI-IO open, sync and close run on the writer thread while the steps
+//               use the others, and collectives of two threads must not share a communicator
 //
 // With S = 1 the pipeline communicator holds one rank, with TP = 1 the tensor one; with both,
 // `data` is the whole world.
@@ -35,6 +38,7 @@ struct ParallelGroups {
   int stage = 0, dp_rank = 0, tp_rank = 0;
   MPI_Comm pipeline = MPI_COMM_NULL, data = MPI_COMM_NULL, embedding = MPI_COMM_NULL;  // owned
   MPI_Comm tensor = MPI_COMM_NULL, model = MPI_COMM_NULL;                              // owned
+  MPI_Comm checkpoint = MPI_COMM_NULL;                                                  // owned
 
   // Collective over world. Throws Error (on every rank) when pp_stages × tp does not divide the world.
   ParallelGroups(MPI_Comm world, int pp_stages, bool tied_embedding, int tp = 1);

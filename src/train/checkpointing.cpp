@@ -189,14 +189,14 @@ void finish_checkpoint(Run& r) {
   if (!r.pending) return;
   PendingCheckpoint& p = *r.pending;
   if (p.writer.joinable()) p.writer.join();
-  // Durable on every rank before the rename (collective).
-  if (p.error.empty()) {
+  // Durable on every rank before the rename (collective over p.comm; the file is open on every
+  // rank or on none: its creation and opening agreed).
+  if (p.fh != MPI_FILE_NULL) {
     const int rc = MPI_File_sync(p.fh);
-    if (rc != MPI_SUCCESS) p.error = "cannot sync '" + p.tmp + "' (" + mpi_error_text(rc) + "; disk full?)";
-  } else {
-    MPI_File_sync(p.fh);  // collective: every rank takes part
+    if (rc != MPI_SUCCESS && p.error.empty())
+      p.error = "cannot sync '" + p.tmp + "' (" + mpi_error_text(rc) + "; disk full?)";
+    MPI_File_close(&p.fh);
   }
-  MPI_File_close(&p.fh);
   std::string err = agree_on_error(r.comm, p.error);
   if (err.empty() && r.rank == 0) {
     h5::TmpFileGuard guard{p.tmp};
@@ -213,12 +213,51 @@ void finish_checkpoint(Run& r) {
   if (!err.empty()) throw CollectiveError(err);
 }
 
+namespace {
+
+// The file of a save: the checksums, its creation by rank 0 and its opening through MPI-IO,
+// collective over p.comm. Returns "" or an error that is the same on every rank, and then leaves
+// no file open and no file behind.
+std::string open_file(PendingCheckpoint& p, const ParamTable& whole, int groups) {
+  rect_crcs(p.writes);
+  try {
+    p.offsets = create_sharded_file(p.comm, p.tmp, p.info, whole, groups, p.writes);
+  } catch (const Error& e) {
+    return e.what();  // agreed inside: the same on every rank, and no file left
+  }
+  const int rc = MPI_File_open(p.comm, p.tmp.c_str(), MPI_MODE_WRONLY, MPI_INFO_NULL, &p.fh);
+  const std::string err = agree_on_error(
+      p.comm, rc == MPI_SUCCESS ? "" : "cannot open '" + p.tmp + "' for writing (" + mpi_error_text(rc) + ")");
+  if (!err.empty()) {
+    if (p.fh != MPI_FILE_NULL) MPI_File_close(&p.fh);
+    int rank = 0;
+    MPI_Comm_rank(p.comm, &rank);
+    if (rank == 0) std::remove(p.tmp.c_str());
+  }
+  return err;
+}
+
+// This rank's values into the open file; returns its error ("" when none).
+std::string write_values(PendingCheckpoint& p, const ParamTable& whole) {
+  // LLMPI_CHECKPOINT_WRITE_DELAY_MS (a testing knob, tests/cli/checkpoint_async.sh): the write
+  // starts that long after the file was created, so that a run can be killed during it.
+  static const long delay_ms = [] {
+    const char* v = std::getenv("LLMPI_CHECKPOINT_WRITE_DELAY_MS");
+    return v ? std::max(0L, std::atol(v)) : 0L;
+  }();
+  if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+  return write_rects(p.fh, whole, p.info.rows, p.offsets, p.writes, p.tmp);
+}
+
+}  // namespace
+
 std::string save_checkpoint(Run& r, int64_t steps_done) {
   finish_checkpoint(r);  // the one before: a checkpoint exists only once complete
   Engine& e = *r.engine;
   const bool per_rank = r.cfg.parallel.sync == SyncMethod::weights && r.world > 1;
   const int groups = r.cfg.train.optimizer == OptimizerKind::sgd ? 1 : 3;
-  CheckpointInfo i;
+  auto p = std::make_unique<PendingCheckpoint>();
+  CheckpointInfo& i = p->info;
   i.step = steps_done;
   i.optimizer_t = e.optimizer_t();
   i.optimizer = option_name(r.cfg.train.optimizer);
@@ -234,11 +273,11 @@ std::string save_checkpoint(Run& r, int64_t steps_done) {
   i.param_table_json = param_table_json(e.whole_table);
   i.data_json = r.data_json;
   i.lineage = r.lineage;
-
-  auto p = std::make_unique<PendingCheckpoint>();
   p->path = checkpoint_path(r.ckpt_dir, steps_done);
   p->tmp = p->path + ".tmp";
-  // Host staging: a copy of each chunk's buffer this rank writes from, and its rectangles.
+  p->comm = r.groups->checkpoint;
+  // Host staging: a copy of each chunk's buffer this rank writes from, and its rectangles. This
+  // copy is all a checkpointing step waits for with checkpoint.async.
   const size_t nc = e.chunks.size();
   p->staging.resize((size_t)groups * nc);
   const int64_t replica = per_rank ? r.groups->dp_rank : 0;
@@ -253,7 +292,6 @@ std::string save_checkpoint(Run& r, int64_t steps_done) {
       }
     }
   }
-  rect_crcs(p->writes);
   std::string err;
   // One file, written by every rank: run.dir must name the same directory everywhere.
   const uint64_t mine = std::hash<std::string>()(p->tmp);
@@ -273,39 +311,24 @@ std::string save_checkpoint(Run& r, int64_t steps_done) {
   }
   err = agree_on_error(r.comm, err);
   if (!err.empty()) throw CollectiveError(err);
-  try {  // collective: rank 0 creates the file with every dataset allocated
-    p->offsets = create_sharded_file(r.comm, p->tmp, i, e.whole_table, groups, p->writes);
-  } catch (const Error& ex) {
-    throw CollectiveError(ex.what());  // the same on every rank
-  }
-  const int rc = MPI_File_open(r.comm, p->tmp.c_str(), MPI_MODE_WRONLY, MPI_INFO_NULL, &p->fh);
-  err = agree_on_error(r.comm, rc == MPI_SUCCESS ? "" : "cannot open '" + p->tmp + "' for writing (" +
-                                                           mpi_error_text(rc) + ")");
-  if (!err.empty()) {
-    if (p->fh != MPI_FILE_NULL) MPI_File_close(&p->fh);
-    if (r.rank == 0) std::remove(p->tmp.c_str());
-    throw CollectiveError(err);
-  }
   r.pending = std::move(p);
   PendingCheckpoint* pc = r.pending.get();
   const ParamTable* whole = &e.whole_table;
-  const int64_t replicas = i.rows;
-  // LLMPI_CHECKPOINT_WRITE_DELAY_MS (a testing knob, tests/cli/checkpoint_async.sh): the write
-  // starts that long after the file was created, so that a run can be killed during it.
-  static const long delay_ms = [] {
-    const char* v = std::getenv("LLMPI_CHECKPOINT_WRITE_DELAY_MS");
-    return v ? std::max(0L, std::atol(v)) : 0L;
-  }();
-  auto write = [pc, whole, replicas] {
-    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-    pc->error = write_rects(pc->fh, *whole, replicas, pc->offsets, pc->writes, pc->tmp);
-  };
   int level = 0;
   MPI_Query_thread(&level);
-  if (r.cfg.checkpoint.async && level == MPI_THREAD_MULTIPLE) {
-    pc->writer = std::thread(write);  // training goes on; finish_checkpoint waits for it
+  const bool behind = r.cfg.checkpoint.async && level == MPI_THREAD_MULTIPLE;
+  // The file's creation joins the writes behind the steps where HDF5 may be called from two
+  // threads at once (the steps read the training data through it).
+  const bool create_behind = behind && h5::library_threadsafe();
+  if (!create_behind) pc->error = open_file(*pc, *whole, groups);
+  auto job = [pc, whole, groups, create_behind] {
+    if (create_behind) pc->error = open_file(*pc, *whole, groups);
+    if (pc->error.empty()) pc->error = write_values(*pc, *whole);
+  };
+  if (behind) {
+    pc->writer = std::thread(job);  // training goes on; finish_checkpoint waits for it
   } else {
-    write();
+    job();
     finish_checkpoint(r);
   }
   return checkpoint_path(r.ckpt_dir, steps_done);

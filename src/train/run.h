@@ -30,15 +30,18 @@
 namespace llmpi {
 
 // A checkpoint being written (train/checkpointing.cpp): the values this rank writes, copied to
-// host staging with their rectangles, the file open through MPI-IO, and with checkpoint.async the
-// thread writing them. finish_checkpoint completes it; destroyed unfinished (a run stopping on an
-// error) it waits for its thread and leaves NAME.tmp, which no reader takes for a checkpoint.
+// host staging with their rectangles, and the file's creation, opening through MPI-IO and writes
+// over `comm` (ParallelGroups::checkpoint), with checkpoint.async on a thread of its own.
+// finish_checkpoint completes it; destroyed unfinished (a run stopping on an error) it waits for
+// its thread and leaves NAME.tmp, which no reader takes for a checkpoint.
 struct PendingCheckpoint {
   std::string path, tmp;
+  CheckpointInfo info;                      // the file's attributes
+  MPI_Comm comm = MPI_COMM_NULL;            // not owned
   std::vector<std::vector<float>> staging;  // per (state, chunk): the chunk's buffer, when written from
   std::vector<RectWrite> writes;            // rectangles of staging's values
   std::vector<uint64_t> offsets;            // of every dataset in the file (create_sharded_file)
-  MPI_File fh = MPI_FILE_NULL;
+  MPI_File fh = MPI_FILE_NULL;             // open on every rank or on none
   std::thread writer;
   std::string error;  // this rank's write error, "" when none
   ~PendingCheckpoint() {
@@ -95,8 +98,9 @@ void resume_from(Run& r, const std::string& path, const std::vector<std::string>
 // every rank naming the rank that could not). No checkpoint: a fresh start. Collective over r.comm.
 void resume_auto(Run& r, const std::vector<std::string>& overrides);
 // The state after `steps_done` steps into run.dir/checkpoints (checkpoint/sharded.h): every rank
-// copies what it writes to host memory; with checkpoint.async (and MPI_THREAD_MULTIPLE) the bytes
-// are written by a thread while training goes on, else before it returns. The file is renamed into
+// copies what it writes to host memory; with checkpoint.async (and MPI_THREAD_MULTIPLE) the
+// checksums, the file's creation and the writes run on a thread while training goes on, else
+// before it returns. The file is renamed into
 // place once every rank's part is written and synced: a checkpoint exists only once complete.
 // Collective; every rank continues or stops together (CollectiveError). Returns the path it will have.
 std::string save_checkpoint(Run& r, int64_t steps_done);

@@ -56,14 +56,27 @@ void handle_nonfinite(Run& r, int64_t step, float loss, const StepResult& s, Tra
   std::fflush(stdout);
 }
 
+// The time finish_checkpoint took, in seconds: what the steps waited for a write still running.
+double finish_and_time(Run& r) {
+  const double t0 = now_ms();
+  finish_checkpoint(r);
+  return (now_ms() - t0) / 1e3;
+}
+
 void checkpoint(Run& r, int64_t steps_done, TrainResult& res, const TrainOptions& o, bool print) {
   if (!o.write_run_dir) return;
   r.watchdog->enter("checkpoint", steps_done);
+  const std::string previous = r.pending ? r.pending->path : "";
+  const double previous_s = finish_and_time(r);  // the one before: complete before the next begins
   const double t0 = now_ms();
   res.last_checkpoint = save_checkpoint(r, steps_done);
   const double waited_s = (now_ms() - t0) / 1e3;
   r.saved_at = steps_done;
   if (!print) return;
+  // A write that outlasts checkpoint.every steps holds the next checkpoint's step back.
+  if (!previous.empty() && previous_s >= 0.01)
+    std::printf("checkpoint: %s was still being written: training waited %.2f s for it (the file system takes "
+                "longer than checkpoint.every steps to write one)\n", previous.c_str(), previous_s);
   std::printf("checkpoint: %s (training waited %.2f s%s)\n", res.last_checkpoint.c_str(), waited_s,
               r.pending ? "; written behind the next steps" : "");
   std::fflush(stdout);
@@ -162,7 +175,14 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
     if (preempted_here(r, step, res, o, print)) break;
   }
   r.watchdog->enter("checkpoint", tc.steps);
-  finish_checkpoint(r);  // the last one, on disk before the run reports
+  if (r.pending) {  // the last one, on disk before the run reports
+    const std::string last = r.pending->path;
+    const double waited_s = finish_and_time(r);
+    if (print) {
+      std::printf("checkpoint: %s complete (the end of the run waited %.2f s for it)\n", last.c_str(), waited_s);
+      std::fflush(stdout);
+    }
+  }
   finish_run(r, res, o);
   if (return_params) res.final_params = r.engine->whole_params_everywhere();
   // A run whose model ends with a non-finite validation loss did not succeed, whatever it skipped.

@@ -2,6 +2,7 @@
 # Checkpoints written behind training (checkpoint.async, train/run.h) with the real program under
 # mpiexec -n 2:
 #   async on and off                  -> the same checkpoint files' tensors, bit for bit
+#   a write slower than the steps     -> the next checkpoint waits for it, and says so
 #   a rank killed during the write    -> NAME.tmp left, never taken for a checkpoint: the previous
 #                                        checkpoint stays the newest, --resume auto continues from it
 # LLMPI_CHECKPOINT_WRITE_DELAY_MS holds each write back, so that the kill lands inside one.
@@ -29,6 +30,8 @@ check "async on: exit 0 and the line says the write runs behind the steps" \
   "[ $rc = 0 ] && grep -q 'checkpoint: .*step-00000002.h5 (training waited [0-9.]* s; written behind the next steps)' '$tmp/on.out'" ||
   cat "$tmp/on.err"
 run_train off --set run.dir="$tmp/off" --set train.steps=4 --set checkpoint.async=false
+check "async on: the end of the run says how long it waited for the last write" \
+  "grep -q 'checkpoint: .*step-00000004.h5 complete (the end of the run waited [0-9.]* s for it)' '$tmp/on.out'"
 check "async off: exit 0, the step waits for the write" \
   "[ $rc = 0 ] && grep -q 'checkpoint: .*step-00000002.h5 (training waited [0-9.]* s)$' '$tmp/off.out'" || cat "$tmp/off.err"
 same=1 n=0
@@ -41,6 +44,12 @@ for s in 2 4; do
   done
 done
 check "async on and off: every tensor of both checkpoints the same bytes ($n datasets)" "[ $same = 1 ] && [ $n -ge 60 ]"
+
+# ---- a write slower than checkpoint.every steps: the next checkpoint waits for it and says so
+LLMPI_CHECKPOINT_WRITE_DELAY_MS=3000 run_train slow --set run.dir="$tmp/slow" --set train.steps=4
+check "a write slower than the steps between checkpoints: the next one says training waited for it" \
+  "[ $rc = 0 ] && grep -q 'checkpoint: .*step-00000002.h5 was still being written: training waited [1-9][0-9.]* s for it' '$tmp/slow.out'" ||
+  cat "$tmp/slow.out" "$tmp/slow.err"
 
 # ---- a rank killed while the step-4 checkpoint is being written
 run="$tmp/killed"
