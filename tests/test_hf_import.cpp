@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 
@@ -165,7 +166,7 @@ struct Tensors {
   }
   std::vector<StWriteTensor> view(size_t from = 0, size_t to = SIZE_MAX) const {
     std::vector<StWriteTensor> w;
-    for (size_t i = from; i < std::min(to, names.size()); i++) w.push_back({names[i], shapes[i], data[i].data()});
+    for (size_t i = from; i < std::min(to, names.size()); i++) w.push_back({names[i], shapes[i], data[i].data(), {}});
     return w;
   }
 };
@@ -213,7 +214,7 @@ std::string st_error(const std::string& image) {
 
 TEST(Safetensors, WriteThenReadGivesTheSameTensors) {
   std::vector<float> a = {1, -2, 3.5f, 1e-30f, -0.0f, 7}, b = {42};
-  const std::string bytes = safetensors_bytes({{"a", {2, 3}, a.data()}, {"b.scalar", {}, b.data()}}, {{"k", "v"}});
+  const std::string bytes = safetensors_bytes({{"a", {2, 3}, a.data(), {}}, {"b.scalar", {}, b.data(), {}}}, {{"k", "v"}});
   EXPECT_EQ((bytes.size() - 8 - 24 - 4) % 8, 0u) << "header padded to 8 bytes";
   const StHeader h = parse_safetensors_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "mem");
   ASSERT_EQ(h.tensors.size(), 2u);
@@ -232,7 +233,7 @@ TEST(Safetensors, WriteThenReadGivesTheSameTensors) {
 TEST(Safetensors, EmptyTensorsConvertAndWriteWithNullBuffers) {
   st_to_float(StDtype::F32, nullptr, 0, nullptr);
   st_to_float(StDtype::BF16, nullptr, 0, nullptr);
-  const std::string bytes = safetensors_bytes({{"empty", {0, 4}, nullptr}});
+  const std::string bytes = safetensors_bytes({{"empty", {0, 4}, nullptr, {}}});
   const StHeader h = parse_safetensors_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "mem");
   ASSERT_NE(h.find("empty"), nullptr);
   EXPECT_EQ(h.find("empty")->numel(), 0u);
@@ -307,7 +308,7 @@ TEST(Safetensors, MalformedFilesGiveClearErrors) {
 TEST_F(TempDirTest, SafetensorsFileIsWrittenAtomicallyAndMapped) {
   std::vector<float> a(1000);
   for (size_t i = 0; i < a.size(); i++) a[i] = float(i) * 0.5f;
-  write_safetensors(path("w.safetensors"), {{"w", {10, 100}, a.data()}});
+  write_safetensors(path("w.safetensors"), {{"w", {10, 100}, a.data(), {}}});
   EXPECT_FALSE(fs::exists(path("w.safetensors.tmp")));
   SafetensorsFile f(path("w.safetensors"));
   std::vector<float> back(1000);
@@ -316,7 +317,32 @@ TEST_F(TempDirTest, SafetensorsFileIsWrittenAtomicallyAndMapped) {
   EXPECT_ERROR_HAS(SafetensorsFile(path("none.safetensors")), "cannot open");
   std::ofstream(path("bad.safetensors")) << "not a safetensors file at all";
   EXPECT_ERROR_HAS(SafetensorsFile(path("bad.safetensors")), "bad.safetensors");
-  EXPECT_ERROR_HAS(write_safetensors(path("no/such/dir/x.safetensors"), {{"w", {1}, a.data()}}), "cannot write");
+  EXPECT_ERROR_HAS(write_safetensors(path("no/such/dir/x.safetensors"), {{"w", {1}, a.data(), {}}}), "cannot write");
+}
+
+// A tensor given by a fill (called once, when written) gives the bytes of the same values given as
+// data, and an error its fill throws leaves no file and no .tmp.
+TEST_F(TempDirTest, SafetensorsTensorsFromFillEqualThoseFromData) {
+  std::vector<float> a(600), b = {3, -1};
+  for (size_t i = 0; i < a.size(); i++) a[i] = float(i) - 0.25f;
+  int calls = 0;
+  const auto fill_a = [&](float* out) {
+    calls++;
+    std::copy(a.begin(), a.end(), out);
+  };
+  write_safetensors(path("d.safetensors"), {{"a", {20, 30}, a.data(), {}}, {"b", {2}, b.data(), {}}});
+  write_safetensors(path("f.safetensors"), {{"a", {20, 30}, nullptr, fill_a}, {"b", {2}, b.data(), {}}});
+  EXPECT_EQ(calls, 1);
+  auto bytes = [&](const std::string& f) {
+    std::ifstream in(path(f), std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(bytes("f.safetensors"), bytes("d.safetensors"));
+  const auto fail_fill = [](float*) { fail("the source is unreadable"); };
+  EXPECT_ERROR_HAS(write_safetensors(path("x.safetensors"), {{"b", {2}, b.data(), {}}, {"a", {20, 30}, nullptr, fail_fill}}),
+                   "the source is unreadable");
+  EXPECT_FALSE(fs::exists(path("x.safetensors")));
+  EXPECT_FALSE(fs::exists(path("x.safetensors.tmp")));
 }
 
 // ---- the fixtures: llmpi computes what transformers computed -----------------------------------

@@ -24,6 +24,7 @@
 
 #include "apps/arg_checks.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/sharded.h"
 #include "data/classification_file.h"
 #include "data/token_file.h"
 #include "hf/export_dir.h"
@@ -142,11 +143,26 @@ int main(int argc, char** argv) {
       if (row >= info.rows)
         fail("--row ", row, " is not a row of '", path, "': it has ", info.rows, " (give --row in [0, ", info.rows,
              "))");
-      std::vector<float> params(info.n);
-      read_checkpoint_row(info, row, params.data(), nullptr, nullptr);
       HfExportOptions o;
       options_from_run(info, o);
-      export_hf_model(dest.staging, info.desc, table, params.data(), o);
+      if (info.version >= kShardedVersion) {
+        // Tensor by tensor from the file, after its parameters' checksums: one tensor in memory.
+        const CheckpointReader reader(info);
+        reader.verify_share(1, 0, 1);
+        export_hf_model(dest.staging, info.desc, table, [&](const ParamSlice& s, float* out) {
+          const ParamSlice* f = reader.whole.find(s.name);
+          const size_t at = f ? (size_t)(f - reader.whole.slices.data()) : 0;
+          if (!f || f->shape != s.shape)
+            fail("'", path, "' has no tensor '", s.name, "' of the shape its model description gives: the "
+                 "checkpoint is damaged or from an incompatible version");
+          const auto [R, C] = rows_cols(s.shape);
+          reader.read(0, at, row, TensorRect{0, R, 0, C}, out);
+        }, o);
+      } else {  // versions 1 and 2: one [rows, n] dataset, read whole
+        std::vector<float> params(info.n);
+        read_checkpoint_row(info, row, params.data(), nullptr, nullptr);
+        export_hf_model(dest.staging, info.desc, table, params.data(), o);
+      }
       std::printf("llmpi-export: %s (step %lld, %s, %zu parameters)\n", path.c_str(), (long long)info.step,
                   family_name(info.desc.family), info.n);
       record["source"] = {{"checkpoint", path}, {"step", info.step}, {"row", row}};

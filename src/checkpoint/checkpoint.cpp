@@ -20,7 +20,6 @@ namespace {
 
 constexpr const char* kFormat = "llmpi-checkpoint";
 constexpr int kVersion = 2;         // what write_checkpoint writes; 1 (before model families, gpt2 only) is read
-constexpr int kShardedVersion = 3;  // checkpoint/sharded.h
 
 std::string describe(const std::string& path) { return "checkpoint '" + path + "'"; }
 const char* const kRemedy = "resume from another checkpoint (see the run's checkpoints/ folder) or start afresh";

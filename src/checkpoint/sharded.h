@@ -40,6 +40,9 @@
 namespace llmpi {
 
 // A rectangle of a whole tensor seen as [rows, cols].
+// The version of the format this file describes (checkpoint.h: versions 1 and 2 before it).
+constexpr int kShardedVersion = 3;
+
 struct TensorRect {
   int64_t row0 = 0, rows = 0, col0 = 0, cols = 0;
   int64_t numel() const { return rows * cols; }

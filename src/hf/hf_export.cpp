@@ -1,5 +1,6 @@
 #include "hf/hf_export.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "hf/hf_import.h"
@@ -99,20 +100,14 @@ json hf_config_json(const ModelDesc& d, const HfExportOptions& o) {
   return c;
 }
 
-void export_hf_model(const std::string& out_dir, const ModelDesc& d, const ParamTable& t, const float* params,
+void export_hf_model(const std::string& out_dir, const ModelDesc& d, const ParamTable& t, const TensorSource& source,
                      const HfExportOptions& o) {
   if (param_table_json(t) != param_table_json(build_param_table(d)))
     fail("export: the parameter table is not the whole ", family_name(d.family), " model's");
-  const std::string bad = nonfinite_tensor(t, params);
-  if (!bad.empty())
-    fail("export: the model's weights are not finite: ", bad,
-         "; nothing was written. The weights are damaged or their training diverged: export an earlier "
-         "checkpoint");
   // Our names are the Hugging Face ones of the exported architecture, except GPT-2's, which
-  // GPT2LMHeadModel prefixes with "transformer." (its lm_head.weight stays as it is).
-  std::vector<std::vector<float>> transposed;
+  // GPT2LMHeadModel prefixes with "transformer." (its lm_head.weight stays as it is). Each
+  // tensor is read when it is written (write_safetensors: one at a time).
   std::vector<StWriteTensor> out;
-  transposed.reserve(t.slices.size());
   // Written embedding first, head last (the reverse of the table's backward order), as
   // transformers lays them out.
   for (auto it = t.slices.rbegin(); it != t.slices.rend(); ++it) {
@@ -120,17 +115,31 @@ void export_hf_model(const std::string& out_dir, const ModelDesc& d, const Param
     StWriteTensor w;
     w.name = d.family == Family::gpt2 && s.name != "lm_head.weight" ? "transformer." + s.name : s.name;
     w.shape.assign(s.shape.begin(), s.shape.end());
-    w.data = params + s.offset;
-    if (hf_is_conv1d(d.family, s.role) && s.shape.size() == 2) {
-      // Conv1D keeps W^T: theirs[i][o] = ours[o][i]
-      const size_t rows = s.shape[0], cols = s.shape[1];
-      std::vector<float> tr(s.numel);
-      for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++) tr[c * rows + r] = params[s.offset + r * cols + c];
-      transposed.push_back(std::move(tr));
-      w.data = transposed.back().data();
-      std::swap(w.shape[0], w.shape[1]);
-    }
+    const bool conv1d = hf_is_conv1d(d.family, s.role) && s.shape.size() == 2;
+    if (conv1d) std::swap(w.shape[0], w.shape[1]);
+    w.fill = [&source, s, conv1d](float* dst) {
+      std::vector<float> ours;
+      float* v = dst;
+      if (conv1d) {
+        ours.resize(s.numel);
+        v = ours.data();
+      }
+      source(s, v);
+      ParamTable one;
+      one.slices = {s};
+      one.slices[0].offset = 0;
+      one.numel = s.numel;
+      const std::string bad = nonfinite_tensor(one, v);
+      if (!bad.empty())
+        fail("export: the model's weights are not finite: ", bad,
+             "; nothing was written. The weights are damaged or their training diverged: export an earlier "
+             "checkpoint");
+      if (conv1d) {  // Conv1D keeps W^T: theirs[i][o] = ours[o][i]
+        const size_t rows = s.shape[0], cols = s.shape[1];
+        for (size_t r = 0; r < rows; r++)
+          for (size_t c = 0; c < cols; c++) dst[c * rows + r] = v[r * cols + c];
+      }
+    };
     out.push_back(std::move(w));
   }
   std::error_code ec;
@@ -138,6 +147,13 @@ void export_hf_model(const std::string& out_dir, const ModelDesc& d, const Param
   if (ec) fail("cannot create '", out_dir, "': ", ec.message(), "; choose a writable --out directory");
   write_safetensors(out_dir + "/model.safetensors", out, {{"format", "pt"}});
   write_file_atomic(out_dir + "/config.json", hf_config_json(d, o).dump(2) + "\n");
+}
+
+void export_hf_model(const std::string& out_dir, const ModelDesc& d, const ParamTable& t, const float* params,
+                     const HfExportOptions& o) {
+  export_hf_model(
+      out_dir, d, t,
+      [params](const ParamSlice& s, float* out) { std::copy(params + s.offset, params + s.offset + s.numel, out); }, o);
 }
 
 }  // namespace llmpi

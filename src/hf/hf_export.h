@@ -6,6 +6,7 @@
 //   bert  → BertForSequenceClassification (id2label from the label names when known)
 // The inverse of hf/hf_import.h: importing an export gives the same parameters bit for bit.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,11 @@ nlohmann::json hf_config_json(const ModelDesc& d, const HfExportOptions& o = {})
 // writing nothing, when a value is not finite (naming the tensor). The destination checks of
 // llmpi-export (no run directory, nothing overwritten unasked) are hf/export_dir.h's.
 void export_hf_model(const std::string& out_dir, const ModelDesc& d, const ParamTable& t, const float* params,
+                     const HfExportOptions& o = {});
+// The same with each tensor read when it is written: source(s, out) writes slice s's s.numel
+// values (our layout) into out. The export holds one tensor (two for a transposed one) at a time.
+using TensorSource = std::function<void(const ParamSlice& s, float* out)>;
+void export_hf_model(const std::string& out_dir, const ModelDesc& d, const ParamTable& t, const TensorSource& source,
                      const HfExportOptions& o = {});
 
 }  // namespace llmpi

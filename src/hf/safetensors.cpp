@@ -243,8 +243,17 @@ void SafetensorsFile::read_float(const StTensor& t, float* out) const {
   st_to_float(t.dtype, map_ + t.begin, t.numel(), out);
 }
 
-std::string safetensors_bytes(const std::vector<StWriteTensor>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
+namespace {
+
+size_t numel_of(const StWriteTensor& t) {
+  size_t n = 1;
+  for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+// The 8-byte length and the JSON header (padded to 8 bytes) of a file holding these tensors.
+std::string safetensors_header(const std::vector<StWriteTensor>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
   std::set<std::string> seen;
@@ -252,11 +261,10 @@ std::string safetensors_bytes(const std::vector<StWriteTensor>& tensors,
   for (const StWriteTensor& t : tensors) {
     if (t.name == "__metadata__" || !seen.insert(t.name).second)
       fail("safetensors: tensor name \"", t.name, "\" is reserved or given twice");
-    size_t n = 1;
-    for (int64_t d : t.shape) {
+    for (int64_t d : t.shape)
       if (d < 0) fail("safetensors: tensor \"", t.name, "\" has a negative dimension");
-      n *= static_cast<size_t>(d);
-    }
+    const size_t n = numel_of(t);
+    if (n > 0 && !t.data && !t.fill) fail("internal: safetensors tensor \"", t.name, "\" has neither data nor fill");
     h[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + 4 * n}}};
     offset += 4 * n;
   }
@@ -265,25 +273,46 @@ std::string safetensors_bytes(const std::vector<StWriteTensor>& tensors,
   std::string out(8, '\0');
   const uint64_t len = header.size();
   for (int i = 0; i < 8; i++) out[i] = static_cast<char>(len >> (8 * i) & 0xff);
-  out.reserve(8 + header.size() + offset);
-  out += header;
+  return out + header;
+}
+
+// Calls put(bytes, count) with each tensor's values in turn: its data, or what its fill writes
+// into a buffer of its own size (one tensor's worth at a time).
+template <class Put>
+void each_tensor_bytes(const std::vector<StWriteTensor>& tensors, Put put) {
+  std::vector<float> buf;
   for (const StWriteTensor& t : tensors) {
-    size_t n = 1;
-    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
-    if (n > 0) out.append(reinterpret_cast<const char*>(t.data), 4 * n);  // little-endian hosts (x86-64, aarch64)
+    const size_t n = numel_of(t);
+    if (n == 0) continue;
+    const float* v = t.data;
+    if (!v) {
+      buf.assign(n, 0.0f);
+      t.fill(buf.data());
+      v = buf.data();
+    }
+    put(reinterpret_cast<const char*>(v), 4 * n);  // little-endian hosts (x86-64, aarch64)
   }
+}
+
+}  // namespace
+
+std::string safetensors_bytes(const std::vector<StWriteTensor>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  std::string out = safetensors_header(tensors, metadata);
+  each_tensor_bytes(tensors, [&](const char* p, size_t n) { out.append(p, n); });
   return out;
 }
 
 void write_safetensors(const std::string& path, const std::vector<StWriteTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  const std::string bytes = safetensors_bytes(tensors, metadata);
+  const std::string header = safetensors_header(tensors, metadata);
   const std::string tmp = path + ".tmp";
   h5::TmpFileGuard guard{tmp};
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) fail("cannot write '", tmp, "': ", std::strerror(errno), "; check that the directory exists and is writable");
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.write(header.data(), static_cast<std::streamsize>(header.size()));
+    each_tensor_bytes(tensors, [&](const char* p, size_t n) { out.write(p, static_cast<std::streamsize>(n)); });
     out.flush();
     if (!out) fail("writing '", tmp, "' failed (", std::strerror(errno), "); is the disk full?");
   }

@@ -22,6 +22,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -81,13 +82,14 @@ class SafetensorsFile {
 struct StWriteTensor {
   std::string name;
   std::vector<int64_t> shape;
-  const float* data = nullptr;  // numel floats
+  const float* data = nullptr;          // numel floats, or
+  std::function<void(float*)> fill;     // (data null) writes the numel floats, called once when written
 };
 
 // The bytes of a safetensors file holding these F32 tensors (names must be unique).
 std::string safetensors_bytes(const std::vector<StWriteTensor>& tensors,
                               const std::map<std::string, std::string>& metadata = {});
-// Write them to path atomically.
+// Write them to path atomically, one tensor at a time (a fill's buffer: the largest tensor).
 void write_safetensors(const std::string& path, const std::vector<StWriteTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
