@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-from run_reference import cpu_description  # (bench/run_reference.py, beside this file)
+from run_reference import cpu_description, write_record  # (bench/run_reference.py, beside this file)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -127,11 +127,7 @@ def main():
                       "slower than without it; hidden = 1 - async / sync (medians)",
               "base_step_ms": base, "runs": {m: [dict(r, **s) for r, s in zip(runs[m], rows[m])] for m in rows},
               "median": med, "hidden": hidden}
-    out_path = a.out or os.path.join(a.build, "bench", "checkpoint_stall.json")
-    os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    with open(out_path, "w") as f:
-        json.dump(record, f, indent=1)
-    print("wrote", out_path)
+    write_record(a.out or os.path.join(a.build, "bench", "checkpoint_stall.json"), record)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 
-from run_reference import cpu_description  # (bench/run_reference.py, beside this file)
+from run_reference import cpu_description, write_record  # (bench/run_reference.py, beside this file)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,11 +57,7 @@ def main():
                       "bare_write_at_all_s: MPI_File_write_at_all of the same bytes, sync, close; "
                       "ratio = bare / llmpi time (llmpi's bandwidth over the bare write's)",
               "rows": rows}
-    out_path = a.out or os.path.join(a.build, "bench", "checkpoint_write.json")
-    os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    with open(out_path, "w") as f:
-        json.dump(record, f, indent=1)
-    print("wrote", out_path)
+    write_record(a.out or os.path.join(a.build, "bench", "checkpoint_write.json"), record)
 
 
 if __name__ == "__main__":

@@ -84,6 +84,14 @@ def cpu_description():
             f"{' '.join(isa) or 'no AVX2'})")
 
 
+def write_record(path, record):
+    """Writes a benchmark's JSON record to path (its folder made), and says so."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+    print("wrote", path)
+
+
 def openblas_of(binary):
     """The libopenblas.so.0 the dynamic loader picks for `binary` (ldd), or '?'."""
     r = subprocess.run(["ldd", binary], capture_output=True, text=True)
