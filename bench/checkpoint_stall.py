@@ -2,15 +2,18 @@
 """What a checkpoint costs the training steps, with checkpoint.async on and off (`make bench-checkpoint-stall`).
 
 Runs build/llmpi-train under mpiexec three ways on the same model and data (random tokens):
-without a checkpoint before the last step (`none`), and with one after step --every written
+without a checkpoint before the last step (`none`), and with one every --every steps written
 asynchronously (`async`) and synchronously (`sync`); every run also saves at its last step, which
-is not counted. A run's stall is what the checkpoint after step --every added to the loop:
+is not counted. The stall is what the counted saves (after steps --every, 2·--every, ... before
+the last) added to the loop, per save:
 
-  stall = (what that save's step waited: the `checkpoint:` line)
-        + (what the next save waited for its write to finish, if it was still running)
-        + sum over the steps after it of (step_ms - the same step's median step_ms without it)
+  stall = ( sum over counted saves of what that save's step waited (its `checkpoint:` line)
+          + sum over counted saves of what the next save waited for its write, if still running
+          + sum over the steps after the first of (step_ms - the same step's median without) ) / saves
 
-so a write that slows the steps it runs behind (a core taken by its checksums, the file system)
+The first save writes into an empty page cache and later ones at the disk's pace, so counting them
+all measures the steady state, and a write that outlasts --every steps shows as the next save's
+wait. so a write that slows the steps it runs behind (a core taken by its checksums, the file system)
 counts as much as one the step waits for. hidden = 1 - median async stall / median sync stall.
 Medians of --reps, the three ways interleaved. Prints a table and writes JSON (default
 BUILD/bench/checkpoint_stall.json) with the machine, the date and the commit.
@@ -53,15 +56,22 @@ def run(a, exe, data, work, mode, rep):
     for line in open(os.path.join(d, "metrics.jsonl")):
         m = json.loads(line)
         step_ms[m["step"]] = m["step_ms"]
-    name = f"step-{a.every:08d}.h5"
-    waited = re.search(r"checkpoint: \S*" + re.escape(name) + r" \(training waited ([0-9.]+) s", out.stdout)
-    previous = re.search(r"checkpoint: \S*" + re.escape(name) + r" was still being written: training waited ([0-9.]+) s",
-                         out.stdout)
-    if mode != "none" and not waited:
-        sys.exit(f"checkpoint_stall: no checkpoint line for {name} in:\n{out.stdout[-3000:]}")
+    waited, previous = [], []
+    for k in counted_saves(a):
+        name = re.escape(f"step-{k:08d}.h5")
+        w = re.search(r"checkpoint: \S*" + name + r" \(training waited ([0-9.]+) s", out.stdout)
+        p = re.search(r"checkpoint: \S*" + name + r" was still being written: training waited ([0-9.]+) s", out.stdout)
+        if mode != "none" and not w:
+            sys.exit(f"checkpoint_stall: no checkpoint line for step {k} in:\n{out.stdout[-3000:]}")
+        waited.append(float(w.group(1)) if w else 0.0)
+        previous.append(float(p.group(1)) if p else 0.0)
     shutil.rmtree(d, ignore_errors=True)
-    return {"step_ms": [step_ms[i] for i in range(a.steps)], "waited_s": float(waited.group(1)) if waited else 0.0,
-            "previous_s": float(previous.group(1)) if previous else 0.0}
+    return {"step_ms": [step_ms[i] for i in range(a.steps)], "waited_s": waited, "previous_s": previous}
+
+
+def counted_saves(a):
+    """The saves counted: after every --every steps, the one at the last step excepted."""
+    return list(range(a.every, a.steps, a.every))
 
 
 def main():
@@ -104,10 +114,13 @@ def main():
     base = [statistics.median(r["step_ms"][i] for r in runs["none"]) for i in range(a.steps)]
     after = range(a.every, a.steps)
 
-    def stall(r):
-        slower = sum(r["step_ms"][i] - base[i] for i in after) / 1e3
-        return {"waited_s": r["waited_s"], "previous_s": r["previous_s"], "slower_steps_s": slower,
-                "stall_s": r["waited_s"] + r["previous_s"] + slower}
+    n = len(counted_saves(a))
+
+    def stall(r):  # per counted save
+        slower = sum(r["step_ms"][i] - base[i] for i in after) / 1e3 / n
+        waited, previous = sum(r["waited_s"]) / n, sum(r["previous_s"]) / n
+        return {"waited_s": waited, "previous_s": previous, "slower_steps_s": slower,
+                "stall_s": waited + previous + slower}
 
     rows = {m: [stall(r) for r in runs[m]] for m in ("async", "sync")}
     med = {m: {k: statistics.median(x[k] for x in rows[m]) for k in rows[m][0]} for m in rows}
@@ -123,8 +136,10 @@ def main():
               "cpu": cpu_description(), "machine": platform.node(), "ranks": a.ranks,
               "model": {"layers": a.layers, "d_model": a.d_model, "heads": a.heads, "vocab": a.vocab, "seq_len": a.seq_len},
               "global_batch": a.batch, "every": a.every, "steps": a.steps, "sets": a.set, "reps": a.reps,
-              "what": "stall_s: the counted save's wait + the next save's wait for it + the steps after it "
-                      "slower than without it; hidden = 1 - async / sync (medians)",
+              "counted_saves": counted_saves(a),
+              "what": "stall_s, per counted save (every --every steps but the last step's): its step's wait + the "
+                      "next save's wait for it + the steps after the first slower than without a checkpoint, "
+                      "over the counted saves; hidden = 1 - async / sync (medians)",
               "base_step_ms": base, "runs": {m: [dict(r, **s) for r, s in zip(runs[m], rows[m])] for m in rows},
               "median": med, "hidden": hidden}
     write_record(a.out or os.path.join(a.build, "bench", "checkpoint_stall.json"), record)

@@ -257,16 +257,48 @@ TEST(MemoryEstimate, CheckpointAndSyncBuffersFollowTheConfiguration) {
   const ModelDesc d = test::desc_of("gpt2", 2, 2, 16, 8, 37);
   Config cfg = config_with("adamw");
   const double nb = 4.0 * estimate_memory(d, 1, 8, cfg, 1, 0, false).n_params;
-  // Each rank stages its own state, whatever the sync: params, m, v ...
-  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 0, false).checkpoint_staging, 3 * nb);
+  // No checkpoint saved (checkpoint.every 0): a resume's one state of the rank's chunks.
+  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 1, 0, false).checkpoint_save, 0);
+  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 1, 0, false).checkpoint_staging, nb);
+  // Saved behind the steps: one rank stages everything it writes: params, m, v ...
+  cfg.checkpoint.every = 10;
+  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 1, 0, false).checkpoint_save, 3 * nb);
+  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 1, 0, false).checkpoint_staging, 3 * nb);
+  // ... synchronously on the CPU nothing (it writes from the buffers), from a GPU the same copy.
+  cfg.checkpoint.async = false;
+  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 1, 0, false).checkpoint_save, 0);
+  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 1, 0, true).checkpoint_save, 3 * nb);
+  cfg.checkpoint.async = true;
+  // Replicas take turns: every value is staged once over the data-parallel group (sums of whole
+  // tensors' float counts: exact), each rank less than all of it. With ZeRO-1 the moments are each
+  // rank's own pieces; with sync "weights" every rank writes its own copy of everything.
+  for (const bool zero : {false, true}) {
+    cfg.parallel.zero = zero;
+    double sum = 0;
+    for (int rank = 0; rank < 4; rank++) {
+      const MemoryEstimate e = estimate_memory(d, 1, 8, cfg, 4, rank, false);
+      EXPECT_LT(e.checkpoint_save, 3 * nb) << "zero " << zero << " rank " << rank;
+      EXPECT_EQ(e.checkpoint_staging, std::max(e.checkpoint_save, nb));
+      sum += e.checkpoint_save;
+    }
+    EXPECT_EQ(sum, 3 * nb) << "zero " << zero;
+  }
+  cfg.parallel.zero = false;
   cfg.parallel.sync = SyncMethod::weights;
-  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 0, false).checkpoint_staging, 3 * nb);
-  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 1, false).checkpoint_staging, 3 * nb);
-  cfg.parallel.sync = SyncMethod::allreduce;  // ... with ZeRO-1 its pieces of m and v
-  cfg.parallel.zero = true;
-  const MemoryEstimate zero = estimate_memory(d, 1, 8, cfg, 4, 1, false);
-  EXPECT_EQ(zero.checkpoint_staging, nb + zero.optimizer);
-  EXPECT_LT(zero.optimizer, 2 * nb);
+  EXPECT_EQ(estimate_memory(d, 1, 8, cfg, 4, 1, false).checkpoint_save, 3 * nb);
+  cfg.parallel.sync = SyncMethod::allreduce;
+  // Tensor parallelism: the shards' tensors are each shard's own, the whole ones taken in turn by
+  // the tensor group's ranks: over 2 replicas × 2 shards every value of the model once again.
+  {
+    double sum = 0;
+    for (int tp_rank = 0; tp_rank < 2; tp_rank++)
+      for (int rank = 0; rank < 2; rank++) {
+        RankChunks rc;
+        rc.tp = 2, rc.tp_rank = tp_rank;
+        sum += estimate_memory(tensor_shard(d, 2, tp_rank), 1, 8, cfg, 2, rank, false, &rc).checkpoint_save;
+      }
+    EXPECT_EQ(sum, 3 * nb);
+  }
   cfg.parallel.zero = false;
   cfg.parallel.sync = SyncMethod::gather_scatter;
   cfg.parallel.bucket_mb = 1e6;  // one bucket: rank 0 gathers and scatters 4 copies of everything

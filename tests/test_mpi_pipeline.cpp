@@ -394,6 +394,54 @@ TEST(MpiPipeline, InitFromHuggingFaceEqualsOneRank) {
   }
 }
 
+// The start-up memory estimate of every rank of a pipeline (train/setup.cpp check_memory: the
+// chunks rank_chunks gives, its tensor shard, its data-parallel rank) against what its Engine
+// holds: the parameters of its chunks, AdamW's moments (ZeRO-1: its pieces), every activation slot
+// of its schedule (zb-h1: with the kept input gradients) and what it writes to a checkpoint
+// (Engine::state_ranges). Byte counts: exact.
+TEST(MpiN4Pipeline, MemoryEstimateOfEachRankIsWhatItsEngineHolds) {
+  struct Layout {
+    const char* family;
+    std::vector<std::string> sets;
+  };
+  const int T = 16, rows = 8;
+  for (const Layout& l : {Layout{"gpt2", {"parallel.pp_stages=2", "parallel.tp=2", "parallel.schedule=1f1b"}},
+                          Layout{"llama", {"parallel.pp_stages=2", "parallel.zero=1", "parallel.schedule=gpipe"}},
+                          Layout{"gpt2", {"parallel.pp_stages=4", "parallel.schedule=zb-h1"}},
+                          Layout{"gpt2", {"parallel.pp_stages=2", "parallel.schedule=interleaved",
+                                          "parallel.virtual_stages=2", "parallel.zero=1"}}}) {
+    std::vector<std::string> sets = l.sets;
+    for (const char* k : {"data.train=-", "parallel.microbatches=4", "checkpoint.every=5"}) sets.push_back(k);
+    const Config cfg = parse_config("{}", "test", sets);
+    const std::string what = std::string(l.family) + " " + cfg.resolved["parallel"].dump();
+    SCOPED_TRACE(what);
+    const ModelDesc d = test::desc_of(l.family, 4, 2, 32, T, 64);
+    const int tp = cfg.parallel.tp;
+    ParallelGroups g(MPI_COMM_WORLD, cfg.parallel.pp_stages, d.head == HeadKind::lm && d.tie_embeddings, tp);
+    EngineOptions eo;
+    eo.local_batch = rows;
+    eo.T = T;
+    eo.seed = 3;
+    Engine e(d, cpu_ops(), g, cfg.parallel, sync_options(cfg.parallel), eo);
+    RankChunks rc = rank_chunks(d, cfg.parallel, T, g.stage);
+    rc.tp = tp, rc.tp_rank = g.tp_rank;
+    const ModelDesc shard = tp > 1 ? tensor_shard(d, tp, g.tp_rank) : d;
+    const MemoryEstimate est = estimate_memory(shard, rows, T, cfg, g.dp, g.dp_rank, false, &rc);
+    double params = 0, moments = 0, activations = 0, written = 0;
+    for (const ModelChunk& ch : e.chunks) {
+      params += (double)ch.model->table.numel;
+      moments += 2.0 * (double)ch.opt->n;
+      for (const auto& slot : ch.slots) activations += (double)(slot->bytes() + slot->losses_host.size() * sizeof(float));
+    }
+    for (int which = 0; which < 3; which++)
+      for (const Engine::StateRange& sr : e.state_ranges(which, true, false)) written += (double)(sr.hi - sr.lo);
+    EXPECT_EQ(est.n_params, (int64_t)params) << "stage " << g.stage;
+    EXPECT_EQ(est.optimizer, 4 * moments) << "stage " << g.stage;
+    EXPECT_EQ(est.activations, activations) << "stage " << g.stage;
+    EXPECT_EQ(est.checkpoint_save, 4 * written) << "stage " << g.stage;
+  }
+}
+
 TEST(MpiN4Pipeline, ZeroBubbleDefersTheWeightGradient) { zero_bubble_defers_the_weight_gradient(); }
 TEST(MpiN4Pipeline, Gpt2FourStagesEverySchedule) { every_schedule_equals_one_rank("gpt2", 8, kSchedules); }
 TEST(MpiN4Pipeline, LlamaFourStagesEverySchedule) { every_schedule_equals_one_rank("llama", 8, kSchedules); }

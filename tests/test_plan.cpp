@@ -315,6 +315,51 @@ TEST(PlanMemory, ZeroOneShardsTheOptimizerState) {
   }
 }
 
+// The checkpoint section: the file's bytes (params + m + v of the whole model) over the bandwidth;
+// per stage the staging of its busiest rank, each rank's the start-up estimate's (RankChunks at
+// its stage, tensor shard and replica: exact byte counts); a synchronous save on the CPU stages
+// nothing; the fewest steps between checkpoints whose time covers the write.
+TEST(PlanMemory, CheckpointStagingIsTheBusiestRanksEstimate) {
+  const int T = 8;
+  const ModelDesc d = test::desc_of("gpt2", 4, 2, 32, T, 101);
+  for (const int zero : {0, 1}) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    PlanInputs in = inputs(d, T, 16, 8, 2, 2);  // 2 replicas × 2 stages × tp 2
+    in.tp = 2;
+    in.zero = zero;
+    in.bucket_mb = 0.002;
+    in.fs_bandwidth = 2e6;
+    const PlanResult r = plan(in);
+    const CheckpointPlan& cp = r.checkpoint;
+    EXPECT_EQ(cp.state_bytes, 3 * 4.0 * build_param_table(d).numel);
+    EXPECT_DOUBLE_EQ(cp.write_s, cp.state_bytes / 2e6);
+    EXPECT_EQ(cp.export_bytes, 4.0 * (4 * 32) * 32);  // the MLP's 4C × C weight, the largest tensor
+    Config cfg = parse_config("{}", "test", {"data.train=-", "checkpoint.every=1", "parallel.pp_stages=2",
+                                              "parallel.tp=2", "parallel.microbatches=2", "parallel.bucket_mb=0.002",
+                                              "parallel.first_bucket_mb=0.002", "parallel.zero=" + std::to_string(zero)});
+    ASSERT_EQ(cp.staging.size(), 2u);
+    for (int s = 0; s < 2; s++) {
+      double most = 0;
+      for (int t = 0; t < 2; t++)
+        for (int q = 0; q < 2; q++) {
+          RankChunks rc;
+          rc.parts = {virtual_stage_part(r.layer_counts, s)};
+          rc.tp = 2, rc.tp_rank = t;
+          most = std::max(most, estimate_memory(tensor_shard(d, 2, t), 4, T, cfg, 2, q, false, &rc).checkpoint_save);
+        }
+      EXPECT_GT(most, 0);
+      EXPECT_EQ(cp.staging[s], most) << "stage " << s;
+    }
+    const TimeRow* t = r.time_row("1f1b", zero);
+    ASSERT_TRUE(t);
+    EXPECT_EQ(cp.every_to_hide, std::max(1, (int)std::ceil(cp.write_s / t->step_s)));
+    in.checkpoint_async = false;
+    const PlanResult sync = plan(in);
+    EXPECT_EQ(sync.checkpoint.staging, std::vector<double>(2, 0.0));
+    EXPECT_EQ(sync.checkpoint.every_to_hide, 0);
+  }
+}
+
 // ZeRO-1 over NCCL holds a device buffer of W pieces of the largest bucket's ceil(n/W) floats,
 // padded (comm/nccl.h), plus their bf16 copy for a bf16 gradient; nothing without ZeRO-1.
 TEST(PlanMemory, ZeroOneOverNcclCountsItsPaddedPieces) {

@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   int world = 1, pp = 0, tp = 0, microbatches = 0, zero = -1, vocab = 0, ranks_per_node = 0, nics_per_node = 0;
   int cores_per_rank = 0, profile_reps = 5, node_cores = 0;
-  double mfu = 0;
+  double mfu = 0, fs_gbs = 1;
   bool profile = false;
   app.add_option("--config", config_path, "JSON run configuration (as llmpi-train reads it)")->required();
   app.add_option("--set", sets, "override one configuration key, e.g. --set model.n_layer=48 (repeatable)");
@@ -147,6 +147,9 @@ int main(int argc, char** argv) {
                  "network ports per node shared by its ranks (default one per GPU; cpu: 1)");
   app.add_option("--links", links_path, std::string("measured links file of bench-allreduce_bw (default ") +
                                             kDefaultLinks + " when it exists)");
+  auto* fs_opt = app.add_option("--fs-bandwidth", fs_gbs,
+                                "GB/s the ranks write a checkpoint at, all together (the file system's share; "
+                                "default 1; make bench-checkpoint measures one): for the checkpoint's time");
   app.add_flag("--profile", profile, "measure the per-layer costs on this machine's CPU backend (a few seconds)");
   app.add_option("--profile-reps", profile_reps, "repetitions per measured cost (median; default 5)");
   app.add_option("--profile-out", profile_out, "write the measured (or table) per-layer costs to this JSON file");
@@ -177,6 +180,8 @@ int main(int argc, char** argv) {
     if (cpn_opt->count()) require_at_least("--cores-per-node", node_cores, 1, "cores of a node");
     if (gpn_opt->count()) require_at_least("--gpus-per-node", ranks_per_node, 1, "ranks per node");
     if (npn_opt->count()) require_at_least("--nics-per-node", nics_per_node, 1, "network ports per node");
+    if (fs_opt->count() && !(fs_gbs > 0))
+      fail("--fs-bandwidth must be a positive number of GB/s (the file system's write bandwidth), got ", fs_gbs);
     require_at_least("--profile-reps", profile_reps, 1, "repetitions per measured cost");
     if (mfu_opt->count() && !(mfu > 0 && mfu <= 1))
       fail("--mfu must be in (0, 1] (the fraction of the device's peak the compute reaches), got ", mfu);
@@ -216,6 +221,7 @@ int main(int argc, char** argv) {
     if (in.precision != GemmPrecision::fp32 && !in.device.gpu)
       fail("--precision ", precision, " is a GPU projection: use --precision fp32 with --device cpu");
     in.mfu = mfu;
+    in.fs_bandwidth = fs_gbs * 1e9;
     if (cores_per_rank > 0) in.cores_per_rank = cores_per_rank;
     if (!in.device.gpu) in.node_cores = node_cores > 0 ? node_cores : (int)std::thread::hardware_concurrency();
     // train.batch_per_rank gives the global batch of this world's data-parallel replicas
@@ -374,6 +380,28 @@ int main(int argc, char** argv) {
         std::printf("  %-8s %-4d %10s %14s\n", t.schedule.c_str(), t.zero, fmt_s(t.tp_s).c_str(),
                     gb(t.tp_bytes_per_rank).c_str());
     }
+    const CheckpointPlan& cp = r.checkpoint;
+    std::printf("\ncheckpoint (one file, every rank writing its turn of the tensors): %s of params%s; %.1f s at "
+                "%g GB/s (--fs-bandwidth)\n",
+                gb(cp.state_bytes).c_str(), in.optimizer == OptimizerKind::adamw ? " + AdamW m and v" : "", cp.write_s,
+                in.fs_bandwidth / 1e9);
+    std::printf("  %-5s %18s %18s\n", "stage", "staging (save)", "resume buffer");
+    for (int s = 0; s < S; s++)
+      std::printf("  %-5d %18s %18s\n", s, gb(cp.staging[s]).c_str(), gb(cp.resume[s]).c_str());
+    std::printf("  (host memory of the busiest rank; staging: checkpoint.async or a GPU keeps a copy of what the rank "
+                "writes for the whole run, a synchronous save on the CPU none; a resume reads one state at a time)\n");
+    std::printf("  llmpi-export holds one tensor at a time: the largest, %s\n", gb(cp.export_bytes).c_str());
+    if (cp.every_to_hide > 0)
+      std::printf("  with checkpoint.async the write runs behind the steps: checkpoint.every >= %d steps hides it%s\n",
+                  cp.every_to_hide,
+                  in.checkpoint_every > 0 ? (in.checkpoint_every >= cp.every_to_hide
+                                                 ? " (the run's " + std::to_string(in.checkpoint_every) + " does)"
+                                                 : " (the run's " + std::to_string(in.checkpoint_every) +
+                                                       " does not: the next save waits for it)")
+                                                    .c_str()
+                                              : "");
+    else
+      std::printf("  the step that saves waits for the write (checkpoint.async false)\n");
     for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
     if (!json_out.empty()) {
       nlohmann::json j = r.to_json();
@@ -383,7 +411,7 @@ int main(int argc, char** argv) {
                      {"sync", option_name(in.sync)}, {"overlap", in.overlap}, {"bucket_mb", in.bucket_mb},
                      {"device", in.device.name}, {"device_source", in.device.source},
                      {"precision", gemm_precision_name(in.precision)}, {"recompute", option_name(in.recompute)},
-                     {"cores_per_rank", in.cores_per_rank},
+                     {"cores_per_rank", in.cores_per_rank}, {"fs_bandwidth_bytes_per_s", in.fs_bandwidth},
                      {"ranks_per_node", in.fabric.ranks_per_node}, {"nics_per_node", in.fabric.nics_per_node},
                      {"intra_link", within_node ? in.fabric.intra.name : ""},
                      {"inter_link", spans_nodes ? in.fabric.inter.name : ""},

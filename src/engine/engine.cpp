@@ -56,6 +56,25 @@ void check_layout(const Ops& ops, const ParallelGroups& g, const ParallelConfig&
 
 }  // namespace
 
+RankChunks rank_chunks(const std::vector<int>& layer_counts, ScheduleKind kind, int S, int M, int v, int stage) {
+  RankChunks rc;
+  rc.parts.clear(), rc.slots.clear();
+  const ActivationPeak peak = activation_peak(build_schedule(kind, S, M, stage, v), v);
+  for (int c = 0; c < v; c++) {
+    rc.parts.push_back(S > 1 ? virtual_stage_part(layer_counts, virtual_stage(S, stage, c)) : ModelPart::whole());
+    rc.slots.push_back(std::max(1, peak.per_chunk[c]));
+  }
+  rc.keeps_input_grads = kind == ScheduleKind::zb_h1;
+  return rc;
+}
+
+RankChunks rank_chunks(const ModelDesc& d, const ParallelConfig& pc, int T, int stage) {
+  const int S = pc.pp_stages, v = S > 1 ? pc.virtual_stages : 1;
+  const ScheduleKind kind = S > 1 ? pc.schedule : ScheduleKind::one_f_one_b;
+  const std::vector<int> counts = S > 1 ? split_layers(d, T, S * v, pc.stage_layers) : std::vector<int>{d.n_layer};
+  return rank_chunks(counts, kind, S, pc.microbatches, v, stage);
+}
+
 Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, const ParallelConfig& pc,
                const SyncOptions& so, const EngineOptions& eo)
     : g(groups), ops(o), desc(d), kind(groups.pp > 1 ? pc.schedule : ScheduleKind::one_f_one_b), S(groups.pp),
@@ -67,13 +86,13 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
   layer_counts = S > 1 ? split_layers(d, T, S * v, pc.stage_layers) : std::vector<int>{d.n_layer};
   whole_table = build_param_table(d);
   actions = schedule_for(M);
-  const ActivationPeak peak = activation_peak(actions, v);
+  const RankChunks held = rank_chunks(layer_counts, kind, S, M, v, g.stage);
   const bool tied_lm = d.head == HeadKind::lm && d.tie_embeddings;
   chunks.resize(v);
   for (int c = 0; c < v; c++) {
     ModelChunk& ch = chunks[c];
     ch.vstage = virtual_stage(S, g.stage, c);
-    ch.part = S > 1 ? virtual_stage_part(layer_counts, ch.vstage) : ModelPart::whole();
+    ch.part = held.parts[c];
     ModelDesc md = g.tp > 1 ? tensor_shard(d, g.tp, g.tp_rank) : d;
     md.sequence_parallel = g.tp > 1 && pc.sequence_parallel;
     ch.model = std::make_unique<Model>(md, ops, ch.part, eo.precision, eo.recompute);
@@ -97,7 +116,7 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
       for (const ParamSlice& s : ch.model->table.slices)
         if (s.sharded() && s.offset < ch.counted()) ch.norm_ranges.push_back({s.offset, s.offset + s.numel});
     }
-    for (int i = 0; i < std::max(1, peak.per_chunk[c]); i++) {
+    for (int i = 0; i < held.slots[c]; i++) {
       ch.slots.push_back(std::make_unique<Activations>(*ch.model, micro_batch, T));
       if (kind == ScheduleKind::zb_h1) ch.model->reserve_input_only(*ch.slots.back());  // counted up front
     }
@@ -287,13 +306,7 @@ std::vector<Engine::StateRange> Engine::state_ranges(int which, bool writing, bo
       const int tensor = (int)(w - whole_table.slices.data());
       const bool tied_copy = ch.tied_copy && i + 1 == t.slices.size();
       if (writing && tied_copy) continue;
-      if (writing) {
-        // Whose turn: replicas take tensors in turn (with ZeRO-1 or sync "weights" each writes its
-        // own); of a tensor the whole tensor group holds, its ranks take turns too.
-        const bool own = pieces || every_rank;
-        if (!own && (int)(i % (size_t)g.dp) != g.dp_rank) continue;
-        if (!s.sharded() && (int)((own ? i : i / (size_t)g.dp) % (size_t)g.tp) != g.tp_rank) continue;
-      }
+      if (writing && !writes_tensor(i, s.sharded(), pieces || every_rank, g.dp, g.dp_rank, g.tp, g.tp_rank)) continue;
       if (!pieces) {
         out.push_back({c, i, 0, s.numel, s.offset, tensor});
         continue;
@@ -312,9 +325,13 @@ std::vector<Engine::StateRange> Engine::state_ranges(int which, bool writing, bo
 std::vector<float> Engine::host_state(size_t c, int which) const {
   const ModelChunk& ch = chunks[c];
   std::vector<float> host(which == 0 ? ch.model->table.numel : ch.opt->n);
-  ops.copy_to_host(host.data(), which == 0 ? ch.model->params : which == 1 ? ch.opt->m : ch.opt->v,
-                   host.size() * sizeof(float));
+  ops.copy_to_host(host.data(), state_buffer(c, which), host.size() * sizeof(float));
   return host;
+}
+
+const float* Engine::state_buffer(size_t c, int which) const {
+  const ModelChunk& ch = chunks[c];
+  return which == 0 ? ch.model->params : which == 1 ? ch.opt->m : ch.opt->v;
 }
 
 void Engine::set_state(size_t c, int which, const float* host) {

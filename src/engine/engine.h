@@ -62,6 +62,7 @@
 #include "backend/ops.h"
 #include "comm/grad_sync.h"
 #include "comm/stage_link.h"
+#include "model/memory_estimate.h"
 #include "model/transformer.h"
 #include "optim/optimizer.h"
 #include "pipeline/schedule.h"
@@ -112,6 +113,15 @@ struct EvalSums {
   int64_t rows = 0;        // rows evaluated here, counted on the stage with the head only
   std::vector<int> labels, predictions;  // classifier: those rows' labels and predicted classes
 };
+
+// The chunks a rank of `stage` holds with S stages, M micro-batches a step, v chunks a stage and
+// blocks per virtual stage `layer_counts` (split_layers), under the schedule `kind`: each chunk's
+// part and the activation slots its schedule keeps at once (activation_peak, at least one), as the
+// Engine builds them. The second form takes the layout from the configuration (S = pp_stages).
+// For the memory estimate before anything is allocated (model/memory_estimate.h RankChunks; the
+// caller sets its tensor-parallel place).
+RankChunks rank_chunks(const std::vector<int>& layer_counts, ScheduleKind kind, int S, int M, int v, int stage);
+RankChunks rank_chunks(const ModelDesc& d, const ParallelConfig& pc, int T, int stage);
 
 struct EngineOptions {
   OptimizerKind optimizer = OptimizerKind::adamw;
@@ -202,6 +212,8 @@ struct Engine {
   std::vector<StateRange> state_ranges(int which, bool writing, bool every_rank) const;
   // A host copy of chunk c's buffer of a state, and the reverse (host: that buffer's length).
   std::vector<float> host_state(size_t c, int which) const;
+  // Chunk c's buffer of a state itself (backend memory: on a GPU a device pointer).
+  const float* state_buffer(size_t c, int which) const;
   void set_state(size_t c, int which, const float* host);
   // --init-from: every rank reads its chunks' tensors by name from a Hugging Face model directory
   // (hf/hf_import.h; a tied head's copy reads the embedding). Collective over the world: an error on

@@ -195,35 +195,79 @@ size_t gemm_operand_scratch_bytes(const ModelDesc& d, int B, int T, GemmPrecisio
   return bytes_of(on_gpu ? most * 2 * 5 / 4 : most * sizeof(float), "bf16 GEMM operand scratch", B, T);
 }
 
+double checkpoint_write_floats(const ModelDesc& desc, const ModelPart& part, const ParamTable& table, bool zero,
+                               const std::vector<ShardPiece>& pieces, bool adamw, bool per_rank, int dp, int dp_rank,
+                               int tp, int tp_rank) {
+  // (a tied LM head's copy of the embedding is written by the embedding's stage)
+  const bool tied_copy = desc.head == HeadKind::lm && desc.tie_embeddings && part.head && !part.embedding;
+  double n = 0;
+  for (int which = 0; which < (adamw ? 3 : 1); which++) {
+    const bool own_pieces = which != 0 && zero;
+    for (size_t i = 0; i + (tied_copy ? 1 : 0) < table.slices.size(); i++) {
+      const ParamSlice& s = table.slices[i];
+      if (!writes_tensor(i, s.sharded(), own_pieces || per_rank, dp, dp_rank, tp, tp_rank)) continue;
+      if (!own_pieces) {
+        n += (double)s.numel;
+        continue;
+      }
+      for (const ShardPiece& p : pieces)
+        n += (double)std::max<int64_t>(0, (int64_t)std::min(p.end, s.offset + s.numel) - (int64_t)std::max(p.begin, s.offset));
+    }
+  }
+  return n;
+}
+
 MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_len, const Config& cfg, int world,
-                               int rank, bool on_gpu) {
+                               int rank, bool on_gpu, const RankChunks* chunks) {
+  const RankChunks whole_model;
+  const RankChunks& rc = chunks ? *chunks : whole_model;
   MemoryEstimate e;
   e.on_gpu = on_gpu;
   e.local_batch = local_batch;
   e.seq_len = seq_len;
-  const ParamTable table = build_param_table(desc);
-  const double n = (double)table.numel, nb = n * sizeof(float);
-  e.n_params = (int64_t)table.numel;
-  e.params = e.grads = nb;
   const GemmPrecision precision = cfg.runtime.precision;
-  if (precision == GemmPrecision::bf16) {  // the Model's bf16 weight copy (its tensors 256-byte aligned)
-    std::vector<size_t> offsets;
-    e.params += (double)aligned_copy_layout(table, &offsets) * sizeof(uint16_t);
-  }
   const bool adamw = cfg.train.optimizer == OptimizerKind::adamw;
-  e.optimizer = adamw ? 2 * nb : 0;
-  const std::vector<Bucket> buckets =
-      make_buckets(table, cfg.parallel.bucket_mb, cfg.parallel.overlap ? cfg.parallel.first_bucket_mb : cfg.parallel.bucket_mb);
   const bool nccl = cfg.parallel.sync == SyncMethod::nccl, grad_bf16 = cfg.parallel.grad_dtype == GradDtype::bf16;
-  size_t largest_bucket = 0;
-  for (const Bucket& b : buckets) largest_bucket = std::max(largest_bucket, b.end - b.begin);
-  if (cfg.parallel.zero && world > 1) {
-    // ZeRO-1: the moments of this rank's shard only (comm/grad_sync.h) ...
-    size_t mine = 0, largest_piece = 0;
-    for (const ShardPiece& p : shard_pieces(buckets, world, rank)) mine += p.end - p.begin;
-    for (const Bucket& b : buckets) largest_piece = std::max(largest_piece, (b.end - b.begin + world - 1) / world);
-    e.optimizer = adamw ? 2.0 * mine * sizeof(float) : 0;
-    if (nccl) {  // ... NCCL: W padded pieces on the device, fp32 and, for a bf16 gradient, bf16
+  const bool zero = cfg.parallel.zero && world > 1;
+  const bool per_rank = cfg.parallel.sync == SyncMethod::weights && world > 1;
+  const bool tied_lm = desc.head == HeadKind::lm && desc.tie_embeddings;
+  // One micro-batch is alive at a time in each slot: with gradient accumulation (parallel.microbatches
+  // M) the activations and the backward's scratch are those of ceil(local_batch / M) sequences.
+  const int micro = micro_batch_rows(local_batch, cfg.parallel.microbatches);
+  e.micro_batch = micro;
+  // Each chunk: its parameter table, buckets (its own gradient sync), ZeRO-1 shard and slots.
+  double n = 0, mine = 0, write_floats = 0;
+  size_t largest_bucket = 0, largest_piece = 0;
+  for (size_t c = 0; c < rc.parts.size(); c++) {
+    const ModelPart& part = rc.parts[c];
+    const ParamTable table = build_param_table(desc, part);
+    n += (double)table.numel;
+    if (precision == GemmPrecision::bf16) {  // the Model's bf16 weight copy (its tensors 256-byte aligned)
+      std::vector<size_t> offsets;
+      e.params += (double)aligned_copy_layout(table, &offsets) * sizeof(uint16_t);
+    }
+    const std::vector<Bucket> buckets = make_buckets(
+        table, cfg.parallel.bucket_mb, cfg.parallel.overlap ? cfg.parallel.first_bucket_mb : cfg.parallel.bucket_mb);
+    for (const Bucket& b : buckets) {
+      largest_bucket = std::max(largest_bucket, b.end - b.begin);
+      largest_piece = std::max(largest_piece, (b.end - b.begin + world - 1) / world);
+    }
+    const std::vector<ShardPiece> pieces = zero ? shard_pieces(buckets, world, rank) : std::vector<ShardPiece>{};
+    for (const ShardPiece& p : pieces) mine += (double)(p.end - p.begin);
+    write_floats += checkpoint_write_floats(desc, part, table, zero, pieces, adamw, per_rank, world, rank, rc.tp,
+                                            rc.tp_rank);
+    const int slots = c < rc.slots.size() ? std::max(1, rc.slots[c]) : 1;
+    double slot = (double)activation_bytes(desc, part, micro, seq_len, precision, cfg.runtime.recompute);
+    if (rc.keeps_input_grads) slot += (double)kept_bytes(desc, part, micro, seq_len);
+    e.activations += slots * slot;
+  }
+  const double nb = n * sizeof(float);
+  e.n_params = (int64_t)n;
+  e.params += nb;
+  e.grads = nb;
+  e.optimizer = adamw ? 2 * (zero ? mine * sizeof(float) : nb) : 0;
+  if (zero) {
+    if (nccl) {  // ZeRO-1 over NCCL: W padded pieces on the device, fp32 and, for a bf16 gradient, bf16
       e.nccl_buffers = (double)world * largest_piece * (sizeof(float) + (grad_bf16 ? sizeof(uint16_t) : 0));
     } else {  // ... MPI: a reduce-scatter receive piece, and with allreduce the all-gather's padded
               // send piece and W padded pieces (comm/mpi_exchange.cpp)
@@ -233,20 +277,16 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   } else if (nccl && world > 1 && grad_bf16) {
     e.nccl_buffers = (double)largest_bucket * sizeof(uint16_t);  // the largest bucket rounded to bf16
   }
-  // One micro-batch is alive at a time: with gradient accumulation (parallel.microbatches M) the
-  // activations and the backward's scratch are those of ceil(local_batch / M) sequences.
-  const int micro = micro_batch_rows(local_batch, cfg.parallel.microbatches);
-  e.micro_batch = micro;
-  e.activations = (double)activation_bytes(desc, micro, seq_len, precision, cfg.runtime.recompute);
   e.scratch = (double)backward_scratch_bytes(desc, micro, seq_len);
   e.scratch += (double)gemm_operand_scratch_bytes(desc, micro, seq_len, precision, on_gpu);
   // Gradient synchronisation.
   const SyncMethod sync = cfg.parallel.sync;
   if (world > 1 && sync == SyncMethod::gather_scatter && rank == 0) e.sync_buffers += 2.0 * world * largest_bucket * sizeof(float);
   if (world > 1 && on_gpu && sync != SyncMethod::nccl) e.sync_buffers += nb;  // pinned staging copy
-  // Checkpoints (checkpoint/sharded.h): a save stages this rank's own state on the host, params
-  // and its m and v (with ZeRO-1 its pieces of them); a resume reads one of them at a time.
-  e.checkpoint_staging = nb + e.optimizer;
+  // Checkpoints (train/checkpointing.cpp): the staging a save keeps, or a resume's one state.
+  const bool staged = rc.checkpoints && cfg.checkpoint.every > 0 && (cfg.checkpoint.async || on_gpu);
+  e.checkpoint_save = staged ? write_floats * sizeof(float) : 0.0;
+  e.checkpoint_staging = std::max(e.checkpoint_save, nb);
   // The batch on the host: inputs and targets (LM) or the example rows (classifier), plus a window.
   e.data = 5.0 * local_batch * (seq_len + 1.0) * sizeof(int32_t);
   return e;
@@ -261,7 +301,7 @@ std::string MemoryEstimate::describe() const {
   if (on_gpu) s += " = " + format_bytes(device_bytes()) + " on the GPU; host: ";
   else s += " + ";
   if (sync_buffers > 0) s += "sync buffers " + format_bytes(sync_buffers) + " + ";
-  s += "checkpoint staging " + format_bytes(checkpoint_staging) + " + batch " + format_bytes(data) + " = " +
+  s += "checkpoint staging (save or resume) " + format_bytes(checkpoint_staging) + " + batch " + format_bytes(data) + " = " +
        format_bytes(host_bytes());
   return s;
 }

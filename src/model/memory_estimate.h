@@ -9,7 +9,10 @@
 //                              rank's shard (about 2n/world floats: exactly its pieces of every
 //                              bucket, comm/grad_sync.h)
 //   activations                one micro-batch of B sequences × T tokens (B = the local batch, or
-//                              with gradient accumulation over M micro-batches ceil(local/M)), exactly the tensors
+//                              with gradient accumulation over M micro-batches ceil(local/M)); in a
+//                              pipeline (RankChunks) each chunk's slots of it: the micro-batches its
+//                              schedule keeps at once (activation_peak), with zb-h1's kept input
+//                              gradients (kept_bytes), exactly the tensors
 //                              Activations::allocate lays out (model/transformer.cpp; per layer
 //                              about 12·N·C + N·(QKV + FC + F) + B·H·T² floats, N = B·T; with
 //                              runtime.recompute the recomputed ones once), the device copies of
@@ -24,8 +27,13 @@
 //                              pieces of the largest bucket in fp32, and as many bf16 values for a
 //                              bf16 gradient; without ZeRO-1 a bf16 gradient's copy of the
 //                              largest bucket
-//   checkpoint staging         host copies of this rank's own state written to a checkpoint:
-//                              params (+ its m and v, with ZeRO-1 its pieces of them)
+//   checkpoint staging         the larger of what a save and a resume hold on the host. A save
+//                              with checkpoint.async, or from a GPU, copies the values this rank
+//                              writes (its turn of the tensors, params and its m and v:
+//                              writes_tensor, params/buckets.h) into memory kept for the run; a
+//                              synchronous save on the CPU writes from the buffers themselves. A
+//                              resume reads one state (params, m or v) of this rank's chunks at a
+//                              time into a host buffer.
 //   data                       the batch on the host (ids, targets, ...)
 //
 // On the CPU backend everything is host memory. On CUDA, parameters, gradients, optimizer state,
@@ -40,19 +48,34 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/model_desc.h"
 #include "model/transformer.h"
+#include "params/buckets.h"
 #include "runtime/config.h"
 #include "runtime/host_memory.h"
 
 namespace llmpi {
+
+// Where in the layout a rank is, for its estimate: the chunks of the model it holds (a pipeline
+// stage's parts, pipeline/stage_layers.h, and for each the activation slots its schedule needs),
+// its tensor-parallel place (which tensors it writes to a checkpoint) and whether checkpoints are
+// saved at all. The default is one chunk of the whole model with one slot, tp 1, checkpoints on.
+struct RankChunks {
+  std::vector<ModelPart> parts{ModelPart::whole()};
+  std::vector<int> slots{1};
+  bool keeps_input_grads = false;  // zb-h1: each slot keeps its input-only backward's outputs
+  int tp = 1, tp_rank = 0;
+  bool checkpoints = true;
+};
 
 struct MemoryEstimate {
   // Bytes on this rank.
   double params = 0, grads = 0, optimizer = 0, activations = 0, scratch = 0;  // backend memory
   double nccl_buffers = 0;                                                    // device memory
   double sync_buffers = 0, checkpoint_staging = 0, data = 0;                  // host memory
+  double checkpoint_save = 0;  // of checkpoint_staging, what a save keeps (0: none); the rest is a resume's
   bool on_gpu = false;
   int local_batch = 0, seq_len = 0;
   int micro_batch = 0;  // the sequences of one micro-batch (local_batch without accumulation)
@@ -77,8 +100,17 @@ inline int micro_batch_rows(int local_batch, int microbatches) {
 // and vocabulary rows (the N·C activations stay whole on every rank), no bf16 logits gradient, the
 // cross-entropy's statistics. `world` and `rank` are those of the data-parallel group (ZeRO-1's
 // shard, the gather buffers).
+// `chunks`: this rank's chunks (RankChunks; null: the whole model, one slot).
 MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_len, const Config& cfg, int world,
-                               int rank, bool on_gpu);
+                               int rank, bool on_gpu, const RankChunks* chunks = nullptr);
+
+// The floats the rank at (dp_rank of dp, tp_rank of tp) writes of one chunk of the model (`part`,
+// its parameter table `table`) to a checkpoint, as Engine::state_ranges picks them (writes_tensor,
+// params/buckets.h): params and, for AdamW, m and v; with ZeRO-1 (`zero`) the moments are its
+// `pieces` of the chunk's buckets; `per_rank`: sync "weights", every rank writes its own copy.
+double checkpoint_write_floats(const ModelDesc& desc, const ModelPart& part, const ParamTable& table, bool zero,
+                               const std::vector<ShardPiece>& pieces, bool adamw, bool per_rank, int dp, int dp_rank,
+                               int tp, int tp_rank);
 
 // B sequences of T tokens as the kernels' row count N = B·T; throws Error naming the keys
 // (parallel.microbatches, train.global_batch, model.seq_len) when N exceeds INT_MAX.

@@ -36,4 +36,13 @@ std::vector<ShardPiece> shard_pieces(const std::vector<Bucket>& buckets, int wor
 // The piece sizes and offsets (relative to the bucket's begin) of every rank, for a bucket of n.
 void piece_counts(size_t n, int world, std::vector<size_t>& counts, std::vector<size_t>& displs);
 
+// Whether this rank writes tensor i of its chunk's table to a checkpoint (checkpoint/sharded.h):
+// data-parallel replicas take tensors in turn, unless every rank holds values of its own (`own`:
+// ZeRO-1's pieces of the moments, sync "weights"); of a tensor the whole tensor-parallel group
+// holds (not `tp_sharded`), its ranks take turns too. Each value is so written once over the world.
+inline bool writes_tensor(size_t i, bool tp_sharded, bool own, int dp, int dp_rank, int tp, int tp_rank) {
+  if (!own && (int)(i % (size_t)dp) != dp_rank) return false;
+  return tp_sharded || (int)((own ? i : i / (size_t)dp) % (size_t)tp) == tp_rank;
+}
+
 }  // namespace llmpi

@@ -282,6 +282,9 @@ nlohmann::json PlanResult::to_json() const {
                            {"slots", m.slots}, {"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},
                            {"activations", m.activations}, {"scratch", m.scratch}, {"buffers", m.buffers},
                            {"total", m.total}});
+  j["checkpoint"] = {{"state_bytes", checkpoint.state_bytes}, {"write_s", checkpoint.write_s},
+                     {"staging_bytes_per_stage", checkpoint.staging}, {"resume_bytes_per_stage", checkpoint.resume},
+                     {"every_to_hide", checkpoint.every_to_hide}, {"export_bytes", checkpoint.export_bytes}};
   for (const TimeRow& t : time)
     j["time"].push_back({{"schedule", t.schedule}, {"zero", t.zero}, {"compute_s", t.compute_s}, {"bubble_s", t.bubble_s},
                          {"sync_s", t.sync_s}, {"exposed_sync_s", t.exposed_sync_s}, {"optimizer_s", t.optimizer_s},
@@ -347,6 +350,8 @@ PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int
   in.recompute = cfg.runtime.recompute;
   in.device = find_device("cpu");
   in.cores_per_rank = cfg.runtime.threads > 0 ? cfg.runtime.threads : 1;
+  in.checkpoint_every = cfg.checkpoint.every;
+  in.checkpoint_async = cfg.checkpoint.async;
   in.fabric.ranks_per_node = world;
   in.fabric.nics_per_node = 1;
   return in;
@@ -711,6 +716,42 @@ PlanResult plan(const PlanInputs& in) {
                                             ? " (NCCL send/receive, a communicator per direction between stages)"
                                             : " (MPI through page-locked host buffers: their copies are not counted)")
                                      : ""));
+
+  // ---- checkpoint ----
+  {
+    CheckpointPlan& cp = r.checkpoint;
+    const ParamTable whole = build_param_table(d);
+    const double n = (double)whole.numel;
+    cp.state_bytes = 4 * n * (adamw ? 3 : 1);
+    for (const ParamSlice& sl : whole.slices) cp.export_bytes = std::max(cp.export_bytes, 4.0 * (double)sl.numel);
+    if (!(in.fs_bandwidth > 0)) fail("--fs-bandwidth must be > 0 (GB/s), got ", in.fs_bandwidth / 1e9);
+    cp.write_s = cp.state_bytes / in.fs_bandwidth;
+    const bool staged = in.checkpoint_async || in.device.gpu;
+    const bool zero = in.zero && r.dp > 1;
+    for (int s = 0; s < S; s++) {
+      const ModelPart& part = r.stages[s].part;
+      double most = 0, params = 0;
+      for (int t = 0; t < TP; t++) {
+        const ModelDesc dt = TP > 1 ? tensor_shard(d, TP, t) : d;
+        const ParamTable table = build_param_table(dt, part);
+        params = std::max(params, 4.0 * (double)table.numel);
+        if (!staged) continue;
+        const std::vector<Bucket> bk = make_buckets(table, in.bucket_mb, first_mb);
+        // Replicas take turns over the tensors: the first min(dp, tensors) replicas hold every
+        // distinct share (the others' are empty or the same as one of these).
+        const int replicas = zero ? r.dp : std::min<int>(r.dp, (int)table.slices.size());
+        for (int q = 0; q < replicas; q++) {
+          const std::vector<ShardPiece> pieces = zero ? shard_pieces(bk, r.dp, q) : std::vector<ShardPiece>{};
+          most = std::max(most, 4 * checkpoint_write_floats(dt, part, table, zero, pieces, adamw, false, r.dp, q, TP, t));
+        }
+      }
+      cp.staging.push_back(most);
+      cp.resume.push_back(params);
+    }
+    const TimeRow* t = r.time_row(S > 1 ? schedule_kind_name(in.schedule) : "-", in.zero);
+    if (!t && !r.time.empty()) t = &r.time.front();
+    if (t && t->step_s > 0 && staged) cp.every_to_hide = std::max(1, (int)std::ceil(cp.write_s / t->step_s));
+  }
   return r;
 }
 

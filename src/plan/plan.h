@@ -156,6 +156,9 @@ struct PlanInputs {
   int tp = 1;                                    // tensor-parallel ranks per group (parallel.tp)
   std::vector<int> stage_layers;                 // empty = split_layers' balance
   int zero = 0;                                  // the run's choice (both are always planned)
+  int64_t checkpoint_every = 0;                  // checkpoint.every (0: only on pre-emption)
+  bool checkpoint_async = true;                  // checkpoint.async
+  double fs_bandwidth = 1e9;                     // bytes/s the ranks write a checkpoint at, together
   ScheduleKind schedule = ScheduleKind::one_f_one_b;  // the run's choice (every schedule is planned)
   SyncMethod sync = SyncMethod::allreduce;       // allreduce | gather_scatter | nccl
   bool grad_bf16 = false;                        // parallel.grad_dtype "bf16": gradients exchanged in bf16
@@ -205,12 +208,28 @@ struct TimeRow {
   double tp_s = 0;              // the tensor-parallel all-reduces of the busiest stage (in compute_s)
   double tp_bytes_per_rank = 0; // bytes one rank sends in them per step
 };
+// A checkpoint of the planned run (checkpoint/sharded.h: one file, every rank writing its turn of
+// the tensors; train/checkpointing.cpp): its size, its write at fs_bandwidth, and per stage the
+// host staging its busiest rank keeps for it (checkpoint.async, or a GPU: the values it writes,
+// model/memory_estimate.h checkpoint_write_floats; a synchronous save on the CPU keeps none). A
+// resume reads one state of a rank's chunks at a time: params, the largest.
+struct CheckpointPlan {
+  double state_bytes = 0;                  // params, and AdamW's m and v, of the whole model
+  double write_s = 0;                      // state_bytes / fs_bandwidth
+  std::vector<double> staging;             // per stage, for the run's ZeRO stage
+  std::vector<double> resume;              // per stage: the rank's params
+  double export_bytes = 0;                 // llmpi-export: one tensor at a time, the largest
+  int every_to_hide = 0;                   // with async: the fewest steps between checkpoints whose
+                                           // time (the run's schedule and ZeRO stage) covers write_s
+};
+
 struct PlanResult {
   int dp = 1, tp = 1, micro_batch = 0, local_batch = 0;
   std::vector<int> layer_counts;
   std::vector<StageMemory> stages;
   std::vector<MemoryRow> memory;
   std::vector<TimeRow> time;
+  CheckpointPlan checkpoint;
   LayerCosts costs;             // at the micro-batch (tp > 1: a shard's, its all-reduces included)
   LayerCosts tp_costs;          // tp > 1: the all-reduces' share of `costs` (no compute)
   double peak_flops = 0, mfu_assumed = 0, flops_per_token = 0;

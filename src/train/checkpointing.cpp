@@ -6,10 +6,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 
+#include "backend/cuda_ops.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/sharded.h"
 #include "runtime/large_count.h"
@@ -189,14 +191,6 @@ void finish_checkpoint(Run& r) {
   if (!r.pending) return;
   PendingCheckpoint& p = *r.pending;
   if (p.writer.joinable()) p.writer.join();
-  // Durable on every rank before the rename (collective over p.comm; the file is open on every
-  // rank or on none: its creation and opening agreed).
-  if (p.fh != MPI_FILE_NULL) {
-    const int rc = MPI_File_sync(p.fh);
-    if (rc != MPI_SUCCESS && p.error.empty())
-      p.error = "cannot sync '" + p.tmp + "' (" + mpi_error_text(rc) + "; disk full?)";
-    MPI_File_close(&p.fh);
-  }
   std::string err = agree_on_error(r.comm, p.error);
   if (err.empty() && r.rank == 0) {
     h5::TmpFileGuard guard{p.tmp};
@@ -237,7 +231,9 @@ std::string open_file(PendingCheckpoint& p, const ParamTable& whole, int groups)
   return err;
 }
 
-// This rank's values into the open file; returns its error ("" when none).
+// This rank's values into the open file, then the file durable and closed; returns its error (""
+// when none). The sync and close are collective over p.comm and made on every rank whatever its
+// write did (the file is open on every rank or on none: its creation and opening agreed).
 std::string write_values(PendingCheckpoint& p, const ParamTable& whole) {
   // LLMPI_CHECKPOINT_WRITE_DELAY_MS (a testing knob, tests/cli/checkpoint_async.sh): the write
   // starts that long after the file was created, so that a run can be killed during it.
@@ -246,10 +242,46 @@ std::string write_values(PendingCheckpoint& p, const ParamTable& whole) {
     return v ? std::max(0L, std::atol(v)) : 0L;
   }();
   if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-  return write_rects(p.fh, whole, p.info.rows, p.offsets, p.writes, p.tmp);
+  std::string err = write_rects(p.fh, whole, p.info.rows, p.offsets, p.writes, p.tmp);
+  const int rc = MPI_File_sync(p.fh);  // durable before finish_checkpoint renames it into place
+  if (rc != MPI_SUCCESS && err.empty()) err = "cannot sync '" + p.tmp + "' (" + mpi_error_text(rc) + "; disk full?)";
+  MPI_File_close(&p.fh);
+  return err;
 }
 
 }  // namespace
+
+bool checkpoints_behind(const Run& r) {
+  int level = 0;
+  MPI_Query_thread(&level);
+  return r.cfg.checkpoint.async && level == MPI_THREAD_MULTIPLE;
+}
+
+size_t checkpoint_share_floats(const Run& r) {
+  const bool per_rank = r.cfg.parallel.sync == SyncMethod::weights && r.world > 1;
+  const int groups = r.cfg.train.optimizer == OptimizerKind::sgd ? 1 : 3;
+  size_t n = 0;
+  for (int which = 0; which < groups; which++)
+    for (const Engine::StateRange& sr : r.engine->state_ranges(which, true, per_rank)) n += sr.hi - sr.lo;
+  return n;
+}
+
+float* CheckpointStaging::reserve(size_t n, bool pin) {
+  if (n <= floats && pin == pinned) return data;
+  release();
+  const size_t bytes = std::max<size_t>(n, 1) * sizeof(float);
+  data = static_cast<float*>(pin ? cuda_host_alloc(bytes) : std::malloc(bytes));
+  if (!data) fail("out of memory allocating ", bytes, " bytes of host memory to stage a checkpoint");
+  std::memset(data, 0, bytes);  // fault the pages in here, not in the copy a step waits for
+  floats = n, pinned = pin;
+  return data;
+}
+
+void CheckpointStaging::release() {
+  if (pinned) cuda_host_free(data);
+  else std::free(data);
+  data = nullptr, floats = 0, pinned = false;
+}
 
 std::string save_checkpoint(Run& r, int64_t steps_done) {
   finish_checkpoint(r);  // the one before: a checkpoint exists only once complete
@@ -276,16 +308,21 @@ std::string save_checkpoint(Run& r, int64_t steps_done) {
   p->path = checkpoint_path(r.ckpt_dir, steps_done);
   p->tmp = p->path + ".tmp";
   p->comm = r.groups->checkpoint;
-  // Host staging: a copy of each chunk's buffer this rank writes from, and its rectangles. This
-  // copy is all a checkpointing step waits for with checkpoint.async.
-  const size_t nc = e.chunks.size();
-  p->staging.resize((size_t)groups * nc);
+  const bool behind = checkpoints_behind(r);
+  // The values this rank writes and their rectangles. Written behind the steps, or from a GPU, they
+  // are first copied to r.staging, range after range: that copy is all a checkpointing step waits
+  // for with checkpoint.async. A synchronous save on the CPU writes from the engine's buffers.
+  const bool stage = behind || r.on_gpu;
+  float* staged = stage ? r.staging.reserve(checkpoint_share_floats(r), r.on_gpu) : nullptr;
   const int64_t replica = per_rank ? r.groups->dp_rank : 0;
   for (int which = 0; which < groups; which++) {
     for (const Engine::StateRange& sr : e.state_ranges(which, true, per_rank)) {
-      std::vector<float>& host = p->staging[(size_t)which * nc + sr.chunk];
-      if (host.empty()) host = e.host_state(sr.chunk, which);
-      const float* at = host.data() + sr.at;
+      const float* at = e.state_buffer(sr.chunk, which) + sr.at;
+      if (stage) {
+        r.ops->copy_to_host(staged, at, (sr.hi - sr.lo) * sizeof(float));
+        at = staged;
+        staged += sr.hi - sr.lo;
+      }
       for (const TensorRect& rect : slice_rects(e.chunks[sr.chunk].model->table.slices[sr.slice], sr.lo, sr.hi)) {
         p->writes.push_back({which, sr.tensor, replica, rect, at, 0});
         at += rect.numel();
@@ -314,9 +351,6 @@ std::string save_checkpoint(Run& r, int64_t steps_done) {
   r.pending = std::move(p);
   PendingCheckpoint* pc = r.pending.get();
   const ParamTable* whole = &e.whole_table;
-  int level = 0;
-  MPI_Query_thread(&level);
-  const bool behind = r.cfg.checkpoint.async && level == MPI_THREAD_MULTIPLE;
   // The file's creation joins the writes behind the steps where HDF5 may be called from two
   // threads at once (the steps read the training data through it).
   const bool create_behind = behind && h5::library_threadsafe();

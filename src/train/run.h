@@ -29,17 +29,34 @@
 
 namespace llmpi {
 
+// Host memory a checkpoint's values are copied into before they are written (page-locked on a GPU,
+// so the copy runs at full speed): kept from one save to the next, so that only the first pays for
+// allocating and faulting in its pages; grows to the largest save (train/checkpointing.cpp).
+struct CheckpointStaging {
+  float* data = nullptr;
+  size_t floats = 0;
+  bool pinned = false;
+  CheckpointStaging() = default;
+  CheckpointStaging(const CheckpointStaging&) = delete;
+  CheckpointStaging& operator=(const CheckpointStaging&) = delete;
+  ~CheckpointStaging() { release(); }
+  // At least n floats (the contents are not kept when it grows), their pages touched.
+  float* reserve(size_t n, bool pin);
+  void release();
+};
+
 // A checkpoint being written (train/checkpointing.cpp): the values this rank writes, copied to
-// host staging with their rectangles, and the file's creation, opening through MPI-IO and writes
-// over `comm` (ParallelGroups::checkpoint), with checkpoint.async on a thread of its own.
+// host staging with their rectangles, and the file's creation, opening through MPI-IO, writes,
+// sync and close over `comm` (ParallelGroups::checkpoint), with checkpoint.async on a thread of
+// its own.
 // finish_checkpoint completes it; destroyed unfinished (a run stopping on an error) it waits for
 // its thread and leaves NAME.tmp, which no reader takes for a checkpoint.
 struct PendingCheckpoint {
   std::string path, tmp;
   CheckpointInfo info;                      // the file's attributes
   MPI_Comm comm = MPI_COMM_NULL;            // not owned
-  std::vector<std::vector<float>> staging;  // per (state, chunk): the chunk's buffer, when written from
-  std::vector<RectWrite> writes;            // rectangles of staging's values
+  std::vector<RectWrite> writes;            // this rank's rectangles: in Run::staging, or in the
+                                            // engine's own host buffers (a synchronous save on the CPU)
   std::vector<uint64_t> offsets;            // of every dataset in the file (create_sharded_file)
   MPI_File fh = MPI_FILE_NULL;             // open on every rank or on none
   std::thread writer;
@@ -73,12 +90,13 @@ struct Run {
   RunDirClaim claim;                          // rank 0: run.dir's lock, held for the life of the run
   std::string lineage;                        // this run's lineage id, kept across resumes
   std::vector<ContractRow> accepted_changes;  // resume-contract changes --resume-override accepted (logged)
-  bool node_has_rank0 = false;                // rank 0 runs on this rank's node
+  std::vector<int> node_ranks;                // the world ranks on this rank's node
   MemoryEstimate memory;                      // this rank's estimate (model/memory_estimate.h)
   std::string memory_note;                    // what the node has, for the start-up lines
   double rss_before_model = -1;               // peak RSS before the model was allocated
   int64_t saved_at = 0;                       // the state after this many steps is on disk, being written, or the start
-  std::unique_ptr<PendingCheckpoint> pending; // the checkpoint being written, if any
+  CheckpointStaging staging;                  // a save's host copy of what this rank writes
+  std::unique_ptr<PendingCheckpoint> pending; // the checkpoint being written, if any (reads `staging`)
   int skipped_in_a_row = 0;                   // train.on_nonfinite skip: non-finite steps since the last finite one
 };
 
@@ -98,7 +116,8 @@ void resume_from(Run& r, const std::string& path, const std::vector<std::string>
 // every rank naming the rank that could not). No checkpoint: a fresh start. Collective over r.comm.
 void resume_auto(Run& r, const std::vector<std::string>& overrides);
 // The state after `steps_done` steps into run.dir/checkpoints (checkpoint/sharded.h): every rank
-// copies what it writes to host memory; with checkpoint.async (and MPI_THREAD_MULTIPLE) the
+// copies what it writes to r.staging (a synchronous save on the CPU writes straight from the
+// engine's buffers instead); with checkpoint.async (and MPI_THREAD_MULTIPLE) the
 // checksums, the file's creation and the writes run on a thread while training goes on, else
 // before it returns. The file is renamed into
 // place once every rank's part is written and synced: a checkpoint exists only once complete.
@@ -107,6 +126,10 @@ std::string save_checkpoint(Run& r, int64_t steps_done);
 // Waits for the checkpoint being written, if any, and puts it in place (then prunes the old ones).
 // Collective; CollectiveError on every rank when any rank's write failed.
 void finish_checkpoint(Run& r);
+// Whether saves are written behind the steps (checkpoint.async, and MPI_THREAD_MULTIPLE).
+bool checkpoints_behind(const Run& r);
+// The floats this rank writes in a checkpoint (Engine::state_ranges), i.e. its staging.
+size_t checkpoint_share_floats(const Run& r);
 
 // ---- evaluation and reports (train/report.cpp) ----
 struct EvalResult {

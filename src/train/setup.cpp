@@ -59,11 +59,11 @@ void claim_run_directory(Run& r, const TrainOptions& o) {
 int choose_device(Run& r) {
   MPI_Comm node;
   MPI_Comm_split_type(r.comm, MPI_COMM_TYPE_SHARED, r.rank, MPI_INFO_NULL, &node);
-  int local_rank = 0, local_size = 1, lowest_rank = r.rank;
+  int local_rank = 0, local_size = 1;
   MPI_Comm_rank(node, &local_rank);
   MPI_Comm_size(node, &local_size);
-  MPI_Allreduce(MPI_IN_PLACE, &lowest_rank, 1, MPI_INT, MPI_MIN, node);
-  r.node_has_rank0 = lowest_rank == 0;
+  r.node_ranks.resize((size_t)local_size);
+  MPI_Allgather(&r.rank, 1, MPI_INT, r.node_ranks.data(), 1, MPI_INT, node);
   MPI_Comm_free(&node);
   std::string why;
   int have_gpu = cuda_available(&why) ? 1 : 0, all_gpu = have_gpu, first_without = r.world;
@@ -141,18 +141,39 @@ int open_data(Run& r) {
 }
 
 // This rank's memory estimate against what its node (and GPU) has; an Error, with the numbers and
-// the largest global batch that would fit, when it cannot fit. See model/memory_estimate.h.
+// the largest global batch that would fit, when it cannot fit. Each rank of the node is counted at
+// its own place in the layout: its pipeline stage's chunks and activation slots, its tensor shard,
+// its data-parallel rank (ZeRO-1's shard, the gather buffers, its turn of a checkpoint's tensors).
+// See model/memory_estimate.h. `desc`: the whole model (with sequence parallelism set).
 void check_memory(Run& r, const ModelDesc& desc, int local_size) {
   const Config& c = r.cfg;
+  const ParallelGroups& g = *r.groups;
   const int lb = r.sampler->local_batch(), T = c.model.seq_len, M = c.parallel.microbatches;
-  // (over the data-parallel group: ZeRO-1's shard and the gather buffers; the world without pp, tp)
-  auto estimate = [&](int b, int rank) { return estimate_memory(desc, b, T, c, r.groups->dp, rank, r.on_gpu); };
-  r.memory = estimate(lb, r.groups->dp_rank);
-  // The node runs local_size ranks of this configuration, one of them perhaps rank 0 (which
-  // holds gather/checkpoint buffers the others do not).
+  // The places of the node's ranks: world rank = (dp_rank · S + stage) · TP + tp_rank.
+  struct Place {
+    int dp_rank, stage, tp_rank;
+  };
+  std::vector<Place> node;
+  for (int w : r.node_ranks) node.push_back({w / (g.pp * g.tp), (w / g.tp) % g.pp, w % g.tp});
+  std::vector<RankChunks> stage_chunks;  // per stage
+  std::vector<ModelDesc> shards;         // per tp_rank
+  try {
+    for (int s = 0; s < g.pp; s++) stage_chunks.push_back(rank_chunks(desc, c.parallel, T, s));
+  } catch (const Error&) {
+    return;  // a layout the engine refuses: it says why, naming the keys
+  }
+  for (int t = 0; t < g.tp; t++) shards.push_back(g.tp > 1 ? tensor_shard(desc, g.tp, t) : desc);
+  auto estimate = [&](int b, const Place& p) {
+    RankChunks rc = stage_chunks[(size_t)p.stage];
+    rc.tp = g.tp, rc.tp_rank = p.tp_rank;
+    return estimate_memory(shards[(size_t)p.tp_rank], b, T, c, g.dp, p.dp_rank, r.on_gpu, &rc);
+  };
+  const Place me{g.dp_rank, g.stage, g.tp_rank};
+  r.memory = estimate(lb, me);
   auto node_need = [&](int b) {
-    const double other = estimate(b, r.groups->dp > 1 ? 1 : 0).host_bytes();
-    return r.node_has_rank0 ? estimate(b, 0).host_bytes() + (local_size - 1) * other : local_size * other;
+    double sum = 0;
+    for (const Place& p : node) sum += estimate(b, p).host_bytes();
+    return sum;
   };
   std::string source;
   const double host_avail = host_memory_available(&source);
@@ -165,16 +186,12 @@ void check_memory(Run& r, const ModelDesc& desc, int local_size) {
   const double gpu_reserve = 256e6;  // cuBLAS workspaces and kernels' own buffers (not estimated)
   auto fits = [&](int b) {
     if (host_avail >= 0 && node_need(b) > host_avail) return false;
-    return gpu_free < 0 || estimate(b, r.groups->dp_rank).device_bytes() + gpu_reserve <= gpu_free;
+    return gpu_free < 0 || estimate(b, me).device_bytes() + gpu_reserve <= gpu_free;
   };
   const std::string ranks = std::to_string(local_size) + " rank" + (local_size > 1 ? "s" : "");
   r.memory_note = "node: " + format_bytes(node_need(lb)) + " for " + ranks + " of " +
                   (host_avail >= 0 ? format_bytes(host_avail) + " available (" + source + ")" : std::string("unknown"));
   if (r.on_gpu) r.memory_note += "; GPU: " + format_bytes(gpu_free) + " free of " + format_bytes(gpu_total);
-  if (r.groups->pp > 1) {  // a pipeline stage holds only its layers: the whole-model estimate is an upper bound
-    r.memory_note += " (whole model; with parallel.pp_stages > 1 each stage holds a part: not checked)";
-    return;
-  }
   if (!c.runtime.memory_check || fits(lb)) return;
   int best = 0;  // the largest local batch (a multiple of the micro-batches) that fits
   for (int lo = 1, hi = lb / M - 1; lo <= hi;) {
@@ -182,7 +199,7 @@ void check_memory(Run& r, const ModelDesc& desc, int local_size) {
     if (fits(mid * M)) best = mid * M, lo = mid + 1;
     else hi = mid - 1;
   }
-  const bool gpu_short = r.on_gpu && estimate(lb, r.groups->dp_rank).device_bytes() + gpu_reserve > gpu_free;
+  const bool gpu_short = r.on_gpu && estimate(lb, me).device_bytes() + gpu_reserve > gpu_free;
   const std::string where = gpu_short ? "the GPU has " + format_bytes(gpu_free) + " free"
                                       : "the node has " + format_bytes(host_avail) + " available (" + source +
                                             ") for " + ranks + " needing " + format_bytes(node_need(lb));
@@ -243,11 +260,10 @@ void build_engine(Run& r, int vocab, int local_size) {
   resolve_config(r.cfg.resolved, desc);
   r.rss_before_model = peak_rss_bytes();  // libraries, MPI, open files: what no estimate counts
   // With tensor parallelism a rank holds a shard (refused here, naming the key, when the model does
-  // not split so); the last shard is the largest (the most vocabulary rows), and every rank of the
-  // node is checked for that much. With sequence parallelism its residual stream is N / tp rows.
+  // not split so). With sequence parallelism its residual stream is N / tp rows.
   ModelDesc shard_of = desc;
-  shard_of.sequence_parallel = cfg.parallel.sequence_parallel;
-  check_memory(r, r.groups->tp > 1 ? tensor_shard(shard_of, r.groups->tp, r.groups->tp - 1) : desc, local_size);
+  shard_of.sequence_parallel = r.groups->tp > 1 && cfg.parallel.sequence_parallel;
+  check_memory(r, shard_of, local_size);
   r.tracer.rank = r.rank;
   r.watchdog = std::make_unique<Watchdog>(cfg.runtime.step_timeout_s);
   EngineOptions eo;

@@ -162,6 +162,10 @@ TrainResult train(const Config& cfg, MPI_Comm comm, const TrainOptions& o, bool 
   res.cpu_gemm = cpu_gemm_engine(r).first;
   print_start(r, o, res);
   if (o.dry_run) return res;
+  // Saves that stage their values (checkpoint.async, or a GPU) get their host memory now, so that
+  // no checkpointing step waits for it to be allocated.
+  if (o.write_run_dir && r.cfg.checkpoint.every > 0 && (checkpoints_behind(r) || r.on_gpu))
+    r.staging.reserve(checkpoint_share_floats(r), r.on_gpu);
   if (r.start_step == 0) evaluate_and_log(r, 0, res, print);
   r.tracer.origin_ms = now_ms();
   for (int64_t step = r.start_step; step < tc.steps; step++) {

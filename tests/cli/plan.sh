@@ -15,6 +15,14 @@ check "... per-stage memory rows and the time table" \
 check "... the JSON holds every stage, schedule, ZeRO stage and precision" \
   "[ \$(grep -c '\"total\":' '$tmp/p.json') = 144 ] && [ \$(grep -c '\"step_s\":' '$tmp/p.json') = 6 ] && grep -q '\"dp\": 64' '$tmp/p.json'"
 
+# The checkpoint: 6.74B parameters + m + v = 80.9 GB, at 10 GB/s 8.1 s; the staging of every stage.
+"$B/llmpi-plan" --config data/plan/llama-7b.json --world 64 --pp 8 --microbatches 16 --zero 1 --device h100 \
+  --set checkpoint.every=50 --fs-bandwidth 10 --json "$tmp/ck.json" >"$tmp/out" 2>"$tmp/err"
+check "llama 7B: the checkpoint's size, its time at --fs-bandwidth, each stage's staging" \
+  "[ $? = 0 ] && grep -q 'checkpoint (one file.*80\.[0-9]* GB of params + AdamW m and v; 8\.1 s at 10 GB/s' '$tmp/out' \
+   && [ \$(grep -A10 '^checkpoint (' '$tmp/out' | grep -c '^  [0-7]  ') = 8 ] && grep -q 'the run.s 50 does' '$tmp/out' \
+   && grep -q '\"staging_bytes_per_stage\"' '$tmp/ck.json'"
+
 "$B/llmpi-plan" --config data/demo.json --set data.train= --vocab 256 --world 2 --pp 2 --microbatches 4 \
   --profile --profile-reps 1 --profile-out "$tmp/prof.json" --links "$LINKS" >"$tmp/out" 2>"$tmp/err"
 check "--profile on this machine: exit 0, a profile written" "[ $? = 0 ] && grep -q llmpi-plan-profile '$tmp/prof.json'"
@@ -75,6 +83,8 @@ expect_error "--tp across nodes" "--tp 16 does not divide the 8 ranks per node" 
   --config data/plan/llama-7b.json --world 32 --tp 16 --device h100
 expect_error "--world not divisible by --pp x --tp" "not divisible by pp 2 x tp 4 = 8" \
   --config data/plan/gpt2-124m.json --pp 2 --tp 4 --world 12
+expect_error "--fs-bandwidth 0" "--fs-bandwidth must be a positive number of GB/s (the file system's write bandwidth), got 0" \
+  "${G[@]}" --fs-bandwidth 0
 expect_error "--nics-per-node 0" "--nics-per-node must be >= 1 (network ports per node), got 0" "${G[@]}" --nics-per-node 0
 expect_error "--world x" "llmpi-plan: error: Could not convert: --world = x; see llmpi-plan --help" --config data/plan/gpt2-124m.json --world x
 

@@ -95,6 +95,11 @@ for mode in --dry-run ""; do
     "[ $rc = 2 ] && [ \$(grep -c 'this configuration needs about .* GB per rank (params .*even one sequence per rank does not fit' '$tmp/huge.err') = 1 ]" ||
     cat "$tmp/huge.err"
 done
+# A pipeline stage is checked for what it holds: half the layers here, still far too many.
+run_train huge_pp "${huge[@]}" --set parallel.pp_stages=2 --set parallel.microbatches=2 --dry-run
+check "model too big for a pipeline of 2 stages: exit $rc, one message with the stage's estimate" \
+  "[ $rc = 2 ] && [ \$(grep -c 'this configuration needs about .* GB per rank (params .*even one sequence per rank does not fit' '$tmp/huge_pp.err') = 1 ]" ||
+  cat "$tmp/huge_pp.err"
 # Activations too big (64 layers of 32-head attention over 256 tokens): the largest batch that fits.
 big=(--set model.n_head=32 --set model.n_layer=64 --set model.seq_len=256 --set train.global_batch=256 --set run.dir="$tmp/big")
 run_train big "${big[@]}" --dry-run
