@@ -222,6 +222,14 @@ inline std::vector<double> errors(const std::vector<Err>& x) {
 
 // ---- finite differences ------------------------------------------------------------------------------
 
+// The components a finite difference is taken for: idx, or all n when idx is empty.
+inline std::vector<size_t> components(const std::vector<size_t>& idx, size_t n) {
+  if (!idx.empty()) return idx;
+  std::vector<size_t> all(n);
+  for (size_t i = 0; i < n; i++) all[i] = i;
+  return all;
+}
+
 // Central finite differences of f(x) = Σ_k w_k out_k(x), taken output by output, for the components
 // of x in idx (all when idx is empty):
 //   g_i = Σ_k w_k (out_k(x + h e_i) − out_k(x − h e_i)) / (2h),  h = step · max(1, |x_i|),
@@ -238,21 +246,15 @@ inline std::vector<double> fd_grad(const std::function<std::vector<double>(const
                                    const std::vector<float>& w, std::vector<double> x, const std::vector<size_t>& idx,
                                    const std::vector<double>& third, const std::vector<Err>& out_err,
                                    std::vector<double>* err, double step = 1e-5) {
-  std::vector<size_t> all;
-  const std::vector<size_t>* ids = &idx;
-  if (idx.empty()) {
-    all.resize(x.size());
-    for (size_t i = 0; i < x.size(); i++) all[i] = i;
-    ids = &all;
-  }
+  const std::vector<size_t> ids = components(idx, x.size());
   double rounding = 0.0;  // Σ_k |w_k| r_k
   for (size_t k = 0; k < out_err.size(); k++)
     rounding += std::fabs(static_cast<double>(w[k])) * out_err[k].e * (kUnitFp64 / kUnitFp32);
   std::vector<double> g;
-  g.reserve(ids->size());
-  err->assign(ids->size(), 0.0);
-  for (size_t n = 0; n < ids->size(); n++) {
-    const size_t i = (*ids)[n];
+  g.reserve(ids.size());
+  err->assign(ids.size(), 0.0);
+  for (size_t n = 0; n < ids.size(); n++) {
+    const size_t i = ids[n];
     const double x0 = x[i];
     const double h = step * std::fmax(1.0, std::fabs(x0));
     x[i] = x0 + h;
@@ -278,16 +280,10 @@ inline std::vector<double> fd_grad(const std::function<std::vector<double>(const
 // tolerance of its own (it should derive it from the bound above).
 inline std::vector<double> fd_grad(const std::function<double(const std::vector<double>&)>& f,
                                    std::vector<double> x, const std::vector<size_t>& idx, double step = 1e-5) {
-  std::vector<size_t> all;
-  const std::vector<size_t>* ids = &idx;
-  if (idx.empty()) {
-    all.resize(x.size());
-    for (size_t i = 0; i < x.size(); i++) all[i] = i;
-    ids = &all;
-  }
+  const std::vector<size_t> ids = components(idx, x.size());
   std::vector<double> g;
-  g.reserve(ids->size());
-  for (size_t i : *ids) {
+  g.reserve(ids.size());
+  for (size_t i : ids) {
     const double x0 = x[i];
     const double h = step * std::fmax(1.0, std::fabs(x0));
     x[i] = x0 + h;
