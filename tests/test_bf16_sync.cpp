@@ -165,7 +165,8 @@ TEST(MpiBf16Sync, AverageIsTheRoundedSumOnEveryRank) {
       else
         EXPECT_EQ(checked, n);
       // Bytes: the gradient at 2 bytes a float; the all-reduce sends 2(W-1)/W of it, the
-      // reduce-scatter (W-1)/W of it (finish() counts only the gradient exchange).
+      // reduce-scatter (W-1)/W of it (finish() counts only the gradient exchange). Exact: integer
+      // byte counts below 2^53, and their halves.
       EXPECT_DOUBLE_EQ(sync.step.bytes_sent, (zero ? 0.5 : 1.0) * 2.0 * n) << "zero " << zero;
       EXPECT_DOUBLE_EQ(sync.expected_bytes_per_pass(n), zero ? 0.5 * 2.0 * n + 0.5 * 4.0 * n : 2.0 * n);
     }
@@ -210,6 +211,7 @@ TEST(MpiBf16Sync, TrainingFollowsFp32AtHalfTheBytes) {
     EXPECT_LT(dl, bound.loss) << name;
     ASSERT_EQ(b.losses.size(), 10u);
     const double n = (double)f.n_params;
+    // Exact: integer byte counts below 2^53, and their halves.
     if (name == "parallel.zero=1")  // the reduce-scatter halves ((W-1)/W · 2 bytes less a float), the all-gather not
       EXPECT_DOUBLE_EQ(f.bytes_sent_last_step - b.bytes_sent_last_step, 0.5 * 2.0 * n) << name;
     else

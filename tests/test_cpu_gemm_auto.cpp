@@ -77,6 +77,7 @@ std::vector<std::tuple<int, int, int>> expanded(const std::vector<DenseShape>& l
 }  // namespace
 
 TEST(CpuGemmAuto, ChoiceFollowsTheTimesOnly) {
+  // Exact: the constant is this literal.
   ASSERT_EQ(cpu::kAutoOnednnShare, 0.95) << "the cases below are written for: the faster, the fallback within 5%";
   const double share = cpu::kAutoOnednnShare, nan = std::numeric_limits<double>::quiet_NaN(),
                inf = std::numeric_limits<double>::infinity();
@@ -86,7 +87,7 @@ TEST(CpuGemmAuto, ChoiceFollowsTheTimesOnly) {
   };
   const Case cases[] = {
       {{1.0, 3.0}, true},             // oneDNN 3x faster (a generic OpenBLAS core)
-      {{share * 2.0, 2.0}, true},     // exactly at the share: kept
+      {{share * 2.0, 2.0}, true},     // exactly at the share: kept (share · 2.0 is one double both sides)
       {{share * 2.0 * 1.001, 2.0}, false},  // just above it
       {{1.0, 1.03}, false},           // a 3% gain: within 5%, the fallback stays
       {{1.0, 1.1}, true},             // a 10% gain: oneDNN
@@ -162,7 +163,7 @@ TEST(CpuGemmAuto, TimedBlocksAreBoundedAndMergeEqualShapes) {
       EXPECT_GE(std::min({b.rows, b.in, b.out}), std::min({s.rows, s.in, s.out, cpu::kTimedMinEdge}));
       flops += 6.0 * b.rows * b.in * b.out;
     }
-    EXPECT_LE(flops, cpu::kTimedFlopsPerThread * threads) << threads << " threads";
+    EXPECT_LE(flops, cpu::kTimedFlopsPerThread * threads) << threads << " threads";  // Exact: integers below 2^53
   }
   // A small model's shapes are timed as they are (rows capped).
   const ModelDesc small = test::desc_of("gpt2", 4, 4, 128, 128, 257);

@@ -250,6 +250,7 @@ TEST(NcclRanks, GradSyncMatchesMpiAllreduce) {
       }
       EXPECT_EQ(same_on_every_rank(ga), "");
       if (W > 1) {
+        // Exact: byte counts, integers held in doubles (far below 2^53)
         EXPECT_EQ(m.nccl->step.bytes_sent, m.mpi->expected_bytes_per_pass(m.a.table.numel));
         EXPECT_GE(m.nccl->step.collectives, 1);
       }
@@ -293,7 +294,7 @@ TEST(NcclRanks, ZeroMatchesMpiZero) {
     double reduce_scatter_bytes = 0;  // NCCL's ring: W-1 padded pieces per bucket, in the wire type
     for (const Bucket& k : nccl.buckets)
       reduce_scatter_bytes += (W - 1) * (double)((k.end - k.begin + W - 1) / W) * (bf16 ? 2 : 4);
-    EXPECT_EQ(nccl.step.bytes_sent, reduce_scatter_bytes);
+    EXPECT_EQ(nccl.step.bytes_sent, reduce_scatter_bytes);  // Exact: sums of integers in doubles, far below 2^53
 
     std::vector<float> p(m.a.table.numel);
     for (size_t i = 0; i < p.size(); i++) p[i] = 0.25f * (float)(i % 1000) + 1000.0f * (float)me;

@@ -78,11 +78,12 @@ TEST(FineTuning, ClassificationMetrics) {
   EXPECT_EQ(cm.matthews(), 13.0 / std::sqrt(7.0 * 6 * 5 * 4));  // (TP·TN − FP·FN)/sqrt(...)
   ConfusionMatrix constant(2);  // a classifier that always says 0: MCC 0 (not NaN), F1 0
   for (int i = 0; i < 4; i++) constant.add(i % 2, 0);
+  // Exact: nothing predicted 1 makes the MCC's denominator 0, whose defined value is 0; F1 is 0 / 2.
   EXPECT_EQ(constant.matthews(), 0.0);
   EXPECT_EQ(constant.f1(1), 0.0);
   EXPECT_EQ(constant.accuracy(), 0.5);  // Exact: 2 / 4
   ConfusionMatrix perfect(3);  // three classes, all right: MCC 1
   for (int k = 0; k < 3; k++) perfect.add(k, k), perfect.add(k, k);
   EXPECT_EQ(perfect.matthews(), 1.0);  // Exact: 24 / sqrt(576)
-  EXPECT_EQ(ConfusionMatrix(2).accuracy(), 0.0);
+  EXPECT_EQ(ConfusionMatrix(2).accuracy(), 0.0);  // Exact: no rows, the defined 0
 }

@@ -378,6 +378,9 @@ TEST_P(HfFamily, GreedyGenerationMatchesTransformers) {
   const HfModel m = load_hf_model(d);
   for (const json& g : fx["generations"]) {
     const auto want = g["greedy_20"].get<std::vector<int>>();
+    // Exact tokens: fp32_forward_bound moves a logit of size about 5 by at most 7.7e-5 (gpt2,
+    // K = 128; llama, K = 64: 3.6e-5), a top-1/top-2 gap by twice that; transformers' smallest gap
+    // on these steps (min_top2_margin: 7.4e-3 gpt2, 1.2e-2 llama) is 48 times more, so no argmax flips.
     EXPECT_EQ(greedy(m, g["prompt"].get<std::vector<int>>(), 20), want) << GetParam();
   }
 }
@@ -581,7 +584,7 @@ TEST(HfImport, ConfigFillsModelKeysAndConflictsNameBoth) {
   EXPECT_EQ(cfg.model.ffn_dim, 64);
   EXPECT_EQ(cfg.model.vocab_size, 320);
   EXPECT_EQ(cfg.model.max_seq_len, 64);
-  EXPECT_EQ(cfg.model.norm_eps, 1e-5);
+  EXPECT_EQ(cfg.model.norm_eps, 1e-5);  // Exact: config.json's 1e-05 and the literal parse to one double
   EXPECT_FALSE(cfg.model.tie_embeddings);
   EXPECT_EQ(cfg.model.seq_len, 32);
   // The same value set by the user is fine; another is an error naming both.
@@ -591,7 +594,7 @@ TEST(HfImport, ConfigFillsModelKeysAndConflictsNameBoth) {
   EXPECT_NE(msg.find("'model.n_layer' is set to 3 but '" + d + "/config.json' has 2"), std::string::npos) << msg;
   EXPECT_ERROR_HAS(parse_config(R"({"data": {"train": "x.h5"}, "model": {"family": "gpt2"}})", "run.json", {}, &c.source),
                    "'model.family' is set to \"gpt2\" but");
-  // Dropout is the user's when set, else config.json's.
+  // Dropout is the user's when set, else config.json's (Exact: 0.25 and 0 are doubles exactly).
   EXPECT_EQ(parse_config(base, "run.json", {"model.dropout=0.25"}, &c.source).model.dropout, 0.25);
   REQUIRE_FIXTURE(b, "bert");
   const HfConfig cb = read_hf_config(b);

@@ -8,7 +8,7 @@
 //    falls in the M blocking and the threads' split, so a row in a chunk of R rows can differ from
 //    the same row among 64 by an ulp or two (measured, R = 1..63: row losses up to 1.9e-7
 //    relative, 0 to 19 of 64 rows differing). Bounds: each row's logits are two orders of C-long dot
-//    products, within 4 gamma_C of their magnitude of each other, which moves the row's loss by at
+//    products, within 2 gamma_C of their magnitude of each other, which moves the row's loss by at
 //    most twice that, beside the two cross-entropies' own rounding; each gradient tensor (the head
 //    matrix's also a sum over chunks: the dW GEMM's reduction over rows split) within two
 //    summation orders' bound of the magnitude of what it sums (in bf16, where a logits gradient

@@ -72,6 +72,7 @@ void collectives_equal_plain_calls(size_t n, int poll_us) {
     std::vector<double> dref = d;
     large::allreduce(MPI_IN_PLACE, d.data(), n, MPI_DOUBLE, MPI_MAX, comm, poll_us);
     MPI_Allreduce(MPI_IN_PLACE, dref.data(), c, MPI_DOUBLE, MPI_MAX, comm);
+    // Exact: a maximum is one of its operands, whatever the order.
     EXPECT_EQ(d, dref) << "allreduce fp64 max";
     MPI_Op x;
     MPI_Op_create(&xor_op, 1, &x);
@@ -145,6 +146,7 @@ void point_to_point_and_bcast(size_t n) {
   MPI_Comm comm = MPI_COMM_WORLD;
   const int W = world_size(), me = world_rank(), c = (int)n;
   const size_t limit = mpi_max_count(), expected_pieces = n == 0 ? 1 : (n + limit - 1) / limit;
+  // Exact throughout: broadcasts and messages copy the values, no arithmetic.
   for (int root = 0; root < W; root++) {
     std::vector<float> a = me == root ? values(me, n, 8) : std::vector<float>(n, -1.0f), b = a;
     large::bcast(a.data(), n, MPI_FLOAT, root, comm);
@@ -287,6 +289,8 @@ TEST(MpiLargeCount, TrainingInSmallPiecesGivesTheSameBits) {
     SCOPED_TRACE(lay.name);
     ASSERT_TRUE(whole.first.preempted);
     ASSERT_EQ(pieces.second.start_step, 3);
+    // Exact: under -n 2 each reduced element is one addition of two values (the same bits in either
+    // order, whole or in pieces, whatever algorithm MPI picks); everything else is copied.
     EXPECT_EQ(pieces.first.losses, whole.first.losses);
     EXPECT_EQ(pieces.second.losses, whole.second.losses);
     EXPECT_EQ(pieces.second.final_params, whole.second.final_params);

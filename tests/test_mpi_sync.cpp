@@ -170,6 +170,7 @@ TEST(MpiSync, AccountingAndTraceFiles) {
     while (std::getline(mf, line)) {
       auto j = nlohmann::json::parse(line);
       lines++;
+      // Exact: byte counts are integers, held exactly in a double.
       if (method == "allreduce") {  // 2(W-1)/W · B each way, one collective per bucket
         EXPECT_DOUBLE_EQ(j["bytes_sent"].get<double>(), B);
         EXPECT_EQ(j["collectives"], (int)n_buckets);

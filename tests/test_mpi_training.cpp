@@ -99,7 +99,8 @@ TEST(MpiTraining, WritesRunDirectory) {
                             "grad_norm"})
         EXPECT_TRUE(j.contains(k)) << k << " missing in " << line;
       steps.push_back(j["step"]);
-      // all-reduce of the fp32 gradient: 2(n-1)/n × bytes out and in
+      // all-reduce of the fp32 gradient: 2(n-1)/n × bytes out and in. Exact: with n = 2 an integer
+      // count of bytes, held exactly in a double.
       EXPECT_DOUBLE_EQ(j["bytes_communicated"].get<double>(), 2.0 * 2.0 * 0.5 * res.n_params * 4);
     }
     EXPECT_EQ(steps, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 10, 15, 19}));  // every log_every, the first five, the last

@@ -100,7 +100,11 @@ TEST(MpiZero, EqualsUnshardedWithEveryMpiMethod) {
     EXPECT_EQ(total, 2 * b.n_params) << v.name;
     EXPECT_LE(std::llabs(b.optimizer_state_floats - 2 * b.n_params / world), 2 * 64) << v.name;
     // Bytes: reduce-scatter + all-gather = an all-reduce's 2(W-1)/W·S (the bandwidth-optimal
-    // methods); through rank 0 the others send S + their piece instead of S.
+    // methods); through rank 0 the others send S + their piece instead of S. Byte counts, integers
+    // held exactly in a double: under -n 2 every tensor of this model has an even number of floats,
+    // so every bucket does, and each side is exact (the 1-byte slack absorbs no rounding). Rank 1's
+    // piece of a bucket of n floats is floor(n/2): within 2 bytes of its share of S/W where n is
+    // odd, over at most 28 buckets (a bucket holds whole tensors), within the 64 × 4 bytes allowed.
     const double S = 4.0 * a.n_params;
     if (v.sets[0] == "parallel.sync=allreduce") {
       EXPECT_NEAR(a.bytes_sent_last_step, 2.0 * (world - 1) / world * S, 1.0) << v.name;
@@ -212,6 +216,7 @@ TEST(MpiN4Zero, FourRanksAndPipelineStages) {
        {std::vector<std::string>{"parallel.sync=allreduce", "parallel.overlap=true"},
         std::vector<std::string>{"parallel.sync=allreduce", "parallel.pp_stages=2", "parallel.microbatches=2"}}) {
     const TrainResult a = run(sets, "0", 5), b = run(sets, "1", 5);
+    // Exact: each element is updated once, by the rank owning it, and all-gathered from there.
     EXPECT_TRUE(same_on_every_rank(b.final_params, MPI_COMM_WORLD)) << sets.back();
     // Bound: with 4 replicas the all-reduce and ZeRO-1's reduce-scatter may add the 4 gradients
     // in other orders, and the clipping norm sums its squares in other groupings: training_drift.

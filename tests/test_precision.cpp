@@ -133,6 +133,7 @@ TEST(MatmulPrecision, Bf16ForwardIsSgemmOnRoundedOperands) {
       const auto xr = rounded(x), wr = rounded(w);
       cpu_ops().matmul_forward(want.data(), xr.data(), wr.data(), bp, s.N, s.C, s.OC, GemmPrecision::fp32);
       cpu_ops().matmul_forward(full.data(), x.data(), w.data(), bp, s.N, s.C, s.OC, GemmPrecision::fp32);
+      // Exact: the emulation is this sgemm call on the operands rounded beforehand.
       EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << s.N << " bias " << bias;
       // Exact: without the rounding it would be the fp32 call on the same values, bit for bit.
       EXPECT_NE(0, std::memcmp(got.data(), full.data(), got.size() * sizeof(float))) << "bf16 equals fp32: the mode is not applied";

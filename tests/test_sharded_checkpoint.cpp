@@ -108,6 +108,7 @@ TEST(ShardedCheckpoint, SliceRectsHoldExactlyTheShardsValues) {
           ASSERT_TRUE(r.rows > 0 && r.cols > 0 && r.row0 >= 0 && r.col0 >= 0 && r.row0 + r.rows <= R &&
                       r.col0 + r.cols <= C);
         }
+        // Exact: integer-valued floats (indices, far below 2^24), copied.
         const std::vector<float> want(mine.begin() + (long)lo, mine.begin() + (long)hi);
         ASSERT_EQ(values_of(rects, C), want) << s.name << " [" << lo << ", " << hi << ")";
       }

@@ -66,6 +66,7 @@ TEST(ZeroShard, ShardedOptimizersEqualOneWholeOptimizer) {
     // Exact: the update is elementwise, the same operations on the same values for every float.
     EXPECT_EQ(sharded, whole) << option_name(kind) << ": every float updated once, as by the whole optimizer";
     if (kind == OptimizerKind::sgd) continue;
+    // Exact: the moments come from the same elementwise operations on the same values.
     size_t state = 0;
     for (int r = 0; r < world; r++) {
       state += parts[r]->n;
