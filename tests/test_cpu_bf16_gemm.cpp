@@ -467,22 +467,25 @@ LossAndGrads loss_and_grads(const ModelDesc& d, CpuBf16Gemm engine) {
 // Bound: the two engines multiply the same bf16 operands exactly and sum in fp32 in other orders,
 // and a bf16 model rounds each GEMM's operands (its activations and output gradients among them)
 // to bf16, where an order difference may flip a rounding: a 2u_bf = 2^-7 change of that operand,
-// and so of each product it enters. So the loss (a mean of positive terms) and every gradient
-// tensor are within 2u_bf of the magnitude of what they sum (ref_transformer.h
-// gradient_magnitude; BERT's key bias, 0 in exact arithmetic, against its query bias's).
+// and so of each product it enters. So every gradient tensor is within 2u_bf of the magnitude of
+// what it sums (ref_transformer.h gradient_magnitude; BERT's key bias, 0 in exact arithmetic,
+// against its query bias's), and the loss within 2u_bf of the magnitudes it sums: its own and
+// twice its logits' (loss_bound's form, logit_magnitude).
 TEST_P(CpuBf16GemmModel, LossAndEveryGradientMatchEmulation) {
   REQUIRE_ONEDNN();
   const ModelCase& c = GetParam();
   const ModelDesc d = desc_of(c.family, 2, 4, 64, 32, 96, c.extra);
   const LossAndGrads emu = loss_and_grads(d, CpuBf16Gemm::emulate), dnn = loss_and_grads(d, CpuBf16Gemm::onednn);
   const double bound = 2.0 * kUnitBf16;
-  EXPECT_LE(std::fabs(dnn.loss - emu.loss), bound * std::fabs(emu.loss)) << dnn.loss << " vs " << emu.loss;
   ASSERT_EQ(dnn.grads.size(), emu.grads.size());
   EXPECT_FALSE(same_float_bits(dnn.grads, emu.grads)) << "oneDNN's gradients are the emulation's bits: not run?";
   const ScopedCpuBf16Gemm e(CpuBf16Gemm::emulate);
   Model m(d, cpu_ops(), ModelPart::whole(), GemmPrecision::bf16);
   m.init_params(7);
   const RandomBatch rb(d, 3, 32, 60);
+  const std::vector<double> P(m.params, m.params + m.table.numel);
+  const double M = RefTransformer{d, m.table}.logit_magnitude(P, rb.b);
+  EXPECT_LE(std::fabs(dnn.loss - emu.loss), bound * (std::fabs(emu.loss) + 2.0 * M)) << dnn.loss << " vs " << emu.loss;
   EXPECT_TRUE(gradients_within(m.table, dnn.grads, emu.grads, gradient_magnitude(m, rb.b, 3, 32), bound, c.name));
 }
 
