@@ -463,9 +463,11 @@ TEST(CudaRealShapeEpilogues, Gpt2MlpMatchesCpu) {
 // Bound (an estimate, to confirm on a card): the order of cuBLASLt's sum is its own, and the worst
 // case of any order, gamma_n(N) Σ|dout| = 3.9e-3 of the magnitude (221x the column sums' size
 // here), could not see a lost start value or a few dropped rows. A blocked fp32 sum of N terms of
-// random sign errs by about u sqrt(N) times the size of its partial sums (~2^-24 · 256 · 150, 2e-6
-// of a column's |sum| ≈ 150): 1e-5 of the sums' norm. (CudaRealShape.MatmulBias* holds our
-// column-sum kernel, whose order is known, to its derived bound against the same reference.)
+// random sign errs by about u sqrt(N) times the size of its partial sums, which are about a
+// column's |sum| (~150): u sqrt(N) = 2^-24 · 256 = 1.5e-5 of it; held to three times that (errors
+// of random sign: three standard deviations), 4.6e-5 of the sums' norm. (CudaRealShape.MatmulBias*
+// holds our column-sum kernel, whose order is known, to its derived bound against the same
+// reference.)
 TEST(CudaRealShapeEpilogues, BiasGradientAt65536Rows) {
   REQUIRE_GPU();
   const int N = 65536, C = 8;
@@ -481,6 +483,6 @@ TEST(CudaRealShapeEpilogues, BiasGradientAt65536Rows) {
     expect_path(before, "bgradb", 1, "OC=" + std::to_string(OC));
     const double e = rel_err(added(gdb.get(), db0), ref);
     std::printf("[ epilogue ] BGRADB over %d rows, OC=%d: %.3g against double\n", N, OC, e);
-    EXPECT_LT(e, 1e-5) << "OC=" << OC;
+    EXPECT_LT(e, 3 * kU * std::sqrt(static_cast<double>(N))) << "OC=" << OC;
   }
 }
