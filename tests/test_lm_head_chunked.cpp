@@ -361,6 +361,16 @@ double backend_bound(const HeadCase& c) {
   return c.precision == GemmPrecision::bf16 ? 2.0 * kUnitBf16 : 2.0 * gamma_n(test::longest_sum(head_desc(c, 7), kB, kT));
 }
 
+// The loss's: backend_bound of its own magnitude and twice its logits' (run_head's model and batch).
+double backend_loss_bound(const HeadCase& c, double loss) {
+  const ModelDesc d = head_desc(c, 7);
+  Model m(d, cpu_ops(), ModelPart::whole(), c.precision);
+  m.init_params(3);
+  const RandomBatch rb(d, kB, kT, 17);
+  const std::vector<double> P(m.params, m.params + m.table.numel);
+  return backend_bound(c) * (std::fabs(loss) + 2.0 * test::RefTransformer{d, m.table}.logit_magnitude(P, rb.b));
+}
+
 // The CUDA backend runs the same chunked head: its loss and gradients against the CPU's, within
 // backend_bound of the magnitudes.
 TEST(ChunkedLmHeadCuda, MatchesCpu) {
@@ -373,9 +383,7 @@ TEST(ChunkedLmHeadCuda, MatchesCpu) {
     Model m(d, cpu_ops(), ModelPart::whole(), c.precision);
     m.init_params(3);
     const RandomBatch rb(d, kB, kT, 17);
-    const std::vector<double> P(m.params, m.params + m.table.numel);
-    const double M = test::RefTransformer{d, m.table}.logit_magnitude(P, rb.b);
-    EXPECT_LE(std::fabs(gpu.loss - cpu.loss), backend_bound(c) * (std::fabs(cpu.loss) + 2.0 * M));
+    EXPECT_LE(std::fabs(gpu.loss - cpu.loss), backend_loss_bound(c, cpu.loss));
     EXPECT_TRUE(test::gradients_within(m.table, gpu.grads, cpu.grads, test::gradient_magnitude(m, rb.b, kB, kT),
                                        backend_bound(c), c.name));
   }
@@ -394,12 +402,6 @@ TEST(ChunkedLmHeadCuda, FusedEqualsRecomputed) {
     EXPECT_EQ(fus.row_losses, rec.row_losses);
     EXPECT_EQ(fus.grads, rec.grads);
     const HeadRun cpu = run_head(c, 7, cpu_ops(), true);
-    const ModelDesc d = head_desc(c, 7);
-    Model m(d, cpu_ops(), ModelPart::whole(), c.precision);
-    m.init_params(3);
-    const RandomBatch rb(d, kB, kT, 17);
-    const std::vector<double> P(m.params, m.params + m.table.numel);
-    const double M = test::RefTransformer{d, m.table}.logit_magnitude(P, rb.b);
-    EXPECT_LE(std::fabs(fus.loss - cpu.loss), backend_bound(c) * (std::fabs(cpu.loss) + 2.0 * M));
+    EXPECT_LE(std::fabs(fus.loss - cpu.loss), backend_loss_bound(c, cpu.loss));
   }
 }

@@ -210,8 +210,10 @@ double checkpoint_write_floats(const ModelDesc& desc, const ModelPart& part, con
         n += (double)s.numel;
         continue;
       }
-      for (const ShardPiece& p : pieces)
-        n += (double)std::max<int64_t>(0, (int64_t)std::min(p.end, s.offset + s.numel) - (int64_t)std::max(p.begin, s.offset));
+      for (const ShardPiece& p : pieces) {
+        const size_t lo = std::max(p.begin, s.offset), hi = std::min(p.end, s.offset + s.numel);
+        if (lo < hi) n += (double)(hi - lo);
+      }
     }
   }
   return n;
@@ -230,7 +232,6 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   const bool nccl = cfg.parallel.sync == SyncMethod::nccl, grad_bf16 = cfg.parallel.grad_dtype == GradDtype::bf16;
   const bool zero = cfg.parallel.zero && world > 1;
   const bool per_rank = cfg.parallel.sync == SyncMethod::weights && world > 1;
-  const bool tied_lm = desc.head == HeadKind::lm && desc.tie_embeddings;
   // One micro-batch is alive at a time in each slot: with gradient accumulation (parallel.microbatches
   // M) the activations and the backward's scratch are those of ceil(local_batch / M) sequences.
   const int micro = micro_batch_rows(local_batch, cfg.parallel.microbatches);
@@ -284,7 +285,7 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   if (world > 1 && sync == SyncMethod::gather_scatter && rank == 0) e.sync_buffers += 2.0 * world * largest_bucket * sizeof(float);
   if (world > 1 && on_gpu && sync != SyncMethod::nccl) e.sync_buffers += nb;  // pinned staging copy
   // Checkpoints (train/checkpointing.cpp): the staging a save keeps, or a resume's one state.
-  const bool staged = rc.checkpoints && cfg.checkpoint.every > 0 && (cfg.checkpoint.async || on_gpu);
+  const bool staged = cfg.checkpoint.every > 0 && (cfg.checkpoint.async || on_gpu);
   e.checkpoint_save = staged ? write_floats * sizeof(float) : 0.0;
   e.checkpoint_staging = std::max(e.checkpoint_save, nb);
   // The batch on the host: inputs and targets (LM) or the example rows (classifier), plus a window.
@@ -301,8 +302,8 @@ std::string MemoryEstimate::describe() const {
   if (on_gpu) s += " = " + format_bytes(device_bytes()) + " on the GPU; host: ";
   else s += " + ";
   if (sync_buffers > 0) s += "sync buffers " + format_bytes(sync_buffers) + " + ";
-  s += "checkpoint staging (save or resume) " + format_bytes(checkpoint_staging) + " + batch " + format_bytes(data) + " = " +
-       format_bytes(host_bytes());
+  s += "checkpoint staging (save or resume) " + format_bytes(checkpoint_staging) + " + batch " + format_bytes(data) +
+       " = " + format_bytes(host_bytes());
   return s;
 }
 

@@ -59,15 +59,14 @@
 namespace llmpi {
 
 // Where in the layout a rank is, for its estimate: the chunks of the model it holds (a pipeline
-// stage's parts, pipeline/stage_layers.h, and for each the activation slots its schedule needs),
-// its tensor-parallel place (which tensors it writes to a checkpoint) and whether checkpoints are
-// saved at all. The default is one chunk of the whole model with one slot, tp 1, checkpoints on.
+// stage's parts, pipeline/stage_layers.h, and for each the activation slots its schedule needs)
+// and its tensor-parallel place (which tensors it writes to a checkpoint). The default is one
+// chunk of the whole model with one slot, tp 1.
 struct RankChunks {
   std::vector<ModelPart> parts{ModelPart::whole()};
   std::vector<int> slots{1};
   bool keeps_input_grads = false;  // zb-h1: each slot keeps its input-only backward's outputs
   int tp = 1, tp_rank = 0;
-  bool checkpoints = true;
 };
 
 struct MemoryEstimate {

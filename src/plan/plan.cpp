@@ -750,7 +750,8 @@ PlanResult plan(const PlanInputs& in) {
     }
     const TimeRow* t = r.time_row(S > 1 ? schedule_kind_name(in.schedule) : "-", in.zero);
     if (!t && !r.time.empty()) t = &r.time.front();
-    if (t && t->step_s > 0 && staged) cp.every_to_hide = std::max(1, (int)std::ceil(cp.write_s / t->step_s));
+    if (t && t->step_s > 0 && staged)  // (held in an int: a billion steps at most)
+      cp.every_to_hide = (int)std::clamp(std::ceil(cp.write_s / t->step_s), 1.0, 1e9);
   }
   return r;
 }
