@@ -322,13 +322,6 @@ std::vector<Engine::StateRange> Engine::state_ranges(int which, bool writing, bo
   return out;
 }
 
-std::vector<float> Engine::host_state(size_t c, int which) const {
-  const ModelChunk& ch = chunks[c];
-  std::vector<float> host(which == 0 ? ch.model->table.numel : ch.opt->n);
-  ops.copy_to_host(host.data(), state_buffer(c, which), host.size() * sizeof(float));
-  return host;
-}
-
 const float* Engine::state_buffer(size_t c, int which) const {
   const ModelChunk& ch = chunks[c];
   return which == 0 ? ch.model->params : which == 1 ? ch.opt->m : ch.opt->v;

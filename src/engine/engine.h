@@ -210,9 +210,8 @@ struct Engine {
   // head's copy of the embedding never (the embedding's stage writes it). every_rank (sync
   // "weights": the replicas' states differ, each replica is written): its replica's own.
   std::vector<StateRange> state_ranges(int which, bool writing, bool every_rank) const;
-  // A host copy of chunk c's buffer of a state, and the reverse (host: that buffer's length).
-  std::vector<float> host_state(size_t c, int which) const;
-  // Chunk c's buffer of a state itself (backend memory: on a GPU a device pointer).
+  // Chunk c's buffer of a state (backend memory: on a GPU a device pointer), and setting it from a
+  // host copy (host: that buffer's length).
   const float* state_buffer(size_t c, int which) const;
   void set_state(size_t c, int which, const float* host);
   // --init-from: every rank reads its chunks' tensors by name from a Hugging Face model directory
