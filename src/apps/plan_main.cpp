@@ -391,17 +391,16 @@ int main(int argc, char** argv) {
     std::printf("  (host memory of the busiest rank; staging: checkpoint.async or a GPU keeps a copy of what the rank "
                 "writes for the whole run, a synchronous save on the CPU none; a resume reads one state at a time)\n");
     std::printf("  llmpi-export holds one tensor at a time: the largest, %s\n", gb(cp.export_bytes).c_str());
-    if (cp.every_to_hide > 0)
+    if (cp.every_to_hide > 0) {
+      std::string run;  // what the run's own checkpoint.every does
+      if (in.checkpoint_every > 0)
+        run = " (the run's " + std::to_string(in.checkpoint_every) +
+              (in.checkpoint_every >= cp.every_to_hide ? " does)" : " does not: the next save waits for it)");
       std::printf("  with checkpoint.async the write runs behind the steps: checkpoint.every >= %d steps hides it%s\n",
-                  cp.every_to_hide,
-                  in.checkpoint_every > 0 ? (in.checkpoint_every >= cp.every_to_hide
-                                                 ? " (the run's " + std::to_string(in.checkpoint_every) + " does)"
-                                                 : " (the run's " + std::to_string(in.checkpoint_every) +
-                                                       " does not: the next save waits for it)")
-                                                    .c_str()
-                                              : "");
-    else
+                  cp.every_to_hide, run.c_str());
+    } else {
       std::printf("  the step that saves waits for the write (checkpoint.async false)\n");
+    }
     for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
     if (!json_out.empty()) {
       nlohmann::json j = r.to_json();

@@ -125,11 +125,7 @@ void export_hf_model(const std::string& out_dir, const ModelDesc& d, const Param
         v = ours.data();
       }
       source(s, v);
-      ParamTable one;
-      one.slices = {s};
-      one.slices[0].offset = 0;
-      one.numel = s.numel;
-      const std::string bad = nonfinite_tensor(one, v);
+      const std::string bad = nonfinite_slice(s, v);
       if (!bad.empty())
         fail("export: the model's weights are not finite: ", bad,
              "; nothing was written. The weights are damaged or their training diverged: export an earlier "

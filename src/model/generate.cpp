@@ -28,14 +28,19 @@ std::string value_name(float v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" :
 
 }  // namespace
 
+std::string nonfinite_slice(const ParamSlice& s, const float* values) {
+  size_t first = 0;
+  const size_t bad = count_nonfinite(values, s.numel, &first);
+  if (!bad) return "";
+  return "tensor '" + s.name + "' holds " + std::to_string(bad) + " non-finite value" + (bad > 1 ? "s" : "") + " of " +
+         std::to_string(s.numel) + " (the first, " + value_name(values[first]) + ", at element " +
+         std::to_string(first) + ")";
+}
+
 std::string nonfinite_tensor(const ParamTable& t, const float* params) {
   for (const ParamSlice& s : t.slices) {
-    size_t first = 0;
-    const size_t bad = count_nonfinite(params + s.offset, s.numel, &first);
-    if (bad)
-      return "tensor '" + s.name + "' holds " + std::to_string(bad) + " non-finite value" + (bad > 1 ? "s" : "") +
-             " of " + std::to_string(s.numel) + " (the first, " + value_name(params[s.offset + first]) +
-             ", at element " + std::to_string(first) + ")";
+    std::string bad = nonfinite_slice(s, params + s.offset);
+    if (!bad.empty()) return bad;
   }
   return "";
 }

@@ -39,6 +39,8 @@ namespace llmpi {
 // first tensor that is not, e.g. "tensor 'h.0.attn.c_attn.weight' holds 3 non-finite values of
 // 12288 (the first, nan, at element 17)".
 std::string nonfinite_tensor(const ParamTable& t, const float* params);
+// The same for one tensor, its s.numel values at `values`.
+std::string nonfinite_slice(const ParamSlice& s, const float* values);
 
 // Why a model cannot generate ("" when it can): a classifier head (bert), bidirectional
 // attention, a part of the stack rather than the whole model, or a non-CPU backend.

@@ -23,9 +23,8 @@ ParallelGroups::ParallelGroups(MPI_Comm w, int pp_stages, bool tied_embedding, i
   pp = pp_stages;
   tp = tp_ranks;
   dp = world_size / (pp * tp);
-  tp_rank = world_rank % tp;
-  stage = world_rank / tp % pp;
-  dp_rank = world_rank / (tp * pp);
+  const Place me = place_of(world_rank);
+  dp_rank = me.dp_rank, stage = me.stage, tp_rank = me.tp_rank;
   MPI_Comm_split(world, dp_rank * tp + tp_rank, stage, &pipeline);
   MPI_Comm_split(world, stage * tp + tp_rank, dp_rank, &data);
   MPI_Comm_split(world, dp_rank * pp + stage, tp_rank, &tensor);

@@ -48,8 +48,12 @@ struct ParallelGroups {
 
   bool first_stage() const { return stage == 0; }
   bool last_stage() const { return stage == pp - 1; }
-  // World rank of (dp_rank, stage, tp_rank).
+  // World rank of (dp_rank, stage, tp_rank), and the reverse: the place of any world rank.
   int world_rank_of(int replica, int st, int shard = 0) const { return (replica * pp + st) * tp + shard; }
+  struct Place {
+    int dp_rank, stage, tp_rank;
+  };
+  Place place_of(int rank) const { return {rank / (tp * pp), rank / tp % pp, rank % tp}; }
   // "rank 3: pipeline 1 stage 1/2, data-parallel rank 1/2 (stage 1 ranks 1,3), pipeline ranks 2,3, ..."
   std::string describe() const;
 };

@@ -149,12 +149,9 @@ void check_memory(Run& r, const ModelDesc& desc, int local_size) {
   const Config& c = r.cfg;
   const ParallelGroups& g = *r.groups;
   const int lb = r.sampler->local_batch(), T = c.model.seq_len, M = c.parallel.microbatches;
-  // The places of the node's ranks: world rank = (dp_rank · S + stage) · TP + tp_rank.
-  struct Place {
-    int dp_rank, stage, tp_rank;
-  };
-  std::vector<Place> node;
-  for (int w : r.node_ranks) node.push_back({w / (g.pp * g.tp), (w / g.tp) % g.pp, w % g.tp});
+  using Place = ParallelGroups::Place;
+  std::vector<Place> node;  // the places of the node's ranks
+  for (int w : r.node_ranks) node.push_back(g.place_of(w));
   std::vector<RankChunks> stage_chunks;  // per stage
   std::vector<ModelDesc> shards;         // per tp_rank
   try {
@@ -168,7 +165,7 @@ void check_memory(Run& r, const ModelDesc& desc, int local_size) {
     rc.tp = g.tp, rc.tp_rank = p.tp_rank;
     return estimate_memory(shards[(size_t)p.tp_rank], b, T, c, g.dp, p.dp_rank, r.on_gpu, &rc);
   };
-  const Place me{g.dp_rank, g.stage, g.tp_rank};
+  const Place me = g.place_of(g.world_rank);
   r.memory = estimate(lb, me);
   auto node_need = [&](int b) {
     double sum = 0;
