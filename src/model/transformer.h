@@ -159,6 +159,7 @@
 #include "backend/ops.h"
 #include "backend/step_scalars.h"
 #include "model/model_desc.h"
+#include "model/parallel_regions.h"
 #include "params/param_table.h"
 #include "runtime/group_collectives.h"
 
@@ -447,8 +448,6 @@ struct Model {
         *d_att_ = nullptr, *d_small_ = nullptr;
   float *d_full_ = nullptr, *d_norm_ = nullptr;  // sequence parallelism: [N, C] gathered gradient, [2, C]
   void ensure_scratch(int B, int T);
-  // Block l's recomputed tensors into the shared buffers of a, unless they hold them already.
-  void recompute_block(Activations& a, int l) const;
   void check_block_range(int from, int to) const;  // [from, to) within [l0, l1), else an internal error
   void finished(int slot, std::initializer_list<int> roles, const ReadyFn& ready);  // no-op in an input-only pass
   // A dense layer's backward: dinp += dout · W now (dinp may be null); dW += dout^T · inp and
@@ -459,6 +458,60 @@ struct Model {
                       const uint16_t* inp16, int slot, int weight_role, int bias_role, int N, int C, int OC, bool last,
                       const ReadyFn& ready);
   float* kept_buffer(Activations& a, size_t n) const;  // the next n floats of a.kept (an input-only pass)
+  // The tensor/sequence-parallel hand-offs of this shard for a's rows (model/parallel_regions.h).
+  ParallelRegions regions(const Activations& a) const;
+  void tp_sum(float* x, size_t n) const;  // TensorGroup::sum with tensor parallelism, else nothing
+
+  // ---- the sublayers, forward beside backward (model/layers/*.cpp); block.cpp composes them ----
+  // A branch forward reads its input h on the residual stream's rows (h16: kept only in bf16,
+  // h null then) and returns its output on those rows, dropout applied (in a.tmp or a.scattered).
+  const float* attention_forward(Activations& a, int l, const float* h, const uint16_t* h16) const;
+  const float* mlp_forward(Activations& a, int l, const float* h, const uint16_t* h16) const;
+  // Selective recomputation: the tensors the shared buffers hold for block l, again.
+  void attention_recompute(Activations& a, int l) const;  // full attention's P (its output into a.tmp)
+  void mlp_recompute(Activations& a, int l) const;        // the activation output, from the kept fc
+  // One block's backward in progress: which block, and where its dense layers' output gradients
+  // go (scratch, or in an input-only pass the kept buffers weight_backward reads).
+  struct BlockPass {
+    int l, slot;
+    float *d_fc, *d_qkv;
+    const ReadyFn& ready;
+  };
+  // A block's dense layer inp [N, in] -> [N, out], backward (dense_backward; dout kept when it is
+  // the pass's d_fc or d_qkv).
+  void block_dense(Activations& a, const BlockPass& p, float* dinp, const float* dout, const float* inp,
+                   const uint16_t* inp16, int weight_role, int bias_role, int in, int out);
+  // Where a branch backward leaves its input's gradient (ParallelRegions::enter_column_backward).
+  struct InputGrad {
+    float *part, *rows, *acc;
+  };
+  // A branch backward from dout = d(branch output before dropout) on the residual stream's rows;
+  // h / h16 the branch input as the forward read it. Returns d h on the rows (ig.acc when given).
+  const float* attention_backward(Activations& a, const BlockPass& p, const float* dout, const float* h,
+                                  const uint16_t* h16, InputGrad ig);
+  const float* mlp_backward(Activations& a, const BlockPass& p, const float* dout, const float* h,
+                            const uint16_t* h16, InputGrad ig);
+  // The row-parallel GEMM's output in a.tmp onto the residual stream's rows, hidden dropout at
+  // `site` applied (block.cpp).
+  const float* branch_output(Activations& a, int l, int site) const;
+  // One block's forward, by norm placement (block.cpp).
+  void block_forward_pre_norm(Activations& a, int l) const;
+  void block_forward_post_norm(Activations& a, int l) const;
+  // Block l's recomputed tensors into the shared buffers of a, unless they hold them already.
+  void recompute_block(Activations& a, int l) const;
+  void block_backward_pre_norm(Activations& a, const BlockPass& p);
+  void block_backward_post_norm(Activations& a, const BlockPass& p);
+  // A norm's backward over `rows` rows of the residual stream (adds into dx, dw, db). With
+  // sequence parallelism the rows are this rank's: the weight gradients of the call are summed
+  // over the group (in d_norm_) before they are added, so they stay the same on every rank.
+  void norm_backward_rows(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
+                          const float* mean, const float* rstd, int rows);
+  // The heads (layers/lm_head.cpp, layers/classifier.cpp); head_forward_impl and head_backward
+  // choose by desc.head.
+  void lm_head_forward(Activations& a, bool need_grad, float grad_scale, bool fused) const;
+  void classifier_forward(Activations& a, bool need_grad, float grad_scale) const;
+  void lm_head_backward(Activations& a, const ReadyFn& ready);
+  void classifier_backward(Activations& a, const ReadyFn& ready);
   // The chunked LM head's backward ("Chunked LM head"): per chunk, logits recomputed from xf and
   // turned into their gradient; then dxf += dlogits·W (dxf may be null) and dW += dlogits^T·xf
   // (dW may be null).
@@ -467,12 +520,6 @@ struct Model {
   // and with scale != 0 the gradient scale · (softmax - onehot) (over the group's shards with
   // tensor parallelism).
   void lm_xent(Activations& a, int r0, int rn, float scale) const;
-  void tp_sum(float* x, size_t n) const;  // TensorGroup::sum with tensor parallelism, else nothing
-  // A norm's backward over `rows` rows of the residual stream (adds into dx, dw, db). With
-  // sequence parallelism the rows are this rank's: the weight gradients of the call are summed
-  // over the group (in d_norm_) before they are added, so they stay the same on every rank.
-  void norm_backward_rows(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
-                          const float* mean, const float* rstd, int rows);
 };
 
 }  // namespace llmpi
