@@ -1,6 +1,8 @@
 // Config parsing and validation: every error names the key and says what to do.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "runtime/config.h"
 #include "runtime/config_keys.h"
 #include "runtime/error.h"
@@ -137,4 +139,59 @@ TEST(ConfigKeyDocs, EveryKeyDescribedOnce) {
   EXPECT_NE(md.find("| `model.norm_eps` | `1e-05` (bert: `1e-12`) |"), std::string::npos) << md;
   EXPECT_NE(md.find("| `model.n_kv_head` | `0` | llama |"), std::string::npos) << md;
   EXPECT_EQ(md.find("no description"), std::string::npos) << md;
+}
+
+// Every key's range comes from its one entry in the table: a value just outside it is refused
+// naming the key, the range and the value; the bound itself (when closed) is taken. A key of a
+// family that does not take it is set with model.family at one that does.
+TEST(ConfigKeys, EveryRangeIsEnforcedFromTheTable) {
+  int checked = 0;
+  for (const ConfigKey& k : config_keys()) {
+    if (!k.range.any()) continue;
+    std::vector<std::string> sets = {"data.train=t.h5"};
+    if (k.families && !(k.families & 1u)) sets.push_back(k.families & 2u ? "model.family=llama" : "model.family=bert");
+    const bool integer = k.def.is_number_integer();
+    const bool has_lo = k.range.lo == k.range.lo;
+    const double bound = has_lo ? k.range.lo : k.range.hi, step = integer ? 1.0 : 0.5;
+    const bool open = has_lo ? k.range.lo_open : k.range.hi_open;
+    // just outside: past the bound (or the bound itself when it is open)
+    const double outside = open ? bound : has_lo ? bound - step : bound + step;
+    char text[64];
+    std::snprintf(text, sizeof text, integer ? "%.0f" : "%g", outside);
+    std::vector<std::string> bad = sets;
+    bad.push_back(std::string(k.key) + "=" + text);
+    const std::string e = error_of("{}", bad);
+    EXPECT_NE(e.find(std::string("'") + k.key + "' must be "), std::string::npos) << k.key << ": " << e;
+    EXPECT_NE(e.find(std::string(", got ") + text), std::string::npos) << k.key << ": " << e;
+    if (!open) {
+      std::snprintf(text, sizeof text, integer ? "%.0f" : "%g", bound);
+      std::vector<std::string> ok = sets;
+      ok.push_back(std::string(k.key) + "=" + text);
+      const std::string at_bound = error_of("{}", ok);
+      EXPECT_EQ(at_bound.find(std::string("'") + k.key + "' must be "), std::string::npos) << k.key << ": " << at_bound;
+    }
+    checked++;
+  }
+  EXPECT_GE(checked, 40) << "keys with a range in the table";
+}
+
+// The defaults document, the families' keys and the reference are the table's: each key once,
+// with its default, and a model key only in the families that take it.
+TEST(ConfigKeys, TheDefaultsDocumentIsTheTable) {
+  size_t n = 0;
+  for (const auto& [sec, obj] : config_defaults().items()) n += obj.size();
+  EXPECT_EQ(n, config_keys().size());
+  for (const ConfigKey& k : config_keys()) {
+    const std::string key = k.key, sec = key.substr(0, key.find('.')), name = key.substr(key.find('.') + 1);
+    EXPECT_EQ(config_defaults()[sec][name], k.def) << key;
+    if (sec != "model") continue;
+    for (const char* fam : {"gpt2", "llama", "bert"}) {
+      const nlohmann::json m = family_model_defaults(fam);
+      Family f{};
+      ASSERT_TRUE(parse_option(fam, &f));
+      EXPECT_EQ(m.contains(name), (k.families >> static_cast<int>(f) & 1u) != 0) << key << " in " << fam;
+    }
+  }
+  EXPECT_EQ(family_model_defaults("bert")["norm_eps"].get<double>(), 1e-12);  // Exact: the table's literal
+  EXPECT_FALSE(family_model_defaults("llama")["tie_embeddings"].get<bool>());
 }
