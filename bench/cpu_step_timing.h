@@ -47,7 +47,7 @@ struct StepTimes {
   std::vector<float> last_loss;
 };
 
-// fused[k] (when given): variant k trains with train_forward (the trainer's fused LM head).
+// fused[k] (when given): variant k trains in HeadMode::fused (the trainer's fused LM head).
 inline StepTimes time_steps_alternately(const std::vector<std::unique_ptr<Model>>& models,
                                         const std::vector<std::unique_ptr<Activations>>& acts,
                                         const Batch& batch, int steps, const std::vector<bool>& fused = {}) {
@@ -58,8 +58,8 @@ inline StepTimes time_steps_alternately(const std::vector<std::unique_ptr<Model>
     for (size_t k = 0; k < models.size(); k++) {
       const double t0 = now_ms();
       models[k]->zero_grads();
-      r.last_loss[k] = k < fused.size() && fused[k] ? models[k]->train_forward(*acts[k], batch)
-                                                    : models[k]->forward(*acts[k], batch, true);
+      r.last_loss[k] = k < fused.size() && fused[k] ? models[k]->forward(*acts[k], batch, HeadMode::fused)
+                                                    : models[k]->forward(*acts[k], batch, HeadMode::train);
       models[k]->backward(*acts[k]);
       if (s > 0) r.ms[k].push_back(now_ms() - t0);  // round 0 warms up
     }

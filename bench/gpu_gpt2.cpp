@@ -282,7 +282,7 @@ int run(const Options& o) {
       batch.T = T;
       batch.tokens = in.data();
       batch.targets = tg.data();
-      model.train_forward_queued(acts, batch);  // the LM head fused, as the trainer does
+      model.forward_queued(acts, batch, HeadMode::fused);  // the LM head fused, as the trainer does
       cuda_mark(1);
       sample_memory();
       model.backward(acts);

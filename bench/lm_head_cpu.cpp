@@ -2,7 +2,7 @@
 // training step on the CPU backend: the activations' memory and the time of forward + backward,
 // unchunked (one chunk of all N = B·T rows: N x V logits, as before the chunking) against the
 // default chunk (as many rows as fit kLmHeadChunkBytes of logits) and chunks of --rows rows, the
-// last both recomputing in backward (forward + backward, "rows") and fused (train_forward, as the
+// last both recomputing in backward (forward + backward, "rows") and fused (HeadMode::fused, as the
 // trainer's single-model step runs it: each chunk's backward inside the forward, "rows fused").
 //
 //   build/bench-lm_head_cpu [--batch B] [--seq-len T] [--steps S] [--layers L] [--heads H]

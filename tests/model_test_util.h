@@ -78,7 +78,7 @@ inline std::vector<float> training_losses(const ModelDesc& d, GemmPrecision prec
   std::vector<float> losses;
   for (int step = 1; step <= steps; step++) {
     m.zero_grads();
-    losses.push_back(m.forward(a, data[step % 4].b, true));
+    losses.push_back(m.forward(a, data[step % 4].b, HeadMode::train));
     m.backward(a);
     const double norm = std::sqrt(cpu_ops().sum_squares(m.grads, n));
     if (norm > 1.0) cpu_ops().scale(m.grads, static_cast<float>(1.0 / norm), n);
@@ -149,7 +149,7 @@ inline std::vector<double> gradient_magnitude(Model& m, const Batch& batch, int 
     Activations a(m, 1, T);
     a.dropout = dropout;
     m.zero_grads();
-    m.forward(a, one, true);
+    m.forward(a, one, HeadMode::train);
     m.backward(a);
     const std::vector<float> g = m.grads_host();
     for (size_t i = 0; i < g.size(); i++) mag[i] += std::fabs((double)g[i]) / B;

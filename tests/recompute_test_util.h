@@ -63,8 +63,8 @@ inline RecomputeRun run_whole(const Ops& ops, const RecomputeCase& c, Recompute 
   set_dropout(a0, 0);
   set_dropout(a1, 1);
   RecomputeRun r;
-  r.losses.push_back(m.forward(a0, b0.b, true, 0.5f));
-  r.losses.push_back(m.train_forward(a1, b1.b, 0.5f));  // (an LM head fused into it)
+  r.losses.push_back(m.forward(a0, b0.b, HeadMode::train, 0.5f));
+  r.losses.push_back(m.forward(a1, b1.b, HeadMode::fused, 0.5f));  // (an LM head fused into it)
   m.backward(a0);
   m.backward(a1);
   r.grads = m.grads_host();
@@ -80,7 +80,7 @@ inline RecomputeRun run_part(const Ops& ops, const RecomputeCase& c, Recompute r
   Model whole(d, ops, ModelPart::whole(), c.precision);
   whole.init_params(3);
   Activations aw(whole, kB, kT);
-  whole.forward(aw, b.b, false);
+  whole.forward(aw, b.b, HeadMode::eval);
   const std::vector<float> hidden = [&] {
     std::vector<float> h((size_t)kB * kT * d.d_model);
     ops.copy_to_host(h.data(), aw.layers[0].out, h.size() * sizeof(float));
@@ -98,7 +98,8 @@ inline RecomputeRun run_part(const Ops& ops, const RecomputeCase& c, Recompute r
   ops.copy_to_device(a.input, hidden.data(), hidden.size() * sizeof(float));
   m.blocks_forward(a, m.l0(), m.l1());
   RecomputeRun r;
-  r.losses.push_back(m.head_forward(a, true));
+  m.head_forward(a, HeadMode::train);
+  r.losses.push_back(m.read_loss(a));
   m.begin_backward();
   m.head_backward(a, {});
   m.blocks_backward(a, m.l0(), m.l1(), {});

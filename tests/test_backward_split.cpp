@@ -111,7 +111,7 @@ struct PartPair {
     if (part.embedding) md.embed_forward(a);
     md.blocks_forward(a, md.l0(), md.l1());  // the Model's range (part.l1 may be -1: every block)
     if (part.head) {
-      md.head_forward(a, true, 1.0f / micro);
+      md.head_forward(a, HeadMode::train, 1.0f / micro);
     } else {  // the gradient from the next stage
       const size_t NC = (size_t)B * T * d.d_model;
       const std::vector<float> g = random_vector(NC, 300 + a.dropout.micro_batch);

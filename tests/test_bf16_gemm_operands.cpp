@@ -471,15 +471,15 @@ float train_step(Model& m, Activations& a, const Batch& b, StepKind kind) {
   float loss = 0;
   switch (kind) {
     case StepKind::plain:
-      loss = m.forward(a, b, true);
+      loss = m.forward(a, b, HeadMode::train);
       m.backward(a);
       break;
     case StepKind::fused_head:
-      loss = m.train_forward(a, b);
+      loss = m.forward(a, b, HeadMode::fused);
       m.backward(a);
       break;
     case StepKind::split_backward:
-      loss = m.forward(a, b, true);
+      loss = m.forward(a, b, HeadMode::train);
       m.begin_backward(a, BackwardMode::input_only);
       if (m.part.head) m.head_backward(a, {});
       m.blocks_backward(a, m.l0(), m.l1(), {});

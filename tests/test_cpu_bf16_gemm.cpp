@@ -457,7 +457,7 @@ LossAndGrads loss_and_grads(const ModelDesc& d, CpuBf16Gemm engine) {
   Activations a(m, B, T);
   m.init_params(7);
   m.zero_grads();
-  const float loss = m.forward(a, rb.b, true);
+  const float loss = m.forward(a, rb.b, HeadMode::train);
   m.backward(a);
   return {loss, m.grads_host()};
 }

@@ -59,7 +59,7 @@ std::vector<std::tuple<int, int, int>> forward_calls(const ModelDesc& d, int B, 
   Activations a(m, B, T);
   test::RandomBatch batch(d, B, T, 5);
   g_calls.clear();
-  m.forward(a, batch.b, true);
+  m.forward(a, batch.b, HeadMode::train);
   std::vector<std::tuple<int, int, int>> calls = g_calls;
   std::sort(calls.begin(), calls.end());
   return calls;

@@ -157,7 +157,7 @@ void bucketed_average(bool bf16) {
 // bf16 each is rounded first: magnitudes up to 1 + 2^-8 larger (the factor beside the checks).
 std::vector<double> average_magnitude(Model& m, Activations& a, const Batch& batch) {
   m.zero_grads();
-  m.forward(a, batch, true);
+  m.forward(a, batch, HeadMode::train);
   m.backward(a);
   const std::vector<float> g = m.grads_host();
   std::vector<double> mag(g.size());
@@ -204,7 +204,7 @@ struct NcclBesideMpi {
   std::pair<float, float> step(const Batch& batch, size_t* calls) {
     a.zero_grads();
     nccl->begin_step();
-    const float la = a.forward(aa, batch, true);
+    const float la = a.forward(aa, batch, HeadMode::train);
     a.backward(aa, [&](size_t k) {
       ++*calls;
       nccl->on_ready(k);
@@ -212,7 +212,7 @@ struct NcclBesideMpi {
     nccl->finish();
     b.zero_grads();
     mpi->begin_step();
-    const float lb = b.forward(ab, batch, true);
+    const float lb = b.forward(ab, batch, HeadMode::train);
     b.backward(ab);
     mpi->finish();
     return {la, lb};

@@ -1418,8 +1418,8 @@ TEST_P(CudaModel, LossAndEveryGradientMatchCpu) {
   const std::vector<double> mag = gradient_magnitude(mc, rb.b, B, T, ac.dropout);
   mc.zero_grads();
   mg.zero_grads();
-  const float lc = mc.forward(ac, rb.b, true);
-  const float lg = mg.forward(ag, rb.b, true);
+  const float lc = mc.forward(ac, rb.b, HeadMode::train);
+  const float lg = mg.forward(ag, rb.b, HeadMode::train);
   EXPECT_LT(std::fabs(lg - lc) / std::fabs(lc), kModelLossBound) << lg << " vs " << lc;  // Bound: kModelLossBound
   mc.backward(ac);
   mg.backward(ag);
@@ -1482,7 +1482,7 @@ double training_curve_gap(const ModelCase& c, GemmPrecision prec, int steps) {
       const Ops& o = *m.ops;
       acts[k]->dropout = dropout_context(c, step);
       m.zero_grads();
-      loss[k] = m.forward(*acts[k], batch, true);
+      loss[k] = m.forward(*acts[k], batch, HeadMode::train);
       m.backward(*acts[k]);
       const double norm = std::sqrt(o.sum_squares(m.grads, n));
       if (norm > 1.0) o.scale(m.grads, static_cast<float>(1.0 / norm), n);
@@ -1541,8 +1541,8 @@ TEST_P(CudaModel, Bf16LossAndEveryGradientMatchCpuBf16) {
   const std::vector<double> mag = gradient_magnitude(mc, rb.b, B, T, ac.dropout);
   mc.zero_grads();
   mg.zero_grads();
-  const float lc = mc.forward(ac, rb.b, true);
-  const float lg = mg.forward(ag, rb.b, true);
+  const float lc = mc.forward(ac, rb.b, HeadMode::train);
+  const float lg = mg.forward(ag, rb.b, HeadMode::train);
   EXPECT_LT(std::fabs(lg - lc) / std::fabs(lc), 1e-5) << lg << " vs " << lc;
   mc.backward(ac);
   mg.backward(ag);

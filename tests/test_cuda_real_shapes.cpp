@@ -571,7 +571,7 @@ float train_step(Model& m, Activations& a, const Batch& batch, float* mom, float
   const Ops& o = *m.ops;
   const size_t n = m.table.numel;
   m.zero_grads();
-  const float loss = m.forward(a, batch, true);
+  const float loss = m.forward(a, batch, HeadMode::train);
   m.backward(a);
   const double norm = std::sqrt(o.sum_squares(m.grads, n));
   if (norm > 1.0) o.scale(m.grads, static_cast<float>(1.0 / norm), n);
@@ -612,8 +612,8 @@ TEST(CudaRealShape, Gpt2SmallStepLossAndEveryGradientMatchCpu) {
   mg.init_params(761);
   mc.zero_grads();
   mg.zero_grads();
-  const float lc = mc.forward(ac, rb.b, true);
-  const float lg = mg.forward(ag, rb.b, true);
+  const float lc = mc.forward(ac, rb.b, HeadMode::train);
+  const float lg = mg.forward(ag, rb.b, HeadMode::train);
   std::printf("[          ] loss: CPU %.7f, GPU %.7f\n", lc, lg);
   EXPECT_LT(std::fabs(lg - lc) / std::fabs(lc), 1e-5) << lg << " vs " << lc;
   mc.backward(ac);
@@ -795,10 +795,10 @@ TEST(NcclSync, GradSyncNcclAtWorldOneLeavesGradientsUnchanged) {
     sync.connect();
     ref.zero_grads();
     m.zero_grads();
-    const float lr = ref.forward(ar, rb.b, true);
+    const float lr = ref.forward(ar, rb.b, HeadMode::train);
     ref.backward(ar);
     sync.begin_step();
-    const float lm = m.forward(am, rb.b, true);
+    const float lm = m.forward(am, rb.b, HeadMode::train);
     size_t last = 0, calls = 0;
     m.backward(am, [&](size_t k) {
       EXPECT_GE(k, last);

@@ -346,20 +346,20 @@ TEST(CudaStepSync, ForwardQueuedWaitsForNothing) {
   RandomBatch rb(d, 3, 32, 6);
   Activations ag, ac;
   // A first pass allocates (activations, backward scratch: alloc waits); not part of a step.
-  mg.forward_queued(ag, rb.b, true);
+  mg.forward_queued(ag, rb.b, HeadMode::train);
   mg.zero_grads();
   mg.backward(ag);
   mg.read_scalars(ag);
   mg.zero_grads();
   const uint64_t waits = cuda_host_waits(), reads = gpu().readback_count();
-  mg.forward_queued(ag, rb.b, true);
+  mg.forward_queued(ag, rb.b, HeadMode::train);
   EXPECT_EQ(cuda_host_waits() - waits, 0u) << "the uploads of tokens and targets (load_batch) do not wait";
   mg.backward(ag);
   EXPECT_EQ(cuda_host_waits() - waits, 0u) << "backward (the head's recomputed chunks included) waits for nothing";
   const StepScalars s = mg.read_scalars(ag);
   EXPECT_EQ(cuda_host_waits() - waits, 1u) << "one readback";
   EXPECT_EQ(gpu().readback_count() - reads, 1u);
-  const float lg = mg.loss_of(s, ag), lc = mc.forward(ac, rb.b, true);
+  const float lg = mg.loss_of(s, ag), lc = mc.forward(ac, rb.b, HeadMode::train);
   // Bound: the whole-model estimate of CudaModel.LossAndEveryGradientMatchCpu (test_cuda_ops.cpp),
   // 2 gamma_n(L) with L < 4096 the summed lengths of the forward's sums (V = 500 here)
   EXPECT_LT(std::fabs(lg - lc) / lc, 2 * gamma_n(4096)) << lg << " vs " << lc;

@@ -364,7 +364,7 @@ ModelRun run_model(const ModelCase& c, AttentionImpl impl, bool split) {
   m.init_params(7);
   m.zero_grads();
   ModelRun r;
-  r.loss = m.forward(a, rb.b, true);
+  r.loss = m.forward(a, rb.b, HeadMode::train);
   if (split) {
     m.begin_backward(a, BackwardMode::input_only);
     m.head_backward(a, {});
@@ -424,9 +424,9 @@ TEST(FlashAttentionModel, ActivationsFollowTheModelsAttention) {
   EXPECT_EQ(a.attention, AttentionImpl::full);
   EXPECT_NE(a.layers[0].att, nullptr);
   EXPECT_EQ(a.layers[0].lse, nullptr);
-  const float full = m.forward(a, rb.b, false);
+  const float full = m.forward(a, rb.b, HeadMode::eval);
   m.desc.attention = AttentionImpl::fused;
-  const float fused = m.forward(a, rb.b, false);  // load_batch re-allocates
+  const float fused = m.forward(a, rb.b, HeadMode::eval);  // load_batch re-allocates
   EXPECT_EQ(a.attention, AttentionImpl::fused);
   EXPECT_EQ(a.layers[0].att, nullptr);
   EXPECT_NE(a.layers[0].lse, nullptr);

@@ -68,7 +68,7 @@ std::vector<float> full_logits(const Model& m, const std::vector<int32_t>& token
   Activations a;
   a.all_logits = true;  // every row's logits, in contiguous rows of V
   a.allocate(m, 1, T);
-  m.forward(a, b, false);
+  m.forward(a, b, HeadMode::eval);
   return std::vector<float>(a.logits, a.logits + static_cast<size_t>(T) * m.desc.vocab_size);
 }
 

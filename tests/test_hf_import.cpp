@@ -117,7 +117,7 @@ Outputs run_model(const HfModel& m, const json& inputs) {
   Activations a;
   a.all_logits = true;  // every row's logits, in contiguous rows
   a.allocate(model, B, T);
-  model.forward(a, b, /*need_grad=*/false);
+  model.forward(a, b, HeadMode::eval);
   Outputs o;
   const size_t rows = model.rows_for_loss(B, T);
   const size_t classes = m.desc.head == HeadKind::lm ? m.desc.vocab_size : m.desc.num_labels;

@@ -18,7 +18,7 @@
 //    estimate says, and all_logits asks for every row's (generation), which hold the unchunked
 //    logits bit for bit;
 //  - runtime.lm_head_chunk_rows is validated;
-//  - the fused head (train_forward: each chunk's backward inside the forward, nothing
+//  - the fused head (HeadMode::fused: each chunk's backward inside the forward, nothing
 //    recomputed) equals forward + backward bit for bit — losses, every gradient — for every case
 //    and chunk size, gpt2/llama/bert (bert's classifier head has nothing to fuse); micro-batches
 //    may interleave (forward, forward, backward, backward); an input-only backward is refused;
@@ -78,7 +78,7 @@ struct HeadRun {
   std::vector<double> logit_mag;  // per row: max_j Σ_c |xf_c W_jc|, the magnitude of its logits' sums
 };
 
-// fused: train_forward (the head's backward inside the forward), else forward with need_grad.
+// fused: HeadMode::fused (the head's backward inside the forward), else HeadMode::train.
 HeadRun run_head(const HeadCase& c, int chunk_rows, const Ops& ops = cpu_ops(), bool fused = false) {
   const ModelDesc d = head_desc(c, chunk_rows);
   RandomBatch rb(d, kB, kT, 17);
@@ -89,12 +89,12 @@ HeadRun run_head(const HeadCase& c, int chunk_rows, const Ops& ops = cpu_ops(), 
   HeadRun r;
   if (fused) {
     a.allocate(m, kB, kT);
-    r.loss = m.train_forward(a, rb.b);
+    r.loss = m.forward(a, rb.b, HeadMode::fused);
     EXPECT_TRUE(a.lm_head_fused);
     r.row_losses.resize(kN);
     ops.copy_to_host(r.row_losses.data(), a.losses, kN * sizeof(float));
   } else {
-    r.loss = m.forward(a, rb.b, true);
+    r.loss = m.forward(a, rb.b, HeadMode::train);
     r.row_losses = a.losses_host;
   }
   if (&ops == &cpu_ops()) {  // the logits' magnitudes, from the final norm's output (fp32 or bf16)
@@ -238,7 +238,7 @@ TEST(ChunkedLmHeadRows, AllLogitsKeepsEveryRow) {
   m.init_params(9);
   Activations all, chunked;
   all.all_logits = true;
-  const float l1 = m.forward(all, rb.b, false), l2 = m.forward(chunked, rb.b, false);
+  const float l1 = m.forward(all, rb.b, HeadMode::eval), l2 = m.forward(chunked, rb.b, HeadMode::eval);
   const int C = d.d_model, V = d.vocab_size;
   const float* W = m.params + m.table.at("wte.weight").offset;
   std::vector<double> logit_bound(V);
@@ -293,7 +293,7 @@ TEST_P(ChunkedLmHead, FusedEqualsRecomputedBitForBit) {
   }
 }
 
-// A classifier (bert) has no LM head to fuse: train_forward is forward with need_grad (Exact: the
+// A classifier (bert) has no LM head to fuse: HeadMode::fused is HeadMode::train (Exact: the
 // same calls).
 TEST(FusedLmHead, ClassifierHeadIsTheUnfusedForward) {
   ModelDesc d = desc_of("bert", 2, 2, 32, kT, 97);
@@ -305,7 +305,7 @@ TEST(FusedLmHead, ClassifierHeadIsTheUnfusedForward) {
     m.init_params(3);
     m.zero_grads();
     Activations a(m, kB, kT);
-    loss[k] = k ? m.train_forward(a, rb.b) : m.forward(a, rb.b, true);
+    loss[k] = k ? m.forward(a, rb.b, HeadMode::fused) : m.forward(a, rb.b, HeadMode::train);
     EXPECT_FALSE(a.lm_head_fused);
     m.backward(a);
     g[k] = m.grads_host();
@@ -330,24 +330,24 @@ TEST(FusedLmHead, InterleavedMicroBatchesEqualTheRecomputingHead) {
     m->zero_grads();
   }
   Activations f0(fused, kB, kT), f1(fused, kB, kT), r0(rec, kB, kT), r1(rec, kB, kT);
-  const float lf0 = fused.train_forward(f0, b0.b, 0.5f), lf1 = fused.train_forward(f1, b1.b, 0.5f);
+  const float lf0 = fused.forward(f0, b0.b, HeadMode::fused, 0.5f), lf1 = fused.forward(f1, b1.b, HeadMode::fused, 0.5f);
   fused.backward(f0);
   fused.backward(f1);
-  const float lr0 = rec.forward(r0, b0.b, true, 0.5f), lr1 = rec.forward(r1, b1.b, true, 0.5f);
+  const float lr0 = rec.forward(r0, b0.b, HeadMode::train, 0.5f), lr1 = rec.forward(r1, b1.b, HeadMode::train, 0.5f);
   rec.backward(r0);
   rec.backward(r1);
   EXPECT_EQ(lf0, lr0);
   EXPECT_EQ(lf1, lr1);
   EXPECT_EQ(fused.grads_host(), rec.grads_host());
-  fused.train_forward(f0, b0.b);
+  fused.forward(f0, b0.b, HeadMode::fused);
   fused.begin_backward(f0, BackwardMode::input_only);
   EXPECT_THROW(fused.head_backward(f0, {}), Error);
   // A later plain forward clears the fused state: its backward recomputes as usual.
-  rec.forward(r0, b0.b, true);
+  rec.forward(r0, b0.b, HeadMode::train);
   EXPECT_FALSE(r0.lm_head_fused);
-  rec.train_forward(r1, b0.b);
+  rec.forward(r1, b0.b, HeadMode::fused);
   EXPECT_TRUE(r1.lm_head_fused);
-  rec.forward(r1, b0.b, true);
+  rec.forward(r1, b0.b, HeadMode::train);
   EXPECT_FALSE(r1.lm_head_fused);
 }
 

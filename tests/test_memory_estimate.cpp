@@ -126,7 +126,7 @@ StepGrowth peak_growth_of_one_step(const ModelDesc& d, Recompute rc, int B, int 
     numel = m.table.numel;
     Optimizer opt(ops, m.table.numel, OptimizerKind::adamw);
     Activations a(m, B, T);
-    m.forward(a, batch.b, true);
+    m.forward(a, batch.b, HeadMode::train);
     m.backward(a);
     TrainConfig step_tc = tc;
     opt.step(m.params, m.grads, m.table, 1e-3, step_tc);
@@ -170,12 +170,12 @@ MemoryEstimate expect_allocations_match(const ModelDesc& d, int B, int T, const 
   EXPECT_EQ((double)g_allocated, e.activations - host_loss_row(d, B, T)) << what << ": activations";
   m.init_params(1);
   test::RandomBatch batch(d, B, T, 2);
-  m.forward(a, batch.b, true);
+  m.forward(a, batch.b, HeadMode::train);
   g_allocated = 0;
   m.backward(a);
   EXPECT_EQ((double)g_allocated, e.scratch - gemm_operand_scratch_bytes(d, B, T, p, false)) << what << ": backward scratch";
   g_allocated = 0;
-  m.forward(a, batch.b, true);
+  m.forward(a, batch.b, HeadMode::train);
   m.backward(a);
   EXPECT_EQ(g_allocated, 0u) << what << ": a second step allocates nothing more";
   return e;

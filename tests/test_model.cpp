@@ -234,7 +234,7 @@ TEST(Gpt2Model, EveryGradientMatchesFiniteDifferences) {
   random_batch(in, tg, B, T, s.vocab_size, 5);
 
   m.zero_grads();
-  float loss = m.forward(acts, lm_batch(in, tg, B, T), true);
+  float loss = m.forward(acts, lm_batch(in, tg, B, T), HeadMode::train);
   m.backward(acts);
 
   const std::vector<float> grads = m.grads_host();
@@ -279,7 +279,7 @@ TEST(Gpt2Model, InitialLossIsLnVocab) {
   m.init_params(1);
   std::vector<int32_t> in, tg;
   random_batch(in, tg, 4, 32, s.vocab_size, 9);
-  float loss = m.forward(acts, lm_batch(in, tg, 4, 32), false);
+  float loss = m.forward(acts, lm_batch(in, tg, 4, 32), HeadMode::eval);
   // Bound (of the model, not of rounding): at init a logit sums C = 64 products of N(0, 0.02²) weights
   // and unit-size normalised inputs, so its std is σ ≈ 0.02·√64 = 0.16, and the mean cross-entropy
   // of such near-zero logits is ln V + σ²/2 ± σ/√N (N = 128 rows): within 0.03 of ln V; 0.1 leaves 3x.
@@ -298,7 +298,7 @@ TEST(Gpt2Model, OverfitsOneBatch) {
   float first = 0, loss = 0;
   for (int it = 1; it <= 300; it++) {
     m.zero_grads();
-    loss = m.forward(acts, lm_batch(in, tg, B, T), true);
+    loss = m.forward(acts, lm_batch(in, tg, B, T), HeadMode::train);
     if (it == 1) first = loss;
     m.backward(acts);
     cpu_ops().adamw_update(m.params, m.grads, mom.data(), vel.data(), m.table.numel, 3e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, it);
@@ -317,7 +317,7 @@ TEST(Gpt2Model, GradsReadyReportsGrowingPrefixes) {
   std::vector<int32_t> in, tg;
   random_batch(in, tg, 1, 4, s.vocab_size, 1);
   m.zero_grads();
-  m.forward(acts, lm_batch(in, tg, 1, 4), true);
+  m.forward(acts, lm_batch(in, tg, 1, 4), HeadMode::train);
   std::vector<size_t> seen;
   m.backward(acts, [&](size_t k) { seen.push_back(k); });
   ASSERT_EQ(seen.size(), (size_t)6 * s.n_layer + 2);

@@ -63,7 +63,7 @@ TEST_P(ModelFamily, EveryGradientMatchesFiniteDifferences) {
   for (size_t i = 0; i < m.table.numel; i++) m.params[i] += (float)(0.1 * rng.normal());
   RandomBatch rb(d, B, T, 5);
   m.zero_grads();
-  const float loss = m.forward(acts, rb.b, true);
+  const float loss = m.forward(acts, rb.b, HeadMode::train);
   m.backward(acts);
 
   const std::vector<float> grads = m.grads_host();
@@ -105,7 +105,7 @@ TEST_P(ModelFamily, InitialLossIsLnClasses) {
   Activations acts(m, 8, 32);
   m.init_params(1);
   RandomBatch rb(d, 8, 32, 9);
-  const float loss = m.forward(acts, rb.b, false);
+  const float loss = m.forward(acts, rb.b, HeadMode::eval);
   // Bound (of the model, not of rounding): at init each logit sums C = 64 products of small random
   // weights and unit-size inputs (std σ ≈ init_std·√C ≈ 0.16), so the mean cross-entropy is ln K +
   // σ²/2 ± σ/√rows, within 0.03 of ln K (K the classes); 0.1 leaves 3x.
@@ -121,7 +121,7 @@ TEST_P(ModelFamily, OutOfRangeIdsAreErrorsBeforeAnyOp) {
   m.init_params(1);
   auto expect_error = [&](RandomBatch& rb, const char* what) {
     try {
-      m.forward(acts, rb.b, false);
+      m.forward(acts, rb.b, HeadMode::eval);
       ADD_FAILURE() << "no error for a bad " << what;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
@@ -150,7 +150,7 @@ TEST_P(ModelFamily, OutOfRangeIdsAreErrorsBeforeAnyOp) {
     expect_error(rt, "token type");
   }
   RandomBatch ok(d, 2, 8, 3);
-  EXPECT_TRUE(std::isfinite(m.forward(acts, ok.b, false)));
+  EXPECT_TRUE(std::isfinite(m.forward(acts, ok.b, HeadMode::eval)));
 }
 
 TEST_P(ModelFamily, OverfitsOneBatch) {
@@ -164,7 +164,7 @@ TEST_P(ModelFamily, OverfitsOneBatch) {
   float first = 0, loss = 0;
   for (int it = 1; it <= 300; it++) {
     m.zero_grads();
-    loss = m.forward(acts, rb.b, true);
+    loss = m.forward(acts, rb.b, HeadMode::train);
     if (it == 1) first = loss;
     m.backward(acts);
     cpu_ops().adamw_update(m.params, m.grads, mom.data(), vel.data(), m.table.numel, 3e-3f, 0.9f, 0.999f, 1e-8f,
@@ -191,7 +191,7 @@ TEST_P(ModelFamily, SplitAtEveryLayerEqualsWholeModel) {
   Activations aw(whole, B, T);
   whole.init_params(77);
   whole.zero_grads();
-  const float loss_whole = whole.forward(aw, rb.b, true);
+  const float loss_whole = whole.forward(aw, rb.b, HeadMode::train);
   whole.backward(aw);
 
   for (int k = 0; k <= L; k++) {
@@ -209,7 +209,8 @@ TEST_P(ModelFamily, SplitAtEveryLayerEqualsWholeModel) {
     second.load_batch(a2, rb.b);
     std::memcpy(a2.input, a1.output(), NC * sizeof(float));
     second.blocks_forward(a2, k, L);
-    const float loss_split = second.head_forward(a2, true);
+    second.head_forward(a2, HeadMode::train);
+    const float loss_split = second.read_loss(a2);
     EXPECT_EQ(loss_split, loss_whole);
     // backward: second part, hand over the gradient (and a tied embedding's), first part
     second.begin_backward();
@@ -250,7 +251,7 @@ TEST_P(ModelFamily, GradsReadyReportsGrowingSliceBoundaries) {
   m.init_params(1);
   RandomBatch rb(d, 2, 4, 1);
   m.zero_grads();
-  m.forward(acts, rb.b, true);
+  m.forward(acts, rb.b, HeadMode::train);
   std::vector<size_t> seen;
   m.backward(acts, [&](size_t k) { seen.push_back(k); });
   ASSERT_GE(seen.size(), (size_t)3 * d.n_layer);  // at least one point per block's branch

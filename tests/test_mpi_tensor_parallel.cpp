@@ -77,11 +77,11 @@ void shard_equals_whole(const std::string& family, const std::vector<std::string
   shard.zero_grads();
   float lw, ls;
   if (fused_head) {
-    lw = whole.train_forward(aw, rb.b);
-    ls = shard.train_forward(as, rb.b);
+    lw = whole.forward(aw, rb.b, HeadMode::fused);
+    ls = shard.forward(as, rb.b, HeadMode::fused);
   } else {
-    lw = whole.forward(aw, rb.b, true);
-    ls = shard.forward(as, rb.b, true);
+    lw = whole.forward(aw, rb.b, HeadMode::train);
+    ls = shard.forward(as, rb.b, HeadMode::train);
   }
   whole.backward(aw);
   shard.backward(as);

@@ -197,9 +197,9 @@ TEST(StepSync, ForwardQueuedReadsTheLossBackOnce) {
     m.init_params(3);
     test::RandomBatch rb(d, 3, 8, 4);
     Activations a1, a2;
-    const float want = m.forward(a1, rb.b, true);
+    const float want = m.forward(a1, rb.b, HeadMode::train);
     const uint64_t before = ops().readback_count();
-    m.forward_queued(a2, rb.b, true);
+    m.forward_queued(a2, rb.b, HeadMode::train);
     EXPECT_EQ(ops().readback_count(), before) << fam << ": forward_queued reads nothing back";
     const StepScalars s = m.read_scalars(a2);
     EXPECT_EQ(ops().readback_count(), before + 1) << fam;
@@ -217,12 +217,12 @@ TEST(StepSync, ReadScalarsReportsABadTarget) {
   m.init_params(3);
   test::RandomBatch rb(d, 2, 8, 5);
   Activations a;
-  m.forward_queued(a, rb.b, true);
+  m.forward_queued(a, rb.b, HeadMode::train);
   // Past load_batch's host check: a target outside the vocabulary written straight into the
   // activations (as a caller that fills them itself could), then the head again.
   const int32_t bad = 57;
   ops().copy_to_device(a.targets + 11, &bad, sizeof bad);
-  m.head_forward_queued(a, true);
+  m.head_forward(a, HeadMode::train);
   try {
     m.read_scalars(a);
     ADD_FAILURE() << "no error for target 57 at row 11";
@@ -231,7 +231,7 @@ TEST(StepSync, ReadScalarsReportsABadTarget) {
         << e.what();
   }
   // The next forward clears the flag.
-  m.forward_queued(a, rb.b, true);
+  m.forward_queued(a, rb.b, HeadMode::train);
   EXPECT_EQ(m.read_scalars(a).bad_target, 0u);
 }
 

@@ -56,6 +56,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -246,8 +247,9 @@ struct Engine {
   } log_;
   int64_t step_ = 0;  // the step being run
   // The schedule's actions, the tied sum, the sync; returns this rank's mean loss when it read the
-  // losses at each forward (else NaN: read with the norm).
-  double run_schedule(int64_t step, const Batch& batch, StepResult& r);
+  // losses at each forward, or nothing: one micro-batch on one stage leaves its loss in the
+  // scalars for the step's one readback (after the norm, and the update when it runs on the device).
+  std::optional<double> run_schedule(int64_t step, const Batch& batch, StepResult& r);
   void sum_tied_gradients();
   std::vector<Action> schedule_for(int micro_batches) const;
   // Tensor parallelism: chunk c's values in its table's layout (this rank's shards), assembled on

@@ -173,7 +173,8 @@ struct ScheduleRun {
       // whose BI must leave the head's weight gradient to W. The loss gradient is scaled by the
       // micro-batch's share of the rows, so the gradients add up to the batch's mean.
       if (ch.part.head) {
-        md.train_head_forward_queued(x, (float)rows(a.mb) / (float)batch.B, e.kind != ScheduleKind::zb_h1);
+        const HeadMode mode = e.kind != ScheduleKind::zb_h1 ? HeadMode::fused : HeadMode::train;
+        md.head_forward(x, mode, (float)rows(a.mb) / (float)batch.B);
         if (loss_at_forward) losses[a.mb] = md.loss_of(md.read_scalars(x), x);
       }
       return;
@@ -213,7 +214,7 @@ struct ScheduleRun {
 
 }  // namespace
 
-double Engine::run_schedule(int64_t step, const Batch& batch, StepResult& r) {
+std::optional<double> Engine::run_schedule(int64_t step, const Batch& batch, StepResult& r) {
   // A replica's short last step of an epoch may have fewer rows than micro-batches.
   const int Mb = S > 1 ? M : std::min(M, batch.B);
   if (S > 1 && batch.B != micro_batch * M) fail("internal: pipeline batch of ", batch.B, " rows, expected ", micro_batch * M);
@@ -257,14 +258,15 @@ double Engine::run_schedule(int64_t step, const Batch& batch, StepResult& r) {
   for (ModelChunk& ch : chunks) ch.sync->finish();  // every rank holds the averaged gradient (ZeRO-1: its pieces)
   log_.sync_end_ms = now_ms();
   if (log_.marks) cuda_mark(log_.sync_mark = (int)log_.end_ms.size() + 1);
-  return run.loss_at_forward ? run.mean_loss() : std::numeric_limits<double>::quiet_NaN();
+  if (run.loss_at_forward) return run.mean_loss();
+  return std::nullopt;
 }
 
 StepResult Engine::step(int64_t step, const Batch& batch, double lr, const TrainConfig& tc) {
   StepResult r;
   step_ = step;
   if (opt.watchdog) opt.watchdog->enter("forward and backward", step);
-  const double loss = run_schedule(step, batch, r);
+  const std::optional<double> loss = run_schedule(step, batch, r);
   if (opt.watchdog) opt.watchdog->enter("gradient norm", step);
   // The global norm: each chunk's squares (the tied matrix once; ZeRO-1: this rank's pieces of the
   // averaged gradient) summed on the device into its first slot's scalars, read once.
@@ -282,7 +284,7 @@ StepResult Engine::step(int64_t step, const Batch& batch, double lr, const Train
   // scalars and the host reads them once, after it (docs/DESIGN.md "Data flow of one step").
   ModelChunk& first = chunks.front();
   Activations& x0 = *first.slots.front();
-  const bool on_device = std::isnan(loss) && S == 1 && g.world_size == 1 && !zero && !opt.host_clip;
+  const bool on_device = !loss && S == 1 && g.world_size == 1 && !zero && !opt.host_clip;
   if (on_device) first.opt->step_on_device(first.model->params, first.model->grads, first.model->table, lr, tc,
                                             x0.scalars);
   double sumsq = 0;
@@ -292,7 +294,7 @@ StepResult Engine::step(int64_t step, const Batch& batch, double lr, const Train
     if (&ch == &first) sc0 = sc;
     sumsq += sc.grad_sumsq;
   }
-  r.local_loss = std::isnan(loss) ? first.model->loss_of(sc0, x0) : (float)loss;
+  r.local_loss = loss ? (float)*loss : first.model->loss_of(sc0, x0);
   MPI_Comm norm_group = zero ? g.world : g.model;  // each piece of each stage's each shard once
   int group_size = 1;
   MPI_Comm_size(norm_group, &group_size);
@@ -382,7 +384,7 @@ EvalSums Engine::evaluate_here(const Batch& batch) {
     for (int r0 = 0; r0 < batch.B; r0 += micro_batch) {
       const Batch b = micro(batch, r0, std::min(micro_batch, batch.B - r0));
       x.dropout = DropoutContext{};  // no dropout
-      e.loss_sum += (double)ch.model->forward(x, b, false) * (double)b.B;
+      e.loss_sum += (double)ch.model->forward(x, b, HeadMode::eval) * (double)b.B;
       e.loss_weight += b.B;
       e.rows += b.B;
       if (desc.head == HeadKind::classifier) {
@@ -409,7 +411,8 @@ EvalSums Engine::evaluate_here(const Batch& batch) {
       if (ch.part.embedding) md.embed_forward(x);
       md.blocks_forward(x, ch.part.l0, ch.part.l1);
       if (ch.part.head) {
-        loss_sum += md.head_forward(x, false);
+        md.head_forward(x, HeadMode::eval);
+        loss_sum += md.read_loss(x);
         if (desc.head == HeadKind::classifier) {
           const std::vector<int> pred = md.predictions(x);
           for (int i = 0; i < micro_batch; i++) e.labels.push_back(mb.labels[i]), e.predictions.push_back(pred[i]);

@@ -1,5 +1,5 @@
 // The dense layers a Model runs (the contract: model/dense_layers.h); the shapes follow
-// Model::blocks_forward and Model::head_forward (model/transformer.cpp).
+// the sublayers (model/layers/attention.cpp, mlp.cpp, lm_head.cpp, classifier.cpp).
 #include "model/dense_layers.h"
 
 namespace llmpi {

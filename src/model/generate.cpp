@@ -294,7 +294,7 @@ void Generator::feed_full(const int32_t* tokens, int n, float* logits, bool all_
   b.T = T;
   b.tokens = history_.data();
   b.targets = zeros_.data();
-  m_.forward(*full_, b, /*need_grad=*/false);
+  m_.forward(*full_, b, HeadMode::eval);
   const int rows = all_logits ? n : 1;
   o_.copy_to_host(logits, full_->logits + static_cast<size_t>(T - rows) * V_,
                   static_cast<size_t>(rows) * V_ * sizeof(float));

@@ -8,6 +8,7 @@
 #include "params/buckets.h"
 #include "runtime/error.h"
 #include "runtime/host_memory.h"
+#include "model/activation_plan.h"
 #include "model/transformer.h"
 
 namespace llmpi {
@@ -17,17 +18,7 @@ namespace {
 // The counts below are computed in 128 bits: products of the batch's and the description's ints
 // (check_model_sizes bounds its widths) are exact there, so a count that int64 cannot hold is
 // refused (bytes_of) instead of wrapping.
-using Wide = unsigned __int128;
-
-Wide aligned16(Wide floats) { return (floats + 15) / 16 * 16; }  // the model's 64-byte tensor alignment
-Wide aligned64(Wide floats) { return (floats + 63) / 64 * 64; }  // activation_floats_aligned
-
-// Attention's saved state per layer: P [B, H, T, T] (full) or lse [B, H, T] (fused), H this
-// rank's heads (ModelDesc::heads: n_head / tp).
-Wide attention_state_floats(const ModelDesc& d, int B, int T) {
-  const Wide rows = Wide(B) * d.heads() * T;
-  return d.attention == AttentionImpl::fused ? rows : rows * T;
-}
+using Wide = PlanCount;
 
 // `bytes` as a size; an Error naming the keys that make it when int64 cannot hold it.
 size_t bytes_of(Wide bytes, const char* what, int B, int T) {
@@ -40,119 +31,25 @@ size_t bytes_of(Wide bytes, const char* what, int B, int T) {
 
 }  // namespace
 
-int token_rows_checked(int B, int T) {
-  const int64_t N = int64_t(B) * T;
-  if (N > INT_MAX)
-    fail("one micro-batch of ", B, " sequences x ", T, " tokens (model.seq_len) is ", N, " token rows, more than ",
-         INT_MAX, ", the most the kernels take (an int): use more parallel.microbatches, a smaller "
-         "train.global_batch or a shorter model.seq_len");
-  return static_cast<int>(N);
-}
-
-// The tensors of Activations::allocate (model/transformer.cpp), whole model; with tensor
-// parallelism (d a shard: tensor_shard) H, QKV, FC, F and the vocabulary V are this rank's
-// (ModelDesc::heads, qkv_dim, fc_dim, ffn, vocab_rows), the N·C tensors whole — or, with
-// sequence parallelism, those of the residual stream (input, dresidual, the norms' outputs and
-// statistics, res_attn, res_mlp, out, the embedding norm's) of Nr = N / tp rows, plus gathered
-// N·C and scattered Nr·C, and the norms' outputs fp32 in bf16 too:
-//   input, dresidual, tmp                                   3 · N·C
-//   [embedding norm] emb_sum N·C, mean N, rstd N
-//   per layer: norm1 N·C, mean N, rstd N, qkv N·QKV, atty N·H·hd, att B·H·T² (fused: lse B·H·T), res_attn N·C,
-//              norm2 N·C, mean N, rstd N, fc N·FC, act N·F, res_mlp N·C, [post-norm: out N·C]
-//   LM head: final norm N·C, mean N, rstd N, logits R·ld (R = lm_head_chunk_rows: the chunk buffer;
-//            ld = lm_logits_row_stride(V)), losses N, and with runtime.precision bf16 the logits
-//            gradient's bf16 chunk R·ld (not with tensor parallelism, whose cross-entropy writes
-//            the fp32 gradient in place; it has xent_stats 3·R instead: row maxima, Σ exp, targets)
-//   with runtime.precision bf16 a pre-norm model's norm outputs (norm1, norm2, final norm) are
-//   bf16: N·C 2-byte values each; so is act (N·F) unless the MLP is GELU (tanh)
-//   classifier: cls, pooled_pre, pooled, pooled_drop B·C each, logits B·K, losses B
-// each rounded up to 64 floats (256 bytes); plus the ids (4 · N int32) and the step's scalars
-// (backend/step_scalars.h) in one allocation, and the host loss row.
-//   runtime.recompute selective: act, att (full attention) and a pre-norm block's norm outputs
-//   counted for the first block only; full: everything but the block's output (res_mlp, or
-//   post-norm's out) for the first block only
 size_t activation_bytes(const ModelDesc& d, int B, int T, GemmPrecision precision, Recompute recompute) {
   return activation_bytes(d, ModelPart::whole(), B, T, precision, recompute);
 }
 
-// Activations::allocate for a part: input, dresidual, tmp; the embedding norm's tensors only with
-// the embedding; blocks [l0, l1); the head's only with the head. The ids (4 · N int32) and the step's
-// scalars are always allocated, and the host loss row (Model::rows_for_loss) too.
+// plan_activations' tensors (Activations::allocate, with bf16_operands and without all_logits),
+// the ids and the step's scalars, and the host loss row (Model::rows_for_loss).
 size_t activation_bytes(const ModelDesc& d, const ModelPart& part, int B, int T, GemmPrecision precision,
                         Recompute recompute) {
-  const int rows = token_rows_checked(B, T);
-  const Wide N = Wide(rows), C = Wide(d.d_model), att = attention_state_floats(d, B, T);
-  const Wide QKV = Wide(d.qkv_dim()), FC = Wide(d.fc_dim()), F = Wide(d.ffn()), AY = Wide(d.heads()) * d.head_dim();
-  // the residual stream's rows: N, or with sequence parallelism this rank's N / tp
-  const Wide Nr = Wide(d.residual_rows(rows)), NrC = Nr * C;
-  const int l1 = part.l1 < 0 ? d.n_layer : part.l1;
-  // bf16, pre-norm: the norms' outputs kept only in bf16 (2-byte values, in floats); not with
-  // sequence parallelism, whose gathers take them in fp32
-  const bool bf16 = precision == GemmPrecision::bf16;
-  const Wide norm = bf16 && d.pre_norm && !d.seq_shards() ? (NrC + 1) / 2 : NrC;
-  // bf16: the MLP's activation output in bf16 too
-  const Wide act = bf16 ? (N * F + 1) / 2 : N * F;
-  std::vector<Wide> plan = {NrC, NrC, N * C};  // input, dresidual, tmp
-  if (d.seq_shards()) plan.insert(plan.end(), {N * C, NrC});  // gathered, scattered
-  if (part.embedding && d.embedding_norm) plan.insert(plan.end(), {NrC, Nr, Nr});
-  for (int l = part.l0; l < l1; l++) {
-    if (l == part.l0 || recompute == Recompute::none) {
-      plan.insert(plan.end(), {norm, Nr, Nr, N * QKV, N * AY, att, NrC, norm, Nr, Nr, N * FC, act, NrC});
-      if (!d.pre_norm) plan.push_back(NrC);
-    } else if (recompute == Recompute::selective) {  // all but act, att and pre-norm's norm outputs
-      if (!d.pre_norm) plan.push_back(norm);
-      plan.insert(plan.end(), {Nr, Nr, N * QKV, N * AY});
-      if (d.attention == AttentionImpl::fused) plan.push_back(att);  // (lse)
-      plan.push_back(NrC);
-      if (!d.pre_norm) plan.push_back(norm);
-      plan.insert(plan.end(), {Nr, Nr, N * FC, NrC});
-      if (!d.pre_norm) plan.push_back(NrC);
-    } else {  // full: the block's output only (res_mlp, or post-norm's out)
-      plan.push_back(NrC);
-    }
-  }
-  if (part.head && d.head == HeadKind::lm) {
-    // the chunk buffer's rows padded (Activations::logits_ld)
-    const Wide R = Wide(lm_head_chunk_rows(d, rows)), ld = Wide(lm_logits_row_stride(d.vocab_rows()));
-    plan.insert(plan.end(), {norm, Nr, Nr, R * ld, N});
-    // bf16: the logits gradient's bf16 chunk [R, ld] (2-byte values, in floats); tensor
-    // parallelism: none, and the cross-entropy's statistics [3, R]
-    if (precision == GemmPrecision::bf16 && d.tp == 1) plan.push_back((R * ld + 1) / 2);
-    if (d.tp > 1) plan.push_back(3 * R);
-  } else if (part.head) {
-    const Wide BC = Wide(B) * C;
-    plan.insert(plan.end(), {BC, BC, BC, BC, Wide(B) * d.num_labels, Wide(B)});
-  }
-  const Wide loss_rows = d.head == HeadKind::lm ? N : Wide(B);
-  Wide total = 0;
-  for (Wide s : plan) total += aligned64(s);
-  return bytes_of(total * sizeof(float) + 4 * N * sizeof(int32_t) + sizeof(StepScalars) + loss_rows * sizeof(float),
-                  "activations", B, T);
+  const ActivationPlan plan = plan_activations(d, part, B, T, precision, recompute, true, false);
+  const Wide loss_rows = d.head == HeadKind::lm ? Wide(B) * T : Wide(B);
+  return bytes_of(plan.bytes() + loss_rows * sizeof(float), "activations", B, T);
 }
 
-// Model::kept_floats.
 size_t kept_bytes(const ModelDesc& d, const ModelPart& part, int B, int T) {
-  const Wide N = Wide(token_rows_checked(B, T)), C = Wide(d.d_model);
-  const int l1 = part.l1 < 0 ? d.n_layer : part.l1;
-  Wide n = Wide(l1 - part.l0) * (2 * aligned16(N * C) + aligned16(N * d.fc_dim()) + aligned16(N * d.qkv_dim()));
-  if (part.head && d.head == HeadKind::classifier) n += aligned16(Wide(B) * C);
-  return bytes_of(n * sizeof(float), "kept output gradients (zb-h1)", B, T);
+  return bytes_of(plan_kept_floats(d, part, B, T) * sizeof(float), "kept output gradients (zb-h1)", B, T);
 }
 
-// Model::ensure_scratch: d_a, d_b N·C; d_qkv N·QKV; d_fc N·FC; d_act N·F (GELU tanh: 0, its
-// backward is one op, matmul_dgelu_backward); d_att B·H·T² (fused: 0); 3·B·C (this rank's H, QKV,
-// FC, F with tensor parallelism); with sequence parallelism N·C and 2·C more.
 size_t backward_scratch_bytes(const ModelDesc& d, int B, int T) {
-  const Wide N = Wide(token_rows_checked(B, T)), C = Wide(d.d_model);
-  const Wide att = d.attention == AttentionImpl::fused ? 0 : Wide(B) * d.heads() * T * T;
-  const Wide act = d.mlp == MlpKind::gelu_tanh ? 0 : N * d.ffn();
-  // sequence parallelism: a gathered N·C gradient and a norm's weight gradients 2·C
-  const bool sp = d.seq_shards();
-  const Wide sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), act, att, 3 * Wide(B) * C,
-                        sp ? N * C : 0, sp ? 2 * C : 0};
-  Wide total = 0;
-  for (Wide s : sizes) total += aligned16(s);
-  return bytes_of(total * sizeof(float), "backward scratch", B, T);
+  return bytes_of(plan_backward_scratch(d, B, T).total() * sizeof(float), "backward scratch", B, T);
 }
 
 // A bf16 dense layer's rounded operands (backend/cpu/matmul.cpp, kernels/matmul.cu): per call all of

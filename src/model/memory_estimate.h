@@ -13,11 +13,12 @@
 //                              pipeline (RankChunks) each chunk's slots of it: the micro-batches its
 //                              schedule keeps at once (activation_peak), with zb-h1's kept input
 //                              gradients (kept_bytes), exactly the tensors
-//                              Activations::allocate lays out (model/transformer.cpp; per layer
-//                              about 12·N·C + N·(QKV + FC + F) + B·H·T² floats, N = B·T; with
-//                              runtime.recompute the recomputed ones once), the device copies of
-//                              the ids and the host loss row
-//   backward scratch           what Model::ensure_scratch allocates for one backward, plus with
+//                              Activations::allocate lays out: plan_activations
+//                              (model/activation_plan.h; per layer about 12·N·C + N·(QKV + FC + F)
+//                              + B·H·T² floats, N = B·T; with runtime.recompute the recomputed
+//                              ones once), the device copies of the ids and the host loss row
+//   backward scratch           what Model::ensure_scratch allocates for one backward
+//                              (plan_backward_scratch), plus with
 //                              runtime.precision bf16 the dense layers' rounded operands
 //                              (gemm_operand_scratch_bytes)
 //   sync buffers               gather_scatter: rank 0 gathers and scatters world × the largest
@@ -50,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "model/activation_plan.h"
 #include "model/model_desc.h"
 #include "model/transformer.h"
 #include "params/buckets.h"
@@ -110,10 +112,6 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
 double checkpoint_write_floats(const ModelDesc& desc, const ModelPart& part, const ParamTable& table, bool zero,
                                const std::vector<ShardPiece>& pieces, bool adamw, bool per_rank, int dp, int dp_rank,
                                int tp, int tp_rank);
-
-// B sequences of T tokens as the kernels' row count N = B·T; throws Error naming the keys
-// (parallel.microbatches, train.global_batch, model.seq_len) when N exceeds INT_MAX.
-int token_rows_checked(int B, int T);
 
 // The bytes of one micro-batch's Activations, and of one backward's scratch (as the model allocates).
 // These and kept_bytes, gemm_operand_scratch_bytes: counted in 128 bits; an Error naming the keys

@@ -1,6 +1,6 @@
 // A model family is a DESCRIPTION, not a copy of the code: norm, position encoding, MLP,
 // attention kind, biases and head are fields of ModelDesc, and the parameter table, the forward
-// and the backward all follow from it (model/param_layout.cpp, model/transformer.cpp). A family
+// and the backward all follow from it (model/param_layout.cpp, model/layers/, model/block.cpp). A family
 // file (model/families/*.cpp) only says how its fields are set from the configuration and what
 // Hugging Face calls each tensor.
 //

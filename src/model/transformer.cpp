@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "model/activation_plan.h"
+
 #include "runtime/error.h"
 
 namespace llmpi {
@@ -141,32 +143,25 @@ void Model::load_batch(Activations& a, const Batch& b) const {
 }
 
 
-void Model::head_forward_queued(Activations& a, bool need_grad, float grad_scale) const {
-  head_forward_impl(a, need_grad, grad_scale, false);
-}
-
-void Model::train_head_forward_queued(Activations& a, float grad_scale, bool fused) const {
-  head_forward_impl(a, true, grad_scale, fused && desc.head == HeadKind::lm);
-}
-
-
-void Model::head_forward_impl(Activations& a, bool need_grad, float grad_scale, bool fused) const {
+void Model::head_forward(Activations& a, HeadMode mode, float grad_scale) const {
+  const bool need_grad = mode != HeadMode::eval;
   // (the cross-entropy writes a gradient only for a scale != 0; a backward would read stale logits)
   if (need_grad && grad_scale == 0.0f) fail("internal: a head forward with need_grad and grad_scale 0");
   // Targets outside [0, V) are recorded in a.scalars->bad_target (cleared here, once per forward)
   // and reported by read_scalars: no host wait per chunk.
   ops->zero(&a.scalars->bad_target, sizeof(uint64_t));
   const bool lm = desc.head == HeadKind::lm;
+  const bool fused = mode == HeadMode::fused && lm;
   if (lm)
     lm_head_forward(a, need_grad, grad_scale, fused);
   else
     classifier_forward(a, need_grad, grad_scale);
   a.head_grad = need_grad;
   a.head_grad_scale = grad_scale;
-  a.lm_head_fused = fused && lm;
+  a.lm_head_fused = fused;
   // The chunk buffer holds the last chunk's gradient (after a fused head, lm_head_backward_chunks
   // said whether it does: chunk 0's is the last it wrote).
-  if (!a.lm_head_fused) a.lm_last_grad = need_grad && lm;
+  if (!fused) a.lm_last_grad = need_grad && lm;
   // Σ of the per-row losses in double (on the CPU in row order: the host loop's bits).
   ops->sum_to_double(&a.scalars->loss_sum, a.losses, static_cast<size_t>(rows_for_loss(a.B, a.T)));
 }
@@ -185,16 +180,7 @@ float Model::loss_of(const StepScalars& s, const Activations& a) const {
   return static_cast<float>(s.loss_sum / rows_for_loss(a.B, a.T));
 }
 
-float Model::train_head_forward(Activations& a, float grad_scale) const {
-  return head_forward_read(a, true, grad_scale, desc.head == HeadKind::lm);
-}
-
-float Model::head_forward(Activations& a, bool need_grad, float grad_scale) const {
-  return head_forward_read(a, need_grad, grad_scale, false);
-}
-
-float Model::head_forward_read(Activations& a, bool need_grad, float grad_scale, bool fused) const {
-  head_forward_impl(a, need_grad, grad_scale, fused);
+float Model::read_loss(Activations& a) const {
   read_scalars(a);  // the target check
   const int rows = rows_for_loss(a.B, a.T);
   ops->copy_to_host(a.losses_host.data(), a.losses, static_cast<size_t>(rows) * sizeof(float));
@@ -203,30 +189,16 @@ float Model::head_forward_read(Activations& a, bool need_grad, float grad_scale,
   return static_cast<float>(sum / rows);
 }
 
-void Model::forward_queued(Activations& a, const Batch& b, bool need_grad, float grad_scale) const {
+void Model::forward_queued(Activations& a, const Batch& b, HeadMode mode, float grad_scale) const {
   load_batch(a, b);
   if (part.embedding) embed_forward(a);
   blocks_forward(a, part.l0, part.l1);
-  if (part.head) head_forward_queued(a, need_grad, grad_scale);
+  if (part.head) head_forward(a, mode, grad_scale);
 }
 
-void Model::train_forward_queued(Activations& a, const Batch& b, float grad_scale) const {
-  load_batch(a, b);
-  if (part.embedding) embed_forward(a);
-  blocks_forward(a, part.l0, part.l1);
-  if (part.head) head_forward_impl(a, true, grad_scale, desc.head == HeadKind::lm);
-}
-
-float Model::train_forward(Activations& a, const Batch& b, float grad_scale) const {
-  train_forward_queued(a, b, grad_scale);
-  return part.head ? loss_of(read_scalars(a), a) : 0.0f;
-}
-
-float Model::forward(Activations& a, const Batch& b, bool need_grad, float grad_scale) const {
-  load_batch(a, b);
-  if (part.embedding) embed_forward(a);
-  blocks_forward(a, part.l0, part.l1);
-  return part.head ? head_forward(a, need_grad, grad_scale) : 0.0f;
+float Model::forward(Activations& a, const Batch& b, HeadMode mode, float grad_scale) const {
+  forward_queued(a, b, mode, grad_scale);
+  return part.head ? read_loss(a) : 0.0f;
 }
 
 std::vector<int> Model::predictions(const Activations& a) const {
@@ -249,29 +221,20 @@ std::vector<int> Model::predictions(const Activations& a) const {
 
 // ---- backward ---------------------------------------------------------------------------------------
 
+// The buffers of plan_backward_scratch (model/activation_plan.h), in its order.
 void Model::ensure_scratch(int B, int T) {
-  const ModelDesc& d = desc;
-  const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
-  // d_att_: full attention's T x T backward scratch (fused attention needs none); d_act_: none for
-  // GELU (tanh), whose backward goes from the projection's output gradient to d_fc in one op
-  const size_t att = d.attention == AttentionImpl::fused ? 0 : static_cast<size_t>(B) * d.heads() * T * T;
-  const size_t act = d.mlp == MlpKind::gelu_tanh ? 0 : N * d.ffn();
-  // sequence parallelism: a gathered [N, C] gradient and a norm's weight gradients [2, C]
-  const bool sp = d.seq_shards();
-  const size_t sizes[] = {N * C, N * C, N * d.qkv_dim(), N * d.fc_dim(), act, att,
-                          3 * static_cast<size_t>(B) * C, sp ? N * C : 0, sp ? 2 * C : 0};
-  size_t total = 0;
-  for (size_t s : sizes) total += (s + 15) / 16 * 16;
+  const ScratchPlan plan = plan_backward_scratch(desc, B, T);
+  const size_t total = static_cast<size_t>(plan.total());
   if (total > scratch_floats_) {
     ops->free(scratch_);
     scratch_ = static_cast<float*>(ops->alloc(total * sizeof(float)));
     scratch_floats_ = total;
   }
-  float** ptrs[] = {&d_a_, &d_b_, &d_qkv_, &d_fc_, &d_act_, &d_att_, &d_small_, &d_full_, &d_norm_};
+  float** ptrs[kScratchBuffers] = {&d_a_, &d_b_, &d_qkv_, &d_fc_, &d_act_, &d_att_, &d_small_, &d_full_, &d_norm_};
   size_t off = 0;
-  for (size_t i = 0; i < 9; i++) {
+  for (int i = 0; i < kScratchBuffers; i++) {
     *ptrs[i] = scratch_ + off;
-    off += (sizes[i] + 15) / 16 * 16;
+    off += (static_cast<size_t>(plan.floats[i]) + 15) / 16 * 16;
   }
 }
 
@@ -298,14 +261,7 @@ void Model::begin_backward(Activations& a, BackwardMode mode) {
 }
 
 size_t Model::kept_floats(int B, int T) const {
-  // Per block the output gradients of the projection, the MLP input layer, the attention output
-  // and QKV; in the classifier head the pooler's (the classifier's own is the logits gradient,
-  // which stays in the activations; the LM head's is recomputed by weight_backward).
-  const ModelDesc& d = desc;
-  const size_t N = static_cast<size_t>(B) * T, C = d.d_model;
-  size_t n = (part.l1 - part.l0) * (2 * round16(N * C) + round16(N * d.fc_dim()) + round16(N * d.qkv_dim()));
-  if (part.head && d.head == HeadKind::classifier) n += round16(static_cast<size_t>(B) * C);
-  return n;
+  return static_cast<size_t>(plan_kept_floats(desc, part, B, T));
 }
 
 void Model::finished(int slot, std::initializer_list<int> roles, const ReadyFn& ready) {

@@ -63,7 +63,7 @@
 //
 // Fused LM head: a caller whose training forward will be followed by the whole backward of the
 // same Activations (the trainer's single-model step, bench-gpu_gpt2, and the pipeline schedules
-// but zb-h1) calls train_forward_queued / train_head_forward instead. Its head runs each chunk's
+// but zb-h1) runs the head in HeadMode::fused instead. Its head runs each chunk's
 // backward as soon as the chunk's logits gradient exists — chunks last to first, dxf_c +=
 // dlogits·W into the Activations' forward scratch `tmp` (free once the blocks are done) and dW +=
 // dlogits^T·xf_c into the gradient — so no chunk is recomputed: the same ops on the same operands
@@ -196,6 +196,17 @@ struct Batch {
   const int32_t* labels = nullptr;
 };
 
+// What a head forward leaves for head_backward.
+enum class HeadMode {
+  eval,   // the loss only; no gradient (head_backward may not follow)
+  train,  // the loss and its gradient: the chunked LM head keeps the last chunk's logits gradient
+          // and head_backward recomputes the others ("Chunked LM head"); any backward may follow,
+          // an input-only one too
+  fused,  // train, an LM head running its backward inside ("Fused LM head": no logits recomputed,
+          // the head weight's gradient added now): only where the whole backward of these
+          // activations follows (other passes may run between). A classifier runs as train.
+};
+
 // Which gradients a backward computes (see "Split backward" above).
 enum class BackwardMode {
   whole,       // every gradient
@@ -287,7 +298,7 @@ struct Activations {
   int shared_layer = -1;
   std::vector<float> losses_host;  // per-row losses, after a forward that reads the loss back
   // The scalars a training step reads back in one copy (backend memory, backend/step_scalars.h):
-  // the head's loss sum and first bad target (head_forward_queued), the gradient's sum of squares
+  // the head's loss sum and first bad target (head_forward), the gradient's sum of squares
   // (the trainer's clip).
   StepScalars* scalars = nullptr;
 
@@ -369,25 +380,21 @@ struct Model {
   void load_batch(Activations& a, const Batch& b) const;
   void embed_forward(Activations& a) const;                 // a.input = x0
   void blocks_forward(Activations& a, int from, int to) const;  // blocks [from, to) ⊆ [l0, l1)
-  // Loss (mean over this batch's rows). With need_grad, a.logits becomes d(loss)/d(logits) ·
-  // grad_scale, ready for backward; grad_scale lets a caller average over more rows than this
-  // batch holds (1 = the mean over this batch).
-  float head_forward(Activations& a, bool need_grad, float grad_scale = 1.0f) const;
-  // head_forward with need_grad and an LM head fused ("Fused LM head"; a pipeline stage's F).
-  float train_head_forward(Activations& a, float grad_scale = 1.0f) const;
-  // The same without reading anything back (no host wait on a GPU): the per-row losses stay in
-  // a.losses, their sum (double) goes to a.scalars->loss_sum and an out-of-range target is
-  // recorded in a.scalars->bad_target (softmax_xent_record). head_forward = this + read_scalars
-  // (the target check) + the per-row losses copied to a.losses_host and summed there.
-  void head_forward_queued(Activations& a, bool need_grad, float grad_scale = 1.0f) const;
-  // The training head without a readback: with `fused` an LM head runs its backward inside
-  // (train_head_forward's work), else head_forward_queued(a, true, grad_scale)'s.
-  void train_head_forward_queued(Activations& a, float grad_scale, bool fused) const;
+  // The head's forward, in `mode` (HeadMode above), queued: nothing read back (no host wait on
+  // a GPU). The per-row losses stay in a.losses, their sum (double) goes to a.scalars->loss_sum
+  // and an out-of-range target is recorded in a.scalars->bad_target (softmax_xent_record). With
+  // a training mode the loss gradient is scaled by grad_scale, which lets a caller average over
+  // more rows than this batch holds (1 = the mean over this batch).
+  void head_forward(Activations& a, HeadMode mode, float grad_scale = 1.0f) const;
+  // The mean loss of the last head forward over this batch's rows: read_scalars (one host wait
+  // on a GPU; the target check), the per-row losses copied to a.losses_host and summed there in
+  // double.
+  float read_loss(Activations& a) const;
   // a.scalars in one copy (a host wait on a GPU); throws softmax_xent's error, naming the target
   // and row, when the last forward recorded one out of range.
   StepScalars read_scalars(const Activations& a) const;
-  // The mean loss from scalars read after head_forward_queued: (float)(loss_sum / rows), the
-  // value head_forward returns (the same bits on the CPU, where both sum in row order).
+  // The mean loss from scalars read after head_forward: (float)(loss_sum / rows), the value
+  // read_loss returns (the same bits on the CPU, where both sum in row order).
   float loss_of(const StepScalars& s, const Activations& a) const;
 
   // ---- and backward, in reverse; a.dresidual carries the hidden-state gradient between them ----
@@ -410,17 +417,12 @@ struct Model {
   size_t kept_floats(int B, int T) const;
   void reserve_input_only(Activations& a) const { a.reserve_kept(kept_floats(a.B, a.T)); }
 
-  // ---- the whole part, as the trainer uses it ----
-  float forward(Activations& a, const Batch& b, bool need_grad, float grad_scale = 1.0f) const;
-  // forward with head_forward_queued: nothing read back (the trainer reads the loss at the step's
-  // one readback, read_scalars, with the gradient's sum of squares).
-  void forward_queued(Activations& a, const Batch& b, bool need_grad, float grad_scale = 1.0f) const;
-  // A training forward (need_grad) whose whole backward of a follows (other passes may run
-  // between): an LM head runs its own backward inside ("Fused LM head": no logits recomputed; the
-  // head weight's gradient is added now). Otherwise forward_queued(a, b, true, grad_scale).
-  // train_forward also reads the loss back (the mean over this batch's rows).
-  void train_forward_queued(Activations& a, const Batch& b, float grad_scale = 1.0f) const;
-  float train_forward(Activations& a, const Batch& b, float grad_scale = 1.0f) const;
+  // ---- the whole part: load_batch and the stages it holds ----
+  // Queued: nothing read back (the trainer reads the loss at the step's one readback,
+  // read_scalars, with the gradient's sum of squares).
+  void forward_queued(Activations& a, const Batch& b, HeadMode mode, float grad_scale = 1.0f) const;
+  // ... and the loss read back (read_loss; 0 for a part without the head).
+  float forward(Activations& a, const Batch& b, HeadMode mode, float grad_scale = 1.0f) const;
   void backward(Activations& a, const ReadyFn& grads_ready = {});
 
   // Classifier: argmax of each sequence's logits after a forward without gradient.
@@ -439,8 +441,6 @@ struct Model {
   GemmMode gemm_rounding(const float* w, size_t n) const;
   GemmMode gemm_reading(const float* w) const;
   const Activations* input_only_pass_ = nullptr;  // the Activations of the input-only pass running
-  void head_forward_impl(Activations& a, bool need_grad, float grad_scale, bool fused) const;
-  float head_forward_read(Activations& a, bool need_grad, float grad_scale, bool fused) const;
   // Backward scratch, grown on demand.
   float* scratch_ = nullptr;
   size_t scratch_floats_ = 0;
@@ -506,7 +506,7 @@ struct Model {
   // over the group (in d_norm_) before they are added, so they stay the same on every rank.
   void norm_backward_rows(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
                           const float* mean, const float* rstd, int rows);
-  // The heads (layers/lm_head.cpp, layers/classifier.cpp); head_forward_impl and head_backward
+  // The heads (layers/lm_head.cpp, layers/classifier.cpp); head_forward and head_backward
   // choose by desc.head.
   void lm_head_forward(Activations& a, bool need_grad, float grad_scale, bool fused) const;
   void classifier_forward(Activations& a, bool need_grad, float grad_scale) const;

@@ -103,13 +103,13 @@ LayerCosts measure_profile(const ModelDesc& d, int B, int T, int reps, int threa
     // head and loss
     fill(o, ah.input, NC, rng, 1.0f);
     t0 = now_s();
-    head.head_forward(ah, true);
+    head.head_forward(ah, HeadMode::train);
     t1 = now_s();
     head.begin_backward();
     head.head_backward(ah, {});
     t2 = now_s();
     if (rep) hf.push_back(t1 - t0), hb.push_back(t2 - t1);
-    head.head_forward(ah, true);
+    head.head_forward(ah, HeadMode::train);
     t0 = now_s();
     head.begin_backward(ah, BackwardMode::input_only);
     head.head_backward(ah, {});

@@ -102,7 +102,7 @@ void softmax_xent_bf16_grad(const float* logits, int ld, float* losses, const in
 }
 
 // A vocabulary shard's cross-entropy (tensor parallelism): xent_row's three passes, with the
-// group's max and sums between them (model/transformer.cpp lm_xent).
+// group's max and sums between them (model/layers/lm_head.cpp lm_xent).
 void vocab_xent_max(float* rowmax, const float* logits, int ld, int N, int Vn) {
 #pragma omp parallel for schedule(static) if (static_cast<long long>(N) * Vn > (1 << 15))
   for (int n = 0; n < N; n++) {

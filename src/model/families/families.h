@@ -1,5 +1,5 @@
 // The per-family pieces (one file each): how model.* configures the description, and the
-// Hugging Face tensor names of each role. Everything else is shared (model/transformer.cpp).
+// Hugging Face tensor names of each role. Everything else is shared (model/layers/, model/block.cpp).
 #pragma once
 #include <string>
 #include <vector>
