@@ -25,7 +25,7 @@ if [ $# -gt 0 ]; then
   [ -f "$ref" ] || { echo "model_bits.sh: no record at $ref: write one first (tools/model_bits.sh $ref)" >&2; exit 2; }
 fi
 [ -e "$out" ] && { echo "model_bits.sh: $out exists; give a new path (the record is never overwritten)" >&2; exit 2; }
-B=${BUILD:-build}
+source "$(dirname "$0")/../tests/cli/lib.bash"  # ($B, tiny_rte, one thread per process)
 for p in "$B/llmpi-train" "$B/sim-llmpi-train" "$B/llmpi-prep" "$B/llmpi-demo-corpus"; do
   [ -x "$p" ] || { echo "model_bits.sh: $p missing: run make binaries first" >&2; exit 2; }
 done
@@ -35,15 +35,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$B/llmpi-demo-corpus" --out "$tmp/corpus.txt" --seed 7 --megabytes 1 >/dev/null &&
   "$B/llmpi-prep" --tokenizer byte --input "$tmp/corpus.txt" --out "$tmp/lm" >/dev/null ||
   { echo "model_bits.sh: preparing the language-model data failed" >&2; exit 1; }
-# A small entailment set in GLUE's RTE layout, for bert.
-mkdir -p "$tmp/rte"
-awk 'BEGIN { OFS = "\t"; print "index", "sentence1", "sentence2", "label"
-  split("the a cat dog sat ran on under mat rug hello world", w, " ")
-  for (i = 0; i < 64; i++) {
-    s1 = w[i % 12 + 1] " " w[(i * 7) % 12 + 1] " " w[(i * 5 + 3) % 12 + 1] "."
-    s2 = w[(i * 3) % 12 + 1] " " w[(i + 4) % 12 + 1] "."
-    print i, s1, s2, (i % 3 ? "entailment" : "not_entailment") } }' >"$tmp/rte/train.tsv"
-cp "$tmp/rte/train.tsv" "$tmp/rte/dev.tsv"
+tiny_rte "$tmp/rte"  # (for bert)
 "$B/llmpi-prep" glue --task rte --data-dir "$tmp/rte" \
   --tokenizer "hf:tests/fixtures/hf_tokenizers/wordpiece_small/tokenizer.json" --max-seq-len 16 --out "$tmp/cls" \
   >/dev/null || { echo "model_bits.sh: preparing the classification data failed" >&2; exit 1; }

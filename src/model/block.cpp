@@ -33,6 +33,19 @@ const float* through_dropout(const Ops& o, const Activations& a, const float* g,
   return into;
 }
 
+// Block l of m as a's pass sees it: its parameters and gradients, its activations and its input.
+struct BlockRefs {
+  const BlockTensors& w;
+  const BlockTensors& g;
+  Activations::Layer& L;
+  const float* x;
+  int Nr;  // rows of the residual stream (ModelDesc::residual_rows)
+};
+BlockRefs block_refs(const Model& m, Activations& a, int l) {
+  const int i = l - m.part.l0;
+  return {m.pb[i], m.gb[i], a.layers[i], i == 0 ? a.input : a.layers[i - 1].out, m.desc.residual_rows(a.B * a.T)};
+}
+
 }  // namespace
 
 ParallelRegions Model::regions(const Activations& a) const {
@@ -61,10 +74,7 @@ void Model::check_block_range(int from, int to) const {
 
 // A bf16 pre-norm model keeps the norms' outputs only in bf16 (norm1 null, norm1_bf16 the GEMM's input).
 void Model::block_forward_pre_norm(Activations& a, int l) const {
-  const int i = l - part.l0, Nr = desc.residual_rows(a.B * a.T);
-  const BlockTensors& w = pb[i];
-  Activations::Layer& L = a.layers[i];
-  const float* x = i == 0 ? a.input : a.layers[i - 1].out;
+  const auto [w, g, L, x, Nr] = block_refs(*this, a, l);
   norm_forward(*ops, desc, L.norm1, L.norm1_bf16, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], Nr);
   const float* attn_out = attention_forward(a, l, L.norm1, L.norm1_bf16);
   residual_norm_forward(*ops, desc, L.res_attn, L.norm2, L.norm2_bf16, L.norm2_mean, L.norm2_rstd, x, attn_out,
@@ -74,10 +84,7 @@ void Model::block_forward_pre_norm(Activations& a, int l) const {
 }
 
 void Model::block_forward_post_norm(Activations& a, int l) const {
-  const int i = l - part.l0, Nr = desc.residual_rows(a.B * a.T);
-  const BlockTensors& w = pb[i];
-  Activations::Layer& L = a.layers[i];
-  const float* x = i == 0 ? a.input : a.layers[i - 1].out;
+  const auto [w, g, L, x, Nr] = block_refs(*this, a, l);
   const float* attn_out = attention_forward(a, l, x, nullptr);
   residual_norm_forward(*ops, desc, L.res_attn, L.norm1, nullptr, L.norm1_mean, L.norm1_rstd, x, attn_out,
                         w[kNorm1W], w[kNorm1B], Nr);
@@ -103,13 +110,9 @@ void Model::blocks_forward(Activations& a, int from, int to) const {
 void Model::recompute_block(Activations& a, int l) const {
   if (recompute == Recompute::none || a.shared_layer == l) return;
   if (recompute == Recompute::full) return blocks_forward(a, l, l + 1);  // (sets shared_layer)
-  const int i = l - part.l0;
   if (desc.pre_norm) {
     // norm2 was written by the fused residual + norm op, whose bits are those of the norm of res_attn
-    const int Nr = desc.residual_rows(a.B * a.T);
-    const BlockTensors& w = pb[i];
-    Activations::Layer& L = a.layers[i];
-    const float* x = i == 0 ? a.input : a.layers[i - 1].out;
+    const auto [w, g, L, x, Nr] = block_refs(*this, a, l);
     norm_forward(*ops, desc, L.norm1, L.norm1_bf16, L.norm1_mean, L.norm1_rstd, x, w[kNorm1W], w[kNorm1B], Nr);
     norm_forward(*ops, desc, L.norm2, L.norm2_bf16, L.norm2_mean, L.norm2_rstd, L.res_attn, w[kNorm2W],
                  w[kNorm2B], Nr);
@@ -127,11 +130,7 @@ void Model::block_dense(Activations& a, const BlockPass& p, float* dinp, const f
 
 // a.dresidual = d out on entry, d x on return (out = res_attn + mlp branch, res_attn = x + attention branch).
 void Model::block_backward_pre_norm(Activations& a, const BlockPass& p) {
-  const int i = p.slot - 1, Nr = desc.residual_rows(a.B * a.T);
-  const BlockTensors& w = pb[i];
-  const BlockTensors& g = gb[i];
-  const Activations::Layer& L = a.layers[i];
-  const float* x = i == 0 ? a.input : a.layers[i - 1].out;
+  const auto [w, g, L, x, Nr] = block_refs(*this, a, p.l);
   float* dres = a.dresidual;
   const size_t NC = regions(a).row_floats;
   const float* dh2 = mlp_backward(a, p, through_dropout(*ops, a, dres, d_b_, NC, p.l, kDropMlpOut), L.norm2,
@@ -149,11 +148,7 @@ void Model::block_backward_pre_norm(Activations& a, const BlockPass& p) {
 // h = LN1(res_attn), res_attn = x + attention branch); each branch's input gradient is added to
 // the residual's (acc).
 void Model::block_backward_post_norm(Activations& a, const BlockPass& p) {
-  const int i = p.slot - 1, Nr = desc.residual_rows(a.B * a.T);
-  const BlockTensors& w = pb[i];
-  const BlockTensors& g = gb[i];
-  const Activations::Layer& L = a.layers[i];
-  const float* x = i == 0 ? a.input : a.layers[i - 1].out;
+  const auto [w, g, L, x, Nr] = block_refs(*this, a, p.l);
   float* dres = a.dresidual;
   const size_t NC = regions(a).row_floats;
   ops->zero(d_b_, NC * sizeof(float));  // d_b_ = d res_mlp

@@ -182,12 +182,13 @@ static Config extract(const json& r) {
   // Keys a family does not take read as the document's defaults (they are not used).
   json m = config_defaults()["model"];
   for (auto& [k, v] : r["model"].items()) m[k] = v;
-  for (const ConfigKey& k : config_keys()) {
+  auto value = [&](const ConfigKey& k) -> const json& {
     const auto [sec, name] = split_key(k.key);
-    const json& v = sec == "model" ? m[name] : r[sec][name];
-    check_key_range(k, v);
-    k.read(c, v);
-  }
+    return sec == "model" ? m[name] : r[sec][name];
+  };
+  // every value as its field's type first (a value its type cannot hold is named before any range)
+  for (const ConfigKey& k : config_keys()) k.read(c, value(k));
+  for (const ConfigKey& k : config_keys()) check_key_range(k, value(k));
   require(c.model.d_model >= 1 && c.model.d_model % c.model.n_head == 0, "model.d_model",
           "must be a positive multiple of model.n_head (" + std::to_string(c.model.n_head) + "), got " +
               std::to_string(c.model.d_model));

@@ -16,6 +16,18 @@ status=0
 # a script may stop a sequence that makes no sense after a failure (check ... || exit $status).
 check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1  ($2)"; status=1; return 1; fi; }
 skip() { echo "skip $1"; }
+# tiny_rte DIR: a small entailment set in GLUE's RTE layout (64 sentence pairs of 12 words, two
+# labels) as DIR/train.tsv and DIR/dev.tsv, for a bert run.
+tiny_rte() {
+  mkdir -p "$1"
+  awk 'BEGIN { OFS = "\t"; print "index", "sentence1", "sentence2", "label"
+    split("the a cat dog sat ran on under mat rug hello world", w, " ")
+    for (i = 0; i < 64; i++) {
+      s1 = w[i % 12 + 1] " " w[(i * 7) % 12 + 1] " " w[(i * 5 + 3) % 12 + 1] "."
+      s2 = w[(i * 3) % 12 + 1] " " w[(i + 4) % 12 + 1] "."
+      print i, s1, s2, (i % 3 ? "entailment" : "not_entailment") } }' >"$1/train.tsv"
+  cp "$1/train.tsv" "$1/dev.tsv"
+}
 # wait_for "shell condition" SECONDS: polls the (eval'ed) condition every 0.1 s; returns 1 when it
 # still fails after SECONDS.
 wait_for() { local i; for ((i = 0; i < $2 * 10; i++)); do eval "$1" && return 0; sleep 0.1; done; return 1; }

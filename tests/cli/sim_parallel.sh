@@ -16,15 +16,8 @@ STEPS=10
 "$B/llmpi-demo-corpus" --out "$tmp/corpus.txt" --seed 7 --megabytes 1 >/dev/null &&
   "$B/llmpi-prep" --tokenizer byte --input "$tmp/corpus.txt" --out "$tmp/lm" >/dev/null
 check "language-model data prepared" "[ -f '$tmp/lm/train.h5' ]" || exit $status
-# A small entailment set in GLUE's RTE layout, for bert (two labels, sentence pairs).
-mkdir -p "$tmp/rte"
-awk 'BEGIN { OFS = "\t"; print "index", "sentence1", "sentence2", "label"
-  split("the a cat dog sat ran on under mat rug hello world", w, " ")
-  for (i = 0; i < 64; i++) {
-    s1 = w[i % 12 + 1] " " w[(i * 7) % 12 + 1] " " w[(i * 5 + 3) % 12 + 1] "."
-    s2 = w[(i * 3) % 12 + 1] " " w[(i + 4) % 12 + 1] "."
-    print i, s1, s2, (i % 3 ? "entailment" : "not_entailment") } }' >"$tmp/rte/train.tsv"
-cp "$tmp/rte/train.tsv" "$tmp/rte/dev.tsv"
+# A small entailment set in GLUE's RTE layout, for bert.
+tiny_rte "$tmp/rte"
 "$B/llmpi-prep" glue --task rte --data-dir "$tmp/rte" --tokenizer "hf:tests/fixtures/hf_tokenizers/wordpiece_small/tokenizer.json" \
   --max-seq-len 16 --out "$tmp/cls" >/dev/null
 check "classification data prepared" "[ -f '$tmp/cls/train.h5' ]" || exit $status
