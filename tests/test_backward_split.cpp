@@ -179,8 +179,8 @@ TEST_P(BackwardSplit, InputThenWeightEqualsWholeBackward) {
     EXPECT_EQ(calls, 0) << "an input-only backward reported gradients ready";
     EXPECT_EQ(std::memcmp(pp.aw[0]->dresidual, pp.as[0]->dresidual, NC * sizeof(float)), 0)
         << "the hidden-state gradient differs";
-    EXPECT_TRUE(pp.as[0]->weight_grads_pending);
-    EXPECT_FALSE(pp.as[0]->deferred.empty() && (p.head || p.l1 > p.l0));
+    EXPECT_TRUE(pp.as[0]->input_only.pending);
+    EXPECT_FALSE(pp.as[0]->input_only.deferred.empty() && (p.head || p.l1 > p.l0));
     {
       const std::vector<float> gw = pp.whole.grads_host(), gs = pp.split.grads_host();
       for (const ParamSlice& s : pp.split.table.slices) {
@@ -201,7 +201,7 @@ TEST_P(BackwardSplit, InputThenWeightEqualsWholeBackward) {
     pp.backward(pp.split, *pp.as[1], BackwardMode::input_only);
     EXPECT_EQ(std::memcmp(pp.aw[1]->dresidual, pp.as[1]->dresidual, NC * sizeof(float)), 0);
     pp.split.weight_backward(*pp.as[0], {});
-    EXPECT_FALSE(pp.as[0]->weight_grads_pending);
+    EXPECT_FALSE(pp.as[0]->input_only.pending);
     std::vector<size_t> seen;
     pp.split.weight_backward(*pp.as[1], [&](size_t k) { seen.push_back(k); });
     // Every gradient now equals two whole backwards bit for bit.
@@ -275,7 +275,7 @@ TEST_P(BackwardSplit, KeptGradientsAreCounted) {
   Activations a(m, 2, 8);
   const size_t before = a.bytes();
   m.reserve_input_only(a);
-  EXPECT_EQ(a.kept_floats, m.kept_floats(2, 8));
+  EXPECT_EQ(a.input_only.kept_floats, m.kept_floats(2, 8));
   EXPECT_EQ(a.bytes(), before + m.kept_floats(2, 8) * sizeof(float));
   const size_t N = 16, C = d.d_model;
   EXPECT_GE(m.kept_floats(2, 8), d.n_layer * N * (2 * C + d.fc_dim() + d.qkv_dim()));

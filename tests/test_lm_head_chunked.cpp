@@ -90,7 +90,7 @@ HeadRun run_head(const HeadCase& c, int chunk_rows, const Ops& ops = cpu_ops(), 
   if (fused) {
     a.allocate(m, kB, kT);
     r.loss = m.forward(a, rb.b, HeadMode::fused);
-    EXPECT_TRUE(a.lm_head_fused);
+    EXPECT_EQ(a.head_pass.mode, HeadMode::fused);
     r.row_losses.resize(kN);
     ops.copy_to_host(r.row_losses.data(), a.losses, kN * sizeof(float));
   } else {
@@ -306,7 +306,7 @@ TEST(FusedLmHead, ClassifierHeadIsTheUnfusedForward) {
     m.zero_grads();
     Activations a(m, kB, kT);
     loss[k] = k ? m.forward(a, rb.b, HeadMode::fused) : m.forward(a, rb.b, HeadMode::train);
-    EXPECT_FALSE(a.lm_head_fused);
+    EXPECT_NE(a.head_pass.mode, HeadMode::fused);
     m.backward(a);
     g[k] = m.grads_host();
   }
@@ -344,11 +344,11 @@ TEST(FusedLmHead, InterleavedMicroBatchesEqualTheRecomputingHead) {
   EXPECT_THROW(fused.head_backward(f0, {}), Error);
   // A later plain forward clears the fused state: its backward recomputes as usual.
   rec.forward(r0, b0.b, HeadMode::train);
-  EXPECT_FALSE(r0.lm_head_fused);
+  EXPECT_NE(r0.head_pass.mode, HeadMode::fused);
   rec.forward(r1, b0.b, HeadMode::fused);
-  EXPECT_TRUE(r1.lm_head_fused);
+  EXPECT_EQ(r1.head_pass.mode, HeadMode::fused);
   rec.forward(r1, b0.b, HeadMode::train);
-  EXPECT_FALSE(r1.lm_head_fused);
+  EXPECT_NE(r1.head_pass.mode, HeadMode::fused);
 }
 
 // Bound of a model step on the GPU against the CPU: cuBLAS and OpenBLAS (and every kernel against

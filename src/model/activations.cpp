@@ -9,17 +9,17 @@ Activations::~Activations() {
   if (model) {
     model->ops->free(mem_);
     model->ops->free(ids_);
-    model->ops->free(kept);
+    model->ops->free(input_only.kept);
   }
 }
 
 void Activations::reserve_kept(size_t floats) {
   if (!model) fail("internal: reserve_kept before allocate");
-  if (floats <= kept_floats) return;
-  model->ops->free(kept);
-  bytes_ -= kept_floats * sizeof(float);
-  kept = static_cast<float*>(model->ops->alloc(floats * sizeof(float)));
-  kept_floats = floats;
+  if (floats <= input_only.kept_floats) return;
+  model->ops->free(input_only.kept);
+  bytes_ -= input_only.kept_floats * sizeof(float);
+  input_only.kept = static_cast<float*>(model->ops->alloc(floats * sizeof(float)));
+  input_only.kept_floats = floats;
   bytes_ += floats * sizeof(float);
 }
 
@@ -36,19 +36,16 @@ void Activations::allocate(const Model& m, int B_, int T_) {
   if (model) {
     model->ops->free(mem_);
     model->ops->free(ids_);
-    model->ops->free(kept);
+    model->ops->free(input_only.kept);
   }
-  kept = nullptr;
-  kept_floats = kept_used = 0;
-  deferred.clear();
-  weight_grads_pending = false;
+  input_only = {};
   model = &m;
   B = B_;
   T = T_;
   attention = d.attention;
   lm_rows = plan.lm_rows;
   logits_ld = plan.logits_ld;
-  head_grad = false;
+  head_pass = {};
   bf16_planned_ = bf16_operands;
   recompute_planned_ = m.recompute;
   shared_layer = -1;

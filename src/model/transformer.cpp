@@ -156,12 +156,11 @@ void Model::head_forward(Activations& a, HeadMode mode, float grad_scale) const 
     lm_head_forward(a, need_grad, grad_scale, fused);
   else
     classifier_forward(a, need_grad, grad_scale);
-  a.head_grad = need_grad;
-  a.head_grad_scale = grad_scale;
-  a.lm_head_fused = fused;
+  a.head_pass.mode = fused ? HeadMode::fused : need_grad ? HeadMode::train : HeadMode::eval;
+  a.head_pass.grad_scale = grad_scale;
   // The chunk buffer holds the last chunk's gradient (after a fused head, lm_head_backward_chunks
   // said whether it does: chunk 0's is the last it wrote).
-  if (!fused) a.lm_last_grad = need_grad && lm;
+  if (!fused) a.head_pass.last_chunk_grad = need_grad && lm;
   // Σ of the per-row losses in double (on the CPU in row order: the host loop's bits).
   ops->sum_to_double(&a.scalars->loss_sum, a.losses, static_cast<size_t>(rows_for_loss(a.B, a.T)));
 }
@@ -250,14 +249,14 @@ void Model::begin_backward() {
 
 void Model::begin_backward(Activations& a, BackwardMode mode) {
   if (mode == BackwardMode::whole) return begin_backward();
-  if (a.weight_grads_pending) fail("internal: an input-only backward over activations whose weight_backward has not run");
+  if (a.input_only.pending) fail("internal: an input-only backward over activations whose weight_backward has not run");
   mode_ = mode;
   input_only_pass_ = &a;
   reserve_input_only(a);
-  a.deferred.clear();
-  a.embed_deferred = false;
-  a.kept_used = 0;
-  a.weight_grads_pending = true;
+  a.input_only.deferred.clear();
+  a.input_only.embed_deferred = false;
+  a.input_only.kept_used = 0;
+  a.input_only.pending = true;
 }
 
 size_t Model::kept_floats(int B, int T) const {
@@ -295,18 +294,19 @@ void Model::dense_backward(Activations& a, float* dinp, const float* dout, bool 
     o.copy(copy, dout, n * sizeof(float));
     dout = copy;
   }
-  a.deferred.push_back({slot, weight_role, bias_role, dout, inp, inp16, N, C, OC});
+  a.input_only.deferred.push_back({slot, weight_role, bias_role, dout, inp, inp16, N, C, OC});
 }
 
 float* Model::kept_buffer(Activations& a, size_t n) const {
-  if (a.kept_used + round16(n) > a.kept_floats) fail("internal: the kept output gradients overflow");
-  float* p = a.kept + a.kept_used;
-  a.kept_used += round16(n);
+  Activations::InputOnlyPass& io = a.input_only;
+  if (io.kept_used + round16(n) > io.kept_floats) fail("internal: the kept output gradients overflow");
+  float* p = io.kept + io.kept_used;
+  io.kept_used += round16(n);
   return p;
 }
 
 void Model::weight_backward(Activations& a, const ReadyFn& ready) {
-  if (!a.weight_grads_pending)
+  if (!a.input_only.pending)
     fail("internal: weight_backward without an input-only backward of these activations");
   // Leave the input-only pass (if it is this one), and track readiness afresh: every tensor
   // without a deferred gradient is final now; the deferred ones as their gradients land.
@@ -314,24 +314,24 @@ void Model::weight_backward(Activations& a, const ReadyFn& ready) {
   input_only_pass_ = nullptr;
   tracker_.reset(table);
   std::vector<char> deferred_slice(table.slices.size(), 0);
-  for (const Activations::DeferredDense& j : a.deferred)
+  for (const Activations::DeferredDense& j : a.input_only.deferred)
     for (int r : {j.weight_role, j.bias_role})
       if (r >= 0)
         for (int i : role_slices[j.slot][r]) deferred_slice[i] = 1;
-  if (a.embed_deferred)
+  if (a.input_only.embed_deferred)
     for (int r : {kEmbNormW, kEmbNormB, kTypeEmb, kPosEmb, kTokEmb})
       for (int i : role_slices[0][r]) deferred_slice[i] = 1;
   for (size_t i = 0; i < deferred_slice.size(); i++)
     if (!deferred_slice[i]) tracker_.done(i);
   finished(0, {}, ready);
   // dW[OC,C] += dout^T · inp; db[OC] += Σ_n dout (matmul_backward without dinp)
-  for (const Activations::DeferredDense& j : a.deferred) {
+  for (const Activations::DeferredDense& j : a.input_only.deferred) {
     const BlockTensors& g = j.slot == 0 ? ge : gb[j.slot - 1];
     const BlockTensors& w = j.slot == 0 ? pe : pb[j.slot - 1];
     if (!j.dout) {  // the chunked LM head: its logits gradient recomputed, chunk by chunk
       lm_head_backward_chunks(a, nullptr, g[j.weight_role]);
       // A tied matrix held with the embedding is final only after the embedding's part (below).
-      if (!(a.embed_deferred && j.weight_role == kTokEmb)) finished(j.slot, {j.weight_role}, ready);
+      if (!(a.input_only.embed_deferred && j.weight_role == kTokEmb)) finished(j.slot, {j.weight_role}, ready);
       continue;
     }
     GemmMode gm(precision);
@@ -342,19 +342,19 @@ void Model::weight_backward(Activations& a, const ReadyFn& ready) {
   }
   // The embedding's gradients last, as in a whole backward (so a tied wte gets the head's and the
   // embedding's additions in the same order).
-  if (a.embed_deferred) {
-    a.embed_deferred = false;
+  if (a.input_only.embed_deferred) {
+    a.input_only.embed_deferred = false;
     embed_backward(a, ready);
   }
   if (!tracker_.complete()) fail("internal: weight_backward left gradients unreported");
-  a.deferred.clear();
-  a.kept_used = 0;
-  a.weight_grads_pending = false;
+  a.input_only.deferred.clear();
+  a.input_only.kept_used = 0;
+  a.input_only.pending = false;
 }
 
 void Model::head_backward(Activations& a, const ReadyFn& ready) {
   ensure_scratch(a.B, a.T);
-  if (!a.head_grad) fail("internal: head_backward after a head_forward without need_grad");
+  if (a.head_pass.mode == HeadMode::eval) fail("internal: head_backward after a head_forward without need_grad");
   if (desc.head == HeadKind::lm)
     lm_head_backward(a, ready);
   else

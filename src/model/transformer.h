@@ -33,7 +33,7 @@
 // a.dresidual, so a tied wte receives the head's and the embedding's gradients in the whole
 // backward's order — the same bits at any shape). For each dense layer
 // it records in the Activations the layer's input (an activation, kept anyway) and its output
-// gradient, in the Activations' `kept` buffer (written there directly, or copied from the
+// gradient, in the Activations' `input_only.kept` buffer (written there directly, or copied from the
 // backward's scratch, which the next layer reuses). weight_backward(a) later adds those
 // gradients; the two together add exactly what one whole backward adds, bit for bit (the same
 // GEMMs on the same operands). The gradient-ready calls come from weight_backward: a tensor is
@@ -269,7 +269,7 @@ struct Activations {
   // A bf16 Model's LM head (not all_logits): the chunk's logits gradient as bf16, [lm_rows,
   // logits_ld], the head's GEMM operand, written by softmax_xent_bf16_grad instead of over
   // `logits` ("bf16 weight copy" above); null otherwise. Where it exists, it and not `logits`
-  // holds the gradient lm_last_grad speaks of.
+  // holds the gradient head_pass.last_chunk_grad speaks of.
   uint16_t* logits_grad_bf16 = nullptr;
   // The row stride of `logits` and `logits_grad_bf16`: the LM head's chunk buffer pads its rows
   // to lm_logits_row_stride(V) (a multiple of 64 values; model_desc.h), so that the head's GEMMs
@@ -280,10 +280,15 @@ struct Activations {
   float* xent_stats = nullptr; // tensor parallelism's LM head: [3, lm_rows] row maxima, Σ exp, target logits
   bool all_logits = false;    // set before allocation: the LM head keeps every row's logits
   int lm_rows = 0;            // rows of the LM head's chunk buffer
-  bool head_grad = false;     // the last head_forward had need_grad (head_backward may run)
-  bool lm_last_grad = false;  // the LM chunk buffer holds the last chunk's logits gradient
-  bool lm_head_fused = false; // the last forward fused the LM head's backward in (tmp holds d xf)
-  float head_grad_scale = 0;  // its grad_scale
+  // The last head forward, which head_backward follows: its mode (fused only for an LM head, a
+  // classifier records train; after fused, tmp holds d xf) and loss-gradient scale, and whether
+  // the LM head's chunk buffer holds the last chunk's logits gradient (the chunked backward then
+  // starts from it instead of recomputing that chunk).
+  struct HeadPass {
+    HeadMode mode = HeadMode::eval;
+    float grad_scale = 0;
+    bool last_chunk_grad = false;
+  } head_pass;
   float *cls = nullptr, *pooled_pre = nullptr, *pooled = nullptr, *pooled_drop = nullptr;  // classifier
   float* dresidual = nullptr; // [N, C] the gradient flowing down the residual stream
   float* tmp = nullptr;       // [N, C] forward scratch (a branch's output before the residual add); after a
@@ -304,7 +309,7 @@ struct Activations {
 
   // The deferred half of an input-only backward (Model::weight_backward): per dense layer, in
   // backward order, the gradient it owes and the operands — the layer's input (an activation
-  // above, or logits) and its output gradient (in `kept`, unless it is an activation already).
+  // above, or logits) and its output gradient (in `input_only.kept`, unless it is an activation already).
   struct DeferredDense {
     int slot, weight_role, bias_role;  // Model::role_slices slot; bias_role -1: the layer has none
     const float* dout;                 // [N, OC]; null: the chunked LM head (recomputed)
@@ -312,12 +317,15 @@ struct Activations {
     const uint16_t* inp16;             // its bf16 copy, or null
     int N, C, OC;
   };
-  std::vector<DeferredDense> deferred;
-  bool embed_deferred = false;         // the embedding's backward waits for weight_backward too
-  bool weight_grads_pending = false;   // an input-only backward ran; weight_backward has not
-  float* kept = nullptr;               // backend memory for the output gradients (kept_floats)
-  size_t kept_floats = 0, kept_used = 0;
-  // Allocates `floats` for kept (once; counted in bytes()). Model::reserve_input_only sizes it.
+  struct InputOnlyPass {
+    std::vector<DeferredDense> deferred;
+    bool embed_deferred = false;  // the embedding's backward waits for weight_backward too
+    bool pending = false;         // an input-only backward ran; weight_backward has not
+    float* kept = nullptr;        // backend memory for the output gradients (kept_floats)
+    size_t kept_floats = 0, kept_used = 0;
+  } input_only;
+  // Allocates `floats` for input_only.kept (once; counted in bytes()). Model::reserve_input_only
+  // sizes it.
   void reserve_kept(size_t floats);
 
   Activations() = default;
@@ -457,7 +465,7 @@ struct Model {
   void dense_backward(Activations& a, float* dinp, const float* dout, bool dout_kept, const float* inp,
                       const uint16_t* inp16, int slot, int weight_role, int bias_role, int N, int C, int OC, bool last,
                       const ReadyFn& ready);
-  float* kept_buffer(Activations& a, size_t n) const;  // the next n floats of a.kept (an input-only pass)
+  float* kept_buffer(Activations& a, size_t n) const;  // the next n floats of a.input_only.kept
   // The tensor/sequence-parallel hand-offs of this shard for a's rows (model/parallel_regions.h).
   ParallelRegions regions(const Activations& a) const;
   void tp_sum(float* x, size_t n) const;  // TensorGroup::sum with tensor parallelism, else nothing

@@ -45,7 +45,7 @@ void Model::embed_backward(Activations& a, const ReadyFn& ready) {
     // Only parameter gradients from here on, nothing flows further: all of it waits for
     // weight_backward (see "Split backward" in transformer.h), from the kept a.dresidual.
     if (input_only_pass_ != &a) fail("internal: an input-only backward continued on other activations");
-    a.embed_deferred = true;
+    a.input_only.embed_deferred = true;
     return;
   }
   const Ops& o = *ops;

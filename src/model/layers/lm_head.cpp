@@ -37,8 +37,8 @@ void Model::lm_head_forward(Activations& a, bool need_grad, float grad_scale, bo
     // nothing to reuse — every chunk's logits, loss (and target check) and gradient, then its
     // dxf and dW — into a.tmp (d xf, zeroed here; the forward's scratch is free after the
     // blocks) and the head weight's gradient: the same bits as a backward would add.
-    a.head_grad_scale = grad_scale;
-    a.lm_last_grad = false;
+    a.head_pass.grad_scale = grad_scale;
+    a.head_pass.last_chunk_grad = false;
     o.zero(a.tmp, static_cast<size_t>(N) * C * sizeof(float));
     lm_head_backward_chunks(a, a.tmp, ge[d.tie_embeddings ? kTokEmb : kLmHead]);
   } else {
@@ -64,7 +64,7 @@ void Model::lm_head_backward(Activations& a, const ReadyFn& ready) {
   const float* x = a.output();
   const bool tied = d.tie_embeddings;
   const int wrole = tied ? kTokEmb : kLmHead;
-  if (a.lm_head_fused) {
+  if (a.head_pass.mode == HeadMode::fused) {
     // The fused head's forward ran its backward: a.tmp = d xf, dW added (see transformer.h).
     if (mode_ != BackwardMode::whole) fail("internal: an input-only backward after a fused LM head forward");
     if (!(tied && part.embedding)) finished(0, {wrole}, ready);
@@ -79,9 +79,9 @@ void Model::lm_head_backward(Activations& a, const ReadyFn& ready) {
     if (input_only_pass_ != &a) fail("internal: an input-only backward continued on other activations");
     o.zero(d_a_, NC * sizeof(float));
     lm_head_backward_chunks(a, d_a_, nullptr);
-    a.deferred.push_back({0, wrole, -1, nullptr, nullptr, nullptr, N, C, d.vocab_rows()});
+    a.input_only.deferred.push_back({0, wrole, -1, nullptr, nullptr, nullptr, N, C, d.vocab_rows()});
   }
-  const float* dxf = a.lm_head_fused ? a.tmp : d_a_;
+  const float* dxf = a.head_pass.mode == HeadMode::fused ? a.tmp : d_a_;
   const int Nr = d.residual_rows(N);
   const size_t NrC = static_cast<size_t>(Nr) * C;
   if (d.seq_shards()) {  // each rank's partial d xf of every row, summed onto this rank's rows
@@ -115,7 +115,7 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
   // buffer still holds it (the last chunk after the forward, or the only one; the same bits either
   // way); dxf_c += z·W; dW += z^T·xf_c.
   const int chunks = (N + R - 1) / R;
-  const bool reuse = a.lm_last_grad;
+  const bool reuse = a.head_pass.last_chunk_grad;
   for (int c = chunks - 1; c >= 0; c--) {
     const int r0 = c * R, rn = std::min(R, N - r0);
     const float* xc = xf ? xf + static_cast<size_t>(r0) * C : nullptr;
@@ -123,12 +123,12 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
     chunk_gemm.inp_bf16 = xf16 ? xf16 + static_cast<size_t>(r0) * C : nullptr;
     if (!(reuse && c == chunks - 1)) {
       o.matmul_forward(a.logits, xc, W, nullptr, rn, C, V, chunk_gemm);
-      lm_xent(a, r0, rn, a.head_grad_scale / static_cast<float>(N));  // (a fused forward's target check too)
+      lm_xent(a, r0, rn, a.head_pass.grad_scale / static_cast<float>(N));  // (a fused forward's target check too)
     }
     o.matmul_backward(dxf ? dxf + static_cast<size_t>(r0) * C : nullptr, dW, nullptr,
                       a.logits_grad_bf16 ? nullptr : a.logits, xc, W, rn, C, V, chunk_gemm);
   }
-  a.lm_last_grad = chunks == 1;  // the buffer holds chunk 0's gradient now
+  a.head_pass.last_chunk_grad = chunks == 1;  // the buffer holds chunk 0's gradient now
   // each rank's vocabulary rows' share of d xf, summed (sequence parallelism: head_backward
   // reduce-scatters it instead)
   if (dxf && !d.seq_shards()) tp_sum(dxf, static_cast<size_t>(N) * C);
