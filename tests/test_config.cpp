@@ -182,7 +182,7 @@ TEST(ConfigKeys, TheDefaultsDocumentIsTheTable) {
   for (const auto& [sec, obj] : config_defaults().items()) n += obj.size();
   EXPECT_EQ(n, config_keys().size());
   for (const ConfigKey& k : config_keys()) {
-    const std::string key = k.key, sec = key.substr(0, key.find('.')), name = key.substr(key.find('.') + 1);
+    const std::string key = k.key, sec = k.section(), name = k.name();
     EXPECT_EQ(config_defaults()[sec][name], k.def) << key;
     if (sec != "model") continue;
     for (const char* fam : {"gpt2", "llama", "bert"}) {

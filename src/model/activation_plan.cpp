@@ -85,6 +85,12 @@ std::vector<PlannedTensor> block_tensors(const ModelDesc& d, int B, int T, Recom
 
 }  // namespace
 
+int plan_lm_rows(const ModelDesc& d, const ModelPart& part, int B, int T, bool all_logits) {
+  if (!part.head || d.head != HeadKind::lm) return 0;
+  const int rows = token_rows_checked(B, T);
+  return all_logits ? rows : lm_head_chunk_rows(d, rows);
+}
+
 ActivationPlan plan_activations(const ModelDesc& d, const ModelPart& part, int B, int T, GemmPrecision precision,
                                 Recompute recompute, bool bf16_operands, bool all_logits) {
   using A = Activations;
@@ -98,7 +104,7 @@ ActivationPlan plan_activations(const ModelDesc& d, const ModelPart& part, int B
   const bool lm = part.head && d.head == HeadKind::lm;
   ActivationPlan p;
   p.blocks = (part.l1 < 0 ? d.n_layer : part.l1) - part.l0;
-  p.lm_rows = lm ? (all_logits ? rows : lm_head_chunk_rows(d, rows)) : 0;
+  p.lm_rows = plan_lm_rows(d, part, B, T, all_logits);
   p.logits_ld = !part.head ? 0
                 : lm       ? (all_logits ? d.vocab_rows() : lm_logits_row_stride(d.vocab_rows()))
                            : d.num_labels;

@@ -64,6 +64,10 @@ struct ActivationPlan {
   PlanCount bytes() const;
 };
 
+// Rows of the LM head's chunk buffer for B x T tokens (0 for a part without an LM head): every
+// row's with all_logits, else lm_head_chunk_rows. ActivationPlan::lm_rows.
+int plan_lm_rows(const ModelDesc& d, const ModelPart& part, int B, int T, bool all_logits);
+
 // What Activations::allocate lays out for part of a model described by d, with B x T tokens, the
 // dense layers' precision, recomputation, and the Activations' bf16_operands / all_logits
 // (transformer.h).

@@ -23,16 +23,18 @@ void Activations::reserve_kept(size_t floats) {
   bytes_ += floats * sizeof(float);
 }
 
-// The layout is plan_activations' (model/activation_plan.h), in its order.
+// The layout is plan_activations' (model/activation_plan.h), in its order. Called by every
+// load_batch: the plan is made only when the layout changes.
 void Activations::allocate(const Model& m, int B_, int T_) {
   const ModelDesc& d = m.desc;
   if (T_ > d.max_seq_len)
     fail("sequence length ", T_, " exceeds the model's max_seq_len ", d.max_seq_len);
+  if (model == &m && B == B_ && T == T_ && attention == d.attention &&
+      lm_rows == plan_lm_rows(d, m.part, B_, T_, all_logits) && bf16_planned_ == bf16_operands &&
+      recompute_planned_ == m.recompute)
+    return;
   const ActivationPlan plan =
       plan_activations(d, m.part, B_, T_, m.precision, m.recompute, bf16_operands, all_logits);
-  if (model == &m && B == B_ && T == T_ && attention == d.attention && lm_rows == plan.lm_rows &&
-      bf16_planned_ == bf16_operands && recompute_planned_ == m.recompute)
-    return;
   if (model) {
     model->ops->free(mem_);
     model->ops->free(ids_);

@@ -53,10 +53,6 @@ ParallelRegions Model::regions(const Activations& a) const {
   return {desc, tensor, static_cast<size_t>(desc.residual_rows(static_cast<int>(N))) * C, N * C};
 }
 
-void Model::tp_sum(float* x, size_t n) const {
-  if (desc.tp > 1) tensor.sum(x, n);
-}
-
 // The row-parallel output in a.tmp onto the residual stream's rows (ParallelRegions::leave_row),
 // then the hidden dropout of `site`.
 const float* Model::branch_output(Activations& a, int l, int site) const {

@@ -142,7 +142,6 @@ void Model::load_batch(Activations& a, const Batch& b) const {
   if (b.attn_mask) ops->copy_to_device_async(a.attn_mask, b.attn_mask, N * sizeof(int32_t));
 }
 
-
 void Model::head_forward(Activations& a, HeadMode mode, float grad_scale) const {
   const bool need_grad = mode != HeadMode::eval;
   // (the cross-entropy writes a gradient only for a scale != 0; a backward would read stale logits)
@@ -152,12 +151,12 @@ void Model::head_forward(Activations& a, HeadMode mode, float grad_scale) const 
   ops->zero(&a.scalars->bad_target, sizeof(uint64_t));
   const bool lm = desc.head == HeadKind::lm;
   const bool fused = mode == HeadMode::fused && lm;
+  a.head_pass.grad_scale = grad_scale;  // (a fused LM head's backward reads it)
   if (lm)
     lm_head_forward(a, need_grad, grad_scale, fused);
   else
     classifier_forward(a, need_grad, grad_scale);
   a.head_pass.mode = fused ? HeadMode::fused : need_grad ? HeadMode::train : HeadMode::eval;
-  a.head_pass.grad_scale = grad_scale;
   // The chunk buffer holds the last chunk's gradient (after a fused head, lm_head_backward_chunks
   // said whether it does: chunk 0's is the last it wrote).
   if (!fused) a.head_pass.last_chunk_grad = need_grad && lm;

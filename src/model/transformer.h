@@ -468,7 +468,6 @@ struct Model {
   float* kept_buffer(Activations& a, size_t n) const;  // the next n floats of a.input_only.kept
   // The tensor/sequence-parallel hand-offs of this shard for a's rows (model/parallel_regions.h).
   ParallelRegions regions(const Activations& a) const;
-  void tp_sum(float* x, size_t n) const;  // TensorGroup::sum with tensor parallelism, else nothing
 
   // ---- the sublayers, forward beside backward (model/layers/*.cpp); block.cpp composes them ----
   // A branch forward reads its input h on the residual stream's rows (h16: kept only in bf16,

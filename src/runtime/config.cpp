@@ -14,19 +14,10 @@ namespace llmpi {
 
 using nlohmann::json;
 
-// The section and the name of "section.key".
-static std::pair<std::string, std::string> split_key(const char* key) {
-  const std::string k = key;
-  return {k.substr(0, k.find('.')), k.substr(k.find('.') + 1)};
-}
-
 const json& config_defaults() {
   static const json d = [] {
     json j = json::object();
-    for (const ConfigKey& k : config_keys()) {
-      const auto [sec, name] = split_key(k.key);
-      j[sec][name] = k.def;
-    }
+    for (const ConfigKey& k : config_keys()) j[k.section()][k.name()] = k.def;
     return j;
   }();
   return d;
@@ -39,7 +30,7 @@ json family_model_defaults(const std::string& family) {
   json m = json::object();
   for (const ConfigKey& k : config_keys()) {
     if (!(k.families & (1u << static_cast<int>(f)))) continue;
-    m[split_key(k.key).second] = k.family_defaults.contains(family) ? k.family_defaults[family] : k.def;
+    m[k.name()] = k.family_defaults.contains(family) ? k.family_defaults[family] : k.def;
   }
   m["family"] = family;
   return m;
@@ -183,8 +174,7 @@ static Config extract(const json& r) {
   json m = config_defaults()["model"];
   for (auto& [k, v] : r["model"].items()) m[k] = v;
   auto value = [&](const ConfigKey& k) -> const json& {
-    const auto [sec, name] = split_key(k.key);
-    return sec == "model" ? m[name] : r[sec][name];
+    return k.section() == "model" ? m[k.name()] : r[k.section()][k.name()];
   };
   // every value as its field's type first (a value its type cannot hold is named before any range)
   for (const ConfigKey& k : config_keys()) k.read(c, value(k));

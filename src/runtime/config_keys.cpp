@@ -438,10 +438,7 @@ ModelKeyUse model_key_use(const std::string& k) {
 // Every key, in the table's order (model, data, train, parallel, runtime, run, checkpoint).
 std::vector<std::pair<std::string, std::string>> keys_in_order() {  // (section, key)
   std::vector<std::pair<std::string, std::string>> keys;
-  for (const ConfigKey& k : config_keys()) {
-    const std::string s = k.key;
-    keys.emplace_back(s.substr(0, s.find('.')), s.substr(s.find('.') + 1));
-  }
+  for (const ConfigKey& k : config_keys()) keys.emplace_back(k.section(), k.name());
   return keys;
 }
 

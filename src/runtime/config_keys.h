@@ -40,6 +40,9 @@ struct ConfigKey {
   std::function<void(Config&, const nlohmann::json&)> read;
   // Why a value set for the key does nothing in configuration c ("" when it acts).
   std::function<std::string(const Config&)> no_effect;
+
+  std::string section() const { const std::string k = key; return k.substr(0, k.find('.')); }  // "train"
+  std::string name() const { const std::string k = key; return k.substr(k.find('.') + 1); }    // "lr"
 };
 
 const std::vector<ConfigKey>& config_keys();

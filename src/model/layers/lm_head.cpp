@@ -37,7 +37,6 @@ void Model::lm_head_forward(Activations& a, bool need_grad, float grad_scale, bo
     // nothing to reuse — every chunk's logits, loss (and target check) and gradient, then its
     // dxf and dW — into a.tmp (d xf, zeroed here; the forward's scratch is free after the
     // blocks) and the head weight's gradient: the same bits as a backward would add.
-    a.head_pass.grad_scale = grad_scale;
     a.head_pass.last_chunk_grad = false;
     o.zero(a.tmp, static_cast<size_t>(N) * C * sizeof(float));
     lm_head_backward_chunks(a, a.tmp, ge[d.tie_embeddings ? kTokEmb : kLmHead]);
@@ -131,7 +130,7 @@ void Model::lm_head_backward_chunks(Activations& a, float* dxf, float* dW) const
   a.head_pass.last_chunk_grad = chunks == 1;  // the buffer holds chunk 0's gradient now
   // each rank's vocabulary rows' share of d xf, summed (sequence parallelism: head_backward
   // reduce-scatters it instead)
-  if (dxf && !d.seq_shards()) tp_sum(dxf, static_cast<size_t>(N) * C);
+  if (dxf && !d.seq_shards() && d.tp > 1) tensor.sum(dxf, static_cast<size_t>(N) * C);
 }
 
 void Model::lm_xent(Activations& a, int r0, int rn, float scale) const {
