@@ -74,6 +74,15 @@ inline int world_rank() {
   return r;
 }
 
+// Whether every rank's vector equals rank 0's bit for bit (the same size everywhere).
+inline bool same_on_every_rank(const std::vector<float>& p, MPI_Comm comm) {
+  std::vector<float> p0 = p;
+  MPI_Bcast(p0.data(), (int)p0.size(), MPI_FLOAT, 0, comm);
+  int same = p0 == p, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, comm);
+  return all == 1;
+}
+
 inline int world_size() {
   int n = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &n);
@@ -255,6 +264,22 @@ inline std::string make_pattern_examples(MPI_Comm comm, const std::string& dir, 
   if (rank == 0) write_pattern_examples(path, n, T, V, seed);
   MPI_Barrier(comm);
   return path;
+}
+
+// The --set lines of a 10-step run of `family` (gpt2, llama with grouped-query attention, or
+// bert classifying with dropout) on data written into dir (collective over the world), for
+// tiny_config_of.
+inline std::vector<std::string> family_run_sets(const std::string& family, const std::string& dir) {
+  std::vector<std::string> sets = {"model.family=" + family, "train.steps=10", "train.grad_clip=1.0",
+                                   "model.n_head=4"};
+  if (family == "bert") {
+    sets.push_back("data.train=" + make_pattern_examples(MPI_COMM_WORLD, dir, "cls.h5", 512, 32, 64, 31));
+    sets.insert(sets.end(), {"model.dropout=0.1", "model.attn_dropout=0", "model.num_labels=2"});
+  } else {
+    sets.push_back("data.train=" + make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 32));
+    if (family == "llama") sets.push_back("model.n_kv_head=2");
+  }
+  return sets;
 }
 
 }  // namespace llmpi::testing_support

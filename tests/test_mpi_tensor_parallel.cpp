@@ -186,18 +186,6 @@ void every_family_shard_equals_whole() {
 
 // ---- training -----------------------------------------------------------------------------------
 
-std::vector<std::string> family_sets(const std::string& family, const std::string& dir) {
-  std::vector<std::string> sets = {"model.family=" + family, "train.steps=10", "train.grad_clip=1.0",
-                                   "model.n_head=4"};
-  if (family == "bert") {
-    sets.push_back("data.train=" + make_pattern_examples(MPI_COMM_WORLD, dir, "cls.h5", 512, 32, 64, 31));
-    sets.insert(sets.end(), {"model.dropout=0.1", "model.attn_dropout=0", "model.num_labels=2"});
-  } else {
-    sets.push_back("data.train=" + make_pattern_file(MPI_COMM_WORLD, dir, "train.h5", 40000, 64, 32));
-    if (family == "llama") sets.push_back("model.n_kv_head=2");
-  }
-  return sets;
-}
 
 
 // Training on the first `ranks` ranks of the world (the others get an empty result).
@@ -235,7 +223,7 @@ void expect_close(const TrainResult& ref, const TrainResult& got, const std::str
 void layouts_equal_one_rank(const std::string& family, const std::vector<std::vector<std::string>>& layouts,
                             const std::vector<std::string>& reference = {}) {
   const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
-  const std::vector<std::string> base = family_sets(family, dir);
+  const std::vector<std::string> base = family_run_sets(family, dir);
   const Config ref = tiny_config_of(base, reference);
   const TrainResult one = on_ranks(1, ref);
   // Bound: the shards' partial sums, the replicas' and micro-batches' gradients added, are another
@@ -285,7 +273,7 @@ TEST(MpiN4TensorParallel, WithPipelinesAndDataParallelism) {
 // resumed with T = 4, each continuing the uninterrupted run.
 TEST(MpiN4TensorParallel, CheckpointsResumeAcrossTensorParallelDegrees) {
   const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
-  const std::vector<std::string> base = family_sets("llama", dir);
+  const std::vector<std::string> base = family_run_sets("llama", dir);
   auto cfg = [&](const std::string& run, std::vector<std::string> extra) {
     extra.insert(extra.end(), {"train.steps=8", "train.warmup_steps=2", "checkpoint.every=3", "run.dir=" + dir + run,
                                "model.n_kv_head=4"});
@@ -321,7 +309,7 @@ TEST(MpiN4TensorParallel, ModelsThatDoNotSplitAreRefused) {
   const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
   auto refused = [&](const std::string& family, std::vector<std::string> sets, const std::string& needle) {
     try {
-      train(tiny_config_of(family_sets(family, dir), sets), MPI_COMM_WORLD, quiet_options(false));
+      train(tiny_config_of(family_run_sets(family, dir), sets), MPI_COMM_WORLD, quiet_options(false));
       ADD_FAILURE() << "accepted: " << needle;
     } catch (const CollectiveError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -334,7 +322,7 @@ TEST(MpiN4TensorParallel, ModelsThatDoNotSplitAreRefused) {
   refused("gpt2", {"parallel.tp=2", "parallel.pp_stages=4"}, "parallel.pp_stages 4 × parallel.tp 2 does not divide");
   auto bad_config = [&](std::vector<std::string> sets, const std::string& needle) {
     try {
-      tiny_config_of(family_sets("gpt2", dir), sets);
+      tiny_config_of(family_run_sets("gpt2", dir), sets);
       ADD_FAILURE() << "accepted: " << needle;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -352,7 +340,7 @@ TEST(MpiN4TensorParallel, ModelsThatDoNotSplitAreRefused) {
 // would change the steps after the resume).
 TEST(MpiN4TensorParallel, ShardedCheckpointsResumeInOtherLayouts) {
   const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
-  const std::vector<std::string> base = family_sets("gpt2", dir);
+  const std::vector<std::string> base = family_run_sets("gpt2", dir);
   auto cfg = [&](const std::string& run, std::vector<std::string> extra) {
     extra.insert(extra.end(), {"train.steps=8", "train.warmup_steps=2", "checkpoint.every=3", "run.dir=" + dir + run,
                                "model.n_layer=2", "train.global_batch=8"});

@@ -19,15 +19,6 @@ using namespace llmpi::testing_support;
 
 namespace {
 
-// Whether every rank's vector equals rank 0's bit for bit.
-bool same_on_every_rank(const std::vector<float>& p, MPI_Comm comm) {
-  std::vector<float> p0 = p;
-  MPI_Bcast(p0.data(), (int)p0.size(), MPI_FLOAT, 0, comm);
-  int same = p0 == p, all = 0;
-  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, comm);
-  return all == 1;
-}
-
 Config zero_config(const std::string& train, std::vector<std::string> extra) {
   extra.insert(extra.begin(), "train.steps=10");
   extra.insert(extra.begin(), "train.warmup_steps=2");

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "backend/cuda_ops.h"
+#include "backend/host_pages.h"
 #include "runtime/large_count.h"
 #include "comm/nccl.h"
 #include "runtime/clock.h"
@@ -42,6 +43,10 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
   const std::string err = sync_choice_error(opt.method, opt.zero, opt.bf16 ? GradDtype::bf16 : GradDtype::fp32,
                                             opt.overlap);
   if (!err.empty()) fail(err);
+  if (opt.shard_grads && !opt.zero) fail("internal: ZeRO-2 without ZeRO-1's pieces");
+  if (opt.shard_grads && device_)
+    fail("parallel.zero 2 keeps only this rank's pieces of the gradient in host memory, on the CPU backend; "
+         "on a GPU use parallel.zero 1 (sharded optimizer state)");
   shard = shard_pieces(buckets, opt.zero ? world : 1, opt.zero ? rank : 0);
   if (opt.method == SyncMethod::nccl) {
     std::string why;
@@ -110,6 +115,7 @@ void GradSync::reduce(float* base, size_t b, const std::string& label) {
   const bool zero = opt.zero && averages_gradients();
   const Traffic moved = zero ? exchange_->reduce_scatter_mean(data, n, poll) : exchange_->average(data, n, poll);
   // (The averaging multiply is local work; at about 1 ns a float it is counted as communication.)
+  if (opt.shard_grads && zero && base == grads) release_others(b);
   const double t_end = now_ms();
   if (staged) {  // back: the whole bucket, or this rank's piece
     const ShardPiece p = zero ? shard[b] : ShardPiece{begin, begin + n};
@@ -130,6 +136,14 @@ void GradSync::all_gather(float* base, size_t b, const std::string& label) {
   const double t_end = now_ms();
   if (staged) ops->copy_to_device(base + begin, data, n * sizeof(float));
   account(t0, t_end, now_ms(), moved, label, n);
+}
+
+void GradSync::release_others(size_t b) {
+  const Bucket& k = buckets[b];
+  const ShardPiece& p = shard[b];
+  const size_t lo = p.end > p.begin ? p.begin : k.end;  // (an empty piece: the whole bucket)
+  host_pages_release(grads + k.begin, (lo - k.begin) * sizeof(float));
+  if (p.end > p.begin) host_pages_release(grads + p.end, (k.end - p.end) * sizeof(float));
 }
 
 void GradSync::account(double t0, double t_end, double t1, const Traffic& moved, const std::string& label,
@@ -181,19 +195,31 @@ void GradSync::launch(size_t b, bool params) {
 
 void GradSync::wait_all(size_t jobs) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_done_.wait(lock, [&] { return completed_ == jobs; });
+  cv_done_.wait(lock, [&] { return completed_ >= jobs; });
 }
 
 void GradSync::on_ready(size_t k) {
   if (!averages_gradients() || world == 1) return;
-  if (exchange_->device_memory()) {  // enqueued on the device as each bucket fills: no thread needed
-    while (next_launch_ < buckets.size() && buckets[next_launch_].end <= k) {
-      reduce(grads, next_launch_, bucket_label(opt.method, opt.zero, false, next_launch_));
-      next_launch_++;
+  // Reduced here: enqueued on the device as each bucket fills (no thread needed), or ZeRO-2 without
+  // a thread (each bucket's memory returned as backward goes on). Else queued for the thread, or
+  // (no thread) left to finish().
+  const bool here = exchange_->device_memory() || (opt.shard_grads && !thread_.joinable());
+  if (!here && !thread_.joinable()) return;
+  const double t0 = now_ms();
+  bool waited = false;
+  while (next_launch_ < buckets.size() && buckets[next_launch_].end <= k) {
+    const size_t b = next_launch_++;
+    if (here) {
+      reduce(grads, b, bucket_label(opt.method, opt.zero, false, b));
+      continue;
     }
-    return;
+    if (opt.shard_grads && b >= 2) {  // ZeRO-2: at most two buckets queued (the gradient whole in at most three)
+      waited = true;
+      wait_all(b - 1);
+    }
+    launch(b);
   }
-  while (next_launch_ < buckets.size() && buckets[next_launch_].end <= k) launch(next_launch_++);
+  if (!exchange_->device_memory() && (here || waited)) step.exposed_comm_ms += now_ms() - t0;
 }
 
 void GradSync::finish() {
@@ -211,8 +237,9 @@ void GradSync::finish() {
   if (thread_.joinable()) {
     while (next_launch_ < buckets.size()) launch(next_launch_++);
     wait_all(buckets.size());
-  } else {
-    for (size_t b = 0; b < buckets.size(); b++) reduce(grads, b, bucket_label(opt.method, opt.zero, false, b));
+  } else {  // (ZeRO-2 reduced the buckets backward finished in on_ready)
+    for (; next_launch_ < buckets.size(); next_launch_++)
+      reduce(grads, next_launch_, bucket_label(opt.method, opt.zero, false, next_launch_));
   }
   const double t1 = now_ms();
   step.exposed_comm_ms += t1 - t0;

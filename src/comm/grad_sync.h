@@ -35,6 +35,20 @@
 // the reduce-scatters run on the communication thread during backward as the all-reduces do, and
 // each bucket's all-gather runs there while the optimizer updates the next bucket's piece.
 //
+// ZeRO-2 (parallel.zero 2, SyncOptions::shard_grads): ZeRO-1, and the rank keeps only its pieces
+// of the gradient in memory. The gradient buffer keeps its flat layout (the model's backward adds
+// into it as ever), but on the CPU backend it is host memory resident only where written
+// (backend/host_pages.h): as soon as bucket b is reduce-scattered, the rest of b — the other
+// ranks' pieces, this rank's unaveraged copy of them — is released (zero again, its pages back to
+// the system), so only the pieces stay resident. Each bucket is reduce-scattered the moment
+// backward has finished it: on the communication thread with overlap, which then keeps at most
+// two buckets queued (on_ready waits for the older ones first, so no more than three buckets' worth
+// of the gradient is whole at once), or without overlap right there in on_ready. The next step's
+// zero_grads releases the pieces too. The results are ZeRO-1's bit for bit: the same
+// reduce-scatters of the same buckets, the same pieces updated. With gradient accumulation the
+// gradient is reduced once, after the last micro-batch (as every method here), so the whole
+// gradient is resident until then. The GPU backends refuse it (their buffers are cudaMalloc's).
+//
 // Gradient type on the wire (parallel.grad_dtype, SyncOptions::bf16): fp32, or bf16 for half the
 // bytes, with allreduce (with or without ZeRO-1) and nccl (comm/exchange.h says how each rounds).
 // ZeRO-1's all-gather of parameters stays fp32 (every rank must hold the same parameters).
@@ -87,7 +101,8 @@ struct SyncOptions {
   bool overlap = false;
   int poll_us = 50;
   int average_every = 1;
-  bool zero = false;  // ZeRO-1 (above)
+  bool zero = false;         // ZeRO-1 (above): the optimizer's state and update in pieces
+  bool shard_grads = false;  // ZeRO-2 (above): and the gradient's memory too (zero is set)
   bool bf16 = false;  // gradients exchanged as bfloat16 (parallel.grad_dtype "bf16"; above)
 };
 
@@ -141,7 +156,7 @@ struct GradSync {
 
   bool averages_gradients() const { return opt.method != SyncMethod::weights; }
   void begin_step();
-  void on_ready(size_t k);  // backward: the gradient prefix [0, k) is final
+  void on_ready(size_t k);  // backward: the gradient prefix [0, k) is final (ZeRO-2: reduced here)
   void finish();            // gradients averaged on every rank (no-op for weights)
   // weights: average `params` over ranks when (step + 1) % average_every == 0. Returns whether it did.
   bool average_params(float* params, int64_t step);
@@ -187,6 +202,8 @@ struct GradSync {
 
   void launch(size_t b, bool params = false);
   void wait_all(size_t jobs);
+  // ZeRO-2: bucket b's floats outside this rank's piece, released (zero, pages returned).
+  void release_others(size_t b);
   // One collective pass over bucket b of base (gradients or parameters), averaged; with zero,
   // gradients are reduce-scattered (mean in this rank's piece only).
   void reduce(float* base, size_t b, const std::string& label);

@@ -25,7 +25,8 @@ SyncOptions sync_options(const ParallelConfig& pc) {
   so.overlap = pc.overlap;
   so.poll_us = pc.poll_us;
   so.average_every = pc.average_every;
-  so.zero = pc.zero;
+  so.zero = pc.zero >= 1;
+  so.shard_grads = pc.zero >= 2;
   so.bf16 = pc.grad_dtype == GradDtype::bf16;
   return so;
 }
@@ -95,7 +96,10 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
     ch.part = held.parts[c];
     ModelDesc md = g.tp > 1 ? tensor_shard(d, g.tp, g.tp_rank) : d;
     md.sequence_parallel = g.tp > 1 && pc.sequence_parallel;
-    ch.model = std::make_unique<Model>(md, ops, ch.part, eo.precision, eo.recompute);
+    // ZeRO-2 on the CPU: the gradient resident only in this rank's pieces (comm/grad_sync.h); on a
+    // GPU the sync refuses it below.
+    const GradMemory gm = so.shard_grads && !ops.on_gpu() ? GradMemory::on_touch : GradMemory::whole;
+    ch.model = std::make_unique<Model>(md, ops, ch.part, eo.precision, eo.recompute, gm);
     ch.part = ch.model->part;  // its block range resolved (ModelPart::whole() says "to the last")
     ch.model->init_params(seed);
     ch.sync = std::make_unique<GradSync>(so, g.data, ops, ch.model->grads, ch.model->table, eo.tracer);

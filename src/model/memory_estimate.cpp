@@ -15,6 +15,9 @@ namespace llmpi {
 
 namespace {
 
+// The host's page (x86-64 Linux): ZeRO-2 releases the gradient in whole pages.
+constexpr size_t kPageBytes = 4096;
+
 // The counts below are computed in 128 bits: products of the batch's and the description's ints
 // (check_model_sizes bounds its widths) are exact there, so a count that int64 cannot hold is
 // refused (bytes_of) instead of wrapping.
@@ -134,7 +137,7 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   const int micro = micro_batch_rows(local_batch, cfg.parallel.microbatches);
   e.micro_batch = micro;
   // Each chunk: its parameter table, buckets (its own gradient sync), ZeRO-1 shard and slots.
-  double n = 0, mine = 0, write_floats = 0;
+  double n = 0, mine = 0, write_floats = 0, grad_floats = 0;
   size_t largest_bucket = 0, largest_piece = 0;
   for (size_t c = 0; c < rc.parts.size(); c++) {
     const ModelPart& part = rc.parts[c];
@@ -152,6 +155,11 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
     }
     const std::vector<ShardPiece> pieces = zero ? shard_pieces(buckets, world, rank) : std::vector<ShardPiece>{};
     for (const ShardPiece& p : pieces) mine += (double)(p.end - p.begin);
+    const bool head_writes_last = part.head && desc.head == HeadKind::lm && desc.tie_embeddings;
+    grad_floats += cfg.parallel.zero >= 2 && zero && !on_gpu
+                       ? zero2_grad_floats(buckets, pieces, table.numel, cfg.parallel.overlap,
+                                           cfg.parallel.microbatches, head_writes_last, kPageBytes / sizeof(float))
+                       : (double)table.numel;
     write_floats += checkpoint_write_floats(desc, part, table, zero, pieces, adamw, per_rank, world, rank, rc.tp,
                                             rc.tp_rank);
     const int slots = c < rc.slots.size() ? std::max(1, rc.slots[c]) : 1;
@@ -162,7 +170,7 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   const double nb = n * sizeof(float);
   e.n_params = (int64_t)n;
   e.params += nb;
-  e.grads = nb;
+  e.grads = grad_floats * sizeof(float);
   e.optimizer = adamw ? 2 * (zero ? mine * sizeof(float) : nb) : 0;
   if (zero) {
     if (nccl) {  // ZeRO-1 over NCCL: W padded pieces on the device, fp32 and, for a bf16 gradient, bf16

@@ -3,6 +3,9 @@
 // instead of dying of std::bad_alloc or the out-of-memory killer.
 //
 //   parameters, gradients      n floats each (n from the parameter table, exact); with
+//                              parallel.zero 2 on the CPU the gradient at its peak:
+//                              zero2_grad_floats (params/buckets.h: the pieces, the buckets whole
+//                              at once, their edge pages; whole with micro-batches); with
 //                              runtime.precision bf16 the parameters also count the Model's bf16
 //                              weight copy, 2 bytes each
 //   optimizer                  AdamW: m and v, 2n floats; SGD: none. With parallel.zero 1 only this

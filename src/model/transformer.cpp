@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "backend/host_pages.h"
 #include "model/activation_plan.h"
 
 #include "runtime/error.h"
@@ -14,8 +15,8 @@ namespace llmpi {
 
 // ---- the model ------------------------------------------------------------------------------------
 
-Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision prec, Recompute rc)
-    : desc(d), part(p), ops(&o), precision(prec), recompute(rc) {
+Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision prec, Recompute rc, GradMemory gm)
+    : desc(d), part(p), ops(&o), precision(prec), recompute(rc), grad_memory(gm) {
   if (part.l1 < 0) part.l1 = d.n_layer;
   if (prec == GemmPrecision::tf32 && !o.on_gpu())
     fail("runtime.precision \"tf32\" is a CUDA tensor-core mode; use \"fp32\" or \"bf16\" on the CPU");
@@ -25,7 +26,10 @@ Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision
   if (d.head == HeadKind::classifier && d.num_labels < 1) fail("model: a classifier needs model.num_labels >= 1");
   table = build_param_table(d, part);
   params = static_cast<float*>(ops->alloc(table.numel * sizeof(float)));
-  grads = static_cast<float*>(ops->alloc(table.numel * sizeof(float)));
+  if (grad_memory == GradMemory::on_touch && o.on_gpu())
+    fail("internal: gradient memory resident on touch is host memory (the CPU backend)");
+  grads = grad_memory == GradMemory::on_touch ? static_cast<float*>(host_pages_alloc(table.numel * sizeof(float)))
+                                              : static_cast<float*>(ops->alloc(table.numel * sizeof(float)));
   if (precision == GemmPrecision::bf16)
     weights_bf16_ = static_cast<uint16_t*>(ops->alloc(aligned_copy_layout(table, &copy_offsets_) * sizeof(uint16_t)));
   const int nl = part.l1 - part.l0;
@@ -50,7 +54,8 @@ Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision
 
 Model::~Model() {
   ops->free(params);
-  ops->free(grads);
+  if (grad_memory == GradMemory::on_touch) host_pages_free(grads, table.numel * sizeof(float));
+  else ops->free(grads);
   ops->free(weights_bf16_);
   ops->free(scratch_);
 }
@@ -80,12 +85,19 @@ GemmMode Model::gemm_reading(const float* w) const {
 }
 
 void Model::init_params(uint64_t seed) {
+  if (!ops->on_gpu()) {  // host memory already: no second copy of the parameters, even for a moment
+    init_param_values(table, seed, params);
+    return;
+  }
   std::vector<float> host(table.numel);
   init_param_values(table, seed, host.data());
   ops->copy_to_device(params, host.data(), host.size() * sizeof(float));
 }
 
-void Model::zero_grads() { ops->zero(grads, table.numel * sizeof(float)); }
+void Model::zero_grads() {
+  if (grad_memory == GradMemory::on_touch) host_pages_release(grads, table.numel * sizeof(float));
+  else ops->zero(grads, table.numel * sizeof(float));
+}
 
 std::vector<float> Model::params_host() const {
   std::vector<float> h(table.numel);

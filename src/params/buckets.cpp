@@ -50,4 +50,17 @@ std::vector<ShardPiece> shard_pieces(const std::vector<Bucket>& buckets, int wor
   return out;
 }
 
+double zero2_grad_floats(const std::vector<Bucket>& buckets, const std::vector<ShardPiece>& pieces, size_t numel,
+                         bool overlap, int micro_batches, bool head_writes_last, size_t page_floats) {
+  if (micro_batches > 1 || buckets.empty()) return (double)numel;
+  double mine = 0;
+  size_t largest = 0;
+  for (const ShardPiece& p : pieces) mine += (double)(p.end - p.begin);
+  for (const Bucket& b : buckets) largest = std::max(largest, b.end - b.begin);
+  double whole = (double)(overlap ? 3 : 1) * (double)largest;
+  if (head_writes_last) whole += (double)(buckets.back().end - buckets.back().begin);
+  const double edges = 4.0 * (double)page_floats * (double)buckets.size();
+  return std::min((double)numel, mine + whole + edges);
+}
+
 }  // namespace llmpi

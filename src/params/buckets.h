@@ -36,6 +36,16 @@ std::vector<ShardPiece> shard_pieces(const std::vector<Bucket>& buckets, int wor
 // The piece sizes and offsets (relative to the bucket's begin) of every rank, for a bucket of n.
 void piece_counts(size_t n, int world, std::vector<size_t>& counts, std::vector<size_t>& displs);
 
+// ZeRO-2's gradient at its peak on this rank (comm/grad_sync.h), in floats: with one micro-batch,
+// its pieces, plus the buckets whole at once — the one backward is writing and, with overlap, the
+// two the communication thread may still hold; plus the bucket of a tensor the head writes first
+// and the embedding last (`head_writes_last`: the tied token embedding, the last slice), which stays
+// whole all through backward — plus, per bucket, the four partial pages (page_floats each) at the
+// ends of its piece and of itself, cleared but resident. With micro_batches > 1 the gradient
+// accumulates whole until the last micro-batch: the whole table.
+double zero2_grad_floats(const std::vector<Bucket>& buckets, const std::vector<ShardPiece>& pieces, size_t numel,
+                         bool overlap, int micro_batches, bool head_writes_last, size_t page_floats);
+
 // Whether this rank writes tensor i of its chunk's table to a checkpoint (checkpoint/sharded.h):
 // data-parallel replicas take tensors in turn, unless every rank holds values of its own (`own`:
 // ZeRO-1's pieces of the moments, sync "weights"); of a tensor the whole tensor-parallel group

@@ -435,6 +435,10 @@ PlanResult plan(const PlanInputs& in) {
       largest_bucket = std::max(largest_bucket, b.end - b.begin);
     }
     sm.shard_params = (int64_t)shard;
+    // ZeRO-2 (CPU): the gradient at its peak on the first replica's rank of the stage
+    sm.zero2_grad_floats = zero2_grad_floats(buckets.back(), shard_pieces(buckets.back(), r.dp, 0), tables.back().numel,
+                                             in.overlap, M, sm.part.head && ds.head == HeadKind::lm && ds.tie_embeddings,
+                                             4096 / sizeof(float));
     // ZeRO-1: the reduce-scatter's receive piece; with allreduce also the all-gather's padded
     // send piece and its W pieces (comm/grad_sync.cpp); with nccl the device buffer of W padded
     // pieces in fp32, and in bf16 for a bf16 gradient (comm/nccl.h)
@@ -473,17 +477,18 @@ PlanResult plan(const PlanInputs& in) {
   for (const char* prec : kMemoryPrecisions) {
     const bool bf = std::string(prec) == "bf16", built16 = std::string(prec) == "bf16-built";
     for (const std::string& sch : schedules)
-      for (int z = 0; z <= 1; z++)
+      for (int z = 0; z <= 2; z++)
         for (int s = 0; s < S; s++) {
           const StageMemory& sm = r.stages[s];
-          const bool sharded = z == 1 && r.dp > 1;
+          const bool sharded = z >= 1 && r.dp > 1;
           const double n = (double)sm.n_params, own = sharded ? (double)sm.shard_params : n;
           MemoryRow m;
           m.precision = prec, m.schedule = sch, m.zero = z, m.stage = s, m.slots = slots[sch][s];
           // bf16 projection: bf16 weights + fp32 master weights (sharded by ZeRO-1); as built: the
           // fp32 parameters (whole on every rank) + the bf16 weight copy
           m.params = bf ? 2 * n + 4 * own : built16 ? 4 * n + sm.weight_copy_bf16 : 4 * n;
-          m.grads = 4 * n;
+          // ZeRO-2 holds only its pieces of the gradient on the CPU (a GPU run refuses zero 2)
+          m.grads = z == 2 && sharded && !in.device.gpu ? 4 * sm.zero2_grad_floats : 4 * n;
           m.optimizer = adamw ? 8 * own : 0;
           const double kept = sch == "zb-h1" ? sm.kept_slot : 0;
           const double slot = bf        ? (sm.activation_slot - ids_bytes) / 2 + ids_bytes + kept / 2
@@ -496,6 +501,9 @@ PlanResult plan(const PlanInputs& in) {
           r.memory.push_back(m);
         }
   }
+  if (in.device.gpu && in.zero == 2)
+    r.notes.push_back("ZeRO-2 keeps only its pieces of the gradient in host memory, on the CPU backend: llmpi-train "
+                      "refuses parallel.zero 2 on a GPU, and the zero 2 rows here count the whole gradient");
   if (!zb_possible)
     r.notes.push_back(M > 1 ? "pp = 1: one activation slot of a micro-batch of " + std::to_string(r.micro_batch) +
                                   " (gradient accumulation over " + std::to_string(M) + ")"
@@ -633,8 +641,8 @@ PlanResult plan(const PlanInputs& in) {
       return stage_costs(kind != ScheduleKind::zb_h1 && d.head == HeadKind::lm ? k.with_fused_head() : k);
     };
     const std::vector<StageCost> tp_time = as_scheduled(r.tp_costs), tp_sent = as_scheduled(tp_bytes);
-    for (int z = 0; z <= 1; z++) {
-      const bool sharded = z == 1 && r.dp > 1;
+    for (int z = 0; z <= 2; z++) {  // (ZeRO-2 moves what ZeRO-1 does, at the same times)
+      const bool sharded = z >= 1 && r.dp > 1;
       TimeRow best;
       best.schedule = sch, best.zero = z, best.step_s = -1;
       for (int s = 0; s < S; s++) {

@@ -205,7 +205,7 @@ static Config extract(const json& r) {
             "does not combine with parallel.schedule \"zb-h1\" (its deferred weight gradients would read branch "
             "inputs gathered again for every layer): use \"1f1b\" or \"interleaved\"");
   }
-  const std::string sync_error = sync_choice_error(c.parallel.sync, c.parallel.zero, c.parallel.grad_dtype,
+  const std::string sync_error = sync_choice_error(c.parallel.sync, c.parallel.zero > 0, c.parallel.grad_dtype,
                                                    c.parallel.overlap);
   if (!sync_error.empty()) fail(sync_error);
   const std::string recompute_error = recompute_schedule_error(c.runtime.recompute, c.parallel.schedule,

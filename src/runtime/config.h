@@ -77,9 +77,10 @@ struct ParallelConfig {
   int tp = 1;
   // Sequence parallelism (with tp > 1): norms, residuals and hidden dropout on each rank's rows.
   bool sequence_parallel = false;
-  // Sharded optimizer (comm/grad_sync.h "ZeRO-1"), parallel.zero 1: each data-parallel rank keeps
-  // the AdamW moments of its shard only; gradients are reduce-scattered, parameters all-gathered.
-  bool zero = false;
+  // Sharded data parallelism (comm/grad_sync.h "ZeRO"), parallel.zero: 0 none; 1 (ZeRO-1) each
+  // data-parallel rank keeps the AdamW moments of its shard only, gradients are reduce-scattered and
+  // parameters all-gathered; 2 (ZeRO-2) the rank also keeps only its pieces of the gradient.
+  int zero = 0;
   // The gradient's type in the exchange (comm/grad_sync.h): fp32, or bf16 for half the bytes
   // (each bucket rounded to bfloat16, summed in fp32 and rounded again at every reduction step).
   GradDtype grad_dtype = GradDtype::fp32;

@@ -283,13 +283,16 @@ std::vector<ConfigKey> make_keys() {
       key("parallel.stage_layers", json::array(), none(), "parallel.pp_stages > 1",
           "layers of each (virtual) stage, e.g. [1,3] ([] = balanced by estimated cost)",
           into(&Config::parallel, &PC::stage_layers, "parallel.stage_layers"), kPipelineOnly),
-      key("parallel.zero", 0, none(), "", "1 = ZeRO-1: each data-parallel rank keeps the optimizer state of its shard only",
+      key("parallel.zero", 0, none(), "",
+          "1 = ZeRO-1: each data-parallel rank keeps the optimizer state of its shard only; 2 = ZeRO-2: and only "
+          "its pieces of the gradient",
           [](Config& c, const json& v) {
             const int zero = as_int<int>(v, "parallel.zero");
-            if (zero != 0 && zero != 1)
-              fail("config: 'parallel.zero' must be 0 (every rank keeps the whole optimizer state) or 1 (ZeRO-1: "
-                   "each data-parallel rank keeps the AdamW moments of its 1/DP shard), got ", zero);
-            c.parallel.zero = zero == 1;
+            if (zero < 0 || zero > 2)
+              fail("config: 'parallel.zero' must be 0 (every rank keeps the whole optimizer state), 1 (ZeRO-1: "
+                   "each data-parallel rank keeps the AdamW moments of its 1/DP shard) or 2 (ZeRO-2: and only its "
+                   "1/DP pieces of the gradient), got ", zero);
+            c.parallel.zero = zero;
           }),
       key("parallel.grad_dtype", "fp32", none(), "parallel.sync allreduce or nccl",
           "the gradient on the wire: \"fp32\" or \"bf16\" (half the bytes, rounded sums)",

@@ -101,7 +101,7 @@ std::string sync_choice_error(SyncMethod method, bool zero, GradDtype grad_dtype
   if (zero && method == SyncMethod::weights)
     return "config: 'parallel.zero' shards the optimizer state of ranks that average gradients; \"weights\" gives "
            "every rank its own optimizer over every parameter: use parallel.sync \"allreduce\" or \"gather_scatter\" "
-           "with zero 1, or zero 0";
+           "with zero 1 or 2, or zero 0";
   if (grad_dtype == GradDtype::bf16 && method != SyncMethod::allreduce && method != SyncMethod::nccl)
     return "config: 'parallel.grad_dtype' \"bf16\" is implemented for parallel.sync \"allreduce\" (with or without "
            "zero 1) and \"nccl\", not \"" + name + "\": use one of those, or grad_dtype \"fp32\"";

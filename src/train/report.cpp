@@ -150,7 +150,7 @@ void print_layout(const Run& r) {
     std::printf("pipeline: %d stages × %d data-parallel replicas, schedule %s, %d micro-batches of %d%s; "
                 "gradient sync %s%s per stage\n", r.groups->pp, r.groups->dp, schedule_kind_name(e.kind),
                 e.M, e.micro_batch, e.v > 1 ? (", " + std::to_string(e.v) + " chunks per stage").c_str() : "",
-                option_name(r.cfg.parallel.sync), r.cfg.parallel.zero ? " with ZeRO-1" : "");
+                option_name(r.cfg.parallel.sync), r.cfg.parallel.zero == 2 ? " with ZeRO-2" : r.cfg.parallel.zero ? " with ZeRO-1" : "");
     std::printf("pipeline messages: %s\n", link_way_name(e.link->way()));
     return;
   }
@@ -162,7 +162,9 @@ void print_layout(const Run& r) {
   const std::string method_note =
       g.opt.method == SyncMethod::weights
           ? ", parameters every " + std::to_string(g.opt.average_every) + " step(s)"
-      : g.opt.zero ? ", ZeRO-1: gradients reduce-scattered, parameters all-gathered, AdamW state for " +
+      : g.opt.zero ? std::string(g.opt.shard_grads ? ", ZeRO-2" : ", ZeRO-1") +
+                         ": gradients reduce-scattered, parameters all-gathered, AdamW state" +
+                         (g.opt.shard_grads ? " and gradient" : "") + " for " +
                          std::to_string(e.chunks.front().opt->n) + " of " + std::to_string(numel) + " values"
                    : "";
   std::printf("sync: %s of %zu %s values (%.1f MB) in %zu bucket%s (bucket_mb %g, first %g), overlap %s%s; "
@@ -181,7 +183,7 @@ void print_start(const Run& r, const TrainOptions& o, const TrainResult& res) {
   for (const std::string& w : keys_without_effect(r.cfg)) std::fprintf(stderr, "llmpi-train: warning: %s\n", w.c_str());
   if (r.cfg.parallel.zero && r.groups->dp == 1)  // (the layout decides this one, not the configuration alone)
     std::fprintf(stderr, "llmpi-train: warning: 'parallel.zero' has no effect with one data-parallel replica (%d "
-                 "ranks = %d pipeline stages x %d tensor-parallel ranks): ZeRO-1 shards the optimizer state over "
+                 "ranks = %d pipeline stages x %d tensor-parallel ranks): ZeRO shards the optimizer state over "
                  "replicas; use more ranks, or fewer stages or tensor-parallel ranks\n",
                  r.world, r.groups->pp, r.groups->tp);
   const std::string blas = r.on_gpu ? "" : cpu::openblas_core_warning();
