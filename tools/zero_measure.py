@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
-"""zero_measure.py — what ZeRO-1 (parallel.zero 1) saves and what it sends, measured.
+"""zero_measure.py — what ZeRO-1/2/3 (parallel.zero 1-3) save, send and cost, measured.
 
   python3 tools/zero_measure.py [--build build] [--data build/demo] [--out bench/results/zero-DATE.json]
-                                [--parts memory,traffic] [--worlds 1,2,4]
+                                [--parts memory,traffic,time,link,largest] [--worlds 1,2,4] [--zeros 0,1,2,3]
 
-memory   For each world size W and zero 0/1: llmpi-train runs 3 steps of a GPT-2-shaped model
+memory   For each world size W and zero stage: llmpi-train runs 3 steps of a GPT-2-shaped model
          (8 layers, d_model 512, seq 64, byte vocabulary: 25.4M parameters, so the AdamW moments
          are 203 MB unsharded) at global batch 4, one thread per rank, and writes summary.json:
          every rank's peak RSS (VmHWM), the RSS before the model was allocated, the estimate
          and the AdamW floats this rank holds. Printed: AdamW MB per rank, peak RSS, and the
          estimate (less its checkpoint staging: no checkpoint is written) + the pre-model RSS
          against rank 0's peak.
+time     The same model, 8 steps with parallel.overlap on, at W = 2 and 4, each zero stage in
+         turn: the median step time (steps 2-7), the time inside collectives and the share of it
+         hidden behind compute (1 - exposed/comm, the overlap figure metrics.jsonl reports).
+link     The same at 2 ranks across a veth pair limited to 1 Gbit/s (tools/netns_link.sh; root).
+largest  The largest GPT-2 shape (d_model 1024, 16 heads, seq 64; n_layer searched) whose
+         memory estimate the start-up check accepts on 4 ranks of this node (llmpi-train
+         --dry-run), for ZeRO-1 and ZeRO-3, each then trained for 2 steps to show it runs:
+         parameters, peak RSS per rank and step time.
 traffic  Two ranks across a bare veth pair in two network namespaces (tools/netns_link.sh
          --rate none; needs root): the bytes rank 0's interface sent per step, as the
          difference between a 6-step and a 2-step run (start-up traffic cancels), for
@@ -80,7 +88,7 @@ class Measure:
     def part_memory(self):
         rows = []
         for w in self.a.worlds:
-            for zero in (0, 1):
+            for zero in self.a.zeros:
                 run = os.path.join(self.tmp, f"mem-w{w}-z{zero}")
                 sets = [f"parallel.zero={zero}", "train.steps=3"]
                 self.run(["mpiexec", "-n", str(w)] + self.args(run, sets), run)
@@ -98,6 +106,81 @@ class Measure:
                 say(f"W={w} zero={zero}: AdamW {row['adamw_bytes_rank0'] / 1e6:.1f} MB/rank, peak RSS "
                     f"{peak / 1e6:.1f} MB, estimate + pre-model RSS {predicted / 1e6:.1f} MB "
                     f"({100 * row['estimate_plus_pre_model_rss_error']:+.1f}%)")
+        return rows
+
+    def steps_of(self, run):
+        """Median step time, comm time and exposed comm time (ms) over steps 2.. of a run."""
+        m = [x for x in read_jsonl(os.path.join(run, "metrics.jsonl")) if "step_ms" in x][1:]
+        if not m:
+            die(f"no step lines in {run}/metrics.jsonl")
+        med = lambda k: statistics.median(x.get(k, 0.0) for x in m)
+        return med("step_ms"), med("comm_ms"), med("exposed_comm_ms")
+
+    def timed(self, prefix, launch, w, zero, extra=()):
+        run = os.path.join(self.tmp, f"{prefix}-w{w}-z{zero}")
+        sets = [f"parallel.zero={zero}", "train.steps=8", "parallel.overlap=true", "parallel.bucket_mb=4"] + list(extra)
+        self.run(launch(run, sets), run)
+        step, comm, exposed = self.steps_of(run)
+        hidden = 1 - exposed / comm if comm > 0 else 0.0
+        row = {"world": w, "zero": zero, "step_ms_median": step, "comm_ms_median": comm,
+               "exposed_comm_ms_median": exposed, "comm_hidden_share": hidden}
+        say(f"{prefix} W={w} zero={zero}: step {step:.0f} ms, comm {comm:.0f} ms, exposed {exposed:.0f} ms "
+            f"({100 * hidden:.0f}% hidden)")
+        return row
+
+    def part_time(self):
+        rows = []
+        for w in [x for x in self.a.worlds if x > 1]:
+            for zero in self.a.zeros:
+                rows.append(self.timed("time", lambda run, sets: ["mpiexec", "-n", str(w)] + self.args(run, sets),
+                                       w, zero))
+        return rows
+
+    def part_link(self):
+        if os.geteuid() != 0:
+            say("link: skipped (needs root for the network namespaces)")
+            return []
+        rows = []
+        for zero in self.a.zeros:
+            launch = lambda run, sets: [os.path.join(ROOT, "tools", "netns_link.sh"), "--quiet", "--rate", "1gbit",
+                                        "mpi", "--"] + self.args(run, sets)
+            rows.append(self.timed("link-1gbit", launch, 2, zero))
+        return rows
+
+    def part_largest(self):
+        base = ["model.n_head=16", "model.d_model=1024", "train.global_batch=4", "parallel.bucket_mb=25",
+                "parallel.overlap=true", "checkpoint.every=0"]
+        rows = []
+        for zero in (1, 3):
+            def fits(layers):
+                run = os.path.join(self.tmp, f"fit-z{zero}-l{layers}")
+                sets = base + [f"parallel.zero={zero}", f"model.n_layer={layers}"]
+                shutil.rmtree(run, ignore_errors=True)
+                env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+                try:
+                    run_command(["mpiexec", "-n", "4"] + self.args(run, sets) + ["--dry-run"], env, lambda m: None)
+                    return True
+                except RuntimeError:
+                    return False
+            lo, hi = 1, 2
+            while fits(hi):
+                lo, hi = hi, hi * 2
+            while hi - lo > 1:  # fits(lo), not fits(hi)
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+            run = os.path.join(self.tmp, f"largest-z{zero}")
+            self.run(["mpiexec", "-n", "4"] + self.args(run, base + [f"parallel.zero={zero}", f"model.n_layer={lo}",
+                                                                     "train.steps=2"]), run)
+            s = json.load(open(os.path.join(run, "summary.json")))
+            m = [x for x in read_jsonl(os.path.join(run, "metrics.jsonl")) if "step_ms" in x]
+            row = {"zero": zero, "n_layer": lo, "n_params": s.get("n_params"),
+                   "peak_rss_bytes_per_rank": s["peak_rss_bytes_per_rank"],
+                   "step_ms": [x["step_ms"] for x in m], "losses": [x.get("loss") for x in m]}
+            rows.append(row)
+            say(f"largest on 4 ranks, zero {zero}: {lo} layers, {row['n_params'] / 1e6:.0f}M parameters, peak RSS "
+                f"{max(row['peak_rss_bytes_per_rank']) / 1e9:.2f} GB per rank")
+        if len(rows) == 2 and rows[0]["n_params"]:
+            say(f"ZeRO-3 / ZeRO-1 parameters: {rows[1]['n_params'] / rows[0]['n_params']:.2f}x")
         return rows
 
     def part_traffic(self):
@@ -135,10 +218,12 @@ def main():
     p.add_argument("--data", default=os.path.join(ROOT, "build", "demo"))
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results",
                                                  f"zero-{datetime.date.today().isoformat()}.json"))
-    p.add_argument("--parts", default="memory,traffic")
+    p.add_argument("--parts", default="memory,traffic,time,link,largest")
     p.add_argument("--worlds", default="1,2,4")
+    p.add_argument("--zeros", default="0,1,2,3")
     a = p.parse_args()
     a.worlds = [int(x) for x in a.worlds.split(",")]
+    a.zeros = [int(x) for x in a.zeros.split(",")]
     m = Measure(a)
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "machine": f"{platform.node()}, {os.cpu_count()} cores", "model": MODEL,
@@ -148,6 +233,9 @@ def main():
         res["memory"] = m.part_memory()
     if "traffic" in parts:
         res["traffic"] = m.part_traffic()
+    for part in ("time", "link", "largest"):
+        if part in parts:
+            res[part] = getattr(m, "part_" + part)()
     write_json_atomic(a.out, res)
     shutil.rmtree(m.tmp, ignore_errors=True)
     say("wrote " + a.out)

@@ -100,7 +100,7 @@ std::string fmt_s(double s) {
 int main(int argc, char** argv) {
   CLI::App app{"llmpi-plan: memory per rank, step time and scaling efficiency of a training run, before running it.\n"
                "Usage: llmpi-plan --config run.json [--set key=value]... --world W [--pp S] [--tp T] [--microbatches M] "
-               "[--zero 0|1|2]\n       [--device h100|h200|cpu] [--link CLASS] [--intra-link CLASS] [--json OUT]\n"
+               "[--zero 0|1|2|3]\n       [--device h100|h200|cpu] [--link CLASS] [--intra-link CLASS] [--json OUT]\n"
                "Memory: fp32 and bf16 as the code allocates them, and a bf16 projection with every activation in bf16;\n"
                "time is\n"
                "a model (docs/SCALING.md): per-layer compute from --profile or the device table, the pipeline\n"
@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   auto* mb_opt = app.add_option("--microbatches", microbatches,
                                 "micro-batches per step per replica (default: parallel.microbatches)");
   auto* zero_opt =
-      app.add_option("--zero", zero, "the run's ZeRO stage, 0, 1 or 2 (default: parallel.zero); all are always planned");
+      app.add_option("--zero", zero, "the run's ZeRO stage, 0 to 3 (default: parallel.zero); all are always planned");
   app.add_option("--schedule", schedule,
                  "the run's schedule: gpipe, 1f1b or zb-h1 (default: parallel.schedule); all three are planned");
   app.add_option("--device", device_name, "device table entry: h100, h200 or cpu (this machine; default)");
@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
     if (pp_opt->count()) require_at_least("--pp", pp, 1, "pipeline stages");
     if (tp_opt->count()) require_at_least("--tp", tp, 1, "tensor-parallel ranks per group");
     if (mb_opt->count()) require_at_least("--microbatches", microbatches, 1, "micro-batches per step per replica");
-    if (zero_opt->count()) require_range("--zero", zero, 0, 2, "the run's ZeRO stage");
+    if (zero_opt->count()) require_range("--zero", zero, 0, 3, "the run's ZeRO stage");
     if (cpr_opt->count()) require_at_least("--cores-per-rank", cores_per_rank, 1, "cores per rank");
     if (cpn_opt->count()) require_at_least("--cores-per-node", node_cores, 1, "cores of a node");
     if (gpn_opt->count()) require_at_least("--gpus-per-node", ranks_per_node, 1, "ranks per node");
@@ -349,7 +349,7 @@ int main(int argc, char** argv) {
     std::printf("  %-8s %-6s %12s %12s %12s\n", "schedule", "zero", "fp32", "bf16 built", "bf16 proj.");
     std::vector<std::string> schs = S > 1 ? std::vector<std::string>{"gpipe", "1f1b", "zb-h1"} : std::vector<std::string>{"-"};
     for (const std::string& sch : schs)
-      for (int z = 0; z <= 2; z++) {
+      for (int z = 0; z <= 3; z++) {
         if (!r.memory_row("fp32", sch, z, 0)) continue;  // (zb-h1 with recomputation: not planned)
         double mx[std::size(kMemoryPrecisions)] = {};
         int i = 0;

@@ -39,15 +39,35 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
   MPI_Comm_size(comm, &world);
   device_ = ops->on_gpu();
   // The small first bucket only helps when collectives start during backward (overlap).
-  buckets = make_buckets(t, opt.bucket_mb, opt.overlap ? opt.first_bucket_mb : opt.bucket_mb);
+  buckets = make_buckets(t, opt.bucket_mb, opt.overlap ? opt.first_bucket_mb : opt.bucket_mb, opt.shard_params);
   const std::string err = sync_choice_error(opt.method, opt.zero, opt.bf16 ? GradDtype::bf16 : GradDtype::fp32,
                                             opt.overlap);
   if (!err.empty()) fail(err);
-  if (opt.shard_grads && !opt.zero) fail("internal: ZeRO-2 without ZeRO-1's pieces");
+  if ((opt.shard_grads && !opt.zero) || (opt.shard_params && !opt.shard_grads))
+    fail("internal: a ZeRO stage without the stages below it");
   if (opt.shard_grads && device_)
-    fail("parallel.zero 2 keeps only this rank's pieces of the gradient in host memory, on the CPU backend; "
-         "on a GPU use parallel.zero 1 (sharded optimizer state)");
+    fail("parallel.zero ", opt.shard_params ? 3 : 2, " keeps only this rank's pieces of the ",
+         opt.shard_params ? "parameters and gradient" : "gradient",
+         " in host memory, on the CPU backend; on a GPU use parallel.zero 1 (sharded optimizer state)");
   shard = shard_pieces(buckets, opt.zero ? world : 1, opt.zero ? rank : 0);
+  reduce_ticket_.assign(buckets.size(), 0);
+  for (const Bucket& b : buckets) bucket_layer_.push_back(t.slices[b.first_slice].layer);
+  if (opt.shard_params) {  // each block of the chunk: its run of whole buckets (make_buckets at_layers)
+    int lo = INT_MAX, hi = -1;
+    for (int l : bucket_layer_)
+      if (l >= 0) lo = std::min(lo, l), hi = std::max(hi, l);
+    if (hi >= 0) {
+      l0_ = lo;
+      layers_.assign(hi - lo + 1, LayerState{});
+      for (size_t b = buckets.size(); b-- > 0;) {  // (the table holds the blocks from the last to the first)
+        if (bucket_layer_[b] < 0) continue;
+        LayerState& s = layers_[bucket_layer_[b] - lo];
+        if (s.end == 0) s.first = b, s.end = b + 1;
+        else if (b + 1 == s.first) s.first = b;
+        else fail("internal: a block's parameters are not one run of buckets");
+      }
+    }
+  }
   if (opt.method == SyncMethod::nccl) {
     std::string why;
     if (!device_)
@@ -100,7 +120,8 @@ void GradSync::begin_step() {
   step = SyncStats{};
   next_launch_ = 0;
   std::lock_guard<std::mutex> lock(mu_);
-  completed_ = 0;
+  if (completed_ != launched_) fail("internal: a step began with communication in flight");
+  launched_ = completed_ = 0;
 }
 
 // One collective pass over bucket b of base: afterwards it holds the mean over ranks (with zero:
@@ -115,7 +136,7 @@ void GradSync::reduce(float* base, size_t b, const std::string& label) {
   const bool zero = opt.zero && averages_gradients();
   const Traffic moved = zero ? exchange_->reduce_scatter_mean(data, n, poll) : exchange_->average(data, n, poll);
   // (The averaging multiply is local work; at about 1 ns a float it is counted as communication.)
-  if (opt.shard_grads && zero && base == grads) release_others(b);
+  if (opt.shard_grads && zero && base == grads) release_others(grads, b);
   const double t_end = now_ms();
   if (staged) {  // back: the whole bucket, or this rank's piece
     const ShardPiece p = zero ? shard[b] : ShardPiece{begin, begin + n};
@@ -138,12 +159,12 @@ void GradSync::all_gather(float* base, size_t b, const std::string& label) {
   account(t0, t_end, now_ms(), moved, label, n);
 }
 
-void GradSync::release_others(size_t b) {
+void GradSync::release_others(float* base, size_t b) {
   const Bucket& k = buckets[b];
   const ShardPiece& p = shard[b];
   const size_t lo = p.end > p.begin ? p.begin : k.end;  // (an empty piece: the whole bucket)
-  host_pages_release(grads + k.begin, (lo - k.begin) * sizeof(float));
-  if (p.end > p.begin) host_pages_release(grads + p.end, (k.end - p.end) * sizeof(float));
+  host_pages_release(base + k.begin, (lo - k.begin) * sizeof(float));
+  if (p.end > p.begin) host_pages_release(base + p.end, (k.end - p.end) * sizeof(float));
 }
 
 void GradSync::account(double t0, double t_end, double t1, const Traffic& moved, const std::string& label,
@@ -184,18 +205,21 @@ void GradSync::comm_loop() {
   }
 }
 
-void GradSync::launch(size_t b, bool params) {
-  if (!thread_.joinable()) return;  // no overlap: finish() reduces every bucket in order
+size_t GradSync::launch(size_t b, bool params) {
+  if (!thread_.joinable()) return 0;  // no overlap: finish() reduces every bucket in order
+  size_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back({b, params});
+    ticket = ++launched_;
   }
   cv_work_.notify_one();
+  return ticket;
 }
 
-void GradSync::wait_all(size_t jobs) {
+void GradSync::wait_ticket(size_t ticket) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_done_.wait(lock, [&] { return completed_ >= jobs; });
+  cv_done_.wait(lock, [&] { return completed_ >= ticket; });
 }
 
 void GradSync::on_ready(size_t k) {
@@ -215,9 +239,9 @@ void GradSync::on_ready(size_t k) {
     }
     if (opt.shard_grads && b >= 2) {  // ZeRO-2: at most two buckets queued (the gradient whole in at most three)
       waited = true;
-      wait_all(b - 1);
+      wait_ticket(reduce_ticket_[b - 2]);
     }
-    launch(b);
+    reduce_ticket_[b] = launch(b);
   }
   if (!exchange_->device_memory() && (here || waited)) step.exposed_comm_ms += now_ms() - t0;
 }
@@ -236,7 +260,12 @@ void GradSync::finish() {
   }
   if (thread_.joinable()) {
     while (next_launch_ < buckets.size()) launch(next_launch_++);
-    wait_all(buckets.size());
+    size_t last = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last = launched_;
+    }
+    wait_ticket(last);
   } else {  // (ZeRO-2 reduced the buckets backward finished in on_ready)
     for (; next_launch_ < buckets.size(); next_launch_++)
       reduce(grads, next_launch_, bucket_label(opt.method, opt.zero, false, next_launch_));
@@ -255,27 +284,23 @@ void GradSync::gather_params(float* params, const std::function<void(size_t)>& u
   if (thread_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      completed_ = 0;
       params_ = params;
     }
+    size_t last = 0;
     for (size_t b = 0; b < buckets.size(); b++) {
       const double u0 = now_ms();
       update(b);
       if (device_) cuda_synchronize();  // the piece is on the device before the thread copies it
       update_ms += now_ms() - u0;
-      launch(b, true);
+      if (!layer_bucket(b)) last = launch(b, true);
     }
-    wait_all(buckets.size());
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      completed_ = buckets.size();  // as after finish()
-    }
+    wait_ticket(last);
   } else {
     for (size_t b = 0; b < buckets.size(); b++) {
       const double u0 = now_ms();
       update(b);
       update_ms += now_ms() - u0;
-      all_gather(params, b, bucket_label(opt.method, opt.zero, true, b));
+      if (!layer_bucket(b)) all_gather(params, b, bucket_label(opt.method, opt.zero, true, b));
     }
     // nccl: bucket b's all-gather was enqueued after update(b) and overlaps update(b+1); the next
     // forward waits for all of them
@@ -317,6 +342,57 @@ bool GradSync::average_params(float* params, int64_t s) {
   for (size_t b = 0; b < buckets.size(); b++) reduce(params, b, "average parameters bucket " + std::to_string(b));
   step.exposed_comm_ms += now_ms() - t0;
   return true;
+}
+
+// ---- ZeRO-3: the blocks' parameters gathered when used ------------------------------------------
+
+GradSync::LayerState* GradSync::layer_state(int l) {
+  if (!opt.shard_params || world == 1 || layers_.empty()) return nullptr;
+  if (l < l0_ || l >= l0_ + (int)layers_.size()) return nullptr;
+  return &layers_[l - l0_];
+}
+
+void GradSync::prefetch_layer(int l) {
+  LayerState* s = layer_state(l);
+  if (!s || s->whole || s->ticket || !thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    params_ = params;
+  }
+  for (size_t b = s->first; b < s->end; b++) s->ticket = launch(b, true);
+}
+
+void GradSync::need_layer(int l) {
+  LayerState* s = layer_state(l);
+  if (!s || s->whole) return;
+  const double t0 = now_ms();
+  if (thread_.joinable()) {
+    prefetch_layer(l);  // (no-op when already in flight)
+    wait_ticket(s->ticket);
+  } else {
+    for (size_t b = s->first; b < s->end; b++) all_gather(params, b, bucket_label(opt.method, opt.zero, true, b));
+  }
+  step.exposed_comm_ms += now_ms() - t0;
+  s->whole = true;
+  s->ticket = 0;
+}
+
+void GradSync::release_layer(int l) {
+  LayerState* s = layer_state(l);
+  if (!s || !s->whole) return;
+  for (size_t b = s->first; b < s->end; b++) release_others(params, b);
+  s->whole = false;
+}
+
+void GradSync::release_layers() {
+  for (size_t i = 0; i < layers_.size(); i++) {
+    LayerState* s = layer_state(l0_ + (int)i);
+    if (!s) return;
+    if (s->ticket) wait_ticket(s->ticket);
+    s->ticket = 0;
+    s->whole = true;  // (written whole)
+    release_layer(l0_ + (int)i);
+  }
 }
 
 }  // namespace llmpi

@@ -49,6 +49,17 @@
 // gradient is reduced once, after the last micro-batch (as every method here), so the whole
 // gradient is resident until then. The GPU backends refuse it (their buffers are cudaMalloc's).
 //
+// ZeRO-3 (parallel.zero 3, SyncOptions::shard_params; FSDP's layout): ZeRO-2, and the parameters
+// of the transformer blocks are held in this rank's pieces too. Buckets are cut at block boundaries
+// (make_buckets at_layers), so each block is a run of whole buckets; the parameter buffer keeps its
+// flat layout as host memory resident only where written. need_layer(l) all-gathers block l's
+// buckets from their owners (the pieces the optimizer updated) just before its forward or backward,
+// prefetch_layer starts the next block's gather on the communication thread (with overlap) while
+// this one computes, and release_layer(l) hands the other ranks' pieces back afterwards: a rank
+// holds its pieces plus at most two blocks whole. The tensors outside the blocks (embeddings, final
+// norm, head) stay whole, as with ZeRO-1 (gathered after the update). The forward and backward see
+// exactly ZeRO-1's parameters, so the results are ZeRO-1's with the same buckets.
+//
 // Gradient type on the wire (parallel.grad_dtype, SyncOptions::bf16): fp32, or bf16 for half the
 // bytes, with allreduce (with or without ZeRO-1) and nccl (comm/exchange.h says how each rounds).
 // ZeRO-1's all-gather of parameters stays fp32 (every rank must hold the same parameters).
@@ -103,6 +114,7 @@ struct SyncOptions {
   int average_every = 1;
   bool zero = false;         // ZeRO-1 (above): the optimizer's state and update in pieces
   bool shard_grads = false;  // ZeRO-2 (above): and the gradient's memory too (zero is set)
+  bool shard_params = false; // ZeRO-3 (above): and the blocks' parameters (shard_grads is set)
   bool bf16 = false;  // gradients exchanged as bfloat16 (parallel.grad_dtype "bf16"; above)
 };
 
@@ -172,8 +184,23 @@ struct GradSync {
   // After finish(): update(b) is called for every bucket b in order (the optimizer on piece b),
   // and bucket b's parameters are all-gathered from their owners, so that every rank holds the
   // full updated parameters; with overlap, bucket b's all-gather runs while update(b+1) computes.
-  // Without zero (or at world size 1) it only calls update(b) for every b.
+  // Without zero (or at world size 1) it only calls update(b) for every b. ZeRO-3 gathers only
+  // the buckets outside the blocks (the blocks' are gathered when used: need_layer).
   void gather_params(float* params, const std::function<void(size_t)>& update);
+
+  // ZeRO-3 (no-ops otherwise, and at world size 1). `params`: the model's parameters (set before
+  // the first call). Block l of this chunk's [l0, l1) whole on return from need_layer(l) (gathered
+  // now unless prefetched); prefetch_layer(l) starts that gather on the communication thread (with
+  // overlap; nothing without, or for l outside the chunk); release_layer(l) keeps only this rank's
+  // pieces of block l. release_layers() releases every block: after the parameters were written
+  // whole (initialisation, a checkpoint, Hugging Face weights).
+  float* params = nullptr;
+  void need_layer(int l);
+  void prefetch_layer(int l);
+  void release_layer(int l);
+  void release_layers();
+  // ZeRO-3: whether bucket b holds a block's parameters (gathered when used, not after the update).
+  bool layer_bucket(size_t b) const { return opt.shard_params && bucket_layer_[b] >= 0; }
   // Checkpoints: the per-rank state `compact` (host memory; the concatenation of this rank's
   // pieces in bucket order, as optim/optimizer.h stores m and v) assembled in the flat layout on
   // rank 0 of comm, into `full` (resized there to the table's numel; untouched elsewhere).
@@ -196,14 +223,27 @@ struct GradSync {
     bool params;  // all-gather parameters (zero), else average the gradient
   };
   std::deque<Job> queue_;
-  float* params_ = nullptr;        // gather_params' buffer, for the communication thread
-  size_t completed_ = 0;
+  float* params_ = nullptr;        // the all-gathers' buffer, for the communication thread
+  size_t launched_ = 0, completed_ = 0;  // jobs this step (a job's ticket: launched_ after it)
+  std::vector<size_t> reduce_ticket_;    // ZeRO-2 with overlap: bucket b's reduce job
+  // ZeRO-3: each bucket's block (-1 outside the blocks); per block of the chunk its buckets
+  // [first, end), whether it is whole, and the ticket of its gather in flight (0: none).
+  std::vector<int> bucket_layer_;
+  struct LayerState {
+    size_t first = 0, end = 0;
+    bool whole = true;
+    size_t ticket = 0;
+  };
+  int l0_ = 0;
+  std::vector<LayerState> layers_;
   bool stop_ = false;
 
-  void launch(size_t b, bool params = false);
-  void wait_all(size_t jobs);
-  // ZeRO-2: bucket b's floats outside this rank's piece, released (zero, pages returned).
-  void release_others(size_t b);
+  // Queues a job for the communication thread and returns its ticket (0 without a thread).
+  size_t launch(size_t b, bool params = false);
+  void wait_ticket(size_t ticket);  // the jobs up to this ticket done
+  // ZeRO-2/3: bucket b's floats of base outside this rank's piece, released (zero, pages returned).
+  void release_others(float* base, size_t b);
+  LayerState* layer_state(int l);   // ZeRO-3 and world > 1: block l's state, else null
   // One collective pass over bucket b of base (gradients or parameters), averaged; with zero,
   // gradients are reduce-scattered (mean in this rank's piece only).
   void reduce(float* base, size_t b, const std::string& label);

@@ -27,6 +27,7 @@ SyncOptions sync_options(const ParallelConfig& pc) {
   so.average_every = pc.average_every;
   so.zero = pc.zero >= 1;
   so.shard_grads = pc.zero >= 2;
+  so.shard_params = pc.zero >= 3;
   so.bf16 = pc.grad_dtype == GradDtype::bf16;
   return so;
 }
@@ -81,6 +82,12 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
     : g(groups), ops(o), desc(d), kind(groups.pp > 1 ? pc.schedule : ScheduleKind::one_f_one_b), S(groups.pp),
       M(pc.microbatches), v(groups.pp > 1 ? pc.virtual_stages : 1), T(eo.T), seed(eo.seed), opt(eo) {
   check_layout(ops, g, pc, so, eo.local_batch);
+  if (so.shard_params && eo.precision == GemmPrecision::bf16)
+    fail("parallel.zero 3 with runtime.precision \"bf16\": the bf16 copies of the weights would be whole on "
+         "every rank; use precision \"fp32\", or parallel.zero 2");
+  if (so.shard_params && g.pp > 1 && pc.schedule == ScheduleKind::zb_h1)
+    fail("parallel.zero 3 with parallel.schedule \"zb-h1\" is not supported (its deferred weight gradients "
+         "run outside the blocks' gathers); use schedule \"1f1b\", \"gpipe\" or \"interleaved\", or zero 2");
   const std::string recompute_error = recompute_schedule_error(eo.recompute, kind, S);
   if (!recompute_error.empty()) fail(recompute_error);
   micro_batch = eo.local_batch / M;
@@ -96,13 +103,17 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
     ch.part = held.parts[c];
     ModelDesc md = g.tp > 1 ? tensor_shard(d, g.tp, g.tp_rank) : d;
     md.sequence_parallel = g.tp > 1 && pc.sequence_parallel;
-    // ZeRO-2 on the CPU: the gradient resident only in this rank's pieces (comm/grad_sync.h); on a
-    // GPU the sync refuses it below.
-    const GradMemory gm = so.shard_grads && !ops.on_gpu() ? GradMemory::on_touch : GradMemory::whole;
-    ch.model = std::make_unique<Model>(md, ops, ch.part, eo.precision, eo.recompute, gm);
+    // ZeRO-2/3 on the CPU: the gradient (and the blocks' parameters) resident only in this rank's
+    // pieces (comm/grad_sync.h); on a GPU the sync refuses them below.
+    const PagedBuffers paged = ops.on_gpu() || !so.shard_grads ? PagedBuffers::none
+                               : so.shard_params             ? PagedBuffers::grads_and_params
+                                                             : PagedBuffers::grads;
+    ch.model = std::make_unique<Model>(md, ops, ch.part, eo.precision, eo.recompute, paged);
     ch.part = ch.model->part;  // its block range resolved (ModelPart::whole() says "to the last")
     ch.model->init_params(seed);
     ch.sync = std::make_unique<GradSync>(so, g.data, ops, ch.model->grads, ch.model->table, eo.tracer);
+    ch.sync->params = ch.model->params;
+    ch.sync->release_layers();  // ZeRO-3: the blocks back to this rank's pieces
     // ZeRO-1 over the stage's data-parallel group: the moments of this rank's pieces only.
     ch.opt = std::make_unique<Optimizer>(ops, ch.model->table.numel, eo.optimizer,
                                          so.zero ? ch.sync->shard : std::vector<ShardPiece>{});
@@ -170,12 +181,18 @@ std::string Engine::describe_layers() const {
 
 std::vector<float> Engine::gather_whole(int which) {
   // ZeRO-1: a chunk's moments are first assembled from its data-parallel group on replica 0.
+  // ZeRO-3: so are its parameters (its blocks are whole only while used).
   std::vector<std::vector<float>> assembled(chunks.size());
-  for (size_t c = 0; which != 0 && c < chunks.size(); c++) {
+  for (size_t c = 0; c < chunks.size(); c++) {
     ModelChunk& ch = chunks[c];
-    if (!ch.sync->opt.zero) continue;
-    std::vector<float> mine(ch.opt->n);
-    ops.copy_to_host(mine.data(), which == 1 ? ch.opt->m : ch.opt->v, mine.size() * sizeof(float));
+    if (which == 0 ? !ch.sync->opt.shard_params : !ch.sync->opt.zero) continue;
+    std::vector<float> mine;
+    if (which == 0) {
+      mine = ch.sync->pieces_of(ch.model->params);  // (host memory: the CPU backend)
+    } else {
+      mine.resize(ch.opt->n);
+      ops.copy_to_host(mine.data(), which == 1 ? ch.opt->m : ch.opt->v, mine.size() * sizeof(float));
+    }
     ch.sync->gather_sharded(mine.data(), assembled[c]);  // collective over the data-parallel group
   }
   // The chunk's values on the host, in its table's layout.
@@ -258,7 +275,7 @@ std::vector<float> Engine::unshard(size_t c, std::vector<float> mine) const {
 
 std::vector<float> Engine::whole_params_everywhere() {
   std::vector<float> whole(whole_table.numel);
-  if (S == 1 && g.tp == 1) {  // the chunk is the whole model, in the whole table's layout
+  if (S == 1 && g.tp == 1 && !chunks.front().sync->opt.shard_params) {  // the chunk is the whole model, in the whole table's layout
     ops.copy_to_host(whole.data(), chunks.front().model->params, whole.size() * sizeof(float));
     return whole;
   }
@@ -284,6 +301,7 @@ void Engine::load_whole(const float* params, const float* m, const float* vv, in
       if (dst) ops.copy_to_device(dst, host.data(), host.size() * sizeof(float));
     };
     load(params, ch.model->params);
+    ch.sync->release_layers();  // ZeRO-3: the blocks back to this rank's pieces
     // The moments: the chunk's layout, or with ZeRO-1 this rank's pieces of it.
     auto load_state = [&](const float* src, float* dst) {
       if (!ch.sync->opt.zero) return load(src, dst);
@@ -302,7 +320,7 @@ std::vector<Engine::StateRange> Engine::state_ranges(int which, bool writing, bo
   for (size_t c = 0; c < chunks.size(); c++) {
     const ModelChunk& ch = chunks[c];
     const ParamTable& t = ch.model->table;
-    const bool pieces = which != 0 && ch.sync->opt.zero;  // the buffer holds this rank's pieces
+    const bool moment_pieces = which != 0 && ch.sync->opt.zero;  // the buffer holds this rank's pieces
     for (size_t i = 0; i < t.slices.size(); i++) {
       const ParamSlice& s = t.slices[i];
       const ParamSlice* w = whole_table.find(s.name);
@@ -310,6 +328,9 @@ std::vector<Engine::StateRange> Engine::state_ranges(int which, bool writing, bo
       const int tensor = (int)(w - whole_table.slices.data());
       const bool tied_copy = ch.tied_copy && i + 1 == t.slices.size();
       if (writing && tied_copy) continue;
+      // ZeRO-3: a block's parameters are this rank's pieces of them, in the flat layout
+      const bool param_pieces = which == 0 && ch.sync->opt.shard_params && s.layer >= 0 && g.dp > 1;
+      const bool pieces = moment_pieces || param_pieces;
       if (writing && !writes_tensor(i, s.sharded(), pieces || every_rank, g.dp, g.dp_rank, g.tp, g.tp_rank)) continue;
       if (!pieces) {
         out.push_back({c, i, 0, s.numel, s.offset, tensor});
@@ -318,7 +339,7 @@ std::vector<Engine::StateRange> Engine::state_ranges(int which, bool writing, bo
       size_t at = 0;  // this rank's pieces of the flat layout, one after the other in the buffer
       for (const ShardPiece& p : ch.sync->shard) {
         const size_t lo = std::max(p.begin, s.offset), hi = std::min(p.end, s.offset + s.numel);
-        if (lo < hi) out.push_back({c, i, lo - s.offset, hi - s.offset, at + (lo - p.begin), tensor});
+        if (lo < hi) out.push_back({c, i, lo - s.offset, hi - s.offset, param_pieces ? lo : at + (lo - p.begin), tensor});
         at += p.end - p.begin;
       }
     }
@@ -335,6 +356,12 @@ void Engine::set_state(size_t c, int which, const float* host) {
   ModelChunk& ch = chunks[c];
   const size_t n = which == 0 ? ch.model->table.numel : ch.opt->n;
   ops.copy_to_device(which == 0 ? ch.model->params : which == 1 ? ch.opt->m : ch.opt->v, host, n * sizeof(float));
+  if (which == 0) ch.sync->release_layers();  // ZeRO-3: the blocks back to this rank's pieces
+}
+
+float* Engine::state_in_place(size_t c, int which) {
+  ModelChunk& ch = chunks[c];
+  return which == 0 && ch.sync->opt.shard_params && !ops.on_gpu() ? ch.model->params : nullptr;
 }
 
 void Engine::init_from_hf(const std::string& dir, std::vector<std::string>* notes) {
@@ -357,6 +384,7 @@ void Engine::init_from_hf(const std::string& dir, std::vector<std::string>* note
         }
       }
       ops.copy_to_device(ch.model->params, host.data(), host.size() * sizeof(float));
+      ch.sync->release_layers();  // ZeRO-3: the blocks back to this rank's pieces
     }
   } catch (const Error& e) {
     err = e.what();

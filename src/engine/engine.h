@@ -207,7 +207,8 @@ struct Engine {
   // reading: everything this rank holds of the state. Writing: what this rank writes, so that over
   // the world every value of the whole model is written once: a tensor-parallel shard by one
   // data-parallel replica, a tensor every rank of the tensor group holds by one of them, the
-  // replicas taking tensors in turn; ZeRO-1's moments by the rank that holds each piece; a tied
+  // replicas taking tensors in turn; ZeRO-1's moments (and ZeRO-3's blocks' parameters) by the
+  // rank that holds each piece; a tied
   // head's copy of the embedding never (the embedding's stage writes it). every_rank (sync
   // "weights": the replicas' states differ, each replica is written): its replica's own.
   std::vector<StateRange> state_ranges(int which, bool writing, bool every_rank) const;
@@ -215,6 +216,11 @@ struct Engine {
   // host copy (host: that buffer's length).
   const float* state_buffer(size_t c, int which) const;
   void set_state(size_t c, int which, const float* host);
+  // Where a reader may write state `which` of chunk c in place, at the StateRange offsets, instead
+  // of into a host buffer for set_state: ZeRO-3's parameters on the CPU (its tensors outside the
+  // blocks and its pieces of theirs; nothing else of them is written, so nothing else is
+  // resident). Null elsewhere.
+  float* state_in_place(size_t c, int which);
   // --init-from: every rank reads its chunks' tensors by name from a Hugging Face model directory
   // (hf/hf_import.h; a tied head's copy reads the embedding). Collective over the world: an error on
   // any rank is thrown on every rank. World rank 0 gets the notes of its pipeline's stages in *notes.

@@ -48,6 +48,31 @@ void Engine::sum_tied_gradients() {
 
 namespace {
 
+// The chunk's blocks, forward and backward. ZeRO-3: block by block, each gathered just before it
+// runs (the next one's gather started meanwhile) and released after (comm/grad_sync.h).
+void blocks_forward(ModelChunk& ch, Activations& x) {
+  GradSync& s = *ch.sync;
+  if (!s.opt.shard_params) return ch.model->blocks_forward(x, ch.part.l0, ch.part.l1);
+  for (int l = ch.part.l0; l < ch.part.l1; l++) {
+    s.need_layer(l);
+    s.prefetch_layer(l + 1);
+    ch.model->blocks_forward(x, l, l + 1);
+    s.release_layer(l);
+  }
+}
+
+void blocks_backward(ModelChunk& ch, Activations& x, const Model::ReadyFn& ready) {
+  GradSync& s = *ch.sync;
+  if (!s.opt.shard_params) return ch.model->blocks_backward(x, ch.part.l0, ch.part.l1, ready);
+  for (int l = ch.part.l1 - 1; l >= ch.part.l0; l--) {
+    s.need_layer(l);
+    s.prefetch_layer(l - 1);
+    ch.model->blocks_backward(x, l, l + 1, ready);
+    s.release_layer(l);
+  }
+}
+
+
 // One step's run of the schedule: which activation slot holds which (micro-batch, chunk), the
 // messages in flight, the losses read so far.
 struct ScheduleRun {
@@ -168,7 +193,7 @@ struct ScheduleRun {
     wait_recv(a);
     if (a.type == ActionType::F) {
       if (ch.part.embedding) md.embed_forward(x);
-      md.blocks_forward(x, ch.part.l0, ch.part.l1);
+      blocks_forward(ch, x);
       // The head fused (its backward inside F: transformer.h "Fused LM head"), but under zb-h1,
       // whose BI must leave the head's weight gradient to W. The loss gradient is scaled by the
       // micro-batch's share of the rows, so the gradients add up to the batch's mean.
@@ -182,7 +207,7 @@ struct ScheduleRun {
     // B, or BI: the input gradient only; the dense layers' weight gradients wait in x for W
     md.begin_backward(x, a.type == ActionType::BI ? BackwardMode::input_only : BackwardMode::whole);
     if (ch.part.head) md.head_backward(x, ready);
-    md.blocks_backward(x, ch.part.l0, ch.part.l1, ready);
+    blocks_backward(ch, x, ready);
     if (ch.part.embedding) md.embed_backward(x, ready);
     if (a.type == ActionType::B) {
       free_slots[a.chunk].push_back(slot_of.at({a.mb, a.chunk}));
@@ -384,7 +409,12 @@ EvalSums Engine::evaluate_here(const Batch& batch) {
     for (int r0 = 0; r0 < batch.B; r0 += micro_batch) {
       const Batch b = micro(batch, r0, std::min(micro_batch, batch.B - r0));
       x.dropout = DropoutContext{};  // no dropout
-      e.loss_sum += (double)ch.model->forward(x, b, HeadMode::eval) * (double)b.B;
+      Model& md = *ch.model;
+      md.load_batch(x, b);
+      md.embed_forward(x);
+      blocks_forward(ch, x);
+      md.head_forward(x, HeadMode::eval);
+      e.loss_sum += (double)md.read_loss(x) * (double)b.B;
       e.loss_weight += b.B;
       e.rows += b.B;
       if (desc.head == HeadKind::classifier) {
@@ -409,7 +439,7 @@ EvalSums Engine::evaluate_here(const Batch& batch) {
       const int prev = (g.stage - 1 + S) % S, next = (g.stage + 1) % S;
       if (ch.vstage > 0) link->wait(link->post_recv(x.input, NC, prev, tag(ch.vstage, m, 0)));
       if (ch.part.embedding) md.embed_forward(x);
-      md.blocks_forward(x, ch.part.l0, ch.part.l1);
+      blocks_forward(ch, x);
       if (ch.part.head) {
         md.head_forward(x, HeadMode::eval);
         loss_sum += md.read_loss(x);

@@ -137,7 +137,7 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   const int micro = micro_batch_rows(local_batch, cfg.parallel.microbatches);
   e.micro_batch = micro;
   // Each chunk: its parameter table, buckets (its own gradient sync), ZeRO-1 shard and slots.
-  double n = 0, mine = 0, write_floats = 0, grad_floats = 0;
+  double n = 0, mine = 0, write_floats = 0, grad_floats = 0, param_floats = 0;
   size_t largest_bucket = 0, largest_piece = 0;
   for (size_t c = 0; c < rc.parts.size(); c++) {
     const ModelPart& part = rc.parts[c];
@@ -148,7 +148,8 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
       e.params += (double)aligned_copy_layout(table, &offsets) * sizeof(uint16_t);
     }
     const std::vector<Bucket> buckets = make_buckets(
-        table, cfg.parallel.bucket_mb, cfg.parallel.overlap ? cfg.parallel.first_bucket_mb : cfg.parallel.bucket_mb);
+        table, cfg.parallel.bucket_mb, cfg.parallel.overlap ? cfg.parallel.first_bucket_mb : cfg.parallel.bucket_mb,
+        cfg.parallel.zero >= 3);
     for (const Bucket& b : buckets) {
       largest_bucket = std::max(largest_bucket, b.end - b.begin);
       largest_piece = std::max(largest_piece, (b.end - b.begin + world - 1) / world);
@@ -160,6 +161,9 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
                        ? zero2_grad_floats(buckets, pieces, table.numel, cfg.parallel.overlap,
                                            cfg.parallel.microbatches, head_writes_last, kPageBytes / sizeof(float))
                        : (double)table.numel;
+    param_floats += cfg.parallel.zero >= 3 && zero && !on_gpu
+                        ? zero3_param_floats(table, buckets, pieces, cfg.parallel.overlap, kPageBytes / sizeof(float))
+                        : (double)table.numel;
     write_floats += checkpoint_write_floats(desc, part, table, zero, pieces, adamw, per_rank, world, rank, rc.tp,
                                             rc.tp_rank);
     const int slots = c < rc.slots.size() ? std::max(1, rc.slots[c]) : 1;
@@ -169,7 +173,7 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   }
   const double nb = n * sizeof(float);
   e.n_params = (int64_t)n;
-  e.params += nb;
+  e.params += param_floats * sizeof(float);
   e.grads = grad_floats * sizeof(float);
   e.optimizer = adamw ? 2 * (zero ? mine * sizeof(float) : nb) : 0;
   if (zero) {
@@ -192,7 +196,9 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
   // Checkpoints (train/checkpointing.cpp): the staging a save keeps, or a resume's one state.
   const bool staged = cfg.checkpoint.every > 0 && (cfg.checkpoint.async || on_gpu);
   e.checkpoint_save = staged ? write_floats * sizeof(float) : 0.0;
-  e.checkpoint_staging = std::max(e.checkpoint_save, nb);
+  // (ZeRO-3 on the CPU reads its parameters in place: a resume holds only the moments' pieces)
+  const bool params_in_place = cfg.parallel.zero >= 3 && zero && !on_gpu;
+  e.checkpoint_staging = std::max(e.checkpoint_save, params_in_place ? mine * sizeof(float) : nb);
   // The batch on the host: inputs and targets (LM) or the example rows (classifier), plus a window.
   e.data = 5.0 * local_batch * (seq_len + 1.0) * sizeof(int32_t);
   return e;

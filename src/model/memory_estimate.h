@@ -6,6 +6,8 @@
 //                              parallel.zero 2 on the CPU the gradient at its peak:
 //                              zero2_grad_floats (params/buckets.h: the pieces, the buckets whole
 //                              at once, their edge pages; whole with micro-batches); with
+//                              parallel.zero 3 the parameters too: zero3_param_floats (the
+//                              tensors outside the blocks, the pieces, one or two blocks whole); with
 //                              runtime.precision bf16 the parameters also count the Model's bf16
 //                              weight copy, 2 bytes each
 //   optimizer                  AdamW: m and v, 2n floats; SGD: none. With parallel.zero 1 only this
@@ -37,7 +39,8 @@
 //                              writes_tensor, params/buckets.h) into memory kept for the run; a
 //                              synchronous save on the CPU writes from the buffers themselves. A
 //                              resume reads one state (params, m or v) of this rank's chunks at a
-//                              time into a host buffer.
+//                              time into a host buffer (ZeRO-3 on the CPU: its parameters in place,
+//                              so only the moments' pieces).
 //   data                       the batch on the host (ids, targets, ...)
 //
 // On the CPU backend everything is host memory. On CUDA, parameters, gradients, optimizer state,

@@ -15,8 +15,8 @@ namespace llmpi {
 
 // ---- the model ------------------------------------------------------------------------------------
 
-Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision prec, Recompute rc, GradMemory gm)
-    : desc(d), part(p), ops(&o), precision(prec), recompute(rc), grad_memory(gm) {
+Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision prec, Recompute rc, PagedBuffers pg)
+    : desc(d), part(p), ops(&o), precision(prec), recompute(rc), paged(pg) {
   if (part.l1 < 0) part.l1 = d.n_layer;
   if (prec == GemmPrecision::tf32 && !o.on_gpu())
     fail("runtime.precision \"tf32\" is a CUDA tensor-core mode; use \"fp32\" or \"bf16\" on the CPU");
@@ -25,11 +25,11 @@ Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision
          ", d_model ", d.d_model, ")");
   if (d.head == HeadKind::classifier && d.num_labels < 1) fail("model: a classifier needs model.num_labels >= 1");
   table = build_param_table(d, part);
-  params = static_cast<float*>(ops->alloc(table.numel * sizeof(float)));
-  if (grad_memory == GradMemory::on_touch && o.on_gpu())
-    fail("internal: gradient memory resident on touch is host memory (the CPU backend)");
-  grads = grad_memory == GradMemory::on_touch ? static_cast<float*>(host_pages_alloc(table.numel * sizeof(float)))
-                                              : static_cast<float*>(ops->alloc(table.numel * sizeof(float)));
+  if (paged != PagedBuffers::none && o.on_gpu())
+    fail("internal: paged parameter and gradient buffers are host memory (the CPU backend)");
+  const size_t bytes = table.numel * sizeof(float);
+  params = static_cast<float*>(paged == PagedBuffers::grads_and_params ? host_pages_alloc(bytes) : ops->alloc(bytes));
+  grads = static_cast<float*>(paged != PagedBuffers::none ? host_pages_alloc(bytes) : ops->alloc(bytes));
   if (precision == GemmPrecision::bf16)
     weights_bf16_ = static_cast<uint16_t*>(ops->alloc(aligned_copy_layout(table, &copy_offsets_) * sizeof(uint16_t)));
   const int nl = part.l1 - part.l0;
@@ -53,8 +53,9 @@ Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision
 }
 
 Model::~Model() {
-  ops->free(params);
-  if (grad_memory == GradMemory::on_touch) host_pages_free(grads, table.numel * sizeof(float));
+  if (paged == PagedBuffers::grads_and_params) host_pages_free(params, table.numel * sizeof(float));
+  else ops->free(params);
+  if (paged != PagedBuffers::none) host_pages_free(grads, table.numel * sizeof(float));
   else ops->free(grads);
   ops->free(weights_bf16_);
   ops->free(scratch_);
@@ -95,7 +96,7 @@ void Model::init_params(uint64_t seed) {
 }
 
 void Model::zero_grads() {
-  if (grad_memory == GradMemory::on_touch) host_pages_release(grads, table.numel * sizeof(float));
+  if (paged != PagedBuffers::none) host_pages_release(grads, table.numel * sizeof(float));
   else ops->zero(grads, table.numel * sizeof(float));
 }
 

@@ -346,9 +346,10 @@ struct Activations {
   size_t bytes_ = 0;
 };
 
-// How the gradient buffer is held: allocated whole (resident from the start), or resident only
-// where written (Model::grad_memory).
-enum class GradMemory { whole, on_touch };
+// Which of the model's flat buffers are host memory resident only where written
+// (backend/host_pages.h) instead of allocated whole: none, the gradient (ZeRO-2), or the gradient
+// and the parameters (ZeRO-3; comm/grad_sync.h). CPU backend only.
+enum class PagedBuffers { none, grads, grads_and_params };
 
 struct Model {
   ModelDesc desc;
@@ -363,19 +364,19 @@ struct Model {
   TensorGroup tensor;
   float* params = nullptr;  // table.numel floats, backend memory
   float* grads = nullptr;   // same layout
-  // GradMemory::on_touch (ZeRO-2 on the CPU backend, comm/grad_sync.h): grads is host memory
-  // resident only where written (backend/host_pages.h), and zero_grads gives its pages back.
-  GradMemory grad_memory = GradMemory::whole;
+  // PagedBuffers (ZeRO-2/3 on the CPU backend): grads (and params) host memory resident only where
+  // written; zero_grads then gives the gradient's pages back.
+  PagedBuffers paged = PagedBuffers::none;
   BlockTensors pe, ge;                 // embedding and head tensors (parameters, gradients)
   std::vector<BlockTensors> pb, gb;    // blocks l0 .. l1-1
   // role_slices[slot][role]: the table indices of a role's tensor(s); slot 0 = embedding and
   // head, slot 1 + i = local block i.
   std::vector<std::vector<std::vector<int>>> role_slices;
 
-  // grad_memory on_touch needs the CPU backend (an Error otherwise).
+  // paged buffers need the CPU backend (an Error otherwise).
   Model(const ModelDesc& d, const Ops& ops, const ModelPart& part = ModelPart::whole(),
         GemmPrecision precision = GemmPrecision::fp32, Recompute recompute = Recompute::none,
-        GradMemory grad_memory = GradMemory::whole);
+        PagedBuffers paged = PagedBuffers::none);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;

@@ -4,7 +4,7 @@
 
 namespace llmpi {
 
-std::vector<Bucket> make_buckets(const ParamTable& t, double bucket_mb, double first_bucket_mb) {
+std::vector<Bucket> make_buckets(const ParamTable& t, double bucket_mb, double first_bucket_mb, bool at_layers) {
   // Buckets of several tensors stay at most 2^28 floats; one tensor larger than that is a bucket of
   // its own, of any size (the exchanges move it in pieces of at most INT_MAX: runtime/large_count.h).
   const size_t max_floats = (size_t)1 << 28;
@@ -17,7 +17,8 @@ std::vector<Bucket> make_buckets(const ParamTable& t, double bucket_mb, double f
       const size_t cap = (size_t)std::min(mb * 1e6 / sizeof(float), (double)max_floats);
       // Whole tensors are added until the bucket reaches its size; a tensor is never split.
       while (b.end - b.begin < cap && b.last_slice + 1 < t.slices.size() &&
-             b.end - b.begin + t.slices[b.last_slice + 1].numel <= max_floats) {
+             b.end - b.begin + t.slices[b.last_slice + 1].numel <= max_floats &&
+             (!at_layers || t.slices[b.last_slice + 1].layer == t.slices[i].layer)) {
         b.last_slice++;
         b.end += t.slices[b.last_slice].numel;
       }
@@ -54,13 +55,40 @@ double zero2_grad_floats(const std::vector<Bucket>& buckets, const std::vector<S
                          bool overlap, int micro_batches, bool head_writes_last, size_t page_floats) {
   if (micro_batches > 1 || buckets.empty()) return (double)numel;
   double mine = 0;
-  size_t largest = 0;
   for (const ShardPiece& p : pieces) mine += (double)(p.end - p.begin);
-  for (const Bucket& b : buckets) largest = std::max(largest, b.end - b.begin);
-  double whole = (double)(overlap ? 3 : 1) * (double)largest;
+  // The buckets whole at once are consecutive: the most floats in any run of 1 (3 with overlap) of
+  // them, the last bucket set apart when the head writes it first (it is whole throughout).
+  const size_t n = buckets.size() - (head_writes_last ? 1 : 0), run = overlap ? 3 : 1;
+  double whole = 0;
+  for (size_t b = 0; b < n; b++) {
+    double w = 0;
+    for (size_t j = b; j < std::min(n, b + run); j++) w += (double)(buckets[j].end - buckets[j].begin);
+    whole = std::max(whole, w);
+  }
   if (head_writes_last) whole += (double)(buckets.back().end - buckets.back().begin);
   const double edges = 4.0 * (double)page_floats * (double)buckets.size();
   return std::min((double)numel, mine + whole + edges);
+}
+
+double zero3_param_floats(const ParamTable& table, const std::vector<Bucket>& buckets,
+                          const std::vector<ShardPiece>& pieces, bool overlap, size_t page_floats) {
+  double outside = 0, mine = 0, layer_buckets = 0;
+  std::vector<double> layer_floats;
+  for (size_t b = 0; b < buckets.size(); b++) {
+    const int l = table.slices[buckets[b].first_slice].layer;
+    const double n = (double)(buckets[b].end - buckets[b].begin);
+    if (l < 0) {
+      outside += n;
+      continue;
+    }
+    if ((size_t)l >= layer_floats.size()) layer_floats.resize(l + 1, 0.0);
+    layer_floats[l] += n;
+    layer_buckets += 1;
+    if (b < pieces.size()) mine += (double)(pieces[b].end - pieces[b].begin);
+  }
+  const double largest = layer_floats.empty() ? 0 : *std::max_element(layer_floats.begin(), layer_floats.end());
+  const double whole = (double)std::min<size_t>(overlap ? 2 : 1, layer_floats.size()) * largest;
+  return std::min((double)table.numel, outside + mine + whole + 4.0 * (double)page_floats * layer_buckets);
 }
 
 }  // namespace llmpi

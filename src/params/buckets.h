@@ -25,8 +25,10 @@ struct Bucket {
 };
 
 // Contiguous buckets over the table's slices. Every slice is in exactly one bucket; a tensor is
-// never split.
-std::vector<Bucket> make_buckets(const ParamTable& table, double bucket_mb, double first_bucket_mb);
+// never split. at_layers: neither is a layer (a bucket holds one block's tensors, or only tensors
+// outside the blocks), so that a block's parameters are whole buckets (ZeRO-3).
+std::vector<Bucket> make_buckets(const ParamTable& table, double bucket_mb, double first_bucket_mb,
+                                 bool at_layers = false);
 
 struct ShardPiece {
   size_t begin, end;  // float offsets into the flat buffer, [begin, end)
@@ -38,13 +40,21 @@ void piece_counts(size_t n, int world, std::vector<size_t>& counts, std::vector<
 
 // ZeRO-2's gradient at its peak on this rank (comm/grad_sync.h), in floats: with one micro-batch,
 // its pieces, plus the buckets whole at once — the one backward is writing and, with overlap, the
-// two the communication thread may still hold; plus the bucket of a tensor the head writes first
+// two before it the communication thread may still hold (the largest such run of consecutive
+// buckets); plus the bucket of a tensor the head writes first
 // and the embedding last (`head_writes_last`: the tied token embedding, the last slice), which stays
 // whole all through backward — plus, per bucket, the four partial pages (page_floats each) at the
 // ends of its piece and of itself, cleared but resident. With micro_batches > 1 the gradient
 // accumulates whole until the last micro-batch: the whole table.
 double zero2_grad_floats(const std::vector<Bucket>& buckets, const std::vector<ShardPiece>& pieces, size_t numel,
                          bool overlap, int micro_batches, bool head_writes_last, size_t page_floats);
+
+// ZeRO-3's parameters at their peak on this rank, in floats: the tensors outside the blocks whole,
+// this rank's pieces of the blocks', one block whole (two with overlap: the next one's gather in
+// flight), plus four partial pages per block bucket. `table`'s layer marks the blocks; the buckets
+// are cut at layers (make_buckets at_layers).
+double zero3_param_floats(const ParamTable& table, const std::vector<Bucket>& buckets,
+                          const std::vector<ShardPiece>& pieces, bool overlap, size_t page_floats);
 
 // Whether this rank writes tensor i of its chunk's table to a checkpoint (checkpoint/sharded.h):
 // data-parallel replicas take tensors in turn, unless every rank holds values of its own (`own`:

@@ -328,6 +328,18 @@ std::vector<double> bucket_ready_fractions(const ParamTable& t, const std::vecto
 
 }  // namespace
 
+namespace {
+
+// The share of bucket b's floats that lie outside the blocks (layer -1).
+double outside_fraction(const ParamTable& t, const Bucket& b) {
+  double out = 0;
+  for (size_t i = b.first_slice; i <= b.last_slice; i++)
+    if (t.slices[i].layer < 0) out += (double)t.slices[i].numel;
+  return b.end > b.begin ? out / (double)(b.end - b.begin) : 0;
+}
+
+}  // namespace
+
 PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int world) {
   PlanInputs in;
   in.desc = desc;
@@ -435,6 +447,19 @@ PlanResult plan(const PlanInputs& in) {
       largest_bucket = std::max(largest_bucket, b.end - b.begin);
     }
     sm.shard_params = (int64_t)shard;
+    {  // ZeRO-3 (CPU): buckets cut at the blocks; the largest block's parameters
+      const std::vector<Bucket> at_layers = make_buckets(tables.back(), in.bucket_mb, first_mb, true);
+      const std::vector<ShardPiece> pieces = shard_pieces(at_layers, r.dp, 0);
+      sm.zero3_param_floats = zero3_param_floats(tables.back(), at_layers, pieces, in.overlap, 4096 / sizeof(float));
+      sm.zero3_grad_floats = zero2_grad_floats(at_layers, pieces, tables.back().numel, in.overlap, M,
+                                               sm.part.head && ds.head == HeadKind::lm && ds.tie_embeddings,
+                                               4096 / sizeof(float));
+      std::map<int, int64_t> per_layer;
+      for (const ParamSlice& sl : tables.back().slices)
+        if (sl.layer >= 0) per_layer[sl.layer] += (int64_t)sl.numel;
+      for (const auto& [l, n] : per_layer) sm.block_params = std::max(sm.block_params, n);
+      sm.blocks = (int)per_layer.size();
+    }
     // ZeRO-2 (CPU): the gradient at its peak on the first replica's rank of the stage
     sm.zero2_grad_floats = zero2_grad_floats(buckets.back(), shard_pieces(buckets.back(), r.dp, 0), tables.back().numel,
                                              in.overlap, M, sm.part.head && ds.head == HeadKind::lm && ds.tie_embeddings,
@@ -477,7 +502,7 @@ PlanResult plan(const PlanInputs& in) {
   for (const char* prec : kMemoryPrecisions) {
     const bool bf = std::string(prec) == "bf16", built16 = std::string(prec) == "bf16-built";
     for (const std::string& sch : schedules)
-      for (int z = 0; z <= 2; z++)
+      for (int z = 0; z <= 3; z++)
         for (int s = 0; s < S; s++) {
           const StageMemory& sm = r.stages[s];
           const bool sharded = z >= 1 && r.dp > 1;
@@ -487,8 +512,11 @@ PlanResult plan(const PlanInputs& in) {
           // bf16 projection: bf16 weights + fp32 master weights (sharded by ZeRO-1); as built: the
           // fp32 parameters (whole on every rank) + the bf16 weight copy
           m.params = bf ? 2 * n + 4 * own : built16 ? 4 * n + sm.weight_copy_bf16 : 4 * n;
-          // ZeRO-2 holds only its pieces of the gradient on the CPU (a GPU run refuses zero 2)
-          m.grads = z == 2 && sharded && !in.device.gpu ? 4 * sm.zero2_grad_floats : 4 * n;
+          // ZeRO-2/3 hold only their pieces of the gradient (ZeRO-3: and of the blocks' parameters)
+          // on the CPU; a GPU run refuses them
+          const bool paged = z >= 2 && sharded && !in.device.gpu;
+          if (paged && z == 3 && !bf && !built16) m.params = 4 * sm.zero3_param_floats;
+          m.grads = paged ? 4 * (z == 3 ? sm.zero3_grad_floats : sm.zero2_grad_floats) : 4 * n;
           m.optimizer = adamw ? 8 * own : 0;
           const double kept = sch == "zb-h1" ? sm.kept_slot : 0;
           const double slot = bf        ? (sm.activation_slot - ids_bytes) / 2 + ids_bytes + kept / 2
@@ -501,9 +529,11 @@ PlanResult plan(const PlanInputs& in) {
           r.memory.push_back(m);
         }
   }
-  if (in.device.gpu && in.zero == 2)
-    r.notes.push_back("ZeRO-2 keeps only its pieces of the gradient in host memory, on the CPU backend: llmpi-train "
-                      "refuses parallel.zero 2 on a GPU, and the zero 2 rows here count the whole gradient");
+  if (in.device.gpu && in.zero >= 2)
+    r.notes.push_back("ZeRO-2 and 3 keep only their pieces in host memory, on the CPU backend: llmpi-train refuses "
+                      "parallel.zero 2 and 3 on a GPU, and those rows here count the whole gradient and parameters");
+  if (in.zero == 3)
+    r.notes.push_back("ZeRO-3 runs with runtime.precision fp32 (its bf16 rows are not a layout llmpi-train runs)");
   if (!zb_possible)
     r.notes.push_back(M > 1 ? "pp = 1: one activation slot of a micro-batch of " + std::to_string(r.micro_batch) +
                                   " (gradient accumulation over " + std::to_string(M) + ")"
@@ -641,7 +671,7 @@ PlanResult plan(const PlanInputs& in) {
       return stage_costs(kind != ScheduleKind::zb_h1 && d.head == HeadKind::lm ? k.with_fused_head() : k);
     };
     const std::vector<StageCost> tp_time = as_scheduled(r.tp_costs), tp_sent = as_scheduled(tp_bytes);
-    for (int z = 0; z <= 2; z++) {  // (ZeRO-2 moves what ZeRO-1 does, at the same times)
+    for (int z = 0; z <= 3; z++) {  // (ZeRO-2 moves what ZeRO-1 does, at the same times)
       const bool sharded = z >= 1 && r.dp > 1;
       TimeRow best;
       best.schedule = sch, best.zero = z, best.step_s = -1;
@@ -674,7 +704,8 @@ PlanResult plan(const PlanInputs& in) {
           const double ready = in.overlap ? sim.last_grad_start[s] + sim.last_grad_len[s] * frac[i] : sim.end[s];
           channel = std::max(channel, ready) + t;
           sync_total += t + t_ag;
-          ag_i[i] = t_ag;
+          // ZeRO-3 gathers after the update only what lies outside the blocks
+          ag_i[i] = z == 3 ? t_ag * outside_fraction(tables[s], bk[i]) : t_ag;
         }
         double exposed = std::max(0.0, channel - sim.end[s]);
         if (tied && (s == 0 || s == S - 1)) exposed += tied_s, sync_total += tied_s;
@@ -696,13 +727,26 @@ PlanResult plan(const PlanInputs& in) {
           tail = in.overlap ? std::max(update_end, gather_end) : serial;
         }
         const double ag = tail - opt;  // the all-gather time the step waits for
-        const double step = sim.end[s] + exposed + tail;
+        // ZeRO-3: each block gathered before its forward and its backward, every micro-batch; with
+        // overlap the next block's gather runs during this block's compute (forward a third of it)
+        double gathers = 0;
+        if (z == 3 && sharded) {
+          const int L = r.stages[s].blocks;
+          const double block_bytes = 4.0 * (double)r.stages[s].block_params;
+          const double t_blk = group_collective_time(in.fabric, CollOp::allgather, r.dp, k, block_bytes);
+          const double per_block = L > 0 ? sim.busy[s] / (M * L) : 0;
+          for (const double c_pass : {per_block / 3, 2 * per_block / 3})
+            gathers += M * (in.overlap ? t_blk + (L - 1) * std::max(0.0, t_blk - c_pass) : L * t_blk);
+          sync_total += 2.0 * M * L * t_blk;
+          bytes += (2.0 * M - 1) * (double)(r.dp - 1) / r.dp * block_bytes * L;
+        }
+        const double step = sim.end[s] + exposed + tail + gathers;
         if (step > best.step_s) {
           best.step_s = step;
           best.compute_s = sim.busy[s];
           best.bubble_s = sim.end[s] - sim.busy[s];
           best.sync_s = sync_total;
-          best.exposed_sync_s = exposed + ag;
+          best.exposed_sync_s = exposed + ag + gathers;
           best.optimizer_s = opt;
           best.bytes_per_rank = bytes;
           best.tp_s = M * (tp_time[s].f + tp_time[s].b);

@@ -155,7 +155,7 @@ struct PlanInputs {
   int world = 1, pp = 1, microbatches = 1;
   int tp = 1;                                    // tensor-parallel ranks per group (parallel.tp)
   std::vector<int> stage_layers;                 // empty = split_layers' balance
-  int zero = 0;                                  // the run's choice, 0-2 (all are always planned)
+  int zero = 0;                                  // the run's choice, 0-3 (all are always planned)
   int64_t checkpoint_every = 0;                  // checkpoint.every (0: only on pre-emption)
   bool checkpoint_async = true;                  // checkpoint.async
   double fs_bandwidth = 1e9;                     // bytes/s the ranks write a checkpoint at, together
@@ -183,6 +183,9 @@ struct StageMemory {  // one stage's rank
   ModelPart part;
   int64_t n_params = 0, shard_params = 0;        // the stage's parameters; ZeRO-1: its largest shard
   double zero2_grad_floats = 0;                  // ZeRO-2: the gradient at its peak (params/buckets.h)
+  double zero3_param_floats = 0, zero3_grad_floats = 0;  // ZeRO-3: the parameters and gradient at their peak
+  int64_t block_params = 0;                      // the largest block's parameters (ZeRO-3's gathers)
+  int blocks = 0;                                // the blocks the stage holds
   double activation_slot = 0, kept_slot = 0, scratch = 0;   // fp32 bytes of one slot, zb-h1's kept, scratch
   // runtime.precision bf16 as built: one slot (Activations with its bf16 operands), the scratch
   // with the GEMMs' bf16 operand copies, and the Model's bf16 weight copy

@@ -79,7 +79,8 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   // Sharded data parallelism (comm/grad_sync.h "ZeRO"), parallel.zero: 0 none; 1 (ZeRO-1) each
   // data-parallel rank keeps the AdamW moments of its shard only, gradients are reduce-scattered and
-  // parameters all-gathered; 2 (ZeRO-2) the rank also keeps only its pieces of the gradient.
+  // parameters all-gathered; 2 (ZeRO-2) the rank also keeps only its pieces of the gradient; 3
+  // (ZeRO-3) and of the transformer blocks' parameters, each block gathered when it runs.
   int zero = 0;
   // The gradient's type in the exchange (comm/grad_sync.h): fp32, or bf16 for half the bytes
   // (each bucket rounded to bfloat16, summed in fp32 and rounded again at every reduction step).

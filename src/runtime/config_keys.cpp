@@ -285,13 +285,13 @@ std::vector<ConfigKey> make_keys() {
           into(&Config::parallel, &PC::stage_layers, "parallel.stage_layers"), kPipelineOnly),
       key("parallel.zero", 0, none(), "",
           "1 = ZeRO-1: each data-parallel rank keeps the optimizer state of its shard only; 2 = ZeRO-2: and only "
-          "its pieces of the gradient",
+          "its pieces of the gradient; 3 = ZeRO-3 (FSDP): and of the blocks' parameters",
           [](Config& c, const json& v) {
             const int zero = as_int<int>(v, "parallel.zero");
-            if (zero < 0 || zero > 2)
+            if (zero < 0 || zero > 3)
               fail("config: 'parallel.zero' must be 0 (every rank keeps the whole optimizer state), 1 (ZeRO-1: "
-                   "each data-parallel rank keeps the AdamW moments of its 1/DP shard) or 2 (ZeRO-2: and only its "
-                   "1/DP pieces of the gradient), got ", zero);
+                   "each data-parallel rank keeps the AdamW moments of its 1/DP shard), 2 (ZeRO-2: and only its "
+                   "1/DP pieces of the gradient) or 3 (ZeRO-3: and of the blocks' parameters), got ", zero);
             c.parallel.zero = zero;
           }),
       key("parallel.grad_dtype", "fp32", none(), "parallel.sync allreduce or nccl",

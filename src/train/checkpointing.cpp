@@ -62,16 +62,18 @@ Attempt try_resume(Run& r, const std::string& path, const std::vector<std::strin
     const int64_t replica = info.rows > 1 ? r.groups->dp_rank : 0;
     for (int which = 0; which < groups; which++) {
       std::vector<std::vector<float>> host(e.chunks.size());
-      for (size_t c = 0; c < e.chunks.size(); c++) host[c].resize(which == 0 ? e.chunks[c].model->table.numel
-                                                                             : e.chunks[c].opt->n);
+      for (size_t c = 0; c < e.chunks.size(); c++)
+        if (!e.state_in_place(c, which)) host[c].resize(which == 0 ? e.chunks[c].model->table.numel : e.chunks[c].opt->n);
       for (const Engine::StateRange& sr : e.state_ranges(which, false, false)) {
-        float* at = host[sr.chunk].data() + sr.at;
+        float* in_place = e.state_in_place(sr.chunk, which);
+        float* at = (in_place ? in_place : host[sr.chunk].data()) + sr.at;
         for (const TensorRect& rect : slice_rects(e.chunks[sr.chunk].model->table.slices[sr.slice], sr.lo, sr.hi)) {
           reader.read(which, (size_t)sr.tensor, replica, rect, at);
           at += rect.numel();
         }
       }
-      for (size_t c = 0; c < e.chunks.size(); c++) e.set_state(c, which, host[c].data());
+      for (size_t c = 0; c < e.chunks.size(); c++)
+        if (!e.state_in_place(c, which)) e.set_state(c, which, host[c].data());
     }
     for (ModelChunk& ch : e.chunks) ch.opt->t = info.optimizer_t;
     r.start_step = info.step;

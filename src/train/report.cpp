@@ -150,7 +150,7 @@ void print_layout(const Run& r) {
     std::printf("pipeline: %d stages × %d data-parallel replicas, schedule %s, %d micro-batches of %d%s; "
                 "gradient sync %s%s per stage\n", r.groups->pp, r.groups->dp, schedule_kind_name(e.kind),
                 e.M, e.micro_batch, e.v > 1 ? (", " + std::to_string(e.v) + " chunks per stage").c_str() : "",
-                option_name(r.cfg.parallel.sync), r.cfg.parallel.zero == 2 ? " with ZeRO-2" : r.cfg.parallel.zero ? " with ZeRO-1" : "");
+                option_name(r.cfg.parallel.sync), r.cfg.parallel.zero ? (" with ZeRO-" + std::to_string(r.cfg.parallel.zero)).c_str() : "");
     std::printf("pipeline messages: %s\n", link_way_name(e.link->way()));
     return;
   }
@@ -162,9 +162,10 @@ void print_layout(const Run& r) {
   const std::string method_note =
       g.opt.method == SyncMethod::weights
           ? ", parameters every " + std::to_string(g.opt.average_every) + " step(s)"
-      : g.opt.zero ? std::string(g.opt.shard_grads ? ", ZeRO-2" : ", ZeRO-1") +
+      : g.opt.zero ? std::string(g.opt.shard_params ? ", ZeRO-3" : g.opt.shard_grads ? ", ZeRO-2" : ", ZeRO-1") +
                          ": gradients reduce-scattered, parameters all-gathered, AdamW state" +
-                         (g.opt.shard_grads ? " and gradient" : "") + " for " +
+                         (g.opt.shard_params ? ", gradient and blocks' parameters" : g.opt.shard_grads ? " and gradient" : "") +
+                         " for " +
                          std::to_string(e.chunks.front().opt->n) + " of " + std::to_string(numel) + " values"
                    : "";
   std::printf("sync: %s of %zu %s values (%.1f MB) in %zu bucket%s (bucket_mb %g, first %g), overlap %s%s; "
@@ -262,7 +263,8 @@ void finish_run(Run& r, TrainResult& res, const TrainOptions& o) {
     const nlohmann::json summary = {
         {"steps_run", res.losses.size()}, {"start_step", r.start_step}, {"median_step_ms", median_step_ms},
         {"tokens_per_s_median", res.tokens_per_s_median}, {"peak_rss_bytes_per_rank", rss_all},
-        {"world_size", r.world}, {"gemm_precision", gemm_precision_name(r.cfg.runtime.precision)},
+        {"world_size", r.world}, {"n_params", res.n_params},
+        {"gemm_precision", gemm_precision_name(r.cfg.runtime.precision)},
         {"cpu_gemm_engine", cpu_gemm_engine(r).first}, {"cpu_gemm", cpu_gemm_engine(r).second},
         {"microbatches", r.cfg.parallel.microbatches}, {"rss_before_model_bytes_rank0", r.rss_before_model},
         {"memory_estimate_bytes_rank0", m.host_bytes()},

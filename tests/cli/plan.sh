@@ -13,7 +13,7 @@ check "llama 7B at 512 GPUs: exit 0" "[ $? = 0 ]"
 check "... per-stage memory rows and the time table" \
   "grep -q 'layers \[28,32) +head' '$tmp/out' && grep -q '^  zb-h1    1' '$tmp/out' && grep -q 'MFU 0.400 assumed' '$tmp/out'"
 check "... the JSON holds every stage, schedule, ZeRO stage and precision" \
-  "[ \$(grep -c '\"total\":' '$tmp/p.json') = 144 ] && [ \$(grep -c '\"step_s\":' '$tmp/p.json') = 6 ] && grep -q '\"dp\": 64' '$tmp/p.json'"
+  "[ \$(grep -c '\"total\":' '$tmp/p.json') = 288 ] && [ \$(grep -c '\"step_s\":' '$tmp/p.json') = 12 ] && grep -q '\"dp\": 64' '$tmp/p.json'"
 
 # The checkpoint: 6.74B parameters + m + v = 80.9 GB, at 10 GB/s 8.1 s; the staging of every stage.
 "$B/llmpi-plan" --config data/plan/llama-7b.json --world 64 --pp 8 --microbatches 16 --zero 1 --device h100 \
@@ -63,8 +63,8 @@ expect_error "no vocabulary and no data file" "give --vocab N" --config data/dem
 G=(--config data/plan/gpt2-124m.json --world 8)
 expect_error "--pp -2" "--pp must be >= 1 (pipeline stages), got -2" "${G[@]}" --pp -2
 expect_error "--microbatches -5" "--microbatches must be >= 1 (micro-batches per step per replica), got -5" "${G[@]}" --microbatches -5
-expect_error "--zero -3" "--zero must be 0 or 1 (the run's ZeRO stage), got -3" "${G[@]}" --zero -3
-expect_error "--zero 2" "--zero must be 0 or 1 (the run's ZeRO stage), got 2" "${G[@]}" --zero 2
+expect_error "--zero -3" "--zero must be in .0, 3. (the run's ZeRO stage), got -3" "${G[@]}" --zero -3
+expect_error "--zero 4" "--zero must be in .0, 3. (the run's ZeRO stage), got 4" "${G[@]}" --zero 4
 expect_error "--world 0" "--world must be >= 1 (ranks in the run), got 0" --config data/plan/gpt2-124m.json --world 0
 expect_error "--pp 0" "--pp must be >= 1 (pipeline stages), got 0" "${G[@]}" --pp 0
 expect_error "--vocab 0" "--vocab must be >= 1 (vocabulary size), got 0" "${G[@]}" --vocab 0

@@ -38,7 +38,7 @@ expect_error bad-attention "'runtime.attention' must be \"auto\", \"full\" or \"
 expect_error gqa-divides "'model.n_kv_head' (4) must divide 'model.n_head' (6)" --config "$tmp/missing.json" --set model.family=llama --set model.n_head=6 --set model.d_model=96 --set model.n_kv_head=4
 expect_error pp-divides "parallel.pp_stages 3 does not divide the 2 ranks" --config "$tmp/missing.json" --set parallel.pp_stages=3
 expect_error pp-schedule "'parallel.schedule' must be \"gpipe\", \"1f1b\", \"interleaved\" or \"zb-h1\"" --config "$tmp/missing.json" --set parallel.schedule=pipedream
-expect_error zero-value "'parallel.zero' must be 0 (every rank keeps the whole optimizer state) or 1" --config "$tmp/missing.json" --set parallel.zero=2
+expect_error zero-value "or 3 (ZeRO-3: and of the blocks' parameters), got 4" --config "$tmp/missing.json" --set parallel.zero=4
 expect_error zero-weights "\"weights\" gives every rank its own optimizer over every parameter" --config "$tmp/missing.json" --set parallel.zero=1 --set parallel.sync=weights
 expect_error grad-dtype-value "'parallel.grad_dtype' must be \"fp32\" or \"bf16\"" --config "$tmp/missing.json" --set parallel.grad_dtype=fp16
 expect_error grad-dtype-method "\"bf16\" is implemented for parallel.sync \"allreduce\" (with or without zero 1) and \"nccl\", not \"gather_scatter\"" --config "$tmp/missing.json" --set parallel.grad_dtype=bf16 --set parallel.sync=gather_scatter
