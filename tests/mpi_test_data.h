@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -81,6 +83,20 @@ inline bool same_on_every_rank(const std::vector<float>& p, MPI_Comm comm) {
   int same = p0 == p, all = 0;
   MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, comm);
   return all == 1;
+}
+
+// A /proc/self/status value given in kB (VmRSS:, VmHWM:, ...), in bytes; -1 when absent.
+inline double status_bytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) {
+      std::istringstream s(line.substr(std::string(key).size()));
+      double kb = -1;
+      s >> kb;
+      return kb * 1024;
+    }
+  return -1;
 }
 
 inline int world_size() {

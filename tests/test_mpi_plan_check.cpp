@@ -23,23 +23,6 @@
 using namespace llmpi;
 using namespace llmpi::testing_support;
 
-namespace {
-
-double status_bytes(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key, 0) == 0) {
-      std::istringstream s(line.substr(std::string(key).size()));
-      double kb = -1;
-      s >> kb;
-      return kb * 1024;
-    }
-  return -1;
-}
-
-}  // namespace
-
 TEST(MpiPlanCheck, PlanMemoryMatchesAShortMeasuredRun) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "under AddressSanitizer (make SAN=1) the RSS holds its shadow memory and redzones: the "

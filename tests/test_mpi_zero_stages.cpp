@@ -110,18 +110,50 @@ void stage_near_unsharded(const std::string& family, const std::vector<std::stri
                 bound.params, worst, bound.loss);
 }
 
-double status_bytes(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key, 0) == 0) {
-      std::istringstream s(line.substr(std::string(key).size()));
-      double kb = -1;
-      s >> kb;
-      return kb * 1024;
-    }
-  return -1;
+// 12 steps with a checkpoint every 4 (overlap on, `buckets` the bucket_mb line).
+Config checkpoint_config(const std::vector<std::string>& base, const std::string& run, const std::string& buckets,
+                         const std::string& zero) {
+  return tiny_config_of(base, {"train.steps=12", "checkpoint.every=4", "run.dir=" + run, buckets,
+                               "parallel.overlap=true", "parallel.zero=" + zero});
 }
+
+// Zero 1 and zero `stage` trained with checkpoints: the same losses and final parameters, and the
+// same checkpoint files (parameters, m and v), bit for bit; then zero `stage` interrupted after
+// step 5 and resumed from its step-4 checkpoint continues bit for bit. Returns the zero `stage`
+// run (in dir/z<stage>).
+TrainResult checkpoints_are_zero1s(const std::string& dir, const std::vector<std::string>& base,
+                                   const std::string& buckets, int stage) {
+  const std::string zs = std::to_string(stage);
+  auto cfg = [&](const std::string& run, const std::string& zero) { return checkpoint_config(base, run, buckets, zero); };
+  const TrainResult z1 = train(cfg(dir + "/z1", "1"), MPI_COMM_WORLD, train_options(true), true);
+  const TrainResult z = train(cfg(dir + "/z" + zs, zs), MPI_COMM_WORLD, train_options(true), true);
+  EXPECT_EQ(z.losses, z1.losses);
+  EXPECT_EQ(z.final_params, z1.final_params);
+  if (world_rank() == 0) {
+    for (int64_t step : {4, 8, 12}) {
+      CheckpointInfo a = read_checkpoint_info(checkpoint_path(dir + "/z1/checkpoints", step));
+      CheckpointInfo b = read_checkpoint_info(checkpoint_path(dir + "/z" + zs + "/checkpoints", step));
+      EXPECT_EQ(a.n, b.n);
+      if (a.n != b.n) continue;
+      std::vector<float> pa(a.n), ma(a.n), va(a.n), pb(b.n), mb(b.n), vb(b.n);
+      read_checkpoint_row(a, 0, pa.data(), ma.data(), va.data());
+      read_checkpoint_row(b, 0, pb.data(), mb.data(), vb.data());
+      EXPECT_EQ(pb, pa) << "step " << step;
+      EXPECT_EQ(mb, ma) << "step " << step;
+      EXPECT_EQ(vb, va) << "step " << step;
+    }
+  }
+  const TrainResult first = train(cfg(dir + "/cut", zs), MPI_COMM_WORLD, train_options(true, "", 5), true);
+  EXPECT_TRUE(first.preempted);
+  const TrainResult second = train(cfg(dir + "/cut", zs), MPI_COMM_WORLD, train_options(true, "auto"), true);
+  EXPECT_EQ(second.start_step, 6);
+  std::vector<float> joined = first.losses;
+  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  EXPECT_EQ(joined, z.losses) << "per-step losses must match bit for bit";
+  EXPECT_EQ(second.final_params, z.final_params);
+  return z;
+}
+
 
 // One backward simulated over a real table: every slice written in table order (with a value
 // whose sum over any ranks in any order is exact: small integers), each finished prefix handed to
@@ -215,35 +247,7 @@ TEST(MpiN4Zero2, EqualsZero1WithTensorParallelismAndPipelineStages) {
 // ZeRO-1 one does: tests/test_mpi_zero.cpp), and an interrupted ZeRO-2 run resumes bit for bit.
 TEST(MpiZero2, CheckpointsAreZero1sAndResumeBitForBit) {
   const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
-  const std::vector<std::string> base = family_run_sets("gpt2", dir);
-  auto cfg = [&](const std::string& run, const std::string& zero) {
-    return tiny_config_of(base, {"train.steps=12", "checkpoint.every=4", "run.dir=" + run, "parallel.bucket_mb=0.02",
-                                 "parallel.overlap=true", "parallel.zero=" + zero});
-  };
-  const TrainResult z1 = train(cfg(dir + "/z1", "1"), MPI_COMM_WORLD, train_options(true), true);
-  const TrainResult z2 = train(cfg(dir + "/z2", "2"), MPI_COMM_WORLD, train_options(true), true);
-  EXPECT_EQ(z2.losses, z1.losses);
-  if (world_rank() == 0) {
-    for (int64_t step : {4, 8, 12}) {
-      CheckpointInfo a = read_checkpoint_info(checkpoint_path(dir + "/z1/checkpoints", step));
-      CheckpointInfo b = read_checkpoint_info(checkpoint_path(dir + "/z2/checkpoints", step));
-      ASSERT_EQ(a.n, b.n);
-      std::vector<float> pa(a.n), ma(a.n), va(a.n), pb(b.n), mb(b.n), vb(b.n);
-      read_checkpoint_row(a, 0, pa.data(), ma.data(), va.data());
-      read_checkpoint_row(b, 0, pb.data(), mb.data(), vb.data());
-      EXPECT_EQ(pb, pa) << "step " << step;
-      EXPECT_EQ(mb, ma) << "step " << step;
-      EXPECT_EQ(vb, va) << "step " << step;
-    }
-  }
-  const TrainResult first = train(cfg(dir + "/cut", "2"), MPI_COMM_WORLD, train_options(true, "", 5), true);
-  ASSERT_TRUE(first.preempted);
-  const TrainResult second = train(cfg(dir + "/cut", "2"), MPI_COMM_WORLD, train_options(true, "auto"), true);
-  ASSERT_EQ(second.start_step, 6);
-  std::vector<float> joined = first.losses;
-  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
-  EXPECT_EQ(joined, z2.losses) << "per-step losses must match bit for bit";
-  EXPECT_EQ(second.final_params, z2.final_params);
+  checkpoints_are_zero1s(dir, family_run_sets("gpt2", dir), "parallel.bucket_mb=0.02", 2);
 }
 
 TEST(MpiZero2, GradientResidentOnlyInItsPieces) {
@@ -358,35 +362,10 @@ TEST(MpiN4Zero3, EqualsZero1WithTensorParallelismAndPipelineStages) {
 TEST(MpiZero3, CheckpointsAreZero1sAndResumeBitForBit) {
   const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
   const std::vector<std::string> base = family_run_sets("llama", dir);
+  const TrainResult z3 = checkpoints_are_zero1s(dir, base, "parallel.bucket_mb=0", 3);
   auto cfg = [&](const std::string& run, const std::string& zero) {
-    return tiny_config_of(base, {"train.steps=12", "checkpoint.every=4", "run.dir=" + run, "parallel.bucket_mb=0",
-                                 "parallel.overlap=true", "parallel.zero=" + zero});
+    return checkpoint_config(base, run, "parallel.bucket_mb=0", zero);
   };
-  const TrainResult z1 = train(cfg(dir + "/z1", "1"), MPI_COMM_WORLD, train_options(true), true);
-  const TrainResult z3 = train(cfg(dir + "/z3", "3"), MPI_COMM_WORLD, train_options(true), true);
-  EXPECT_EQ(z3.losses, z1.losses);
-  EXPECT_EQ(z3.final_params, z1.final_params);
-  if (world_rank() == 0) {
-    for (int64_t step : {4, 8, 12}) {
-      CheckpointInfo a = read_checkpoint_info(checkpoint_path(dir + "/z1/checkpoints", step));
-      CheckpointInfo b = read_checkpoint_info(checkpoint_path(dir + "/z3/checkpoints", step));
-      ASSERT_EQ(a.n, b.n);
-      std::vector<float> pa(a.n), ma(a.n), va(a.n), pb(b.n), mb(b.n), vb(b.n);
-      read_checkpoint_row(a, 0, pa.data(), ma.data(), va.data());
-      read_checkpoint_row(b, 0, pb.data(), mb.data(), vb.data());
-      EXPECT_EQ(pb, pa) << "step " << step;
-      EXPECT_EQ(mb, ma) << "step " << step;
-      EXPECT_EQ(vb, va) << "step " << step;
-    }
-  }
-  const TrainResult first = train(cfg(dir + "/cut", "3"), MPI_COMM_WORLD, train_options(true, "", 5), true);
-  ASSERT_TRUE(first.preempted);
-  const TrainResult second = train(cfg(dir + "/cut", "3"), MPI_COMM_WORLD, train_options(true, "auto"), true);
-  ASSERT_EQ(second.start_step, 6);
-  std::vector<float> joined = first.losses;
-  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
-  EXPECT_EQ(joined, z3.losses) << "per-step losses must match bit for bit";
-  EXPECT_EQ(second.final_params, z3.final_params);
   // Another layout: the step-8 files of ZeRO-1 and ZeRO-3 resumed with zero 0 (and with zero 3
   // from ZeRO-1's) continue alike.
   auto resumed = [&](const std::string& from, const std::string& run, const std::string& zero) {

@@ -168,9 +168,21 @@ class Measure:
             while hi - lo > 1:  # fits(lo), not fits(hi)
                 mid = (lo + hi) // 2
                 lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-            run = os.path.join(self.tmp, f"largest-z{zero}")
-            self.run(["mpiexec", "-n", "4"] + self.args(run, base + [f"parallel.zero={zero}", f"model.n_layer={lo}",
-                                                                     "train.steps=2"]), run)
+            # The real run may find less memory available than the dry run did (the page cache of the
+            # runs before it): a layer or two fewer, as its start-up check decides.
+            for layers in range(lo, max(0, lo - 3), -1):
+                run = os.path.join(self.tmp, f"largest-z{zero}")
+                sets = base + [f"parallel.zero={zero}", f"model.n_layer={layers}", "train.steps=2"]
+                shutil.rmtree(run, ignore_errors=True)
+                env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+                try:
+                    run_command(["mpiexec", "-n", "4"] + self.args(run, sets), env, say)
+                    break
+                except RuntimeError as e:
+                    say(f"{layers} layers did not start ({str(e).splitlines()[0][:120]}): one fewer")
+            else:
+                die(f"zero {zero}: no model of {lo - 2} to {lo} layers started")
+            lo = layers
             s = json.load(open(os.path.join(run, "summary.json")))
             m = [x for x in read_jsonl(os.path.join(run, "metrics.jsonl")) if "step_ms" in x]
             row = {"zero": zero, "n_layer": lo, "n_params": s.get("n_params"),
@@ -229,14 +241,10 @@ def main():
            "machine": f"{platform.node()}, {os.cpu_count()} cores", "model": MODEL,
            "command": " ".join(sys.argv)}
     parts = a.parts.split(",")
-    if "memory" in parts:
-        res["memory"] = m.part_memory()
-    if "traffic" in parts:
-        res["traffic"] = m.part_traffic()
-    for part in ("time", "link", "largest"):
+    for part in ("memory", "traffic", "time", "link", "largest"):
         if part in parts:
             res[part] = getattr(m, "part_" + part)()
-    write_json_atomic(a.out, res)
+            write_json_atomic(a.out, res)  # (each part kept as it completes)
     shutil.rmtree(m.tmp, ignore_errors=True)
     say("wrote " + a.out)
 

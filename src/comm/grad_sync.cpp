@@ -116,9 +116,16 @@ double GradSync::expected_bytes_per_pass(size_t n) const {
   return exchange_->expected_bytes_per_pass(n, opt.zero);
 }
 
+bool GradSync::zero_pieces() {
+  if (!opt.shard_grads || world == 1 || !averages_gradients() || !reduced_all_) return false;
+  for (const ShardPiece& p : shard) std::memset(grads + p.begin, 0, (p.end - p.begin) * sizeof(float));
+  return true;
+}
+
 void GradSync::begin_step() {
   step = SyncStats{};
   next_launch_ = 0;
+  reduced_all_ = false;
   std::lock_guard<std::mutex> lock(mu_);
   if (completed_ != launched_) fail("internal: a step began with communication in flight");
   launched_ = completed_ = 0;
@@ -272,6 +279,7 @@ void GradSync::finish() {
   }
   const double t1 = now_ms();
   step.exposed_comm_ms += t1 - t0;
+  reduced_all_ = true;
   if (tracer && tracer->enabled && thread_.joinable()) tracer->span("wait for gradients", 0, t0, t1);
 }
 void GradSync::gather_params(float* params, const std::function<void(size_t)>& update) {

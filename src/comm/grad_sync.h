@@ -43,8 +43,10 @@
 // the system), so only the pieces stay resident. Each bucket is reduce-scattered the moment
 // backward has finished it: on the communication thread with overlap, which then keeps at most
 // two buckets queued (on_ready waits for the older ones first, so no more than three buckets' worth
-// of the gradient is whole at once), or without overlap right there in on_ready. The next step's
-// zero_grads releases the pieces too. The results are ZeRO-1's bit for bit: the same
+// of the gradient is whole at once), or without overlap right there in on_ready. The next step
+// clears only the pieces (zero_pieces: the rest is zero already), so their pages stay resident
+// rather than being faulted in again; every other page is faulted in by the backward that writes
+// it, the price of handing it back. The results are ZeRO-1's bit for bit: the same
 // reduce-scatters of the same buckets, the same pieces updated. With gradient accumulation the
 // gradient is reduced once, after the last micro-batch (as every method here), so the whole
 // gradient is resident until then. The GPU backends refuse it (their buffers are cudaMalloc's).
@@ -168,6 +170,11 @@ struct GradSync {
 
   bool averages_gradients() const { return opt.method != SyncMethod::weights; }
   void begin_step();
+  // ZeRO-2/3 across ranks: the gradient zeroed for the next step by clearing only this rank's
+  // pieces (every other float was released, so is zero, when its bucket was reduced), which keeps
+  // the pieces' pages resident instead of faulting them in again; returns false (nothing done)
+  // otherwise, where the caller zeroes the whole gradient.
+  bool zero_pieces();
   void on_ready(size_t k);  // backward: the gradient prefix [0, k) is final (ZeRO-2: reduced here)
   void finish();            // gradients averaged on every rank (no-op for weights)
   // weights: average `params` over ranks when (step + 1) % average_every == 0. Returns whether it did.
@@ -212,6 +219,7 @@ struct GradSync {
  private:
   std::unique_ptr<Exchange> exchange_;  // the method's collectives (comm/exchange.h); nccl: from connect()
   size_t next_launch_ = 0;         // buckets [0, next_launch_) have been started this step
+  bool reduced_all_ = false;       // finish() has reduced every bucket since begin_step
   bool device_ = false;            // buffers live in device memory
   float* staging_ = nullptr;       // page-locked host copy of the gradients (an MPI method on a GPU, world > 1)
   // communication thread (overlap)

@@ -249,7 +249,7 @@ std::optional<double> Engine::run_schedule(int64_t step, const Batch& batch, Ste
   // readback); otherwise each head forward reads its loss (and the target check) at once.
   run.loss_at_forward = Mb > 1 || S > 1;
   for (ModelChunk& ch : chunks) {
-    ch.model->zero_grads();
+    if (!ch.sync->zero_pieces()) ch.model->zero_grads();  // (ZeRO-2/3: only the pieces are not zero)
     ch.sync->begin_step();
   }
   const bool traced = opt.tracer && opt.tracer->enabled;
