@@ -226,6 +226,7 @@ TEST(MpiZero2, EqualsZero1BitForBitEveryFamily) {
       {"parallel.bucket_mb=0.02", "parallel.first_bucket_mb=0.005", "parallel.overlap=true"},
       {"parallel.bucket_mb=0.02", "parallel.microbatches=2"},
       {"parallel.sync=gather_scatter", "parallel.bucket_mb=0.02", "parallel.overlap=true"},
+      {"parallel.bucket_mb=0.02", "parallel.grad_dtype=bf16", "parallel.overlap=true"},
   };
   for (const char* family : {"gpt2", "llama", "bert"}) {
     stage_equals_zero1(family, layouts);
@@ -337,6 +338,7 @@ TEST(MpiZero3, EqualsZero1BitForBitEveryFamily) {
       {"parallel.bucket_mb=0", "parallel.microbatches=2"},
       {"parallel.sync=gather_scatter", "parallel.bucket_mb=0", "parallel.overlap=true"},
       {"parallel.bucket_mb=0", "parallel.overlap=true", "runtime.recompute=full"},
+      {"parallel.bucket_mb=0", "parallel.grad_dtype=bf16"},
   };
   for (const char* family : {"gpt2", "llama", "bert"}) {
     stage_equals_zero1(family, layouts, 3);
