@@ -124,7 +124,9 @@ Config checkpoint_config(const std::vector<std::string>& base, const std::string
 TrainResult checkpoints_are_zero1s(const std::string& dir, const std::vector<std::string>& base,
                                    const std::string& buckets, int stage) {
   const std::string zs = std::to_string(stage);
-  auto cfg = [&](const std::string& run, const std::string& zero) { return checkpoint_config(base, run, buckets, zero); };
+  auto cfg = [&](const std::string& run, const std::string& zero) {
+    return checkpoint_config(base, run, buckets, zero);
+  };
   const TrainResult z1 = train(cfg(dir + "/z1", "1"), MPI_COMM_WORLD, train_options(true), true);
   const TrainResult z = train(cfg(dir + "/z" + zs, zs), MPI_COMM_WORLD, train_options(true), true);
   EXPECT_EQ(z.losses, z1.losses);

@@ -275,7 +275,8 @@ std::vector<float> Engine::unshard(size_t c, std::vector<float> mine) const {
 
 std::vector<float> Engine::whole_params_everywhere() {
   std::vector<float> whole(whole_table.numel);
-  if (S == 1 && g.tp == 1 && !chunks.front().sync->opt.shard_params) {  // the chunk is the whole model, in the whole table's layout
+  // the chunk is the whole model, in the whole table's layout (ZeRO-3: but its blocks in pieces)
+  if (S == 1 && g.tp == 1 && !chunks.front().sync->opt.shard_params) {
     ops.copy_to_host(whole.data(), chunks.front().model->params, whole.size() * sizeof(float));
     return whole;
   }
@@ -339,7 +340,8 @@ std::vector<Engine::StateRange> Engine::state_ranges(int which, bool writing, bo
       size_t at = 0;  // this rank's pieces of the flat layout, one after the other in the buffer
       for (const ShardPiece& p : ch.sync->shard) {
         const size_t lo = std::max(p.begin, s.offset), hi = std::min(p.end, s.offset + s.numel);
-        if (lo < hi) out.push_back({c, i, lo - s.offset, hi - s.offset, param_pieces ? lo : at + (lo - p.begin), tensor});
+        const size_t buffer_at = param_pieces ? lo : at + (lo - p.begin);  // (parameters: the flat layout)
+        if (lo < hi) out.push_back({c, i, lo - s.offset, hi - s.offset, buffer_at, tensor});
         at += p.end - p.begin;
       }
     }

@@ -72,7 +72,6 @@ void blocks_backward(ModelChunk& ch, Activations& x, const Model::ReadyFn& ready
   }
 }
 
-
 // One step's run of the schedule: which activation slot holds which (micro-batch, chunk), the
 // messages in flight, the losses read so far.
 struct ScheduleRun {

@@ -63,7 +63,8 @@ Attempt try_resume(Run& r, const std::string& path, const std::vector<std::strin
     for (int which = 0; which < groups; which++) {
       std::vector<std::vector<float>> host(e.chunks.size());
       for (size_t c = 0; c < e.chunks.size(); c++)
-        if (!e.state_in_place(c, which)) host[c].resize(which == 0 ? e.chunks[c].model->table.numel : e.chunks[c].opt->n);
+        if (!e.state_in_place(c, which))
+          host[c].resize(which == 0 ? e.chunks[c].model->table.numel : e.chunks[c].opt->n);
       for (const Engine::StateRange& sr : e.state_ranges(which, false, false)) {
         float* in_place = e.state_in_place(sr.chunk, which);
         float* at = (in_place ? in_place : host[sr.chunk].data()) + sr.at;

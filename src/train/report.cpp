@@ -150,7 +150,8 @@ void print_layout(const Run& r) {
     std::printf("pipeline: %d stages × %d data-parallel replicas, schedule %s, %d micro-batches of %d%s; "
                 "gradient sync %s%s per stage\n", r.groups->pp, r.groups->dp, schedule_kind_name(e.kind),
                 e.M, e.micro_batch, e.v > 1 ? (", " + std::to_string(e.v) + " chunks per stage").c_str() : "",
-                option_name(r.cfg.parallel.sync), r.cfg.parallel.zero ? (" with ZeRO-" + std::to_string(r.cfg.parallel.zero)).c_str() : "");
+                option_name(r.cfg.parallel.sync),
+                r.cfg.parallel.zero ? (" with ZeRO-" + std::to_string(r.cfg.parallel.zero)).c_str() : "");
     std::printf("pipeline messages: %s\n", link_way_name(e.link->way()));
     return;
   }
@@ -164,7 +165,9 @@ void print_layout(const Run& r) {
           ? ", parameters every " + std::to_string(g.opt.average_every) + " step(s)"
       : g.opt.zero ? std::string(g.opt.shard_params ? ", ZeRO-3" : g.opt.shard_grads ? ", ZeRO-2" : ", ZeRO-1") +
                          ": gradients reduce-scattered, parameters all-gathered, AdamW state" +
-                         (g.opt.shard_params ? ", gradient and blocks' parameters" : g.opt.shard_grads ? " and gradient" : "") +
+                         (g.opt.shard_params  ? ", gradient and blocks' parameters"
+                          : g.opt.shard_grads ? " and gradient"
+                                              : "") +
                          " for " +
                          std::to_string(e.chunks.front().opt->n) + " of " + std::to_string(numel) + " values"
                    : "";
