@@ -46,12 +46,16 @@ std::string describe(const std::string& family, const std::vector<std::string>& 
 // Each layout trained with zero 1 and zero `stage` (2 or 3) on every rank of the world: the same
 // losses and the same final parameters, bit for bit (the same collectives over the same buckets,
 // the same pieces updated by the same operations, the forward and backward reading the same
-// parameters), every rank holding the same parameters. ZeRO-3 cuts its buckets at the blocks, so
-// its layouts here have one bucket per tensor (bucket_mb 0), the same cut as ZeRO-1's.
+// parameters), every rank holding the same parameters, and the same validation losses (ZeRO-3's
+// evaluation gathers the blocks as training does). ZeRO-3 cuts its buckets at the blocks, so its
+// layouts here have one bucket per tensor (bucket_mb 0), the same cut as ZeRO-1's.
 void stage_equals_zero1(const std::string& family, const std::vector<std::vector<std::string>>& layouts,
                         int stage = 2) {
   const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
-  const std::vector<std::string> base = family_run_sets(family, dir);
+  std::vector<std::string> base = family_run_sets(family, dir);
+  const std::string val = family == "bert" ? make_pattern_examples(MPI_COMM_WORLD, dir, "cls-val.h5", 64, 32, 64, 37)
+                                           : make_pattern_file(MPI_COMM_WORLD, dir, "val.h5", 4000, 64, 33);
+  base.insert(base.end(), {"data.val=" + val, "train.eval_every=5", "train.eval_batches=2"});
   for (const std::vector<std::string>& layout : layouts) {
     const std::string what = describe(family, layout);
     const TrainResult z1 = train(tiny_config_of(base, with(layout, {"parallel.zero=1"})), MPI_COMM_WORLD,
@@ -61,6 +65,8 @@ void stage_equals_zero1(const std::string& family, const std::vector<std::vector
     ASSERT_EQ(z1.losses.size(), 10u) << what;
     EXPECT_EQ(z2.losses, z1.losses) << what;
     EXPECT_EQ(z2.final_params, z1.final_params) << what;
+    ASSERT_FALSE(z1.val_losses.empty()) << what;
+    EXPECT_EQ(z2.val_losses, z1.val_losses) << what;
     EXPECT_TRUE(same_on_every_rank(z2.final_params, MPI_COMM_WORLD)) << what;
     EXPECT_EQ(z2.optimizer_state_floats, z1.optimizer_state_floats) << what;
     if (stage == 2) {
