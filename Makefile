@@ -2,8 +2,9 @@
 #   make            build everything into build/ (CUDA part too when nvcc is found; CUDA=0 to skip)
 #   make run        install missing packages, build only the programs it runs (in parallel), make
 #                   the demo data set, train on 2 ranks; CUDA kernels only when a GPU is present
-#   make test       install missing packages, build (JOBS compiles at a time), run unit + MPI
-#                   integration tests
+#   make test       install missing packages, build what make run built and the tests (JOBS compiles
+#                   at a time; CUDA as make run decides), run unit + MPI integration + command-line tests
+#   make test-cuda  the CUDA kernels built by nvcc, and run on the CPU's simulated card
 #   make test-kernels  the numerical tests again under the kernels other CPUs get (tools/kernel_paths.sh)
 #   make deps       install missing Debian packages (as root), or print the command to run
 #   make bench      the reference-configuration throughput benchmark, fp32 and bf16 (see docs/PERF.md);
@@ -63,6 +64,9 @@ install_missing = @missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' 
 
 .PHONY: all deps run test bench clean demo-data help
 all: $(DEPS_STAMP) binaries
+
+help:  # the targets and variables: this file's opening comment
+	@awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' Makefile
 
 deps: $(DEPS_STAMP)
 $(DEPS_STAMP):
@@ -173,7 +177,7 @@ $(BUILD)/obj/%.o: %.cu | $(DEPS_STAMP)
 $(CUDA_MODE_STAMP): | $(DEPS_STAMP)
 	@rm -f $(BUILD)/.mode-* && touch $@
 $(BUILD)/obj/src/backend/cuda_fallback.o $(BUILD)/obj/src/comm/nccl_exchange.o $(BUILD)/obj/src/runtime/watchdog.o \
-  $(BUILD)/obj/tests/test_cuda_ops.o $(BUILD)/obj/bench/gpu_gpt2.o: $(CUDA_MODE_STAMP)
+  $(BUILD)/obj/tests/test_cuda_ops.o $(BUILD)/obj/tests/test_cuda_paths.o $(BUILD)/obj/bench/gpu_gpt2.o: $(CUDA_MODE_STAMP)
 
 # The one object that includes oneDNN: compiled with LLMPI_HAVE_ONEDNN when the header is found,
 # again when that changes between two makes (the stamp's name says what make saw when it started).
@@ -279,18 +283,20 @@ $(DEMO_DIR)/train.h5: $(BUILD)/llmpi-demo-corpus $(BUILD)/llmpi-prep
 	$(BUILD)/llmpi-prep --tokenizer byte --input $(DEMO_DIR)/corpus.txt --out $(DEMO_DIR) \
 	    --val-fraction 0.05
 
-# `make run` builds only what it runs (the three programs and libllmpi.a), JOBS compiles at a time
-# unless make was given -j. The CUDA kernels are built for it only where they can run: nvcc found
-# AND a GPU visible (nvidia-smi lists one, or /dev/nvidia0 exists); with nvcc but no GPU they
-# would only cost minutes of nvcc. CUDA=1 / CUDA=0 on the command line decides instead. `make`
-# and `make test` build everything, CUDA included when nvcc is found (`make test` JOBS at a time
-# unless make was given -j).
+# `make run` builds only what it runs (the programs and libllmpi.a), JOBS compiles at a time unless
+# make was given -j. The CUDA kernels are built for it only where they can run: nvcc found AND a
+# GPU visible (nvidia-smi lists one, or /dev/nvidia0 exists); with nvcc but no GPU they would only
+# cost minutes of nvcc. CUDA=1 / CUDA=0 on the command line decides instead. `make test` and `make
+# test-kernels` decide the same way, so that the build `make run` made serves them (only the tests
+# and benchmarks are added); `make test-cuda` builds the CUDA kernels whatever the machine (nvcc
+# needed) and runs them on the simulated card; `make` builds everything, CUDA included when nvcc is
+# found.
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 RUN_GPU  = $(eval RUN_GPU := $(shell { nvidia-smi -L 2>/dev/null | grep -q '^GPU'; } || \
              ls /dev/nvidia[0-9]* >/dev/null 2>&1 && echo yes))$(RUN_GPU)
 ifeq ($(origin CUDA),undefined)
 RUN_CUDA = $(if $(strip $(NVCC)),$(if $(RUN_GPU),1,0),0)
-RUN_WHY  = $(if $(strip $(NVCC)),$(if $(RUN_GPU),nvcc and a GPU found; make run CUDA=0 skips them,nvcc found but no GPU here; make run CUDA=1 builds them anyway),no nvcc found)
+RUN_WHY  = $(if $(strip $(NVCC)),$(if $(RUN_GPU),nvcc and a GPU found; CUDA=0 skips them,nvcc found but no GPU here; CUDA=1 builds them anyway),no nvcc found)
 else
 RUN_CUDA = $(if $(strip $(NVCC)),1,0)
 RUN_WHY  = CUDA=$(CUDA) given$(if $(strip $(NVCC)),,$(if $(filter 0,$(CUDA)),,; no nvcc found))
@@ -301,21 +307,33 @@ endif
 # training is never moved: the second `make run` stops and says so.
 DEMO_RUN := $(BUILD)/runs/demo
 run:
-	@echo "llmpi run: building $(APPS) ($(if $(filter -j%,$(MAKEFLAGS)),make's -j,$(JOBS) parallel jobs)) $(if $(filter 1,$(RUN_CUDA)),with,without) the CUDA kernels ($(RUN_WHY)); tests and benchmarks are built by make / make test"
+	@echo "llmpi run: building $(APPS) ($(if $(filter -j%,$(MAKEFLAGS)),make's -j,$(JOBS) parallel jobs)) $(if $(filter 1,$(RUN_CUDA)),with,without) the CUDA kernels ($(RUN_WHY)); tests and benchmarks are built by make test / make"
 	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) CUDA=$(RUN_CUDA) $(APP_BINS) demo-data
 	@tools/demo_run_aside.sh $(DEMO_RUN)
 	OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 mpiexec -n $(NP) $(BUILD)/llmpi-train \
 	    --config data/demo.json --set run.dir=$(DEMO_RUN)
 
+MAKE_J = $(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS))
 test:
-	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) all
-	BUILD=$(BUILD) SAN=$(SAN) tools/run_tests.sh
+	@echo "llmpi test: $(if $(filter 1,$(RUN_CUDA)),with,without) the CUDA kernels ($(RUN_WHY)); make test-cuda runs them on the simulated card"
+	@$(MAKE_J) CUDA=$(RUN_CUDA) $(DEPS_STAMP) $(APP_BINS) $(BUILD)/llmpi-tests $(BENCH_BINS)
+	BUILD=$(BUILD) SAN=$(SAN) tools/run_tests.sh cpu
+
+# make test-cuda: the CUDA code compiled by nvcc (every kernel, into libllmpi.a), and compiled for
+# the CPU's simulated card (tools/cuda_cpu_sim) where it runs against the CPU backend: the CUDA
+# unit tests, the NCCL stand-in, the trainer on the card (tools/run_tests.sh cuda-sim).
+.PHONY: test-cuda
+test-cuda:
+	@[ -n "$(strip $(NVCC))" ] || { echo "llmpi test-cuda: no nvcc found (install the CUDA toolkit, or set NVCC=path/to/nvcc)"; exit 1; }
+	@$(MAKE_J) CUDA=1 $(DEPS_STAMP) $(APP_BINS) $(BUILD)/llmpi-tests $(BUILD)/sim-flash_mma $(BUILD)/sim-cuda_ops \
+	    $(BUILD)/sim-cuda_tests $(BUILD)/sim-llmpi-train $(BUILD)/sim-nccl_tests
+	BUILD=$(BUILD) SAN=$(SAN) tools/run_tests.sh cuda-sim
 
 # make test-kernels: the numerical tests again under the OpenBLAS and oneDNN kernels other CPUs get
 # (OPENBLAS_CORETYPE, ONEDNN_MAX_CPU_ISA; tools/kernel_paths.sh; CI runs it after make test)
 .PHONY: test-kernels
 test-kernels:
-	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(JOBS)) $(BUILD)/llmpi-tests
+	@$(MAKE_J) CUDA=$(RUN_CUDA) $(DEPS_STAMP) $(BUILD)/llmpi-tests
 	BUILD=$(BUILD) tools/kernel_paths.sh
 
 bench: all

@@ -64,6 +64,7 @@
 // the origin) and reported as "a_clamped". The largest relative residual |fit - t| / t is
 // reported as the fit's quality.
 #include <mpi.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>

@@ -24,6 +24,7 @@
 // reports each shape's median over ranks and the median over ranks of the aggregate
 // (gflops_per_rank_median). Attention's T x T score GEMMs are not included.
 #include <mpi.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <iterator>

@@ -85,6 +85,18 @@ inline bool same_on_every_rank(const std::vector<float>& p, MPI_Comm comm) {
   return all == 1;
 }
 
+// A barrier whose waiting ranks sleep instead of polling: where some ranks of an oversubscribed
+// test job (4 ranks on 2 cores) train while the others wait, the waiting ones leave them the cores.
+inline void sleeping_barrier(MPI_Comm comm) {
+  MPI_Request r;
+  MPI_Ibarrier(comm, &r);
+  for (int done = 0;;) {
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    usleep(2000);
+  }
+}
+
 // A /proc/self/status value given in kB (VmRSS:, VmHWM:, ...), in bytes; -1 when absent.
 inline double status_bytes(const char* key) {
   std::ifstream in("/proc/self/status");

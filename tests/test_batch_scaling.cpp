@@ -3,6 +3,7 @@
 // train.global_batch, train.lr_scaling's rates and their warm-up, and what the resume contract says
 // when another world size changes the resolved global batch.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <string>
@@ -138,7 +139,7 @@ TEST(BatchScaling, ResumingAtAnotherWorldSizeIsAChangedGlobalBatch) {
   CheckpointInfo ckpt;
   ckpt.path = "run/checkpoints/step-00000010.h5";
   ckpt.desc = model_desc_from_config(before.model, 256);
-  ckpt.config_json = before.resolved.dump();
+  ckpt.config_json = before.resolved->dump();
   Config same = config_with({"train.batch_per_rank=4"});
   resolve_batch(same, 2);
   EXPECT_EQ(error_of([&] { check_resume_contract(ckpt, resume_contract_rows(ckpt, same, ckpt.desc), {}); }),

@@ -1,5 +1,6 @@
 // Checkpoint files: round trip, newest/pruning by step, and clear errors for damaged files.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cstdio>

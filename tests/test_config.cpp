@@ -1,5 +1,6 @@
 // Config parsing and validation: every error names the key and says what to do.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 

@@ -10,6 +10,7 @@
 //  - grads_ready reports growing prefixes at slice boundaries, ending at the whole buffer;
 //  - the table follows the description (names, fused parts, no biases for llama, GQA shapes).
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstring>

@@ -11,6 +11,7 @@
 //   MpiN6*      -n 6: DP 2 × PP 3
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>

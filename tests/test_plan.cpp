@@ -3,6 +3,7 @@
 // links file, and the step time against the schedule simulation plus hand-computed sync terms.
 // Serial and deterministic: no timing is measured here.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -11,6 +11,7 @@
 //     one rank's input reaches every rank and leaves the previous data set as it was.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <nlohmann/json.hpp>
 #include <zlib.h>
 #include <zstd.h>
 

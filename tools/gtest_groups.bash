@@ -85,3 +85,48 @@ gtest_test_output() {
     on && /^\[  (FAILED |     OK|SKIPPED) \]/ && index($0, name) { on = 0 }
   ' "$1"
 }
+
+# gtest_group_split N LIMIT LOG FILTER CMD [ARGS...]
+#   gtest_group over N processes at once: the tests FILTER selects (CMD's own --gtest_list_tests),
+#   dealt in turn into N lists, each list a gtest_group of its own (log LOG.partI) under LIMIT;
+#   the parts' logs are then appended to LOG in order and their counts and names summed into
+#   GT_*, as one gtest_group sets them. For programs whose tests share nothing but the machine
+#   (each test makes its own temporary files). N = 1 is gtest_group itself.
+gtest_group_split() {
+  local n=$1 limit=$2 log=$3 filter=$4
+  shift 4
+  if [ "$n" -le 1 ]; then gtest_group "$limit" "$log" "$filter" "$@"; return; fi
+  local names=() i j list status name rc=0
+  mapfile -t names < <("$@" --gtest_filter="$filter" --gtest_list_tests | awk '/^[^ ]/{suite=$1} /^  /{print suite $1}')
+  [ "${#names[@]}" -lt "$n" ] && n=${#names[@]}
+  if [ "$n" -le 1 ]; then gtest_group "$limit" "$log" "$filter" "$@"; return; fi
+  for ((i = 0; i < n; i++)); do
+    list=
+    for ((j = i; j < ${#names[@]}; j += n)); do list+="${names[j]}:"; done
+    # (each part writes its counts, then one line per failure and per skip, for the sum below)
+    (
+      gtest_group "$limit" "$log.part$i" "${list%:}" "$@"
+      echo "$GT_PASS $GT_FAIL $GT_SKIP"
+      for name in "${GT_FAILED[@]}"; do echo "F $name"; done
+      for name in "${GT_SKIPPED[@]}"; do echo "S $name"; done
+    ) >"$log.counts$i" &
+  done
+  wait
+  GT_PASS=0 GT_FAIL=0 GT_SKIP=0 GT_FAILED=() GT_SKIPPED=()
+  : >"$log"
+  for ((i = 0; i < n; i++)); do
+    cat "$log.part$i" >>"$log" 2>/dev/null
+    {
+      read -r p f s || { p=0 f=1 s=0; GT_FAILED+=("part $((i + 1)) of $n reported nothing (see $log)"); }
+      GT_PASS=$((GT_PASS + p)) GT_FAIL=$((GT_FAIL + f)) GT_SKIP=$((GT_SKIP + s))
+      while IFS= read -r name; do
+        case $name in
+          "F "*) GT_FAILED+=("${name#F }") ;;
+          "S "*) GT_SKIPPED+=("${name#S }") ;;
+        esac
+      done
+    } <"$log.counts$i"
+    rm -f "$log.part$i" "$log.counts$i"
+  done
+  return $((GT_FAIL > 0))
+}

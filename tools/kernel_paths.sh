@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The numerical tests again on the kernels other CPUs get (make test-kernels; make test runs the
-# first QUICK paths as its group "kernel paths"). OpenBLAS (Debian's DYNAMIC_ARCH build) picks its
+# The numerical tests again on the kernels other CPUs get (make test-kernels, which CI runs after
+# make test; --quick runs the first QUICK paths only). OpenBLAS (Debian's DYNAMIC_ARCH build) picks its
 # kernels by the CPU it recognises, and oneDNN by the instructions it finds; OPENBLAS_CORETYPE and
 # ONEDNN_MAX_CPU_ISA make this CPU run what another would. Each path below stands for CPUs users
 # have:
@@ -13,7 +13,7 @@
 #   SkylakeX   + AVX512_CORE_AMX   Sapphire Rapids' oneDNN (AMX tiles) where the CPU has AMX; the
 #                                  AVX-512 bf16 kernels where it does not
 # A path whose instructions this CPU lacks is skipped and named (its kernels would stop the program
-# on an illegal instruction). Under each path: the serial unit tests, and the MPI tests that
+# on an illegal instruction). Under each path: the unit tests, and the MPI tests that
 # compare layouts against one rank and shards against the whole model. Every comparison in them is exact by construction or bounded by an error estimate
 # written beside it, so all must pass on every path.
 #
@@ -28,6 +28,8 @@ source "$(dirname "$0")/gtest_groups.bash"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 TIME_SCALE=${TIME_SCALE:-1}
 MPI_TIMEOUT=${MPI_TIMEOUT:-$((180 * TIME_SCALE))}
+# the unit tests' processes at once: one per core, at most 8 (nproc without the OMP_* limits)
+TEST_PROCS=${TEST_PROCS:-$(n=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc); echo $((n > 8 ? 8 : n)))}
 
 PATHS=(
   "Prescott AVX2"
@@ -83,7 +85,7 @@ for ((i = 0; i < n_paths; i++)); do
   echo "== $name"
   started=$SECONDS
   log=$LOGS/$core-$isa-unit.log
-  OPENBLAS_CORETYPE=$core ONEDNN_MAX_CPU_ISA=$isa gtest_group $((600 * TIME_SCALE)) "$log" "$UNIT_FILTER" "$BIN"
+  OPENBLAS_CORETYPE=$core ONEDNN_MAX_CPU_ISA=$isa gtest_group_split "$TEST_PROCS" $((600 * TIME_SCALE)) "$log" "$UNIT_FILTER" "$BIN"
   pass=$((pass + GT_PASS)) fail=$((fail + GT_FAIL)) skip=$((skip + GT_SKIP))
   for f in "${GT_FAILED[@]}"; do failed+=("$name: $f"); echo "  FAIL  $f (log $log)"; done
   echo "  unit: $GT_PASS passed, $GT_FAIL failed, $GT_SKIP skipped in $((SECONDS - started)) s"

@@ -77,12 +77,16 @@ class Measure:
             args += ["--set", s]
         return args
 
-    def run(self, cmd, run_dir):
+    def run(self, cmd, run_dir, check=True, log=say):
+        """Runs cmd into a fresh run_dir; a failure stops the measurement, or with check=False
+        raises RuntimeError for the caller."""
         shutil.rmtree(run_dir, ignore_errors=True)
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         try:
-            return run_command(cmd, env, say)
+            return run_command(cmd, env, log)
         except RuntimeError as e:
+            if not check:
+                raise
             die(str(e))
 
     def part_memory(self):
@@ -155,10 +159,8 @@ class Measure:
             def fits(layers):
                 run = os.path.join(self.tmp, f"fit-z{zero}-l{layers}")
                 sets = base + [f"parallel.zero={zero}", f"model.n_layer={layers}"]
-                shutil.rmtree(run, ignore_errors=True)
-                env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
                 try:
-                    run_command(["mpiexec", "-n", "4"] + self.args(run, sets) + ["--dry-run"], env, lambda m: None)
+                    self.run(["mpiexec", "-n", "4"] + self.args(run, sets) + ["--dry-run"], run, False, lambda m: None)
                     return True
                 except RuntimeError:
                     return False
@@ -173,10 +175,8 @@ class Measure:
             for layers in range(lo, max(0, lo - 3), -1):
                 run = os.path.join(self.tmp, f"largest-z{zero}")
                 sets = base + [f"parallel.zero={zero}", f"model.n_layer={layers}", "train.steps=2"]
-                shutil.rmtree(run, ignore_errors=True)
-                env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
                 try:
-                    run_command(["mpiexec", "-n", "4"] + self.args(run, sets), env, say)
+                    self.run(["mpiexec", "-n", "4"] + self.args(run, sets), run, False)
                     break
                 except RuntimeError as e:
                     say(f"{layers} layers did not start ({str(e).splitlines()[0][:120]}): one fewer")

@@ -21,11 +21,12 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
-#include <cstdlib>
-#include <filesystem>
-#include <optional>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>

@@ -201,7 +201,7 @@ void GradSync::comm_loop() {
       queue_.pop_front();
     }
     if (job.params)
-      all_gather(params_, job.bucket, bucket_label(opt.method, opt.zero, true, job.bucket));
+      all_gather(job.params, job.bucket, bucket_label(opt.method, opt.zero, true, job.bucket));
     else
       reduce(grads, job.bucket, bucket_label(opt.method, opt.zero, false, job.bucket));
     {
@@ -212,7 +212,7 @@ void GradSync::comm_loop() {
   }
 }
 
-size_t GradSync::launch(size_t b, bool params) {
+size_t GradSync::launch(size_t b, float* params) {
   if (!thread_.joinable()) return 0;  // no overlap: finish() reduces every bucket in order
   size_t ticket = 0;
   {
@@ -290,17 +290,13 @@ void GradSync::gather_params(float* params, const std::function<void(size_t)>& u
   const double t0 = now_ms();
   double update_ms = 0;
   if (thread_.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      params_ = params;
-    }
     size_t last = 0;
     for (size_t b = 0; b < buckets.size(); b++) {
       const double u0 = now_ms();
       update(b);
       if (device_) cuda_synchronize();  // the piece is on the device before the thread copies it
       update_ms += now_ms() - u0;
-      if (!layer_bucket(b)) last = launch(b, true);
+      if (!layer_bucket(b)) last = launch(b, params);
     }
     wait_ticket(last);
   } else {
@@ -363,11 +359,7 @@ GradSync::LayerState* GradSync::layer_state(int l) {
 void GradSync::prefetch_layer(int l) {
   LayerState* s = layer_state(l);
   if (!s || s->whole || s->ticket || !thread_.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    params_ = params;
-  }
-  for (size_t b = s->first; b < s->end; b++) s->ticket = launch(b, true);
+  for (size_t b = s->first; b < s->end; b++) s->ticket = launch(b, params);
 }
 
 void GradSync::need_layer(int l) {

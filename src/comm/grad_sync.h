@@ -228,10 +228,9 @@ struct GradSync {
   std::condition_variable cv_work_, cv_done_;
   struct Job {
     size_t bucket;
-    bool params;  // all-gather parameters (zero), else average the gradient
+    float* params;  // all-gather these parameters (zero), or average the gradient when null
   };
   std::deque<Job> queue_;
-  float* params_ = nullptr;        // the all-gathers' buffer, for the communication thread
   size_t launched_ = 0, completed_ = 0;  // jobs this step (a job's ticket: launched_ after it)
   std::vector<size_t> reduce_ticket_;    // ZeRO-2 with overlap: bucket b's reduce job
   // ZeRO-3: each bucket's block (-1 outside the blocks); per block of the chunk its buckets
@@ -246,8 +245,9 @@ struct GradSync {
   std::vector<LayerState> layers_;
   bool stop_ = false;
 
-  // Queues a job for the communication thread and returns its ticket (0 without a thread).
-  size_t launch(size_t b, bool params = false);
+  // Queues a job for the communication thread, bucket b's gradient average or, given `params`, the
+  // all-gather of those parameters, and returns its ticket (0 without a thread).
+  size_t launch(size_t b, float* params = nullptr);
   void wait_ticket(size_t ticket);  // the jobs up to this ticket done
   // ZeRO-2/3: bucket b's floats of base outside this rank's piece, released (zero, pages returned).
   void release_others(float* base, size_t b);

@@ -26,7 +26,7 @@
 //                             "val.h5":   {...}}}
 #pragma once
 #include <cstdint>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 

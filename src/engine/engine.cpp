@@ -104,8 +104,9 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
     ModelDesc md = g.tp > 1 ? tensor_shard(d, g.tp, g.tp_rank) : d;
     md.sequence_parallel = g.tp > 1 && pc.sequence_parallel;
     // ZeRO-2/3 on the CPU: the gradient (and the blocks' parameters) resident only in this rank's
-    // pieces (comm/grad_sync.h); on a GPU the sync refuses them below.
-    const PagedBuffers paged = ops.on_gpu() || !so.shard_grads ? PagedBuffers::none
+    // pieces (comm/grad_sync.h); on a GPU the sync refuses them below. With one replica the piece
+    // is the whole: plain buffers, zeroed in place rather than released and faulted in each step.
+    const PagedBuffers paged = ops.on_gpu() || !so.shard_grads || g.dp == 1 ? PagedBuffers::none
                                : so.shard_params             ? PagedBuffers::grads_and_params
                                                              : PagedBuffers::grads;
     ch.model = std::make_unique<Model>(md, ops, ch.part, eo.precision, eo.recompute, paged);

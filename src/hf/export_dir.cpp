@@ -11,6 +11,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "metrics/metrics.h"
 #include "runtime/error.h"

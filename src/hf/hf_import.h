@@ -35,6 +35,7 @@
 #include "model/model_desc.h"
 #include "params/param_table.h"
 #include "runtime/config.h"
+#include "runtime/model_source.h"
 
 namespace llmpi {
 

@@ -1,7 +1,7 @@
 // Metrics output: JSON Lines files (metrics.jsonl, eval.jsonl) and atomic small-file writes.
 #pragma once
 #include <cstdio>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 

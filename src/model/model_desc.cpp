@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include "model/families/families.h"
 #include "runtime/config.h"

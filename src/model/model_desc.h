@@ -19,7 +19,7 @@
 
 #include "runtime/options.h"
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 namespace llmpi {
 

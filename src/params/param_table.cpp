@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
 #include "runtime/rng.h"

@@ -17,8 +17,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 namespace llmpi {
 
 // How a tensor starts: N(0, std) from a stream keyed by its name, or a constant.

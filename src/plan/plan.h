@@ -60,7 +60,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include "backend/gemm_precision.h"
 #include "model/model_desc.h"

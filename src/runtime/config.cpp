@@ -4,13 +4,26 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <type_traits>
 
 #include "runtime/config_keys.h"
 #include "runtime/error.h"
+#include "runtime/model_source.h"
 
 namespace llmpi {
+
+JsonDoc::JsonDoc() : j_(std::make_unique<nlohmann::json>(nlohmann::json::object())) {}
+JsonDoc::JsonDoc(const nlohmann::json& j) : j_(std::make_unique<nlohmann::json>(j)) {}
+JsonDoc::JsonDoc(const JsonDoc& o) : j_(std::make_unique<nlohmann::json>(*o.j_)) {}
+JsonDoc& JsonDoc::operator=(const JsonDoc& o) {
+  *j_ = *o.j_;
+  return *this;
+}
+JsonDoc::~JsonDoc() = default;
+nlohmann::json& JsonDoc::operator[](const char* key) { return (*j_)[key]; }
+const nlohmann::json& JsonDoc::operator[](const char* key) const { return j_->at(key); }
 
 using nlohmann::json;
 

@@ -4,7 +4,8 @@
 // A choice that is a word is an enum here (runtime/options.h): it is parsed once, when read.
 #pragma once
 #include <cstdint>
-#include <nlohmann/json.hpp>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,28 @@ struct CheckpointConfig {
   bool async;     // the write runs behind the next steps (train/run.h "checkpoints")
 };
 
+// A JSON document held by value where only nlohmann/json_fwd.hpp is seen: this header is in
+// nearly every translation unit, and the whole of nlohmann/json.hpp costs each of them seconds of
+// compile time. Copies (and moves) are deep. Reading or changing the document (*doc, doc->, doc["key"]) takes
+// nlohmann/json.hpp where that is done.
+class JsonDoc {
+ public:
+  JsonDoc();  // an empty object
+  JsonDoc(const nlohmann::json& j);
+  JsonDoc(const JsonDoc& o);
+  JsonDoc& operator=(const JsonDoc& o);
+  ~JsonDoc();
+  nlohmann::json& operator*() { return *j_; }
+  const nlohmann::json& operator*() const { return *j_; }
+  nlohmann::json* operator->() { return j_.get(); }
+  const nlohmann::json* operator->() const { return j_.get(); }
+  nlohmann::json& operator[](const char* key);
+  const nlohmann::json& operator[](const char* key) const;  // (the key must exist)
+
+ private:
+  std::unique_ptr<nlohmann::json> j_;
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -116,7 +139,7 @@ struct Config {
   RuntimeConfig runtime;
   RunConfig run;
   CheckpointConfig checkpoint;
-  nlohmann::json resolved;  // every key with its final value, as written to run_dir/config.json
+  JsonDoc resolved;  // every key with its final value, as written to run_dir/config.json
   std::vector<std::string> given;  // the keys the user set ("train.lr"), in the order given
 };
 
@@ -127,13 +150,7 @@ const nlohmann::json& config_defaults();
 // The model.* keys of one family with that family's defaults (throws Error for an unknown family).
 nlohmann::json family_model_defaults(const std::string& family);
 
-// model.* values that come from elsewhere (llmpi-train --init-from: a Hugging Face config.json,
-// hf/hf_import.h). `fixed` values must equal any value the user set for the key (else an error
-// naming both); `defaults` apply to keys the user did not set.
-struct ModelSource {
-  std::string name;  // e.g. "'dir/config.json'"
-  nlohmann::json fixed = nlohmann::json::object(), defaults = nlohmann::json::object();
-};
+struct ModelSource;  // model.* values from elsewhere (runtime/model_source.h)
 
 // Parse JSON text (source names it in messages), apply `key.path=value` overrides (value parsed as
 // JSON when it parses, else taken as a string), then the model source's values, validate, and

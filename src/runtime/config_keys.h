@@ -11,6 +11,7 @@
 // Checks between keys (d_model a multiple of n_head, say) stay in parse_config.
 #pragma once
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 

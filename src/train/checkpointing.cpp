@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 
 #include "backend/cuda_ops.h"
 #include "checkpoint/checkpoint.h"
@@ -304,7 +305,7 @@ std::string save_checkpoint(Run& r, int64_t steps_done) {
   i.n = e.whole_table.numel;
   i.version = 3;
   i.checksummed = true;
-  i.config_json = r.cfg.resolved.dump();
+  i.config_json = r.cfg.resolved->dump();
   i.param_table_json = param_table_json(e.whole_table);
   i.data_json = r.data_json;
   i.lineage = r.lineage;

@@ -28,7 +28,7 @@ ResumeContract resume_contract_rows(const CheckpointInfo& ckpt, const Config& cf
     if (stored.is_discarded() || !stored.contains(sec) || !stored[sec].contains(key)) return nlohmann::json();
     return stored[sec][key];
   };
-  const nlohmann::json& now = cfg.resolved;
+  const nlohmann::json& now = *cfg.resolved;
   c.add("model.seq_len", was("model", "seq_len"), now["model"]["seq_len"]);
   c.add("train.global_batch", was("train", "global_batch"), now["train"]["global_batch"]);
   if (cfg.train.batch_per_rank > 0 && !c.rows.empty() && c.rows.back().key == "train.global_batch") {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "hf/export_dir.h"
 #include "metrics/metrics.h"

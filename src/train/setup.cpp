@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 
 #include "backend/cpu/gemm_auto.h"
 #include "backend/cuda_ops.h"
@@ -254,7 +255,7 @@ void build_engine(Run& r, int vocab, int local_size) {
   // how, not what: not in checkpoints
   desc.attention = resolve_attention(cfg.runtime.attention, r.ops->on_gpu(), desc.head_dim());
   desc.lm_head_chunk_rows = cfg.runtime.lm_head_chunk_rows;
-  resolve_config(r.cfg.resolved, desc);
+  resolve_config(*r.cfg.resolved, desc);
   r.rss_before_model = peak_rss_bytes();  // libraries, MPI, open files: what no estimate counts
   // With tensor parallelism a rank holds a shard (refused here, naming the key, when the model does
   // not split so). With sequence parallelism its residual stream is N / tp rows.
@@ -378,7 +379,7 @@ void open_run_directory(Run& r, const TrainOptions& o) {
   if (r.rank != 0 || !o.write_run_dir || o.dry_run) return;
   const std::string& dir = r.cfg.run.dir;
   make_dirs(dir);
-  write_file_atomic(dir + "/config.json", r.cfg.resolved.dump(2) + "\n");
+  write_file_atomic(dir + "/config.json", r.cfg.resolved->dump(2) + "\n");
   const bool append = r.start_step > 0;
   if (append) {
     trim_jsonl(dir + "/metrics.jsonl", [&](int64_t s) { return s < r.start_step; });

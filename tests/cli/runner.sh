@@ -20,6 +20,17 @@ check "the skipped test is named" "[ \"\${GT_SKIPPED[*]}\" = RunnerPlanted.DISAB
 check "the test after the crash ran in a new process" \
   "grep -q '^\[       OK \] RunnerPlanted.DISABLED_PassesAfterTheCrash' '$tmp/planted.log'"
 
+# The same tests dealt over two processes at once (gtest_group_split): the same counts and names.
+gtest_group_split 2 $((60 * TIME_SCALE)) "$tmp/split.log" 'RunnerPlanted.*' "$B/llmpi-tests" --gtest_also_run_disabled_tests
+rc=$?
+failed=$(printf '%s\n' "${GT_FAILED[@]}" | sort)
+check "split over 2 processes: the group fails, 2 passed, 2 failed, 1 skipped" \
+  "[ $rc != 0 ] && [ $GT_PASS = 2 ] && [ $GT_FAIL = 2 ] && [ $GT_SKIP = 1 ]" || echo "  got $GT_PASS passed, $GT_FAIL failed, $GT_SKIP skipped"
+check "... the failure and the crash named" \
+  "[ \"\$failed\" = \"\$(printf '%s\\n' 'RunnerPlanted.DISABLED_Crashes: crashed (exit 134)' RunnerPlanted.DISABLED_Fails)\" ]" || echo "$failed"
+check "... both parts' output in the one log" \
+  "[ \$(grep -c '^\[ RUN      \]' '$tmp/split.log') = 5 ]"
+
 gtest_group 3 "$tmp/hang.log" 'RunnerPlantedHang.*' "$B/llmpi-tests" --gtest_also_run_disabled_tests
 rc=$?
 check "a hang fails the group" "[ $rc != 0 ] && [ $GT_FAIL = 1 ] && [ $GT_PASS = 0 ]"
