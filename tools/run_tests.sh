@@ -160,9 +160,9 @@ echo "== command-line checks"
 for s in tests/cli/*.sh; do
   [ -e "$s" ] || continue
   name=$(basename "$s" .sh); log=$LOGS/cli-$name.log; started=$SECONDS
-  sim=no; case $name in sim_*) sim=yes ;; esac  # (the simulated card's scripts: cuda-sim)
+  sim=no asan=$ASAN_OPTIONS
+  case $name in sim_*) sim=yes asan=$SIM_ASAN_OPTIONS ;; esac  # (the simulated card's scripts: cuda-sim)
   { [ "$PART" = cpu ] && [ $sim = yes ]; } || { [ "$PART" = cuda-sim ] && [ $sim = no ]; } && continue
-  asan=$ASAN_OPTIONS; case $name in sim_*) asan=$SIM_ASAN_OPTIONS ;; esac
   BUILD=$BUILD ASAN_OPTIONS=$asan timeout --kill-after=10 $((300 * TIME_SCALE)) bash "$s" >"$log" 2>&1
   record "cli/$name" $? "$log"
 done
