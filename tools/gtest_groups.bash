@@ -96,7 +96,7 @@ gtest_group_split() {
   local n=$1 limit=$2 log=$3 filter=$4
   shift 4
   if [ "$n" -le 1 ]; then gtest_group "$limit" "$log" "$filter" "$@"; return; fi
-  local names=() i j list status name rc=0
+  local names=() i j list name p f s
   mapfile -t names < <("$@" --gtest_filter="$filter" --gtest_list_tests | awk '/^[^ ]/{suite=$1} /^  /{print suite $1}')
   [ "${#names[@]}" -lt "$n" ] && n=${#names[@]}
   if [ "$n" -le 1 ]; then gtest_group "$limit" "$log" "$filter" "$@"; return; fi
