@@ -155,8 +155,11 @@ TEST_OBJ := $(TEST_SRC:%.cpp=$(BUILD)/obj/%.o)
 BENCH_SRC:= $(sort $(wildcard bench/*.cpp))
 BENCH_BINS := $(BENCH_SRC:bench/%.cpp=$(BUILD)/bench-%)
 
-binaries: $(APP_BINS) $(BUILD)/llmpi-tests $(BENCH_BINS) $(BUILD)/sim-flash_mma $(BUILD)/sim-cuda_ops $(BUILD)/sim-cuda_tests \
-          $(BUILD)/sim-llmpi-train $(BUILD)/sim-nccl_tests
+# The simulated-card programs (tools/cuda_cpu_sim; their rules below): what make test-cuda runs.
+SIM_BINS := $(BUILD)/sim-flash_mma $(BUILD)/sim-cuda_ops $(BUILD)/sim-cuda_tests $(BUILD)/sim-llmpi-train \
+            $(BUILD)/sim-nccl_tests
+
+binaries: $(APP_BINS) $(BUILD)/llmpi-tests $(BENCH_BINS) $(SIM_BINS)
 
 $(BUILD)/obj/%.o: %.cpp | $(DEPS_STAMP)
 	@mkdir -p $(dir $@)
@@ -325,8 +328,7 @@ test:
 .PHONY: test-cuda
 test-cuda:
 	@[ -n "$(strip $(NVCC))" ] || { echo "llmpi test-cuda: no nvcc found (install the CUDA toolkit, or set NVCC=path/to/nvcc)"; exit 1; }
-	@$(MAKE_J) CUDA=1 $(DEPS_STAMP) $(APP_BINS) $(BUILD)/llmpi-tests $(BUILD)/sim-flash_mma $(BUILD)/sim-cuda_ops \
-	    $(BUILD)/sim-cuda_tests $(BUILD)/sim-llmpi-train $(BUILD)/sim-nccl_tests
+	@$(MAKE_J) CUDA=1 $(DEPS_STAMP) $(APP_BINS) $(BUILD)/llmpi-tests $(SIM_BINS)
 	BUILD=$(BUILD) SAN=$(SAN) tools/run_tests.sh cuda-sim
 
 # make test-kernels: the numerical tests again under the OpenBLAS and oneDNN kernels other CPUs get
