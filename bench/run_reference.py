@@ -34,8 +34,10 @@ FLOPs/token is the trainer's (model/model_desc.cpp flops_per_token): 6 x paramet
 layers x seq_len x d_model, with the parameter count the run itself records (comm_plan.json
 total_floats). Utilisation = tokens/s x FLOPs/token / (2 cores x the family's GEMM GFLOP/s per
 core measured in the same rounds: for fp32 rows the engine the trainer's banner names ("fp32 GEMMs:",
-runtime.cpu_fp32_gemm; recorded as "fp32_gemm"), sgemm or oneDNN fp32; oneDNN bf16 for bf16 rows
-where it runs).
+runtime.cpu_fp32_gemm; recorded as "fp32_gemm"), sgemm or oneDNN fp32; for bf16 rows oneDNN bf16
+where the banner names it, sgemm where it names the emulation). bench-sgemm_rate runs on the
+OpenBLAS kernels llmpi-train runs on (where OpenBLAS picks generic kernels on an unrecognised CPU,
+both start again on fitting ones; each run's are recorded as "openblas_core").
 Because 6 x parameters also counts embedding tables that are looked up, not multiplied (gpt2's wpe;
 llama's untied embed_tokens; bert's word, position and token-type embeddings), a second utilisation
 uses the FLOPs the dense layers really execute: 6 x (parameters - those tables) + the same
@@ -264,6 +266,11 @@ def main():
             row[row["precision"] + "_gemm"] = eng.group(1) if eng else "not reported by this llmpi-train"
             if row["precision"] == "fp32" and eng and eng.group(1).startswith("oneDNN") and "onednn-fp32" in gemms:
                 row["gemm"] = "onednn-fp32"  # runtime.cpu_fp32_gemm chose oneDNN: its rate is the ceiling
+            if row["precision"] == "bf16" and eng and eng.group(1).startswith("emulated"):
+                row["gemm"] = "sgemm"  # runtime.cpu_bf16_gemm chose the emulation, which runs on sgemm
+            summary_json = os.path.join(run_dir, "summary.json")
+            if os.path.exists(summary_json):
+                row["openblas_core"] = json.load(open(summary_json)).get("openblas_core")
         print(" done", flush=True)
 
     attention_flops = 12 * L * T * C
@@ -283,6 +290,7 @@ def main():
                 "params": n_params, "lookup_only_params": lookup_params,
                 "flops_per_token": flops, "executed_gemm_flops_per_token": executed,
                 "gemm_shapes": row["shapes"], "gemm_ceiling": row["gemm"], "ceiling_tokens_per_s": ceiling,
+                "openblas_core": row.get("openblas_core"),
                 "utilisation": tps / ceiling, "utilisation_executed_flops": tps * executed / (CORES * gflops * 1e9)}
 
     res = {"tool": "bench/run_reference.py", "date": datetime.date.today().isoformat(),

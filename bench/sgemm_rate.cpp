@@ -42,6 +42,7 @@
 #include <dlfcn.h>
 
 #include "backend/bf16.h"
+#include "backend/cpu/gemm_auto.h"
 #include "backend/cpu/onednn_gemm.h"
 
 extern "C" {
@@ -446,6 +447,8 @@ int run(int rank, int ranks, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The OpenBLAS kernels llmpi-train runs on (backend/cpu/gemm_auto.h), so the ceiling is its own.
+  llmpi::cpu::exec_with_fitting_openblas_kernels(argv);
   MPI_Init(&argc, &argv);
   int rank = 0, ranks = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -9,7 +9,8 @@
 //  - a step under kAutoMinStepFlops is not timed; a larger one gets positive times for both
 //    engines (where oneDNN runs) and leaves the selection as it found it;
 //  - the banner's text: the times, OpenBLAS's core, the reason given to the selection;
-//  - the OpenBLAS warning: generic kernels on a newer CPU name OPENBLAS_CORETYPE, others nothing.
+//  - the OpenBLAS warning: generic kernels on a newer CPU name OPENBLAS_CORETYPE, others nothing;
+//    the core llmpi-train starts again on is that fix, and none where OpenBLAS cannot change kernels.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -254,6 +255,15 @@ TEST(CpuGemmAuto, GenericOpenblasKernelsAreWarnedAbout) {
     }
     EXPECT_NE(w.find(c.fix), std::string::npos) << w;
     EXPECT_NE(w.find(std::string(c.core) + " kernels"), std::string::npos) << w;
+  }
+  // The core llmpi-train starts again on is the warning's fix, only where OpenBLAS can change kernels.
+  for (const Case& c : cases) {
+    const std::string fit = cpu::openblas_fitting_core(c.core, c.cpu, true);
+    EXPECT_EQ(fit.empty(), *c.fix == '\0') << c.core << " on level " << c.cpu << ": " << fit;
+    if (!fit.empty()) {
+      EXPECT_EQ("OPENBLAS_CORETYPE=" + fit, c.fix);
+    }
+    EXPECT_EQ(cpu::openblas_fitting_core(c.core, c.cpu, false), "") << c.core << " on level " << c.cpu;
   }
   const std::string fixed = cpu::openblas_core_warning("Prescott", 3, false);
   EXPECT_NE(fixed.find("DYNAMIC_ARCH"), std::string::npos) << fixed;

@@ -29,6 +29,8 @@ static std::string keys_help() {
 
 int main(int argc, char** argv) {
   set_program_name("llmpi-train");
+  // OpenBLAS's generic kernels on a CPU it does not recognise: start again on fitting ones.
+  cpu::exec_with_fitting_openblas_kernels(argv);
   MpiEnv env(&argc, &argv);
   if (argc == 2 && std::string(argv[1]) == "--help-keys-markdown") {  // docs/CONFIG.md's table
     if (env.rank == 0) std::fputs(config_keys_markdown().c_str(), stdout);

@@ -1,5 +1,7 @@
 // What a run shows and records (train/run.h): evaluation, the start-up lines, the per-step lines
 // and metrics.jsonl, summary.json and the closing line.
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -193,6 +195,8 @@ void print_start(const Run& r, const TrainOptions& o, const TrainResult& res) {
                  r.world, r.groups->pp, r.groups->tp);
   const std::string blas = r.on_gpu ? "" : cpu::openblas_core_warning();
   if (!blas.empty()) std::fprintf(stderr, "llmpi-train: warning: %s\n", blas.c_str());
+  const std::string kernels = r.on_gpu ? "" : cpu::openblas_kernels_note();
+  if (!kernels.empty()) std::printf("%s\n", kernels.c_str());
   print_device_and_model(r, res);
   print_data_and_schedule(r);
   print_layout(r);
@@ -270,6 +274,7 @@ void finish_run(Run& r, TrainResult& res, const TrainOptions& o) {
         {"world_size", r.world}, {"n_params", res.n_params},
         {"gemm_precision", gemm_precision_name(r.cfg.runtime.precision)},
         {"cpu_gemm_engine", cpu_gemm_engine(r).first}, {"cpu_gemm", cpu_gemm_engine(r).second},
+        {"openblas_core", r.on_gpu ? std::string() : std::string(openblas_get_corename())},
         {"microbatches", r.cfg.parallel.microbatches}, {"rss_before_model_bytes_rank0", r.rss_before_model},
         {"memory_estimate_bytes_rank0", m.host_bytes()},
         {"memory_estimate_rank0", {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},

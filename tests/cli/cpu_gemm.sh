@@ -7,7 +7,11 @@
 #   --resume auto                -> the checkpoint's engine, not timed again; an explicit other
 #                                   engine wins, with a warning
 #   a model too small to time    -> not timed: OpenBLAS
-#   OPENBLAS_CORETYPE=Prescott   -> a start-up warning naming OPENBLAS_CORETYPE (on an AVX2 CPU)
+#   OPENBLAS_CORETYPE=Prescott   -> a start-up warning naming OPENBLAS_CORETYPE (on an AVX2 CPU),
+#                                   and the user's setting kept
+#   OPENBLAS_CORETYPE unset      -> where OpenBLAS picks generic kernels on this CPU (one it does not
+#                                   recognise), the run starts again on fitting ones and says so;
+#                                   summary.json records the kernels the run used
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
 TRAIN="$B/llmpi-train"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -37,6 +41,14 @@ else
     "[ $rc = 0 ] && [ '$engine' = openblas ] && banner fresh | grep -q 'has no oneDNN'"
 fi
 check "summary.json records it too" "grep -q '\"cpu_gemm_engine\": \"$engine\"' '$tmp/run/summary.json'"
+core=$(grep -oP '"openblas_core": "\K[A-Za-z0-9_]+' "$tmp/run/summary.json")
+if grep -q '^OpenBLAS kernels: .*set by llmpi-train' "$tmp/fresh.out"; then
+  check "OpenBLAS picked generic kernels here: the run started again on the fitting ones ($core), said once" \
+    "grep -q '^OpenBLAS kernels: $core, set by llmpi-train (OpenBLAS picked its [A-Za-z0-9]* kernels' '$tmp/fresh.out' && [ \$(grep -c '^OpenBLAS kernels:' '$tmp/fresh.out') = 1 ] && banner fresh | grep -q 'OpenBLAS core $core' && ! grep -q 'warning: OpenBLAS runs its' '$tmp/fresh.out'"
+else
+  check "OpenBLAS's own kernels fit this CPU: kept ($core), no note, no warning" \
+    "[ -n '$core' ] && banner fresh | grep -q 'OpenBLAS core $core' && ! grep -q 'warning: OpenBLAS runs its' '$tmp/fresh.out'"
+fi
 
 run_train resumed --set run.dir="$tmp/run" --set train.steps=4 --resume auto
 check "--resume auto: the checkpoint's engine ($engine), not timed again" \
@@ -57,7 +69,7 @@ check "a model too small to time: not timed, OpenBLAS" \
 if grep -qw avx2 /proc/cpuinfo; then
   OPENBLAS_CORETYPE=Prescott run_train prescott --set run.dir="$tmp/prescott" --dry-run
   check "OpenBLAS on its generic Prescott kernels: a start-up warning naming OPENBLAS_CORETYPE, once" \
-    "[ $rc = 0 ] && [ \$(grep -c 'warning: OpenBLAS runs its Prescott kernels (SSE) on this CPU.*set OPENBLAS_CORETYPE=' '$tmp/prescott.out') = 1 ]" ||
+    "[ $rc = 0 ] && [ \$(grep -c 'warning: OpenBLAS runs its Prescott kernels (SSE) on this CPU.*set OPENBLAS_CORETYPE=' '$tmp/prescott.out') = 1 ] && ! grep -q '^OpenBLAS kernels:' '$tmp/prescott.out'" ||
     cat "$tmp/prescott.out"
 else
   skip "the OpenBLAS warning (this CPU has no AVX2)"

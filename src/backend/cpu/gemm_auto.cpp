@@ -9,8 +9,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+
+#include <unistd.h>
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/onednn_gemm.h"
@@ -191,11 +194,27 @@ int cpu_vector_level() {
   return __builtin_cpu_supports("avx") ? 1 : 0;
 }
 
+namespace {
+const char* const kIsaName[4] = {"SSE", "AVX", "AVX2", "AVX-512"};
+const char* const kFittingCore[4] = {"", "Sandybridge", "Haswell", "SkylakeX"};
+// Whether this OpenBLAS picks its kernels at run time (DYNAMIC_ARCH).
+bool openblas_dynamic() {
+  const char* config = openblas_get_config();
+  return config != nullptr && std::strstr(config, "DYNAMIC_ARCH") != nullptr;
+}
+}  // namespace
+
+std::string openblas_fitting_core(const std::string& core, int cpu_level, bool dynamic) {
+  const int level = openblas_core_level(core);
+  if (!dynamic || level < 0 || cpu_level < 0 || cpu_level > 3 || cpu_level - level < 2) return "";
+  return kFittingCore[cpu_level];
+}
+
 std::string openblas_core_warning(const std::string& core, int cpu_level, bool dynamic) {
   const int level = openblas_core_level(core);
   if (level < 0 || cpu_level - level < 2) return "";
-  static const char* const isa[4] = {"SSE", "AVX", "AVX2", "AVX-512"};
-  static const char* const fix[4] = {"", "Sandybridge", "Haswell", "SkylakeX"};
+  const char* const* isa = kIsaName;
+  const char* const* fix = kFittingCore;
   std::string w = std::string("OpenBLAS runs its ") + core + " kernels (" + isa[level] + ") on this CPU, which has " +
                   isa[cpu_level] + ": its GEMMs (attention's, and the dense layers' on OpenBLAS) run several times "
                   "slower than they could; ";
@@ -206,9 +225,30 @@ std::string openblas_core_warning(const std::string& core, int cpu_level, bool d
 }
 
 std::string openblas_core_warning() {
-  const char* config = openblas_get_config();
-  return openblas_core_warning(openblas_get_corename(), cpu_vector_level(),
-                               config != nullptr && std::strstr(config, "DYNAMIC_ARCH") != nullptr);
+  return openblas_core_warning(openblas_get_corename(), cpu_vector_level(), openblas_dynamic());
+}
+
+void exec_with_fitting_openblas_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;  // the user's choice, or already set here
+  const std::string picked = openblas_get_corename();
+  const std::string fit = openblas_fitting_core(picked, cpu_vector_level(), openblas_dynamic());
+  if (fit.empty()) return;
+  if (setenv("OPENBLAS_CORETYPE", fit.c_str(), 1) != 0 || setenv("LLMPI_OPENBLAS_CORE_FROM", picked.c_str(), 1) != 0)
+    return;
+  execv("/proc/self/exe", argv);
+  unsetenv("OPENBLAS_CORETYPE");  // exec failed: carry on with the kernels loaded, warned about at start-up
+  unsetenv("LLMPI_OPENBLAS_CORE_FROM");
+}
+
+std::string openblas_kernels_note() {
+  const char* from = std::getenv("LLMPI_OPENBLAS_CORE_FROM");
+  const char* set = std::getenv("OPENBLAS_CORETYPE");
+  if (from == nullptr || set == nullptr) return "";
+  const int level = openblas_core_level(from);
+  return std::string("OpenBLAS kernels: ") + openblas_get_corename() + ", set by llmpi-train (OpenBLAS picked its " +
+         from + " kernels (" + (level >= 0 ? kIsaName[level] : "older") + ") on this " +
+         kIsaName[std::clamp(cpu_vector_level(), 0, 3)] +
+         " CPU, which it does not recognise; export OPENBLAS_CORETYPE before mpiexec to choose them yourself)";
 }
 
 }  // namespace llmpi::cpu

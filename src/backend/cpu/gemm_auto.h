@@ -82,4 +82,22 @@ std::string openblas_core_warning(const std::string& core, int cpu_level, bool d
 // The same for this process's OpenBLAS and CPU.
 std::string openblas_core_warning();
 
+// The OPENBLAS_CORETYPE whose kernels fit a CPU of cpu_level ("Sandybridge", "Haswell" or
+// "SkylakeX") when OpenBLAS runs `core`, two or more generations older, and can pick its kernels
+// at run time (dynamic); "" when its kernels fit (or are unknown here), or it cannot change them.
+std::string openblas_fitting_core(const std::string& core, int cpu_level, bool dynamic);
+
+// llmpi-train's first step, before MPI_Init: when OPENBLAS_CORETYPE is not set and this process's
+// OpenBLAS has a fitting core to offer (openblas_fitting_core), the program executes itself again
+// (/proc/self/exe, the same arguments and environment, so the same PID and MPI launch) with
+// OPENBLAS_CORETYPE set to that core and LLMPI_OPENBLAS_CORE_FROM to the kernels OpenBLAS had
+// picked. OpenBLAS reads OPENBLAS_CORETYPE once, as it loads, so only a new image can change its
+// kernels. A user's OPENBLAS_CORETYPE (whatever its value) is never replaced. Returns when there
+// is nothing to change, and when the exec fails (the start-up warning then names the fix).
+void exec_with_fitting_openblas_kernels(char** argv);
+
+// For the banner: "OpenBLAS kernels: SkylakeX, set by llmpi-train (...)" when
+// exec_with_fitting_openblas_kernels chose them, else "".
+std::string openblas_kernels_note();
+
 }  // namespace llmpi::cpu
