@@ -166,8 +166,11 @@ TrainResult checkpoints_are_zero1s(const std::string& dir, const std::vector<std
 // One backward simulated over a real table: every slice written in table order (with a value
 // whose sum over any ranks in any order is exact: small integers), each finished prefix handed to
 // the sync; the gradient's resident bytes watched all along. Afterwards this rank's pieces hold
-// the exact mean and everything else is zero.
-void resident_only_in_pieces(bool overlap) {
+// the exact mean and everything else is zero. With micro_batches > 1, reduced each micro-batch
+// (parallel.zero_reduce "micro_batch"): micro-batch m adds (m + 1) times the values, and between
+// micro-batches the whole buffer must be zero again, resident in the pieces and edges only; at the
+// end the pieces hold the sum of the micro-batches' means.
+void resident_only_in_pieces(bool overlap, int micro_batches = 1) {
   int world = 0, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -178,35 +181,51 @@ void resident_only_in_pieces(bool overlap) {
   so.bucket_mb = 1;
   so.first_bucket_mb = 0.25;
   so.overlap = overlap;
+  so.reduce_each_micro_batch = micro_batches > 1;
+  const int M = micro_batches;
   float* grads = static_cast<float*>(host_pages_alloc(table.numel * sizeof(float)));
   const double bytes = (double)table.numel * sizeof(float);
   {
     GradSync sync(so, MPI_COMM_WORLD, cpu_ops(), grads, table, nullptr);
     sync.connect();
-    const double bound = 4 * zero2_grad_floats(sync.buckets, sync.shard, table.numel, overlap, 1, false, 4096 / 4);
+    const double bound =
+        4 * zero2_grad_floats(sync.buckets, sync.shard, table.numel, overlap, M, M > 1, false, 4096 / 4);
+    double mine = 0;
+    for (const ShardPiece& p : sync.shard) mine += (double)(p.end - p.begin);
+    const double edges = 4.0 * 4096 * (double)sync.buckets.size();
     for (int step = 0; step < 2; step++) {
       host_pages_release(grads, table.numel * sizeof(float));  // what zero_grads does
       EXPECT_LE(host_pages_resident(grads, table.numel * sizeof(float)), 4096.0);  // (a last partial page, cleared)
-      sync.begin_step();
+      sync.begin_step(M);
       double peak = 0;
-      for (const ParamSlice& s : table.slices) {
-        for (size_t i = s.offset; i < s.offset + s.numel; i++) grads[i] = (float)((rank + 1) * (int)(i % 7 + 1));
-        sync.on_ready(s.offset + s.numel);
-        peak = std::max(peak, host_pages_resident(grads, table.numel * sizeof(float)));
+      for (int m = 0; m < M; m++) {
+        for (const ParamSlice& s : table.slices) {  // (backward adds)
+          for (size_t i = s.offset; i < s.offset + s.numel; i++) grads[i] += (float)((rank + 1) * (int)(i % 7 + 1) * (m + 1));
+          sync.on_ready(s.offset + s.numel);
+          peak = std::max(peak, host_pages_resident(grads, table.numel * sizeof(float)));
+        }
+        if (m + 1 == M) break;
+        sync.end_micro_batch();
+        // (the pieces are in the sum now: only the cleared edge pages stay)
+        EXPECT_LE(host_pages_resident(grads, table.numel * sizeof(float)), edges) << "micro-batch " << m;
+        size_t left = 0;
+        for (size_t i = 0; i < table.numel; i++) left += grads[i] != 0.0f;
+        EXPECT_EQ(left, 0u) << "micro-batch " << m << ": the buffer not zero again";
+        // (reading mapped the zero page where nothing was: counted resident by mincore; unmapped again)
+        host_pages_release(grads, table.numel * sizeof(float));
       }
       sync.finish();
       const double after = host_pages_resident(grads, table.numel * sizeof(float));
-      double mine = 0;
-      for (const ShardPiece& p : sync.shard) mine += (double)(p.end - p.begin);
-      const double edges = 4.0 * 4096 * (double)sync.buckets.size();
       // The pieces hold the mean of (r + 1)·c over the ranks, c = i mod 7 + 1: c·(W + 1)/2, exact
-      // (integers summed, then halved or quartered); the rest of every bucket was released: zero.
+      // (integers summed, then halved or quartered), summed over the micro-batches' factors m + 1:
+      // M (M + 1)/2 times it, exact too; the rest of every bucket was released: zero.
       size_t wrong = 0, not_zero = 0;
       size_t k = 0;
+      const float factor = (float)(M * (M + 1) / 2);
       for (size_t i = 0; i < table.numel; i++) {
         while (k < sync.shard.size() && sync.shard[k].end <= i) k++;
         const bool in_piece = k < sync.shard.size() && sync.shard[k].begin <= i && i < sync.shard[k].end;
-        if (in_piece) wrong += grads[i] != (float)((i % 7 + 1) * (world + 1)) / 2.0f;
+        if (in_piece) wrong += grads[i] != factor * (float)((i % 7 + 1) * (world + 1)) / 2.0f;
         else not_zero += grads[i] != 0.0f;
       }
       EXPECT_EQ(wrong, 0u) << "pieces holding other than the mean";
@@ -218,9 +237,9 @@ void resident_only_in_pieces(bool overlap) {
         EXPECT_LT(peak, 0.5 * bytes + 4 * (3 * 262144.0) + edges) << "overlap " << overlap;
       }
       if (rank == 0 && step == 1)
-        std::printf("ZeRO-2 over %d ranks, overlap %s: gradient %.1f MB, resident at most %.2f MB (bound %.2f MB), "
-                    "%.2f MB after the step (pieces %.2f MB)\n", world, overlap ? "on" : "off", bytes / 1e6,
-                    peak / 1e6, bound / 1e6, after / 1e6, 4 * mine / 1e6);
+        std::printf("ZeRO-2 over %d ranks, overlap %s, %d micro-batch(es): gradient %.1f MB, resident at most %.2f MB "
+                    "(bound %.2f MB), %.2f MB after the step (pieces %.2f MB)\n", world, overlap ? "on" : "off", M,
+                    bytes / 1e6, peak / 1e6, bound / 1e6, after / 1e6, 4 * mine / 1e6);
     }
   }
   host_pages_free(grads, table.numel * sizeof(float));
@@ -232,7 +251,7 @@ TEST(MpiZero2, EqualsZero1BitForBitEveryFamily) {
   const std::vector<std::vector<std::string>> layouts = {
       {"parallel.bucket_mb=0.02"},
       {"parallel.bucket_mb=0.02", "parallel.first_bucket_mb=0.005", "parallel.overlap=true"},
-      {"parallel.bucket_mb=0.02", "parallel.microbatches=2"},
+      {"parallel.bucket_mb=0.02", "parallel.microbatches=2", "parallel.zero_reduce=step"},
       {"parallel.sync=gather_scatter", "parallel.bucket_mb=0.02", "parallel.overlap=true"},
       {"parallel.bucket_mb=0.02", "parallel.grad_dtype=bf16", "parallel.overlap=true"},
   };
@@ -240,6 +259,31 @@ TEST(MpiZero2, EqualsZero1BitForBitEveryFamily) {
     stage_equals_zero1(family, layouts);
     stage_near_unsharded(family, layouts[1]);
   }
+}
+
+// Gradient accumulation reduced each micro-batch (parallel.zero_reduce "micro_batch", the default):
+// the same sums in another order, so within training_drift of unsharded training (not ZeRO-1's
+// bits), for every family, with and without overlap, ZeRO-2 and 3; and M - 1 more reduce-scatters
+// of the whole gradient than zero_reduce "step" sends, whose bytes are exact at 2 ranks: (W - 1)/W
+// of each bucket, summed, numel·4/2 per pass.
+TEST(MpiZero2, EachMicroBatchReducedNearUnsharded) {
+  ASSERT_EQ(world_size(), 2) << "run under mpiexec -n 2";
+  for (const char* family : {"gpt2", "llama", "bert"})
+    stage_near_unsharded(family, {"parallel.bucket_mb=0.02", "parallel.microbatches=2", "parallel.overlap=true"});
+  stage_near_unsharded("llama", {"parallel.bucket_mb=0.02", "parallel.microbatches=4"});
+  stage_near_unsharded("gpt2", {"parallel.bucket_mb=0", "parallel.microbatches=2", "parallel.overlap=true"}, 3);
+  const std::string dir = shared_temp_dir(MPI_COMM_WORLD);
+  const std::vector<std::string> base = family_run_sets("gpt2", dir);
+  const std::vector<std::string> layout = {"parallel.zero=2", "parallel.bucket_mb=0.02", "parallel.microbatches=2",
+                                           "parallel.overlap=true"};
+  const Config each = tiny_config_of(base, layout);
+  ASSERT_EQ(each.parallel.zero_reduce, ZeroReduce::micro_batch) << "the default";
+  const TrainResult per_micro = train(each, MPI_COMM_WORLD, quiet_options(false), true);
+  const TrainResult per_step =
+      train(tiny_config_of(base, with(layout, {"parallel.zero_reduce=step"})), MPI_COMM_WORLD, quiet_options(false), true);
+  const double numel = (double)build_param_table(model_desc_from_config(each.model, 64)).numel;
+  EXPECT_EQ(per_micro.bytes_sent_last_step, per_step.bytes_sent_last_step + (2 - 1) * numel * 4 / 2);
+  EXPECT_NE(per_micro.final_params, per_step.final_params) << "the same bits: was each micro-batch reduced at all?";
 }
 
 // At 4 ranks each family against plain data parallelism, and the three 4-rank layouts (4 replicas;
@@ -265,18 +309,22 @@ TEST(MpiZero2, CheckpointsAreZero1sAndResumeBitForBit) {
 TEST(MpiZero2, GradientResidentOnlyInItsPieces) {
   resident_only_in_pieces(false);
   resident_only_in_pieces(true);
+  resident_only_in_pieces(false, 3);
+  resident_only_in_pieces(true, 3);
 }
 TEST(MpiN4Zero2, GradientResidentOnlyInItsPieces) {
   resident_only_in_pieces(false);
   resident_only_in_pieces(true);
+  resident_only_in_pieces(true, 2);
 }
 
 namespace {
 
 // One training run's peak RSS growth against the memory estimate, within 10%, on 1, 2 and 4 ranks
 // of a model whose state dominates (12.6M parameters: 50 MB a buffer): what ZeRO-2 shards (the
-// gradient, AdamW's moments) falls as 1/N.
-void peak_rss_falls_as_estimated(int stage) {
+// gradient, AdamW's moments) falls as 1/N. With micro_batches > 1: gradient accumulation, each
+// micro-batch reduced (the default parallel.zero_reduce), so the gradient still falls as 1/N.
+void peak_rss_falls_as_estimated(int stage, int micro_batches = 1) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "under AddressSanitizer the RSS holds its shadow memory and redzones";
 #endif
@@ -291,7 +339,8 @@ void peak_rss_falls_as_estimated(int stage) {
                                          "parallel.bucket_mb=2", "runtime.threads=1", "runtime.trace_steps=0"};
   std::vector<double> grads_of, params_of;
   for (int ranks : {1, 2, 4}) {
-    const Config cfg = tiny_config(tr, with(sets, {"train.global_batch=" + std::to_string(ranks)}));
+    const Config cfg = tiny_config(tr, with(sets, {"train.global_batch=" + std::to_string(ranks * micro_batches),
+                                                   "parallel.microbatches=" + std::to_string(micro_batches)}));
     const ModelDesc desc = model_desc_from_config(cfg.model, V);
     MPI_Comm sub;
     MPI_Comm_split(MPI_COMM_WORLD, world_rank() < ranks ? 0 : MPI_UNDEFINED, 0, &sub);
@@ -317,8 +366,9 @@ void peak_rss_falls_as_estimated(int stage) {
       if (rank == 0) {
         grads_of.push_back(e.grads);
         params_of.push_back(e.params);
-        std::printf("ZeRO-%d on %d rank(s): estimate %.1f MB (params %.1f, grads %.1f, AdamW %.1f, activations %.1f), "
-                    "peak RSS growth %.1f MB; worst rank %.1f%%\n", stage, ranks, predicted / 1e6, e.params / 1e6,
+        std::printf("ZeRO-%d on %d rank(s), %d micro-batch(es): estimate %.1f MB (params %.1f, grads %.1f, AdamW %.1f, "
+                    "activations %.1f), peak RSS growth %.1f MB; worst rank %.1f%%\n", stage, ranks, micro_batches,
+                    predicted / 1e6, e.params / 1e6,
                     e.grads / 1e6, e.optimizer / 1e6, e.activations / 1e6, grown / 1e6, 100 * worst);
       }
       // (Not a rounding bound: the estimate's model of the memory against the pages the run touched.)
@@ -345,6 +395,7 @@ void peak_rss_falls_as_estimated(int stage) {
 }  // namespace
 
 TEST(MpiN4Zero2, PeakRssFallsAsEstimated) { peak_rss_falls_as_estimated(2); }
+TEST(MpiN4Zero2, PeakRssFallsAsEstimatedWithAccumulation) { peak_rss_falls_as_estimated(2, 2); }
 
 // ---- ZeRO-3 ----------------------------------------------------------------------------------------
 
@@ -352,7 +403,7 @@ TEST(MpiZero3, EqualsZero1BitForBitEveryFamily) {
   const std::vector<std::vector<std::string>> layouts = {
       {"parallel.bucket_mb=0"},
       {"parallel.bucket_mb=0", "parallel.overlap=true"},
-      {"parallel.bucket_mb=0", "parallel.microbatches=2"},
+      {"parallel.bucket_mb=0", "parallel.microbatches=2", "parallel.zero_reduce=step"},
       {"parallel.sync=gather_scatter", "parallel.bucket_mb=0", "parallel.overlap=true"},
       {"parallel.bucket_mb=0", "parallel.overlap=true", "runtime.recompute=full"},
       {"parallel.bucket_mb=0", "parallel.grad_dtype=bf16"},

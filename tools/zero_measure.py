@@ -2,7 +2,8 @@
 """zero_measure.py — what ZeRO-1/2/3 (parallel.zero 1-3) save, send and cost, measured.
 
   python3 tools/zero_measure.py [--build build] [--data build/demo] [--out bench/results/zero-DATE.json]
-                                [--parts memory,traffic,time,link,largest] [--worlds 1,2,4] [--zeros 0,1,2,3]
+                                [--parts memory,traffic,time,link,largest,accumulation] [--worlds 1,2,4]
+                                [--zeros 0,1,2,3]
 
 memory   For each world size W and zero stage: llmpi-train runs 3 steps of a GPT-2-shaped model
          (8 layers, d_model 512, seq 64, byte vocabulary: 25.4M parameters, so the AdamW moments
@@ -19,6 +20,13 @@ largest  The largest GPT-2 shape (d_model 1024, 16 heads, seq 64; n_layer search
          memory estimate the start-up check accepts on 4 ranks of this node (llmpi-train
          --dry-run), for ZeRO-1 and ZeRO-3, each then trained for 2 steps to show it runs:
          parameters, peak RSS per rank and step time.
+accumulation
+         Gradient accumulation (parallel.microbatches 4, global batch 16) under ZeRO-1, and ZeRO-2
+         and 3 with each parallel.zero_reduce ("micro_batch": each micro-batch's gradient
+         reduce-scattered as its backward finishes it; "step": the whole gradient once, after the
+         last), 8 steps with overlap and 4 MB buckets at each W > 1, and at 2 ranks across the
+         1 Gbit/s veth (root): the peak RSS per rank, the median step time and the share of the
+         collectives hidden behind compute.
 traffic  Two ranks across a bare veth pair in two network namespaces (tools/netns_link.sh
          --rate none; needs root): the bytes rank 0's interface sent per step, as the
          difference between a 6-step and a 2-step run (start-up traffic cancels), for
@@ -151,6 +159,34 @@ class Measure:
             rows.append(self.timed("link-1gbit", launch, 2, zero))
         return rows
 
+    def part_accumulation(self):
+        rows = []
+        layouts = [(1, None), (2, "step"), (2, "micro_batch"), (3, "step"), (3, "micro_batch")]
+        places = [("shared", w, lambda w: lambda run, sets: ["mpiexec", "-n", str(w)] + self.args(run, sets))
+                  for w in self.a.worlds if w > 1]
+        if os.geteuid() == 0:
+            places.append(("link-1gbit", 2, lambda w: lambda run, sets: [
+                os.path.join(ROOT, "tools", "netns_link.sh"), "--quiet", "--rate", "1gbit", "mpi", "--"]
+                + self.args(run, sets)))
+        else:
+            say("accumulation: the 1 Gbit/s link skipped (needs root for the network namespaces)")
+        for where, w, launch in places:
+            for zero, reduce in layouts:
+                extra = ["parallel.microbatches=4", "train.global_batch=16"]
+                if reduce:
+                    extra.append("parallel.zero_reduce=" + reduce)
+                prefix = f"acc-{where}-{reduce or 'step'}"
+                row = self.timed(prefix, launch(w), w, zero, extra)
+                s = json.load(open(os.path.join(self.tmp, f"{prefix}-w{w}-z{zero}", "summary.json")))
+                row.update(where=where, zero_reduce=reduce or "step", microbatches=4,
+                           peak_rss_bytes_max=max(s["peak_rss_bytes_per_rank"]),
+                           estimate_bytes_rank0=s["memory_estimate_bytes_rank0"],
+                           grads_estimate_bytes_rank0=s["memory_estimate_rank0"]["grads"])
+                say(f"  peak RSS {row['peak_rss_bytes_max'] / 1e6:.1f} MB (gradient estimate "
+                    f"{row['grads_estimate_bytes_rank0'] / 1e6:.1f} MB)")
+                rows.append(row)
+        return rows
+
     def part_largest(self):
         base = ["model.n_head=16", "model.d_model=1024", "train.global_batch=4", "parallel.bucket_mb=25",
                 "parallel.overlap=true", "checkpoint.every=0"]
@@ -241,7 +277,7 @@ def main():
            "machine": f"{platform.node()}, {os.cpu_count()} cores", "model": MODEL,
            "command": " ".join(sys.argv)}
     parts = a.parts.split(",")
-    for part in ("memory", "traffic", "time", "link", "largest"):
+    for part in ("memory", "traffic", "time", "link", "largest", "accumulation"):
         if part in parts:
             res[part] = getattr(m, "part_" + part)()
             write_json_atomic(a.out, res)  # (each part kept as it completes)

@@ -50,6 +50,15 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
          opt.shard_params ? "parameters and gradient" : "gradient",
          " in host memory, on the CPU backend; on a GPU use parallel.zero 1 (sharded optimizer state)");
   shard = shard_pieces(buckets, opt.zero ? world : 1, opt.zero ? rank : 0);
+  if (opt.reduce_each_micro_batch && !opt.shard_grads)
+    fail("internal: reducing each micro-batch without ZeRO-2's gradient pieces");
+  each_micro_ = opt.reduce_each_micro_batch && world > 1 && averages_gradients();
+  if (each_micro_) {
+    size_t off = 0;
+    for (const ShardPiece& p : shard) micro_sum_offset_.push_back(off), off += p.end - p.begin;
+    micro_sum_floats_ = off;
+    micro_sum_ = static_cast<float*>(host_pages_alloc(std::max<size_t>(1, off) * sizeof(float)));
+  }
   reduce_ticket_.assign(buckets.size(), 0);
   for (const Bucket& b : buckets) bucket_layer_.push_back(t.slices[b.first_slice].layer);
   if (opt.shard_params) {  // each block of the chunk: its run of whole buckets (make_buckets at_layers)
@@ -109,6 +118,7 @@ GradSync::~GradSync() {
   }
   exchange_.reset();
   cuda_host_free(staging_);
+  host_pages_free(micro_sum_, std::max<size_t>(1, micro_sum_floats_) * sizeof(float));
 }
 
 double GradSync::expected_bytes_per_pass(size_t n) const {
@@ -122,10 +132,12 @@ bool GradSync::zero_pieces() {
   return true;
 }
 
-void GradSync::begin_step() {
+void GradSync::begin_step(int micro_batches) {
   step = SyncStats{};
   next_launch_ = 0;
   reduced_all_ = false;
+  micro_batches_ = std::max(1, micro_batches);
+  micro_ = 0;
   std::lock_guard<std::mutex> lock(mu_);
   if (completed_ != launched_) fail("internal: a step began with communication in flight");
   launched_ = completed_ = 0;
@@ -143,6 +155,7 @@ void GradSync::reduce(float* base, size_t b, const std::string& label) {
   const bool zero = opt.zero && averages_gradients();
   const Traffic moved = zero ? exchange_->reduce_scatter_mean(data, n, poll) : exchange_->average(data, n, poll);
   // (The averaging multiply is local work; at about 1 ns a float it is counted as communication.)
+  if (zero && base == grads && reducing_micro_batches()) fold_micro_batch(b);
   if (opt.shard_grads && zero && base == grads) release_others(grads, b);
   const double t_end = now_ms();
   if (staged) {  // back: the whole bucket, or this rank's piece
@@ -164,6 +177,22 @@ void GradSync::all_gather(float* base, size_t b, const std::string& label) {
   const double t_end = now_ms();
   if (staged) ops->copy_to_device(base + begin, data, n * sizeof(float));
   account(t0, t_end, now_ms(), moved, label, n);
+}
+
+void GradSync::fold_micro_batch(size_t b) {
+  const ShardPiece& p = shard[b];
+  float* piece = grads + p.begin;
+  float* sum = micro_sum_ + micro_sum_offset_[b];
+  const size_t n = p.end - p.begin;
+  if (micro_ + 1 < micro_batches_) {
+    if (micro_ == 0) std::memcpy(sum, piece, n * sizeof(float));
+    else
+      for (size_t i = 0; i < n; i++) sum[i] += piece[i];
+    host_pages_release(piece, n * sizeof(float));  // (with the rest of the bucket: zero for the next one)
+    return;
+  }
+  for (size_t i = 0; i < n; i++) piece[i] = sum[i] + piece[i];
+  host_pages_release(sum, n * sizeof(float));
 }
 
 void GradSync::release_others(float* base, size_t b) {
@@ -282,6 +311,29 @@ void GradSync::finish() {
   reduced_all_ = true;
   if (tracer && tracer->enabled && thread_.joinable()) tracer->span("wait for gradients", 0, t0, t1);
 }
+void GradSync::end_micro_batch() {
+  if (!reducing_micro_batches()) return;
+  if (micro_ + 1 >= micro_batches_) fail("internal: end_micro_batch after the step's last micro-batch");
+  const double t0 = now_ms();
+  if (thread_.joinable()) {
+    while (next_launch_ < buckets.size()) launch(next_launch_++);
+    size_t last = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last = launched_;
+    }
+    wait_ticket(last);
+  } else {
+    for (; next_launch_ < buckets.size(); next_launch_++)
+      reduce(grads, next_launch_, bucket_label(opt.method, opt.zero, false, next_launch_));
+  }
+  const double t1 = now_ms();
+  step.exposed_comm_ms += t1 - t0;
+  if (tracer && tracer->enabled && thread_.joinable()) tracer->span("wait for the micro-batch's gradients", 0, t0, t1);
+  next_launch_ = 0;  // the next micro-batch's backward starts the buckets again
+  micro_++;
+}
+
 void GradSync::gather_params(float* params, const std::function<void(size_t)>& update) {
   if (!opt.zero || world == 1) {
     for (size_t b = 0; b < buckets.size(); b++) update(b);

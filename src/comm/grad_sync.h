@@ -47,9 +47,30 @@
 // clears only the pieces (zero_pieces: the rest is zero already), so their pages stay resident
 // rather than being faulted in again; every other page is faulted in by the backward that writes
 // it, the price of handing it back. The results are ZeRO-1's bit for bit: the same
-// reduce-scatters of the same buckets, the same pieces updated. With gradient accumulation the
-// gradient is reduced once, after the last micro-batch (as every method here), so the whole
-// gradient is resident until then. The GPU backends refuse it (their buffers are cudaMalloc's).
+// reduce-scatters of the same buckets, the same pieces updated. The GPU backends refuse it (their
+// buffers are cudaMalloc's).
+//
+// ZeRO-2/3 with gradient accumulation (M micro-batches on one stage) reduce-scatter in one of two
+// ways (parallel.zero_reduce, SyncOptions::reduce_each_micro_batch):
+//   micro_batch  each micro-batch's gradient is reduce-scattered bucket by bucket as its backward
+//                finishes it, as above; the reduced piece is added into this rank's running sum of
+//                its pieces (the first micro-batch's is copied there) and released with the rest
+//                of the bucket, so the next micro-batch's backward starts from a buffer that is
+//                zero again; in the last micro-batch the piece becomes the sum plus itself and
+//                the sum's pages of that bucket are released. The sum is host memory resident
+//                only where written, like the gradient: a bucket's floats are in the sum or in the
+//                piece, never both for long, so the gradient stays at its one-micro-batch size
+//                (the pieces, the buckets in flight, edge pages), at M times the reduce-scatter
+//                traffic. end_micro_batch() (the engine calls it after every micro-batch's
+//                backward but the last) waits for that micro-batch's buckets.
+//                The pieces hold (((g_1 + g_2) + g_3) ... ) + g_M of the per-micro-batch means,
+//                where ZeRO-1 and zero_reduce "step" hold the mean of (g_1 + ... + g_M): the same
+//                sum in another order, so equal within fp32 rounding, not bit for bit.
+//   step         the gradient accumulates whole over the micro-batches and is reduced once, after
+//                the last (as every other method here): ZeRO-1's traffic and bits, but the whole
+//                gradient resident until then.
+// With pipeline stages the gradient is reduced once per step (the micro-batches are the
+// pipeline's, and a stage's tied copy is summed across stages first).
 //
 // ZeRO-3 (parallel.zero 3, SyncOptions::shard_params; FSDP's layout): ZeRO-2, and the parameters
 // of the transformer blocks are held in this rank's pieces too. Buckets are cut at block boundaries
@@ -118,6 +139,7 @@ struct SyncOptions {
   bool shard_grads = false;  // ZeRO-2 (above): and the gradient's memory too (zero is set)
   bool shard_params = false; // ZeRO-3 (above): and the blocks' parameters (shard_grads is set)
   bool bf16 = false;  // gradients exchanged as bfloat16 (parallel.grad_dtype "bf16"; above)
+  bool reduce_each_micro_batch = false;  // ZeRO-2/3 with accumulation: parallel.zero_reduce "micro_batch" (above)
 };
 
 // bfloat16 as the exchange stores it (the top 16 bits of an IEEE float): rounding to nearest,
@@ -169,7 +191,8 @@ struct GradSync {
   GradSync& operator=(const GradSync&) = delete;
 
   bool averages_gradients() const { return opt.method != SyncMethod::weights; }
-  void begin_step();
+  // A step of `micro_batches` micro-batches (gradient accumulation; 1 without) begins.
+  void begin_step(int micro_batches = 1);
   // ZeRO-2/3 across ranks: the gradient zeroed for the next step by clearing only this rank's
   // pieces (every other float was released, so is zero, when its bucket was reduced), which keeps
   // the pieces' pages resident instead of faulting them in again; returns false (nothing done)
@@ -177,6 +200,12 @@ struct GradSync {
   bool zero_pieces();
   void on_ready(size_t k);  // backward: the gradient prefix [0, k) is final (ZeRO-2: reduced here)
   void finish();            // gradients averaged on every rank (no-op for weights)
+  // ZeRO-2/3 reducing each micro-batch (above), after the backward of every micro-batch but the
+  // last: its remaining buckets reduce-scattered, every bucket's piece added into the running sum,
+  // and the buffer zero again before the next micro-batch writes it. No-op otherwise.
+  void end_micro_batch();
+  // Whether this sync reduces each micro-batch of this step as its backward finishes it.
+  bool reducing_micro_batches() const { return micro_batches_ > 1 && each_micro_; }
   // weights: average `params` over ranks when (step + 1) % average_every == 0. Returns whether it did.
   bool average_params(float* params, int64_t step);
 
@@ -244,6 +273,17 @@ struct GradSync {
   int l0_ = 0;
   std::vector<LayerState> layers_;
   bool stop_ = false;
+  // Reducing each micro-batch: whether that applies to this sync (ZeRO-2/3, more than one rank),
+  // this step's micro-batches, those ended so far, and the running sum of this rank's pieces
+  // (bucket b's at micro_sum_offset_[b]).
+  bool each_micro_ = false;
+  int micro_batches_ = 1, micro_ = 0;
+  float* micro_sum_ = nullptr;  // host_pages_alloc'd: resident only where written
+  size_t micro_sum_floats_ = 0;
+  std::vector<size_t> micro_sum_offset_;
+  // Reducing each micro-batch: bucket b's reduced piece into the running sum and cleared (a
+  // micro-batch but the last), or the sum added into it (the last).
+  void fold_micro_batch(size_t b);
 
   // Queues a job for the communication thread, bucket b's gradient average or, given `params`, the
   // all-gather of those parameters, and returns its ticket (0 without a thread).

@@ -29,6 +29,8 @@ SyncOptions sync_options(const ParallelConfig& pc) {
   so.shard_grads = pc.zero >= 2;
   so.shard_params = pc.zero >= 3;
   so.bf16 = pc.grad_dtype == GradDtype::bf16;
+  // (with pipeline stages the micro-batches are the pipeline's: the gradient is reduced once per step)
+  so.reduce_each_micro_batch = so.shard_grads && pc.pp_stages == 1 && pc.zero_reduce == ZeroReduce::micro_batch;
   return so;
 }
 

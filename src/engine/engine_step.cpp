@@ -179,7 +179,9 @@ struct ScheduleRun {
     ModelChunk& ch = e.chunks[a.chunk];
     Model& md = *ch.model;
     Model::ReadyFn ready;
-    if (i == last_backward[a.chunk]) ready = [&ch](size_t k) { ch.sync->on_ready(std::min(k, ch.ready_cap)); };
+    // (ZeRO-2/3 reducing each micro-batch: every backward hands them over, comm/grad_sync.h)
+    const bool hands_over = i == last_backward[a.chunk] || ch.sync->reducing_micro_batches();
+    if (hands_over) ready = [&ch](size_t k) { ch.sync->on_ready(std::min(k, ch.ready_cap)); };
     if (a.type == ActionType::W) {  // the weight gradients BI deferred; then the activations are free
       auto it = slot_of.find({a.mb, a.chunk});
       if (it == slot_of.end()) fail("internal: W of ", action_string(a), " without its activations");
@@ -212,6 +214,8 @@ struct ScheduleRun {
       free_slots[a.chunk].push_back(slot_of.at({a.mb, a.chunk}));
       if (ch.vstage == 0) slot_of.erase({a.mb, a.chunk});  // no gradient to send
     }
+    // Its buckets reduced before the next micro-batch's forward (its fused head) writes the buffer.
+    if (i != last_backward[a.chunk] && ch.sync->reducing_micro_batches()) ch.sync->end_micro_batch();
   }
 
   // The sends still in flight, before their buffers are used again.
@@ -249,7 +253,7 @@ std::optional<double> Engine::run_schedule(int64_t step, const Batch& batch, Ste
   run.loss_at_forward = Mb > 1 || S > 1;
   for (ModelChunk& ch : chunks) {
     if (!ch.sync->zero_pieces()) ch.model->zero_grads();  // (ZeRO-2/3: only the pieces are not zero)
-    ch.sync->begin_step();
+    ch.sync->begin_step(Mb);
   }
   const bool traced = opt.tracer && opt.tracer->enabled;
   log_ = PhaseLog{};

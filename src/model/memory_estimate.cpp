@@ -159,7 +159,9 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
     const bool head_writes_last = part.head && desc.head == HeadKind::lm && desc.tie_embeddings;
     grad_floats += cfg.parallel.zero >= 2 && zero && !on_gpu
                        ? zero2_grad_floats(buckets, pieces, table.numel, cfg.parallel.overlap,
-                                           cfg.parallel.microbatches, head_writes_last, kPageBytes / sizeof(float))
+                                           cfg.parallel.microbatches,
+                                           cfg.parallel.zero_reduce == ZeroReduce::micro_batch && cfg.parallel.pp_stages == 1,
+                                           head_writes_last, kPageBytes / sizeof(float))
                        : (double)table.numel;
     param_floats += cfg.parallel.zero >= 3 && zero && !on_gpu
                         ? zero3_param_floats(table, buckets, pieces, cfg.parallel.overlap, kPageBytes / sizeof(float))

@@ -52,10 +52,13 @@ std::vector<ShardPiece> shard_pieces(const std::vector<Bucket>& buckets, int wor
 }
 
 double zero2_grad_floats(const std::vector<Bucket>& buckets, const std::vector<ShardPiece>& pieces, size_t numel,
-                         bool overlap, int micro_batches, bool head_writes_last, size_t page_floats) {
-  if (micro_batches > 1 || buckets.empty()) return (double)numel;
+                         bool overlap, int micro_batches, bool each_micro_batch, bool head_writes_last,
+                         size_t page_floats) {
+  if ((micro_batches > 1 && !each_micro_batch) || buckets.empty()) return (double)numel;
   double mine = 0;
   for (const ShardPiece& p : pieces) mine += (double)(p.end - p.begin);
+  // (the running sum's edge pages; the sum itself holds what the pieces hold, in turn)
+  const double sum = micro_batches > 1 ? 2.0 * (double)page_floats * (double)buckets.size() : 0;
   // The buckets whole at once are consecutive: the most floats in any run of 1 (3 with overlap) of
   // them, the last bucket set apart when the head writes it first (it is whole throughout).
   const size_t n = buckets.size() - (head_writes_last ? 1 : 0), run = overlap ? 3 : 1;
@@ -67,7 +70,8 @@ double zero2_grad_floats(const std::vector<Bucket>& buckets, const std::vector<S
   }
   if (head_writes_last) whole += (double)(buckets.back().end - buckets.back().begin);
   const double edges = 4.0 * (double)page_floats * (double)buckets.size();
-  return std::min((double)numel, mine + whole + edges);
+  const double cap = (double)numel + (micro_batches > 1 ? mine : 0);  // (the buffer and the sum, whole)
+  return std::min(cap, mine + whole + edges + sum);
 }
 
 double zero3_param_floats(const ParamTable& table, const std::vector<Bucket>& buckets,

@@ -45,9 +45,13 @@ void piece_counts(size_t n, int world, std::vector<size_t>& counts, std::vector<
 // and the embedding last (`head_writes_last`: the tied token embedding, the last slice), which stays
 // whole all through backward — plus, per bucket, the four partial pages (page_floats each) at the
 // ends of its piece and of itself, cleared but resident. With micro_batches > 1 the gradient
-// accumulates whole until the last micro-batch: the whole table.
+// accumulates whole until the last micro-batch (the whole table), unless each micro-batch is
+// reduced (each_micro_batch, parallel.zero_reduce "micro_batch"): then the one-micro-batch figure,
+// the running sum of the pieces standing in for the pieces between micro-batches, plus the two
+// partial pages per bucket at the ends of its range in the sum.
 double zero2_grad_floats(const std::vector<Bucket>& buckets, const std::vector<ShardPiece>& pieces, size_t numel,
-                         bool overlap, int micro_batches, bool head_writes_last, size_t page_floats);
+                         bool overlap, int micro_batches, bool each_micro_batch, bool head_writes_last,
+                         size_t page_floats);
 
 // ZeRO-3's parameters at their peak on this rank, in floats: the tensors outside the blocks whole,
 // this rank's pieces of the blocks', one block whole (two with overlap: the next one's gather in

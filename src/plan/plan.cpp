@@ -353,6 +353,7 @@ PlanInputs plan_inputs_from_config(const Config& cfg, const ModelDesc& desc, int
   in.microbatches = cfg.parallel.microbatches;
   in.stage_layers = cfg.parallel.stage_layers;
   in.zero = cfg.parallel.zero;
+  in.zero_reduce_each_micro_batch = cfg.parallel.zero_reduce == ZeroReduce::micro_batch;
   in.schedule = cfg.parallel.schedule;
   in.sync = cfg.parallel.sync;
   in.grad_bf16 = cfg.parallel.grad_dtype == GradDtype::bf16;
@@ -412,6 +413,8 @@ PlanResult plan(const PlanInputs& in) {
          "gets per step (train.global_batch ", G, " / ", r.dp, " replicas): choose micro-batches dividing ",
          r.local_batch);
   r.micro_batch = r.local_batch / M;
+  // ZeRO-2/3 with gradient accumulation: each micro-batch reduce-scattered (parallel.zero_reduce)
+  const bool each_micro = in.zero_reduce_each_micro_batch && S == 1;
   token_rows_checked(r.micro_batch, T);  // (B·T below is an int: refused, naming the keys, beyond INT_MAX)
   const bool zb_possible = S > 1;
   if (in.sync == SyncMethod::weights)
@@ -452,7 +455,7 @@ PlanResult plan(const PlanInputs& in) {
       const std::vector<Bucket> at_layers = make_buckets(tables.back(), in.bucket_mb, first_mb, true);
       const std::vector<ShardPiece> pieces = shard_pieces(at_layers, r.dp, 0);
       sm.zero3_param_floats = zero3_param_floats(tables.back(), at_layers, pieces, in.overlap, 4096 / sizeof(float));
-      sm.zero3_grad_floats = zero2_grad_floats(at_layers, pieces, tables.back().numel, in.overlap, M,
+      sm.zero3_grad_floats = zero2_grad_floats(at_layers, pieces, tables.back().numel, in.overlap, M, each_micro,
                                                sm.part.head && ds.head == HeadKind::lm && ds.tie_embeddings,
                                                4096 / sizeof(float));
       std::map<int, int64_t> per_layer;
@@ -463,7 +466,8 @@ PlanResult plan(const PlanInputs& in) {
     }
     // ZeRO-2 (CPU): the gradient at its peak on the first replica's rank of the stage
     sm.zero2_grad_floats = zero2_grad_floats(buckets.back(), shard_pieces(buckets.back(), r.dp, 0), tables.back().numel,
-                                             in.overlap, M, sm.part.head && ds.head == HeadKind::lm && ds.tie_embeddings,
+                                             in.overlap, M, each_micro,
+                                             sm.part.head && ds.head == HeadKind::lm && ds.tie_embeddings,
                                              4096 / sizeof(float));
     // ZeRO-1: the reduce-scatter's receive piece; with allreduce also the all-gather's padded
     // send piece and its W pieces (comm/grad_sync.cpp); with nccl the device buffer of W padded
@@ -680,7 +684,7 @@ PlanResult plan(const PlanInputs& in) {
         const std::vector<Bucket>& bk = buckets[s];
         const std::vector<double> frac = bucket_ready_fractions(tables[s], bk, r.stages[s].part, d.n_layer, cs);
         const int k = r.dp_ranks_per_node[s];
-        double channel = 0, sync_total = 0, bytes = 0;
+        double channel = 0, sync_total = 0, bytes = 0, rs_time = 0, rs_bytes = 0;
         std::vector<double> ag_i(bk.size(), 0);
         for (size_t i = 0; i < bk.size(); i++) {
           const double nbytes = (double)(bk[i].end - bk[i].begin) * 4;  // fp32 gradients (also with bf16)
@@ -705,10 +709,19 @@ PlanResult plan(const PlanInputs& in) {
           const double ready = in.overlap ? sim.last_grad_start[s] + sim.last_grad_len[s] * frac[i] : sim.end[s];
           channel = std::max(channel, ready) + t;
           sync_total += t + t_ag;
+          rs_time += t;
+          rs_bytes += gs ? (r.dp - 1) * nbytes / 2 : (double)(r.dp - 1) / r.dp * gbytes;
           // ZeRO-3 gathers after the update only what lies outside the blocks
           ag_i[i] = z == 3 ? t_ag * outside_fraction(tables[s], bk[i]) : t_ag;
         }
         double exposed = std::max(0.0, channel - sim.end[s]);
+        // ZeRO-2/3 reducing each micro-batch: every earlier micro-batch's buckets reduce-scattered as
+        // its backward finishes them, as the last one's are (the same exposed share each time)
+        if (z >= 2 && sharded && each_micro && M > 1) {
+          exposed *= M;
+          sync_total += (M - 1) * rs_time;
+          bytes += (M - 1) * rs_bytes;
+        }
         if (tied && (s == 0 || s == S - 1)) exposed += tied_s, sync_total += tied_s;
         const double own = sharded ? (double)r.stages[s].shard_params : (double)r.stages[s].n_params;
         const double opt = c.opt_per_param * opt_scale * own;

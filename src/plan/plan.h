@@ -156,6 +156,7 @@ struct PlanInputs {
   int tp = 1;                                    // tensor-parallel ranks per group (parallel.tp)
   std::vector<int> stage_layers;                 // empty = split_layers' balance
   int zero = 0;                                  // the run's choice, 0-3 (all are always planned)
+  bool zero_reduce_each_micro_batch = true;      // parallel.zero_reduce "micro_batch" (ZeRO-2/3 rows)
   int64_t checkpoint_every = 0;                  // checkpoint.every (0: only on pre-emption)
   bool checkpoint_async = true;                  // checkpoint.async
   double fs_bandwidth = 1e9;                     // bytes/s the ranks write a checkpoint at, together

@@ -83,6 +83,10 @@ struct ParallelConfig {
   // parameters all-gathered; 2 (ZeRO-2) the rank also keeps only its pieces of the gradient; 3
   // (ZeRO-3) and of the transformer blocks' parameters, each block gathered when it runs.
   int zero = 0;
+  // ZeRO-2/3 with gradient accumulation (pp_stages 1, microbatches > 1): each micro-batch's gradient
+  // reduce-scattered as its backward finishes it (micro_batch), or the whole gradient once after the
+  // last micro-batch (step). comm/grad_sync.h says what each costs.
+  ZeroReduce zero_reduce = ZeroReduce::micro_batch;
   // The gradient's type in the exchange (comm/grad_sync.h): fp32, or bf16 for half the bytes
   // (each bucket rounded to bfloat16, summed in fp32 and rounded again at every reduction step).
   GradDtype grad_dtype = GradDtype::fp32;

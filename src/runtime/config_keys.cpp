@@ -295,6 +295,15 @@ std::vector<ConfigKey> make_keys() {
                    "1/DP pieces of the gradient) or 3 (ZeRO-3: and of the blocks' parameters), got ", zero);
             c.parallel.zero = zero;
           }),
+      key("parallel.zero_reduce", "micro_batch", none(), "parallel.zero 2 or 3 with parallel.microbatches > 1",
+          "with gradient accumulation, ZeRO-2/3 reduce-scatter each micro-batch's gradient as its backward "
+          "finishes it (\"micro_batch\": the gradient stays 1/DP, at M times the traffic) or the whole "
+          "gradient once after the last micro-batch (\"step\": ZeRO-1's traffic, the whole gradient until then)",
+          into(&Config::parallel, &PC::zero_reduce, "parallel.zero_reduce", " (when ZeRO-2/3 reduce the gradient)"),
+          unless([](const Config& c) { return c.parallel.zero >= 2 && c.parallel.microbatches > 1 &&
+                                              c.parallel.pp_stages == 1; },
+                 "without gradient accumulation under ZeRO-2/3 (parallel.zero 2 or 3, parallel.microbatches > 1, "
+                 "parallel.pp_stages 1): with pipeline stages the gradient is reduced once per step")),
       key("parallel.grad_dtype", "fp32", none(), "parallel.sync allreduce or nccl",
           "the gradient on the wire: \"fp32\" or \"bf16\" (half the bytes, rounded sums)",
           into(&Config::parallel, &PC::grad_dtype, "parallel.grad_dtype", " (the gradient's type on the wire)")),

@@ -33,6 +33,7 @@ LLMPI_WORDS(SyncMethod, {SyncMethod::gather_scatter, "gather_scatter"}, {SyncMet
 LLMPI_WORDS(ScheduleKind, {ScheduleKind::gpipe, "gpipe"}, {ScheduleKind::one_f_one_b, "1f1b"},
             {ScheduleKind::interleaved, "interleaved"}, {ScheduleKind::zb_h1, "zb-h1"})
 LLMPI_WORDS(GradDtype, {GradDtype::fp32, "fp32"}, {GradDtype::bf16, "bf16"})
+LLMPI_WORDS(ZeroReduce, {ZeroReduce::micro_batch, "micro_batch"}, {ZeroReduce::step, "step"})
 LLMPI_WORDS(Recompute, {Recompute::none, "none"}, {Recompute::selective, "selective"}, {Recompute::full, "full"})
 #undef LLMPI_WORDS
 
@@ -84,6 +85,7 @@ LLMPI_INSTANTIATE(OnNonfinite)
 LLMPI_INSTANTIATE(SyncMethod)
 LLMPI_INSTANTIATE(ScheduleKind)
 LLMPI_INSTANTIATE(GradDtype)
+LLMPI_INSTANTIATE(ZeroReduce)
 LLMPI_INSTANTIATE(Recompute)
 #undef LLMPI_INSTANTIATE
 

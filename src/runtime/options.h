@@ -23,6 +23,7 @@ enum class OnNonfinite { abort, skip };                     // train.on_nonfinit
 enum class SyncMethod { gather_scatter, allreduce, weights, nccl };  // parallel.sync (comm/grad_sync.h)
 enum class ScheduleKind { gpipe, one_f_one_b, interleaved, zb_h1 };  // parallel.schedule (pipeline/schedule.h)
 enum class GradDtype { fp32, bf16 };                        // parallel.grad_dtype: the gradient on the wire
+enum class ZeroReduce { micro_batch, step };                // parallel.zero_reduce (comm/grad_sync.h)
 enum class Recompute { none, selective, full };             // runtime.recompute (model/transformer.h)
 
 // option_name(e): the word for e ("1f1b" for ScheduleKind::one_f_one_b).
