@@ -12,7 +12,7 @@
 #include <fstream>
 
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/crc32c.h"
+#include "runtime/crc32c.h"
 #include "data/classification_file.h"
 #include "data/content_hash.h"
 #include "data/dataset_identity.h"

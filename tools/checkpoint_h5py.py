@@ -25,7 +25,7 @@ _TABLE = np.array(_TABLE, dtype=np.uint32)
 
 
 def crc32c(data: bytes) -> int:
-    """CRC-32C (Castagnoli), as src/checkpoint/crc32c.h computes it."""
+    """CRC-32C (Castagnoli), as src/runtime/crc32c.h computes it."""
     crc = 0xFFFFFFFF
     for b in data:
         crc = int(_TABLE[(crc ^ b) & 0xFF]) ^ (crc >> 8)

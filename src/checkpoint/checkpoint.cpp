@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/crc32c.h"
+#include "runtime/crc32c.h"
 #include "checkpoint/sharded.h"
 #include "data/h5_util.h"
 #include "runtime/config.h"

@@ -16,7 +16,7 @@
 //                    only the run's own lineage; absent in older files)
 //   datasets         params [rows, n] float32; adam_m, adam_v [rows, n] (AdamW only); each
 //                    with the attributes crc32c (uint32 [rows x ceil(n / crc32c_block)]: the
-//                    CRC-32C, checkpoint/crc32c.h, of every block of crc32c_block = 2^20 values of
+//                    CRC-32C, runtime/crc32c.h, of every block of crc32c_block = 2^20 values of
 //                    a row, over their float32 little-endian bytes) and crc32c_block, computed
 //                    from the data written and verified by every read. The file's metadata
 //                    (superblock, object headers with the attributes) uses the HDF5 1.8 formats,

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/crc32c.h"
+#include "runtime/crc32c.h"
 #include "runtime/error.h"
 #include "runtime/mpi_env.h"
 

@@ -10,7 +10,7 @@
 //                    table, of the tensor's shape ([replicas, shape...] when replicas > 1),
 //                    contiguous: its bytes lie at one offset of the file, row-major
 //   each dataset's attribute crc32c_rects: int64 [k, 6] rows (replica, row0, rows, col0, cols,
-//                    crc): the CRC-32C (checkpoint/crc32c.h) of the float32 little-endian bytes of
+//                    crc): the CRC-32C (runtime/crc32c.h) of the float32 little-endian bytes of
 //                    each rectangle one rank wrote, row-major; together they cover the dataset
 //                    exactly once. A tensor is seen as [rows, cols] (a vector as [n, 1]).
 //

@@ -107,6 +107,9 @@ struct RuntimeConfig {
 struct RunConfig {
   std::string dir;
 };
+struct MetricsConfig {
+  bool tensorboard = true;  // TensorBoard event files in run.dir (metrics/tensorboard.h)
+};
 struct CheckpointConfig {
   int64_t every;  // save every k steps (and at the end and on pre-emption); 0 = only on pre-emption
   int keep;       // keep the newest k checkpoints
@@ -143,6 +146,7 @@ struct Config {
   RuntimeConfig runtime;
   RunConfig run;
   CheckpointConfig checkpoint;
+  MetricsConfig metrics;
   JsonDoc resolved;  // every key with its final value, as written to run_dir/config.json
   std::vector<std::string> given;  // the keys the user set ("train.lr"), in the order given
 };

@@ -366,6 +366,11 @@ std::vector<ConfigKey> make_keys() {
       key("run.dir", "runs/default", none(), "",
           "the run directory: config.json, metrics.jsonl, eval.jsonl, checkpoints/, traces",
           into(&Config::run, &RunConfig::dir, "run.dir")),
+      key("metrics.tensorboard", true, none(), "",
+          "write TensorBoard event files (run.dir/events.out.tfevents.*): rank 0's loss, learning rate, gradient "
+          "norm, tokens/s, step time, model TFLOP/s per rank, peak RSS and the evaluation, at every logged step; "
+          "`tensorboard --logdir` on run.dir or its parent shows them",
+          into(&Config::metrics, &MetricsConfig::tensorboard, "metrics.tensorboard")),
       key("checkpoint.every", 0, at_least(0, "(0 = only at pre-emption)"), "",
           "write a checkpoint every N steps and at the end (0 = only when the run is pre-empted)",
           into(&Config::checkpoint, &CheckpointConfig::every, "checkpoint.every")),

@@ -14,6 +14,7 @@
 #include "runtime/large_count.h"
 #include "metrics/classification_metrics.h"
 #include "runtime/clock.h"
+#include "runtime/host_memory.h"
 #include "train/run.h"
 
 namespace llmpi {
@@ -71,6 +72,12 @@ void evaluate_and_log(Run& r, int64_t step, TrainResult& res, bool print) {
     if (e.accuracy >= 0) line["accuracy"] = e.accuracy;
     if (e.f1 >= 0) line["f1"] = e.f1, line["mcc"] = e.mcc;
     r.evals->write(line);
+  }
+  if (r.tensorboard) {
+    std::vector<std::pair<std::string, double>> v = {{"eval/val_loss", e.loss}};
+    if (e.accuracy >= 0) v.emplace_back("eval/accuracy", e.accuracy);
+    if (e.f1 >= 0) v.emplace_back("eval/f1", e.f1), v.emplace_back("eval/mcc", e.mcc);
+    r.tensorboard->scalars(step, v);
   }
   if (!print) return;
   std::printf("eval  step %6lld (epoch %.2f) | val_loss %.4f", (long long)step, epoch, e.loss);
@@ -239,6 +246,14 @@ void log_step(Run& r, const StepLog& s, const StepResult& st, const TrainResult&
         line["resume_overrides"].push_back({{"key", row.key}, {"checkpoint", row.was}, {"now", row.now}});
     r.metrics->write(line);
   }
+  if (r.tensorboard)
+    r.tensorboard->scalars(s.step, {{"train/loss", s.loss},
+                                    {"train/learning_rate", s.lr},
+                                    {"train/grad_norm", s.grad_norm},
+                                    {"perf/tokens_per_s", tok_s},
+                                    {"perf/step_ms", s.step_ms},
+                                    {"perf/model_tflops_per_rank", tok_s * res.flops_per_token / r.world / 1e12},
+                                    {"memory/peak_rss_mb", peak_rss_bytes() / 1e6}});
   if (!print) return;
   std::printf("step %6lld/%lld | loss %.4f | lr %.2e | %7.0f tok/s | %6.1f ms/step | ETA %s\n",
               (long long)s.step, (long long)tc.steps, s.loss, s.lr, tok_s, s.step_ms,

@@ -17,6 +17,7 @@
 #include "data/sampler.h"
 #include "engine/engine.h"
 #include "metrics/metrics.h"
+#include "metrics/tensorboard.h"
 #include "metrics/trace.h"
 #include "model/memory_estimate.h"
 #include "runtime/config.h"
@@ -81,6 +82,7 @@ struct Run {
   std::unique_ptr<Engine> engine;          // the model on this rank and its step (engine/engine.h)
   Tracer tracer;
   std::unique_ptr<JsonlWriter> metrics, evals;
+  std::unique_ptr<TensorboardWriter> tensorboard;  // metrics.tensorboard: rank 0's curves (metrics/tensorboard.h)
   std::unique_ptr<Watchdog> watchdog;
   std::string ckpt_dir;
   int64_t start_step = 0;

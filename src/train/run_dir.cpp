@@ -111,7 +111,9 @@ std::string move_run_aside(const std::string& dir) {
   std::vector<std::string> names;
   for (const char* const* f = kRunFiles; *f; f++) names.push_back(*f);
   for (const std::string& n : list_dir(dir))
-    if (n.rfind("trace-rank", 0) == 0 && n.size() > 5 && n.compare(n.size() - 5, 5, ".json") == 0) names.push_back(n);
+    if ((n.rfind("trace-rank", 0) == 0 && n.size() > 5 && n.compare(n.size() - 5, 5, ".json") == 0) ||
+        n.rfind("events.out.tfevents.", 0) == 0)
+      names.push_back(n);
   for (const std::string& n : names) {
     const std::string from = dir + "/" + n;
     if (!exists(from)) continue;

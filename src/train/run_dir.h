@@ -20,7 +20,8 @@
 
 namespace llmpi {
 
-// The files a run writes into run.dir (what --overwrite moves aside). trace-rank*.json too.
+// The files a run writes into run.dir (what --overwrite moves aside). trace-rank*.json and the
+// TensorBoard event files (events.out.tfevents.*) too.
 extern const char* const kRunFiles[];
 
 // run.dir/LOCK (fd -1: not held: a file system without locks).

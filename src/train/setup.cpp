@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/gemm_auto.h"
@@ -388,6 +389,23 @@ void open_run_directory(Run& r, const TrainOptions& o) {
   write_file_atomic(dir + "/lineage", r.lineage + "\n");  // whose checkpoints --resume auto takes
   r.metrics = std::make_unique<JsonlWriter>(dir + "/metrics.jsonl", append);
   r.evals = std::make_unique<JsonlWriter>(dir + "/eval.jsonl", append);
+  if (r.cfg.metrics.tensorboard) {
+    r.tensorboard = std::make_unique<TensorboardWriter>(dir, r.start_step);
+    // TensorBoard drops the earlier files' events from start_step on; eval.jsonl keeps the
+    // evaluation at start_step (the checkpoint's), which this run does not repeat: written again.
+    if (append) {
+      std::ifstream in(dir + "/eval.jsonl");
+      std::string line;
+      while (std::getline(in, line)) {
+        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.contains("step") || j["step"] != r.start_step) continue;
+        std::vector<std::pair<std::string, double>> v;
+        for (const char* k : {"val_loss", "accuracy", "f1", "mcc"})
+          if (j.contains(k) && j[k].is_number()) v.emplace_back(std::string("eval/") + k, j[k].get<double>());
+        r.tensorboard->scalars(r.start_step, v);
+      }
+    }
+  }
   std::remove((dir + "/PREEMPTED").c_str());
   if (!r.engine->pipelined()) write_file_atomic(dir + "/comm_plan.json", comm_plan(r).dump(1) + "\n");
   if (!o.init_from.empty())  // llmpi-export copies the tokenizer files from there

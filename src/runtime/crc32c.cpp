@@ -1,5 +1,5 @@
 // CRC-32C: hardware (x86-64 SSE4.2) and table versions. See crc32c.h.
-#include "checkpoint/crc32c.h"
+#include "runtime/crc32c.h"
 
 #include <cstring>
 
