@@ -167,13 +167,14 @@ const CardPeak kCardPeaks[] = {
     {"H100", "H100 SXM5", 67.0, 494.7, 989.4},
     {"A100", "A100 SXM4", 19.5, 156.0, 312.0},
 };
+
+#ifdef LLMPI_HAVE_CUDA
 const CardPeak* card_peak(const std::string& device_name) {
   for (const CardPeak& c : kCardPeaks)
     if (device_name.find(c.name_part) != std::string::npos) return &c;
   return nullptr;
 }
 
-#ifdef LLMPI_HAVE_CUDA
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
