@@ -386,6 +386,38 @@ TEST(PlanMemory, ZeroOneOverNcclCountsItsPaddedPieces) {
   }
 }
 
+// parallel.zero_reduce "micro_batch" with gradient accumulation (M = 4): the ZeRO-2 and ZeRO-3 rows
+// send M - 1 more reduce-scatters of the whole gradient than "step" ((W - 1)/W of 4n bytes each,
+// exact at W = 4) and take longer; the gradient's memory stays at its one-micro-batch size where
+// "step" holds it whole; rows 0 and 1 do not change.
+TEST(PlanTime, ZeroReduceEachMicroBatch) {
+  const int T = 8, M = 4;
+  const ModelDesc d = test::desc_of("gpt2", 2, 2, 256, T, 101);  // (1.6M floats: pages do not dominate)
+  PlanInputs in = inputs(d, T, 16, 4, 1, M);
+  in.bucket_mb = 1;
+  in.zero_reduce_each_micro_batch = false;
+  const PlanResult once = plan(in);
+  in.zero_reduce_each_micro_batch = true;
+  const PlanResult each = plan(in);
+  const double n = (double)build_param_table(d).numel;
+  ASSERT_EQ(once.time.size(), each.time.size());
+  for (size_t i = 0; i < once.time.size(); i++) {
+    const int z = once.time[i].zero;
+    SCOPED_TRACE("zero " + std::to_string(z));
+    if (z < 2) {
+      EXPECT_EQ(each.time[i].bytes_per_rank, once.time[i].bytes_per_rank);
+      EXPECT_EQ(each.time[i].step_s, once.time[i].step_s);
+      continue;
+    }
+    EXPECT_EQ(each.time[i].bytes_per_rank, once.time[i].bytes_per_rank + (M - 1) * 0.75 * 4 * n);
+    EXPECT_GT(each.time[i].step_s, once.time[i].step_s);
+  }
+  ASSERT_EQ(once.stages.size(), 1u);
+  EXPECT_EQ(once.stages[0].zero2_grad_floats, n) << "reduced once a step: whole until the last micro-batch";
+  EXPECT_LT(each.stages[0].zero2_grad_floats, 0.6 * n);  // (a quarter, one 1 MB bucket, edge pages)
+  EXPECT_LT(each.stages[0].zero3_grad_floats, 0.6 * n);
+}
+
 // parallel.grad_dtype "bf16": the gradient exchange moves half the bytes, so an all-reduce step
 // sends half (and takes less time), a ZeRO-1 or ZeRO-2 step three quarters (its all-gather moves
 // fp32 parameters), a ZeRO-3 step only its reduce-scatter's half less (it also gathers the blocks'

@@ -294,6 +294,14 @@ void GradSync::finish() {
     step.comm_ms = 0;
     return;
   }
+  reduce_the_rest();
+  const double t1 = now_ms();
+  step.exposed_comm_ms += t1 - t0;
+  reduced_all_ = true;
+  if (tracer && tracer->enabled && thread_.joinable()) tracer->span("wait for gradients", 0, t0, t1);
+}
+
+void GradSync::reduce_the_rest() {
   if (thread_.joinable()) {
     while (next_launch_ < buckets.size()) launch(next_launch_++);
     size_t last = 0;
@@ -306,27 +314,13 @@ void GradSync::finish() {
     for (; next_launch_ < buckets.size(); next_launch_++)
       reduce(grads, next_launch_, bucket_label(opt.method, opt.zero, false, next_launch_));
   }
-  const double t1 = now_ms();
-  step.exposed_comm_ms += t1 - t0;
-  reduced_all_ = true;
-  if (tracer && tracer->enabled && thread_.joinable()) tracer->span("wait for gradients", 0, t0, t1);
 }
+
 void GradSync::end_micro_batch() {
   if (!reducing_micro_batches()) return;
   if (micro_ + 1 >= micro_batches_) fail("internal: end_micro_batch after the step's last micro-batch");
   const double t0 = now_ms();
-  if (thread_.joinable()) {
-    while (next_launch_ < buckets.size()) launch(next_launch_++);
-    size_t last = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      last = launched_;
-    }
-    wait_ticket(last);
-  } else {
-    for (; next_launch_ < buckets.size(); next_launch_++)
-      reduce(grads, next_launch_, bucket_label(opt.method, opt.zero, false, next_launch_));
-  }
+  reduce_the_rest();
   const double t1 = now_ms();
   step.exposed_comm_ms += t1 - t0;
   if (tracer && tracer->enabled && thread_.joinable()) tracer->span("wait for the micro-batch's gradients", 0, t0, t1);

@@ -289,6 +289,9 @@ struct GradSync {
   // all-gather of those parameters, and returns its ticket (0 without a thread).
   size_t launch(size_t b, float* params = nullptr);
   void wait_ticket(size_t ticket);  // the jobs up to this ticket done
+  // The buckets not started yet this step (or micro-batch) reduced, on the thread (and every job
+  // waited for) or here: what finish() and end_micro_batch() wait for.
+  void reduce_the_rest();
   // ZeRO-2/3: bucket b's floats of base outside this rank's piece, released (zero, pages returned).
   void release_others(float* base, size_t b);
   LayerState* layer_state(int l);   // ZeRO-3 and world > 1: block l's state, else null

@@ -676,7 +676,8 @@ PlanResult plan(const PlanInputs& in) {
       return stage_costs(kind != ScheduleKind::zb_h1 && d.head == HeadKind::lm ? k.with_fused_head() : k);
     };
     const std::vector<StageCost> tp_time = as_scheduled(r.tp_costs), tp_sent = as_scheduled(tp_bytes);
-    for (int z = 0; z <= 3; z++) {  // (ZeRO-2 moves what ZeRO-1 does, at the same times)
+    for (int z = 0; z <= 3; z++) {  // (ZeRO-2 moves what ZeRO-1 does, at the same times, unless it
+                                    // reduces each micro-batch: below)
       const bool sharded = z >= 1 && r.dp > 1;
       TimeRow best;
       best.schedule = sch, best.zero = z, best.step_s = -1;
