@@ -140,43 +140,44 @@ class Measure:
             f"({100 * hidden:.0f}% hidden)")
         return row
 
+    def on_node(self, w):
+        """The launch of w ranks on this node (shared memory), for timed()."""
+        return lambda run, sets: ["mpiexec", "-n", str(w)] + self.args(run, sets)
+
+    def over_link(self, part):
+        """The launch of 2 ranks across a 1 Gbit/s veth pair (tools/netns_link.sh), for timed();
+        None (said, naming the part) without root, which the network namespaces need."""
+        if os.geteuid() != 0:
+            say(f"{part}: the 1 Gbit/s link skipped (needs root for the network namespaces)")
+            return None
+        return lambda run, sets: [os.path.join(ROOT, "tools", "netns_link.sh"), "--quiet", "--rate", "1gbit", "mpi",
+                                  "--"] + self.args(run, sets)
+
     def part_time(self):
         rows = []
         for w in [x for x in self.a.worlds if x > 1]:
             for zero in self.a.zeros:
-                rows.append(self.timed("time", lambda run, sets: ["mpiexec", "-n", str(w)] + self.args(run, sets),
-                                       w, zero))
+                rows.append(self.timed("time", self.on_node(w), w, zero))
         return rows
 
     def part_link(self):
-        if os.geteuid() != 0:
-            say("link: skipped (needs root for the network namespaces)")
-            return []
-        rows = []
-        for zero in self.a.zeros:
-            launch = lambda run, sets: [os.path.join(ROOT, "tools", "netns_link.sh"), "--quiet", "--rate", "1gbit",
-                                        "mpi", "--"] + self.args(run, sets)
-            rows.append(self.timed("link-1gbit", launch, 2, zero))
-        return rows
+        launch = self.over_link("link")
+        return [self.timed("link-1gbit", launch, 2, zero) for zero in self.a.zeros] if launch else []
 
     def part_accumulation(self):
         rows = []
         layouts = [(1, None), (2, "step"), (2, "micro_batch"), (3, "step"), (3, "micro_batch")]
-        places = [("shared", w, lambda w: lambda run, sets: ["mpiexec", "-n", str(w)] + self.args(run, sets))
-                  for w in self.a.worlds if w > 1]
-        if os.geteuid() == 0:
-            places.append(("link-1gbit", 2, lambda w: lambda run, sets: [
-                os.path.join(ROOT, "tools", "netns_link.sh"), "--quiet", "--rate", "1gbit", "mpi", "--"]
-                + self.args(run, sets)))
-        else:
-            say("accumulation: the 1 Gbit/s link skipped (needs root for the network namespaces)")
+        places = [("shared", w, self.on_node(w)) for w in self.a.worlds if w > 1]
+        link = self.over_link("accumulation")
+        if link:
+            places.append(("link-1gbit", 2, link))
         for where, w, launch in places:
             for zero, reduce in layouts:
                 extra = ["parallel.microbatches=4", "train.global_batch=16"]
                 if reduce:
                     extra.append("parallel.zero_reduce=" + reduce)
                 prefix = f"acc-{where}-{reduce or 'step'}"
-                row = self.timed(prefix, launch(w), w, zero, extra)
+                row = self.timed(prefix, launch, w, zero, extra)
                 s = json.load(open(os.path.join(self.tmp, f"{prefix}-w{w}-z{zero}", "summary.json")))
                 row.update(where=where, zero_reduce=reduce or "step", microbatches=4,
                            peak_rss_bytes_max=max(s["peak_rss_bytes_per_rank"]),

@@ -58,6 +58,13 @@ EvalResult evaluate(Run& r, int64_t step) {
   return e;
 }
 
+std::vector<std::pair<std::string, double>> eval_scalars(const nlohmann::json& line) {
+  std::vector<std::pair<std::string, double>> v;
+  for (const char* k : {"val_loss", "accuracy", "f1", "mcc"})
+    if (line.contains(k) && line[k].is_number()) v.emplace_back(std::string("eval/") + k, line[k].get<double>());
+  return v;
+}
+
 void evaluate_and_log(Run& r, int64_t step, TrainResult& res, bool print) {
   if (!r.has_val) return;
   const EvalResult e = evaluate(r, step);
@@ -67,18 +74,11 @@ void evaluate_and_log(Run& r, int64_t step, TrainResult& res, bool print) {
   if (e.accuracy >= 0) res.val_accuracy.push_back(e.accuracy);
   if (e.f1 >= 0) res.val_f1.push_back(e.f1), res.val_mcc.push_back(e.mcc);
   const double epoch = (double)step / (double)r.sampler->steps_per_epoch();
-  if (r.evals) {
-    nlohmann::json line = {{"step", step}, {"epoch", epoch}, {"val_loss", e.loss}, {"examples", e.counted}};
-    if (e.accuracy >= 0) line["accuracy"] = e.accuracy;
-    if (e.f1 >= 0) line["f1"] = e.f1, line["mcc"] = e.mcc;
-    r.evals->write(line);
-  }
-  if (r.tensorboard) {
-    std::vector<std::pair<std::string, double>> v = {{"eval/val_loss", e.loss}};
-    if (e.accuracy >= 0) v.emplace_back("eval/accuracy", e.accuracy);
-    if (e.f1 >= 0) v.emplace_back("eval/f1", e.f1), v.emplace_back("eval/mcc", e.mcc);
-    r.tensorboard->scalars(step, v);
-  }
+  nlohmann::json line = {{"step", step}, {"epoch", epoch}, {"val_loss", e.loss}, {"examples", e.counted}};
+  if (e.accuracy >= 0) line["accuracy"] = e.accuracy;
+  if (e.f1 >= 0) line["f1"] = e.f1, line["mcc"] = e.mcc;
+  if (r.evals) r.evals->write(line);
+  if (r.tensorboard) r.tensorboard->scalars(step, eval_scalars(line));
   if (!print) return;
   std::printf("eval  step %6lld (epoch %.2f) | val_loss %.4f", (long long)step, epoch, e.loss);
   if (e.accuracy >= 0) std::printf(" | accuracy %.4f", e.accuracy);

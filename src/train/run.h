@@ -142,8 +142,11 @@ struct EvalResult {
 };
 // The validation split in global batches, in file order (train/report.cpp says how it is shared).
 EvalResult evaluate(Run& r, int64_t step);
-// Evaluates, records in res and eval.jsonl, and prints (rank 0).
+// Evaluates, records in res, eval.jsonl and the TensorBoard file, and prints (rank 0).
 void evaluate_and_log(Run& r, int64_t step, TrainResult& res, bool print);
+// The TensorBoard scalars of one eval.jsonl line: eval/val_loss, and eval/accuracy, eval/f1,
+// eval/mcc where the line has them.
+std::vector<std::pair<std::string, double>> eval_scalars(const nlohmann::json& line);
 // The engine of a CPU run's dense-layer GEMMs in its precision (runtime.cpu_fp32_gemm or
 // runtime.cpu_bf16_gemm): its word ("openblas", "onednn", "emulate") and the banner's description;
 // both "" on a GPU.

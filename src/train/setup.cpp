@@ -399,10 +399,7 @@ void open_run_directory(Run& r, const TrainOptions& o) {
       while (std::getline(in, line)) {
         const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
         if (j.is_discarded() || !j.contains("step") || j["step"] != r.start_step) continue;
-        std::vector<std::pair<std::string, double>> v;
-        for (const char* k : {"val_loss", "accuracy", "f1", "mcc"})
-          if (j.contains(k) && j[k].is_number()) v.emplace_back(std::string("eval/") + k, j[k].get<double>());
-        r.tensorboard->scalars(r.start_step, v);
+        r.tensorboard->scalars(r.start_step, eval_scalars(j));
       }
     }
   }

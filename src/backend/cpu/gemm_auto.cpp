@@ -213,15 +213,13 @@ std::string openblas_fitting_core(const std::string& core, int cpu_level, bool d
 std::string openblas_core_warning(const std::string& core, int cpu_level, bool dynamic) {
   const int level = openblas_core_level(core);
   if (level < 0 || cpu_level - level < 2) return "";
-  const char* const* isa = kIsaName;
-  const char* const* fix = kFittingCore;
-  std::string w = std::string("OpenBLAS runs its ") + core + " kernels (" + isa[level] + ") on this CPU, which has " +
-                  isa[cpu_level] + ": its GEMMs (attention's, and the dense layers' on OpenBLAS) run several times "
+  std::string w = std::string("OpenBLAS runs its ") + core + " kernels (" + kIsaName[level] + ") on this CPU, which has " +
+                  kIsaName[cpu_level] + ": its GEMMs (attention's, and the dense layers' on OpenBLAS) run several times "
                   "slower than they could; ";
   if (!dynamic)
     return w + "this OpenBLAS was built for one CPU type (no DYNAMIC_ARCH), so OPENBLAS_CORETYPE cannot change it: use "
                "one built for this CPU (Debian's libopenblas0-pthread picks its kernels at run time)";
-  return w + "set OPENBLAS_CORETYPE=" + fix[cpu_level] + " in every rank's environment (export it before mpiexec)";
+  return w + "set OPENBLAS_CORETYPE=" + kFittingCore[cpu_level] + " in every rank's environment (export it before mpiexec)";
 }
 
 std::string openblas_core_warning() {
