@@ -24,7 +24,8 @@ struct Ops {
   bool on_gpu() const { return device == Device::cuda; }
 };
 
-// The CPU backend (src/backend/cpu/): OpenBLAS sgemm for the GEMMs, OpenMP for the loops.
+// The CPU backend (src/backend/cpu/): OpenBLAS or oneDNN for the GEMMs (runtime.cpu_fp32_gemm,
+// runtime.cpu_bf16_gemm), OpenMP for the loops.
 const Ops& cpu_ops();
 
 }  // namespace llmpi

@@ -12,7 +12,7 @@
 //     up to summation order (a product of two bf16 values is exact in fp32), so it is the oracle
 //     the CUDA backend and the oneDNN engine are tested against.
 // The two differ by the order of the fp32 sums (and the bf16 instructions flush denormals), so
-// they agree within the bf16 tolerances of docs/DESIGN.md, not bit for bit.
+// they agree within the bf16 tolerances of docs/TESTING.md ("Tolerances"), not bit for bit.
 //
 // In fp32 the same GEMMs run on OpenBLAS sgemm or on oneDNN's fp32 matmul (runtime.cpu_fp32_gemm).
 // Both are fp32 products with fp32 sums; they differ by the order of the sums only, so they agree
