@@ -14,7 +14,7 @@
 #   make bench-checkpoint-stall  what a checkpoint costs the steps, checkpoint.async on and off
 #   make scaling    strong and weak scaling, data-parallel and pipelined, on the ranks this machine has
 #                   (bench/scaling.py; docs/PERF.md); SCALING_ARGS= (e.g. --ranks 1,2)
-#   make glue       the course's BERT-on-RTE assignment: fine-tune all-MiniLM-L6-v2 on GLUE RTE, time the
+#   make glue       the BERT-on-RTE fine-tuning exercise: fine-tune all-MiniLM-L6-v2 on GLUE RTE, time the
 #                   sync methods, count the traffic (tools/glue_course.py; docs/GLUE.md). GLUE_DIR=,
 #                   GLUE_ARGS= (e.g. --parts train), REF_PYTHON= (a Python with torch for the reference)
 # Variables: BUILD=dir (default build; build-san with SAN=1), SAN=1 (ASan + UBSan), CUDA=0|1, ONEDNN=0 (no oneDNN),

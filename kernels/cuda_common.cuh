@@ -47,9 +47,9 @@ namespace llmpi::cuda {
 void launch_check(const char* name, const char* file, int line);
 #define LLMPI_LAUNCH_CHECK(name) ::llmpi::cuda::launch_check(name, __FILE__, __LINE__)
 
-// ---- unverified paths (cuda_paths.cu; backend/cuda_ops.h "Paths") -------------------------------
-// Each kernel change no card has run yet, switched off by LLMPI_CUDA_OFF=name,... (or all): the
-// code that asks path_on(p) runs the version a card verified instead. In the order of cuda_paths.cu.
+// ---- switched paths (cuda_paths.cu; backend/cuda_ops.h "Paths") ---------------------------------
+// Each kernel change not yet timed on a card on its own, switched off by LLMPI_CUDA_OFF=name,...
+// (or all): the code that asks path_on(p) runs the earlier version instead. In the order of cuda_paths.cu.
 enum class Path {
   mma_attention, tf32_attention, attention_tile_order, rowdot_warp, softmax_row_smem, colsum_in_conversion,
   gelu_grad_vec4, bf16_gelu_kernel, partial_sums_lanes, cudnn_attention, count

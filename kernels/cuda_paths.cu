@@ -1,7 +1,7 @@
-// The run-time switches of the CUDA backend's unverified paths (backend/cuda_ops.h "Paths"; the
-// table in docs/GPU.md). Each entry is a kernel change that no card has run yet, and what runs
-// instead when it is switched off: the version a card verified (2026-11-24, an H100), still built
-// beside it. LLMPI_CUDA_OFF=name,name,... (or "all") in the environment switches paths off, read
+// The run-time switches of the CUDA backend's paths (backend/cuda_ops.h "Paths"; the table in
+// docs/GPU.md "Switches"). Each entry is a kernel change whose speed on a card has not been timed on
+// its own, and what runs instead when it is switched off: the earlier version, still built beside
+// it. LLMPI_CUDA_OFF=name,name,... (or "all") in the environment switches paths off, read
 // once, at the first query; an unknown name is an Error naming the known ones. When a card has
 // shown a path correct and faster, the change that records the figure deletes its entry and the
 // old code together.

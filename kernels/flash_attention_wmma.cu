@@ -1,6 +1,6 @@
-// The bf16 fused attention on tensor cores through the WMMA API: the version an H100 verified and
-// timed on 2026-11-24 (docs/GPU.md "What has been verified, on which card"), kept beside its mma.sync rewrite
-// (flash_attention_mma.cu), which no card has run yet; it runs when that path is switched off
+// The bf16 fused attention on tensor cores through the WMMA API (docs/GPU.md "What has been
+// verified, on which card"), kept beside its mma.sync rewrite (flash_attention_mma.cu); it runs
+// when that path is switched off
 // (LLMPI_CUDA_OFF=mma_attention, kernels/cuda_paths.cu). The kernels are that day's, unchanged;
 // only the entry points are renamed (flash_wmma_*) and the shared-memory opt-in is the backend's
 // allow_smem. Delete this file when a card has shown the mma.sync kernels correct and faster.

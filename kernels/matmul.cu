@@ -32,8 +32,8 @@
 //         except a weight whose bf16 copy the caller hands over (gemm.weight_bf16: a bf16 Model
 //         rounds each weight once per forward, bf16_copy, and the forward and backward GEMMs
 //         read that copy, once per forward however many chunks the LM head runs). For the
-//         activations and output gradients the conversion is memory traffic comparable to a
-//         quarter of a GPT-2 step at the MFU target (docs/PRECISION.md "On CUDA"): the fast version has the producing ops write bf16 themselves — the
+//         activations and output gradients the conversion is memory traffic on every GEMM (the
+//         kernel profile in docs/PERF.md): the fast version has the producing ops write bf16 themselves — the
 //         LM head's logits gradient does (gemm.dout_bf16, below). The scratch holds the
 //         operands one call converts, side by side. An output gradient dout [N, OC] read as a GEMM operand
 //         is converted with its rows padded to bf16_row_stride(OC) (a multiple of 8: every row 16-byte

@@ -68,10 +68,10 @@
 #                           checks the communicator's set-up: GradSync makes no collective call at
 #                           world 1; NcclSync.* in cuda_tests runs the collectives)
 #             train_gpu_bf16, train_gpu_tf32  runtime.precision=bf16 / tf32 on the GPU; the first
-#                           20 losses vs train_cpu's fp32 ones (1e-2: the issue's bf16 target)
+#                           20 losses vs train_cpu's fp32 ones (1e-2: the bf16 bound)
 #             train_cpu_bf16, train_gpu_bf16_vs_cpu  bf16 on the CPU (the emulation) and the GPU
 #                           run above compared with it over 20 steps (1e-2; docs/PRECISION.md
-#                           "On CUDA" says why not tighter)
+#                           "Agreement with the CPU" says why not tighter)
 #             mpi_bf16_sync 2 ranks, parallel.grad_dtype=bf16; the first 20 losses vs mpi_staging's
 #                           (1e-2, as bf16 GEMMs)
 #             tp_staging    2 ranks sharing the GPU as one tensor-parallel group (parallel.tp=2), its
@@ -134,8 +134,8 @@ fi
 
 BUILD=${BUILD:-build}
 BINS="llmpi-tests llmpi-train llmpi-prep llmpi-demo-corpus bench-gpu_gpt2"
-# The last commit whose bench-gpu_gpt2 a card verified (an H100, 2026-11-24: docs/GPU.md "Verified
-# on an H100"). --pack builds that binary once (cached in .device-baseline/, git-ignored; a full
+# The last commit whose bench-gpu_gpt2 a card verified (an H100, 2026-11-24: docs/GPU.md "What has
+# been verified, on which card"). --pack builds that binary once (cached in .device-baseline/, git-ignored; a full
 # CUDA build of that commit in a temporary worktree) and packs it as bench-gpu_gpt2-verified, so every window measures its
 # baseline on its own card (BASELINE_CXX, BASELINE_NVCC: the compilers for that build, e.g.
 # "ccache mpicxx"). Move it forward in the change that records a newer verified run.

@@ -89,8 +89,8 @@ double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math 
 // kernels/flash_attention_mma.cu), "flash-bf16-wmma" (the verified WMMA kernels, with
 // mma_attention off) or "flash-fp32" (kernels/flash_attention.cu).
 const char* cuda_flash_attention_kernel(GemmPrecision prec, int head_size);
-// ---- Paths: the kernel changes no card has run yet, each one switch away from the version a
-// card verified (kernels/cuda_paths.cu; the table in docs/GPU.md). LLMPI_CUDA_OFF=name,name,... in
+// ---- Paths: the kernel changes not yet timed on a card on their own, each one switch away from
+// the earlier version (kernels/cuda_paths.cu; the table in docs/GPU.md). LLMPI_CUDA_OFF=name,name,... in
 // the environment (read once; "all": the verified set) switches paths off; an unknown name is an
 // Error listing the known ones. The trainer prints cuda_paths_description() in its start-up banner
 // and records cuda_paths() in summary.json; bench-gpu_gpt2 does both.
