@@ -1,6 +1,7 @@
 # The documentation: its links resolve inside the repository (tools/check_docs.sh, shown to fail on
 # each kind of bad link in a scratch repository), and docs/CONFIG.md's key table is what
-# `llmpi-train --help-keys-markdown` prints, so it agrees with --help on every key and default.
+# `llmpi-train --help-keys-markdown` prints, so it agrees with --help on every key and default;
+# the example configurations under examples/ are read without error.
 source tests/cli/lib.bash
 TRAIN=$B/llmpi-train
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -45,6 +46,12 @@ disagree=$(grep -oP '^  [a-z_]+\.[a-z_0-9]+ +default \S+' "$tmp/help" | while re
 done)
 check "every key and default --help lists is in docs/CONFIG.md" "[ -z \"\$disagree\" ] && [ \$(grep -c '^  [a-z_]*\.[a-z_0-9]* *default' '$tmp/help') -gt 50 ]" ||
   echo "not in docs/CONFIG.md: $disagree"
+
+# The configurations the guides tell users to copy are read without error (every key real).
+for ex in examples/*.json; do
+  out=$(timeout $((60 * TIME_SCALE)) "$B/llmpi-plan" --config "$ex" --world 2 --vocab 50257 2>&1)
+  check "$ex: llmpi-plan reads it (every key is one llmpi-train knows)" "[ \$? = 0 ]" || echo "$out" | tail -3
+done
 
 # The documentation describes the program and its users' machines, not how it is developed.
 words=$(grep -niE 'lent machine|lent to this|borrowed|dev VM|development VM|this project is developed|farm-|helper session' \
