@@ -3,7 +3,7 @@
 // assertion inside `make test` depends on the machine's load (it once read +37% against a 25% bound
 // with a sanitizer build running beside it), so the plan's step time is checked by the benchmark
 // tools/plan_check.py, which makes both comparisons for more configurations, world sizes and
-// simulated links (docs/SCALING.md "Checked against measurement").
+// simulated links (docs/PLAN.md "Checked against measurement").
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -44,7 +44,7 @@ TEST(MpiPlanCheck, PlanMemoryMatchesAShortMeasuredRun) {
   // before, on every rank at once. Its memory rows do not depend on them, but the profile runs the
   // model's ops at the run's shapes first, as a real run's first step would, so the libraries'
   // one-time buffers (OpenBLAS's per-thread ones) are resident before the peak is reset; without
-  // it the run adds ~16 MB more here, which no plan counts (docs/SCALING.md: "what no plan can know").
+  // it the run adds ~16 MB more here, which no plan counts (docs/PLAN.md "Where the model could be wrong").
   PlanInputs in = plan_inputs_from_config(cfg, desc, world);
   in.node_cores = (int)std::thread::hardware_concurrency();
   const int local = cfg.train.global_batch / world;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The course's BERT-on-RTE assignment, done with llmpi, in one command (`make glue`).
+"""Fine-tuning a Hugging Face BERT on GLUE RTE with llmpi, in one command (`make glue`).
 
   tools/glue_course.py [--build build] [--out build/glue-course] [--parts train,timing,traffic,reference]
                        [--glue-dir DIR] [--model DIR] [--np 2] [--timing-iters 40] [--timing-batch 16]
@@ -9,7 +9,7 @@
 Parts (all by default; each writes its own JSON under --out and adds to summary.json/summary.md):
 
   train      Fine-tunes all-MiniLM-L6-v2 (`make pretrained`) on GLUE RTE on --np ranks for 3 epochs
-             (max length 128, seed 42), twice: the course's settings (global batch 64, lr 2e-5) and
+             (max length 128, seed 42), twice: the reference settings (global batch 64, lr 2e-5) and
              the settings chosen for this smaller model (global batch 16, lr 5e-5; docs/GLUE.md says
              why). Prints the loss of the first five minibatches and the dev accuracy after every
              epoch, from each run's own output and eval.jsonl.

@@ -1,5 +1,5 @@
 // llmpi-plan: memory per rank, step time and scaling efficiency of a run before it is run
-// (src/plan/plan.h; docs/SCALING.md). One process, no MPI launch:
+// (src/plan/plan.h; docs/PLAN.md). One process, no MPI launch:
 //   llmpi-plan --config run.json [--set k=v]... --world 512 --pp 8 --tp 8 --microbatches 32 --zero 1
 //              --device h100 --link ib-ndr [--json plan.json]
 #include <CLI/CLI.hpp>
@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "apps/arg_checks.h"
+#include "backend/cpu/gemm_auto.h"
 #include "data/token_file.h"
 #include "metrics/metrics.h"
 #include "model/model_desc.h"
@@ -98,12 +99,15 @@ std::string fmt_s(double s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --profile times this CPU's GEMMs: on OpenBLAS's generic kernels where it does not recognise the
+  // CPU they would be the wrong ones, so start again on the kernels llmpi-train runs.
+  cpu::exec_with_fitting_openblas_kernels(argv);
   CLI::App app{"llmpi-plan: memory per rank, step time and scaling efficiency of a training run, before running it.\n"
                "Usage: llmpi-plan --config run.json [--set key=value]... --world W [--pp S] [--tp T] [--microbatches M] "
                "[--zero 0|1|2|3]\n       [--device h100|h200|cpu] [--link CLASS] [--intra-link CLASS] [--json OUT]\n"
                "Memory: fp32 and bf16 as the code allocates them, and a bf16 projection with every activation in bf16;\n"
                "time is\n"
-               "a model (docs/SCALING.md): per-layer compute from --profile or the device table, the pipeline\n"
+               "a model (docs/PLAN.md): per-layer compute from --profile or the device table, the pipeline\n"
                "simulated, data-parallel sync from an alpha-beta model of the links."};
   std::string config_path, device_name = "cpu", link_name, intra_name, links_path, precision = "fp32", json_out;
   std::string profile_in, profile_out, schedule;
@@ -160,7 +164,7 @@ int main(int argc, char** argv) {
                "let --json and --profile-out replace an existing file that llmpi-plan did not write");
   app.footer(
       "\nLink classes: measured ones come from the links file (tools/measure_links.sh runs bench/allreduce_bw.cpp);\n"
-      "nominal ones are published line rates with typical latencies (docs/SCALING.md lists the sources). A\n"
+      "nominal ones are published line rates with typical latencies (docs/PLAN.md lists the sources). A\n"
       "data-parallel collective that spans nodes is modelled in two levels (inside the node over --intra-link,\n"
       "across nodes over --link).\n"
       "Scaling efficiency = tokens/s at the world size / (world x tokens/s of one rank doing the whole global batch).\n"

@@ -157,7 +157,7 @@ LinkFile read_link_file(const std::string& path) {
 // ---- the nominal classes ----------------------------------------------------------------------------
 // NOMINAL numbers: line rates from the standards / vendors' data sheets, latencies typical of MPI
 // ping-pong on such links (orders of magnitude, not measurements of ours). β = 1 / line rate; real
-// collectives reach 80-95 % of it. Listed with their sources in docs/SCALING.md.
+// collectives reach 80-95 % of it. Listed with their sources in docs/PLAN.md "Link classes".
 const std::vector<Link>& nominal_links() {
   static const std::vector<Link> links = [] {
     auto L = [](const char* name, double gbit, double alpha, const char* src) {

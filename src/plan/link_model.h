@@ -1,4 +1,4 @@
-// The α-β model of communication that llmpi-plan uses (docs/SCALING.md "How the time is modelled").
+// The α-β model of communication that llmpi-plan uses (docs/PLAN.md "Time (per step)").
 //
 // A message of n bytes between two ranks takes α + n·β. A collective over an S-byte buffer on p
 // ranks, with the algorithms MPICH and NCCL use for large buffers:
@@ -12,7 +12,7 @@
 //
 // A link class is a name with α and β: either MEASURED on this machine (bench/allreduce_bw.cpp
 // writes bench/results/links-*.json; read_link_file reads it) or NOMINAL (published line rates and
-// typical latencies, nominal_links(); their sources are in link_model.cpp and docs/SCALING.md).
+// typical latencies, nominal_links(); their sources are in link_model.cpp and docs/PLAN.md "Link classes").
 // A measured link carries, per world size measured and per operation, the fitted time of one
 // collective t(S) = a + b·S; for that world size the fit is used as it is, for any other the
 // formulas above with the operation's per-message α and β.

@@ -596,7 +596,9 @@ PlanResult plan(const PlanInputs& in) {
                   chunks > 0 ? ("the head's row statistics, 2 small ones for each of its " + std::to_string(chunks) +
                                 " chunks (again for those recomputed in backward)").c_str()
                              : "",
-                  in.device.gpu ? " (the code sums through the host with MPI: those copies are not counted)" : "");
+                  in.device.gpu && in.sync != SyncMethod::nccl
+                      ? " (with an MPI sync method the sums go through host memory: those copies are not counted)"
+                      : "");
     r.notes.push_back(buf);
   }
   const LayerCosts& c = r.costs;

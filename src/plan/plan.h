@@ -1,5 +1,5 @@
 // llmpi-plan's model: memory per rank, step time and scaling of a run before it is run
-// (docs/SCALING.md says how each number is modelled and where it could be wrong).
+// (docs/PLAN.md says how each number is modelled and where it could be wrong).
 //
 // Memory, per pipeline stage (world = DP × PP × TP; every rank of a stage holds the same, up to a
 // tensor-parallel shard's vocabulary rows: the last shard, the largest, is planned):
