@@ -14,7 +14,11 @@
 //                reduce_scatter  MPI_Reduce_scatter(MPI_SUM) of the N-byte buffer into a separate
 //                                receive buffer of rank r's piece: n/p floats, +1 for the first
 //                                n mod p ranks (n = N/4, p = world) — what ZeRO-1 does per bucket
-//                allgather       MPI_Allgatherv in place of the same pieces: N bytes in the end
+//                allgather       what ZeRO-1's all-gather does (comm/mpi_exchange.cpp): MPI_Allgather
+//                                of equal pieces of ceil(n/p) floats (the short ones padded) into a
+//                                p-piece buffer, then each piece copied into place: N bytes in the
+//                                end. Not MPI_Allgatherv, which the trainer avoids (MPICH 4.0's is
+//                                two orders of magnitude slower when ranks share cores)
 //                sendrecv        ping-pong of N bytes between rank pairs (see --pairs), reported
 //                                as one-way time = round trip / 2; an odd last rank sits out
 //   --bytes    message sizes in bytes, comma-separated (k/M/G suffixes = 1e3/1e6/1e9 bytes);
@@ -25,7 +29,7 @@
 //              included, slowest rank's time) exceed S seconds, skip the remaining warm-ups and
 //              stop after at least 3 timed iterations; the number timed is reported ("iters")
 //   --poll-us  0 (default): blocking calls. U > 0: the non-blocking call (MPI_Iallreduce,
-//              MPI_Ireduce_scatter, MPI_Iallgatherv, MPI_Isend/Irecv) polled with MPI_Test,
+//              MPI_Ireduce_scatter, MPI_Iallgather, MPI_Isend/Irecv) polled with MPI_Test,
 //              sleeping U microseconds between polls (what grad_sync does with parallel.poll_us)
 //   --gap-ms   sleep G ms before each iteration (default 0): the idle time a training step leaves
 //              between gradient all-reduces (TCP restarts slow start on a connection idle > RTO)
@@ -391,7 +395,13 @@ Result run_size(Op op, double bytes, const Options& o, int rank, int world) {
   // allreduce/allgather: buf in place; reduce_scatter: buf -> recv (my piece);
   // sendrecv: buf is sent, recv receives
   std::vector<float> buf((size_t)count);
-  std::vector<float> recv(op == Op::reduce_scatter ? (size_t)mine : op == Op::sendrecv ? (size_t)count : 0);
+  // allgather: the padded piece sent and the p pieces received (comm/mpi_exchange.cpp's layout)
+  const int padded = (count + world - 1) / world;
+  std::vector<float> recv(op == Op::reduce_scatter ? (size_t)mine
+                          : op == Op::sendrecv    ? (size_t)count
+                          : op == Op::allgather   ? (size_t)padded * world
+                                                  : 0);
+  std::vector<float> piece(op == Op::allgather ? (size_t)padded : 0);
   std::vector<double> times;
   const float inv = 1.0f / (float)world;
   // iterations: warm_left warm-ups, then timed ones up to --iters; --max-seconds cuts both short.
@@ -434,14 +444,16 @@ Result run_size(Op op, double bytes, const Options& o, int rank, int world) {
           for (int i = 0; i < mine; i++) recv[(size_t)i] *= inv;
         break;
       case Op::allgather:
+        std::copy(buf.begin() + displs[(size_t)rank], buf.begin() + displs[(size_t)rank] + mine, piece.begin());
         if (o.poll_us > 0) {
-          MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data(), counts.data(), displs.data(), MPI_FLOAT,
-                          MPI_COMM_WORLD, &req);
+          MPI_Iallgather(piece.data(), padded, MPI_FLOAT, recv.data(), padded, MPI_FLOAT, MPI_COMM_WORLD, &req);
           wait_polling(&req, o.poll_us);
         } else {
-          MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data(), counts.data(), displs.data(), MPI_FLOAT,
-                         MPI_COMM_WORLD);
+          MPI_Allgather(piece.data(), padded, MPI_FLOAT, recv.data(), padded, MPI_FLOAT, MPI_COMM_WORLD);
         }
+        for (int r = 0; r < world; r++)
+          std::copy(recv.begin() + (size_t)r * padded, recv.begin() + (size_t)r * padded + counts[(size_t)r],
+                    buf.begin() + displs[(size_t)r]);
         break;
       case Op::sendrecv:
         // ping-pong: the lower rank of the pair sends first, the higher one answers
@@ -528,7 +540,7 @@ std::string op_title(Op op, const Options& o, int world) {
     case Op::reduce_scatter:
       what = std::string("MPI_Reduce_scatter(MPI_SUM, float, pieces n/p)") + (o.scale ? " + scale by 1/world" : "");
       break;
-    case Op::allgather: what = "MPI_Allgatherv(float, in place, pieces n/p)"; break;
+    case Op::allgather: what = "MPI_Allgather(float, equal padded pieces ceil(n/p), copied into place)"; break;
     case Op::sendrecv:
       what = std::string("MPI_Send/MPI_Recv ping-pong, one way = round trip / 2, pairs ") +
              (o.halves ? "(i, i+p/2)" : "(0,1),(2,3),...");

@@ -25,8 +25,8 @@
 #   --sizes LIST    --bytes of the bench (default 4k,16k,64k,256k,1M,4M,16M,64M)
 #   --iters I       timed iterations per size (default 10); --warmup W untimed first (default 2)
 #   --max-seconds S  cap per op and size of one run (default 8): after S seconds the bench skips
-#                   the remaining warm-ups and stops after 3 timed iterations (MPI_Allgatherv of
-#                   64 MB on 4 ranks takes ~17 s here; see docs/PERF.md)
+#                   the remaining warm-ups and stops after 3 timed iterations (a slow collective on
+#                   oversubscribed ranks cannot take the whole run)
 #   --repeats R     run every (link, world) R times, round-robin over all of them so that a
 #                   machine's drifting load spreads over all (default 2); per size the smallest
 #                   of the repeats' medians is fitted: other jobs on a shared machine only ever add
