@@ -213,7 +213,7 @@ $(BUILD)/bench-%: $(BUILD)/obj/bench/%.o $(BUILD)/libllmpi.a
 
 # The bf16 fused-attention kernels run on the CPU (tools/cuda_cpu_sim/README.md): their part of the
 # .cu (from `namespace llmpi::cuda {` to the "---- launch" line) compiled with g++ against
-# cuda_shim.h, checked against the CPU backend by `make test`. No nvcc needed; C++20 for std::binary_semaphore.
+# cuda_shim.h, checked against the CPU backend by `make test-cuda`. No nvcc needed; C++20 for std::binary_semaphore.
 SIM_DIR := $(BUILD)/cuda_cpu_sim
 $(SIM_DIR)/flash_mma_kernels.inc: kernels/flash_attention_mma.cu
 	@mkdir -p $(dir $@)

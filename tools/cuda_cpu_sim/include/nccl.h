@@ -1,5 +1,5 @@
 // tools/cuda_cpu_sim's stand-in for <nccl.h>: the part of NCCL's API that the CUDA backend calls
-// (kernels/nccl_sync.cu) or will call (ZeRO-1's reduce-scatter and all-gather, pipeline stages'
+// (kernels/nccl_sync.cu: all-reduce, ZeRO-1's reduce-scatter and all-gather, pipeline stages'
 // send and receive), with NCCL's names, types, values and signatures, implemented over MPI
 // between the ranks' simulated cards by sim_nccl.cpp (README.md there, "NCCL").
 //
