@@ -260,11 +260,14 @@ fi
 # LLMPI_CUDA_OFF=cudnn_attention); records passed, failed and skipped counts (a GPU test that
 # skipped, "no GPU: ...", did not verify anything: the step fails, as does one that matched no
 # test) and sets GTEST_RC.
+# The failed tests of a gtest output: one "[  FAILED  ] Name (N ms)" line each, which brief mode
+# (--gtest_brief=1) prints too; it leaves out the "[  FAILED  ] N tests" summary a count would read.
+failed_tests() { grep -cP '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$1"; }
 gtest_step() {
   step "$1" "$2" env ${GTEST_ENV:-LLMPI_CUDA_OFF=cudnn_attention} "$TESTS" --gtest_filter="$3" --gtest_brief=1
   local passed nfail nskip
   passed=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$WORK/$1.out" | tail -1)
-  nfail=$(grep -oP '^\[  FAILED  \] \K[0-9]+(?= test)' "$WORK/$1.out" | tail -1)
+  nfail=$(failed_tests "$WORK/$1.out")
   nskip=$(grep -oP '^\[  SKIPPED \] \K[0-9]+' "$WORK/$1.out" | tail -1)
   # On the machine this script is for, a test that skipped for want of a GPU is a failure.
   local rc=$STEP_RC
@@ -319,7 +322,7 @@ if wants suites; then
     gtest_step "$sname" 60 "$su.*:-*TrainingFollows*"
     nsuites=$((nsuites + 1)); cat "$WORK/$sname.out" >>"$WORK/suites.out"
     p=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$WORK/$sname.out" | tail -1)
-    f=$(grep -oP '^\[  FAILED  \] \K[0-9]+(?= test)' "$WORK/$sname.out" | tail -1)
+    f=$(failed_tests "$WORK/$sname.out")
     k=$(grep -oP '^\[  SKIPPED \] \K[0-9]+' "$WORK/$sname.out" | tail -1)
     tp=$((tp + ${p:-0})); tf=$((tf + ${f:-0})); tsk=$((tsk + ${k:-0}))
     [ "$GTEST_RC" = 0 ] || bad_suites+="$su "

@@ -2,7 +2,7 @@
 """plan_check.py — llmpi-plan's projections against measured runs on this machine.
 
   python3 tools/plan_check.py [--build build] [--data build/demo] [--out bench/results/plan-check-DATE.json]
-                              [--parts memory,time,tp] [--steps 12] [--links none,1gbit,10gbit] [--rounds 3]
+                              [--parts memory,time,tp,zero] [--steps 12] [--links none,1gbit,10gbit] [--rounds 3]
 
 memory  Four configurations of a GPT-2-shaped model (8 layers, d_model 512, seq 64, byte
         vocabulary: 25.4M parameters) at global batch 4: 2 ranks, 2 ranks with ZeRO-1, 2 pipeline
@@ -25,6 +25,12 @@ tp      Tensor parallelism (parallel.tp = T, one replica of T ranks) for T = 1, 
         `--profile`d once at the whole batch; the group's all-reduces, or the control's gradient
         sync, on the measured loopback link at that many ranks; 4 ranks share the 2 cores). The
         medians over the rounds are compared. Bounds: memory 10%, step time 25%.
+zero    ZeRO-1, -2 and -3 (parallel.zero, overlap on) on the time part's model at 2 and 4 ranks on
+        loopback, and at 2 ranks across the first simulated link of --links (root): the measured
+        median step against the plan's row of that stage (reduce-scatters, the all-gathers after
+        the update, ZeRO-3's gathers of each block before its forward and backward), the per-layer
+        costs `--profile`d once per world size (the run's micro-batch) and shared by the three
+        stages, so that their plans differ by what ZeRO changes only. Bound: 25%.
 
 Needs the Python standard library, the built programs (make) and the demo data (make demo-data).
 Exit status: 0 when every comparison is within its bound, 1 otherwise, 2 on errors.
@@ -184,6 +190,38 @@ class Check:
                 f"{predicted / 1e6:.1f} MB vs peak RSS {peak / 1e6:.1f} MB ({100 * err_m:+.1f}%)")
         return rows
 
+    def part_zero(self):
+        rows = []
+        runs = [(w, None, z) for w in (2, 4) for z in (1, 2, 3)]
+        links = [x for x in self.a.links.split(",") if x and x != "none"]
+        if links and os.geteuid() == 0:
+            runs += [(2, links[0], z) for z in (1, 2, 3)]
+        elif links:
+            say("zero: the simulated link needs root; loopback only")
+        profiles = {}  # one per micro-batch (world), shared by the stages: their plans differ by the sync only
+        for world, rate, zero in runs:
+            extra = [f"parallel.zero={zero}", "parallel.overlap=true", f"train.steps={self.a.steps}"]
+            if world not in profiles:
+                profiles[world] = os.path.join(self.tmp, f"zero-profile-w{world}.json")
+                self.plan(world, TIME_MODEL, extra, ["--profile", "--profile-reps", "9", "--profile-out", profiles[world],
+                                                     "--cores-per-node", str(os.cpu_count())])
+            s = self.train(world, TIME_MODEL, extra, rate)
+            link = "loopback" if rate is None else "netns-" + rate
+            plan_args = ["--profile-in", profiles[world], "--intra-link", link, "--gpus-per-node", str(world),
+                         "--cores-per-node", str(os.cpu_count())]
+            p = self.plan(world, TIME_MODEL, extra, plan_args)
+            t = next(x for x in p["time"] if x["schedule"] == "-" and x["zero"] == zero)
+            measured = s["median_step_ms"] / 1e3
+            err = t["step_s"] / measured - 1
+            rows.append({"world": world, "link": link, "zero": zero, "measured_step_s": measured,
+                         "plan_step_s": t["step_s"], "plan_compute_s": t["compute_s"],
+                         "plan_exposed_sync_s": t["exposed_sync_s"], "plan_optimizer_s": t["optimizer_s"],
+                         "oversubscription": p.get("oversubscription", 1), "error": err,
+                         "within_bound": abs(err) <= TIME_BOUND})
+            say(f"zero {zero} W={world} {link}: plan {1e3 * t['step_s']:.1f} ms (compute {1e3 * t['compute_s']:.1f}, "
+                f"exposed sync {1e3 * t['exposed_sync_s']:.1f}) vs measured {1e3 * measured:.1f} ms ({100 * err:+.1f}%)")
+        return rows
+
     def part_time(self):
         rows = []
         links = [x for x in self.a.links.split(",") if x]
@@ -239,11 +277,13 @@ def main():
         res["time"] = c.part_time()
     if "tp" in parts:
         res["tp"] = c.part_tp()
+    if "zero" in parts:
+        res["zero"] = c.part_zero()
     with open("/proc/loadavg") as f:
         res["loadavg_after"] = f.read().split()[:3]
     write_json_atomic(a.out, res)
     shutil.rmtree(c.tmp, ignore_errors=True)
-    bad = [r for part in ("memory", "time", "tp") for r in res.get(part, []) if not r["within_bound"]]
+    bad = [r for part in ("memory", "time", "tp", "zero") for r in res.get(part, []) if not r["within_bound"]]
     say(f"wrote {a.out}; {len(bad)} comparison(s) outside the bound")
     sys.exit(1 if bad else 0)
 

@@ -28,7 +28,7 @@ using namespace llmpi;
 
 namespace {
 
-const char* kDefaultLinks = "bench/results/links-2026-11-23.json";
+const char* kDefaultLinks = "bench/results/links-b-2026-12-07.json";
 
 bool file_exists(const std::string& p) {
   struct stat st;

@@ -89,7 +89,7 @@ std::vector<std::string> check_training_data(const DatasetIdentity& train, const
   for (const DatasetIdentity* d : {&train, val}) {
     if (!d) continue;
     if (d->content_hash.empty())
-      warnings.push_back("'" + d->path + "' has no content hash (it was made before llmpi recorded one), so "
+      warnings.push_back("'" + d->path + "' has no content hash (no content_fnv1a64 attribute), so "
                          "its identity is its tokenizer and size only; remake it with llmpi-prep to record one");
     const bool is_dir = ::stat(d->path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
     const std::string dir = is_dir ? d->path : dir_of(d->path);

@@ -18,8 +18,9 @@ namespace llmpi {
 // H100 SXM5 and H200 SXM: NVIDIA's data sheets (dense, without sparsity): 989 TFLOP/s bf16,
 // 494.7 TF32, 67 FP32; H100 80 GB HBM3 at 3.35 TB/s, H200 141 GB HBM3e at 4.8 TB/s.
 // cpu: one core of a 2-vCPU AMD EPYC VM: OpenBLAS sgemm on the gpt2 reference shapes with both cores
-// busy, 87.8 GFLOP/s (median of 5 rounds of `make bench`, 2026-11-23); its default MFU is the
-// measured utilisation of that ceiling by the CPU trainer (93.6 % of the executed FLOPs, same run).
+// busy, 89.5 GFLOP/s (bench/results/reference-cpu-2026-11-29.json, /gemm_gflops_per_rank, median of
+// 3 rounds of `make bench`); its default MFU is the measured utilisation of that ceiling by the CPU
+// trainer (94.0 % of the executed FLOPs, /rows/gpt2/utilisation_executed_flops, same run).
 // Its memory bandwidth (embedding, optimizer) is an assumption: 10 GB/s per core, not measured.
 const std::vector<DeviceSpec>& device_table() {
   static const std::vector<DeviceSpec> t = [] {
@@ -38,14 +39,14 @@ const std::vector<DeviceSpec>& device_table() {
     DeviceSpec cpu;
     cpu.name = "cpu";
     cpu.gpu = false;
-    cpu.fp32 = cpu.tf32 = cpu.bf16 = 87.8e9;  // per core; no bf16 or TF32 units used
+    cpu.fp32 = cpu.tf32 = cpu.bf16 = 89.5e9;  // per core; no bf16 or TF32 units used
     cpu.memory_bytes = 0;
     cpu.memory_bw = 10e9;
-    cpu.default_mfu = 0.936;
+    cpu.default_mfu = 0.940;
     cpu.default_ranks_per_node = 0;  // 0 = every rank on this one node
-    cpu.source = "this machine: sgemm 87.8 GFLOP/s per core (bench-sgemm_rate in `make bench`, docs/PERF.md, "
-                 "2026-11-23); MFU default 0.936 = the trainer's measured share of it; memory bandwidth 10 GB/s "
-                 "per core assumed";
+    cpu.source = "a 2-vCPU AMD EPYC: sgemm 89.5 GFLOP/s per core (bench-sgemm_rate in `make bench`, "
+                 "bench/results/reference-cpu-2026-11-29.json); MFU default 0.940 = the trainer's measured share of "
+                 "it; memory bandwidth 10 GB/s per core assumed; on another CPU use --profile";
     return std::vector<DeviceSpec>{h100, h200, cpu};
   }();
   return t;

@@ -141,7 +141,7 @@ std::vector<ConfigKey> make_keys() {
       model_key("model.rope_theta", 10000.0, above(0), kLlama, no,
                 into(&Config::model, &MC::rope_theta, "model.rope_theta"), "base of the rotary position frequencies"),
       model_key("model.dropout", 0.0, within(0, 1, true), kAll, {{"bert", 0.1}},
-                into(&Config::model, &MC::dropout, "model.dropout"), "dropout on hidden states, training only"),
+                into(&Config::model, &MC::dropout, "model.dropout"), "dropout on hidden states (gpt2 and llama: on attention probabilities too), training only"),
       model_key("model.attn_dropout", 0.0, within(0, 1, true), kBert, {{"bert", 0.1}},
                 into(&Config::model, &MC::attn_dropout, "model.attn_dropout"),
                 "dropout on attention probabilities, training only"),
@@ -170,7 +170,7 @@ std::vector<ConfigKey> make_keys() {
       key("train.batch_per_rank", 0,
           at_least(0, "(sequences per data-parallel replica per step; 0 = train.global_batch is given)"), "",
           "sequences per step per data-parallel replica, instead of train.global_batch: the global batch is this x "
-          "world / pp_stages (weak scaling; 0 = use train.global_batch)",
+          "world / (pp_stages x tp) (weak scaling; 0 = use train.global_batch)",
           into(&Config::train, &TC::batch_per_rank, "train.batch_per_rank")),
       key("train.lr_scaling", "none", none(), "",
           "the peak rate follows the global batch: \"none\", \"linear\" (lr x global_batch / "
