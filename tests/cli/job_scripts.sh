@@ -167,16 +167,22 @@ else
   check "slurm gpu: the trainer starts" false; finish 1; show sgpu
 fi
 
+# TERM to the job script (a started job): not passed on to the ranks, the script waits for them;
+# then TERM to the trainer, as the scheduler sends it to every process of the job, and the job ends.
+term_is_not_passed_on() {
+  kill -TERM "$job"
+  sleep 1
+  check "$1: TERM to the script is not passed on to the ranks; the script waits for them" \
+    "[ ! -e '$log/train.signals' ] && kill -0 $job 2>/dev/null"
+  kill -TERM "$(cat "$log/train.pid")"
+  finish 20
+}
+
 # ---- TERM to the script: not passed on, no requeue (the ranks get TERM from Slurm itself) -----------
 start sterm jobs/slurm/train-gpu.sbatch "${slurm[@]}" SLURM_RESTART_COUNT=3 STUB_TRAIN=wait NCCL_DEBUG=INFO
 if started; then
   check "slurm gpu: a user's NCCL_DEBUG=INFO is kept" "has_line train.env NCCL_DEBUG=INFO"
-  kill -TERM "$job"
-  sleep 1
-  check "slurm gpu: TERM to the script is not passed on to the ranks; the script waits for them" \
-    "[ ! -e '$log/train.signals' ] && kill -0 $job 2>/dev/null"
-  kill -TERM "$(cat "$log/train.pid")"   # what Slurm sends every process of the job
-  finish 20
+  term_is_not_passed_on "slurm gpu"
   check "slurm gpu: TERM: exit 0, no requeue, says how to go on (sbatch jobs/slurm/train-gpu.sbatch)" \
     "[ $rc = 0 ] && ! called scontrol && grep -q 'stopped by SIGTERM.*sbatch jobs/slurm/train-gpu.sbatch' '$tmp/sterm.out'" || show sterm
 else
@@ -249,12 +255,7 @@ check "pbs gpu: a continuation of train-gpu.pbs after this job, with GPUS_PER_NO
 
 start pterm jobs/pbs/train-gpu.pbs "${pbs[@]}" WALLTIME_S=3600 STUB_TRAIN=wait
 if started; then
-  kill -TERM "$job"
-  sleep 1
-  check "pbs gpu: TERM to the script is not passed on to the ranks; the script waits for them" \
-    "[ ! -e '$log/train.signals' ] && kill -0 $job 2>/dev/null"
-  kill -TERM "$(cat "$log/train.pid")"   # what PBS sends every process of the job
-  finish 20
+  term_is_not_passed_on "pbs gpu"
   check "pbs gpu: TERM: exit 0, no continuation, says how to go on" \
     "[ $rc = 0 ] && ! called qsub && ! called qrerun && grep -q 'stopped by SIGTERM.*qsub -v RUN_DIR=runs/pbs-777,CONFIG=data/demo.json jobs/pbs/train-gpu.pbs' '$tmp/pterm.out'" || show pterm
 else
