@@ -245,4 +245,6 @@ void NcclComm::compute_waits() {
 
 void NcclComm::synchronize() { LLMPI_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
 
+void* NcclComm::stream() { return impl_->stream; }
+
 }  // namespace llmpi

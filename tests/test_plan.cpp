@@ -418,6 +418,41 @@ TEST(PlanTime, ZeroReduceEachMicroBatch) {
   EXPECT_LT(each.stages[0].zero3_grad_floats, 0.6 * n);
 }
 
+// ZeRO-2 on a GPU (device pages in 2 MiB chunks): the gradient rows count the limit the sync keeps
+// the backed pages under — this rank's pieces with their edge chunks and the tensors outside the
+// blocks, plus three buckets — which at 8 ranks and 25 MB buckets is under 0.85 of GPT-2 124M's
+// gradient (the tied token embedding, outside the blocks, is a third of it, and each 3 MB piece
+// can touch two chunks more); reduced once a step with micro-batches, the whole gradient.
+TEST(PlanMemory, Zero2OnAGpuCountsTheDevicePagesLimit) {
+  const int T = 1024;
+  const ModelDesc d = test::desc_of("gpt2", 12, 12, 768, T, 50257);
+  PlanInputs in = inputs(d, T, 64, 8, 1, 1);
+  in.device = find_device("h100");
+  in.bucket_mb = 25;
+  in.zero = 2;
+  const ParamTable table = build_param_table(d);
+  double outside = 0;
+  for (const ParamSlice& sl : table.slices)
+    if (sl.layer < 0) outside += (double)sl.numel;
+  const double n = (double)table.numel;
+  auto grads_row = [](const PlanResult& r, int zero) {
+    for (const MemoryRow& m : r.memory)
+      if (m.zero == zero && m.precision == "fp32" && m.stage == 0) return m.grads;
+    return -1.0;
+  };
+  const PlanResult one = plan(in);
+  EXPECT_EQ(grads_row(one, 1), 4 * n);
+  const double z2 = grads_row(one, 2);
+  EXPECT_GT(z2, 4 * (n / 8 + outside)) << "the pieces and the outside tensors at least";
+  EXPECT_LT(z2, 0.85 * 4 * n);
+  in.microbatches = 2;
+  in.global_batch = 128;
+  in.zero_reduce_each_micro_batch = false;
+  EXPECT_GE(grads_row(plan(in), 2), 4 * n) << "reduced once a step: every chunk backed";
+  in.zero_reduce_each_micro_batch = true;
+  EXPECT_LT(grads_row(plan(in), 2), 4 * n) << "each micro-batch reduced: the limit and the pieces' sum";
+}
+
 // parallel.grad_dtype "bf16": the gradient exchange moves half the bytes, so an all-reduce step
 // sends half (and takes less time), a ZeRO-1 or ZeRO-2 step three quarters (its all-gather moves
 // fp32 parameters), a ZeRO-3 step only its reduce-scatter's half less (it also gathers the blocks'

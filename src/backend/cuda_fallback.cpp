@@ -31,6 +31,14 @@ size_t cuda_workspace_bytes() { no_cuda("cuda_workspace_bytes"); }
 void* cuda_compute_stream() { no_cuda("cuda_compute_stream"); }
 void* cuda_host_alloc(size_t) { no_cuda("cuda_host_alloc"); }
 void cuda_host_free(void*) {}
+void* cuda_pages_reserve(size_t) { no_cuda("cuda_pages_reserve"); }
+void cuda_pages_free(void*) {}
+void cuda_pages_back(void*, size_t, size_t) { no_cuda("cuda_pages_back"); }
+void cuda_pages_release(void*, size_t, size_t, void*) { no_cuda("cuda_pages_release"); }
+void cuda_pages_limit(void*, size_t) { no_cuda("cuda_pages_limit"); }
+size_t cuda_pages_backed(const void*) { no_cuda("cuda_pages_backed"); }
+size_t cuda_pages_peak(const void*) { no_cuda("cuda_pages_peak"); }
+size_t cuda_pages_chunk(const void*) { no_cuda("cuda_pages_chunk"); }
 bool cuda_sync_check_enabled() { return false; }
 bool cuda_gemm_epilogues_enabled() { return false; }
 CudaEpilogueCounts cuda_epilogue_counts() { return {}; }

@@ -56,6 +56,31 @@ void* cuda_compute_stream();                           // the cudaStream_t of ev
 // and need no bounce buffer inside the driver. For the MPI staging buffer of the gradient sync.
 void* cuda_host_alloc(size_t bytes);
 void cuda_host_free(void* p);                          // null is fine
+// ---- Device pages (kernels/device_pages.cu): device memory backed only where it is used -------
+// ZeRO-2 on a GPU (comm/grad_sync.h) keeps the gradient's flat layout but only this rank's pieces
+// and the buckets in flight in device memory, as host_pages does on the CPU; a GPU does not fault
+// memory in, so the user backs a range before any kernel touches it.
+// cuda_pages_reserve(bytes): address space of bytes (CUDA virtual memory management), nothing
+// backed: a kernel touching it faults. Chunks of the allocation granularity (2 MiB on current
+// cards) are the unit. Throws Error naming why (a driver without the API).
+void* cuda_pages_reserve(size_t bytes);
+void cuda_pages_free(void* p);  // waits for the device; null is fine
+// The chunks overlapping [p + offset, p + offset + bytes) are backed; those newly backed (or taken
+// back from a release still in flight) are zeroed on the compute stream first. Blocks the host
+// while backing would pass the limit and earlier releases are still in flight.
+void cuda_pages_back(void* p, size_t offset, size_t bytes);
+// [p + offset, p + offset + bytes) reads as zero from now on, in the order of `stream` (a
+// cudaStream_t; null: the compute stream), the stream whose enqueued work reads it last: the
+// bytes of chunks partly inside are zeroed there, and the chunks wholly inside are given back once
+// that stream has passed this point.
+void cuda_pages_release(void* p, size_t offset, size_t bytes, void* stream);
+// The backed bytes the host may hold at once (default: no limit): cuda_pages_back waits for the
+// oldest releases in flight rather than pass it.
+void cuda_pages_limit(void* p, size_t bytes);
+size_t cuda_pages_backed(const void* p);  // bytes backed now (releases in flight included)
+size_t cuda_pages_peak(const void* p);    // the most bytes backed at once so far
+size_t cuda_pages_chunk(const void* p);   // the chunk: the unit backed and given back
+
 // Debug mode: with LLMPI_CUDA_SYNC_CHECK=1 in the environment every kernel launch is followed by a
 // synchronisation of the compute stream and a check, so an asynchronous fault (an illegal address,
 // a device-side assert) is reported at the op that caused it instead of at a later call.

@@ -54,6 +54,9 @@ struct Exchange {
   virtual Traffic all_gather(float* data, size_t n, int poll_us) = 0;
   // A device exchange's passes are enqueued: makes the compute stream wait for them (no host wait).
   virtual void order_compute_after() {}
+  // A device exchange's stream (a cudaStream_t): what is enqueued on it next runs after the passes
+  // enqueued so far. Null for host exchanges.
+  virtual void* device_stream() { return nullptr; }
   // The bytes one rank sends per pass over n floats (zero: the reduce-scatter and the all-gather).
   virtual double expected_bytes_per_pass(size_t n, bool zero) const = 0;
 };

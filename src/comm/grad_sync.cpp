@@ -45,19 +45,46 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
   if (!err.empty()) fail(err);
   if ((opt.shard_grads && !opt.zero) || (opt.shard_params && !opt.shard_grads))
     fail("internal: a ZeRO stage without the stages below it");
-  if (opt.shard_grads && device_)
-    fail("parallel.zero ", opt.shard_params ? 3 : 2, " keeps only this rank's pieces of the ",
-         opt.shard_params ? "parameters and gradient" : "gradient",
-         " in host memory, on the CPU backend; on a GPU use parallel.zero 1 (sharded optimizer state)");
+  if (opt.shard_params && device_)
+    fail("parallel.zero 3 keeps only this rank's pieces of the blocks' parameters in host memory, on the CPU "
+         "backend; on a GPU use parallel.zero 2 (sharded gradient and optimizer state) or 1");
+  if (opt.shard_grads && device_ && opt.method != SyncMethod::nccl)
+    fail("parallel.zero 2 on a GPU reduce-scatters each bucket on NCCL's stream as backward finishes it: use "
+         "parallel.sync \"nccl\" (or parallel.zero 1 with an MPI method)");
   shard = shard_pieces(buckets, opt.zero ? world : 1, opt.zero ? rank : 0);
   if (opt.reduce_each_micro_batch && !opt.shard_grads)
     fail("internal: reducing each micro-batch without ZeRO-2's gradient pieces");
   each_micro_ = opt.reduce_each_micro_batch && world > 1 && averages_gradients();
+  // ZeRO-2 on a GPU: the gradient is device pages (the engine's Model, backend/cuda_ops.h) backed
+  // where the pieces are now, and block by block before backward writes it (grads_needed).
+  pages_ = opt.shard_grads && device_ && world > 1 && averages_gradients();
+  if (pages_) {
+    for (const ShardPiece& p : shard) cuda_pages_back(grads, p.begin * sizeof(float), (p.end - p.begin) * sizeof(float));
+    for (const ParamSlice& s : t.slices) {
+      if (s.layer < 0) {
+        outside_.push_back({s.offset, s.offset + s.numel});
+        continue;
+      }
+      std::pair<size_t, size_t>& r = layer_range_[s.layer];
+      r = r.second == 0 ? std::make_pair(s.offset, s.offset + s.numel)
+                        : std::make_pair(std::min(r.first, s.offset), std::max(r.second, s.offset + s.numel));
+    }
+    // At most about three buckets whole at once besides the pieces and the tensors outside the
+    // blocks (as on the CPU), so that the host, which runs ahead of the card, waits for the oldest
+    // releases rather than back the whole gradient.
+    size_t outside_bytes = 0, largest = 0;
+    for (const auto& [lo, hi] : outside_) outside_bytes += (hi - lo) * sizeof(float);
+    for (const Bucket& b : buckets)  // (the tensors outside the blocks are counted with them)
+      largest = std::max(largest, block_floats(t, b) * sizeof(float));
+    const size_t chunk = cuda_pages_chunk(grads);
+    cuda_pages_limit(grads, cuda_pages_backed(grads) + outside_bytes + 3 * (largest + 2 * chunk) + 2 * chunk);
+  }
   if (each_micro_) {
     size_t off = 0;
     for (const ShardPiece& p : shard) micro_sum_offset_.push_back(off), off += p.end - p.begin;
     micro_sum_floats_ = off;
-    micro_sum_ = static_cast<float*>(host_pages_alloc(std::max<size_t>(1, off) * sizeof(float)));
+    const size_t bytes = std::max<size_t>(1, off) * sizeof(float);
+    micro_sum_ = static_cast<float*>(pages_ ? ops->alloc(bytes) : host_pages_alloc(bytes));
   }
   reduce_ticket_.assign(buckets.size(), 0);
   for (const Bucket& b : buckets) bucket_layer_.push_back(t.slices[b.first_slice].layer);
@@ -118,7 +145,8 @@ GradSync::~GradSync() {
   }
   exchange_.reset();
   cuda_host_free(staging_);
-  host_pages_free(micro_sum_, std::max<size_t>(1, micro_sum_floats_) * sizeof(float));
+  if (pages_) ops->free(micro_sum_);
+  else host_pages_free(micro_sum_, std::max<size_t>(1, micro_sum_floats_) * sizeof(float));
 }
 
 double GradSync::expected_bytes_per_pass(size_t n) const {
@@ -127,6 +155,10 @@ double GradSync::expected_bytes_per_pass(size_t n) const {
 }
 
 bool GradSync::zero_pieces() {
+  if (pages_) {  // (every other float backed was zeroed as its bucket was released, or when backed)
+    for (const ShardPiece& p : shard) ops->zero(grads + p.begin, (p.end - p.begin) * sizeof(float));
+    return true;
+  }
   if (!opt.shard_grads || world == 1 || !averages_gradients() || !reduced_all_) return false;
   for (const ShardPiece& p : shard) std::memset(grads + p.begin, 0, (p.end - p.begin) * sizeof(float));
   return true;
@@ -155,7 +187,7 @@ void GradSync::reduce(float* base, size_t b, const std::string& label) {
   const bool zero = opt.zero && averages_gradients();
   const Traffic moved = zero ? exchange_->reduce_scatter_mean(data, n, poll) : exchange_->average(data, n, poll);
   // (The averaging multiply is local work; at about 1 ns a float it is counted as communication.)
-  if (zero && base == grads && reducing_micro_batches()) fold_micro_batch(b);
+  if (zero && base == grads && reducing_micro_batches() && !pages_) fold_micro_batch(b);
   if (opt.shard_grads && zero && base == grads) release_others(grads, b);
   const double t_end = now_ms();
   if (staged) {  // back: the whole bucket, or this rank's piece
@@ -195,10 +227,49 @@ void GradSync::fold_micro_batch(size_t b) {
   host_pages_release(sum, n * sizeof(float));
 }
 
+// Device pages: every bucket's reduced piece into the running sum and cleared (a micro-batch but
+// the last: the sum, the first time, is a copy), or the sum added into it (the last), in
+// fold_micro_batch's order of additions, on the compute stream.
+void GradSync::fold_pieces_on_device(bool last) {
+  for (size_t b = 0; b < buckets.size(); b++) {
+    const ShardPiece& p = shard[b];
+    const size_t n = p.end - p.begin;
+    if (n == 0) continue;
+    float* piece = grads + p.begin;
+    float* sum = micro_sum_ + micro_sum_offset_[b];
+    if (last) {
+      ops->residual_forward(piece, sum, piece, n);
+      continue;
+    }
+    if (micro_ == 0) ops->copy(sum, piece, n * sizeof(float));
+    else ops->residual_forward(sum, sum, piece, n);
+    ops->zero(piece, n * sizeof(float));
+  }
+}
+
+void GradSync::grads_needed(int l) {
+  if (!pages_) return;
+  if (l < 0) {
+    for (const auto& [lo, hi] : outside_) cuda_pages_back(grads, lo * sizeof(float), (hi - lo) * sizeof(float));
+    return;
+  }
+  auto it = layer_range_.find(l);
+  if (it == layer_range_.end()) return;
+  cuda_pages_back(grads, it->second.first * sizeof(float), (it->second.second - it->second.first) * sizeof(float));
+}
+
+size_t GradSync::grads_backed_peak() const { return pages_ ? cuda_pages_peak(grads) : 0; }
+
 void GradSync::release_others(float* base, size_t b) {
   const Bucket& k = buckets[b];
   const ShardPiece& p = shard[b];
   const size_t lo = p.end > p.begin ? p.begin : k.end;  // (an empty piece: the whole bucket)
+  if (pages_ && base == grads) {  // zero after NCCL's pass has read the bucket, given back then
+    void* s = exchange_->device_stream();
+    cuda_pages_release(grads, k.begin * sizeof(float), (lo - k.begin) * sizeof(float), s);
+    if (p.end > p.begin) cuda_pages_release(grads, p.end * sizeof(float), (k.end - p.end) * sizeof(float), s);
+    return;
+  }
   host_pages_release(base + k.begin, (lo - k.begin) * sizeof(float));
   if (p.end > p.begin) host_pages_release(base + p.end, (k.end - p.end) * sizeof(float));
 }
@@ -291,6 +362,7 @@ void GradSync::finish() {
     for (; next_launch_ < buckets.size(); next_launch_++)
       reduce(grads, next_launch_, bucket_label(opt.method, opt.zero, false, next_launch_));
     exchange_->order_compute_after();
+    if (pages_ && reducing_micro_batches()) fold_pieces_on_device(true);
     step.comm_ms = 0;
     return;
   }
@@ -321,6 +393,10 @@ void GradSync::end_micro_batch() {
   if (micro_ + 1 >= micro_batches_) fail("internal: end_micro_batch after the step's last micro-batch");
   const double t0 = now_ms();
   reduce_the_rest();
+  if (pages_) {  // the pieces into the sum on the compute stream, once NCCL's passes have finished
+    exchange_->order_compute_after();
+    fold_pieces_on_device(false);
+  }
   const double t1 = now_ms();
   step.exposed_comm_ms += t1 - t0;
   if (tracer && tracer->enabled && thread_.joinable()) tracer->span("wait for the micro-batch's gradients", 0, t0, t1);

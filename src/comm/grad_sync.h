@@ -47,8 +47,19 @@
 // clears only the pieces (zero_pieces: the rest is zero already), so their pages stay resident
 // rather than being faulted in again; every other page is faulted in by the backward that writes
 // it, the price of handing it back. The results are ZeRO-1's bit for bit: the same
-// reduce-scatters of the same buckets, the same pieces updated. The GPU backends refuse it (their
-// buffers are cudaMalloc's).
+// reduce-scatters of the same buckets, the same pieces updated.
+//
+// ZeRO-2 on a GPU (parallel.sync "nccl", data parallelism alone): a card does not fault memory in,
+// so the gradient is device pages (backend/cuda_ops.h: address space backed chunk by chunk) that
+// the sync backs before anything writes them: its pieces for good, the tensors outside the blocks
+// before each micro-batch's forward (the fused LM head writes there), and each block's range
+// before its backward (grads_needed, called by the engine). After a bucket's reduce-scatter is
+// enqueued on NCCL's stream, the rest of the bucket is released on that stream: zeroed where a
+// chunk holds other data, given back where whole, once NCCL has passed. The host runs ahead of
+// the card, so backing waits for the oldest releases in flight rather than pass a limit of the
+// pieces, the outside tensors and about three buckets. Reducing each micro-batch, the pieces are
+// folded into a device sum on the compute stream after each micro-batch's passes, in the CPU's
+// order of additions. The results are ZeRO-1's over NCCL bit for bit with one micro-batch.
 //
 // ZeRO-2/3 with gradient accumulation (M micro-batches on one stage) reduce-scatter in one of two
 // ways (parallel.zero_reduce, SyncOptions::reduce_each_micro_batch):
@@ -108,6 +119,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -206,6 +218,12 @@ struct GradSync {
   void end_micro_batch();
   // Whether this sync reduces each micro-batch of this step as its backward finishes it.
   bool reducing_micro_batches() const { return micro_batches_ > 1 && each_micro_; }
+  // ZeRO-2 on a GPU ("ZeRO-2 on a GPU" above), no-ops otherwise: the gradient of block l backed
+  // before its backward writes it, or with l < 0 every tensor outside the blocks (before each
+  // micro-batch's forward: the fused LM head writes its gradient there).
+  bool pages_grads() const { return pages_; }
+  void grads_needed(int l);
+  size_t grads_backed_peak() const;  // the most gradient bytes backed at once so far (else 0)
   // weights: average `params` over ranks when (step + 1) % average_every == 0. Returns whether it did.
   bool average_params(float* params, int64_t step);
 
@@ -284,6 +302,11 @@ struct GradSync {
   // Reducing each micro-batch: bucket b's reduced piece into the running sum and cleared (a
   // micro-batch but the last), or the sum added into it (the last).
   void fold_micro_batch(size_t b);
+  // ZeRO-2 on a GPU: the gradient as device pages; its ranges outside the blocks and per block.
+  bool pages_ = false;
+  std::vector<std::pair<size_t, size_t>> outside_;
+  std::map<int, std::pair<size_t, size_t>> layer_range_;
+  void fold_pieces_on_device(bool last);
 
   // Queues a job for the communication thread, bucket b's gradient average or, given `params`, the
   // all-gather of those parameters, and returns its ticket (0 without a thread).

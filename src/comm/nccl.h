@@ -78,6 +78,8 @@ class NcclComm {
   void compute_waits();
   // The host waits for every pass enqueued so far.
   void synchronize();
+  // The communication stream (a cudaStream_t): work enqueued on it after a pass runs after it.
+  void* stream();
 
   int rank() const { return rank_; }
   int world() const { return world_; }

@@ -76,6 +76,7 @@ void NcclComm::recv(float*, size_t, int) { no_nccl(); }
 bool NcclComm::finished() { no_nccl(); }
 void NcclComm::compute_waits() { no_nccl(); }
 void NcclComm::synchronize() { no_nccl(); }
+void* NcclComm::stream() { no_nccl(); }
 
 #endif
 
@@ -111,6 +112,7 @@ struct NcclExchange final : Exchange {
     return t;
   }
   void order_compute_after() override { nccl->compute_waits(); }
+  void* device_stream() override { return nccl->stream(); }
   double expected_bytes_per_pass(size_t n, bool zero) const override {
     const int W = nccl->world();
     if (W == 1) return 0;

@@ -40,6 +40,11 @@ namespace {
 void check_layout(const Ops& ops, const ParallelGroups& g, const ParallelConfig& pc, const SyncOptions& so,
                   int local_batch) {
   const int M = pc.microbatches;
+  // ZeRO-2 on a GPU backs its device pages block by block in a stage's own backward; pipelines
+  // (whose W passes and tied copies write later) and tensor-parallel shards have not run that way.
+  if (ops.on_gpu() && so.shard_grads && !so.shard_params && g.dp > 1 && (g.pp > 1 || g.tp > 1))
+    fail("parallel.zero 2 on a GPU runs with data parallelism alone (parallel.pp_stages 1, parallel.tp 1): "
+         "with pipeline stages or tensor parallelism use parallel.zero 1 on a GPU");
   if (g.pp == 1) {
     if (local_batch % M != 0)
       fail("parallel.microbatches ", M, " does not divide the ", local_batch, " sequences each rank gets per step "
@@ -105,12 +110,13 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
     ch.part = held.parts[c];
     ModelDesc md = g.tp > 1 ? tensor_shard(d, g.tp, g.tp_rank) : d;
     md.sequence_parallel = g.tp > 1 && pc.sequence_parallel;
-    // ZeRO-2/3 on the CPU: the gradient (and the blocks' parameters) resident only in this rank's
-    // pieces (comm/grad_sync.h); on a GPU the sync refuses them below. With one replica the piece
-    // is the whole: plain buffers, zeroed in place rather than released and faulted in each step.
-    const PagedBuffers paged = ops.on_gpu() || !so.shard_grads || g.dp == 1 ? PagedBuffers::none
-                               : so.shard_params             ? PagedBuffers::grads_and_params
-                                                             : PagedBuffers::grads;
+    // ZeRO-2/3: the gradient (and, on the CPU, the blocks' parameters) resident only in this
+    // rank's pieces and the buckets in flight (comm/grad_sync.h); on a GPU the sync refuses ZeRO-3
+    // below. With one replica the piece is the whole: plain buffers, zeroed in place.
+    const PagedBuffers paged = !so.shard_grads || g.dp == 1 ? PagedBuffers::none
+                               : !so.shard_params           ? PagedBuffers::grads
+                               : ops.on_gpu()               ? PagedBuffers::none
+                                                            : PagedBuffers::grads_and_params;
     ch.model = std::make_unique<Model>(md, ops, ch.part, eo.precision, eo.recompute, paged);
     ch.part = ch.model->part;  // its block range resolved (ModelPart::whole() says "to the last")
     ch.model->init_params(seed);

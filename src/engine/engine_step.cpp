@@ -27,6 +27,12 @@ Batch Engine::micro(const Batch& b, int first_row, int rows) const {
   return x;
 }
 
+size_t Engine::grad_pages_peak() const {
+  size_t peak = 0;
+  for (const ModelChunk& ch : chunks) peak += ch.sync->grads_backed_peak();
+  return peak;
+}
+
 // The tied matrix's gradient summed over the embedding group (in place; staged through the host
 // on a GPU): the two copies get the same gradient and stay bit-identical.
 void Engine::sum_tied_gradients() {
@@ -49,7 +55,8 @@ void Engine::sum_tied_gradients() {
 namespace {
 
 // The chunk's blocks, forward and backward. ZeRO-3: block by block, each gathered just before it
-// runs (the next one's gather started meanwhile) and released after (comm/grad_sync.h).
+// runs (the next one's gather started meanwhile) and released after (comm/grad_sync.h). ZeRO-2 on
+// a GPU: backward block by block, each block's gradient backed before it writes it.
 void blocks_forward(ModelChunk& ch, Activations& x) {
   GradSync& s = *ch.sync;
   if (!s.opt.shard_params) return ch.model->blocks_forward(x, ch.part.l0, ch.part.l1);
@@ -63,10 +70,11 @@ void blocks_forward(ModelChunk& ch, Activations& x) {
 
 void blocks_backward(ModelChunk& ch, Activations& x, const Model::ReadyFn& ready) {
   GradSync& s = *ch.sync;
-  if (!s.opt.shard_params) return ch.model->blocks_backward(x, ch.part.l0, ch.part.l1, ready);
+  if (!s.opt.shard_params && !s.pages_grads()) return ch.model->blocks_backward(x, ch.part.l0, ch.part.l1, ready);
   for (int l = ch.part.l1 - 1; l >= ch.part.l0; l--) {
     s.need_layer(l);
     s.prefetch_layer(l - 1);
+    s.grads_needed(l);
     ch.model->blocks_backward(x, l, l + 1, ready);
     s.release_layer(l);
   }
@@ -193,6 +201,7 @@ struct ScheduleRun {
     Activations& x = acts(a);
     wait_recv(a);
     if (a.type == ActionType::F) {
+      ch.sync->grads_needed(-1);  // ZeRO-2 on a GPU: the fused head writes its gradient below
       if (ch.part.embedding) md.embed_forward(x);
       blocks_forward(ch, x);
       // The head fused (its backward inside F: transformer.h "Fused LM head"), but under zb-h1,

@@ -17,6 +17,8 @@ namespace {
 
 // The host's page (x86-64 Linux): ZeRO-2 releases the gradient in whole pages.
 constexpr size_t kPageBytes = 4096;
+// The chunk of device pages (backend/cuda_ops.h): the allocation granularity of current cards.
+constexpr size_t kDeviceChunkBytes = size_t(2) << 20;
 
 // The counts below are computed in 128 bits: products of the batch's and the description's ints
 // (check_model_sizes bounds its widths) are exact there, so a count that int64 cannot hold is
@@ -157,12 +159,13 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
     const std::vector<ShardPiece> pieces = zero ? shard_pieces(buckets, world, rank) : std::vector<ShardPiece>{};
     for (const ShardPiece& p : pieces) mine += (double)(p.end - p.begin);
     const bool head_writes_last = part.head && desc.head == HeadKind::lm && desc.tie_embeddings;
-    grad_floats += cfg.parallel.zero >= 2 && zero && !on_gpu
-                       ? zero2_grad_floats(buckets, pieces, table.numel, cfg.parallel.overlap,
-                                           cfg.parallel.microbatches,
-                                           cfg.parallel.zero_reduce == ZeroReduce::micro_batch && cfg.parallel.pp_stages == 1,
-                                           head_writes_last, kPageBytes / sizeof(float))
-                       : (double)table.numel;
+    const bool each_micro = cfg.parallel.zero_reduce == ZeroReduce::micro_batch && cfg.parallel.pp_stages == 1;
+    grad_floats += cfg.parallel.zero < 2 || !zero ? (double)table.numel
+                   : on_gpu ? device_zero2_grad_floats(table, buckets, pieces, cfg.parallel.microbatches, each_micro,
+                                                       kDeviceChunkBytes / sizeof(float))
+                            : zero2_grad_floats(buckets, pieces, table.numel, cfg.parallel.overlap,
+                                                cfg.parallel.microbatches, each_micro, head_writes_last,
+                                                kPageBytes / sizeof(float));
     param_floats += cfg.parallel.zero >= 3 && zero && !on_gpu
                         ? zero3_param_floats(table, buckets, pieces, cfg.parallel.overlap, kPageBytes / sizeof(float))
                         : (double)table.numel;

@@ -5,8 +5,9 @@
 //   parameters, gradients      n floats each (n from the parameter table, exact); with
 //                              parallel.zero 2 on the CPU the gradient at its peak:
 //                              zero2_grad_floats (params/buckets.h: the pieces, the buckets whole
-//                              at once, their edge pages; whole with micro-batches); with
-//                              parallel.zero 3 the parameters too: zero3_param_floats (the
+//                              at once, their edge pages; whole with micro-batches); on a GPU
+//                              device_zero2_grad_floats (the limit of the backed device pages);
+//                              with parallel.zero 3 the parameters too: zero3_param_floats (the
 //                              tensors outside the blocks, the pieces, one or two blocks whole); with
 //                              runtime.precision bf16 the parameters also count the Model's bf16
 //                              weight copy, 2 bytes each

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda_ops.h"
 #include "backend/host_pages.h"
 #include "model/activation_plan.h"
 
@@ -25,11 +26,14 @@ Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision
          ", d_model ", d.d_model, ")");
   if (d.head == HeadKind::classifier && d.num_labels < 1) fail("model: a classifier needs model.num_labels >= 1");
   table = build_param_table(d, part);
-  if (paged != PagedBuffers::none && o.on_gpu())
-    fail("internal: paged parameter and gradient buffers are host memory (the CPU backend)");
+  if (paged == PagedBuffers::grads_and_params && o.on_gpu())
+    fail("internal: paged parameters are host memory (the CPU backend)");
   const size_t bytes = table.numel * sizeof(float);
   params = static_cast<float*>(paged == PagedBuffers::grads_and_params ? host_pages_alloc(bytes) : ops->alloc(bytes));
-  grads = static_cast<float*>(paged != PagedBuffers::none ? host_pages_alloc(bytes) : ops->alloc(bytes));
+  // Paged gradients on a GPU: address space the sync backs as it needs (cuda_ops.h "Device pages").
+  grads = static_cast<float*>(paged == PagedBuffers::none ? ops->alloc(bytes)
+                              : o.on_gpu()                ? cuda_pages_reserve(bytes)
+                                                          : host_pages_alloc(bytes));
   if (precision == GemmPrecision::bf16)
     weights_bf16_ = static_cast<uint16_t*>(ops->alloc(aligned_copy_layout(table, &copy_offsets_) * sizeof(uint16_t)));
   const int nl = part.l1 - part.l0;
@@ -55,8 +59,9 @@ Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision
 Model::~Model() {
   if (paged == PagedBuffers::grads_and_params) host_pages_free(params, table.numel * sizeof(float));
   else ops->free(params);
-  if (paged != PagedBuffers::none) host_pages_free(grads, table.numel * sizeof(float));
-  else ops->free(grads);
+  if (paged == PagedBuffers::none) ops->free(grads);
+  else if (ops->on_gpu()) cuda_pages_free(grads);
+  else host_pages_free(grads, table.numel * sizeof(float));
   ops->free(weights_bf16_);
   ops->free(scratch_);
 }
@@ -96,6 +101,8 @@ void Model::init_params(uint64_t seed) {
 }
 
 void Model::zero_grads() {
+  // (Paged on a GPU the sync zeroes what it has backed: GradSync::zero_pieces.)
+  if (paged != PagedBuffers::none && ops->on_gpu()) fail("internal: zero_grads of paged device gradients");
   if (paged != PagedBuffers::none) host_pages_release(grads, table.numel * sizeof(float));
   else ops->zero(grads, table.numel * sizeof(float));
 }

@@ -348,7 +348,8 @@ struct Activations {
 
 // Which of the model's flat buffers are host memory resident only where written
 // (backend/host_pages.h) instead of allocated whole: none, the gradient (ZeRO-2), or the gradient
-// and the parameters (ZeRO-3; comm/grad_sync.h). CPU backend only.
+// and the parameters (ZeRO-3; comm/grad_sync.h). On a GPU backend only the gradient, as device
+// pages (backend/cuda_ops.h "Device pages"): address space the sync backs before backward writes.
 enum class PagedBuffers { none, grads, grads_and_params };
 
 struct Model {
@@ -364,8 +365,8 @@ struct Model {
   TensorGroup tensor;
   float* params = nullptr;  // table.numel floats, backend memory
   float* grads = nullptr;   // same layout
-  // PagedBuffers (ZeRO-2/3 on the CPU backend): grads (and params) host memory resident only where
-  // written; zero_grads then gives the gradient's pages back.
+  // PagedBuffers (ZeRO-2/3): grads (and params) resident only where written (CPU) or backed (GPU);
+  // on the CPU zero_grads gives the gradient's pages back, on a GPU the sync zeroes its pieces.
   PagedBuffers paged = PagedBuffers::none;
   BlockTensors pe, ge;                 // embedding and head tensors (parameters, gradients)
   std::vector<BlockTensors> pb, gb;    // blocks l0 .. l1-1

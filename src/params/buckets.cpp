@@ -1,6 +1,7 @@
 #include "params/buckets.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace llmpi {
 
@@ -72,6 +73,31 @@ double zero2_grad_floats(const std::vector<Bucket>& buckets, const std::vector<S
   const double edges = 4.0 * (double)page_floats * (double)buckets.size();
   const double cap = (double)numel + (micro_batches > 1 ? mine : 0);  // (the buffer and the sum, whole)
   return std::min(cap, mine + whole + edges + sum);
+}
+
+size_t block_floats(const ParamTable& table, const Bucket& b) {
+  size_t n = 0;
+  for (size_t i = b.first_slice; i <= b.last_slice && i < table.slices.size(); i++)
+    if (table.slices[i].layer >= 0) n += table.slices[i].numel;
+  return n;
+}
+
+double device_zero2_grad_floats(const ParamTable& table, const std::vector<Bucket>& buckets,
+                                const std::vector<ShardPiece>& pieces, int micro_batches, bool each_micro_batch,
+                                size_t chunk_floats) {
+  const double whole = std::ceil((double)std::max<size_t>(1, table.numel) / chunk_floats) * (double)chunk_floats;
+  if ((micro_batches > 1 && !each_micro_batch) || buckets.empty()) return whole;
+  double mine = 0, outside = 0, largest = 0;
+  for (const ShardPiece& p : pieces)
+    if (p.end > p.begin) mine += (double)(p.end - p.begin) + 2.0 * (double)chunk_floats;
+  for (const ParamSlice& s : table.slices)
+    if (s.layer < 0) outside += (double)s.numel;
+  for (const Bucket& b : buckets)  // (the tensors outside the blocks are counted with them)
+    largest = std::max(largest, (double)block_floats(table, b));
+  const double backed = mine + outside + 3.0 * (largest + 2.0 * (double)chunk_floats) + 2.0 * (double)chunk_floats;
+  double sum = 0;
+  for (const ShardPiece& p : pieces) sum += (double)(p.end - p.begin);
+  return std::min(whole, backed) + (micro_batches > 1 ? sum : 0);
 }
 
 double zero3_param_floats(const ParamTable& table, const std::vector<Bucket>& buckets,

@@ -53,6 +53,19 @@ double zero2_grad_floats(const std::vector<Bucket>& buckets, const std::vector<S
                          bool overlap, int micro_batches, bool each_micro_batch, bool head_writes_last,
                          size_t page_floats);
 
+// ZeRO-2 on a GPU (device pages, backend/cuda_ops.h; comm/grad_sync.h), in floats: the limit the
+// sync sets on the backed gradient — this rank's pieces (each with up to two partial chunks of
+// chunk_floats at its ends) and the tensors outside the blocks backed throughout, three of the
+// largest block part of a bucket with two partial chunks each, and two chunks more — at most the whole table
+// rounded up to chunks; with micro_batches > 1 the whole table unless each micro-batch is reduced
+// (each_micro_batch), which adds the running sum of the pieces (plain device memory).
+// The floats of bucket b that belong to blocks (the rest lie outside them: embeddings, final norm,
+// head).
+size_t block_floats(const ParamTable& table, const Bucket& b);
+double device_zero2_grad_floats(const ParamTable& table, const std::vector<Bucket>& buckets,
+                                const std::vector<ShardPiece>& pieces, int micro_batches, bool each_micro_batch,
+                                size_t chunk_floats);
+
 // ZeRO-3's parameters at their peak on this rank, in floats: the tensors outside the blocks whole,
 // this rank's pieces of the blocks', one block whole (two with overlap: the next one's gather in
 // flight), plus four partial pages per block bucket. `table`'s layer marks the blocks; the buckets

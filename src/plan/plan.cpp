@@ -465,11 +465,15 @@ PlanResult plan(const PlanInputs& in) {
       for (const auto& [l, n] : per_layer) sm.block_params = std::max(sm.block_params, n);
       sm.blocks = (int)per_layer.size();
     }
-    // ZeRO-2 (CPU): the gradient at its peak on the first replica's rank of the stage
+    // ZeRO-2: the gradient at its peak on the first replica's rank of the stage (CPU), or the
+    // limit of its device pages (GPU, 2 MiB chunks)
     sm.zero2_grad_floats = zero2_grad_floats(buckets.back(), shard_pieces(buckets.back(), r.dp, 0), tables.back().numel,
                                              in.overlap, M, each_micro,
                                              sm.part.head && ds.head == HeadKind::lm && ds.tie_embeddings,
                                              4096 / sizeof(float));
+    sm.device_zero2_grad_floats = device_zero2_grad_floats(tables.back(), buckets.back(),
+                                                           shard_pieces(buckets.back(), r.dp, 0), M, each_micro,
+                                                           (size_t(2) << 20) / sizeof(float));
     // ZeRO-1: the reduce-scatter's receive piece; with allreduce also the all-gather's padded
     // send piece and its W pieces (comm/grad_sync.cpp); with nccl the device buffer of W padded
     // pieces in fp32, and in bf16 for a bf16 gradient (comm/nccl.h)
@@ -519,10 +523,12 @@ PlanResult plan(const PlanInputs& in) {
           // fp32 parameters (whole on every rank) + the bf16 weight copy
           m.params = bf ? 2 * n + 4 * own : built16 ? 4 * n + sm.weight_copy_bf16 : 4 * n;
           // ZeRO-2/3 hold only their pieces of the gradient (ZeRO-3: and of the blocks' parameters)
-          // on the CPU; a GPU run refuses them
+          // on the CPU; on a GPU ZeRO-2 backs device pages up to its limit, and ZeRO-3 is refused
           const bool paged = z >= 2 && sharded && !in.device.gpu;
           if (paged && z == 3 && !bf && !built16) m.params = 4 * sm.zero3_param_floats;
-          m.grads = paged ? 4 * (z == 3 ? sm.zero3_grad_floats : sm.zero2_grad_floats) : 4 * n;
+          m.grads = paged ? 4 * (z == 3 ? sm.zero3_grad_floats : sm.zero2_grad_floats)
+                    : z == 2 && sharded && in.device.gpu ? 4 * sm.device_zero2_grad_floats
+                                                         : 4 * n;
           m.optimizer = adamw ? 8 * own : 0;
           const double kept = sch == "zb-h1" ? sm.kept_slot : 0;
           const double slot = bf        ? (sm.activation_slot - ids_bytes) / 2 + ids_bytes + kept / 2
@@ -535,9 +541,13 @@ PlanResult plan(const PlanInputs& in) {
           r.memory.push_back(m);
         }
   }
-  if (in.device.gpu && in.zero >= 2)
-    r.notes.push_back("ZeRO-2 and 3 keep only their pieces in host memory, on the CPU backend: llmpi-train refuses "
-                      "parallel.zero 2 and 3 on a GPU, and those rows here count the whole gradient and parameters");
+  if (in.device.gpu && in.zero >= 3)
+    r.notes.push_back("ZeRO-3 keeps its pieces of the blocks' parameters in host memory, on the CPU backend: "
+                      "llmpi-train refuses parallel.zero 3 on a GPU, and its rows here count the whole gradient and "
+                      "parameters");
+  if (in.device.gpu && in.zero == 2)
+    r.notes.push_back("ZeRO-2 on a GPU needs parallel.sync nccl; its gradient rows are the limit of the backed device "
+                      "pages (pieces, the tensors outside the blocks, three buckets)");
   if (in.zero == 3)
     r.notes.push_back("ZeRO-3 runs with runtime.precision fp32 (its bf16 rows are not a layout llmpi-train runs)");
   if (!zb_possible)

@@ -184,6 +184,7 @@ struct StageMemory {  // one stage's rank
   ModelPart part;
   int64_t n_params = 0, shard_params = 0;        // the stage's parameters; ZeRO-1: its largest shard
   double zero2_grad_floats = 0;                  // ZeRO-2: the gradient at its peak (params/buckets.h)
+  double device_zero2_grad_floats = 0;           // ZeRO-2 on a GPU: the device pages' limit (params/buckets.h)
   double zero3_param_floats = 0, zero3_grad_floats = 0;  // ZeRO-3: the parameters and gradient at their peak
   int64_t block_params = 0;                      // the largest block's parameters (ZeRO-3's gathers)
   int blocks = 0;                                // the blocks the stage holds

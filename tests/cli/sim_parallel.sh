@@ -2,7 +2,8 @@
 # Every parallel layout on the simulated card of tools/cuda_cpu_sim (build/sim-llmpi-train, each
 # rank its own simulated H100; NCCL's stand-in over MPI): pipeline stages with every schedule,
 # their messages through NCCL send/receive (parallel.sync=nccl) or MPI through page-locked host
-# buffers, ZeRO-1 over NCCL (reduce-scatter, all-gather), pipelines with ZeRO-1, a checkpoint
+# buffers, ZeRO-1 over NCCL (reduce-scatter, all-gather), ZeRO-2 over NCCL (the gradient as device
+# pages), pipelines with ZeRO-1, a checkpoint
 # of one layout resumed in another, and tensor parallelism (its collectives through NCCL or host
 # memory, with pipeline stages), each against the unpipelined CPU run of the same model.
 # Tiny models and 10 steps: the simulator takes ~0.1-0.3 s a step here. Not a GPU run
@@ -83,6 +84,34 @@ run nccl_dp gpt2 "$SIM" 2 "${NCCL[@]}"
 run nccl_zero gpt2 "$SIM" 2 "${NCCL[@]}" parallel.zero=1
 check "gpt2, 2 replicas, ZeRO-1 over NCCL: losses within 1e-6 of zero 0 over NCCL's" \
   "[ $? = 0 ] && losses_within nccl_dp nccl_zero 1e-6 && losses_within cpu nccl_zero 1e-5"
+# ZeRO-2 over NCCL: the gradient as device pages (cuda_ops.h; 2 MiB chunks, no access where not
+# backed), backed block by block and given back bucket by bucket. A model whose gradient spans
+# chunks (8 layers, d 256: 25 MB in buckets of 8 MB, each giving back a chunk or two outside the
+# rank's half): ZeRO-1's reduce-scatters of the same buckets, so ZeRO-1's losses to the bit, with
+# less of the gradient ever backed than the whole and no more than the memory estimate counts; each micro-batch reduced (parallel.zero_reduce micro_batch,
+# folded into the sum on the card) within rounding of reducing once a step.
+Z2=(parallel.bucket_mb=8 model.n_layer=8 model.d_model=256 model.n_head=4)
+run z1 gpt2 "$SIM" 2 "${NCCL[@]}" "${Z2[@]}" parallel.zero=1
+run z2 gpt2 "$SIM" 2 "${NCCL[@]}" "${Z2[@]}" parallel.zero=2
+rc=$?
+# json_number RUN KEY_REGEX: a number of RUN's summary.json (read as one line)
+json_number() { tr -d ' \n' <"$tmp/$1/summary.json" | grep -oP "$2\\K[0-9.e+]+" | head -1; }
+peak_of() { json_number "$1" '"grad_device_pages_peak_bytes":'; }
+params=$(json_number z2 '"n_params":')
+estimate=$(json_number z2 '"memory_estimate_rank0":\{[^}]*"grads":')
+check "gpt2, 2 replicas, ZeRO-2 over NCCL: ZeRO-1's losses to the bit; gradient backed at most $(peak_of z2) of $((4 * params)) bytes (estimate $estimate)" \
+  "[ $rc = 0 ] && losses_within z1 z2 0 && [ \$(peak_of z2) -lt \$((4 * params)) ] &&
+   awk 'BEGIN { exit !($(peak_of z2) <= $estimate) }'"
+run z2m gpt2 "$SIM" 2 "${NCCL[@]}" "${Z2[@]}" parallel.zero=2 parallel.microbatches=2
+rc=$?
+run z2s gpt2 "$SIM" 2 "${NCCL[@]}" "${Z2[@]}" parallel.zero=2 parallel.microbatches=2 parallel.zero_reduce=step
+rc2=$?
+check "gpt2, ZeRO-2 over NCCL with 2 micro-batches: each reduced within 1e-5 of once a step, less backed than once a step" \
+  "[ $rc = 0 ] && [ $rc2 = 0 ] && losses_within z2s z2m 1e-5 && [ \$(peak_of z2m) -lt \$(peak_of z2s) ]"
+run z2pp gpt2 "$SIM" 4 "${NCCL[@]}" parallel.zero=2 parallel.pp_stages=2
+check "ZeRO-2 with pipeline stages on a GPU: one clear error" \
+  "[ $? != 0 ] && grep -q 'parallel.zero 2 on a GPU runs with data parallelism alone' '$tmp/z2pp.log'"
+
 # Pipelines with ZeRO-1 over NCCL: 2 stages x 2 replicas.
 run nccl_pp_zero gpt2 "$SIM" 4 "${NCCL[@]}" parallel.zero=1 parallel.pp_stages=2 parallel.microbatches=2 \
   parallel.schedule=zb-h1

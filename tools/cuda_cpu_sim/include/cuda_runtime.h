@@ -165,3 +165,36 @@ inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
   *ms = 0.0f;
   return cudaSuccess;
 }
+
+// The driver's entry points by name (kernels/device_pages.cu): the stand-ins of cuda.h.
+enum cudaDriverEntryPointQueryResult { cudaDriverEntryPointSuccess = 0, cudaDriverEntryPointSymbolNotFound = 1 };
+constexpr unsigned long long cudaEnableDefault = 0;
+#include "cuda.h"
+#include <cstring>
+inline cudaError_t cudaGetDriverEntryPointByVersion(const char* name, void** fn, unsigned, unsigned long long,
+                                                    cudaDriverEntryPointQueryResult* found) {
+  namespace s = llmpi::sim;
+  struct Entry {
+    const char* name;
+    void* fn;
+  };
+  static const Entry entries[] = {
+      {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&s::cuMemGetAllocationGranularity)},
+      {"cuMemAddressReserve", reinterpret_cast<void*>(&s::cuMemAddressReserve)},
+      {"cuMemAddressFree", reinterpret_cast<void*>(&s::cuMemAddressFree)},
+      {"cuMemCreate", reinterpret_cast<void*>(&s::cuMemCreate)},
+      {"cuMemRelease", reinterpret_cast<void*>(&s::cuMemRelease)},
+      {"cuMemMap", reinterpret_cast<void*>(&s::cuMemMap)},
+      {"cuMemUnmap", reinterpret_cast<void*>(&s::cuMemUnmap)},
+      {"cuMemSetAccess", reinterpret_cast<void*>(&s::cuMemSetAccess)},
+  };
+  for (const Entry& e : entries)
+    if (std::strcmp(e.name, name) == 0) {
+      *fn = e.fn;
+      if (found) *found = cudaDriverEntryPointSuccess;
+      return cudaSuccess;
+    }
+  *fn = nullptr;
+  if (found) *found = cudaDriverEntryPointSymbolNotFound;
+  return cudaSuccess;
+}
