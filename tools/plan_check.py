@@ -190,6 +190,26 @@ class Check:
                 f"{predicted / 1e6:.1f} MB vs peak RSS {peak / 1e6:.1f} MB ({100 * err_m:+.1f}%)")
         return rows
 
+    def step_row(self, what, world, rate, zero, extra, costs):
+        """One measured run against its plan: the median step of `world` ranks (on loopback, or across
+        the simulated link `rate`) and the plan's row of ZeRO stage `zero`, its per-layer costs from
+        `costs` (llmpi-plan arguments: --profile, or --profile-in FILE)."""
+        s = self.train(world, TIME_MODEL, extra, rate)
+        link = "loopback" if rate is None else "netns-" + rate
+        # The whole run is one "node" for the planner: the measured link at that world size is the
+        # layout that was measured (for netns: half the ranks in each namespace).
+        plan_args = costs + ["--intra-link", link, "--gpus-per-node", str(world), "--cores-per-node", str(os.cpu_count())]
+        p = self.plan(world, TIME_MODEL, extra, plan_args)
+        t = next(x for x in p["time"] if x["schedule"] == "-" and x["zero"] == zero)
+        measured = s["median_step_ms"] / 1e3
+        err = t["step_s"] / measured - 1
+        say(f"{what} W={world} {link}: plan {1e3 * t['step_s']:.1f} ms (compute {1e3 * t['compute_s']:.1f}, "
+            f"exposed sync {1e3 * t['exposed_sync_s']:.1f}) vs measured {1e3 * measured:.1f} ms ({100 * err:+.1f}%)")
+        return {"world": world, "link": link, "measured_step_s": measured, "plan_step_s": t["step_s"],
+                "plan_compute_s": t["compute_s"], "plan_exposed_sync_s": t["exposed_sync_s"],
+                "plan_optimizer_s": t["optimizer_s"], "oversubscription": p.get("oversubscription", 1),
+                "error": err, "within_bound": abs(err) <= TIME_BOUND}
+
     def part_zero(self):
         rows = []
         runs = [(w, None, z) for w in (2, 4) for z in (1, 2, 3)]
@@ -205,21 +225,8 @@ class Check:
                 profiles[world] = os.path.join(self.tmp, f"zero-profile-w{world}.json")
                 self.plan(world, TIME_MODEL, extra, ["--profile", "--profile-reps", "9", "--profile-out", profiles[world],
                                                      "--cores-per-node", str(os.cpu_count())])
-            s = self.train(world, TIME_MODEL, extra, rate)
-            link = "loopback" if rate is None else "netns-" + rate
-            plan_args = ["--profile-in", profiles[world], "--intra-link", link, "--gpus-per-node", str(world),
-                         "--cores-per-node", str(os.cpu_count())]
-            p = self.plan(world, TIME_MODEL, extra, plan_args)
-            t = next(x for x in p["time"] if x["schedule"] == "-" and x["zero"] == zero)
-            measured = s["median_step_ms"] / 1e3
-            err = t["step_s"] / measured - 1
-            rows.append({"world": world, "link": link, "zero": zero, "measured_step_s": measured,
-                         "plan_step_s": t["step_s"], "plan_compute_s": t["compute_s"],
-                         "plan_exposed_sync_s": t["exposed_sync_s"], "plan_optimizer_s": t["optimizer_s"],
-                         "oversubscription": p.get("oversubscription", 1), "error": err,
-                         "within_bound": abs(err) <= TIME_BOUND})
-            say(f"zero {zero} W={world} {link}: plan {1e3 * t['step_s']:.1f} ms (compute {1e3 * t['compute_s']:.1f}, "
-                f"exposed sync {1e3 * t['exposed_sync_s']:.1f}) vs measured {1e3 * measured:.1f} ms ({100 * err:+.1f}%)")
+            row = self.step_row(f"zero {zero}", world, rate, zero, extra, ["--profile-in", profiles[world]])
+            rows.append(dict(row, zero=zero))
         return rows
 
     def part_time(self):
@@ -234,22 +241,7 @@ class Check:
             say("time: the simulated links need root; loopback only")
         for world, rate in runs:
             extra = ["parallel.zero=0", f"train.steps={self.a.steps}"]
-            s = self.train(world, TIME_MODEL, extra, rate)
-            link = "loopback" if rate is None else "netns-" + rate
-            # The whole run is one "node" for the planner: the measured link at that world size is
-            # the layout that was measured (for netns: half the ranks in each namespace).
-            plan_args = ["--profile", "--profile-reps", "5", "--intra-link", link, "--gpus-per-node", str(world),
-                         "--cores-per-node", str(os.cpu_count())]
-            p = self.plan(world, TIME_MODEL, extra, plan_args)
-            t = next(x for x in p["time"] if x["schedule"] == "-" and x["zero"] == 0)
-            measured = s["median_step_ms"] / 1e3
-            err = t["step_s"] / measured - 1
-            rows.append({"world": world, "link": link, "measured_step_s": measured, "plan_step_s": t["step_s"],
-                         "plan_compute_s": t["compute_s"], "plan_exposed_sync_s": t["exposed_sync_s"],
-                         "plan_optimizer_s": t["optimizer_s"], "oversubscription": p.get("oversubscription", 1),
-                         "error": err, "within_bound": abs(err) <= TIME_BOUND})
-            say(f"time W={world} {link}: plan {1e3 * t['step_s']:.1f} ms (compute {1e3 * t['compute_s']:.1f}, "
-                f"sync {1e3 * t['exposed_sync_s']:.1f}) vs measured {1e3 * measured:.1f} ms ({100 * err:+.1f}%)")
+            rows.append(self.step_row("time", world, rate, 0, extra, ["--profile", "--profile-reps", "5"]))
         return rows
 
 

@@ -72,12 +72,9 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
     // At most about three buckets whole at once besides the pieces and the tensors outside the
     // blocks (as on the CPU), so that the host, which runs ahead of the card, waits for the oldest
     // releases rather than back the whole gradient.
-    size_t outside_bytes = 0, largest = 0;
-    for (const auto& [lo, hi] : outside_) outside_bytes += (hi - lo) * sizeof(float);
-    for (const Bucket& b : buckets)  // (the tensors outside the blocks are counted with them)
-      largest = std::max(largest, block_floats(t, b) * sizeof(float));
-    const size_t chunk = cuda_pages_chunk(grads);
-    cuda_pages_limit(grads, cuda_pages_backed(grads) + outside_bytes + 3 * (largest + 2 * chunk) + 2 * chunk);
+    const size_t chunk_floats = cuda_pages_chunk(grads) / sizeof(float);
+    cuda_pages_limit(grads, cuda_pages_backed(grads) +
+                                (size_t)device_pages_window_floats(t, buckets, chunk_floats) * sizeof(float));
   }
   if (each_micro_) {
     size_t off = 0;

@@ -17,8 +17,6 @@ namespace {
 
 // The host's page (x86-64 Linux): ZeRO-2 releases the gradient in whole pages.
 constexpr size_t kPageBytes = 4096;
-// The chunk of device pages (backend/cuda_ops.h): the allocation granularity of current cards.
-constexpr size_t kDeviceChunkBytes = size_t(2) << 20;
 
 // The counts below are computed in 128 bits: products of the batch's and the description's ints
 // (check_model_sizes bounds its widths) are exact there, so a count that int64 cannot hold is

@@ -87,17 +87,20 @@ double device_zero2_grad_floats(const ParamTable& table, const std::vector<Bucke
                                 size_t chunk_floats) {
   const double whole = std::ceil((double)std::max<size_t>(1, table.numel) / chunk_floats) * (double)chunk_floats;
   if ((micro_batches > 1 && !each_micro_batch) || buckets.empty()) return whole;
-  double mine = 0, outside = 0, largest = 0;
+  double mine = 0, edges = 0;
   for (const ShardPiece& p : pieces)
-    if (p.end > p.begin) mine += (double)(p.end - p.begin) + 2.0 * (double)chunk_floats;
+    if (p.end > p.begin) mine += (double)(p.end - p.begin), edges += 2.0 * (double)chunk_floats;
+  const double backed = mine + edges + device_pages_window_floats(table, buckets, chunk_floats);
+  return std::min(whole, backed) + (micro_batches > 1 ? mine : 0);  // (the sum: the pieces' size)
+}
+
+double device_pages_window_floats(const ParamTable& table, const std::vector<Bucket>& buckets, size_t chunk_floats) {
+  double outside = 0, largest = 0;
   for (const ParamSlice& s : table.slices)
     if (s.layer < 0) outside += (double)s.numel;
   for (const Bucket& b : buckets)  // (the tensors outside the blocks are counted with them)
     largest = std::max(largest, (double)block_floats(table, b));
-  const double backed = mine + outside + 3.0 * (largest + 2.0 * (double)chunk_floats) + 2.0 * (double)chunk_floats;
-  double sum = 0;
-  for (const ShardPiece& p : pieces) sum += (double)(p.end - p.begin);
-  return std::min(whole, backed) + (micro_batches > 1 ? sum : 0);
+  return outside + 3.0 * (largest + 2.0 * (double)chunk_floats) + 2.0 * (double)chunk_floats;
 }
 
 double zero3_param_floats(const ParamTable& table, const std::vector<Bucket>& buckets,

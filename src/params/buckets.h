@@ -62,6 +62,13 @@ double zero2_grad_floats(const std::vector<Bucket>& buckets, const std::vector<S
 // The floats of bucket b that belong to blocks (the rest lie outside them: embeddings, final norm,
 // head).
 size_t block_floats(const ParamTable& table, const Bucket& b);
+// The chunk of device pages (backend/cuda_ops.h): the allocation granularity of current cards,
+// which the estimates assume (the sync uses the card's own).
+constexpr size_t kDeviceChunkBytes = size_t(2) << 20;
+// ZeRO-2 on a GPU: what the sync lets be backed besides this rank's pieces, in floats — the
+// tensors outside the blocks, three of the largest block part of a bucket with two partial chunks
+// each, and two chunks more.
+double device_pages_window_floats(const ParamTable& table, const std::vector<Bucket>& buckets, size_t chunk_floats);
 double device_zero2_grad_floats(const ParamTable& table, const std::vector<Bucket>& buckets,
                                 const std::vector<ShardPiece>& pieces, int micro_batches, bool each_micro_batch,
                                 size_t chunk_floats);

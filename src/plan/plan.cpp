@@ -467,13 +467,12 @@ PlanResult plan(const PlanInputs& in) {
     }
     // ZeRO-2: the gradient at its peak on the first replica's rank of the stage (CPU), or the
     // limit of its device pages (GPU, 2 MiB chunks)
-    sm.zero2_grad_floats = zero2_grad_floats(buckets.back(), shard_pieces(buckets.back(), r.dp, 0), tables.back().numel,
-                                             in.overlap, M, each_micro,
-                                             sm.part.head && ds.head == HeadKind::lm && ds.tie_embeddings,
+    const std::vector<ShardPiece> first_pieces = shard_pieces(buckets.back(), r.dp, 0);
+    sm.zero2_grad_floats = zero2_grad_floats(buckets.back(), first_pieces, tables.back().numel, in.overlap, M,
+                                             each_micro, sm.part.head && ds.head == HeadKind::lm && ds.tie_embeddings,
                                              4096 / sizeof(float));
-    sm.device_zero2_grad_floats = device_zero2_grad_floats(tables.back(), buckets.back(),
-                                                           shard_pieces(buckets.back(), r.dp, 0), M, each_micro,
-                                                           (size_t(2) << 20) / sizeof(float));
+    sm.device_zero2_grad_floats = device_zero2_grad_floats(tables.back(), buckets.back(), first_pieces, M, each_micro,
+                                                           kDeviceChunkBytes / sizeof(float));
     // ZeRO-1: the reduce-scatter's receive piece; with allreduce also the all-gather's padded
     // send piece and its W pieces (comm/grad_sync.cpp); with nccl the device buffer of W padded
     // pieces in fp32, and in bf16 for a bf16 gradient (comm/nccl.h)
