@@ -281,9 +281,36 @@ size_t cuda_pages_peak(const void* p) {
   return region_of(p).peak;
 }
 
+void cuda_pages_restart_peak(void* p) {
+  std::lock_guard<std::mutex> lock(mu);
+  Region& r = region_of(p);
+  while (r.any_releasing()) r.reap(true);
+  r.reap(false);
+  r.peak = r.backed;
+}
+
 size_t cuda_pages_chunk(const void* p) {
   std::lock_guard<std::mutex> lock(mu);
   return region_of(p).chunk;
+}
+
+void* cuda_event_new() {
+  cudaEvent_t e = nullptr;
+  LLMPI_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return static_cast<void*>(e);
+}
+
+void cuda_event_free(void* e) {
+  if (e) (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+void cuda_event_record(void* e, void* stream) {
+  cudaStream_t s = stream ? static_cast<cudaStream_t>(stream) : cuda::compute_stream();
+  LLMPI_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), s));
+}
+
+void cuda_compute_waits(void* e) {
+  LLMPI_CUDA_CHECK(cudaStreamWaitEvent(cuda::compute_stream(), static_cast<cudaEvent_t>(e), 0));
 }
 
 }  // namespace llmpi

@@ -453,6 +453,39 @@ TEST(PlanMemory, Zero2OnAGpuCountsTheDevicePagesLimit) {
   EXPECT_LT(grads_row(plan(in), 2), 4 * n) << "each micro-batch reduced: the limit and the pieces' sum";
 }
 
+// ZeRO-3 on a GPU: the parameter rows are the limit of the parameters' device pages — the tensors
+// outside the blocks and this rank's pieces of the blocks', three blocks whole, the chunks at the
+// pieces' ends (2 MiB each, about as much again as 25 MB buckets' pieces on 8 cards) — so for
+// GPT-2 1.5B on 8 cards they fall to under half the whole, and the gradient
+// rows are ZeRO-2's limit over the same buckets.
+TEST(PlanMemory, Zero3OnAGpuCountsTheDevicePagesLimits) {
+  const int T = 1024;
+  const ModelDesc d = test::desc_of("gpt2", 48, 25, 1600, T, 50257);
+  PlanInputs in = inputs(d, T, 64, 8, 1, 1);
+  in.device = find_device("h100");
+  in.bucket_mb = 25;
+  in.zero = 3;
+  const ParamTable table = build_param_table(d);
+  double outside = 0, block = 0;
+  for (const ParamSlice& sl : table.slices) {
+    if (sl.layer < 0) outside += (double)sl.numel;
+    if (sl.layer == 0) block += (double)sl.numel;
+  }
+  const double n = (double)table.numel, blocks = n - outside;
+  const PlanResult r = plan(in);
+  double params = -1, grads = -1, params1 = -1;
+  for (const MemoryRow& m : r.memory) {
+    if (m.precision != "fp32" || m.stage != 0) continue;
+    if (m.zero == 3) params = m.params, grads = m.grads;
+    if (m.zero == 1) params1 = m.params;
+  }
+  EXPECT_EQ(params1, 4 * n);
+  EXPECT_GT(params, 4 * (outside + blocks / 8 + 3 * block)) << "the outside tensors, the pieces, three blocks";
+  EXPECT_LT(params, 0.5 * 4 * n);
+  EXPECT_GT(grads, 4 * blocks / 8);
+  EXPECT_LT(grads, 0.5 * 4 * n);
+}
+
 // parallel.grad_dtype "bf16": the gradient exchange moves half the bytes, so an all-reduce step
 // sends half (and takes less time), a ZeRO-1 or ZeRO-2 step three quarters (its all-gather moves
 // fp32 parameters), a ZeRO-3 step only its reduce-scatter's half less (it also gathers the blocks'

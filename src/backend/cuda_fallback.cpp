@@ -39,6 +39,11 @@ void cuda_pages_limit(void*, size_t) { no_cuda("cuda_pages_limit"); }
 size_t cuda_pages_backed(const void*) { no_cuda("cuda_pages_backed"); }
 size_t cuda_pages_peak(const void*) { no_cuda("cuda_pages_peak"); }
 size_t cuda_pages_chunk(const void*) { no_cuda("cuda_pages_chunk"); }
+void cuda_pages_restart_peak(void*) { no_cuda("cuda_pages_restart_peak"); }
+void* cuda_event_new() { no_cuda("cuda_event_new"); }
+void cuda_event_free(void*) {}
+void cuda_event_record(void*, void*) { no_cuda("cuda_event_record"); }
+void cuda_compute_waits(void*) { no_cuda("cuda_compute_waits"); }
 bool cuda_sync_check_enabled() { return false; }
 bool cuda_gemm_epilogues_enabled() { return false; }
 CudaEpilogueCounts cuda_epilogue_counts() { return {}; }

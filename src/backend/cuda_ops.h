@@ -79,7 +79,17 @@ void cuda_pages_release(void* p, size_t offset, size_t bytes, void* stream);
 void cuda_pages_limit(void* p, size_t bytes);
 size_t cuda_pages_backed(const void* p);  // bytes backed now (releases in flight included)
 size_t cuda_pages_peak(const void* p);    // the most bytes backed at once so far
+// Waits for the releases in flight, then counts the peak again from the bytes backed now (after
+// a range was backed whole for a one-off write).
+void cuda_pages_restart_peak(void* p);
 size_t cuda_pages_chunk(const void* p);   // the chunk: the unit backed and given back
+// Events, to order the compute stream after work on another stream (ZeRO-3's gathers on NCCL's):
+// cuda_event_record marks what `stream` (null: the compute stream) has enqueued so far, and
+// cuda_compute_waits makes the compute stream's later work wait for that mark (the host does not).
+void* cuda_event_new();
+void cuda_event_free(void* event);  // null is fine
+void cuda_event_record(void* event, void* stream);
+void cuda_compute_waits(void* event);
 
 // Debug mode: with LLMPI_CUDA_SYNC_CHECK=1 in the environment every kernel launch is followed by a
 // synchronisation of the compute stream and a check, so an asynchronous fault (an illegal address,

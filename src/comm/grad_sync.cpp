@@ -45,12 +45,9 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
   if (!err.empty()) fail(err);
   if ((opt.shard_grads && !opt.zero) || (opt.shard_params && !opt.shard_grads))
     fail("internal: a ZeRO stage without the stages below it");
-  if (opt.shard_params && device_)
-    fail("parallel.zero 3 keeps only this rank's pieces of the blocks' parameters in host memory, on the CPU "
-         "backend; on a GPU use parallel.zero 2 (sharded gradient and optimizer state) or 1");
   if (opt.shard_grads && device_ && opt.method != SyncMethod::nccl)
-    fail("parallel.zero 2 on a GPU reduce-scatters each bucket on NCCL's stream as backward finishes it: use "
-         "parallel.sync \"nccl\" (or parallel.zero 1 with an MPI method)");
+    fail("parallel.zero ", opt.shard_params ? 3 : 2, " on a GPU reduce-scatters each bucket on NCCL's stream as "
+         "backward finishes it: use parallel.sync \"nccl\" (or parallel.zero 1 with an MPI method)");
   shard = shard_pieces(buckets, opt.zero ? world : 1, opt.zero ? rank : 0);
   if (opt.reduce_each_micro_batch && !opt.shard_grads)
     fail("internal: reducing each micro-batch without ZeRO-2's gradient pieces");
@@ -58,6 +55,7 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
   // ZeRO-2 on a GPU: the gradient is device pages (the engine's Model, backend/cuda_ops.h) backed
   // where the pieces are now, and block by block before backward writes it (grads_needed).
   pages_ = opt.shard_grads && device_ && world > 1 && averages_gradients();
+  pages_params_ = pages_ && opt.shard_params;  // (the Model's parameters: attach_params)
   if (pages_) {
     for (const ShardPiece& p : shard) cuda_pages_back(grads, p.begin * sizeof(float), (p.end - p.begin) * sizeof(float));
     for (const ParamSlice& s : t.slices) {
@@ -132,6 +130,7 @@ void GradSync::connect() {
 }
 
 GradSync::~GradSync() {
+  for (LayerState& s : layers_) cuda_event_free(s.gathered);
   if (thread_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -256,15 +255,18 @@ void GradSync::grads_needed(int l) {
 }
 
 size_t GradSync::grads_backed_peak() const { return pages_ ? cuda_pages_peak(grads) : 0; }
+size_t GradSync::params_backed_peak() const { return pages_params_ && params ? cuda_pages_peak(params) : 0; }
 
 void GradSync::release_others(float* base, size_t b) {
   const Bucket& k = buckets[b];
   const ShardPiece& p = shard[b];
   const size_t lo = p.end > p.begin ? p.begin : k.end;  // (an empty piece: the whole bucket)
-  if (pages_ && base == grads) {  // zero after NCCL's pass has read the bucket, given back then
-    void* s = exchange_->device_stream();
-    cuda_pages_release(grads, k.begin * sizeof(float), (lo - k.begin) * sizeof(float), s);
-    if (p.end > p.begin) cuda_pages_release(grads, p.end * sizeof(float), (k.end - p.end) * sizeof(float), s);
+  if ((pages_ && base == grads) || (pages_params_ && base == params)) {
+    // gradients: zero after NCCL's pass has read the bucket, given back then; parameters: after the
+    // compute stream's work so far (the block's forward or backward)
+    void* s = base == grads ? exchange_->device_stream() : nullptr;
+    cuda_pages_release(base, k.begin * sizeof(float), (lo - k.begin) * sizeof(float), s);
+    if (p.end > p.begin) cuda_pages_release(base, p.end * sizeof(float), (k.end - p.end) * sizeof(float), s);
     return;
   }
   host_pages_release(base + k.begin, (lo - k.begin) * sizeof(float));
@@ -458,6 +460,19 @@ std::vector<float> GradSync::pieces_of(const float* full) const {
   return out;
 }
 
+std::vector<float> GradSync::pieces_to_host(const float* full) const {
+  if (!device_) return pieces_of(full);
+  size_t n = 0;
+  for (const ShardPiece& p : shard) n += p.end - p.begin;
+  std::vector<float> out(n);
+  size_t at = 0;
+  for (const ShardPiece& p : shard) {
+    if (p.end > p.begin) ops->copy_to_host(out.data() + at, full + p.begin, (p.end - p.begin) * sizeof(float));
+    at += p.end - p.begin;
+  }
+  return out;
+}
+
 bool GradSync::average_params(float* params, int64_t s) {
   if (opt.method != SyncMethod::weights || world == 1) return false;
   if ((s + 1) % opt.average_every != 0) return false;
@@ -475,15 +490,51 @@ GradSync::LayerState* GradSync::layer_state(int l) {
   return &layers_[l - l0_];
 }
 
+void GradSync::attach_params(float* p) {
+  params = p;
+  if (pages_params_ && params) {
+    const size_t chunk_floats = cuda_pages_chunk(params) / sizeof(float);
+    cuda_pages_limit(params, (size_t)device_zero3_param_floats(*table, buckets, shard, chunk_floats) * sizeof(float));
+  }
+  release_layers();
+}
+
+void GradSync::back_params() {
+  if (!pages_params_ || !params) return;
+  for (LayerState& s : layers_)
+    if (s.ticket) cuda_compute_waits(s.gathered), s.ticket = 0;
+  cuda_pages_back(params, 0, table->numel * sizeof(float));
+  for (LayerState& s : layers_) s.whole = true;
+}
+
+void GradSync::gather_layer_on_device(LayerState& s) {
+  size_t lo = SIZE_MAX, hi = 0;
+  for (size_t b = s.first; b < s.end; b++) lo = std::min(lo, buckets[b].begin), hi = std::max(hi, buckets[b].end);
+  cuda_pages_back(params, lo * sizeof(float), (hi - lo) * sizeof(float));  // (zeroed on the compute stream)
+  for (size_t b = s.first; b < s.end; b++) all_gather(params, b, bucket_label(opt.method, opt.zero, true, b));
+  if (!s.gathered) s.gathered = cuda_event_new();
+  cuda_event_record(s.gathered, exchange_->device_stream());
+  s.ticket = 1;
+}
+
 void GradSync::prefetch_layer(int l) {
   LayerState* s = layer_state(l);
-  if (!s || s->whole || s->ticket || !thread_.joinable()) return;
+  if (!s || s->whole || s->ticket) return;
+  if (pages_params_) return gather_layer_on_device(*s);
+  if (!thread_.joinable()) return;
   for (size_t b = s->first; b < s->end; b++) s->ticket = launch(b, params);
 }
 
 void GradSync::need_layer(int l) {
   LayerState* s = layer_state(l);
   if (!s || s->whole) return;
+  if (pages_params_) {  // the compute stream waits; the host goes on
+    if (!s->ticket) gather_layer_on_device(*s);
+    cuda_compute_waits(s->gathered);
+    s->whole = true;
+    s->ticket = 0;
+    return;
+  }
   const double t0 = now_ms();
   if (thread_.joinable()) {
     prefetch_layer(l);  // (no-op when already in flight)
@@ -507,11 +558,13 @@ void GradSync::release_layers() {
   for (size_t i = 0; i < layers_.size(); i++) {
     LayerState* s = layer_state(l0_ + (int)i);
     if (!s) return;
-    if (s->ticket) wait_ticket(s->ticket);
+    if (s->ticket && pages_params_) cuda_compute_waits(s->gathered);  // (its pages released after it)
+    else if (s->ticket) wait_ticket(s->ticket);
     s->ticket = 0;
     s->whole = true;  // (written whole)
     release_layer(l0_ + (int)i);
   }
+  if (pages_params_ && params) cuda_pages_restart_peak(params);  // (the whole write is not the run's peak)
 }
 
 }  // namespace llmpi

@@ -49,7 +49,8 @@
 // it, the price of handing it back. The results are ZeRO-1's bit for bit: the same
 // reduce-scatters of the same buckets, the same pieces updated.
 //
-// ZeRO-2 on a GPU (parallel.sync "nccl", data parallelism alone): a card does not fault memory in,
+// ZeRO-2 on a GPU (parallel.sync "nccl"; with pipeline stages and tensor parallelism too, the
+// gradient then accumulating whole over a pipeline's micro-batches): a card does not fault memory in,
 // so the gradient is device pages (backend/cuda_ops.h: address space backed chunk by chunk) that
 // the sync backs before anything writes them: its pieces for good, the tensors outside the blocks
 // before each micro-batch's forward (the fused LM head writes there), and each block's range
@@ -93,6 +94,17 @@
 // holds its pieces plus at most two blocks whole. The tensors outside the blocks (embeddings, final
 // norm, head) stay whole, as with ZeRO-1 (gathered after the update). The forward and backward see
 // exactly ZeRO-1's parameters, so the results are ZeRO-1's with the same buckets.
+//
+// ZeRO-3 on a GPU (parallel.sync "nccl"): the parameters are device pages too, backed whole while
+// written whole (initialisation, a checkpoint, Hugging Face weights: back_params) and otherwise
+// only where this rank's pieces and the tensors outside the blocks lie. need_layer(l) backs block
+// l, enqueues its buckets' all-gathers on NCCL's stream (after the compute stream's work so far:
+// the update of the pieces) and makes the compute stream wait for them; prefetch_layer enqueues
+// the next block's the same way before this one computes, so the gather runs beside it (and, in
+// backward, ahead of this block's reduce-scatters on the same stream); release_layer(l) gives the
+// other ranks' pieces back once the compute stream has passed the block. The host waits only when
+// backing would pass a limit of the pieces, the outside tensors and three blocks
+// (device_zero3_param_floats). The gradient is ZeRO-2's device pages.
 //
 // Gradient type on the wire (parallel.grad_dtype, SyncOptions::bf16): fp32, or bf16 for half the
 // bytes, with allreduce (with or without ZeRO-1) and nccl (comm/exchange.h says how each rounds).
@@ -224,6 +236,7 @@ struct GradSync {
   bool pages_grads() const { return pages_; }
   void grads_needed(int l);
   size_t grads_backed_peak() const;  // the most gradient bytes backed at once so far (else 0)
+  size_t params_backed_peak() const; // ZeRO-3 on a GPU: the most parameter bytes backed at once (else 0)
   // weights: average `params` over ranks when (step + 1) % average_every == 0. Returns whether it did.
   bool average_params(float* params, int64_t step);
 
@@ -247,8 +260,15 @@ struct GradSync {
   // now unless prefetched); prefetch_layer(l) starts that gather on the communication thread (with
   // overlap; nothing without, or for l outside the chunk); release_layer(l) keeps only this rank's
   // pieces of block l. release_layers() releases every block: after the parameters were written
-  // whole (initialisation, a checkpoint, Hugging Face weights).
+  // whole (initialisation, a checkpoint, Hugging Face weights); on a GPU it waits for the release
+  // and counts params_backed_peak() from there.
   float* params = nullptr;
+  // Sets params and hands the blocks back to this rank's pieces (release_layers); on a GPU it
+  // also sets the limit of the parameters' device pages.
+  void attach_params(float* p);
+  // ZeRO-3 on a GPU: every parameter backed (and every gather in flight waited for by the compute
+  // stream), so that they can be written whole; release_layers() after. No-op otherwise.
+  void back_params();
   void need_layer(int l);
   void prefetch_layer(int l);
   void release_layer(int l);
@@ -262,6 +282,8 @@ struct GradSync {
   void gather_sharded(const float* compact, std::vector<float>& full);
   // The reverse, with no communication: this rank's pieces of a flat-layout `full` (host memory).
   std::vector<float> pieces_of(const float* full) const;
+  // The same from the backend's memory (device memory on a GPU): reads only the pieces.
+  std::vector<float> pieces_to_host(const float* full) const;
 
  private:
   std::unique_ptr<Exchange> exchange_;  // the method's collectives (comm/exchange.h); nccl: from connect()
@@ -286,7 +308,8 @@ struct GradSync {
   struct LayerState {
     size_t first = 0, end = 0;
     bool whole = true;
-    size_t ticket = 0;
+    size_t ticket = 0;            // (on a GPU: 1 while its gathers are enqueued and not waited for)
+    void* gathered = nullptr;     // on a GPU: the event after its gathers on NCCL's stream
   };
   int l0_ = 0;
   std::vector<LayerState> layers_;
@@ -307,6 +330,10 @@ struct GradSync {
   std::vector<std::pair<size_t, size_t>> outside_;
   std::map<int, std::pair<size_t, size_t>> layer_range_;
   void fold_pieces_on_device(bool last);
+  // ZeRO-3 on a GPU ("ZeRO-3 on a GPU" above): the parameters as device pages; block s's gathers
+  // enqueued on NCCL's stream.
+  bool pages_params_ = false;
+  void gather_layer_on_device(LayerState& s);
 
   // Queues a job for the communication thread, bucket b's gradient average or, given `params`, the
   // all-gather of those parameters, and returns its ticket (0 without a thread).

@@ -40,11 +40,6 @@ namespace {
 void check_layout(const Ops& ops, const ParallelGroups& g, const ParallelConfig& pc, const SyncOptions& so,
                   int local_batch) {
   const int M = pc.microbatches;
-  // ZeRO-2 on a GPU backs its device pages block by block in a stage's own backward; pipelines
-  // (whose W passes and tied copies write later) and tensor-parallel shards have not run that way.
-  if (ops.on_gpu() && so.shard_grads && !so.shard_params && g.dp > 1 && (g.pp > 1 || g.tp > 1))
-    fail("parallel.zero 2 on a GPU runs with data parallelism alone (parallel.pp_stages 1, parallel.tp 1): "
-         "with pipeline stages or tensor parallelism use parallel.zero 1 on a GPU");
   if (g.pp == 1) {
     if (local_batch % M != 0)
       fail("parallel.microbatches ", M, " does not divide the ", local_batch, " sequences each rank gets per step "
@@ -110,19 +105,17 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
     ch.part = held.parts[c];
     ModelDesc md = g.tp > 1 ? tensor_shard(d, g.tp, g.tp_rank) : d;
     md.sequence_parallel = g.tp > 1 && pc.sequence_parallel;
-    // ZeRO-2/3: the gradient (and, on the CPU, the blocks' parameters) resident only in this
-    // rank's pieces and the buckets in flight (comm/grad_sync.h); on a GPU the sync refuses ZeRO-3
-    // below. With one replica the piece is the whole: plain buffers, zeroed in place.
+    // ZeRO-2/3: the gradient (and with ZeRO-3 the blocks' parameters) resident only in this
+    // rank's pieces and the buckets or blocks in use (comm/grad_sync.h). With one replica the
+    // piece is the whole: plain buffers, zeroed in place.
     const PagedBuffers paged = !so.shard_grads || g.dp == 1 ? PagedBuffers::none
                                : !so.shard_params           ? PagedBuffers::grads
-                               : ops.on_gpu()               ? PagedBuffers::none
                                                             : PagedBuffers::grads_and_params;
     ch.model = std::make_unique<Model>(md, ops, ch.part, eo.precision, eo.recompute, paged);
     ch.part = ch.model->part;  // its block range resolved (ModelPart::whole() says "to the last")
     ch.model->init_params(seed);
     ch.sync = std::make_unique<GradSync>(so, g.data, ops, ch.model->grads, ch.model->table, eo.tracer);
-    ch.sync->params = ch.model->params;
-    ch.sync->release_layers();  // ZeRO-3: the blocks back to this rank's pieces
+    ch.sync->attach_params(ch.model->params);  // ZeRO-3: the blocks back to this rank's pieces
     // ZeRO-1 over the stage's data-parallel group: the moments of this rank's pieces only.
     ch.opt = std::make_unique<Optimizer>(ops, ch.model->table.numel, eo.optimizer,
                                          so.zero ? ch.sync->shard : std::vector<ShardPiece>{});
@@ -197,7 +190,7 @@ std::vector<float> Engine::gather_whole(int which) {
     if (which == 0 ? !ch.sync->opt.shard_params : !ch.sync->opt.zero) continue;
     std::vector<float> mine;
     if (which == 0) {
-      mine = ch.sync->pieces_of(ch.model->params);  // (host memory: the CPU backend)
+      mine = ch.sync->pieces_to_host(ch.model->params);
     } else {
       mine.resize(ch.opt->n);
       ops.copy_to_host(mine.data(), which == 1 ? ch.opt->m : ch.opt->v, mine.size() * sizeof(float));
@@ -310,6 +303,7 @@ void Engine::load_whole(const float* params, const float* m, const float* vv, in
       }
       if (dst) ops.copy_to_device(dst, host.data(), host.size() * sizeof(float));
     };
+    ch.sync->back_params();  // ZeRO-3 on a GPU: written whole, then handed back
     load(params, ch.model->params);
     ch.sync->release_layers();  // ZeRO-3: the blocks back to this rank's pieces
     // The moments: the chunk's layout, or with ZeRO-1 this rank's pieces of it.
@@ -366,6 +360,7 @@ const float* Engine::state_buffer(size_t c, int which) const {
 void Engine::set_state(size_t c, int which, const float* host) {
   ModelChunk& ch = chunks[c];
   const size_t n = which == 0 ? ch.model->table.numel : ch.opt->n;
+  if (which == 0) ch.sync->back_params();  // ZeRO-3 on a GPU: written whole, then handed back
   ops.copy_to_device(which == 0 ? ch.model->params : which == 1 ? ch.opt->m : ch.opt->v, host, n * sizeof(float));
   if (which == 0) ch.sync->release_layers();  // ZeRO-3: the blocks back to this rank's pieces
 }
@@ -394,6 +389,7 @@ void Engine::init_from_hf(const std::string& dir, std::vector<std::string>* note
           else std::copy(src, src + s.numel, host.begin() + s.offset);
         }
       }
+      ch.sync->back_params();  // ZeRO-3 on a GPU: written whole, then handed back
       ops.copy_to_device(ch.model->params, host.data(), host.size() * sizeof(float));
       ch.sync->release_layers();  // ZeRO-3: the blocks back to this rank's pieces
     }

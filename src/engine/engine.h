@@ -180,9 +180,10 @@ struct Engine {
   // pipeline evaluates whole replica batches, micro-batch by micro-batch along the pipeline.
   EvalSums evaluate(const Batch& batch);
   bool pipelined() const { return S > 1; }
-  // ZeRO-2 on a GPU: the most gradient bytes backed at once so far, over this rank's chunks (0
-  // otherwise; comm/grad_sync.h).
+  // ZeRO-2/3 on a GPU: the most gradient (parameter: ZeRO-3) bytes backed at once so far, over
+  // this rank's chunks (0 otherwise; comm/grad_sync.h).
   size_t grad_pages_peak() const;
+  size_t param_pages_peak() const;
   // Rows this rank evaluates of the validation batch of `g_rows` samples starting at `first`
   // (ids into the split; empty when none): the share of the data-parallel replica, which every
   // stage of a pipeline reads alike.

@@ -33,6 +33,12 @@ size_t Engine::grad_pages_peak() const {
   return peak;
 }
 
+size_t Engine::param_pages_peak() const {
+  size_t peak = 0;
+  for (const ModelChunk& ch : chunks) peak += ch.sync->params_backed_peak();
+  return peak;
+}
+
 // The tied matrix's gradient summed over the embedding group (in place; staged through the host
 // on a GPU): the two copies get the same gradient and stay bit-identical.
 void Engine::sum_tied_gradients() {

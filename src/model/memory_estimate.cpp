@@ -164,9 +164,9 @@ MemoryEstimate estimate_memory(const ModelDesc& desc, int local_batch, int seq_l
                             : zero2_grad_floats(buckets, pieces, table.numel, cfg.parallel.overlap,
                                                 cfg.parallel.microbatches, each_micro, head_writes_last,
                                                 kPageBytes / sizeof(float));
-    param_floats += cfg.parallel.zero >= 3 && zero && !on_gpu
-                        ? zero3_param_floats(table, buckets, pieces, cfg.parallel.overlap, kPageBytes / sizeof(float))
-                        : (double)table.numel;
+    param_floats += cfg.parallel.zero < 3 || !zero ? (double)table.numel
+                    : on_gpu ? device_zero3_param_floats(table, buckets, pieces, kDeviceChunkBytes / sizeof(float))
+                             : zero3_param_floats(table, buckets, pieces, cfg.parallel.overlap, kPageBytes / sizeof(float));
     write_floats += checkpoint_write_floats(desc, part, table, zero, pieces, adamw, per_rank, world, rank, rc.tp,
                                             rc.tp_rank);
     const int slots = c < rc.slots.size() ? std::max(1, rc.slots[c]) : 1;

@@ -26,10 +26,15 @@ Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision
          ", d_model ", d.d_model, ")");
   if (d.head == HeadKind::classifier && d.num_labels < 1) fail("model: a classifier needs model.num_labels >= 1");
   table = build_param_table(d, part);
-  if (paged == PagedBuffers::grads_and_params && o.on_gpu())
-    fail("internal: paged parameters are host memory (the CPU backend)");
   const size_t bytes = table.numel * sizeof(float);
-  params = static_cast<float*>(paged == PagedBuffers::grads_and_params ? host_pages_alloc(bytes) : ops->alloc(bytes));
+  // Paged parameters on a GPU: backed whole here (initialisation writes them), then handed back to
+  // this rank's pieces by the sync (comm/grad_sync.h, ZeRO-3).
+  if (paged == PagedBuffers::grads_and_params && o.on_gpu()) {
+    params = static_cast<float*>(cuda_pages_reserve(bytes));
+    cuda_pages_back(params, 0, bytes);
+  } else {
+    params = static_cast<float*>(paged == PagedBuffers::grads_and_params ? host_pages_alloc(bytes) : ops->alloc(bytes));
+  }
   // Paged gradients on a GPU: address space the sync backs as it needs (cuda_ops.h "Device pages").
   grads = static_cast<float*>(paged == PagedBuffers::none ? ops->alloc(bytes)
                               : o.on_gpu()                ? cuda_pages_reserve(bytes)
@@ -57,8 +62,9 @@ Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision
 }
 
 Model::~Model() {
-  if (paged == PagedBuffers::grads_and_params) host_pages_free(params, table.numel * sizeof(float));
-  else ops->free(params);
+  if (paged != PagedBuffers::grads_and_params) ops->free(params);
+  else if (ops->on_gpu()) cuda_pages_free(params);
+  else host_pages_free(params, table.numel * sizeof(float));
   if (paged == PagedBuffers::none) ops->free(grads);
   else if (ops->on_gpu()) cuda_pages_free(grads);
   else host_pages_free(grads, table.numel * sizeof(float));

@@ -103,25 +103,52 @@ double device_pages_window_floats(const ParamTable& table, const std::vector<Buc
   return outside + 3.0 * (largest + 2.0 * (double)chunk_floats) + 2.0 * (double)chunk_floats;
 }
 
-double zero3_param_floats(const ParamTable& table, const std::vector<Bucket>& buckets,
-                          const std::vector<ShardPiece>& pieces, bool overlap, size_t page_floats) {
-  double outside = 0, mine = 0, layer_buckets = 0;
+namespace {
+
+// ZeRO-3's buckets (cut at the blocks) summed: the floats outside the blocks, this rank's pieces of
+// the blocks' buckets, how many of those buckets (and how many with a non-empty piece), and the
+// largest block.
+struct BlockBuckets {
+  double outside = 0, mine = 0, buckets = 0, pieces = 0, largest = 0;
+  size_t blocks = 0;
+};
+
+BlockBuckets block_buckets(const ParamTable& table, const std::vector<Bucket>& buckets,
+                           const std::vector<ShardPiece>& pieces) {
+  BlockBuckets r;
   std::vector<double> layer_floats;
   for (size_t b = 0; b < buckets.size(); b++) {
     const int l = table.slices[buckets[b].first_slice].layer;
     const double n = (double)(buckets[b].end - buckets[b].begin);
     if (l < 0) {
-      outside += n;
+      r.outside += n;
       continue;
     }
     if ((size_t)l >= layer_floats.size()) layer_floats.resize(l + 1, 0.0);
     layer_floats[l] += n;
-    layer_buckets += 1;
-    if (b < pieces.size()) mine += (double)(pieces[b].end - pieces[b].begin);
+    r.buckets += 1;
+    if (b < pieces.size() && pieces[b].end > pieces[b].begin)
+      r.mine += (double)(pieces[b].end - pieces[b].begin), r.pieces += 1;
   }
-  const double largest = layer_floats.empty() ? 0 : *std::max_element(layer_floats.begin(), layer_floats.end());
-  const double whole = (double)std::min<size_t>(overlap ? 2 : 1, layer_floats.size()) * largest;
-  return std::min((double)table.numel, outside + mine + whole + 4.0 * (double)page_floats * layer_buckets);
+  for (double f : layer_floats) r.largest = std::max(r.largest, f), r.blocks += f > 0;
+  return r;
+}
+
+}  // namespace
+
+double zero3_param_floats(const ParamTable& table, const std::vector<Bucket>& buckets,
+                          const std::vector<ShardPiece>& pieces, bool overlap, size_t page_floats) {
+  const BlockBuckets k = block_buckets(table, buckets, pieces);
+  const double whole = (double)std::min<size_t>(overlap ? 2 : 1, k.blocks) * k.largest;
+  return std::min((double)table.numel, k.outside + k.mine + whole + 4.0 * (double)page_floats * k.buckets);
+}
+
+double device_zero3_param_floats(const ParamTable& table, const std::vector<Bucket>& buckets,
+                                 const std::vector<ShardPiece>& pieces, size_t chunk_floats) {
+  const double chunk = (double)chunk_floats;
+  const double whole = std::ceil((double)std::max<size_t>(1, table.numel) / chunk) * chunk;
+  const BlockBuckets k = block_buckets(table, buckets, pieces);
+  return std::min(whole, k.outside + k.mine + 2.0 * chunk * k.pieces + 3.0 * (k.largest + 2.0 * chunk) + 2.0 * chunk);
 }
 
 }  // namespace llmpi

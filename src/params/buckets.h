@@ -53,12 +53,6 @@ double zero2_grad_floats(const std::vector<Bucket>& buckets, const std::vector<S
                          bool overlap, int micro_batches, bool each_micro_batch, bool head_writes_last,
                          size_t page_floats);
 
-// ZeRO-2 on a GPU (device pages, backend/cuda_ops.h; comm/grad_sync.h), in floats: the limit the
-// sync sets on the backed gradient — this rank's pieces (each with up to two partial chunks of
-// chunk_floats at its ends) and the tensors outside the blocks backed throughout, three of the
-// largest block part of a bucket with two partial chunks each, and two chunks more — at most the whole table
-// rounded up to chunks; with micro_batches > 1 the whole table unless each micro-batch is reduced
-// (each_micro_batch), which adds the running sum of the pieces (plain device memory).
 // The floats of bucket b that belong to blocks (the rest lie outside them: embeddings, final norm,
 // head).
 size_t block_floats(const ParamTable& table, const Bucket& b);
@@ -69,6 +63,12 @@ constexpr size_t kDeviceChunkBytes = size_t(2) << 20;
 // tensors outside the blocks, three of the largest block part of a bucket with two partial chunks
 // each, and two chunks more.
 double device_pages_window_floats(const ParamTable& table, const std::vector<Bucket>& buckets, size_t chunk_floats);
+// ZeRO-2 on a GPU (device pages, backend/cuda_ops.h; comm/grad_sync.h), in floats: the limit the
+// sync sets on the backed gradient — this rank's pieces (each with up to two partial chunks of
+// chunk_floats at its ends) and the tensors outside the blocks backed throughout, three of the
+// largest block part of a bucket with two partial chunks each, and two chunks more — at most the whole table
+// rounded up to chunks; with micro_batches > 1 the whole table unless each micro-batch is reduced
+// (each_micro_batch), which adds the running sum of the pieces (plain device memory).
 double device_zero2_grad_floats(const ParamTable& table, const std::vector<Bucket>& buckets,
                                 const std::vector<ShardPiece>& pieces, int micro_batches, bool each_micro_batch,
                                 size_t chunk_floats);
@@ -79,6 +79,14 @@ double device_zero2_grad_floats(const ParamTable& table, const std::vector<Bucke
 // are cut at layers (make_buckets at_layers).
 double zero3_param_floats(const ParamTable& table, const std::vector<Bucket>& buckets,
                           const std::vector<ShardPiece>& pieces, bool overlap, size_t page_floats);
+// ZeRO-3 on a GPU (device pages; comm/grad_sync.h), in floats: the limit the sync sets on the
+// backed parameters — the tensors outside the blocks and this rank's pieces of the blocks' (each
+// with up to two partial chunks at its ends) backed throughout, three of the largest block whole
+// (the one computing, the next one's gather in flight, the one whose release the card has not yet
+// passed) with two partial chunks each, and two chunks more — at most the whole table rounded up
+// to chunks.
+double device_zero3_param_floats(const ParamTable& table, const std::vector<Bucket>& buckets,
+                                 const std::vector<ShardPiece>& pieces, size_t chunk_floats);
 
 // Whether this rank writes tensor i of its chunk's table to a checkpoint (checkpoint/sharded.h):
 // data-parallel replicas take tensors in turn, unless every rank holds values of its own (`own`:

@@ -452,13 +452,17 @@ PlanResult plan(const PlanInputs& in) {
       largest_bucket = std::max(largest_bucket, b.end - b.begin);
     }
     sm.shard_params = (int64_t)shard;
-    {  // ZeRO-3 (CPU): buckets cut at the blocks; the largest block's parameters
+    {  // ZeRO-3: buckets cut at the blocks; the largest block's parameters
       const std::vector<Bucket> at_layers = make_buckets(tables.back(), in.bucket_mb, first_mb, true);
       const std::vector<ShardPiece> pieces = shard_pieces(at_layers, r.dp, 0);
       sm.zero3_param_floats = zero3_param_floats(tables.back(), at_layers, pieces, in.overlap, 4096 / sizeof(float));
       sm.zero3_grad_floats = zero2_grad_floats(at_layers, pieces, tables.back().numel, in.overlap, M, each_micro,
                                                sm.part.head && ds.head == HeadKind::lm && ds.tie_embeddings,
                                                4096 / sizeof(float));
+      sm.device_zero3_param_floats = device_zero3_param_floats(tables.back(), at_layers, pieces,
+                                                               kDeviceChunkBytes / sizeof(float));
+      sm.device_zero3_grad_floats = device_zero2_grad_floats(tables.back(), at_layers, pieces, M, each_micro,
+                                                             kDeviceChunkBytes / sizeof(float));
       std::map<int, int64_t> per_layer;
       for (const ParamSlice& sl : tables.back().slices)
         if (sl.layer >= 0) per_layer[sl.layer] += (int64_t)sl.numel;
@@ -522,12 +526,12 @@ PlanResult plan(const PlanInputs& in) {
           // fp32 parameters (whole on every rank) + the bf16 weight copy
           m.params = bf ? 2 * n + 4 * own : built16 ? 4 * n + sm.weight_copy_bf16 : 4 * n;
           // ZeRO-2/3 hold only their pieces of the gradient (ZeRO-3: and of the blocks' parameters)
-          // on the CPU; on a GPU ZeRO-2 backs device pages up to its limit, and ZeRO-3 is refused
-          const bool paged = z >= 2 && sharded && !in.device.gpu;
-          if (paged && z == 3 && !bf && !built16) m.params = 4 * sm.zero3_param_floats;
-          m.grads = paged ? 4 * (z == 3 ? sm.zero3_grad_floats : sm.zero2_grad_floats)
-                    : z == 2 && sharded && in.device.gpu ? 4 * sm.device_zero2_grad_floats
-                                                         : 4 * n;
+          // and what is in use: resident pages on the CPU, on a GPU device pages up to their limits
+          const bool paged = z >= 2 && sharded, gpu = in.device.gpu;
+          if (paged && z == 3 && !bf && !built16) m.params = 4 * (gpu ? sm.device_zero3_param_floats : sm.zero3_param_floats);
+          m.grads = !paged ? 4 * n
+                    : z == 3 ? 4 * (gpu ? sm.device_zero3_grad_floats : sm.zero3_grad_floats)
+                             : 4 * (gpu ? sm.device_zero2_grad_floats : sm.zero2_grad_floats);
           m.optimizer = adamw ? 8 * own : 0;
           const double kept = sch == "zb-h1" ? sm.kept_slot : 0;
           const double slot = bf        ? (sm.activation_slot - ids_bytes) / 2 + ids_bytes + kept / 2
@@ -540,13 +544,12 @@ PlanResult plan(const PlanInputs& in) {
           r.memory.push_back(m);
         }
   }
-  if (in.device.gpu && in.zero >= 3)
-    r.notes.push_back("ZeRO-3 keeps its pieces of the blocks' parameters in host memory, on the CPU backend: "
-                      "llmpi-train refuses parallel.zero 3 on a GPU, and its rows here count the whole gradient and "
-                      "parameters");
   if (in.device.gpu && in.zero == 2)
     r.notes.push_back("ZeRO-2 on a GPU needs parallel.sync nccl; its gradient rows are the limit of the backed device "
                       "pages (pieces, the tensors outside the blocks, three buckets)");
+  if (in.device.gpu && in.zero == 3)
+    r.notes.push_back("ZeRO-3 on a GPU needs parallel.sync nccl; its parameter rows are the limit of the backed device "
+                      "pages (pieces, the tensors outside the blocks, three blocks), its gradient rows ZeRO-2's");
   if (in.zero == 3)
     r.notes.push_back("ZeRO-3 runs with runtime.precision fp32 (its bf16 rows are not a layout llmpi-train runs)");
   if (!zb_possible)

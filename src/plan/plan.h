@@ -186,6 +186,7 @@ struct StageMemory {  // one stage's rank
   double zero2_grad_floats = 0;                  // ZeRO-2: the gradient at its peak (params/buckets.h)
   double device_zero2_grad_floats = 0;           // ZeRO-2 on a GPU: the device pages' limit (params/buckets.h)
   double zero3_param_floats = 0, zero3_grad_floats = 0;  // ZeRO-3: the parameters and gradient at their peak
+  double device_zero3_param_floats = 0, device_zero3_grad_floats = 0;  // ZeRO-3 on a GPU: the device pages' limits
   int64_t block_params = 0;                      // the largest block's parameters (ZeRO-3's gathers)
   int blocks = 0;                                // the blocks the stage holds
   double activation_slot = 0, kept_slot = 0, scratch = 0;   // fp32 bytes of one slot, zb-h1's kept, scratch

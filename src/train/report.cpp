@@ -299,6 +299,7 @@ void finish_run(Run& r, TrainResult& res, const TrainOptions& o) {
                                    {"data", m.data}}},
         {"checkpoints_written", !res.last_checkpoint.empty()},
         {"grad_device_pages_peak_bytes", r.engine->grad_pages_peak()},
+        {"param_device_pages_peak_bytes", r.engine->param_pages_peak()},
         {"optimizer_state_floats_rank0", res.optimizer_state_floats},
         {"cuda_paths", cuda_paths_json}};
     write_file_atomic(r.cfg.run.dir + "/summary.json", summary.dump(1) + "\n");
