@@ -281,14 +281,6 @@ size_t cuda_pages_peak(const void* p) {
   return region_of(p).peak;
 }
 
-void cuda_pages_restart_peak(void* p) {
-  std::lock_guard<std::mutex> lock(mu);
-  Region& r = region_of(p);
-  while (r.any_releasing()) r.reap(true);
-  r.reap(false);
-  r.peak = r.backed;
-}
-
 size_t cuda_pages_chunk(const void* p) {
   std::lock_guard<std::mutex> lock(mu);
   return region_of(p).chunk;

@@ -39,7 +39,6 @@ void cuda_pages_limit(void*, size_t) { no_cuda("cuda_pages_limit"); }
 size_t cuda_pages_backed(const void*) { no_cuda("cuda_pages_backed"); }
 size_t cuda_pages_peak(const void*) { no_cuda("cuda_pages_peak"); }
 size_t cuda_pages_chunk(const void*) { no_cuda("cuda_pages_chunk"); }
-void cuda_pages_restart_peak(void*) { no_cuda("cuda_pages_restart_peak"); }
 void* cuda_event_new() { no_cuda("cuda_event_new"); }
 void cuda_event_free(void*) {}
 void cuda_event_record(void*, void*) { no_cuda("cuda_event_record"); }

@@ -79,9 +79,6 @@ void cuda_pages_release(void* p, size_t offset, size_t bytes, void* stream);
 void cuda_pages_limit(void* p, size_t bytes);
 size_t cuda_pages_backed(const void* p);  // bytes backed now (releases in flight included)
 size_t cuda_pages_peak(const void* p);    // the most bytes backed at once so far
-// Waits for the releases in flight, then counts the peak again from the bytes backed now (after
-// a range was backed whole for a one-off write).
-void cuda_pages_restart_peak(void* p);
 size_t cuda_pages_chunk(const void* p);   // the chunk: the unit backed and given back
 // Events, to order the compute stream after work on another stream (ZeRO-3's gathers on NCCL's):
 // cuda_event_record marks what `stream` (null: the compute stream) has enqueued so far, and

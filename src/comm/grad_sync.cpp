@@ -492,19 +492,28 @@ GradSync::LayerState* GradSync::layer_state(int l) {
 
 void GradSync::attach_params(float* p) {
   params = p;
-  if (pages_params_ && params) {
-    const size_t chunk_floats = cuda_pages_chunk(params) / sizeof(float);
-    cuda_pages_limit(params, (size_t)device_zero3_param_floats(*table, buckets, shard, chunk_floats) * sizeof(float));
-  }
-  release_layers();
+  if (!pages_params_ || !params) return release_layers();
+  const size_t chunk_floats = cuda_pages_chunk(params) / sizeof(float);
+  cuda_pages_limit(params, (size_t)device_zero3_param_floats(*table, buckets, shard, chunk_floats) * sizeof(float));
+  for (LayerState& s : layers_) s.whole = false;  // (nothing backed yet)
 }
 
-void GradSync::back_params() {
-  if (!pages_params_ || !params) return;
-  for (LayerState& s : layers_)
+void GradSync::load_params(const float* host) {
+  if (!pages_params_) {
+    ops->copy_to_device(params, host, table->numel * sizeof(float));
+    return release_layers();
+  }
+  for (size_t i = 0; i < layers_.size(); i++) {  // no gather in flight, no block whole: pieces only
+    LayerState& s = layers_[i];
     if (s.ticket) cuda_compute_waits(s.gathered), s.ticket = 0;
-  cuda_pages_back(params, 0, table->numel * sizeof(float));
-  for (LayerState& s : layers_) s.whole = true;
+    if (s.whole) release_layer(l0_ + (int)i);
+  }
+  for (size_t b = 0; b < buckets.size(); b++) {
+    const ShardPiece keep = layer_bucket(b) ? shard[b] : ShardPiece{buckets[b].begin, buckets[b].end};
+    const size_t n = keep.end - keep.begin;
+    cuda_pages_back(params, keep.begin * sizeof(float), n * sizeof(float));
+    if (n) ops->copy_to_device(params + keep.begin, host + keep.begin, n * sizeof(float));
+  }
 }
 
 void GradSync::gather_layer_on_device(LayerState& s) {
@@ -555,16 +564,15 @@ void GradSync::release_layer(int l) {
 }
 
 void GradSync::release_layers() {
+  if (pages_params_) fail("internal: release_layers on device pages (load_params writes the pieces)");
   for (size_t i = 0; i < layers_.size(); i++) {
     LayerState* s = layer_state(l0_ + (int)i);
     if (!s) return;
-    if (s->ticket && pages_params_) cuda_compute_waits(s->gathered);  // (its pages released after it)
-    else if (s->ticket) wait_ticket(s->ticket);
+    if (s->ticket) wait_ticket(s->ticket);
     s->ticket = 0;
     s->whole = true;  // (written whole)
     release_layer(l0_ + (int)i);
   }
-  if (pages_params_ && params) cuda_pages_restart_peak(params);  // (the whole write is not the run's peak)
 }
 
 }  // namespace llmpi

@@ -95,9 +95,10 @@
 // norm, head) stay whole, as with ZeRO-1 (gathered after the update). The forward and backward see
 // exactly ZeRO-1's parameters, so the results are ZeRO-1's with the same buckets.
 //
-// ZeRO-3 on a GPU (parallel.sync "nccl"): the parameters are device pages too, backed whole while
-// written whole (initialisation, a checkpoint, Hugging Face weights: back_params) and otherwise
-// only where this rank's pieces and the tensors outside the blocks lie. need_layer(l) backs block
+// ZeRO-3 on a GPU (parallel.sync "nccl"): the parameters are device pages too, backed only where
+// this rank's pieces of the blocks and the tensors outside them lie — initialisation, a checkpoint
+// and Hugging Face weights write just those (load_params), so the whole never is on the card at
+// once — and where the blocks in use are. need_layer(l) backs block
 // l, enqueues its buckets' all-gathers on NCCL's stream (after the compute stream's work so far:
 // the update of the pieces) and makes the compute stream wait for them; prefetch_layer enqueues
 // the next block's the same way before this one computes, so the gather runs beside it (and, in
@@ -260,15 +261,16 @@ struct GradSync {
   // now unless prefetched); prefetch_layer(l) starts that gather on the communication thread (with
   // overlap; nothing without, or for l outside the chunk); release_layer(l) keeps only this rank's
   // pieces of block l. release_layers() releases every block: after the parameters were written
-  // whole (initialisation, a checkpoint, Hugging Face weights); on a GPU it waits for the release
-  // and counts params_backed_peak() from there.
+  // whole (initialisation, a checkpoint, Hugging Face weights).
   float* params = nullptr;
-  // Sets params and hands the blocks back to this rank's pieces (release_layers); on a GPU it
-  // also sets the limit of the parameters' device pages.
+  // Sets params (written whole on the CPU: ZeRO-3 hands the blocks back to this rank's pieces);
+  // on a GPU it sets the limit of the parameters' device pages, and nothing of them is backed
+  // until load_params.
   void attach_params(float* p);
-  // ZeRO-3 on a GPU: every parameter backed (and every gather in flight waited for by the compute
-  // stream), so that they can be written whole; release_layers() after. No-op otherwise.
-  void back_params();
+  // The parameters from a whole host copy in the table's layout: ZeRO-3 on a GPU writes (and
+  // backs) only this rank's pieces of the blocks and the tensors outside them; otherwise the whole
+  // is copied and the blocks released (release_layers).
+  void load_params(const float* host);
   void need_layer(int l);
   void prefetch_layer(int l);
   void release_layer(int l);

@@ -113,9 +113,16 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
                                                             : PagedBuffers::grads_and_params;
     ch.model = std::make_unique<Model>(md, ops, ch.part, eo.precision, eo.recompute, paged);
     ch.part = ch.model->part;  // its block range resolved (ModelPart::whole() says "to the last")
-    ch.model->init_params(seed);
     ch.sync = std::make_unique<GradSync>(so, g.data, ops, ch.model->grads, ch.model->table, eo.tracer);
-    ch.sync->attach_params(ch.model->params);  // ZeRO-3: the blocks back to this rank's pieces
+    if (paged == PagedBuffers::grads_and_params && ops.on_gpu()) {  // ZeRO-3 on a GPU: the pieces written
+      ch.sync->attach_params(ch.model->params);
+      std::vector<float> host(ch.model->table.numel);
+      init_param_values(ch.model->table, seed, host.data());
+      ch.sync->load_params(host.data());
+    } else {
+      ch.model->init_params(seed);
+      ch.sync->attach_params(ch.model->params);  // ZeRO-3: the blocks back to this rank's pieces
+    }
     // ZeRO-1 over the stage's data-parallel group: the moments of this rank's pieces only.
     ch.opt = std::make_unique<Optimizer>(ops, ch.model->table.numel, eo.optimizer,
                                          so.zero ? ch.sync->shard : std::vector<ShardPiece>{});
@@ -303,9 +310,8 @@ void Engine::load_whole(const float* params, const float* m, const float* vv, in
       }
       if (dst) ops.copy_to_device(dst, host.data(), host.size() * sizeof(float));
     };
-    ch.sync->back_params();  // ZeRO-3 on a GPU: written whole, then handed back
-    load(params, ch.model->params);
-    ch.sync->release_layers();  // ZeRO-3: the blocks back to this rank's pieces
+    load(params, nullptr);
+    ch.sync->load_params(host.data());  // (ZeRO-3: the blocks back to this rank's pieces)
     // The moments: the chunk's layout, or with ZeRO-1 this rank's pieces of it.
     auto load_state = [&](const float* src, float* dst) {
       if (!ch.sync->opt.zero) return load(src, dst);
@@ -359,10 +365,8 @@ const float* Engine::state_buffer(size_t c, int which) const {
 
 void Engine::set_state(size_t c, int which, const float* host) {
   ModelChunk& ch = chunks[c];
-  const size_t n = which == 0 ? ch.model->table.numel : ch.opt->n;
-  if (which == 0) ch.sync->back_params();  // ZeRO-3 on a GPU: written whole, then handed back
-  ops.copy_to_device(which == 0 ? ch.model->params : which == 1 ? ch.opt->m : ch.opt->v, host, n * sizeof(float));
-  if (which == 0) ch.sync->release_layers();  // ZeRO-3: the blocks back to this rank's pieces
+  if (which == 0) return ch.sync->load_params(host);  // (ZeRO-3: the blocks back to this rank's pieces)
+  ops.copy_to_device(which == 1 ? ch.opt->m : ch.opt->v, host, ch.opt->n * sizeof(float));
 }
 
 float* Engine::state_in_place(size_t c, int which) {
@@ -389,9 +393,7 @@ void Engine::init_from_hf(const std::string& dir, std::vector<std::string>* note
           else std::copy(src, src + s.numel, host.begin() + s.offset);
         }
       }
-      ch.sync->back_params();  // ZeRO-3 on a GPU: written whole, then handed back
-      ops.copy_to_device(ch.model->params, host.data(), host.size() * sizeof(float));
-      ch.sync->release_layers();  // ZeRO-3: the blocks back to this rank's pieces
+      ch.sync->load_params(host.data());  // (ZeRO-3: the blocks back to this rank's pieces)
     }
   } catch (const Error& e) {
     err = e.what();

@@ -27,14 +27,11 @@ Model::Model(const ModelDesc& d, const Ops& o, const ModelPart& p, GemmPrecision
   if (d.head == HeadKind::classifier && d.num_labels < 1) fail("model: a classifier needs model.num_labels >= 1");
   table = build_param_table(d, part);
   const size_t bytes = table.numel * sizeof(float);
-  // Paged parameters on a GPU: backed whole here (initialisation writes them), then handed back to
-  // this rank's pieces by the sync (comm/grad_sync.h, ZeRO-3).
-  if (paged == PagedBuffers::grads_and_params && o.on_gpu()) {
-    params = static_cast<float*>(cuda_pages_reserve(bytes));
-    cuda_pages_back(params, 0, bytes);
-  } else {
-    params = static_cast<float*>(paged == PagedBuffers::grads_and_params ? host_pages_alloc(bytes) : ops->alloc(bytes));
-  }
+  // Paged parameters on a GPU: address space the sync backs and writes where it keeps them
+  // (comm/grad_sync.h, ZeRO-3 on a GPU): init_params leaves them to GradSync::load_params.
+  params = static_cast<float*>(paged != PagedBuffers::grads_and_params ? ops->alloc(bytes)
+                               : o.on_gpu()                            ? cuda_pages_reserve(bytes)
+                                                                       : host_pages_alloc(bytes));
   // Paged gradients on a GPU: address space the sync backs as it needs (cuda_ops.h "Device pages").
   grads = static_cast<float*>(paged == PagedBuffers::none ? ops->alloc(bytes)
                               : o.on_gpu()                ? cuda_pages_reserve(bytes)
@@ -101,6 +98,7 @@ void Model::init_params(uint64_t seed) {
     init_param_values(table, seed, params);
     return;
   }
+  if (paged == PagedBuffers::grads_and_params) fail("internal: init_params of paged device parameters");
   std::vector<float> host(table.numel);
   init_param_values(table, seed, host.data());
   ops->copy_to_device(params, host.data(), host.size() * sizeof(float));

@@ -374,8 +374,8 @@ struct Model {
   // head, slot 1 + i = local block i.
   std::vector<std::vector<std::vector<int>>> role_slices;
 
-  // Paged buffers on a GPU are device pages (backend/cuda_ops.h): the gradient unbacked until the
-  // sync backs it, the parameters backed whole until the sync hands them back to its pieces.
+  // Paged buffers on a GPU are device pages (backend/cuda_ops.h), unbacked until the sync backs
+  // them: the parameters are written by GradSync::load_params, not init_params.
   Model(const ModelDesc& d, const Ops& ops, const ModelPart& part = ModelPart::whole(),
         GemmPrecision precision = GemmPrecision::fp32, Recompute recompute = Recompute::none,
         PagedBuffers paged = PagedBuffers::none);
