@@ -37,7 +37,7 @@ SyncOptions sync_options(const ParallelConfig& pc) {
 namespace {
 
 // The layout's refusals, before anything is allocated.
-void check_layout(const Ops& ops, const ParallelGroups& g, const ParallelConfig& pc, const SyncOptions& so,
+void check_layout(const ParallelGroups& g, const ParallelConfig& pc, const SyncOptions& so,
                   int local_batch) {
   const int M = pc.microbatches;
   if (g.pp == 1) {
@@ -83,7 +83,7 @@ Engine::Engine(const ModelDesc& d, const Ops& o, const ParallelGroups& groups, c
                const SyncOptions& so, const EngineOptions& eo)
     : g(groups), ops(o), desc(d), kind(groups.pp > 1 ? pc.schedule : ScheduleKind::one_f_one_b), S(groups.pp),
       M(pc.microbatches), v(groups.pp > 1 ? pc.virtual_stages : 1), T(eo.T), seed(eo.seed), opt(eo) {
-  check_layout(ops, g, pc, so, eo.local_batch);
+  check_layout(g, pc, so, eo.local_batch);
   if (so.shard_params && eo.precision == GemmPrecision::bf16)
     fail("parallel.zero 3 with runtime.precision \"bf16\": the bf16 copies of the weights would be whole on "
          "every rank; use precision \"fp32\", or parallel.zero 2");
