@@ -45,9 +45,6 @@ GradSync::GradSync(const SyncOptions& o, MPI_Comm c, const Ops& ops_, float* g, 
   if (!err.empty()) fail(err);
   if ((opt.shard_grads && !opt.zero) || (opt.shard_params && !opt.shard_grads))
     fail("internal: a ZeRO stage without the stages below it");
-  if (opt.shard_grads && device_ && opt.method != SyncMethod::nccl)
-    fail("parallel.zero ", opt.shard_params ? 3 : 2, " on a GPU reduce-scatters each bucket on NCCL's stream as "
-         "backward finishes it: use parallel.sync \"nccl\" (or parallel.zero 1 with an MPI method)");
   shard = shard_pieces(buckets, opt.zero ? world : 1, opt.zero ? rank : 0);
   if (opt.reduce_each_micro_batch && !opt.shard_grads)
     fail("internal: reducing each micro-batch without ZeRO-2's gradient pieces");
@@ -366,6 +363,7 @@ void GradSync::finish() {
     return;
   }
   reduce_the_rest();
+  if (pages_ && reducing_micro_batches()) fold_pieces_on_device(true);  // (an MPI method on a GPU)
   const double t1 = now_ms();
   step.exposed_comm_ms += t1 - t0;
   reduced_all_ = true;

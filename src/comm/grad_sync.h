@@ -49,18 +49,20 @@
 // it, the price of handing it back. The results are ZeRO-1's bit for bit: the same
 // reduce-scatters of the same buckets, the same pieces updated.
 //
-// ZeRO-2 on a GPU (parallel.sync "nccl"; with pipeline stages and tensor parallelism too, the
-// gradient then accumulating whole over a pipeline's micro-batches): a card does not fault memory in,
-// so the gradient is device pages (backend/cuda_ops.h: address space backed chunk by chunk) that
+// ZeRO-2 on a GPU (over NCCL, or an MPI method through the host staging; with pipeline stages and
+// tensor parallelism too, the gradient then accumulating whole over a pipeline's micro-batches):
+// a card does not fault memory in, so the gradient is device pages (backend/cuda_ops.h: address
+// space backed chunk by chunk) that
 // the sync backs before anything writes them: its pieces for good, the tensors outside the blocks
 // before each micro-batch's forward (the fused LM head writes there), and each block's range
 // before its backward (grads_needed, called by the engine). After a bucket's reduce-scatter is
 // enqueued on NCCL's stream, the rest of the bucket is released on that stream: zeroed where a
-// chunk holds other data, given back where whole, once NCCL has passed. The host runs ahead of
+// chunk holds other data, given back where whole, once NCCL has passed (with an MPI method: on the
+// compute stream, after the staging copies the host waited for). The host runs ahead of
 // the card, so backing waits for the oldest releases in flight rather than pass a limit of the
 // pieces, the outside tensors and about three buckets. Reducing each micro-batch, the pieces are
 // folded into a device sum on the compute stream after each micro-batch's passes, in the CPU's
-// order of additions. The results are ZeRO-1's over NCCL bit for bit with one micro-batch.
+// order of additions. The results are ZeRO-1's bit for bit with one micro-batch.
 //
 // ZeRO-2/3 with gradient accumulation (M micro-batches on one stage) reduce-scatter in one of two
 // ways (parallel.zero_reduce, SyncOptions::reduce_each_micro_batch):
@@ -95,7 +97,7 @@
 // norm, head) stay whole, as with ZeRO-1 (gathered after the update). The forward and backward see
 // exactly ZeRO-1's parameters, so the results are ZeRO-1's with the same buckets.
 //
-// ZeRO-3 on a GPU (parallel.sync "nccl"): the parameters are device pages too, backed only where
+// ZeRO-3 on a GPU: the parameters are device pages too, backed only where
 // this rank's pieces of the blocks and the tensors outside them lie — initialisation, a checkpoint
 // and Hugging Face weights write just those (load_params), so the whole never is on the card at
 // once — and where the blocks in use are. need_layer(l) backs block
@@ -105,7 +107,9 @@
 // backward, ahead of this block's reduce-scatters on the same stream); release_layer(l) gives the
 // other ranks' pieces back once the compute stream has passed the block. The host waits only when
 // backing would pass a limit of the pieces, the outside tensors and three blocks
-// (device_zero3_param_floats). The gradient is ZeRO-2's device pages.
+// (device_zero3_param_floats). The gradient is ZeRO-2's device pages. With an MPI method every
+// pass goes through the host staging (the host waiting for the copies), and the releases follow it
+// on the compute stream.
 //
 // Gradient type on the wire (parallel.grad_dtype, SyncOptions::bf16): fp32, or bf16 for half the
 // bytes, with allreduce (with or without ZeRO-1) and nccl (comm/exchange.h says how each rounds).

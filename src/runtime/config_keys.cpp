@@ -286,8 +286,7 @@ std::vector<ConfigKey> make_keys() {
           into(&Config::parallel, &PC::stage_layers, "parallel.stage_layers"), kPipelineOnly),
       key("parallel.zero", 0, none(), "",
           "1 = ZeRO-1: each data-parallel rank keeps the optimizer state of its shard only; 2 = ZeRO-2: and only "
-          "its pieces of the gradient; 3 = ZeRO-3 (FSDP): and of the blocks' parameters (on GPUs both need "
-          "parallel.sync nccl)",
+          "its pieces of the gradient; 3 = ZeRO-3 (FSDP): and of the blocks' parameters",
           [](Config& c, const json& v) {
             const int zero = as_int<int>(v, "parallel.zero");
             if (zero < 0 || zero > 3)

@@ -2,9 +2,9 @@
 # Every parallel layout on the simulated card of tools/cuda_cpu_sim (build/sim-llmpi-train, each
 # rank its own simulated H100; NCCL's stand-in over MPI): pipeline stages with every schedule,
 # their messages through NCCL send/receive (parallel.sync=nccl) or MPI through page-locked host
-# buffers, ZeRO-1 over NCCL (reduce-scatter, all-gather), ZeRO-2 and ZeRO-3 over NCCL (the gradient
-# and the blocks' parameters as device pages; with tensor parallelism and pipeline stages too), a
-# ZeRO-3 checkpoint resumed, pipelines with ZeRO-1, a checkpoint
+# buffers, ZeRO-1 over NCCL (reduce-scatter, all-gather), ZeRO-2 and ZeRO-3 over NCCL and through
+# host memory (the gradient and the blocks' parameters as device pages; with tensor parallelism and
+# pipeline stages too), a ZeRO-3 checkpoint resumed, pipelines with ZeRO-1, a checkpoint
 # of one layout resumed in another, and tensor parallelism (its collectives through NCCL or host
 # memory, with pipeline stages), each against the unpipelined CPU run of the same model.
 # Tiny models and 10 steps: the simulator takes ~0.1-0.3 s a step here. Not a GPU run
@@ -143,6 +143,19 @@ for family in llama bert; do
   check "$family, 2 replicas, 2 micro-batches, ZeRO-3 over NCCL: within 1e-6 of ZeRO-1" \
     "[ $? = 0 ] && losses_within ${family}_z1 ${family}_z3 1e-6 && [ \$(ppeak_of ${family}_z3) -gt 0 ]"
 done
+
+# ZeRO-2 and ZeRO-3 through host memory (an MPI method on the card: each bucket copied to page-locked
+# host memory, reduce-scattered or all-gathered by MPI, its piece or the block copied back): ZeRO-2
+# ZeRO-1's losses to the bit, ZeRO-3 within 1e-6, and with 2 micro-batches each reduced (the pieces
+# summed on the card) within 1e-5.
+MPI_CARD=(runtime.device=cuda parallel.sync=allreduce parallel.bucket_mb=0.02)
+run mpi_z1 gpt2 "$SIM" 2 "${MPI_CARD[@]}" parallel.zero=1 &&
+  run mpi_z2 gpt2 "$SIM" 2 "${MPI_CARD[@]}" parallel.zero=2 &&
+  run mpi_z3 gpt2 "$SIM" 2 "${MPI_CARD[@]}" parallel.zero=3 &&
+  run mpi_z3m gpt2 "$SIM" 2 "${MPI_CARD[@]}" parallel.zero=3 parallel.microbatches=2
+check "gpt2, 2 replicas, ZeRO-2 and ZeRO-3 through host memory on the card: as over NCCL" \
+  "[ $? = 0 ] && losses_within mpi_z1 mpi_z2 0 && losses_within mpi_z1 mpi_z3 1e-6 && losses_within mpi_z1 mpi_z3m 1e-5 &&
+   [ \$(ppeak_of mpi_z3) -gt 0 ]"
 
 # ZeRO-2 and ZeRO-3 with tensor parallelism (FSDP over each shard's data-parallel group) and with
 # pipeline stages, 2 x 2 ranks: ZeRO-2 ZeRO-1's losses to the bit, ZeRO-3 within 1e-6.
