@@ -545,10 +545,10 @@ PlanResult plan(const PlanInputs& in) {
         }
   }
   if (in.device.gpu && in.zero == 2)
-    r.notes.push_back("ZeRO-2 on a GPU needs parallel.sync nccl; its gradient rows are the limit of the backed device "
+    r.notes.push_back("ZeRO-2 on a GPU: its gradient rows are the limit of the backed device "
                       "pages (pieces, the tensors outside the blocks, three buckets)");
   if (in.device.gpu && in.zero == 3)
-    r.notes.push_back("ZeRO-3 on a GPU needs parallel.sync nccl; its parameter rows are the limit of the backed device "
+    r.notes.push_back("ZeRO-3 on a GPU: its parameter rows are the limit of the backed device "
                       "pages (pieces, the tensors outside the blocks, three blocks), its gradient rows ZeRO-2's");
   if (in.zero == 3)
     r.notes.push_back("ZeRO-3 runs with runtime.precision fp32 (its bf16 rows are not a layout llmpi-train runs)");
