@@ -64,6 +64,9 @@
 #             mpi_staging   2 ranks sharing the GPU through parallel.sync=allreduce (host staging);
 #                           losses vs train_cpu (1e-3)
 #             mpi_staging_zero  the same with parallel.zero=1; losses vs mpi_staging's (1e-5)
+#             mpi_staging_zero2, mpi_staging_zero3  the same with parallel.zero=2 / 3 (the gradient
+#                           and the blocks' parameters as device pages: CUDA virtual memory on the
+#                           card); losses vs mpi_staging_zero's (1e-5)
 #             nccl_world1   parallel.sync=nccl at world size 1; losses vs train_cpu (1e-3) (this
 #                           checks the communicator's set-up: GradSync makes no collective call at
 #                           world 1; NcclSync.* in cuda_tests runs the collectives)
@@ -114,7 +117,8 @@ group_steps() {
     tests) echo "gpu suites" ;;
     shapes) echo "real_shapes model_curves" ;;
     sanitize) echo "memcheck racecheck initcheck" ;;
-    train) echo "train_cpu train_gpu train_gpu_full mpi_staging mpi_staging_zero nccl_world1 train_gpu_bf16 train_gpu_tf32" \
+    train) echo "train_cpu train_gpu train_gpu_full mpi_staging mpi_staging_zero mpi_staging_zero2 mpi_staging_zero3" \
+                "nccl_world1 train_gpu_bf16 train_gpu_tf32" \
                 "train_cpu_bf16 train_gpu_bf16_vs_cpu mpi_bf16_sync tp_staging tp_staging_sp" ;;
     pipeline) echo "pipeline_1f1b" ;;
     peers) echo "peer_llmc peer_pytorch peer_pytorch_llama" ;;
@@ -423,6 +427,11 @@ EOF
   # ZeRO-1 through the same staging (reduce-scatter + all-gather): the losses of the run above.
   wants mpi_staging_zero && train_step mpi_staging_zero 150 mpi_staging 1e-5 2 runtime.device=cuda \
     parallel.sync=allreduce parallel.overlap=false parallel.zero=1
+  # ZeRO-2 and ZeRO-3 through the same staging, their buffers device pages: ZeRO-1's losses.
+  for z in 2 3; do
+    wants mpi_staging_zero$z && train_step mpi_staging_zero$z 150 mpi_staging_zero 1e-5 2 runtime.device=cuda \
+      parallel.sync=allreduce parallel.overlap=false parallel.zero=$z
+  done
   wants nccl_world1 && train_step nccl_world1 120 train_cpu 1e-3 1 runtime.device=cuda parallel.sync=nccl
   # bf16 and tf32 GEMMs against the fp32 CPU run: the issue's bf16 target, 1e-2 over 20 steps.
   COMPARE_STEPS=20
