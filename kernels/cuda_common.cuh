@@ -56,7 +56,7 @@ enum class Path {
 };
 bool path_on(Path p);
 std::string set_paths_off(const std::string& list);  // replaces LLMPI_CUDA_OFF's list (tests); returns it
-// Whether libcudnn could be loaded (cudnn_attention.cu; dlopen once), else false and *why.
+// Whether libcudnn could be loaded (cudnn_attention.cpp; dlopen once), else false and *why.
 bool cudnn_attention_loadable(std::string* why);
 
 // ---- shared state (memory.cu) ------------------------------------------------------------------
@@ -72,7 +72,7 @@ cublasHandle_t cublas();
 // forward, and never grows afterwards (in particular never inside a backward).
 // kWsAct: GPT-2's GELU output in fp32 before its bf16 conversion, when the bf16 GELU kernel's path
 // is off (matmul_gelu_forward). kWsCudnn: cuDNN attention's bf16 operands and its workspace
-// (cudnn_attention.cu).
+// (cudnn_attention.cpp).
 enum WorkspaceSlot {
   kWsPartials = 0, kWsSortKeys, kWsSortVals, kWsSortTemp, kWsReduce, kWsFlag, kWsAttn, kWsGemm, kWsLt, kWsAct,
   kWsCudnn, kWsSlots
@@ -183,8 +183,10 @@ void gelu_grad_multiply(float* d, const float* pre, size_t n);
 void gelu_forward_to(float* out, uint16_t* out_bf16, const float* inp, size_t n);
 
 // dst[i] = bf16 bits of src[i], round to nearest even (matmul.cu; bf16_copy without counting a
-// weight rounding): an activation handed to a bf16 library call (cudnn_attention.cu)
+// weight rounding): an activation handed to a bf16 library call (cudnn_attention.cpp)
 void to_bf16_values(uint16_t* dst, const float* src, size_t n);
+// dst = the bf16 values src holds, widened (add: dst += them), n elements, on the compute stream.
+void from_bf16_values(float* dst, const uint16_t* src, size_t n, bool add);
 
 // Column sums, deterministic: colsum[j] += Σ_n x[n, j] for x [N, M], rows ld apart (0 = M)
 // (matmul.cu).
@@ -220,7 +222,8 @@ void check_dropout_p(const char* op, float p);
 // memory.cu also: readback_count
 LLMPI_OPS(LLMPI_DECLARE_OP)
 
-// ---- device helpers ------------------------------------------------------------------------------
+// ---- device helpers (not for host-only files: cudnn_attention.cpp defines LLMPI_CUDA_HOST_ONLY) --
+#ifndef LLMPI_CUDA_HOST_ONLY
 template <typename F>
 __device__ __forceinline__ F warp_sum(F v) {
 #pragma unroll
@@ -261,5 +264,6 @@ __device__ __forceinline__ size_t grid_first() {
 __device__ __forceinline__ size_t grid_stride() {
   return static_cast<size_t>(gridDim.x) * blockDim.x;
 }
+#endif  // LLMPI_CUDA_HOST_ONLY
 
 }  // namespace llmpi::cuda

@@ -52,7 +52,7 @@ const PathEntry kPaths[] = {
      "column sums' second pass on 16 lanes of chunks per column (2df35d4)",
      "a thread per column, the chunks in order"},
     {Path::cudnn_attention, "cudnn_attention",
-     "bf16 fused attention through cuDNN's SDPA graphs where dropout is 0 (cudnn_attention.cu)",
+     "bf16 fused attention through cuDNN's SDPA graphs where dropout is 0 (cudnn_attention.cpp)",
      "our fused-attention kernels"},
 };
 static_assert(sizeof(kPaths) / sizeof(kPaths[0]) == static_cast<size_t>(Path::count), "one entry per Path");

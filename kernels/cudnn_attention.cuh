@@ -1,4 +1,4 @@
-// Fused attention through cuDNN's scaled-dot-product-attention graphs (kernels/cudnn_attention.cu),
+// Fused attention through cuDNN's scaled-dot-product-attention graphs (kernels/cudnn_attention.cpp),
 // run by flash_attention_forward/backward (flash_attention.cu) in bf16 where
 // cudnn_attention_applies(): cuDNN is loaded at run time (dlopen of libcudnn.so.9: a binary runs
 // where it is absent, and says why it is not used), the path is on (LLMPI_CUDA_OFF without

@@ -162,6 +162,14 @@ __global__ void to_bf16_kernel(__nv_bfloat16* __restrict__ dst, const float* __r
   for (size_t i = 4 * n4 + grid_first(); i < n; i += grid_stride()) dst[i] = __float2bfloat16_rn(src[i]);
 }
 
+// dst[i] = float(src[i]) (add: dst[i] += it): bf16 results of a library call widened (exact).
+__global__ void from_bf16_kernel(float* __restrict__ dst, const __nv_bfloat16* __restrict__ src, size_t n, bool add) {
+  for (size_t i = grid_first(); i < n; i += grid_stride()) {
+    const float v = __bfloat162float(src[i]);
+    dst[i] = add ? dst[i] + v : v;
+  }
+}
+
 void to_bf16(__nv_bfloat16* dst, const float* src, size_t n) {
   if (n == 0) return;
   const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0;
@@ -348,6 +356,13 @@ void add_column_sums(float* colsum, const float* x, int N, int M, int ld) {
 }
 
 void to_bf16_values(uint16_t* dst, const float* src, size_t n) { to_bf16(reinterpret_cast<__nv_bfloat16*>(dst), src, n); }
+
+void from_bf16_values(float* dst, const uint16_t* src, size_t n, bool add) {
+  if (n == 0) return;
+  from_bf16_kernel<<<grid_for(n, 256), 256, 0, compute_stream()>>>(dst, reinterpret_cast<const __nv_bfloat16*>(src), n,
+                                                                   add);
+  LLMPI_LAUNCH_CHECK(add ? "from_bf16 (add)" : "from_bf16");
+}
 
 void bf16_copy(uint16_t* dst, const float* src, size_t n) {
   weight_roundings.fetch_add(n, std::memory_order_relaxed);

@@ -241,7 +241,7 @@ TEST(CudaFlashBf16Kernel, DiffersFromTheFp32Kernel) {
   }
 }
 
-// ---- cuDNN's attention (kernels/cudnn_attention.cu) ------------------------------------------------
+// ---- cuDNN's attention (kernels/cudnn_attention.cpp) -----------------------------------------------
 //
 // CudnnAttention.MatchesCpuEmulation/* runs the op with cuDNN's SDPA graphs (the path switched on
 // for the test, whatever LLMPI_CUDA_OFF says) on the cases it takes — bf16, no dropout, hs a

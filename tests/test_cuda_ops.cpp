@@ -1573,7 +1573,7 @@ TEST_P(CudaModel, Bf16TrainingFollowsCpuBf16LossCurve) {
 }
 
 // The same 20-step curve with cuDNN's attention where it applies (no dropout; kernels/
-// cudnn_attention.cu), against the CPU's emulation of our kernels: the bf16 bound, 1e-2.
+// cudnn_attention.cpp), against the CPU's emulation of our kernels: the bf16 bound, 1e-2.
 TEST_P(CudaModel, Bf16CudnnAttentionTrainingFollowsCpuBf16LossCurve) {
   REQUIRE_GPU();
   const ScopedCudaPathsOff cudnn_on("", true);

@@ -116,7 +116,7 @@ CudaEpilogueCounts cuda_epilogue_counts();
 double cuda_gemm_tflops(int M, int N, int K, int iters, const std::string& math = "fp32", int ldc = 0);
 // The kernel flash_attention_forward/backward run on the bound device for this precision and
 // head size, for an unmasked call without dropout (for benchmark reports): "cudnn-sdpa-bf16"
-// (cuDNN's attention, kernels/cudnn_attention.cu, where it is loaded and on; a shape cuDNN has no
+// (cuDNN's attention, kernels/cudnn_attention.cpp, where it is loaded and on; a shape cuDNN has no
 // plan for still runs ours), "flash-bf16-mma" / "flash-tf32-mma" (tensor cores,
 // kernels/flash_attention_mma.cu), "flash-bf16-wmma" (the verified WMMA kernels, with
 // mma_attention off) or "flash-fp32" (kernels/flash_attention.cu).

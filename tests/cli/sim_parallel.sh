@@ -91,8 +91,9 @@ check "gpt2, 2 replicas, ZeRO-1 over NCCL: losses within 1e-6 of zero 0 over NCC
 # rank's half): ZeRO-1's reduce-scatters of the same buckets, so ZeRO-1's losses to the bit, with
 # less of the gradient ever backed than the whole and no more than the memory estimate counts; each micro-batch reduced (parallel.zero_reduce micro_batch,
 # folded into the sum on the card) within rounding of reducing once a step.
-# (4 steps: the simulated card runs this model at ~4 s a step)
-Z2=(parallel.bucket_mb=8 model.n_layer=8 model.d_model=256 model.n_head=4 train.steps=4 train.warmup_steps=1)
+# (2 steps, the second on moments and pages the first left: the simulated card runs this model at
+# ~3.6 s a step)
+Z2=(parallel.bucket_mb=8 model.n_layer=8 model.d_model=256 model.n_head=4 train.steps=2 train.warmup_steps=1)
 run z1 gpt2 "$SIM" 2 "${NCCL[@]}" "${Z2[@]}" parallel.zero=1
 run z2 gpt2 "$SIM" 2 "${NCCL[@]}" "${Z2[@]}" parallel.zero=2
 rc=$?
@@ -102,14 +103,14 @@ peak_of() { json_number "$1" '"grad_device_pages_peak_bytes":'; }
 params=$(json_number z2 '"n_params":')
 estimate=$(json_number z2 '"memory_estimate_rank0":\{[^}]*"grads":')
 check "gpt2, 2 replicas, ZeRO-2 over NCCL: ZeRO-1's losses to the bit; gradient backed at most $(peak_of z2) of $((4 * params)) bytes (estimate $estimate)" \
-  "[ $rc = 0 ] && losses_within z1 z2 0 4 && [ \$(peak_of z2) -lt \$((4 * params)) ] &&
+  "[ $rc = 0 ] && losses_within z1 z2 0 2 && [ \$(peak_of z2) -lt \$((4 * params)) ] &&
    awk 'BEGIN { exit !($(peak_of z2) <= $estimate) }'"
 run z2m gpt2 "$SIM" 2 "${NCCL[@]}" "${Z2[@]}" parallel.zero=2 parallel.microbatches=2
 rc=$?
 run z2s gpt2 "$SIM" 2 "${NCCL[@]}" "${Z2[@]}" parallel.zero=2 parallel.microbatches=2 parallel.zero_reduce=step
 rc2=$?
 check "gpt2, ZeRO-2 over NCCL with 2 micro-batches: each reduced within 1e-5 of once a step, less backed than once a step" \
-  "[ $rc = 0 ] && [ $rc2 = 0 ] && losses_within z2s z2m 1e-5 4 && [ \$(peak_of z2m) -lt \$(peak_of z2s) ]"
+  "[ $rc = 0 ] && [ $rc2 = 0 ] && losses_within z2s z2m 1e-5 2 && [ \$(peak_of z2m) -lt \$(peak_of z2s) ]"
 # ZeRO-3 over NCCL: the parameters as device pages too, each block backed and all-gathered on
 # NCCL's stream just before it computes (the next one's gather enqueued meanwhile) and given back
 # after: ZeRO-1's losses within 1e-6 (its buckets are cut at the blocks, so the norm sums its

@@ -1,6 +1,6 @@
 // What the simulated CUDA backend (tools/cuda_cpu_sim/README.md) takes from the two .cu files it
 // does not compile: gemm_lt.cu's cuBLASLt GEMMs with epilogues, here computed on the CPU to their
-// contract (cuda_common.cuh), with its counters and switch; cudnn_attention.cu's entry points,
+// contract (cuda_common.cuh), with its counters and switch; cudnn_attention.cpp's entry points,
 // off; and the column-major GEMM behind include/cublas_v2.h. (NCCL, which nccl_sync.cu calls, is
 // sim_nccl.cpp's.)
 #include <algorithm>
@@ -139,7 +139,7 @@ void lt_gemm_rm(const LtGemm& g) {
     }
 }
 
-// cudnn_attention.cu is not simulated either (cuDNN is a library of GPU kernels): the path reports
+// cudnn_attention.cpp is not simulated either (cuDNN is a library of GPU kernels): the path reports
 // itself off, and flash_attention_forward/backward run our kernels.
 bool cudnn_attention_loadable(std::string* why) {
   if (why) *why = "the CPU simulator has no cuDNN";
