@@ -24,13 +24,21 @@
 //          writing anything unless update_allowed, and grad_scale = clip_factor_of(scalars,
 //          max_norm) — a double sqrt and quotient, correctly rounded on both, then one rounding
 //          to float: the host's bits. No host wait between the gradient's norm and the update.
+//          A block whose four segment pointers (p, g, m, v) are 16-byte aligned moves its elements
+//          four at a time (one 16-byte load or store per array per four elements), then the n % 4
+//          tail one by one; a block with any pointer unaligned (a ZeRO piece's state offset, say)
+//          takes them one by one. Each element's arithmetic is the same either way: the same bits
+//          (LLMPI_CUDA_OFF=adamw_vec4: one by one always).
 #include <cmath>
 
 #include "cuda_common.cuh"
+#include "vector_access.cuh"
 
 namespace llmpi::cuda {
 
 namespace {
+
+__device__ __forceinline__ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 constexpr int kThreads = 256;
 constexpr int kMaxSumBlocks = 1024;  // pass 2 is one block of kMaxSumBlocks threads
@@ -94,7 +102,7 @@ __global__ void adamw_segments_kernel(float* __restrict__ params, const float* _
                                       const UpdateSegment* __restrict__ segs, float grad_scale,
                                       const StepScalars* __restrict__ scalars, double max_norm,
                                       float lr, float beta1, float beta2, float eps, float wd,
-                                      float c1, float c2) {
+                                      float c1, float c2, bool vec4) {
   if (scalars) {
     const StepScalars sc = *scalars;
     if (!update_allowed(sc)) return;  // the whole block: parameters and moments untouched
@@ -106,7 +114,22 @@ __global__ void adamw_segments_kernel(float* __restrict__ params, const float* _
   float* mk = m + sg.state_offset;
   float* vk = v + sg.state_offset;
   const float wdk = sg.decay ? wd : 0.0f;
-  for (unsigned i = threadIdx.x; i < sg.n; i += blockDim.x)
+  unsigned done = 0;  // elements [0, done) updated four at a time
+  if (vec4 && aligned16(p) && aligned16(gr) && aligned16(mk) && aligned16(vk)) {
+    const unsigned nq = sg.n / 4;
+    for (unsigned q = threadIdx.x; q < nq; q += blockDim.x) {
+      Floats<4> pv = load_floats<4>(p + 4 * q), mv = load_floats<4>(mk + 4 * q), vv = load_floats<4>(vk + 4 * q);
+      const Floats<4> gv = load_floats<4>(gr + 4 * q);
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        adamw_element(pv.v[j], mv.v[j], vv.v[j], __fmul_rn(gv.v[j], grad_scale), lr, beta1, beta2, eps, wdk, c1, c2);
+      store_floats<4>(p + 4 * q, pv);
+      store_floats<4>(mk + 4 * q, mv);
+      store_floats<4>(vk + 4 * q, vv);
+    }
+    done = nq * 4;
+  }
+  for (unsigned i = done + threadIdx.x; i < sg.n; i += blockDim.x)
     adamw_element(p[i], mk[i], vk[i], __fmul_rn(gr[i], grad_scale), lr, beta1, beta2, eps, wdk, c1, c2);
 }
 
@@ -204,7 +227,7 @@ void adamw_update_segments(float* params, const float* grads, float* m, float* v
   const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), t)));
   adamw_segments_kernel<<<static_cast<unsigned>(nsegs), kThreads, 0, compute_stream()>>>(
       params, grads, m, v, segs, grad_scale, scalars, max_norm, lr, beta1, beta2, eps,
-      weight_decay, c1, c2);
+      weight_decay, c1, c2, path_on(Path::adamw_vec4));
   LLMPI_LAUNCH_CHECK("adamw_segments");
 }
 

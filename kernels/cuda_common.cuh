@@ -52,7 +52,7 @@ void launch_check(const char* name, const char* file, int line);
 // (or all): the code that asks path_on(p) runs the earlier version instead. In the order of cuda_paths.cu.
 enum class Path {
   mma_attention, tf32_attention, attention_tile_order, rowdot_warp, softmax_row_smem, colsum_in_conversion,
-  gelu_grad_vec4, bf16_gelu_kernel, partial_sums_lanes, cudnn_attention, count
+  gelu_grad_vec4, bf16_gelu_kernel, partial_sums_lanes, cudnn_attention, adamw_vec4, count
 };
 bool path_on(Path p);
 std::string set_paths_off(const std::string& list);  // replaces LLMPI_CUDA_OFF's list (tests); returns it

@@ -54,6 +54,9 @@ const PathEntry kPaths[] = {
     {Path::cudnn_attention, "cudnn_attention",
      "bf16 fused attention through cuDNN's SDPA graphs where dropout is 0 (cudnn_attention.cpp)",
      "our fused-attention kernels"},
+    {Path::adamw_vec4, "adamw_vec4",
+     "AdamW's segment update moves parameters, gradients and moments with 16-byte accesses (adamw.cu)",
+     "one float per access (the same bits)"},
 };
 static_assert(sizeof(kPaths) / sizeof(kPaths[0]) == static_cast<size_t>(Path::count), "one entry per Path");
 

@@ -259,3 +259,35 @@ TEST(CudaPathsFallback, Bf16GeluOutputThroughTheEpilogueThenConverted) {
                                               0x1p-8 * (1 + 0x1p-8) * (std::fabs(lt[k]) + std::fabs(ours[k])))
         << "act " << k - n;
 }
+
+// AdamW's segment update four elements at a time or one: the same expression per element, so the
+// same bits (parameters and both moments, over three steps). The table mixes segments whose four
+// pointers are 16-byte aligned (n a multiple of 4 and not: the four-wide loop, then the tail) with
+// segments whose parameter or state offset is not (the one-wide loop either way), and one with
+// weight decay off.
+TEST(CudaPathsFallback, AdamwSegmentsFourAtATimeGiveTheSameBits) {
+  REQUIRE_GPU();
+  //                                  offset state  n     decay
+  const std::vector<UpdateSegment> segs = {{0, 0, 4096, 1},       {4096, 4096, 1027, 0}, {5124, 5124, 999, 1},
+                                           {6125, 6128, 64, 1},   {6192, 6193, 33, 0}};
+  const size_t np = 6225, ns = 6226;
+  const auto p0 = random_floats(np, 81), m0 = random_floats(ns, 82, 0.0f, 0.1f);
+  const auto v0 = random_floats(ns, 83, 0.0f, 0.01f);
+  auto run = [&] {
+    Dev p(p0), m(m0), v(v0), table(segs);
+    for (int step = 1; step <= 3; step++) {
+      Dev g(random_floats(np, 90 + step, -2.0f, 2.0f));
+      gpu().adamw_update_segments(p.f(), g.f(), m.f(), v.f(), static_cast<UpdateSegment*>(table.p),
+                                  static_cast<int>(segs.size()), 0.37f, nullptr, 0.0, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                                  step);
+    }
+    std::vector<float> out = p.get(), a = m.get(), b = v.get();
+    out.insert(out.end(), a.begin(), a.end());
+    out.insert(out.end(), b.begin(), b.end());
+    return out;
+  };
+  const auto [on, off] = both_ways("adamw_vec4", run);
+  ASSERT_TRUE(all_finite(on));
+  EXPECT_NE(bit_difference(std::vector<float>(on.begin(), on.begin() + np), p0), "") << "no update";
+  EXPECT_SAME_BITS(off, on);  // Exact: the same adamw_element per element, four at a time or one
+}
