@@ -5,10 +5,16 @@
 //                        [--layers L] [--heads H] [--d-model C] [--vocab V] [--device D]
 //                        [--gemm N] [--precision fp32|tf32|bf16] [--attention auto|full|fused]
 //                        [--lm-head-chunk-rows R] [--no-rates]
+//                        [--family gpt2|llama] [--kv-heads K] [--ffn F]
 //
 // --no-rates skips the GEMM-rate measurements (the --gemm cube and the LM head's GEMM of one chunk,
 // 39 cuBLAS calls): for a profiler, whose kernel table should hold the training steps only; the
 // figures that need them (gemm_tflops, mfu_vs_measured_gemm, lm_head_gemm) are then null.
+// --family llama measures a LLaMA-shaped model instead (RMSNorm, RoPE, SwiGLU, untied LM head;
+// --kv-heads K grouped K/V heads, default the query heads; --ffn F the SwiGLU width, default the
+// family's): e.g. a 1B-class shape, --family llama --layers 16 --d-model 2048 --heads 32
+// --kv-heads 8 --ffn 8192 --vocab 32000. FLOPs per token are the same formula (N counts its
+// parameters).
 // Defaults: GPT-2 124M (12 layers, 12 heads, d_model 768, vocab 50257, seq_len 1024), batch 8
 // per GPU, 3 warm-up + 20 timed steps, fp32 GEMMs, attention as runtime.attention "auto" runs it
 // on a GPU (fused: kernels/flash_attention.cu, or with --precision bf16 / tf32 the tensor-core
@@ -73,6 +79,8 @@ struct Options {
   int layers = 12, heads = 12, d_model = 768, vocab = 50257;
   int device = 0, gemm = 8192;
   int head_chunk_rows = 0;  // runtime.lm_head_chunk_rows (0: the default budget)
+  std::string family = "gpt2";
+  int kv_heads = 0, ffn = 0;  // llama: model.n_kv_head, model.ffn_dim (0: the defaults)
   bool rates = true;        // measure the GEMM rates (--no-rates: not)
   std::string json;
   llmpi::GemmPrecision precision = llmpi::GemmPrecision::fp32;  // the dense layers' GEMMs (runtime.precision)
@@ -84,7 +92,7 @@ void usage() {
       "usage: %s [--batch B] [--seq-len T] [--steps S] [--warmup W] [--json OUT]\n"
       "          [--layers L] [--heads H] [--d-model C] [--vocab V] [--device D] [--gemm N]\n"
       "          [--precision fp32|tf32|bf16] [--attention auto|full|fused] [--lm-head-chunk-rows R]\n"
-      "          [--no-rates]\n",
+      "          [--no-rates] [--family gpt2|llama] [--kv-heads K] [--ffn F]\n",
       kProg);
 }
 
@@ -106,6 +114,14 @@ bool parse(int argc, char** argv, Options& o) {
     const char* v = argv[++i];
     if (a == "--json") {
       o.json = v;
+      continue;
+    }
+    if (a == "--family") {
+      o.family = v;
+      if (o.family != "gpt2" && o.family != "llama") {
+        std::fprintf(stderr, "%s: --family wants gpt2 or llama (a language model), got '%s'\n", kProg, v);
+        return false;
+      }
       continue;
     }
     if (a == "--attention") {
@@ -137,6 +153,8 @@ bool parse(int argc, char** argv, Options& o) {
     else if (a == "--device") o.device = xi;
     else if (a == "--gemm") o.gemm = xi;
     else if (a == "--lm-head-chunk-rows") o.head_chunk_rows = xi;
+    else if (a == "--kv-heads") o.kv_heads = xi;
+    else if (a == "--ffn") o.ffn = xi;
     else {
       std::fprintf(stderr, "%s: unknown option %s\n", kProg, a.c_str());
       usage();
@@ -147,6 +165,14 @@ bool parse(int argc, char** argv, Options& o) {
       o.d_model < 1 || o.d_model % o.heads != 0 || o.vocab < 2 || o.gemm < 64) {
     std::fprintf(stderr, "%s: sizes must be positive, d_model a multiple of heads, --gemm >= 64\n",
                  kProg);
+    return false;
+  }
+  if ((o.kv_heads != 0 || o.ffn != 0) && o.family != "llama") {
+    std::fprintf(stderr, "%s: --kv-heads and --ffn are LLaMA's: add --family llama\n", kProg);
+    return false;
+  }
+  if (o.kv_heads != 0 && o.heads % o.kv_heads != 0) {
+    std::fprintf(stderr, "%s: --heads (%d) must be a multiple of --kv-heads (%d)\n", kProg, o.heads, o.kv_heads);
     return false;
   }
   return true;
@@ -219,11 +245,15 @@ int run(const Options& o) {
       std::printf("no published peak known for '%s': MFU is reported against the measured GEMM only\n",
                   dev.c_str());
 
-    ModelConfig mc = parse_config("{}", "bench", {"data.train=-"}).model;
-    mc.n_layer = o.layers;
-    mc.n_head = o.heads;
-    mc.d_model = o.d_model;
-    mc.seq_len = o.seq_len;
+    // The trainer's configuration of the model (the family's defaults), with the shape given.
+    std::vector<std::string> sets = {"data.train=-", "model.family=" + o.family,
+                                     "model.n_layer=" + std::to_string(o.layers),
+                                     "model.n_head=" + std::to_string(o.heads),
+                                     "model.d_model=" + std::to_string(o.d_model),
+                                     "model.seq_len=" + std::to_string(o.seq_len)};
+    if (o.kv_heads) sets.push_back("model.n_kv_head=" + std::to_string(o.kv_heads));
+    if (o.ffn) sets.push_back("model.ffn_dim=" + std::to_string(o.ffn));
+    const ModelConfig mc = parse_config("{}", "bench", sets).model;
     ModelDesc desc = model_desc_from_config(mc, o.vocab);
     desc.attention = resolve_attention(o.attention, true, desc.head_dim());
     desc.lm_head_chunk_rows = o.head_chunk_rows;
@@ -327,8 +357,8 @@ int run(const Options& o) {
     const double ws_b = static_cast<double>(cuda_workspace_bytes());
     const double plan_gib = (state_b + act_b + ws_b) / 1073741824.0;
 
-    std::printf("\nmodel: %d layers, %d heads, d_model %d, vocab %d, seq_len %d; %.2fM params\n",
-                o.layers, o.heads, o.d_model, o.vocab, T, n / 1e6);
+    std::printf("\nmodel: %s, %d layers, %d heads (%d K/V), d_model %d, ffn %d, vocab %d, seq_len %d; %.2fM params\n",
+                o.family.c_str(), o.layers, o.heads, desc.n_kv_head, o.d_model, desc.ffn_dim, o.vocab, T, n / 1e6);
     std::printf("batch %d x %d = %d tokens/step, %d timed steps after %d warm-up, last loss %.4f, %s attention (%s)\n\n",
                 B, T, N, o.steps, o.warmup, loss, attention_impl_name(desc.attention), attn_kernel.c_str());
     std::printf("%-34s %12s\n", "metric", "value");
@@ -381,8 +411,9 @@ int run(const Options& o) {
                     {"attention", attention_impl_name(desc.attention)},
           {"attention_kernel", attn_kernel},
           {"model",
-           {{"n_layer", o.layers}, {"n_head", o.heads}, {"d_model", o.d_model},
-            {"vocab_size", o.vocab}, {"seq_len", T}, {"params", n}}},
+           {{"family", o.family}, {"n_layer", o.layers}, {"n_head", o.heads}, {"n_kv_head", desc.n_kv_head},
+            {"d_model", o.d_model}, {"ffn_dim", desc.ffn_dim}, {"vocab_size", o.vocab}, {"seq_len", T},
+            {"params", n}}},
           {"batch", B},
           {"tokens_per_step", N},
           {"steps", o.steps},

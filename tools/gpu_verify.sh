@@ -12,9 +12,14 @@
 # records the commit in .device/commit), else those in ${BUILD:-build}/.
 #
 # Two groups, each sized for one short GPU allocation (about 10 minutes, start-up included):
-#   quick     under 6 minutes on a healthy card: nvidia-smi; every CUDA test suite in a process
-#             of its own; the unverified paths against the verified ones; cuDNN's attention; the
-#             GPT-2 124M benchmark beside its peers and the last verified binary; a short profile
+#   quick     under 6 minutes on a healthy card, the most wanted first (the steps run in this
+#             file's order, each under its own limit, and those that would pass the group's
+#             deadline are recorded as not run): nvidia-smi; every CUDA test suite in a process
+#             of its own; cuDNN's attention; tensor parallelism on the card; the GPT-2 124M
+#             benchmark with every switched path on and with all off; each path switched off on
+#             its own; a LLaMA 1B-class shape; llm.c and PyTorch on the same card; a short
+#             profile; the suites of the switched paths with all of them off; GPT-2 124M as a
+#             2-stage pipeline
 #   rest      real shapes, compute-sanitizer, the trainer against the CPU, a 2-stage pipeline
 # and smaller ones (`--list`): tests, shapes, sanitize, train, pipeline, peers, bench_bf16,
 # bench_fp32, bench_tf32, profile. Steps of quick:
@@ -29,9 +34,15 @@
 #                 of them off (LLMPI_CUDA_OFF=all): the verified versions still pass
 #   cudnn         '*CudnnAttention*': cuDNN's attention against the CPU's bf16 emulation,
 #                 bitwise repeatable; a "no cuDNN" skip is a failure here, as a "no GPU" one
-#   bench_bf16_b64, bench_bf16_b64_verified, bench_bf16_b64_baseline, bench_bf16_b64_nocudnn
-#                 bench-gpu_gpt2 bf16 B = 64: as built, with LLMPI_CUDA_OFF=all, the last binary a
-#                 card verified (bench-gpu_gpt2-verified, packed by --pack), and without cuDNN
+#   tp_staging    (as in train, below; train_cpu runs first as its reference)
+#   bench_bf16_b64, bench_bf16_b64_verified
+#                 bench-gpu_gpt2 bf16 B = 64: as built, and with LLMPI_CUDA_OFF=all
+#   switches      one step per switched path (docs/GPU.md "Switches"; the names from
+#                 bench_bf16_b64's record), switch_off_NAME: bench-gpu_gpt2 bf16 B = 64 with
+#                 LLMPI_CUDA_OFF=NAME (5 timed steps, no GEMM rates); its tokens/s and the ratio
+#                 to bench_bf16_b64's (on / off above 1: the path is faster than what it replaces)
+#   bench_llama1b_bf16_b8  bench-gpu_gpt2 --family llama, a LLaMA 3.2 1B-class shape (16 layers,
+#                 d 2048, 32 heads, 8 K/V heads, SwiGLU 8192, vocabulary 32,000), bf16, B = 8
 #   peer_llmc     llm.c (.device/llmc, packed from ../shared/peers/llmc) at B = 64, its tokens/s
 #                 and MFU recomputed with our FLOPs formula (6 N + 12 L T C; llm.c's own is
 #                 6 N + 6 L T C, also recorded)
@@ -41,6 +52,7 @@
 #   pipeline_124m GPT-2 124M's shapes as a 2-stage 1F1B pipeline, 2 ranks sharing the card, messages
 #                 through MPI from page-locked host buffers: losses vs the CPU's, step time vs the
 #                 unpipelined run on the card (steps p124m_cpu, p124m_gpu; about 1.5 minutes)
+#   (verified, above, runs after kernel_times: a slower step than the benchmarks)
 # The other groups:
 #   tests     gpu, suites   (as in quick)
 #   shapes    real_shapes   llmpi-tests --gtest_filter='*CudaRealShape*' (GPT-2 124M shapes:
@@ -86,6 +98,8 @@
 #                           train_gpu's; a trainer that refuses pipelines on CUDA is recorded as
 #                           "refused" (not a failure) with its message
 #   bench_bf16, bench_fp32, bench_tf32
+#             bench_bf16_b64_baseline, bench_bf16_b64_nocudnn  bf16 B = 64 with the last binary a
+#                           card verified (bench-gpu_gpt2-verified, packed by --pack), and without cuDNN
 #             bench_P_bB    bench-gpu_gpt2 --precision P --batch B (B = 8, 16, 32, 64; T = 1024;
 #                           fused attention), and bench_bf16_b8_full: batch 8 with --attention full,
 #                           bench_fp32_b8_unfused, bench_bf16_b64_unfused: with
@@ -111,8 +125,8 @@ GROUPS_ALL="quick rest"
 GROUPS_MORE="tests shapes sanitize train pipeline peers bench_bf16 bench_fp32 bench_tf32 profile"
 group_steps() {
   case $1 in
-    quick) echo "gpu suites verified cudnn bench_bf16_b64 bench_bf16_b64_verified bench_bf16_b64_baseline" \
-                "bench_bf16_b64_nocudnn peer_llmc peer_pytorch kernel_times pipeline_124m" ;;
+    quick) echo "gpu suites cudnn tp_staging bench_bf16_b64 bench_bf16_b64_verified switches bench_llama1b_bf16_b8" \
+                "peer_llmc peer_pytorch kernel_times verified pipeline_124m" ;;
     rest) echo "$(group_steps shapes) $(group_steps sanitize) $(group_steps train) $(group_steps pipeline)" ;;
     tests) echo "gpu suites" ;;
     shapes) echo "real_shapes model_curves" ;;
@@ -124,7 +138,7 @@ group_steps() {
     peers) echo "peer_llmc peer_pytorch peer_pytorch_llama" ;;
     bench_bf16|bench_fp32|bench_tf32)
       local p=${1#bench_}
-      echo "bench_${p}_b8 bench_${p}_b16 bench_${p}_b32 bench_${p}_b64$([ "$p" = bf16 ] && echo " bench_bf16_b8_full bench_bf16_b64_unfused")$([ "$p" = fp32 ] && echo " bench_fp32_b8_unfused")" ;;
+      echo "bench_${p}_b8 bench_${p}_b16 bench_${p}_b32 bench_${p}_b64$([ "$p" = bf16 ] && echo " bench_bf16_b8_full bench_bf16_b64_unfused bench_bf16_b64_baseline bench_bf16_b64_nocudnn")$([ "$p" = fp32 ] && echo " bench_fp32_b8_unfused")" ;;
     profile) echo "kernel_times flash_sections" ;;
     *) return 1 ;;
   esac
@@ -336,10 +350,6 @@ if wants suites; then
     "\"suites\": $nsuites, \"passed\": $tp, \"failed\": $tf, \"skipped\": $tsk, \"failing_suites\": \"${bad_suites% }\""
   triage suites
 fi
-# verified: the suites that run an unverified path, with all of them off (the versions a card
-# verified, still built beside them, must still pass).
-wants verified && GTEST_ENV=LLMPI_CUDA_OFF=all gtest_step verified 150 \
-  '*CudaFlashBf16*:*CudaFlashAttention*:*CudaEpilogues*:*CudaBf16Operands*:CudaOps.SoftmaxXent*:CudaOps.*Norm*:*CudaModel*:*CudaPaths*:-*TrainingFollows*'
 # cudnn: cuDNN's attention against the CPU (the tests switch it on themselves).
 wants cudnn && GTEST_ENV=LLMPI_CUDA_OFF= gtest_step cudnn 90 '*CudnnAttention*'
 wants real_shapes && { gtest_step real_shapes 560 '*CudaRealShape*'; triage real_shapes; }
@@ -480,21 +490,22 @@ EOF
   fi
 fi
 
-# bench_step NAME PRECISION BATCH [ATTENTION [EPILOGUES [OFF [BINARY]]]]: bench-gpu_gpt2 (GPT-2 124M,
-# T = 1024), its JSON folded into the record; EPILOGUES off runs it with LLMPI_CUDA_EPILOGUES=0, OFF
-# is LLMPI_CUDA_OFF's list (default none), BINARY another bench-gpu_gpt2 (the verified baseline).
+# bench_step NAME PRECISION BATCH [ATTENTION [EPILOGUES [OFF [BINARY [ARGS]]]]]: bench-gpu_gpt2 (GPT-2
+# 124M, T = 1024), its JSON folded into the record; EPILOGUES off runs it with LLMPI_CUDA_EPILOGUES=0,
+# OFF is LLMPI_CUDA_OFF's list (default none), BINARY another bench-gpu_gpt2 (the verified
+# baseline), ARGS more of its options (word-split; default 8 timed steps after 2 warm-up).
 bench_step() {
-  local name=$1 prec=$2 b=$3 att=${4:-auto} epi=${5:-on} off=${6:-} binary=${7:-$BENCH}
+  local name=$1 prec=$2 b=$3 att=${4:-auto} epi=${5:-on} off=${6:-} binary=${7:-$BENCH} args=${8:---steps 8 --warmup 2}
   if [ ! -x "$binary" ] && ! command -v "$binary" >/dev/null 2>&1; then
     : >"$WORK/$name.out"; record "$name" 127 0 "\"why\": \"no $binary (tools/gpu_verify.sh --pack packs it)\""; return
   fi
   step "$name" 140 env LLMPI_CUDA_EPILOGUES=$([ "$epi" = off ] && echo 0 || echo 1) LLMPI_CUDA_OFF="$off" "$binary" \
-    --batch "$b" --precision "$prec" --attention "$att" --steps 8 --warmup 2 --json "$WORK/$name.json"
+    --batch "$b" --precision "$prec" --attention "$att" $args --json "$WORK/$name.json"
   local fig=""
   if [ -s "$WORK/$name.json" ]; then
     fig=$(python3 -c 'import json,sys
 j=json.load(open(sys.argv[1]))
-keys=["precision","attention","attention_kernel","gemm_epilogues","cuda_paths_off","batch","tokens_per_s","ms_per_step","forward_ms","backward_ms","optim_ms","achieved_tflops",
+keys=["precision","attention","attention_kernel","gemm_epilogues","cuda_paths_off","model","batch","tokens_per_s","ms_per_step","forward_ms","backward_ms","optim_ms","achieved_tflops",
       "gemm_tflops","lm_head_gemm","mfu_vs_measured_gemm","mfu_vs_published_bf16_peak","mfu_vs_published_own_peak",
       "peak_memory_bytes","bf16_weight_values_rounded_per_step","last_loss","device"]
 print(", ".join("\"%s\": %s" % (k, json.dumps(j.get(k))) for k in keys))' "$WORK/$name.json" 2>/dev/null ||
@@ -513,6 +524,23 @@ wants bench_bf16_b64_unfused && bench_step bench_bf16_b64_unfused bf16 64 auto o
 wants bench_bf16_b64_verified && bench_step bench_bf16_b64_verified bf16 64 auto on all
 wants bench_bf16_b64_nocudnn && bench_step bench_bf16_b64_nocudnn bf16 64 auto on cudnn_attention
 wants bench_bf16_b64_baseline && bench_step bench_bf16_b64_baseline bf16 64 auto on "" "$(bin bench-gpu_gpt2-verified)"
+# switches: each switched path off on its own, against bench_bf16_b64 (every path on) of this run.
+if wants switches; then
+  [ -s "$WORK/bench_bf16_b64.json" ] || bench_step bench_bf16_b64 bf16 64
+  names=$(python3 -c 'import json,sys; print(" ".join(p["name"] for p in json.load(open(sys.argv[1])).get("cuda_paths", [])))' \
+    "$WORK/bench_bf16_b64.json" 2>/dev/null)
+  on_tok=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokens_per_s"])' "$WORK/bench_bf16_b64.json" 2>/dev/null)
+  [ -n "$names" ] || record switches 5 0 "\"why\": \"no path list: bench_bf16_b64 wrote no record\""
+  for n in $names; do
+    bench_step "switch_off_$n" bf16 64 auto on "$n" "" "--steps 5 --warmup 2 --no-rates"
+    off_tok=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokens_per_s"])' "$WORK/switch_off_$n.json" 2>/dev/null)
+    [ -z "$on_tok" ] || [ -z "$off_tok" ] ||
+      echo "   | $n off: $off_tok tokens/s, on: $on_tok (on / off $(awk -v a="$on_tok" -v b="$off_tok" 'BEGIN{printf "%.3f", a/b}'))" | tee -a "$LOG"
+  done
+fi
+# A LLaMA 1B-class shape (LLaMA 3.2 1B's blocks; a 32,000-token vocabulary): GQA, RMSNorm, RoPE, SwiGLU.
+wants bench_llama1b_bf16_b8 && bench_step bench_llama1b_bf16_b8 bf16 8 auto on "" "" \
+  "--family llama --layers 16 --d-model 2048 --heads 32 --kv-heads 8 --ffn 8192 --vocab 32000 --steps 6 --warmup 2"
 
 # The peers on the same card in the same call, GPT-2 124M at B = 64, T = 1024. One FLOPs count
 # for all: 6 N + 12 L T C with N = 124,439,808 (bench-gpu_gpt2's flops_per_token, PaLM's count);
@@ -594,6 +622,11 @@ PY
   record "$s" $STEP_RC $STEP_SECONDS "$fig"
 done
 
+# verified: the suites that run an unverified path, with all of them off (the versions a card
+# verified, still built beside them, must still pass).
+wants verified && GTEST_ENV=LLMPI_CUDA_OFF=all gtest_step verified 150 \
+  '*CudaFlashBf16*:*CudaFlashAttention*:*CudaEpilogues*:*CudaBf16Operands*:CudaOps.SoftmaxXent*:CudaOps.*Norm*:*CudaModel*:*CudaPaths*:-*TrainingFollows*'
+
 # ---- pipeline_124m: GPT-2 124M as a 2-stage 1F1B pipeline on one card ----------------------------
 # Two ranks share the card as two stages, their activations and gradients through MPI from
 # page-locked host buffers (parallel.sync allreduce: NCCL takes one rank per GPU, so a pipeline on
@@ -621,5 +654,24 @@ EOF
 fi
 
 echo "" >>"$JSON"; echo "]" >>"$JSON"
+# One table of every step: its status, time and main figure.
+python3 - "$JSON" <<'PY' 2>>"$LOG" | tee -a "$LOG"
+import json, sys
+recs = json.load(open(sys.argv[1]))
+on = next((r.get("tokens_per_s") for r in recs if r["step"] == "bench_bf16_b64"), None)
+print("%-34s %-10s %8s  %s" % ("step", "status", "seconds", "figure"))
+for r in recs:
+    st = "ok" if r["rc"] == 0 else ("not run" if r["rc"] == 124 and r["seconds"] == 0 else "FAILED %d" % r["rc"])
+    if r.get("tokens_per_s") is not None:
+        fig = "%.0f tokens/s" % r["tokens_per_s"]
+        if r.get("mfu_vs_published_bf16_peak"): fig += ", %.1f%% MFU (bf16 peak)" % (100 * r["mfu_vs_published_bf16_peak"])
+        if r["step"].startswith("switch_off_") and on: fig += ", on / off %.3f" % (on / r["tokens_per_s"])
+    elif "passed" in r: fig = "%d passed, %d failed, %d skipped" % (r["passed"], r.get("failed", 0), r.get("skipped", 0))
+    elif "max_rel_loss_diff" in r: fig = "losses within %s of %s (bound %s)" % (r["max_rel_loss_diff"], r.get("reference"), r.get("tolerance"))
+    elif "ms_all_kernels" in r: fig = "%.1f ms of kernels" % r["ms_all_kernels"]
+    elif "pipeline_step_ms" in r: fig = "step %s ms, unpipelined %s ms" % (r["pipeline_step_ms"], r["unpipelined_step_ms"])
+    else: fig = r.get("why", r.get("card", ""))
+    print("%-34s %-10s %8s  %s" % (r["step"], st, r["seconds"], fig))
+PY
 echo "gpu_verify: $failed step(s) failed; summary in $JSON" | tee -a "$LOG"
 exit "$failed"
