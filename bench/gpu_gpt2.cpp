@@ -11,8 +11,9 @@
 // 39 cuBLAS calls): for a profiler, whose kernel table should hold the training steps only; the
 // figures that need them (gemm_tflops, mfu_vs_measured_gemm, lm_head_gemm) are then null.
 // --family llama measures a LLaMA-shaped model instead (RMSNorm, RoPE, SwiGLU, untied LM head;
-// --kv-heads K grouped K/V heads, default the query heads; --ffn F the SwiGLU width, default the
-// family's): e.g. a 1B-class shape, --family llama --layers 16 --d-model 2048 --heads 32
+// --kv-heads K grouped K/V heads, default the query heads); --ffn F sets the MLP width (default the
+// family's). The shape is checked as llmpi-train checks its configuration, before the card is
+// touched. E.g. a 1B-class shape, --family llama --layers 16 --d-model 2048 --heads 32
 // --kv-heads 8 --ffn 8192 --vocab 32000. FLOPs per token are the same formula (N counts its
 // parameters).
 // Defaults: GPT-2 124M (12 layers, 12 heads, d_model 768, vocab 50257, seq_len 1024), batch 8
@@ -80,7 +81,8 @@ struct Options {
   int device = 0, gemm = 8192;
   int head_chunk_rows = 0;  // runtime.lm_head_chunk_rows (0: the default budget)
   std::string family = "gpt2";
-  int kv_heads = 0, ffn = 0;  // llama: model.n_kv_head, model.ffn_dim (0: the defaults)
+  int kv_heads = 0, ffn = 0;  // model.n_kv_head (llama), model.ffn_dim (0: the defaults)
+  llmpi::ModelConfig model;   // the above as the trainer's configuration reads them (parse)
   bool rates = true;        // measure the GEMM rates (--no-rates: not)
   std::string json;
   llmpi::GemmPrecision precision = llmpi::GemmPrecision::fp32;  // the dense layers' GEMMs (runtime.precision)
@@ -167,12 +169,19 @@ bool parse(int argc, char** argv, Options& o) {
                  kProg);
     return false;
   }
-  if ((o.kv_heads != 0 || o.ffn != 0) && o.family != "llama") {
-    std::fprintf(stderr, "%s: --kv-heads and --ffn are LLaMA's: add --family llama\n", kProg);
-    return false;
-  }
-  if (o.kv_heads != 0 && o.heads % o.kv_heads != 0) {
-    std::fprintf(stderr, "%s: --heads (%d) must be a multiple of --kv-heads (%d)\n", kProg, o.heads, o.kv_heads);
+  // The trainer's configuration of the model (the family's defaults and its checks), with the
+  // shape given.
+  std::vector<std::string> sets = {"data.train=-", "model.family=" + o.family,
+                                   "model.n_layer=" + std::to_string(o.layers),
+                                   "model.n_head=" + std::to_string(o.heads),
+                                   "model.d_model=" + std::to_string(o.d_model),
+                                   "model.seq_len=" + std::to_string(o.seq_len)};
+  if (o.kv_heads) sets.push_back("model.n_kv_head=" + std::to_string(o.kv_heads));
+  if (o.ffn) sets.push_back("model.ffn_dim=" + std::to_string(o.ffn));
+  try {
+    o.model = llmpi::parse_config("{}", "bench", sets).model;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", kProg, e.what());
     return false;
   }
   return true;
@@ -245,16 +254,7 @@ int run(const Options& o) {
       std::printf("no published peak known for '%s': MFU is reported against the measured GEMM only\n",
                   dev.c_str());
 
-    // The trainer's configuration of the model (the family's defaults), with the shape given.
-    std::vector<std::string> sets = {"data.train=-", "model.family=" + o.family,
-                                     "model.n_layer=" + std::to_string(o.layers),
-                                     "model.n_head=" + std::to_string(o.heads),
-                                     "model.d_model=" + std::to_string(o.d_model),
-                                     "model.seq_len=" + std::to_string(o.seq_len)};
-    if (o.kv_heads) sets.push_back("model.n_kv_head=" + std::to_string(o.kv_heads));
-    if (o.ffn) sets.push_back("model.ffn_dim=" + std::to_string(o.ffn));
-    const ModelConfig mc = parse_config("{}", "bench", sets).model;
-    ModelDesc desc = model_desc_from_config(mc, o.vocab);
+    ModelDesc desc = model_desc_from_config(o.model, o.vocab);
     desc.attention = resolve_attention(o.attention, true, desc.head_dim());
     desc.lm_head_chunk_rows = o.head_chunk_rows;
     const std::string attn_kernel = desc.attention == AttentionImpl::fused
