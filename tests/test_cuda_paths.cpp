@@ -6,6 +6,7 @@
 // (the CUDA suites with LLMPI_CUDA_OFF=all).
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <set>
 #include <string>
 #include <vector>
@@ -103,6 +104,16 @@ auto both_ways(const char* path, F f) {
   return r;
 }
 
+// The contents of device buffers one after another: what a run hands both_ways to compare.
+std::vector<float> contents(std::initializer_list<const Dev*> bufs) {
+  std::vector<float> r;
+  for (const Dev* b : bufs) {
+    const std::vector<float> h = b->get();
+    r.insert(r.end(), h.begin(), h.end());
+  }
+  return r;
+}
+
 }  // namespace
 
 // The row kernel (1024 threads) and the two-pass one (512) compute each element's exponential the
@@ -116,9 +127,7 @@ TEST(CudaPathsFallback, SoftmaxXentTwoPassKernelMatchesTheRowKernel) {
   auto run = [&] {
     Dev l(logits), losses(nans(N)), t(targets), bad(std::vector<float>(2, 0.0f));
     gpu().softmax_xent_record(l.f(), ld, losses.f(), t.i(), N, V, 1.0f / N, static_cast<uint64_t*>(bad.p), 0);
-    std::vector<float> out = losses.get(), g = l.get();
-    out.insert(out.end(), g.begin(), g.end());
-    return out;
+    return contents({&losses, &l});
   };
   const auto [on, off] = both_ways("softmax_row_smem", run);
   ASSERT_TRUE(all_finite(on));
@@ -143,10 +152,7 @@ TEST(CudaPathsFallback, Bf16BackwardConversionAndDgeluGiveTheSameBits) {
     Dev d(dout), x(inp), wt(w), dinp(std::vector<float>(static_cast<size_t>(N) * C, 0.5f)),
         dw(std::vector<float>(static_cast<size_t>(OC) * C, 0.25f)), db(std::vector<float>(OC, 0.125f));
     gpu().matmul_backward(dinp.f(), dw.f(), db.f(), d.f(), x.f(), wt.f(), N, C, OC, GemmMode(GemmPrecision::bf16));
-    std::vector<float> out = dinp.get(), a = dw.get(), b = db.get();
-    out.insert(out.end(), a.begin(), a.end());
-    out.insert(out.end(), b.begin(), b.end());
-    return out;
+    return contents({&dinp, &dw, &db});
   };
   const auto [on, off] = both_ways("colsum_in_conversion", backward);
   EXPECT_SAME_BITS(off, on);  // Exact: one order of the column sums either way, the same bf16 operands
@@ -176,9 +182,7 @@ TEST(CudaPathsFallback, ColumnSumsSerialPassMatchesTheLanesAndTheCpu) {
     Dev dx(std::vector<float>(static_cast<size_t>(N) * C, 0.0f)), dw(std::vector<float>(C, 0.0f)),
         db(std::vector<float>(C, 0.0f)), gd(dout), gx(x), gw(w), gm(mean), gr(rstd);
     gpu().layernorm_backward(dx.f(), dw.f(), db.f(), gd.f(), gx.f(), gw.f(), gm.f(), gr.f(), N, C);
-    std::vector<float> r = dw.get(), bb = db.get();
-    r.insert(r.end(), bb.begin(), bb.end());
-    return r;
+    return contents({&dw, &db});
   };
   const auto [on, off] = both_ways("partial_sums_lanes", run);
   std::vector<float> ref = ref_dw;
@@ -203,10 +207,7 @@ TEST(CudaPathsFallback, AttentionTileOrderAndRowDot) {
                                   GemmPrecision::fp32);
     gpu().flash_attention_backward(dqkv.f(), dout.f(), out.f(), lse.f(), g.f(), nullptr, c.B, c.T, c.NH, c.NKV, c.hs,
                                    c.causal, 0.0f, 0, GemmPrecision::fp32);
-    std::vector<float> r = out.get(), l = lse.get(), d = dqkv.get();
-    r.insert(r.end(), l.begin(), l.end());
-    r.insert(r.end(), d.begin(), d.end());
-    return r;
+    return contents({&out, &lse, &dqkv});
   };
   const auto [on, first_first] = both_ways("attention_tile_order", run);
   ASSERT_TRUE(all_finite(on));
@@ -281,10 +282,7 @@ TEST(CudaPathsFallback, AdamwSegmentsFourAtATimeGiveTheSameBits) {
                                   static_cast<int>(segs.size()), 0.37f, nullptr, 0.0, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f,
                                   step);
     }
-    std::vector<float> out = p.get(), a = m.get(), b = v.get();
-    out.insert(out.end(), a.begin(), a.end());
-    out.insert(out.end(), b.begin(), b.end());
-    return out;
+    return contents({&p, &m, &v});
   };
   const auto [on, off] = both_ways("adamw_vec4", run);
   ASSERT_TRUE(all_finite(on));

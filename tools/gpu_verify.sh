@@ -490,6 +490,8 @@ EOF
   fi
 fi
 
+# tokens_per_s FILE: the figure of a bench-gpu_gpt2 JSON record (empty when it has none)
+tokens_per_s() { grep -oP '"tokens_per_s":\s*\K[0-9.e+]+' "$1" 2>/dev/null | head -1; }
 # bench_step NAME PRECISION BATCH [ATTENTION [EPILOGUES [OFF [BINARY [ARGS]]]]]: bench-gpu_gpt2 (GPT-2
 # 124M, T = 1024), its JSON folded into the record; EPILOGUES off runs it with LLMPI_CUDA_EPILOGUES=0,
 # OFF is LLMPI_CUDA_OFF's list (default none), BINARY another bench-gpu_gpt2 (the verified
@@ -509,7 +511,7 @@ keys=["precision","attention","attention_kernel","gemm_epilogues","cuda_paths_of
       "gemm_tflops","lm_head_gemm","mfu_vs_measured_gemm","mfu_vs_published_bf16_peak","mfu_vs_published_own_peak",
       "peak_memory_bytes","bf16_weight_values_rounded_per_step","last_loss","device"]
 print(", ".join("\"%s\": %s" % (k, json.dumps(j.get(k))) for k in keys))' "$WORK/$name.json" 2>/dev/null ||
-      grep -oP '"tokens_per_s":\s*\K[0-9.e+]+' "$WORK/$name.json" | head -1 | sed 's/^/"tokens_per_s": /')
+      tokens_per_s "$WORK/$name.json" | sed 's/^/"tokens_per_s": /')
   fi
   record "$name" $STEP_RC $STEP_SECONDS "$fig"
 }
@@ -529,11 +531,11 @@ if wants switches; then
   [ -s "$WORK/bench_bf16_b64.json" ] || bench_step bench_bf16_b64 bf16 64
   names=$(python3 -c 'import json,sys; print(" ".join(p["name"] for p in json.load(open(sys.argv[1])).get("cuda_paths", [])))' \
     "$WORK/bench_bf16_b64.json" 2>/dev/null)
-  on_tok=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokens_per_s"])' "$WORK/bench_bf16_b64.json" 2>/dev/null)
+  on_tok=$(tokens_per_s "$WORK/bench_bf16_b64.json")
   [ -n "$names" ] || record switches 5 0 "\"why\": \"no path list: bench_bf16_b64 wrote no record\""
   for n in $names; do
     bench_step "switch_off_$n" bf16 64 auto on "$n" "" "--steps 5 --warmup 2 --no-rates"
-    off_tok=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokens_per_s"])' "$WORK/switch_off_$n.json" 2>/dev/null)
+    off_tok=$(tokens_per_s "$WORK/switch_off_$n.json")
     [ -z "$on_tok" ] || [ -z "$off_tok" ] ||
       echo "   | $n off: $off_tok tokens/s, on: $on_tok (on / off $(awk -v a="$on_tok" -v b="$off_tok" 'BEGIN{printf "%.3f", a/b}'))" | tee -a "$LOG"
   done
