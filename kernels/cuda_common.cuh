@@ -183,10 +183,11 @@ void gelu_grad_multiply(float* d, const float* pre, size_t n);
 void gelu_forward_to(float* out, uint16_t* out_bf16, const float* inp, size_t n);
 
 // dst[i] = bf16 bits of src[i], round to nearest even (matmul.cu; bf16_copy without counting a
-// weight rounding): an activation handed to a bf16 library call (cudnn_attention.cpp)
-void to_bf16_values(uint16_t* dst, const float* src, size_t n);
-// dst = the bf16 values src holds, widened (add: dst += them), n elements, on the compute stream.
-void from_bf16_values(float* dst, const uint16_t* src, size_t n, bool add);
+// weight rounding): an activation handed to a bf16 library call (cudnn_attention.cpp), a gradient
+// put on the wire in bf16 (nccl_sync.cu, on NCCL's stream)
+void to_bf16_values(uint16_t* dst, const float* src, size_t n, cudaStream_t stream = compute_stream());
+// dst = the bf16 values src holds, widened (add: dst += them), n elements.
+void from_bf16_values(float* dst, const uint16_t* src, size_t n, bool add, cudaStream_t stream = compute_stream());
 
 // Column sums, deterministic: colsum[j] += Σ_n x[n, j] for x [N, M], rows ld apart (0 = M)
 // (matmul.cu).

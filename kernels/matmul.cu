@@ -170,11 +170,11 @@ __global__ void from_bf16_kernel(float* __restrict__ dst, const __nv_bfloat16* _
   }
 }
 
-void to_bf16(__nv_bfloat16* dst, const float* src, size_t n) {
+void to_bf16(__nv_bfloat16* dst, const float* src, size_t n, cudaStream_t stream = compute_stream()) {
   if (n == 0) return;
   const bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0;
   const size_t n4 = vec ? n / 4 : 0;
-  to_bf16_kernel<<<grid_for(vec ? n4 + n % 4 : n, 256), 256, 0, compute_stream()>>>(dst, src, n, n4);
+  to_bf16_kernel<<<grid_for(vec ? n4 + n % 4 : n, 256), 256, 0, stream>>>(dst, src, n, n4);
   LLMPI_LAUNCH_CHECK("to_bf16");
 }
 
@@ -355,12 +355,13 @@ void add_column_sums(float* colsum, const float* x, int N, int M, int ld) {
   add_column_sums_to_bf16(colsum, nullptr, 0, x, N, M, ld);
 }
 
-void to_bf16_values(uint16_t* dst, const float* src, size_t n) { to_bf16(reinterpret_cast<__nv_bfloat16*>(dst), src, n); }
+void to_bf16_values(uint16_t* dst, const float* src, size_t n, cudaStream_t stream) {
+  to_bf16(reinterpret_cast<__nv_bfloat16*>(dst), src, n, stream);
+}
 
-void from_bf16_values(float* dst, const uint16_t* src, size_t n, bool add) {
+void from_bf16_values(float* dst, const uint16_t* src, size_t n, bool add, cudaStream_t stream) {
   if (n == 0) return;
-  from_bf16_kernel<<<grid_for(n, 256), 256, 0, compute_stream()>>>(dst, reinterpret_cast<const __nv_bfloat16*>(src), n,
-                                                                   add);
+  from_bf16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(dst, reinterpret_cast<const __nv_bfloat16*>(src), n, add);
   LLMPI_LAUNCH_CHECK(add ? "from_bf16 (add)" : "from_bf16");
 }
 

@@ -23,18 +23,6 @@ static_assert(sizeof(ncclUniqueId) == sizeof(NcclId), "ncclUniqueId size changed
 
 namespace {
 
-__global__ void to_bf16_kernel(__nv_bfloat16* __restrict__ out, const float* __restrict__ in,
-                               size_t n) {
-  for (size_t i = cuda::grid_first(); i < n; i += cuda::grid_stride())
-    out[i] = __float2bfloat16_rn(in[i]);
-}
-
-__global__ void from_bf16_kernel(float* __restrict__ out, const __nv_bfloat16* __restrict__ in,
-                                 size_t n) {
-  for (size_t i = cuda::grid_first(); i < n; i += cuda::grid_stride())
-    out[i] = __bfloat162float(in[i]);
-}
-
 // ZeRO-1's pieces (params/buckets.h piece_counts): piece r of n floats over W ranks.
 __device__ __forceinline__ size_t piece_count(size_t n, int W, size_t r) {
   return n / W + (r < n % W ? 1 : 0);
@@ -145,12 +133,9 @@ void NcclComm::allreduce_avg(float* data, size_t n, bool bf16) {
     LLMPI_NCCL_CHECK(ncclAllReduce(data, data, n, ncclFloat32, ncclAvg, impl_->comm, impl_->stream));
   } else {
     __nv_bfloat16* w = impl_->wire;
-    const unsigned blocks = cuda::grid_for(n, 256);
-    to_bf16_kernel<<<blocks, 256, 0, impl_->stream>>>(w, data, n);
-    LLMPI_LAUNCH_CHECK("nccl to_bf16");
+    cuda::to_bf16_values(reinterpret_cast<uint16_t*>(w), data, n, impl_->stream);
     LLMPI_NCCL_CHECK(ncclAllReduce(w, w, n, ncclBfloat16, ncclAvg, impl_->comm, impl_->stream));
-    from_bf16_kernel<<<blocks, 256, 0, impl_->stream>>>(data, w, n);
-    LLMPI_LAUNCH_CHECK("nccl from_bf16");
+    cuda::from_bf16_values(data, reinterpret_cast<const uint16_t*>(w), n, false, impl_->stream);
   }
   passes_++;
 }
